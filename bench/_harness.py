@@ -1,0 +1,85 @@
+"""Timing helpers: interleaved repetitions after warm-up, medians and spreads.
+
+The workloads of one benchmark are timed round-robin within each repetition (floor, then
+each variant, then the floor again next repetition...), so that a slow patch of the machine
+hits all of them alike; ratios are taken per repetition, then their median is reported.
+"""
+
+import gc
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+import attrs
+
+Operation = Callable[[], Awaitable[object]]
+
+
+@attrs.frozen
+class Sample:
+    """Per-operation timings (seconds) of one workload, one value per repetition."""
+
+    name: str
+    times: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range relative to the median."""
+        return spread(self.times)
+
+
+def spread(values: tuple[float, ...] | list[float]) -> float:
+    """Interquartile range relative to the median (0 with too few values)."""
+    if len(values) < 4:
+        return 0.0
+    q1, median, q3 = statistics.quantiles(values, n=4)
+    return (q3 - q1) / median if median else 0.0
+
+
+async def measure(
+    operations: Mapping[str, Operation], *, repeats: int, inner: int, warmup: int = 2
+) -> dict[str, Sample]:
+    """Time each operation `inner` times per repetition, interleaved; per-operation seconds."""
+    for _ in range(warmup):
+        for operation in operations.values():
+            for _ in range(inner):
+                await operation()
+    times: dict[str, list[float]] = {name: [] for name in operations}
+    gc.collect()
+    for _ in range(repeats):
+        for name, operation in operations.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                await operation()
+            times[name].append((time.perf_counter() - start) / inner)
+    return {name: Sample(name, tuple(values)) for name, values in times.items()}
+
+
+def per_rep(fn: Callable[..., float], *samples: Sample) -> list[float]:
+    """`fn` applied to the samples' values repetition by repetition."""
+    return [fn(*values) for values in zip(*(sample.times for sample in samples), strict=True)]
+
+
+@attrs.frozen
+class Row:
+    """One line of a benchmark's report."""
+
+    workload: str
+    median: float
+    spread: float
+    floor: float | None = None
+    ratio: float | None = None
+    note: str = ""
+
+
+def fmt_time(seconds: float) -> str:
+    """A duration with a unit that keeps three significant figures readable."""
+    if abs(seconds) >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    if abs(seconds) >= 1e-6:
+        return f"{seconds * 1e6:.2f} µs"
+    return f"{seconds * 1e9:.0f} ns"

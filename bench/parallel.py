@@ -1,0 +1,92 @@
+"""A parallel group of 10 members that sleep 20 ms.
+
+Two floors, measured in the same run: ``trio.sleep`` of the slowest member (the ideal) and a
+plain trio nursery running the same ten sleeps. The pipeline's figure is the group turn minus
+a turn with no hook, so the turn's fixed cost is not charged to the group.
+"""
+
+import statistics
+
+import trio
+
+from pipeline import Pipeline, parallel
+from pipeline.testing import FunctionModel
+from turns import Text, Turn
+
+from ._harness import Row, measure, per_rep, spread
+
+MEMBERS = 10
+SLEEP = 0.020
+
+
+async def run(quick: bool) -> list[Row]:
+    repeats, inner = (3, 1) if quick else (15, 4)
+    members = []
+    for index in range(MEMBERS):
+
+        async def member(turn: Turn, index: int = index) -> list[Text]:
+            await trio.sleep(SLEEP)
+            return [Text(f"doc {index}")]
+
+        member.__qualname__ = f"search_{index}"
+        members.append(member)
+    model = FunctionModel(lambda request: "ok")
+    grouped = Pipeline(model=model, pre=[parallel(*members)])
+    empty = Pipeline(model=model)
+    turn = Turn.start("hi", turn_ref="bench")
+
+    async def slowest() -> None:
+        await trio.sleep(SLEEP)
+
+    async def nursery() -> None:
+        async with trio.open_nursery() as tasks:
+            for member in members:
+                tasks.start_soon(member, turn)
+
+    async def group() -> None:
+        await grouped.run(turn)
+
+    async def no_hook() -> None:
+        await empty.run(turn)
+
+    samples = await measure(
+        {"slowest": slowest, "nursery": nursery, "group": group, "empty": no_hook},
+        repeats=repeats,
+        inner=inner,
+        warmup=1,
+    )
+    group_cost = per_rep(lambda g, e: g - e, samples["group"], samples["empty"])
+    above = per_rep(
+        lambda g, e, s: g - e - s, samples["group"], samples["empty"], samples["slowest"]
+    )
+    nursery_above = per_rep(lambda n, s: n - s, samples["nursery"], samples["slowest"])
+    return [
+        Row(
+            "floor: trio.sleep(20 ms), the slowest member",
+            samples["slowest"].median,
+            samples["slowest"].spread,
+        ),
+        Row(
+            "floor: plain nursery of 10 sleeps",
+            samples["nursery"].median,
+            samples["nursery"].spread,
+        ),
+        Row(
+            "parallel group of 10 (turn minus empty turn)",
+            statistics.median(group_cost),
+            spread(group_cost),
+            samples["slowest"].median,
+            statistics.median(group_cost) / samples["slowest"].median,
+        ),
+        Row(
+            "group above slowest member",
+            statistics.median(above),
+            spread(above),
+            note="target <= 1 ms",
+        ),
+        Row(
+            "plain nursery above slowest member",
+            statistics.median(nursery_above),
+            spread(nursery_above),
+        ),
+    ]

@@ -1,0 +1,109 @@
+"""The runtime: signals, hooks, the pipeline and its drive loop, models, errors.
+
+Public submodules: `pipeline.events` (what a streamed turn reports) and `pipeline.testing`
+(offline models). Everything else public is importable from here.
+"""
+
+from ._audit import AttemptRecord, AuditRecord, HookRecord
+from ._budget import (
+    CHARS_PER_TOKEN,
+    MESSAGE_OVERHEAD,
+    Budget,
+    Tokenizer,
+    estimate_tokens,
+    message_tokens,
+    part_tokens,
+    parts_tokens,
+)
+from ._errors import (
+    BudgetError,
+    ConfigError,
+    ContextOverflow,
+    HookError,
+    HookFailed,
+    HookReturnError,
+    HookTimeout,
+    InjectionOverflow,
+    LogConflict,
+    PipelineError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderProtocolError,
+    ProviderStatusError,
+    ProviderTimeout,
+    RateLimited,
+    RequestError,
+    StepLimitExceeded,
+)
+from ._hooks import Chain, Hook, OnError, Parallel, chain, hook, parallel
+from ._model import Model, ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
+from ._pipeline import Compactor, Pipeline, TurnEvents
+from ._result import Rejection, TurnResult
+from ._signals import Ask, Block, Cont, Halt, Regenerate, Signal, ask, block, cont, halt, regenerate
+
+__all__ = [
+    "Ask",
+    "AttemptRecord",
+    "AuditRecord",
+    "Block",
+    "Budget",
+    "BudgetError",
+    "CHARS_PER_TOKEN",
+    "Chain",
+    "Compactor",
+    "ConfigError",
+    "Cont",
+    "ContextOverflow",
+    "Halt",
+    "Hook",
+    "HookError",
+    "HookFailed",
+    "HookRecord",
+    "HookReturnError",
+    "HookTimeout",
+    "InjectionOverflow",
+    "LogConflict",
+    "MESSAGE_OVERHEAD",
+    "Model",
+    "ModelEvent",
+    "ModelFinish",
+    "ModelRequest",
+    "ModelText",
+    "ModelToolCall",
+    "OnError",
+    "Parallel",
+    "Pipeline",
+    "PipelineError",
+    "ProviderConnectionError",
+    "ProviderError",
+    "ProviderProtocolError",
+    "ProviderStatusError",
+    "ProviderTimeout",
+    "RateLimited",
+    "Regenerate",
+    "Rejection",
+    "RequestError",
+    "Signal",
+    "StepLimitExceeded",
+    "Tokenizer",
+    "TurnEvents",
+    "TurnResult",
+    "ask",
+    "block",
+    "chain",
+    "cont",
+    "estimate_tokens",
+    "halt",
+    "hook",
+    "message_tokens",
+    "parallel",
+    "part_tokens",
+    "parts_tokens",
+    "regenerate",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) and _obj.__module__.startswith("pipeline._"):
+        _obj.__module__ = __name__
+del _name, _obj

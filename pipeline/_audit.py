@@ -1,0 +1,80 @@
+"""The audit record: what answers "why did the model see this?" after the fact."""
+
+from typing import NamedTuple, final
+
+import attrs
+
+from turns import Injection, Usage
+
+from ._signals import Halt
+from .events import Outcome
+
+
+@final
+class HookRecord(NamedTuple):
+    """One hook run.
+
+    A named tuple rather than an attrs record: one is built for every hook run, on the hot
+    path, and a tuple is several times cheaper to build.
+
+    Attributes:
+        hook: The hook's name.
+        stage: Its stage.
+        position: Where it stands in its stage (``"3"``, ``"2.1"`` for a group or chain
+            member), counted from 1.
+        elapsed: Seconds it took.
+        verdict: ``"cont"``, ``"halt"``, ``"parts"``, ``"skipped"``, ``"failed"``, ...
+        shadow: Whether it ran in shadow mode (its verdict was not enforced).
+        detail: The halt reason or the failure, where there is one.
+    """
+
+    hook: str
+    stage: str
+    position: str
+    elapsed: float
+    verdict: str
+    shadow: bool = False
+    detail: str | None = None
+
+
+@final
+@attrs.frozen
+class AttemptRecord:
+    """One attempt at a reply.
+
+    Attributes:
+        attempt: Its number, from 1.
+        steps: How many model calls it made.
+        text: The reply text it produced (after stream transformers).
+        finish_reason: Why the model stopped.
+        usage: Token counts over its model calls.
+    """
+
+    attempt: int
+    steps: int
+    text: str
+    finish_reason: str | None
+    usage: Usage
+
+
+@final
+@attrs.frozen
+class AuditRecord:
+    """Everything that shaped a turn, transient parts included.
+
+    Attributes:
+        turn_ref: The turn.
+        outcome: ``"completed"``, ``"halted"`` or ``"exhausted"``.
+        injections: Every injection, stamped with its hook, durability and stage.
+        hooks: Every hook run, in the order they finished (group members in declaration
+            order), with its timing and verdict.
+        attempts: Every attempt, including rejected ones.
+        halt: The halt that stopped the turn, if one did.
+    """
+
+    turn_ref: str
+    outcome: Outcome
+    injections: tuple[Injection, ...] = ()
+    hooks: tuple[HookRecord, ...] = ()
+    attempts: tuple[AttemptRecord, ...] = ()
+    halt: Halt | None = None

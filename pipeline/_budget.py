@@ -1,0 +1,82 @@
+"""Token budgets: counting what a turn sends and failing loudly when it does not fit."""
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any, TypeAlias, final
+
+import attrs
+
+from turns import Message, Part, Text, ToolCall, ToolResult
+
+from ._errors import ConfigError
+
+Tokenizer: TypeAlias = Callable[[str], int]
+
+CHARS_PER_TOKEN = 4
+"""The default tokenizer's estimate: one token per four characters, rounded up.
+
+Four characters per token is the usual rule of thumb for English text with OpenAI's and
+Anthropic's tokenizers; it overestimates code and underestimates some other scripts. Pass a
+real tokenizer (``tokenizer=``) where the budget must be exact.
+"""
+
+MESSAGE_OVERHEAD = 4
+"""Tokens counted per message for the role and framing the providers add."""
+
+
+def estimate_tokens(text: str) -> int:
+    """The default tokenizer: ``ceil(len(text) / 4)``."""
+    return -(-len(text) // CHARS_PER_TOKEN)
+
+
+def part_tokens(part: Part, tokenizer: Tokenizer) -> int:
+    """Tokens in one part: its text, a call's name and JSON arguments, a result's content."""
+    if type(part) is Text:
+        return tokenizer(part.text)
+    if type(part) is ToolCall:
+        return tokenizer(part.name) + tokenizer(json.dumps(part.arguments, ensure_ascii=False))
+    if type(part) is ToolResult:
+        return tokenizer(part.content)
+    raise TypeError(f"not a part: {part!r}")
+
+
+def parts_tokens(parts: Iterable[Part], tokenizer: Tokenizer) -> int:
+    """Tokens in several parts."""
+    return sum(part_tokens(part, tokenizer) for part in parts)
+
+
+def message_tokens(messages: Iterable[Message], tokenizer: Tokenizer) -> int:
+    """Tokens in messages: their parts plus `MESSAGE_OVERHEAD` per message."""
+    return sum(MESSAGE_OVERHEAD + parts_tokens(m.parts, tokenizer) for m in messages)
+
+
+def _check_positive(_instance: object, attribute: Any, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"Budget.{attribute.name} must be a positive int, got {value!r}")
+
+
+@final
+@attrs.frozen
+class Budget:
+    """How many tokens a turn may send, and how many of them hooks may inject.
+
+    Attributes:
+        context_tokens: The most the rendered request may hold.
+        injection_reserve: The most all of a turn's injections together may hold. History
+            compaction (``compact=``) targets ``context_tokens - injection_reserve``.
+    """
+
+    context_tokens: int = attrs.field(validator=_check_positive)
+    injection_reserve: int = attrs.field(validator=_check_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.injection_reserve >= self.context_tokens:
+            raise ConfigError(
+                f"Budget.injection_reserve ({self.injection_reserve}) must be smaller than"
+                f" context_tokens ({self.context_tokens}): the history needs room too"
+            )
+
+    @property
+    def history_target(self) -> int:
+        """The size compaction aims the history at."""
+        return self.context_tokens - self.injection_reserve

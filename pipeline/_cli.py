@@ -1,0 +1,48 @@
+"""The ``turnplug`` command line."""
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from ._errors import PipelineError
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ._demo import demo
+
+    trio.run(demo, print)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="turnplug",
+        description="Run one LLM conversation turn as a pipeline of plain functions.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser("demo", help="run a full offline turn and show every stage")
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``turnplug`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except PipelineError as exc:
+        if args.debug:
+            raise
+        print(f"turnplug: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

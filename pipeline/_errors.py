@@ -1,0 +1,208 @@
+"""The exceptions turnplug raises.
+
+Halts, blocks, rejections and an exhausted regeneration bound are outcomes (data on the
+`TurnResult`); everything below is a failure, and a failed turn commits nothing::
+
+    PipelineError
+    ├── ConfigError                      bad pipeline definition or config file (message has the path)
+    ├── HookError                        .hook, .stage
+    │   ├── HookFailed                   the hook raised; __cause__ is the original exception
+    │   ├── HookTimeout
+    │   └── HookReturnError (TypeError)  wrong signal for the stage
+    ├── BudgetError
+    │   ├── InjectionOverflow            .hook, .tokens, .reserve
+    │   └── ContextOverflow              .tokens, .limit
+    ├── LogConflict                      the conversation grew since this turn loaded it
+    ├── RequestError                     invalid request caught locally (tool_choice vs active tools)
+    ├── StepLimitExceeded                the tool loop reached max_steps model calls
+    └── ProviderError                    .provider, .status, .request_id where known
+        ├── ProviderConnectionError
+        ├── ProviderTimeout
+        ├── ProviderStatusError          non-2xx; .body
+        │   └── RateLimited              .retry_after
+        └── ProviderProtocolError        malformed or truncated stream
+
+`run`, `stream` and `session.send` raise these directly, never wrapped in an
+`ExceptionGroup`.
+"""
+
+from typing import final
+
+
+class PipelineError(Exception):
+    """Base of every turnplug failure."""
+
+
+@final
+class ConfigError(PipelineError):
+    """A pipeline definition or config file is invalid; the message names the culprit."""
+
+
+class HookError(PipelineError):
+    """A hook failed.
+
+    Attributes:
+        hook: The hook's name.
+        stage: The stage it ran in (``"pre"``, ``"post"``, ...).
+    """
+
+    def __init__(self, message: str, *, hook: str, stage: str) -> None:
+        super().__init__(message)
+        self.hook = hook
+        self.stage = stage
+
+
+@final
+class HookFailed(HookError):
+    """The hook raised; the original exception is ``__cause__``."""
+
+
+@final
+class HookTimeout(HookError):
+    """The hook ran past its ``timeout``.
+
+    Attributes:
+        timeout: The limit, in seconds.
+    """
+
+    def __init__(self, message: str, *, hook: str, stage: str, timeout: float) -> None:
+        super().__init__(message, hook=hook, stage=stage)
+        self.timeout = timeout
+
+
+@final
+class HookReturnError(HookError, TypeError):
+    """The hook returned something its stage does not allow."""
+
+
+class BudgetError(PipelineError):
+    """The turn does not fit its token budget."""
+
+
+@final
+class InjectionOverflow(BudgetError):
+    """A hook's injections pushed the turn's injected tokens over the reserve.
+
+    Attributes:
+        hook: The hook whose injection crossed the reserve.
+        tokens: The turn's injected tokens including that injection.
+        reserve: The budget's ``injection_reserve``.
+    """
+
+    def __init__(self, message: str, *, hook: str, tokens: int, reserve: int) -> None:
+        super().__init__(message)
+        self.hook = hook
+        self.tokens = tokens
+        self.reserve = reserve
+
+
+@final
+class ContextOverflow(BudgetError):
+    """The rendered request is larger than the budget's ``context_tokens``.
+
+    Attributes:
+        tokens: The rendered request's size.
+        limit: The budget's ``context_tokens``.
+    """
+
+    def __init__(self, message: str, *, tokens: int, limit: int) -> None:
+        super().__init__(message)
+        self.tokens = tokens
+        self.limit = limit
+
+
+@final
+class LogConflict(PipelineError):
+    """The conversation grew since this turn loaded it; nothing was committed."""
+
+
+@final
+class RequestError(PipelineError):
+    """The request is invalid and was caught before any provider call."""
+
+
+@final
+class StepLimitExceeded(PipelineError):
+    """The tool loop reached ``max_steps`` model calls without a final answer."""
+
+
+class ProviderError(PipelineError):
+    """The model provider failed.
+
+    Attributes:
+        provider: The provider's name (``"openai"``, ``"anthropic"``, ``"scripted"``, ...).
+        status: The HTTP status, where there was one.
+        request_id: The provider's request id, where it sent one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        status: int | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.status = status
+        self.request_id = request_id
+
+
+@final
+class ProviderConnectionError(ProviderError):
+    """The provider could not be reached, or dropped the connection."""
+
+
+@final
+class ProviderTimeout(ProviderError):
+    """The provider did not answer in time."""
+
+
+class ProviderStatusError(ProviderError):
+    """The provider answered with a non-2xx status.
+
+    Attributes:
+        body: The response body, as text.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        status: int,
+        body: str = "",
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, status=status, request_id=request_id)
+        self.body = body
+
+
+@final
+class RateLimited(ProviderStatusError):
+    """The provider rate-limited the request.
+
+    Attributes:
+        retry_after: Seconds the provider asked to wait, where it said.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        status: int = 429,
+        body: str = "",
+        request_id: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(
+            message, provider=provider, status=status, body=body, request_id=request_id
+        )
+        self.retry_after = retry_after
+
+
+@final
+class ProviderProtocolError(ProviderError):
+    """The provider's stream was malformed or truncated, or carried an error event."""

@@ -1,0 +1,110 @@
+"""Compiling a pipeline's hook lists into the steps the drive loop runs.
+
+Chains are flattened here, once, when the pipeline is built: a chain behaves exactly like its
+members standing in the list, so the drive loop never sees one. Every step knows its
+effective name (chain prefixes applied) and its position for error messages.
+"""
+
+from collections.abc import Iterable
+from typing import Any, TypeAlias, final
+
+import attrs
+
+from ._errors import ConfigError
+from ._hooks import Chain, Hook, Parallel, as_hook
+
+
+@final
+@attrs.frozen
+class Step:
+    """One hook as the drive loop runs it."""
+
+    hook: Hook
+    name: str
+    stage: str
+    position: str
+    direct: bool = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(
+            lambda self: self.hook.is_async and self.hook.timeout is None, takes_self=True
+        ),
+    )
+    """Whether the drive loop may simply ``await hook.fn(...)``: async, no timeout."""
+
+    @property
+    def label(self) -> str:
+        """``'name' (stage, position N)`` for messages."""
+        return f"{self.name!r} ({self.stage}, position {self.position})"
+
+
+@final
+@attrs.frozen
+class Group:
+    """A parallel group as the drive loop runs it."""
+
+    members: tuple[Step, ...]
+    name: str
+    stage: str
+    position: str
+
+
+PreStep: TypeAlias = Step | Group
+
+
+def normalize_entries(stage: str, entries: Iterable[Any]) -> tuple[Hook | Parallel | Chain, ...]:
+    """The entries of a stage list as a tuple, plain functions wrapped into hooks."""
+    if isinstance(entries, str | bytes) or not isinstance(entries, Iterable):
+        raise ConfigError(f"{stage} must be a list of hooks, got {type(entries).__name__}")
+    normalized: list[Hook | Parallel | Chain] = []
+    for position, entry in enumerate(entries, 1):
+        if isinstance(entry, Hook | Parallel | Chain):
+            normalized.append(entry)
+        elif callable(entry):
+            normalized.append(as_hook(entry))
+        else:
+            raise ConfigError(
+                f"{stage}, position {position}: expected a hook function, hook(...),"
+                f" parallel(...) or chain(...), got {type(entry).__name__} {entry!r}"
+            )
+    return tuple(normalized)
+
+
+def compile_pre(entries: tuple[Hook | Parallel | Chain, ...]) -> tuple[PreStep, ...]:
+    """Flatten the pre list into steps, checking each hook's options suit the pre stage."""
+    steps: list[PreStep] = []
+    for position, entry in enumerate(entries, 1):
+        _flatten(entry, str(position), "", steps)
+    return tuple(steps)
+
+
+def _flatten(
+    entry: Hook | Parallel | Chain, position: str, prefix: str, out: list[PreStep]
+) -> None:
+    if isinstance(entry, Hook):
+        out.append(_pre_step(entry, prefix + entry.name, position))
+    elif isinstance(entry, Parallel):
+        members = tuple(
+            _pre_step(member, prefix + member.name, f"{position}.{index}")
+            for index, member in enumerate(entry.members, 1)
+        )
+        out.append(Group(members, prefix + entry.name, "pre", position))
+    else:
+        for index, member in enumerate(entry.members, 1):
+            _flatten(member, f"{position}.{index}", f"{prefix}{entry.name}.", out)
+
+
+def _pre_step(hook: Hook, name: str, position: str) -> Step:
+    step = Step(hook, name, "pre", position)
+    if hook.match is not None:
+        raise ConfigError(
+            f"hook {step.label}: match= is for tool hooks (before_tool, after_tool); a pre"
+            " hook runs once per turn — use when= to run it conditionally"
+        )
+    if hook.background:
+        raise ConfigError(
+            f"hook {step.label}: background=True is for post hooks, which may run after the"
+            " turn is committed; a pre hook must finish before the model is called"
+        )
+    return step

@@ -1,0 +1,196 @@
+"""Events: how a UI, a log or a tracer watches a turn.
+
+Every event is a frozen record carrying the `turn_ref` of its turn. They are produced only
+when someone listens (`Pipeline.stream`); `Pipeline.run` builds none.
+"""
+
+from typing import Literal, TypeAlias, final
+
+import attrs
+
+from turns import Part, Reply
+
+__all__ = [
+    "Event",
+    "Halted",
+    "HookFailed",
+    "HookFinished",
+    "HookSkipped",
+    "HookStarted",
+    "Injected",
+    "ModelCalled",
+    "Outcome",
+    "ReplyReady",
+    "ShadowVerdict",
+    "TextDelta",
+    "TurnFinished",
+    "TurnStarted",
+]
+
+Outcome: TypeAlias = Literal["completed", "halted", "exhausted"]
+
+
+@attrs.frozen
+class Event:
+    """Base of every event."""
+
+    turn_ref: str
+
+
+@final
+@attrs.frozen
+class TurnStarted(Event):
+    """The turn entered the pipeline."""
+
+
+@final
+@attrs.frozen
+class HookStarted(Event):
+    """A hook started.
+
+    Attributes:
+        hook: Its name (chain members carry the chain's name as a prefix).
+        stage: ``"pre"``, ``"post"``, ...
+    """
+
+    hook: str
+    stage: str
+
+
+@final
+@attrs.frozen
+class HookFinished(Event):
+    """A hook returned.
+
+    Attributes:
+        hook: Its name.
+        stage: Its stage.
+        elapsed: Seconds it took (trio clock).
+        verdict: ``"cont"``, ``"halt"``, ``"parts"`` (a parallel member's contribution), ...
+    """
+
+    hook: str
+    stage: str
+    elapsed: float
+    verdict: str
+
+
+@final
+@attrs.frozen
+class HookFailed(Event):
+    """A hook raised or timed out.
+
+    Attributes:
+        hook: Its name.
+        stage: Its stage.
+        error: The failure, as ``"Type: message"``.
+        enforced: True when the failure stops the turn; False when the hook fails open
+            (``on_error="skip"``) or is a shadow hook.
+    """
+
+    hook: str
+    stage: str
+    error: str
+    enforced: bool
+
+
+@final
+@attrs.frozen
+class HookSkipped(Event):
+    """A hook did not run because its ``when`` predicate was false."""
+
+    hook: str
+    stage: str
+
+
+@final
+@attrs.frozen
+class Injected(Event):
+    """A hook added content to the turn.
+
+    Attributes:
+        hook: The injecting hook.
+        parts: What it added.
+        durable: Whether it joins the log on commit.
+        tokens: Its size by the pipeline's tokenizer.
+        stage: ``"pre"`` or ``"post"``.
+    """
+
+    hook: str
+    parts: tuple[Part, ...]
+    durable: bool
+    tokens: int
+    stage: str
+
+
+@final
+@attrs.frozen
+class Halted(Event):
+    """A hook stopped the turn."""
+
+    hook: str
+    reason: str
+
+
+@final
+@attrs.frozen
+class ShadowVerdict(Event):
+    """What a shadow hook decided; recorded, never enforced.
+
+    Attributes:
+        hook: The shadow hook.
+        stage: Its stage.
+        verdict: ``"cont"``, ``"halt"``, ``"parts"``, ...
+        reason: The halt reason (or other detail), when there is one.
+    """
+
+    hook: str
+    stage: str
+    verdict: str
+    reason: str | None = None
+
+
+@final
+@attrs.frozen
+class ModelCalled(Event):
+    """The model is being called.
+
+    Attributes:
+        attempt: The attempt, from 1 (regenerations start new attempts).
+        step: The model call within the attempt, from 1 (tool steps add calls).
+    """
+
+    attempt: int
+    step: int
+
+
+@final
+@attrs.frozen
+class TextDelta(Event):
+    """A chunk of the reply's text, as delivered (after stream transformers)."""
+
+    text: str
+    attempt: int
+
+
+@final
+@attrs.frozen
+class ReplyReady(Event):
+    """The model's reply for an attempt is complete."""
+
+    reply: Reply
+
+
+@final
+@attrs.frozen
+class TurnFinished(Event):
+    """The turn ended with `outcome`."""
+
+    outcome: Outcome
+
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type):
+        _obj.__module__ = __name__
+del _name, _obj

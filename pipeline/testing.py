@@ -1,0 +1,144 @@
+"""Offline, deterministic models for examples and tests.
+
+`ScriptedModel` plays replies written in advance; `FunctionModel` computes each reply from
+the request. A reply is a `str` (one chunk) or a sequence whose items are `str` chunks and
+`ToolCall` parts; `FunctionModel` may also return an async iterable of such items, which is
+streamed lazily (so chunks can be spaced out in time).
+"""
+
+import inspect
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import TypeAlias, final
+
+from turns import ToolCall, Usage
+
+from ._budget import estimate_tokens, message_tokens, part_tokens
+from ._errors import ProviderError
+from ._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
+
+__all__ = ["FunctionModel", "ReplyFunction", "ScriptItem", "ScriptReply", "ScriptedModel"]
+
+ScriptItem: TypeAlias = str | ToolCall
+ScriptReply: TypeAlias = str | Sequence[ScriptItem]
+
+
+def _check_reply(reply: object, where: str) -> tuple[ScriptItem, ...]:
+    if isinstance(reply, str):
+        return (reply,)
+    if isinstance(reply, list | tuple):
+        for item in reply:
+            if not isinstance(item, str | ToolCall):
+                raise TypeError(
+                    f"{where}: a reply's items must be str chunks or ToolCall parts, got"
+                    f" {type(item).__name__} {item!r}"
+                )
+        return tuple(reply)
+    raise TypeError(
+        f"{where}: a reply must be a str or a list of str chunks and ToolCall parts, got"
+        f" {type(reply).__name__} {reply!r}"
+    )
+
+
+async def _play(
+    items: AsyncIterable[ScriptItem] | Sequence[ScriptItem], request: ModelRequest, where: str
+) -> AsyncIterator[ModelEvent]:
+    output = 0
+    called = False
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            _check_reply([item], where)
+            output += _item_tokens(item)
+            called = called or isinstance(item, ToolCall)
+            yield ModelToolCall(item) if isinstance(item, ToolCall) else ModelText(item)
+    else:
+        for item in items:
+            output += _item_tokens(item)
+            called = called or isinstance(item, ToolCall)
+            yield ModelToolCall(item) if isinstance(item, ToolCall) else ModelText(item)
+    usage = Usage(message_tokens(request.messages, estimate_tokens), output)
+    yield ModelFinish("tool_calls" if called else "stop", usage)
+
+
+def _item_tokens(item: ScriptItem) -> int:
+    return estimate_tokens(item) if isinstance(item, str) else part_tokens(item, estimate_tokens)
+
+
+@final
+class ScriptedModel:
+    """A model that plays `replies` in order, one per call.
+
+    Attributes:
+        replies: The script.
+        requests: Every `ModelRequest` it was sent, in order.
+    """
+
+    def __init__(self, replies: Sequence[ScriptReply]) -> None:
+        if isinstance(replies, str):
+            raise TypeError("ScriptedModel takes a list of replies; wrap a single reply: [reply]")
+        self.replies: tuple[tuple[ScriptItem, ...], ...] = tuple(
+            _check_reply(reply, f"ScriptedModel reply {index}")
+            for index, reply in enumerate(replies, 1)
+        )
+        self.requests: list[ModelRequest] = []
+
+    def __repr__(self) -> str:
+        return f"ScriptedModel({len(self.replies)} replies, {len(self.requests)} played)"
+
+    @asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+        self.requests.append(request)
+        call = len(self.requests)
+        if call > len(self.replies):
+            raise ProviderError(
+                f"ScriptedModel ran out of replies: it holds {len(self.replies)} and was called"
+                f" {call} times — add a reply for each model call (regenerations and tool"
+                " steps call the model again)",
+                provider="scripted",
+            )
+        events = _play(self.replies[call - 1], request, f"ScriptedModel reply {call}")
+        try:
+            yield events
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+
+ReplyFunction: TypeAlias = Callable[
+    [ModelRequest],
+    ScriptReply | AsyncIterable[ScriptItem] | Awaitable[ScriptReply | AsyncIterable[ScriptItem]],
+]
+
+
+@final
+class FunctionModel:
+    """A model whose reply `fn(request)` computes (sync or async).
+
+    Attributes:
+        fn: The reply function.
+        requests: Every `ModelRequest` it was sent, in order.
+    """
+
+    def __init__(self, fn: ReplyFunction) -> None:
+        if not callable(fn):
+            raise TypeError(f"FunctionModel takes a function request -> reply, got {fn!r}")
+        self.fn = fn
+        self.requests: list[ModelRequest] = []
+
+    def __repr__(self) -> str:
+        return f"FunctionModel({getattr(self.fn, '__qualname__', self.fn)!r})"
+
+    @asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+        self.requests.append(request)
+        where = f"FunctionModel {getattr(self.fn, '__qualname__', self.fn)}"
+        reply = self.fn(request)
+        if inspect.isawaitable(reply):
+            reply = await reply
+        items: AsyncIterable[ScriptItem] | Sequence[ScriptItem] = (
+            reply if isinstance(reply, AsyncIterable) else _check_reply(reply, where)
+        )
+        events = _play(items, request, where)
+        try:
+            yield events
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]

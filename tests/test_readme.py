@@ -1,0 +1,23 @@
+"""README.md: its setup commands come first and its Python example runs."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_readme_starts_with_the_demo_and_the_test_commands() -> None:
+    first_block = README.split("```")[1].splitlines()[1:]
+    commands = [line for line in first_block if line.strip()]
+    assert len(commands) == 2
+    assert commands[0].endswith("turnplug demo")
+    assert "pytest" in commands[1]
+
+
+def test_readme_python_example_runs(capsys) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
+    assert blocks, "README has no Python example"
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out.strip() == "completed Hello!"

@@ -1,0 +1,183 @@
+"""The turn: one user message travelling through a pipeline, and its reply."""
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal, Self, TypeAlias, final
+
+import attrs
+
+from ._context import Context, RequestOptions, Scope, narrow_tools
+from ._message import Message
+from ._parts import Part, Text, ToolCall, ToolResult
+
+Stage: TypeAlias = Literal["pre", "post"]
+
+_NO_ANNOTATIONS: Mapping[str, Any] = {}
+_PART_TYPES = (Text, ToolCall, ToolResult)
+
+
+@final
+@attrs.frozen
+class Injection:
+    """Content a hook added to a turn.
+
+    A hook creates one with `Turn.inject`; the runtime then stamps it with the hook's name
+    (`source`), the hook's durability and the stage. An unstamped injection has
+    ``source=None`` and renders as pre-stage content.
+
+    Attributes:
+        parts: The injected parts.
+        source: The name of the hook that injected them.
+        durable: Whether they join the conversation log on commit.
+        stage: ``"pre"`` or ``"post"``.
+    """
+
+    parts: tuple[Part, ...]
+    source: str | None = None
+    durable: bool = False
+    stage: Stage | None = None
+
+
+@final
+@attrs.frozen
+class Usage:
+    """Token counts reported by the model."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Self) -> Self:
+        return type(self)(
+            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+        )
+
+
+@final
+@attrs.frozen
+class Reply:
+    """The model's answer to a turn.
+
+    Attributes:
+        message: The final assistant message.
+        messages: Everything the model exchange produced in the accepted attempt (assistant
+            tool-call messages, tool messages, then `message`).
+        attempt: The attempt number, from 1; 0 when a hook's `halt(..., reply=...)` supplied
+            the answer and the model was never asked.
+        finish_reason: Why the model stopped (``"stop"``, ``"length"``, ``"tool_calls"``, ...),
+            or ``"halted"`` for a hook's substitute answer.
+        usage: Token counts summed over the attempt's model calls.
+        annotations: Findings reported by stream transformers, by transformer name.
+    """
+
+    message: Message
+    messages: tuple[Message, ...] = ()
+    attempt: int = 1
+    finish_reason: str | None = None
+    usage: Usage = Usage()
+    annotations: Mapping[str, Any] = _NO_ANNOTATIONS
+
+    @property
+    def text(self) -> str:
+        """The final message's text."""
+        return self.message.text
+
+
+def _fresh_ref() -> str:
+    return os.urandom(16).hex()
+
+
+@final
+@attrs.frozen
+class Turn:
+    """One conversation turn: what the pipeline threads from hook to hook.
+
+    Attributes:
+        context: The conversation so far (or the per-turn view of it a hook set).
+        user_message: What the user said this turn.
+        turn_ref: Correlates every event and the audit record of this turn.
+        scope: Ambient state for hooks and tools.
+        injections: What hooks added, in order.
+        request: Per-turn request shaping.
+        reply: The model's reply, once there is one (post stage).
+    """
+
+    context: Context
+    user_message: Message
+    turn_ref: str
+    scope: Scope
+    injections: tuple[Injection, ...] = ()
+    request: RequestOptions = RequestOptions()
+    reply: Reply | None = None
+
+    @classmethod
+    def start(
+        cls,
+        message: str | Message,
+        *,
+        context: Context | None = None,
+        scope: Scope | None = None,
+        turn_ref: str | None = None,
+    ) -> Self:
+        """Start a turn from the user's text or message.
+
+        Args:
+            message: The user's text, or a complete user `Message`.
+            context: The conversation so far; empty by default.
+            scope: Ambient state; empty by default.
+            turn_ref: A correlation id; a fresh random hex id by default.
+        """
+        if isinstance(message, str):
+            message = Message.user(message)
+        elif not isinstance(message, Message):
+            raise TypeError(
+                f"Turn.start expects the user's text or a Message, got {type(message).__name__}"
+            )
+        elif message.role != "user":
+            raise ValueError(f"Turn.start expects a user message, got role {message.role!r}")
+        return cls(
+            context=Context() if context is None else context,
+            user_message=message,
+            turn_ref=_fresh_ref() if turn_ref is None else turn_ref,
+            scope=Scope() if scope is None else scope,
+        )
+
+    def inject(self, *parts: Part | str) -> Self:
+        """Return a turn with one more injection holding `parts` (strings become `Text`).
+
+        The runtime stamps the injection with the injecting hook's name and durability.
+        """
+        if not parts:
+            raise ValueError("Turn.inject needs at least one part")
+        stamped = tuple(Text(part) if isinstance(part, str) else part for part in parts)
+        for part in stamped:
+            if not isinstance(part, _PART_TYPES):
+                raise TypeError(
+                    "Turn.inject takes Text, ToolCall, ToolResult or str parts, got "
+                    f"{type(part).__name__}"
+                )
+        return attrs.evolve(self, injections=(*self.injections, Injection(stamped)))
+
+    def with_request(self, **changes: Any) -> Self:
+        """Return a turn with changed `RequestOptions`.
+
+        ``active_tools`` only narrows: it is intersected with the tools currently active (all
+        of the context's tools when none were narrowed yet).
+        """
+        if "active_tools" in changes and changes["active_tools"] is not None:
+            wanted = changes["active_tools"]
+            if isinstance(wanted, str):
+                raise TypeError("active_tools must be a collection of tool names, not a str")
+            current = self.request.active_tools
+            if current is None:
+                current = self.context.tool_names
+            changes["active_tools"] = narrow_tools(current, wanted)
+        elif "active_tools" in changes and self.request.active_tools is not None:
+            raise ValueError(
+                "active_tools can only narrow: this turn already narrowed it to "
+                f"{list(self.request.active_tools)}, so it cannot be widened back to all tools"
+            )
+        return attrs.evolve(self, request=attrs.evolve(self.request, **changes))
+
+    def assign(self, **values: Any) -> Self:
+        """Return a turn whose scope has `values` assigned (`Scope.assign`)."""
+        return attrs.evolve(self, scope=self.scope.assign(**values))

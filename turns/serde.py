@@ -1,0 +1,68 @@
+"""Serialization of `turns` records: dictionaries and JSON.
+
+One private `cattrs.Converter` with ``forbid_extra_keys=True``; parts are a tagged union on
+``"type"`` (``"text"``, ``"tool_call"``, ``"tool_result"``). Every record round-trips exactly,
+provided its opaque values (`meta`, `arguments`, `assigns`, ...) are JSON values.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+import cattrs
+from cattrs.strategies import configure_tagged_union
+
+from ._parts import Part, Text, ToolCall, ToolResult
+
+__all__ = ["from_dict", "from_json", "to_dict", "to_json"]
+
+T = TypeVar("T")
+
+_TAGS: dict[type, str] = {Text: "text", ToolCall: "tool_call", ToolResult: "tool_result"}
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    # Sequences unstructure to lists so that `to_dict` output is JSON-shaped; they are
+    # structured back into the tuples the records hold.
+    converter.register_unstructure_hook(
+        tuple, lambda value: [converter.unstructure(item) for item in value]
+    )
+    configure_tagged_union(Part, converter, tag_generator=_TAGS.__getitem__, tag_name="type")
+    return converter
+
+
+_converter = _make_converter()
+
+
+def to_dict(obj: Any) -> Any:
+    """Unstructure a record into plain dicts, lists and scalars."""
+    return _converter.unstructure(obj)
+
+
+def from_dict(cls: type[T], data: Any) -> T:
+    """Structure `data` into `cls`.
+
+    Raises:
+        ValueError: `data` does not describe a `cls` (unknown keys, missing keys, wrong
+            types); the message lists every problem with its path.
+    """
+    try:
+        return _converter.structure(data, cls)
+    except (cattrs.BaseValidationError, KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, cattrs.BaseValidationError):
+            problems = "; ".join(cattrs.transform_error(exc, path=cls.__name__))
+        else:
+            problems = f"{cls.__name__}: {exc}"
+        raise ValueError(f"cannot read a {cls.__name__} from this data: {problems}") from exc
+
+
+def to_json(obj: Any) -> str:
+    """Serialize a record to a JSON string."""
+    return json.dumps(to_dict(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def from_json(cls: type[T], text: str | bytes) -> T:
+    """Parse a JSON string produced by `to_json` back into `cls`."""
+    return from_dict(cls, json.loads(text))
