@@ -58,13 +58,16 @@ _new = tuple.__new__
 _CHOICE_KEYWORDS = frozenset(("auto", "none", "required"))
 
 
-class _Failure:
-    """A group member's enforced failure, raised once the group has stopped."""
+class _Member:
+    """A parallel group member's run: what it decided, or how it failed, and its records."""
 
-    __slots__ = ("error",)
+    __slots__ = ("failure", "outcome", "records", "step")
 
-    def __init__(self, error: HookError) -> None:
-        self.error = error
+    def __init__(self, step: Step) -> None:
+        self.step = step
+        self.records: list[HookRecord] = []
+        self.outcome: tuple[Part, ...] | Halt | None = None
+        self.failure: HookError | None = None
 
 
 class Drive:
@@ -168,14 +171,18 @@ class Drive:
         elif type(result) is Halt:
             verdict, outcome = "halt", attrs.evolve(result, hook=step.name)
         else:
-            self.wrong_return(step, result, elapsed, "Cont(turn) or Halt", group=False)
+            error = self.wrong_return(step, result, "Cont(turn) or Halt", group=False)
+            self.fail(step, error, elapsed)
             return turn
         if step.hook.shadow:
             self.shadow_verdict(step, elapsed, verdict, outcome)
             return turn
         # tuple.__new__ skips the named tuple's Python-level __new__: this runs once per hook.
+        detail = outcome.reason if type(outcome) is Halt else None
         self.records.append(
-            _new(HookRecord, (step.name, step.stage, step.position, elapsed, verdict, False, None))
+            _new(
+                HookRecord, (step.name, step.stage, step.position, elapsed, verdict, False, detail)
+            )
         )
         if self.emit is not None:
             self.emit(ev.HookFinished(self.turn_ref, step.name, step.stage, elapsed, verdict))
@@ -186,121 +193,143 @@ class Drive:
         return outcome
 
     async def run_group(self, group: Group, turn: Turn) -> Turn | Halt:
-        outcomes: list[object] = [None] * len(group.members)
-        running = [
-            (index, step)
-            for index, step in enumerate(group.members)
-            if step.hook.when is None or self.passes(step, turn)
-        ]
+        members = [_Member(step) for step in group.members]
+        running = [m for m in members if m.step.hook.when is None or self.passes(m.step, turn)]
         async with trio.open_nursery() as nursery:
-            for index, step in running:
-                nursery.start_soon(
-                    self.run_member, step, turn, outcomes, index, nursery.cancel_scope
-                )
-        return self.merge(group, turn, outcomes)
+            for member in running:
+                nursery.start_soon(self.run_member, member, turn, nursery.cancel_scope)
+        return self.merge(group, turn, members)
 
-    async def run_member(
-        self, step: Step, turn: Turn, outcomes: list[object], index: int, group: trio.CancelScope
-    ) -> None:
+    async def run_member(self, member: _Member, turn: Turn, group: trio.CancelScope) -> None:
+        """Run one group member; its outcome is left on `member`, never raised here."""
+        step = member.step
         if self.emit is not None:
             self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
         started = self.now()
         try:
             result = await self.call(step, turn, threaded=True)
         except trio.Cancelled:
-            outcomes[index] = HookRecord(
-                step.name, step.stage, step.position, self.now() - started, "cancelled"
+            elapsed = self.now() - started
+            member.records.append(
+                HookRecord(step.name, step.stage, step.position, elapsed, "cancelled")
             )
             raise
         except Exception as exc:
-            try:
-                self.fail(step, exc, self.now() - started)
-            except HookError as error:
-                outcomes[index] = _Failure(error)
-                group.cancel()
+            self.settle_member_failure(member, group, exc, self.now() - started)
             return
         elapsed = self.now() - started
-        outcome: object
+        outcome: tuple[Part, ...] | Halt
         if type(result) is Halt:
             verdict, outcome = "halt", attrs.evolve(result, hook=step.name)
-        elif type(result) is list or type(result) is tuple:
-            verdict, outcome = "parts", result
-            if not all(type(part) in _PART_TYPES for part in result):
-                outcome = None
+        elif (type(result) is list or type(result) is tuple) and all(
+            type(part) in _PART_TYPES for part in result
+        ):
+            verdict, outcome = "parts", tuple(result)
         else:
-            outcome = None
-        if outcome is None:
-            try:
-                self.wrong_return(step, result, elapsed, "a list of parts or Halt", group=True)
-            except HookError as error:
-                outcomes[index] = _Failure(error)
-                group.cancel()
+            error = self.wrong_return(step, result, "a list of parts or Halt", group=True)
+            self.settle_member_failure(member, group, error, elapsed)
             return
         if step.hook.shadow:
-            self.shadow_verdict(step, elapsed, verdict, outcome)
+            self.shadow_verdict(step, elapsed, verdict, outcome, member.records)
             return
         if self.emit is not None:
             self.emit(ev.HookFinished(self.turn_ref, step.name, step.stage, elapsed, verdict))
-        outcomes[index] = (
-            HookRecord(step.name, step.stage, step.position, elapsed, verdict),
-            outcome,
+        detail = outcome.reason if type(outcome) is Halt else None
+        member.records.append(
+            HookRecord(step.name, step.stage, step.position, elapsed, verdict, False, detail)
         )
-        if verdict == "halt":
+        member.outcome = outcome
+        if type(outcome) is Halt:
             group.cancel()
 
-    def merge(self, group: Group, turn: Turn, outcomes: list[object]) -> Turn | Halt:
+    def settle_member_failure(
+        self, member: _Member, group: trio.CancelScope, exc: Exception, elapsed: float
+    ) -> None:
+        try:
+            self.fail(member.step, exc, elapsed, member.records)
+        except HookError as error:
+            member.failure = error
+            group.cancel()
+
+    def merge(self, group: Group, turn: Turn, members: list[_Member]) -> Turn | Halt:
         """Combine a group's outcomes in declaration order, never completion order."""
-        failures = [outcome.error for outcome in outcomes if type(outcome) is _Failure]
+        for member in members:
+            self.records.extend(member.records)
+        failures = [member.failure for member in members if member.failure is not None]
         if failures:
             first = failures[0]
             for other in failures[1:]:
                 first.add_note(f"{group.name!r} also failed: {other}")
             raise first
-        contributions: list[tuple[Step, Sequence[Part]]] = []
-        for step, outcome in zip(group.members, outcomes, strict=True):
-            if type(outcome) is HookRecord:
-                self.records.append(outcome)
-            elif type(outcome) is tuple:
-                record, value = outcome
-                self.records.append(record)
-                if type(value) is Halt:
-                    return value
-                if value:
-                    contributions.append((step, value))
-        if not contributions:
+        halts = [member.outcome for member in members if type(member.outcome) is Halt]
+        if halts:
+            return halts[0]
+        added = [
+            self.charge(member.step, (self.injection(member.step, member.outcome, "pre"),))[0]
+            for member in members
+            if type(member.outcome) is tuple and member.outcome
+        ]
+        if not added:
             return turn
-        added = tuple(self.injection(step, tuple(parts), "pre") for step, parts in contributions)
         return attrs.evolve(turn, injections=(*turn.injections, *added))
 
     def stamp(self, step: Step, before: Turn, after: Turn) -> Turn:
-        """Stamp the injections `step` added with its name, durability and the stage."""
+        """Stamp the injections `step` added with its name, durability and the stage.
+
+        Every injection that was not on the turn before the hook ran is stamped, whatever
+        source the hook wrote into it: provenance cannot be forged.
+        """
         known = {id(injection) for injection in before.injections}
+        fresh = [
+            self.injection(step, injection.parts, "pre")
+            for injection in after.injections
+            if id(injection) not in known
+        ]
+        if not fresh:
+            return after
+        self.charge(step, fresh)
+        replacements = iter(fresh)
         stamped = tuple(
-            injection if id(injection) in known else self.injection(step, injection.parts, "pre")
+            injection if id(injection) in known else next(replacements)
             for injection in after.injections
         )
         return attrs.evolve(after, injections=stamped)
 
     def injection(self, step: Step, parts: tuple[Part, ...], stage: Stage) -> Injection:
-        """A stamped injection, counted against the budget and announced."""
+        return Injection(parts, step.name, step.hook.durable, stage)
+
+    def charge(self, step: Step, injections: Sequence[Injection]) -> Sequence[Injection]:
+        """Count a hook's new injections against the budget, then announce them."""
         pipe = self.pipe
-        durable = step.hook.durable
-        if pipe.budget is not None or self.emit is not None:
-            tokens = parts_tokens(parts, pipe.count)
-            self.injected_tokens += tokens
-            if pipe.budget is not None and self.injected_tokens > pipe.budget.injection_reserve:
-                reserve = pipe.budget.injection_reserve
-                raise InjectionOverflow(
-                    f"hook {step.label} injected {tokens} tokens, bringing the turn's injections"
-                    f" to {self.injected_tokens} tokens, over the reserve of {reserve}: shrink"
-                    " what it injects or raise Budget.injection_reserve",
-                    hook=step.name,
-                    tokens=self.injected_tokens,
-                    reserve=reserve,
+        if pipe.budget is None and self.emit is None:
+            return injections
+        sizes = [parts_tokens(injection.parts, pipe.count) for injection in injections]
+        tokens = sum(sizes)
+        self.injected_tokens += tokens
+        if pipe.budget is not None and self.injected_tokens > pipe.budget.injection_reserve:
+            reserve = pipe.budget.injection_reserve
+            raise InjectionOverflow(
+                f"hook {step.label} injected {tokens} tokens, bringing the turn's injections"
+                f" to {self.injected_tokens} tokens, over the reserve of {reserve}: shrink what"
+                " it injects or raise Budget.injection_reserve",
+                hook=step.name,
+                tokens=tokens,
+                total=self.injected_tokens,
+                reserve=reserve,
+            )
+        if self.emit is not None:
+            for injection, size in zip(injections, sizes, strict=True):
+                self.emit(
+                    ev.Injected(
+                        self.turn_ref,
+                        step.name,
+                        injection.parts,
+                        injection.durable,
+                        size,
+                        injection.stage or "pre",
+                    )
                 )
-            if self.emit is not None:
-                self.emit(ev.Injected(self.turn_ref, step.name, parts, durable, tokens, stage))
-        return Injection(parts, step.name, durable, stage)
+        return injections
 
     # -- calling hooks ------------------------------------------------------------------------
 
@@ -360,7 +389,13 @@ class Drive:
                 self.emit(ev.HookSkipped(self.turn_ref, step.name, step.stage))
         return verdict
 
-    def fail(self, step: Step, exc: Exception, elapsed: float) -> None:
+    def fail(
+        self,
+        step: Step,
+        exc: Exception,
+        elapsed: float,
+        records: list[HookRecord] | None = None,
+    ) -> None:
         """Record a hook's failure; raise it unless the hook fails open or is a shadow."""
         hook = step.hook
         if isinstance(exc, HookError):
@@ -371,10 +406,9 @@ class Drive:
             )
             error.__cause__ = exc
         enforced = not hook.shadow and (hook.on_error == "halt" or type(error) is HookReturnError)
-        detail = _exc_text(
-            error.__cause__ if type(error) is HookFailed and error.__cause__ else error
-        )
-        self.records.append(
+        cause = error.__cause__ if type(error) is HookFailed else None
+        detail = _exc_text(cause or error)
+        (self.records if records is None else records).append(
             HookRecord(step.name, step.stage, step.position, elapsed, "failed", hook.shadow, detail)
         )
         if self.emit is not None:
@@ -383,19 +417,25 @@ class Drive:
             raise error
 
     def wrong_return(
-        self, step: Step, result: object, elapsed: float, expected: str, *, group: bool
-    ) -> None:
-        error = HookReturnError(
+        self, step: Step, result: object, expected: str, *, group: bool
+    ) -> HookReturnError:
+        return HookReturnError(
             f"expected hook {step.label} to return {expected}, got {_describe(result)}"
             f"{_hint(result, group=group)}",
             hook=step.name,
             stage=step.stage,
         )
-        self.fail(step, error, elapsed)
 
-    def shadow_verdict(self, step: Step, elapsed: float, verdict: str, outcome: object) -> None:
+    def shadow_verdict(
+        self,
+        step: Step,
+        elapsed: float,
+        verdict: str,
+        outcome: object,
+        records: list[HookRecord] | None = None,
+    ) -> None:
         reason = outcome.reason if type(outcome) is Halt else None
-        self.records.append(
+        (self.records if records is None else records).append(
             HookRecord(step.name, step.stage, step.position, elapsed, verdict, True, reason)
         )
         if self.emit is not None:
@@ -570,8 +610,8 @@ def _hint(result: object, *, group: bool) -> str:
         return " — regenerate() is for post hooks, which see the reply"
     if type(result) in (Block, Ask):
         return f" — {type(result).__name__.lower()}() is for before_tool hooks"
-    if isinstance(result, str):
-        return " — wrap text in a part: `[Text(...)]`"
-    if type(result) in _PART_TYPES:
-        return " — return a list of parts: `[part]`"
+    if isinstance(result, str) or type(result) in _PART_TYPES or isinstance(result, list):
+        if group:
+            return " — return a list of parts: `return [Text(...)]`"
+        return " — to add content, inject it: `return cont(turn.inject(...))`"
     return ""

@@ -10,7 +10,7 @@ Halts, blocks, rejections and an exhausted regeneration bound are outcomes (data
     │   ├── HookTimeout
     │   └── HookReturnError (TypeError)  wrong signal for the stage
     ├── BudgetError
-    │   ├── InjectionOverflow            .hook, .tokens, .reserve
+    │   ├── InjectionOverflow            .hook, .tokens, .total, .reserve
     │   └── ContextOverflow              .tokens, .limit
     ├── LogConflict                      the conversation grew since this turn loaded it
     ├── RequestError                     invalid request caught locally (tool_choice vs active tools)
@@ -84,15 +84,17 @@ class InjectionOverflow(BudgetError):
     """A hook's injections pushed the turn's injected tokens over the reserve.
 
     Attributes:
-        hook: The hook whose injection crossed the reserve.
-        tokens: The turn's injected tokens including that injection.
+        hook: The hook whose injections crossed the reserve.
+        tokens: What that hook injected, in tokens.
+        total: The turn's injected tokens, that hook's included.
         reserve: The budget's ``injection_reserve``.
     """
 
-    def __init__(self, message: str, *, hook: str, tokens: int, reserve: int) -> None:
+    def __init__(self, message: str, *, hook: str, tokens: int, total: int, reserve: int) -> None:
         super().__init__(message)
         self.hook = hook
         self.tokens = tokens
+        self.total = total
         self.reserve = reserve
 
 

@@ -37,12 +37,17 @@ def is_async_callable(fn: object) -> bool:
 
 def _check_fn(instance: Any, _attribute: Any, fn: Any) -> None:
     if not callable(fn):
-        raise ConfigError(f"a hook must be callable, got {fn!r} ({type(fn).__name__})")
+        raise ConfigError(
+            f"hook {instance.name!r}: its function must be callable, got {type(fn).__name__} {fn!r}"
+        )
 
 
-def _check_name(_instance: Any, _attribute: Any, name: Any) -> None:
+def _check_name(instance: Any, _attribute: Any, name: Any) -> None:
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"a hook's name must be a non-empty string, got {name!r}")
+        owner = callable_name(instance.fn) if instance is not None else "a group or chain"
+        raise ConfigError(
+            f"the name of the hook for {owner} must be a non-empty string, got {name!r}"
+        )
 
 
 def _check_bool(instance: Any, attribute: Any, value: Any) -> None:
@@ -209,7 +214,8 @@ def hook(
                 f"hook() wraps one function, got {type(fn).__name__} {fn.name!r}; options"
                 " belong on its members"
             )
-        return Hook(fn=fn, name=options.pop("name", None) or callable_name(fn), **options)
+        name = options.pop("name") if "name" in options else callable_name(fn)
+        return Hook(fn=fn, name=name, **options)
 
     if fn is None:
         return wrap

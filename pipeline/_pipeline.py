@@ -100,7 +100,9 @@ class Pipeline:
         repr=False,
         eq=False,
         default=attrs.Factory(
-            lambda self: None if self.compact is None else as_hook(self.compact), takes_self=True
+            # Not callable: left to the validator, which names `compact=` in its error.
+            lambda self: as_hook(self.compact) if callable(self.compact) else None,
+            takes_self=True,
         ),
     )
 
@@ -166,11 +168,12 @@ class TurnEvents:
         self._result: TurnResult | None = None
         self._error: Exception | None = None
         self._raised = False
+        self._exhausted = False
 
     @property
     def result(self) -> TurnResult:
         """The turn's result; available once every event was consumed."""
-        if self._result is None:
+        if self._result is None or not self._exhausted:
             raise RuntimeError(
                 "the turn has not finished: iterate the events to the end before reading"
                 " events.result"
@@ -196,6 +199,7 @@ class TurnEvents:
             self._end()
 
     def _end(self) -> NoReturn:
+        self._exhausted = True
         if self._error is not None and not self._raised:
             self._raised = True
             raise self._error from self._error.__cause__

@@ -6,8 +6,9 @@ from typing import Any, Self, final
 import attrs
 
 from ._message import Message
+from ._parts import EMPTY
 
-_NO_VALUES: Mapping[str, Any] = {}
+_NO_VALUES = EMPTY
 
 
 @final

@@ -5,12 +5,12 @@ from typing import Any, Literal, Self, TypeAlias, final
 
 import attrs
 
-from ._parts import Part, Text, ToolCall, ToolResult
+from ._parts import EMPTY, Part, Text, ToolCall, ToolResult
 
 Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset(("system", "user", "assistant", "tool"))
 
-_NO_META: Mapping[str, Any] = {}
+_NO_META = EMPTY
 _PART_TYPES = (Text, ToolCall, ToolResult)
 
 

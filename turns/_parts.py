@@ -1,11 +1,14 @@
 """Message parts: the pieces a message is made of."""
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Self, TypeAlias, final
 
 import attrs
 
-_NO_META: Mapping[str, Any] = {}
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+"""The shared default of every opaque mapping: read-only, so no record can change it for all."""
+_NO_META = EMPTY
 
 
 @final

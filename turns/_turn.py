@@ -8,11 +8,11 @@ import attrs
 
 from ._context import Context, RequestOptions, Scope, narrow_tools
 from ._message import Message
-from ._parts import Part, Text, ToolCall, ToolResult
+from ._parts import EMPTY, Part, Text, ToolCall, ToolResult
 
 Stage: TypeAlias = Literal["pre", "post"]
 
-_NO_ANNOTATIONS: Mapping[str, Any] = {}
+_NO_ANNOTATIONS = EMPTY
 _PART_TYPES = (Text, ToolCall, ToolResult)
 
 

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import cattrs
 from cattrs.strategies import configure_tagged_union
+from cattrs.v import format_exception
 
 from ._parts import Part, Text, ToolCall, ToolResult
 
@@ -20,6 +21,7 @@ __all__ = ["from_dict", "from_json", "to_dict", "to_json"]
 T = TypeVar("T")
 
 _TAGS: dict[type, str] = {Text: "text", ToolCall: "tool_call", ToolResult: "tool_result"}
+_KNOWN_TAGS = frozenset(_TAGS.values())
 
 
 def _make_converter() -> cattrs.Converter:
@@ -30,14 +32,41 @@ def _make_converter() -> cattrs.Converter:
         tuple, lambda value: [converter.unstructure(item) for item in value]
     )
     configure_tagged_union(Part, converter, tag_generator=_TAGS.__getitem__, tag_name="type")
+    tagged = converter.get_structure_hook(Part)
+
+    def structure_part(value: Any, cls: Any) -> Any:
+        # cattrs reports an unknown tag as a bare KeyError ("required field missing"); say
+        # which tag was wrong and which ones exist instead.
+        if isinstance(value, dict) and "type" in value and value["type"] not in _KNOWN_TAGS:
+            raise _UnknownTag(
+                f"unknown part type {value['type']!r}, expected one of {sorted(_KNOWN_TAGS)}"
+            )
+        return tagged(value, cls)
+
+    converter.register_structure_hook(Part, structure_part)
     return converter
 
 
 _converter = _make_converter()
 
 
+class _UnknownTag(ValueError):
+    pass
+
+
+def _describe(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, _UnknownTag):
+        return str(exc)
+    return format_exception(exc, type_)
+
+
 def to_dict(obj: Any) -> Any:
-    """Unstructure a record into plain dicts, lists and scalars."""
+    """Unstructure a record into plain dicts, lists and scalars.
+
+    A part carries its ``"type"`` tag even on its own, so `from_dict(Part, ...)` can read it.
+    """
+    if type(obj) in _TAGS:
+        return _converter.unstructure(obj, Part)
     return _converter.unstructure(obj)
 
 
@@ -48,11 +77,22 @@ def from_dict(cls: type[T], data: Any) -> T:
         ValueError: `data` does not describe a `cls` (unknown keys, missing keys, wrong
             types); the message lists every problem with its path.
     """
+    target: Any = cls
+    if cls in _TAGS and isinstance(data, dict) and "type" in data:
+        # A tagged part read as its own class: read it as a part, then check the class.
+        if data["type"] != _TAGS[cls]:
+            raise ValueError(
+                f"cannot read a {cls.__name__} from this data: its type tag is"
+                f" {data['type']!r}, expected {_TAGS[cls]!r}"
+            )
+        target = Part
     try:
-        return _converter.structure(data, cls)
+        return _converter.structure(data, target)  # type: ignore[no-any-return]
     except (cattrs.BaseValidationError, KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, cattrs.BaseValidationError):
-            problems = "; ".join(cattrs.transform_error(exc, path=cls.__name__))
+            problems = "; ".join(
+                cattrs.transform_error(exc, path=cls.__name__, format_exception=_describe)
+            )
         else:
             problems = f"{cls.__name__}: {exc}"
         raise ValueError(f"cannot read a {cls.__name__} from this data: {problems}") from exc

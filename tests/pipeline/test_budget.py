@@ -1,0 +1,408 @@
+"""Token budgets: Budget, token counting, InjectionOverflow, ContextOverflow and compact=."""
+
+import math
+
+import hypothesis.strategies as st
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+
+from pipeline import (
+    Budget,
+    ConfigError,
+    ContextOverflow,
+    HookFailed,
+    HookReturnError,
+    InjectionOverflow,
+    Pipeline,
+    cont,
+    estimate_tokens,
+    hook,
+    message_tokens,
+    parallel,
+)
+from pipeline import events as ev
+from pipeline.testing import ScriptedModel
+from turns import Context, Message, Text, Turn
+
+BIG = 10_000
+"""A context limit no test's request comes near, for tests about the injection reserve."""
+
+
+def words(text):
+    """A tokenizer that counts whitespace-separated words."""
+    return len(text.split())
+
+
+def injecting(name, text, **options):
+    """An ordered hook that injects `text`."""
+
+    async def run(turn):
+        return cont(turn.inject(Text(text)))
+
+    return hook(run, name=name, **options)
+
+
+def member(name, text, *, delay=0):
+    """A parallel member that adds `text` after `delay` seconds."""
+
+    async def run(turn):
+        await trio.sleep(delay)
+        return [Text(text)]
+
+    return hook(run, name=name)
+
+
+def tokens_of(n):
+    """Text the default tokenizer counts as exactly `n` tokens."""
+    return "x" * (4 * n)
+
+
+def build(*pre, budget, model=None, **options):
+    return Pipeline(model=model or ScriptedModel(["ok"]), pre=list(pre), budget=budget, **options)
+
+
+async def collect(pipe, turn):
+    async with pipe.stream(turn) as events:
+        return [event async for event in events], events.result
+
+
+# -- Budget ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("context_tokens", "injection_reserve", "field"),
+    [
+        pytest.param(0, 10, "context_tokens", id="context-zero"),
+        pytest.param(-100, 10, "context_tokens", id="context-negative"),
+        pytest.param(True, 10, "context_tokens", id="context-bool"),
+        pytest.param(100.0, 10, "context_tokens", id="context-float"),
+        pytest.param(100, 0, "injection_reserve", id="reserve-zero"),
+        pytest.param(100, -1, "injection_reserve", id="reserve-negative"),
+        pytest.param(100, True, "injection_reserve", id="reserve-bool"),
+        pytest.param(100, "10", "injection_reserve", id="reserve-str"),
+    ],
+)
+def test_budget_rejects_a_value_that_is_not_a_positive_int(
+    context_tokens, injection_reserve, field
+):
+    with pytest.raises(ConfigError, match=field):
+        Budget(context_tokens, injection_reserve)
+
+
+@pytest.mark.parametrize(("context_tokens", "injection_reserve"), [(100, 100), (100, 150)])
+def test_budget_rejects_a_reserve_that_leaves_no_room_for_the_history(
+    context_tokens, injection_reserve
+):
+    with pytest.raises(ConfigError, match="injection_reserve"):
+        Budget(context_tokens, injection_reserve)
+
+
+# -- counting ----------------------------------------------------------------------------------
+
+
+@given(st.text())
+def test_estimate_tokens_is_characters_over_four_rounded_up(text):
+    assert estimate_tokens(text) == math.ceil(len(text) / 4)
+
+
+@given(st.lists(st.lists(st.text(alphabet="ab \n", max_size=12), max_size=4), max_size=5))
+def test_message_tokens_adds_four_per_message(texts):
+    messages = [Message.user([Text(t) for t in parts]) for parts in texts]
+    expected = sum(4 + sum(words(t) for t in parts) for parts in texts)
+    assert message_tokens(messages, words) == expected
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "expected"),
+    [pytest.param(None, 3, id="default"), pytest.param(words, 4, id="words")],
+)
+async def test_injected_event_counts_tokens_with_the_pipelines_tokenizer(tokenizer, expected):
+    # "ab cd ef gh" is 11 characters (3 estimated tokens) and 4 words.
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]), pre=[injecting("note", "ab cd ef gh")], tokenizer=tokenizer
+    )
+    events, _ = await collect(pipe, Turn.start("hi"))
+    assert [e.tokens for e in events if isinstance(e, ev.Injected)] == [expected]
+
+
+# -- InjectionOverflow -------------------------------------------------------------------------
+
+
+async def test_injection_overflow_carries_the_hook_its_tokens_and_the_reserve():
+    pipe = build(injecting("big", tokens_of(12)), budget=Budget(BIG, 10))
+    with pytest.raises(InjectionOverflow) as info:
+        await pipe.run(Turn.start("hi"))
+    assert (info.value.hook, info.value.tokens, info.value.reserve) == ("big", 12, 10)
+
+
+async def test_injection_overflow_names_the_first_hook_pushing_the_total_over():
+    pipe = build(
+        injecting("a", tokens_of(8)),
+        injecting("b", tokens_of(8)),
+        injecting("c", tokens_of(8)),
+        budget=Budget(BIG, 10),
+    )
+    with pytest.raises(InjectionOverflow) as info:
+        await pipe.run(Turn.start("hi"))
+    assert info.value.hook == "b"
+
+
+async def test_injection_overflow_tokens_are_the_hooks_own_and_total_is_the_turns():
+    pipe = build(injecting("a", tokens_of(8)), injecting("b", tokens_of(5)), budget=Budget(BIG, 10))
+    with pytest.raises(InjectionOverflow) as info:
+        await pipe.run(Turn.start("hi"))
+    assert (info.value.hook, info.value.tokens, info.value.total) == ("b", 5, 13)
+
+
+async def test_one_hooks_several_injections_are_charged_together():
+    async def twice(turn):
+        return cont(turn.inject(tokens_of(6)).inject(tokens_of(6)))
+
+    pipe = build(hook(twice, name="twice"), budget=Budget(BIG, 10))
+    with pytest.raises(InjectionOverflow) as info:
+        await pipe.run(Turn.start("hi"))
+    assert (info.value.hook, info.value.tokens, info.value.total) == ("twice", 12, 12)
+
+
+async def test_injection_overflow_message_names_the_hook():
+    pipe = build(injecting("a", tokens_of(8)), injecting("b", tokens_of(8)), budget=Budget(BIG, 10))
+    with pytest.raises(InjectionOverflow, match=r"'b' \(pre, position 2\)"):
+        await pipe.run(Turn.start("hi"))
+
+
+async def test_injection_overflow_reaches_no_model():
+    model = ScriptedModel(["ok"])
+    pipe = build(injecting("big", tokens_of(12)), budget=Budget(BIG, 10), model=model)
+    with pytest.raises(InjectionOverflow):
+        await pipe.run(Turn.start("hi"))
+    assert model.requests == []
+
+
+async def test_injections_exactly_at_the_reserve_are_allowed():
+    pipe = build(injecting("a", tokens_of(4)), injecting("b", tokens_of(6)), budget=Budget(BIG, 10))
+    result = await pipe.run(Turn.start("hi"))
+    assert result.outcome == "completed"
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=6), st.integers(1, 60))
+def test_overflow_names_the_first_hook_whose_injection_crosses_the_reserve(sizes, reserve):
+    names = [f"h{i}" for i in range(len(sizes))]
+    pipe = build(
+        *(injecting(n, tokens_of(s)) for n, s in zip(names, sizes, strict=True)),
+        budget=Budget(BIG, reserve),
+    )
+    totals = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+    culprit = next((n for n, total in zip(names, totals, strict=True) if total > reserve), None)
+
+    async def main():
+        try:
+            await pipe.run(Turn.start("hi"))
+        except InjectionOverflow as exc:
+            return (exc.hook, exc.reserve)
+        return None
+
+    assert trio.run(main) == (None if culprit is None else (culprit, reserve))
+
+
+@pytest.mark.parametrize(
+    ("reserve", "culprit"),
+    [
+        pytest.param(7, "a", id="first"),
+        pytest.param(10, "b", id="second"),
+        pytest.param(20, "c", id="third"),
+    ],
+)
+async def test_overflow_in_a_group_names_the_member_by_declaration_order(
+    autojump_clock, reserve, culprit
+):
+    # The members finish in reverse declaration order; each adds 8 tokens.
+    group = parallel(
+        member("a", tokens_of(8), delay=3),
+        member("b", tokens_of(8), delay=2),
+        member("c", tokens_of(8), delay=1),
+    )
+    pipe = build(group, budget=Budget(BIG, reserve))
+    with pytest.raises(InjectionOverflow) as info:
+        await pipe.run(Turn.start("hi"))
+    assert info.value.hook == culprit
+
+
+async def test_overflow_in_a_group_message_names_the_member(autojump_clock):
+    group = parallel(member("a", tokens_of(8), delay=2), member("b", tokens_of(8), delay=1))
+    pipe = build(group, budget=Budget(BIG, 10))
+    with pytest.raises(InjectionOverflow, match=r"'b' \(pre, position 1\.2\)"):
+        await pipe.run(Turn.start("hi"))
+
+
+async def test_overflow_in_a_group_reaches_no_model(autojump_clock):
+    model = ScriptedModel(["ok"])
+    group = parallel(member("a", tokens_of(8)), member("b", tokens_of(8)))
+    pipe = build(group, budget=Budget(BIG, 10), model=model)
+    with pytest.raises(InjectionOverflow):
+        await pipe.run(Turn.start("hi"))
+    assert model.requests == []
+
+
+async def test_injection_reserve_is_counted_with_a_custom_tokenizer():
+    # 6 words but 11 characters: the default estimate (3 tokens) would fit the reserve.
+    pipe = build(injecting("note", "a b c d e f"), budget=Budget(BIG, 5), tokenizer=words)
+    with pytest.raises(InjectionOverflow) as info:
+        await pipe.run(Turn.start("hi"))
+    assert (info.value.hook, info.value.tokens) == ("note", 6)
+
+
+# -- ContextOverflow ---------------------------------------------------------------------------
+
+
+def long_history_turn():
+    # History: 100 characters (25 tokens + 4); user message "hi" (1 token + 4): 34 in all.
+    return Turn.start("hi", context=Context(messages=(Message.user("x" * 100),)))
+
+
+async def test_context_overflow_carries_the_tokens_and_the_limit():
+    pipe = build(budget=Budget(20, 5))
+    with pytest.raises(ContextOverflow) as info:
+        await pipe.run(long_history_turn())
+    assert (info.value.tokens, info.value.limit) == (34, 20)
+
+
+async def test_context_overflow_reaches_no_model():
+    model = ScriptedModel(["ok"])
+    pipe = build(budget=Budget(20, 5), model=model)
+    with pytest.raises(ContextOverflow):
+        await pipe.run(long_history_turn())
+    assert model.requests == []
+
+
+async def test_request_exactly_at_context_tokens_is_sent():
+    model = ScriptedModel(["ok"])
+    pipe = build(budget=Budget(34, 5), model=model)
+    result = await pipe.run(long_history_turn())
+    assert (result.outcome, len(model.requests)) == ("completed", 1)
+
+
+async def test_context_check_counts_the_system_prompt_and_the_injections():
+    # System "y" * 8 (2 + 4); user message with 15 injected tokens and "hi" (15 + 1 + 4): 26.
+    pipe = build(injecting("note", tokens_of(15)), budget=Budget(20, 15), system="y" * 8)
+    with pytest.raises(ContextOverflow) as info:
+        await pipe.run(Turn.start("hi"))
+    assert info.value.tokens == 26
+
+
+async def test_context_check_counts_with_a_custom_tokenizer():
+    # 10 words (+4) but 19 characters: the default estimate (5 + 4) would fit the limit.
+    pipe = build(budget=Budget(12, 1), tokenizer=words)
+    with pytest.raises(ContextOverflow) as info:
+        await pipe.run(Turn.start("a b c d e f g h i j"))
+    assert info.value.tokens == 14
+
+
+# -- compact= ----------------------------------------------------------------------------------
+
+HISTORY = (Message.user("an old question"), Message.assistant("an old answer"))
+SUMMARY = (Message.user("summary of earlier talk"),)
+
+
+def compactor(result, calls, *, is_async):
+    """A compact callable (sync or async) that records its arguments and returns `result`."""
+    if is_async:
+
+        async def shrink_async(history, target, tokenizer):
+            calls.append((history, target, tokenizer))
+            return result
+
+        return shrink_async
+
+    def shrink(history, target, tokenizer):
+        calls.append((history, target, tokenizer))
+        return result
+
+    return shrink
+
+
+def history_turn():
+    return Turn.start("hi", context=Context(messages=HISTORY))
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_compact_receives_the_history_the_target_and_the_tokenizer(is_async):
+    calls = []
+    pipe = build(
+        budget=Budget(100, 30),
+        tokenizer=words,
+        compact=compactor(SUMMARY, calls, is_async=is_async),
+    )
+    await pipe.run(history_turn())
+    assert calls == [(HISTORY, 70, words)]
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_model_sees_the_compacted_history(is_async):
+    model = ScriptedModel(["ok"])
+    pipe = build(
+        budget=Budget(100, 30), compact=compactor(SUMMARY, [], is_async=is_async), model=model
+    )
+    await pipe.run(history_turn())
+    assert model.requests[0].messages == (*SUMMARY, Message.user("hi"))
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_result_turn_context_holds_the_compacted_view(is_async):
+    pipe = build(budget=Budget(100, 30), compact=compactor(SUMMARY, [], is_async=is_async))
+    result = await pipe.run(history_turn())
+    assert result.turn.context.messages == SUMMARY
+
+
+async def test_compact_runs_before_the_pre_hooks():
+    seen = []
+
+    async def look(turn):
+        seen.append(turn.context.messages)
+        return cont(turn)
+
+    pipe = build(
+        hook(look, name="look"),
+        budget=Budget(100, 30),
+        compact=compactor(SUMMARY, [], is_async=False),
+    )
+    await pipe.run(history_turn())
+    assert seen == [SUMMARY]
+
+
+async def test_context_check_counts_the_compacted_history():
+    # The uncompacted request (34 tokens, see long_history_turn) would overflow 20.
+    pipe = build(budget=Budget(20, 5), compact=compactor(SUMMARY, [], is_async=False))
+    result = await pipe.run(long_history_turn())
+    assert result.outcome == "completed"
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        pytest.param("a summary", id="str"),
+        pytest.param(None, id="none"),
+        pytest.param(Message.user("a summary"), id="single-message"),
+        pytest.param(["a summary"], id="list-of-str"),
+        pytest.param((SUMMARY[0], Text("loose part")), id="message-and-part"),
+    ],
+)
+async def test_compact_returning_a_wrong_type_fails_naming_it(wrong):
+    pipe = build(budget=Budget(100, 30), compact=compactor(wrong, [], is_async=False))
+    with pytest.raises(HookReturnError, match="shrink"):
+        await pipe.run(history_turn())
+
+
+async def test_compact_that_raises_fails_with_the_original_as_cause():
+    original = RuntimeError("summarizer down")
+
+    def shrink(history, target, tokenizer):
+        raise original
+
+    model = ScriptedModel(["ok"])
+    pipe = build(budget=Budget(100, 30), compact=shrink, model=model)
+    with pytest.raises(HookFailed, match="shrink") as info:
+        await pipe.run(history_turn())
+    assert (info.value.__cause__, model.requests) == (original, [])

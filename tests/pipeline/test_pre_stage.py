@@ -1,0 +1,1320 @@
+"""The ordered pre-hook runner, driven through Pipeline.run and Pipeline.stream."""
+
+import threading
+
+import attrs
+import pytest
+import trio
+
+from pipeline import (
+    Halt,
+    HookFailed,
+    HookRecord,
+    HookReturnError,
+    HookTimeout,
+    Pipeline,
+    block,
+    chain,
+    cont,
+    halt,
+    hook,
+    regenerate,
+)
+from pipeline import events as ev
+from pipeline.testing import ScriptedModel
+from turns import Injection, Message, Text, Turn
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def scripted(*replies: str) -> ScriptedModel:
+    return ScriptedModel(list(replies) or ["Hello"])
+
+
+def tracer(trace: list[str], label: str, **options):
+    """A sync pre hook that records `label` and continues unchanged."""
+
+    def record(turn):
+        trace.append(label)
+        return cont(turn)
+
+    return hook(record, name=label, **options)
+
+
+def async_tracer(trace: list[str], label: str, **options):
+    """An async pre hook that records `label` and continues unchanged."""
+
+    async def record(turn):
+        await trio.lowlevel.checkpoint()
+        trace.append(label)
+        return cont(turn)
+
+    return hook(record, name=label, **options)
+
+
+def halter(label: str, reason: str = "not allowed", reply=None, **options):
+    def stop(turn):
+        return halt(reason, reply=reply)
+
+    return hook(stop, name=label, **options)
+
+
+def injector(label: str, *texts: str, **options):
+    def add(turn):
+        return cont(turn.inject(*texts))
+
+    return hook(add, name=label, **options)
+
+
+def raiser(label: str, error: Exception, **options):
+    def fail(turn):
+        raise error
+
+    return hook(fail, name=label, **options)
+
+
+def returning(label: str, make, **options):
+    """A pre hook that returns `make(turn)` (usually something wrong)."""
+
+    def wrong(turn):
+        return make(turn)
+
+    return hook(wrong, name=label, **options)
+
+
+async def streamed(pipe: Pipeline, turn: Turn):
+    """Every event of a streamed turn, and its result."""
+    async with pipe.stream(turn) as events:
+        seen = [event async for event in events]
+    return seen, events.result
+
+
+async def streamed_until(pipe: Pipeline, turn: Turn, error: type[BaseException]):
+    """The events a streamed turn produced before it raised `error`, and the error."""
+    seen = []
+
+    async def consume() -> None:
+        async with pipe.stream(turn) as events:
+            async for event in events:
+                seen.append(event)
+
+    with pytest.raises(error) as raised:
+        await consume()
+    return seen, raised.value
+
+
+def kinds(events) -> list[tuple[str, str | None]]:
+    """Events as (type name, hook name or None), for asserting whole traces."""
+    return [(type(event).__name__, getattr(event, "hook", None)) for event in events]
+
+
+def of_type(events, kind):
+    return [event for event in events if type(event) is kind]
+
+
+def all_tasks() -> set[trio.lowlevel.Task]:
+    tasks = set()
+    stack = [trio.lowlevel.current_root_task()]
+    while stack:
+        task = stack.pop()
+        tasks.add(task)
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return tasks
+
+
+# -- ordering and threading -----------------------------------------------------------------
+
+
+async def test_sync_and_async_pre_hooks_run_in_list_order() -> None:
+    trace: list[str] = []
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[
+            tracer(trace, "one"),
+            async_tracer(trace, "two"),
+            tracer(trace, "three"),
+            async_tracer(trace, "four"),
+        ],
+    )
+
+    await pipe.run(Turn.start("hi"))
+
+    assert trace == ["one", "two", "three", "four"]
+
+
+async def test_each_pre_hook_receives_the_turn_the_previous_one_returned() -> None:
+    seen: list[dict[str, object]] = []
+
+    def assigner(key: str, value: int, *, is_async: bool):
+        if is_async:
+
+            async def assign(turn):
+                seen.append(dict(turn.scope.assigns))
+                return cont(turn.assign(**{key: value}))
+
+        else:
+
+            def assign(turn):
+                seen.append(dict(turn.scope.assigns))
+                return cont(turn.assign(**{key: value}))
+
+        return hook(assign, name=key)
+
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[
+            assigner("a", 1, is_async=False),
+            assigner("b", 2, is_async=True),
+            assigner("c", 3, is_async=False),
+        ],
+    )
+
+    await pipe.run(Turn.start("hi"))
+
+    assert seen == [{}, {"a": 1}, {"a": 1, "b": 2}]
+
+
+async def test_the_result_turn_is_the_turn_the_last_pre_hook_returned() -> None:
+    def first(turn):
+        return cont(turn.assign(user="ada"))
+
+    async def second(turn):
+        return cont(turn.assign(plan="pro"))
+
+    pipe = Pipeline(model=scripted(), pre=[first, second])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.turn.scope.assigns == {"user": "ada", "plan": "pro"}
+
+
+async def test_the_model_is_sent_the_request_the_pre_hooks_shaped() -> None:
+    def cool(turn):
+        return cont(turn.with_request(temperature=0.2))
+
+    def limit(turn):
+        return cont(turn.with_request(max_tokens=64))
+
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[cool, limit])
+
+    await pipe.run(Turn.start("hi"))
+
+    options = model.requests[0].options
+    assert (options.temperature, options.max_tokens) == (0.2, 64)
+
+
+async def test_a_pre_hook_sees_the_pipeline_system_prompt_in_the_context() -> None:
+    seen: list[str | None] = []
+
+    def look(turn):
+        seen.append(turn.context.system)
+        return cont(turn)
+
+    pipe = Pipeline(model=scripted(), pre=[look], system="Be brief.")
+
+    await pipe.run(Turn.start("hi"))
+
+    assert seen == ["Be brief."]
+
+
+# -- halting --------------------------------------------------------------------------------
+
+
+async def test_a_halt_means_the_model_is_not_called() -> None:
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[halter("guard")])
+
+    await pipe.run(Turn.start("hi"))
+
+    assert model.requests == []
+
+
+async def test_a_halt_means_later_pre_hooks_do_not_run() -> None:
+    trace: list[str] = []
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[tracer(trace, "before"), halter("guard"), tracer(trace, "after")],
+    )
+
+    await pipe.run(Turn.start("hi"))
+
+    assert trace == ["before"]
+
+
+async def test_a_halted_turn_has_outcome_halted() -> None:
+    pipe = Pipeline(model=scripted(), pre=[halter("guard")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.outcome == "halted"
+
+
+async def test_the_result_halt_is_stamped_with_the_halting_hook() -> None:
+    pipe = Pipeline(model=scripted(), pre=[tracer([], "before"), halter("guard", "no PII")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.halt == Halt("no PII", reply=None, hook="guard")
+
+
+async def test_a_hook_cannot_forge_the_halting_hook_name() -> None:
+    def sneaky(turn):
+        return Halt("no", hook="someone_else")
+
+    pipe = Pipeline(model=scripted(), pre=[hook(sneaky, name="sneaky")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.halt is not None
+    assert result.halt.hook == "sneaky"
+
+
+async def test_a_halted_stream_reports_the_whole_event_trace() -> None:
+    pipe = Pipeline(model=scripted(), pre=[tracer([], "before"), halter("guard")])
+
+    events, _ = await streamed(pipe, Turn.start("hi"))
+
+    assert kinds(events) == [
+        ("TurnStarted", None),
+        ("HookStarted", "before"),
+        ("HookFinished", "before"),
+        ("HookStarted", "guard"),
+        ("HookFinished", "guard"),
+        ("Halted", "guard"),
+        ("TurnFinished", None),
+    ]
+
+
+async def test_the_halted_event_names_the_hook_and_the_reason() -> None:
+    turn = Turn.start("hi")
+    pipe = Pipeline(model=scripted(), pre=[halter("guard", "off topic")])
+
+    events, _ = await streamed(pipe, turn)
+
+    assert of_type(events, ev.Halted) == [ev.Halted(turn.turn_ref, "guard", "off topic")]
+
+
+async def test_a_halted_stream_finishes_with_outcome_halted() -> None:
+    turn = Turn.start("hi")
+    pipe = Pipeline(model=scripted(), pre=[halter("guard")])
+
+    events, _ = await streamed(pipe, turn)
+
+    assert events[-1] == ev.TurnFinished(turn.turn_ref, "halted")
+
+
+async def test_a_halt_without_reply_leaves_the_result_reply_empty() -> None:
+    pipe = Pipeline(model=scripted(), pre=[halter("guard")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.reply is None
+
+
+async def test_a_halt_with_a_text_reply_makes_it_the_answer() -> None:
+    pipe = Pipeline(model=scripted(), pre=[halter("guard", reply="I can't help with that.")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.reply is not None
+    assert (
+        result.reply.message,
+        result.reply.attempt,
+        result.reply.finish_reason,
+    ) == (Message.assistant("I can't help with that."), 0, "halted")
+
+
+async def test_a_halt_with_an_assistant_message_reply_makes_it_the_answer() -> None:
+    answer = Message.assistant("Ask a human.", meta={"canned": True})
+    pipe = Pipeline(model=scripted(), pre=[halter("guard", reply=answer)])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.reply is not None
+    assert (result.reply.message, result.reply.attempt, result.reply.finish_reason) == (
+        answer,
+        0,
+        "halted",
+    )
+
+
+async def test_run_and_stream_give_the_same_halted_result(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def pipe() -> Pipeline:
+        return Pipeline(model=scripted(), pre=[injector("notes", "n"), halter("guard", "r")])
+
+    turn = Turn.start("hi")
+
+    ran = await pipe().run(turn)
+    _, streamed_result = await streamed(pipe(), turn)
+
+    assert streamed_result == ran
+
+
+# -- wrong returns --------------------------------------------------------------------------
+
+WRONG_RETURNS = [
+    pytest.param(lambda turn: None, "None", "return cont(turn)", id="none"),
+    pytest.param(lambda turn: turn, "Turn", "cont(turn)", id="bare-turn"),
+    pytest.param(lambda turn: cont("hello"), "Cont", "cont(turn)", id="cont-of-str"),
+    pytest.param(lambda turn: regenerate("again"), "Regenerate", "post", id="regenerate"),
+    pytest.param(lambda turn: block("no"), "Block", "before_tool", id="block"),
+    pytest.param(lambda turn: "some text", "str", "cont(", id="str"),
+]
+
+
+@pytest.mark.parametrize(("make", "returned", "fix"), WRONG_RETURNS)
+async def test_a_wrong_return_raises_hook_return_error_naming_hook_stage_and_position(
+    make, returned: str, fix: str
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[tracer([], "first"), returning("sloppy", make)])
+
+    with pytest.raises(HookReturnError, match=r"'sloppy' \(pre, position 2\)"):
+        await pipe.run(Turn.start("hi"))
+
+
+@pytest.mark.parametrize(("make", "returned", "fix"), WRONG_RETURNS)
+async def test_a_wrong_return_error_says_what_the_hook_returned(
+    make, returned: str, fix: str
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[returning("sloppy", make)])
+
+    with pytest.raises(HookReturnError) as raised:
+        await pipe.run(Turn.start("hi"))
+
+    assert f"got {returned}" in str(raised.value)
+
+
+@pytest.mark.parametrize(("make", "returned", "fix"), WRONG_RETURNS)
+async def test_a_wrong_return_error_suggests_the_fix(make, returned: str, fix: str) -> None:
+    pipe = Pipeline(model=scripted(), pre=[returning("sloppy", make)])
+
+    with pytest.raises(HookReturnError) as raised:
+        await pipe.run(Turn.start("hi"))
+
+    # The fix follows the description of what was returned.
+    assert fix in str(raised.value).split(f"got {returned}", 1)[1]
+
+
+async def test_a_wrong_return_error_carries_the_hook_and_stage() -> None:
+    pipe = Pipeline(model=scripted(), pre=[returning("sloppy", lambda turn: None)])
+
+    with pytest.raises(HookReturnError) as raised:
+        await pipe.run(Turn.start("hi"))
+
+    assert (raised.value.hook, raised.value.stage) == ("sloppy", "pre")
+
+
+async def test_a_wrong_return_error_is_a_type_error() -> None:
+    pipe = Pipeline(model=scripted(), pre=[returning("sloppy", lambda turn: None)])
+
+    with pytest.raises(TypeError):
+        await pipe.run(Turn.start("hi"))
+
+
+async def test_a_wrong_return_means_the_model_is_not_called() -> None:
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[returning("sloppy", lambda turn: None)])
+
+    with pytest.raises(HookReturnError):
+        await pipe.run(Turn.start("hi"))
+
+    assert model.requests == []
+
+
+async def test_a_wrong_return_is_enforced_even_when_the_hook_fails_open() -> None:
+    pipe = Pipeline(model=scripted(), pre=[returning("sloppy", lambda turn: None, on_error="skip")])
+
+    with pytest.raises(HookReturnError, match="'sloppy'"):
+        await pipe.run(Turn.start("hi"))
+
+
+async def test_a_wrong_return_is_raised_directly_from_a_stream() -> None:
+    pipe = Pipeline(model=scripted(), pre=[returning("sloppy", lambda turn: None)])
+
+    _, error = await streamed_until(pipe, Turn.start("hi"), HookReturnError)
+
+    assert error.hook == "sloppy"
+
+
+async def test_an_async_hook_that_returns_none_raises_hook_return_error() -> None:
+    async def forgetful(turn):
+        turn.assign(seen=True)
+
+    pipe = Pipeline(model=scripted(), pre=[hook(forgetful, name="forgetful")])
+
+    with pytest.raises(HookReturnError, match=r"'forgetful' \(pre, position 1\).*None"):
+        await pipe.run(Turn.start("hi"))
+
+
+# -- failures: fail closed by default, fail open with on_error="skip" ------------------------
+
+
+async def test_a_raising_hook_fails_the_turn_with_hook_failed_caused_by_the_original() -> None:
+    original = RuntimeError("database down")
+    pipe = Pipeline(model=scripted(), pre=[raiser("load_profile", original)])
+
+    with pytest.raises(HookFailed) as raised:
+        await pipe.run(Turn.start("hi"))
+
+    assert raised.value.__cause__ is original
+
+
+async def test_hook_failed_names_the_hook_and_its_position() -> None:
+    pipe = Pipeline(
+        model=scripted(), pre=[tracer([], "first"), raiser("load_profile", RuntimeError("x"))]
+    )
+
+    with pytest.raises(HookFailed, match=r"'load_profile' \(pre, position 2\)"):
+        await pipe.run(Turn.start("hi"))
+
+
+async def test_hook_failed_carries_the_hook_and_stage() -> None:
+    pipe = Pipeline(model=scripted(), pre=[raiser("load_profile", RuntimeError("x"))])
+
+    with pytest.raises(HookFailed) as raised:
+        await pipe.run(Turn.start("hi"))
+
+    assert (raised.value.hook, raised.value.stage) == ("load_profile", "pre")
+
+
+async def test_a_raising_hook_means_nothing_is_sent_to_the_model() -> None:
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[raiser("load_profile", RuntimeError("x"))])
+
+    with pytest.raises(HookFailed):
+        await pipe.run(Turn.start("hi"))
+
+    assert model.requests == []
+
+
+async def test_a_raising_hook_means_later_hooks_do_not_run() -> None:
+    trace: list[str] = []
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[raiser("load_profile", RuntimeError("x")), tracer(trace, "after")],
+    )
+
+    with pytest.raises(HookFailed):
+        await pipe.run(Turn.start("hi"))
+
+    assert trace == []
+
+
+async def test_an_async_raising_hook_fails_closed_too() -> None:
+    original = ValueError("bad data")
+
+    async def parse(turn):
+        await trio.lowlevel.checkpoint()
+        raise original
+
+    pipe = Pipeline(model=scripted(), pre=[hook(parse, name="parse")])
+
+    with pytest.raises(HookFailed, match="'parse'") as raised:
+        await pipe.run(Turn.start("hi"))
+
+    assert raised.value.__cause__ is original
+
+
+async def test_a_fail_closed_stream_reports_an_enforced_hook_failed_event() -> None:
+    turn = Turn.start("hi")
+    pipe = Pipeline(model=scripted(), pre=[raiser("load_profile", RuntimeError("down"))])
+
+    events, _ = await streamed_until(pipe, turn, HookFailed)
+
+    [failed] = of_type(events, ev.HookFailed)
+    assert (failed.hook, failed.stage, failed.enforced) == ("load_profile", "pre", True)
+
+
+async def test_a_failing_open_hook_lets_the_turn_complete() -> None:
+    model = scripted("fine")
+    pipe = Pipeline(model=model, pre=[raiser("enrich", RuntimeError("down"), on_error="skip")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert (result.outcome, result.reply.text if result.reply else None, len(model.requests)) == (
+        "completed",
+        "fine",
+        1,
+    )
+
+
+async def test_a_failing_open_hook_reports_an_unenforced_hook_failed_event() -> None:
+    turn = Turn.start("hi")
+    pipe = Pipeline(
+        model=scripted(), pre=[raiser("enrich", RuntimeError("service down"), on_error="skip")]
+    )
+
+    events, _ = await streamed(pipe, turn)
+
+    [failed] = of_type(events, ev.HookFailed)
+    assert (failed.hook, failed.stage, failed.enforced, "service down" in failed.error) == (
+        "enrich",
+        "pre",
+        False,
+        True,
+    )
+
+
+async def test_the_hook_after_a_failing_open_hook_receives_the_turn_from_before_it() -> None:
+    received: list[Turn] = []
+
+    def enrich(turn):
+        turn.assign(enriched=True)
+        raise RuntimeError("down")
+
+    def after(turn):
+        received.append(turn)
+        return cont(turn)
+
+    def before(turn):
+        return cont(turn.assign(before=True))
+
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[before, hook(enrich, on_error="skip"), after],
+    )
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert [turn.scope.assigns for turn in received] == [{"before": True}]
+    assert result.turn.scope.assigns == {"before": True}
+
+
+async def test_a_failing_open_hook_runs_the_later_hooks() -> None:
+    trace: list[str] = []
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[
+            tracer(trace, "before"),
+            raiser("enrich", RuntimeError("x"), on_error="skip"),
+            tracer(trace, "after"),
+        ],
+    )
+
+    await pipe.run(Turn.start("hi"))
+
+    assert trace == ["before", "after"]
+
+
+# -- shadow hooks ---------------------------------------------------------------------------
+
+
+async def test_a_halting_shadow_hook_does_not_stop_the_turn() -> None:
+    model = scripted("answer")
+    trace: list[str] = []
+    pipe = Pipeline(
+        model=model, pre=[halter("new_guard", "too risky", shadow=True), tracer(trace, "after")]
+    )
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert (result.outcome, result.halt, trace, len(model.requests)) == (
+        "completed",
+        None,
+        ["after"],
+        1,
+    )
+
+
+async def test_a_shadow_hooks_verdict_is_a_shadow_verdict_event() -> None:
+    turn = Turn.start("hi")
+    pipe = Pipeline(model=scripted(), pre=[halter("new_guard", "too risky", shadow=True)])
+
+    events, _ = await streamed(pipe, turn)
+
+    assert of_type(events, ev.ShadowVerdict) == [
+        ev.ShadowVerdict(turn.turn_ref, "new_guard", "pre", "halt", "too risky")
+    ]
+
+
+async def test_a_halting_shadow_hook_emits_no_halted_event() -> None:
+    pipe = Pipeline(model=scripted(), pre=[halter("new_guard", shadow=True)])
+
+    events, _ = await streamed(pipe, Turn.start("hi"))
+
+    assert of_type(events, ev.Halted) == []
+
+
+async def test_a_shadow_hooks_verdict_is_in_the_audit_record(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[halter("new_guard", "too risky", shadow=True)])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.audit.hooks == (
+        HookRecord("new_guard", "pre", "1", 0.0, "halt", True, "too risky"),
+    )
+
+
+async def test_a_shadow_hooks_injections_are_discarded() -> None:
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[injector("trial_notes", "secret note", shadow=True)])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.turn.injections == ()
+    assert model.requests[0].messages == (Message.user("hi"),)
+
+
+async def test_a_shadow_hooks_injections_emit_no_injected_event() -> None:
+    pipe = Pipeline(model=scripted(), pre=[injector("trial_notes", "secret note", shadow=True)])
+
+    events, _ = await streamed(pipe, Turn.start("hi"))
+
+    assert of_type(events, ev.Injected) == []
+
+
+async def test_the_hook_after_a_shadow_hook_receives_the_turn_from_before_it() -> None:
+    received: list[dict[str, object]] = []
+
+    def trial(turn):
+        return cont(turn.assign(trial=True).with_request(temperature=0.0))
+
+    def after(turn):
+        received.append(dict(turn.scope.assigns))
+        return cont(turn)
+
+    pipe = Pipeline(model=scripted(), pre=[hook(trial, shadow=True), after])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert received == [{}]
+    assert result.turn.request.temperature is None
+
+
+async def test_a_raising_shadow_hook_does_not_stop_the_turn() -> None:
+    pipe = Pipeline(model=scripted(), pre=[raiser("trial", RuntimeError("bug"), shadow=True)])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.outcome == "completed"
+
+
+async def test_a_raising_shadow_hook_reports_an_unenforced_hook_failed_event() -> None:
+    pipe = Pipeline(model=scripted(), pre=[raiser("trial", RuntimeError("bug"), shadow=True)])
+
+    events, _ = await streamed(pipe, Turn.start("hi"))
+
+    assert [(e.hook, e.enforced) for e in of_type(events, ev.HookFailed)] == [("trial", False)]
+
+
+async def test_a_shadow_hooks_wrong_return_is_not_enforced() -> None:
+    pipe = Pipeline(model=scripted(), pre=[returning("trial", lambda turn: None, shadow=True)])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.outcome == "completed"
+
+
+# -- when ------------------------------------------------------------------------------------
+
+
+async def test_a_hook_whose_when_is_false_does_not_run() -> None:
+    trace: list[str] = []
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[
+            tracer(trace, "first"),
+            tracer(trace, "gated", when=lambda turn: False),
+            tracer(trace, "last"),
+        ],
+    )
+
+    await pipe.run(Turn.start("hi"))
+
+    assert trace == ["first", "last"]
+
+
+async def test_a_skipped_hook_is_reported_as_hook_skipped() -> None:
+    turn = Turn.start("hi")
+    pipe = Pipeline(model=scripted(), pre=[tracer([], "gated", when=lambda turn: False)])
+
+    events, _ = await streamed(pipe, turn)
+
+    assert kinds(events)[:3] == [
+        ("TurnStarted", None),
+        ("HookSkipped", "gated"),
+        ("ModelCalled", None),
+    ]
+    assert of_type(events, ev.HookSkipped) == [ev.HookSkipped(turn.turn_ref, "gated", "pre")]
+
+
+async def test_a_skipped_hook_is_in_the_audit_record_as_skipped() -> None:
+    pipe = Pipeline(model=scripted(), pre=[tracer([], "gated", when=lambda turn: False)])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert [(r.hook, r.verdict) for r in result.audit.hooks] == [("gated", "skipped")]
+
+
+async def test_when_sees_the_turn_the_previous_hook_returned() -> None:
+    trace: list[str] = []
+
+    def flag(turn):
+        return cont(turn.assign(admin=True))
+
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[flag, tracer(trace, "admin_only", when=lambda turn: turn.scope.assigns["admin"])],
+    )
+
+    await pipe.run(Turn.start("hi"))
+
+    assert trace == ["admin_only"]
+
+
+async def test_a_when_predicate_that_raises_is_hook_failed_naming_the_hook() -> None:
+    original = KeyError("admin")
+
+    def predicate(turn):
+        raise original
+
+    pipe = Pipeline(model=scripted(), pre=[tracer([], "admin_only", when=predicate)])
+
+    with pytest.raises(HookFailed, match=r"'admin_only' \(pre, position 1\)") as raised:
+        await pipe.run(Turn.start("hi"))
+
+    assert raised.value.__cause__ is original
+
+
+# -- timeouts -------------------------------------------------------------------------------
+
+
+def sleeper(label: str, seconds: float, **options):
+    async def nap(turn):
+        await trio.sleep(seconds)
+        return cont(turn)
+
+    return hook(nap, name=label, **options)
+
+
+async def test_a_hook_past_its_timeout_raises_hook_timeout_naming_hook_and_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[sleeper("slow_search", 60, timeout=1.5)])
+
+    with pytest.raises(HookTimeout, match=r"'slow_search' \(pre, position 1\).*1\.5") as raised:
+        await pipe.run(Turn.start("hi"))
+
+    assert (raised.value.hook, raised.value.stage, raised.value.timeout) == (
+        "slow_search",
+        "pre",
+        1.5,
+    )
+
+
+async def test_a_hook_is_stopped_when_its_timeout_expires(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[sleeper("slow_search", 60, timeout=1.5)])
+    started = trio.current_time()
+
+    with pytest.raises(HookTimeout):
+        await pipe.run(Turn.start("hi"))
+
+    assert trio.current_time() - started == 1.5
+
+
+async def test_a_timed_out_hook_means_the_model_is_not_called(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[sleeper("slow_search", 60, timeout=1)])
+
+    with pytest.raises(HookTimeout):
+        await pipe.run(Turn.start("hi"))
+
+    assert model.requests == []
+
+
+async def test_a_hook_that_finishes_within_its_timeout_passes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[sleeper("search", 0.5, timeout=1)])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.outcome == "completed"
+
+
+async def test_a_sync_hook_with_a_timeout_that_finishes_in_time_passes() -> None:
+    # The real clock: the hook runs in a worker thread, and a MockClock would jump past the
+    # timeout while the thread runs. The hook returns at once, so nothing sleeps.
+    pipe = Pipeline(model=scripted(), pre=[injector("notes", "n", timeout=5)])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.turn.injections == (Injection((Text("n"),), "notes", False, "pre"),)
+
+
+async def test_a_blocking_sync_hook_with_a_timeout_is_abandoned(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    release = threading.Event()
+
+    def blocking(turn):
+        release.wait()
+        return cont(turn)
+
+    pipe = Pipeline(model=scripted(), pre=[hook(blocking, name="blocking", timeout=2)])
+    try:
+        with pytest.raises(HookTimeout, match="'blocking'"):
+            await pipe.run(Turn.start("hi"))
+    finally:
+        release.set()
+
+
+async def test_a_timed_out_hook_that_fails_open_lets_the_turn_complete(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[sleeper("search", 60, timeout=1, on_error="skip")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.outcome == "completed"
+
+
+# -- chains ---------------------------------------------------------------------------------
+
+
+async def test_chain_members_run_in_order_in_place_of_the_chain() -> None:
+    trace: list[str] = []
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[
+            tracer(trace, "before"),
+            chain(tracer(trace, "a"), async_tracer(trace, "b"), tracer(trace, "c"), name="ch"),
+            tracer(trace, "after"),
+        ],
+    )
+
+    await pipe.run(Turn.start("hi"))
+
+    assert trace == ["before", "a", "b", "c", "after"]
+
+
+async def test_chain_members_thread_the_turn() -> None:
+    seen: list[dict[str, object]] = []
+
+    def step(key: str):
+        def assign(turn):
+            seen.append(dict(turn.scope.assigns))
+            return cont(turn.assign(**{key: True}))
+
+        return hook(assign, name=key)
+
+    pipe = Pipeline(model=scripted(), pre=[step("x"), chain(step("y"), step("z")), step("w")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert seen == [{}, {"x": True}, {"x": True, "y": True}, {"x": True, "y": True, "z": True}]
+    assert result.turn.scope.assigns == {"x": True, "y": True, "z": True, "w": True}
+
+
+async def test_a_chain_stops_at_its_first_halt() -> None:
+    trace: list[str] = []
+    model = scripted()
+    pipe = Pipeline(
+        model=model,
+        pre=[
+            chain(tracer(trace, "a"), halter("b", "stop here"), tracer(trace, "c"), name="ch"),
+            tracer(trace, "after"),
+        ],
+    )
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert (trace, result.outcome, result.halt, model.requests) == (
+        ["a"],
+        "halted",
+        Halt("stop here", hook="ch.b"),
+        [],
+    )
+
+
+async def test_chain_member_events_are_prefixed_with_the_chain_name() -> None:
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[tracer([], "first"), chain(tracer([], "a"), tracer([], "b"), name="intake")],
+    )
+
+    events, _ = await streamed(pipe, Turn.start("hi"))
+
+    assert [e.hook for e in of_type(events, ev.HookStarted)] == ["first", "intake.a", "intake.b"]
+
+
+async def test_nested_chains_prefix_every_level() -> None:
+    trace: list[str] = []
+    inner = chain(tracer(trace, "a"), tracer(trace, "b"), name="inner")
+    outer = chain(tracer(trace, "first"), inner, tracer(trace, "last"), name="outer")
+    pipe = Pipeline(model=scripted(), pre=[outer])
+
+    events, _ = await streamed(pipe, Turn.start("hi"))
+
+    assert trace == ["first", "a", "b", "last"]
+    assert [e.hook for e in of_type(events, ev.HookStarted)] == [
+        "outer.first",
+        "outer.inner.a",
+        "outer.inner.b",
+        "outer.last",
+    ]
+
+
+async def test_a_halting_nested_chain_member_is_stamped_with_the_full_name() -> None:
+    inner = chain(halter("guard"), name="inner")
+    pipe = Pipeline(model=scripted(), pre=[chain(tracer([], "first"), inner, name="outer")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.halt is not None
+    assert result.halt.hook == "outer.inner.guard"
+
+
+async def test_a_chain_members_wrong_return_names_it_with_prefix_and_dotted_position() -> None:
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[
+            tracer([], "first"),
+            chain(tracer([], "a"), returning("sloppy", lambda turn: None), name="intake"),
+        ],
+    )
+
+    with pytest.raises(HookReturnError, match=r"'intake.sloppy' \(pre, position 2\.2\)"):
+        await pipe.run(Turn.start("hi"))
+
+
+async def test_a_nested_chain_members_failure_names_its_nested_position() -> None:
+    inner = chain(tracer([], "a"), raiser("boom", RuntimeError("x")), name="inner")
+    pipe = Pipeline(model=scripted(), pre=[chain(inner, name="outer")])
+
+    with pytest.raises(HookFailed, match=r"'outer.inner.boom' \(pre, position 1\.1\.2\)"):
+        await pipe.run(Turn.start("hi"))
+
+
+async def test_a_failing_open_chain_member_lets_the_chain_go_on() -> None:
+    trace: list[str] = []
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[
+            chain(
+                raiser("flaky", RuntimeError("x"), on_error="skip"),
+                tracer(trace, "next"),
+                name="ch",
+            )
+        ],
+    )
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert (result.outcome, trace) == ("completed", ["next"])
+
+
+# -- injections and their provenance --------------------------------------------------------
+
+
+async def test_an_injection_is_stamped_with_the_hook_name_durability_and_stage_pre() -> None:
+    pipe = Pipeline(model=scripted(), pre=[injector("profile", "likes tea", durable=True)])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.turn.injections == (Injection((Text("likes tea"),), "profile", True, "pre"),)
+
+
+async def test_a_transient_hooks_injection_is_stamped_not_durable() -> None:
+    pipe = Pipeline(model=scripted(), pre=[injector("today", "It is Monday.")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.turn.injections == (Injection((Text("It is Monday."),), "today", False, "pre"),)
+
+
+async def test_injections_from_several_hooks_keep_list_order_and_their_own_stamps() -> None:
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[injector("first", "one", durable=True), injector("second", "two", "three")],
+    )
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.turn.injections == (
+        Injection((Text("one"),), "first", True, "pre"),
+        Injection((Text("two"), Text("three")), "second", False, "pre"),
+    )
+
+
+async def test_several_injections_by_one_hook_are_each_stamped() -> None:
+    def twice(turn):
+        return cont(turn.inject("a").inject("b"))
+
+    pipe = Pipeline(model=scripted(), pre=[hook(twice, name="twice")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.turn.injections == (
+        Injection((Text("a"),), "twice", False, "pre"),
+        Injection((Text("b"),), "twice", False, "pre"),
+    )
+
+
+async def test_a_chain_members_injection_is_stamped_with_the_prefixed_name() -> None:
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[chain(tracer([], "auth"), injector("notes", "n", durable=True), name="intake")],
+    )
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.turn.injections == (Injection((Text("n"),), "intake.notes", True, "pre"),)
+
+
+async def test_a_hook_cannot_forge_the_provenance_of_what_it_injects() -> None:
+    def forger(turn):
+        forged = Injection((Text("trust me"),), source="admin", durable=True, stage="post")
+        return cont(attrs.evolve(turn, injections=(*turn.injections, forged)))
+
+    pipe = Pipeline(model=scripted(), pre=[hook(forger, name="forger")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.turn.injections == (Injection((Text("trust me"),), "forger", False, "pre"),)
+
+
+async def test_an_injected_event_reports_hook_parts_durability_tokens_and_stage() -> None:
+    turn = Turn.start("hi")
+    # 13 characters: ceil(13 / 4) == 4 tokens with the default estimate.
+    pipe = Pipeline(model=scripted(), pre=[injector("today", "It is Monday.", durable=True)])
+
+    events, _ = await streamed(pipe, turn)
+
+    assert of_type(events, ev.Injected) == [
+        ev.Injected(turn.turn_ref, "today", (Text("It is Monday."),), True, 4, "pre")
+    ]
+
+
+async def test_the_model_is_sent_the_injected_text_before_the_users_text() -> None:
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[injector("today", "It is Monday.")])
+
+    await pipe.run(Turn.start("hi"))
+
+    assert model.requests[0].messages == (Message.user([Text("It is Monday."), Text("hi")]),)
+
+
+# -- the audit record -----------------------------------------------------------------------
+
+
+async def test_the_audit_record_lists_every_hook_with_verdict_and_timing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[
+            sleeper("slow", 3),
+            tracer([], "gated", when=lambda turn: False),
+            sleeper("quick", 1),
+            chain(sleeper("member", 2), name="ch"),
+        ],
+    )
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.audit.hooks == (
+        HookRecord("slow", "pre", "1", 3.0, "cont"),
+        HookRecord("gated", "pre", "2", 0.0, "skipped"),
+        HookRecord("quick", "pre", "3", 1.0, "cont"),
+        HookRecord("ch.member", "pre", "4.1", 2.0, "cont"),
+    )
+
+
+async def test_a_hook_sleeping_three_seconds_finishes_with_elapsed_three(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[sleeper("slow", 3)])
+
+    events, _ = await streamed(pipe, Turn.start("hi"))
+
+    assert [e.elapsed for e in of_type(events, ev.HookFinished)] == [3]
+
+
+async def test_the_audit_record_keeps_a_halting_hooks_verdict_and_reason(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[halter("guard", "off topic")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.audit.hooks == (HookRecord("guard", "pre", "1", 0.0, "halt", False, "off topic"),)
+
+
+async def test_the_audit_record_keeps_the_halt() -> None:
+    pipe = Pipeline(model=scripted(), pre=[halter("guard", "off topic")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert (result.audit.outcome, result.audit.halt) == ("halted", result.halt)
+
+
+async def test_the_audit_record_keeps_a_failed_open_hook_with_its_error() -> None:
+    pipe = Pipeline(
+        model=scripted(), pre=[raiser("enrich", RuntimeError("service down"), on_error="skip")]
+    )
+
+    result = await pipe.run(Turn.start("hi"))
+
+    [record] = result.audit.hooks
+    assert (
+        record.hook,
+        record.position,
+        record.verdict,
+        "service down" in (record.detail or ""),
+    ) == (
+        "enrich",
+        "1",
+        "failed",
+        True,
+    )
+
+
+async def test_the_audit_record_keeps_every_stamped_injection_of_a_halted_turn() -> None:
+    turn = Turn.start("hi")
+    pipe = Pipeline(model=scripted(), pre=[injector("notes", "n"), halter("guard")])
+
+    result = await pipe.run(turn)
+
+    assert (result.audit.turn_ref, result.audit.injections) == (
+        turn.turn_ref,
+        (Injection((Text("n"),), "notes", False, "pre"),),
+    )
+
+
+# -- the event trace ------------------------------------------------------------------------
+
+
+async def test_a_two_hook_turn_reports_the_whole_event_trace_in_order() -> None:
+    pipe = Pipeline(
+        model=scripted("Hello"), pre=[injector("today", "It is Monday."), tracer([], "auth")]
+    )
+
+    events, _ = await streamed(pipe, Turn.start("hi"))
+
+    assert kinds(events) == [
+        ("TurnStarted", None),
+        ("HookStarted", "today"),
+        ("HookFinished", "today"),
+        ("Injected", "today"),
+        ("HookStarted", "auth"),
+        ("HookFinished", "auth"),
+        ("ModelCalled", None),
+        ("TextDelta", None),
+        ("ReplyReady", None),
+        ("TurnFinished", None),
+    ]
+
+
+async def test_every_event_of_a_turn_carries_its_turn_ref() -> None:
+    turn = Turn.start("hi", turn_ref="ref-123")
+    pipe = Pipeline(model=scripted(), pre=[injector("today", "x"), tracer([], "auth")])
+
+    events, _ = await streamed(pipe, turn)
+
+    assert {event.turn_ref for event in events} == {"ref-123"}
+
+
+async def test_hook_finished_events_report_the_cont_verdict() -> None:
+    pipe = Pipeline(model=scripted(), pre=[tracer([], "a"), injector("b", "x")])
+
+    events, _ = await streamed(pipe, Turn.start("hi"))
+
+    assert [(e.hook, e.stage, e.verdict) for e in of_type(events, ev.HookFinished)] == [
+        ("a", "pre", "cont"),
+        ("b", "pre", "cont"),
+    ]
+
+
+# -- cancellation ---------------------------------------------------------------------------
+
+
+async def test_cancelling_the_scope_around_run_while_a_pre_hook_sleeps_propagates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[sleeper("slow", 60)])
+
+    with trio.move_on_after(5) as scope:
+        await pipe.run(Turn.start("hi"))
+
+    assert scope.cancelled_caught
+
+
+async def test_cancelling_run_during_a_pre_hook_leaves_no_task_behind(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[sleeper("slow", 60, timeout=30)])
+    before = all_tasks()
+
+    with trio.move_on_after(5):
+        await pipe.run(Turn.start("hi"))
+
+    assert all_tasks() == before
+
+
+async def test_cancelling_run_during_a_pre_hook_means_the_model_is_not_called(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[sleeper("slow", 60)])
+
+    with trio.move_on_after(5):
+        await pipe.run(Turn.start("hi"))
+
+    assert model.requests == []
+
+
+async def test_cancelling_a_stream_while_a_pre_hook_sleeps_propagates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[sleeper("slow", 60)])
+
+    with trio.move_on_after(5) as scope:
+        async with pipe.stream(Turn.start("hi")) as events:
+            async for _ in events:
+                pass
+
+    assert scope.cancelled_caught
+
+
+async def test_cancelling_a_stream_during_a_pre_hook_leaves_no_task_behind(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pipe = Pipeline(model=scripted(), pre=[sleeper("slow", 60)])
+    before = all_tasks()
+
+    with trio.move_on_after(5):
+        async with pipe.stream(Turn.start("hi")) as events:
+            async for _ in events:
+                pass
+
+    assert all_tasks() == before
+
+
+async def test_cancelling_run_while_a_sync_hook_blocks_in_a_thread_propagates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    release = threading.Event()
+
+    def blocking(turn):
+        release.wait()
+        return cont(turn)
+
+    pipe = Pipeline(model=scripted(), pre=[hook(blocking, name="blocking", timeout=600)])
+    try:
+        with trio.move_on_after(5) as scope:
+            await pipe.run(Turn.start("hi"))
+    finally:
+        release.set()
+
+    assert scope.cancelled_caught

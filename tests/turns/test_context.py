@@ -1,0 +1,120 @@
+"""ToolSpec, Context, Scope (and `Scope.assign`) and RequestOptions records."""
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.turns.strategies import (
+    identifiers,
+    json_values,
+    scopes,
+)
+from turns import Context, Message, RequestOptions, Scope, ToolSpec
+
+assign_values = st.dictionaries(identifiers, json_values, max_size=4)
+
+
+def test_tool_spec_description_is_empty_by_default() -> None:
+    assert ToolSpec("search").description == ""
+
+
+def test_tool_spec_default_parameters_are_a_json_schema_object() -> None:
+    assert ToolSpec("search").parameters["type"] == "object"
+
+
+def test_tool_spec_keeps_its_parameters_schema() -> None:
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+
+    assert ToolSpec("search", "Search the docs.", schema).parameters == schema
+
+
+def test_context_is_empty_by_default() -> None:
+    context = Context()
+
+    assert (context.messages, context.system, context.tools) == ((), None, ())
+
+
+def test_context_keeps_its_messages_in_order() -> None:
+    history = (Message.user("hi"), Message.assistant("hello"))
+
+    assert Context(messages=history).messages == history
+
+
+def test_context_tool_names_are_the_tools_names_in_order() -> None:
+    tools = (ToolSpec("search"), ToolSpec("calculator"), ToolSpec("weather"))
+
+    assert Context(tools=tools).tool_names == ("search", "calculator", "weather")
+
+
+def test_scope_is_empty_by_default() -> None:
+    scope = Scope()
+
+    assert (scope.current_user, dict(scope.assigns)) == (None, {})
+
+
+@given(scopes(), assign_values)
+def test_scope_assign_adds_the_values_to_assigns(scope: Scope, values: dict) -> None:
+    assert scope.assign(**values).assigns == {**scope.assigns, **values}
+
+
+def test_scope_assign_replaces_an_existing_value() -> None:
+    scope = Scope(assigns={"locale": "en", "plan": "free"})
+
+    assert scope.assign(locale="fr").assigns == {"locale": "fr", "plan": "free"}
+
+
+@given(scopes(), assign_values)
+def test_scope_assign_keeps_the_current_user(scope: Scope, values: dict) -> None:
+    assert scope.assign(**values).current_user == scope.current_user
+
+
+@given(scopes(), assign_values)
+def test_scope_assign_leaves_the_original_scope_unchanged(scope: Scope, values: dict) -> None:
+    before = dict(scope.assigns)
+
+    scope.assign(**values)
+
+    assert scope.assigns == before
+
+
+@given(scopes(), assign_values, assign_values)
+def test_scope_assign_twice_equals_assign_once_with_the_merged_values(
+    scope: Scope, first: dict, second: dict
+) -> None:
+    assert scope.assign(**first).assign(**second) == scope.assign(**{**first, **second})
+
+
+def test_scope_assign_with_nothing_keeps_the_assigns() -> None:
+    scope = Scope("ada", {"plan": "pro"})
+
+    assert scope.assign() == scope
+
+
+def test_request_options_leave_everything_to_the_provider_by_default() -> None:
+    options = RequestOptions()
+
+    assert (
+        options.temperature,
+        options.max_tokens,
+        options.tool_choice,
+        options.active_tools,
+        dict(options.extra),
+    ) == (None, None, None, None, {})
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        ToolSpec("search"),
+        Context(),
+        Scope(),
+        RequestOptions(),
+    ],
+    ids=lambda record: type(record).__name__,
+)
+def test_records_are_frozen(record: object) -> None:
+    field = attrs.fields(type(record))[0].name
+
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        setattr(record, field, None)

@@ -1,0 +1,97 @@
+"""Message: the role check, the named constructors and the joined `.text`."""
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.turns.strategies import messages, parts, text_parts, texts, tool_results
+from turns import Message, Part, Text, ToolCall, ToolResult
+
+
+@pytest.mark.parametrize("role", ["system", "user", "assistant", "tool"])
+def test_message_accepts_each_of_the_four_roles(role: str) -> None:
+    assert Message(role).role == role  # type: ignore[arg-type]
+
+
+def test_message_rejects_an_unknown_role_naming_it() -> None:
+    with pytest.raises(ValueError, match="robot"):
+        Message("robot")  # type: ignore[arg-type]
+
+
+def test_message_meta_is_empty_by_default() -> None:
+    assert Message("user").meta == {}
+
+
+@given(messages())
+def test_messages_are_frozen(message: Message) -> None:
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        message.role = "user"  # type: ignore[misc]
+
+
+@given(texts)
+def test_user_from_a_string_holds_one_text_part(text: str) -> None:
+    assert Message.user(text) == Message("user", (Text(text),))
+
+
+@given(parts())
+def test_user_from_a_single_part_holds_that_part(part: Part) -> None:
+    assert Message.user(part).parts == (part,)
+
+
+@given(st.lists(parts(), max_size=4))
+def test_user_from_a_list_of_parts_holds_them_in_order_as_a_tuple(items: list[Part]) -> None:
+    assert Message.user(items).parts == tuple(items)
+
+
+def test_user_from_a_generator_of_parts_holds_them_in_order() -> None:
+    message = Message.user(Text(word) for word in ("a", "b", "c"))
+
+    assert message.parts == (Text("a"), Text("b"), Text("c"))
+
+
+def test_user_keeps_the_meta_it_is_given() -> None:
+    assert Message.user("hi", meta={"origin": "web"}).meta == {"origin": "web"}
+
+
+@pytest.mark.parametrize(
+    "constructor", [Message.user, Message.assistant], ids=["user", "assistant"]
+)
+def test_constructor_rejects_a_non_part_in_the_list_naming_its_type(constructor) -> None:
+    with pytest.raises(TypeError, match="int"):
+        constructor([Text("ok"), 42])
+
+
+def test_assistant_from_a_string_holds_one_text_part() -> None:
+    assert Message.assistant("Hello!") == Message("assistant", (Text("Hello!"),))
+
+
+def test_assistant_from_text_and_tool_calls_keeps_them_in_order() -> None:
+    call = ToolCall("call-1", "search", {"q": "docs"})
+
+    assert Message.assistant([Text("Let me look."), call]).parts == (Text("Let me look."), call)
+
+
+def test_system_holds_one_text_part() -> None:
+    assert Message.system("Be brief.") == Message("system", (Text("Be brief."),))
+
+
+@given(tool_results())
+def test_tool_holds_the_one_result(result: ToolResult) -> None:
+    assert Message.tool(result) == Message("tool", (result,))
+
+
+@given(st.lists(text_parts(), max_size=4))
+def test_text_joins_the_text_parts_in_order(items: list[Text]) -> None:
+    assert Message.user(items).text == "".join(part.text for part in items)
+
+
+@given(st.lists(parts(), max_size=5))
+def test_text_leaves_out_tool_calls_and_results(items: list[Part]) -> None:
+    expected = "".join(part.text for part in items if isinstance(part, Text))
+
+    assert Message.assistant(items).text == expected
+
+
+def test_text_of_a_tool_message_is_empty() -> None:
+    assert Message.tool(ToolResult("call-1", "42")).text == ""

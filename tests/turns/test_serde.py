@@ -1,0 +1,248 @@
+"""turns.serde: exact round trips of every record, the part tags, and path-naming errors."""
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.turns.strategies import RECORD_STRATEGIES
+from turns import (
+    Context,
+    Injection,
+    Message,
+    Part,
+    RequestOptions,
+    Text,
+    ToolCall,
+    ToolResult,
+    Turn,
+    Usage,
+)
+from turns.serde import from_dict, from_json, to_dict, to_json
+
+RECORDS = list(RECORD_STRATEGIES.items())
+RECORD_IDS = [cls.__name__ for cls, _ in RECORDS]
+
+round_trip = pytest.mark.parametrize(("cls", "strategy"), RECORDS, ids=RECORD_IDS)
+
+
+# --- round trips --------------------------------------------------------------------------
+
+
+@round_trip
+@given(data=st.data())
+def test_to_dict_then_from_dict_gives_back_the_record(cls: type, strategy, data) -> None:
+    obj = data.draw(strategy)
+
+    assert from_dict(cls, to_dict(obj)) == obj
+
+
+@round_trip
+@given(data=st.data())
+def test_to_json_then_from_json_gives_back_the_record(cls: type, strategy, data) -> None:
+    obj = data.draw(strategy)
+
+    assert from_json(cls, to_json(obj)) == obj
+
+
+@round_trip
+@given(data=st.data())
+def test_from_dict_then_to_dict_gives_back_the_data(cls: type, strategy, data) -> None:
+    d = json.loads(to_json(data.draw(strategy)))
+
+    assert to_dict(from_dict(cls, d)) == d
+
+
+@round_trip
+@given(data=st.data())
+def test_to_dict_is_plain_json_data(cls: type, strategy, data) -> None:
+    d = to_dict(data.draw(strategy))
+
+    assert json.loads(json.dumps(d)) == d
+    assert_json_shaped(d)
+
+
+@round_trip
+@given(data=st.data())
+def test_to_json_is_the_json_encoding_of_to_dict(cls: type, strategy, data) -> None:
+    obj = data.draw(strategy)
+
+    assert json.loads(to_json(obj)) == to_dict(obj)
+
+
+def assert_json_shaped(value: Any) -> None:
+    """Only dicts with str keys, lists and JSON scalars: no tuples, no records."""
+    if isinstance(value, dict):
+        assert all(isinstance(key, str) for key in value)
+        for item in value.values():
+            assert_json_shaped(item)
+    elif isinstance(value, list):
+        for item in value:
+            assert_json_shaped(item)
+    else:
+        assert value is None or isinstance(value, str | int | float | bool), value
+
+
+def test_from_dict_builds_tuples_not_lists() -> None:
+    turn = Turn.start(Message.user([Text("a"), Text("b")]), turn_ref="r").inject("note")
+    turn = turn.with_request(active_tools=[])
+
+    back = from_dict(Turn, json.loads(to_json(turn)))
+
+    assert [
+        type(back.user_message.parts),
+        type(back.injections),
+        type(back.injections[0].parts),
+        type(back.context.messages),
+        type(back.request.active_tools),
+    ] == [tuple, tuple, tuple, tuple, tuple]
+
+
+def test_to_json_keeps_non_ascii_text_exact() -> None:
+    message = Message.user("naïve café — 東京 🚀")
+
+    assert from_json(Message, to_json(message)) == message
+
+
+# --- the part tags ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("part", "tag"),
+    [
+        (Text("hi"), "text"),
+        (ToolCall("call-1", "search", {"q": "x"}), "tool_call"),
+        (ToolResult("call-1", "found"), "tool_result"),
+    ],
+    ids=["text", "tool_call", "tool_result"],
+)
+def test_a_part_in_a_message_is_tagged_with_its_type(part: Any, tag: str) -> None:
+    assert to_dict(Message.assistant([part]))["parts"][0]["type"] == tag
+
+
+def test_parts_are_read_back_by_their_tag() -> None:
+    data = {
+        "role": "assistant",
+        "parts": [
+            {"type": "tool_result", "call_id": "c", "content": "r"},
+            {"type": "text", "text": "t"},
+            {"type": "tool_call", "id": "c", "name": "f", "arguments": {"a": 1}},
+        ],
+    }
+
+    assert from_dict(Message, data).parts == (
+        ToolResult("c", "r"),
+        Text("t"),
+        ToolCall("c", "f", {"a": 1}),
+    )
+
+
+def test_injection_parts_are_tagged_too() -> None:
+    injection = Injection((ToolCall("c", "f", {}), ToolResult("c", "r")), "hook", True, "pre")
+
+    assert [part["type"] for part in to_dict(injection)["parts"]] == ["tool_call", "tool_result"]
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def message_data(**changes: Any) -> dict[str, Any]:
+    return {**to_dict(Message.user([Text("hi"), ToolResult("c", "r")])), **changes}
+
+
+def test_an_unknown_top_level_key_is_rejected_naming_it() -> None:
+    with pytest.raises(ValueError, match="colour"):
+        from_dict(Message, message_data(colour="red"))
+
+
+def test_an_unknown_key_in_a_part_is_rejected_naming_its_path() -> None:
+    data = message_data()
+    data["parts"][1]["bogus"] = 1
+
+    with pytest.raises(ValueError, match=r"parts\[1\]") as excinfo:
+        from_dict(Message, data)
+
+    assert "bogus" in str(excinfo.value)
+
+
+def test_an_unknown_key_deep_in_a_turn_is_rejected_naming_its_path() -> None:
+    data = to_dict(Turn.start("hi", turn_ref="r").inject("a").inject("b", "c"))
+    data["injections"][1]["parts"][1]["oops"] = True
+
+    with pytest.raises(ValueError, match=r"injections\[1\]\.parts\[1\]") as excinfo:
+        from_dict(Turn, data)
+
+    assert "oops" in str(excinfo.value)
+
+
+def test_an_unknown_key_in_request_options_is_rejected_naming_it() -> None:
+    data = {**to_dict(RequestOptions()), "temprature": 0.2}
+
+    with pytest.raises(ValueError, match="temprature"):
+        from_dict(RequestOptions, data)
+
+
+def test_a_wrong_role_is_rejected_naming_the_role_path() -> None:
+    with pytest.raises(ValueError, match="role"):
+        from_dict(Message, message_data(role="robot"))
+
+
+def test_a_wrong_role_in_the_history_is_rejected_naming_its_path() -> None:
+    data = to_dict(Context(messages=(Message.user("a"), Message.assistant("b"))))
+    data["messages"][1]["role"] = "robot"
+
+    with pytest.raises(ValueError, match=r"messages\[1\]\.role"):
+        from_dict(Context, data)
+
+
+def test_an_unknown_part_tag_is_rejected_naming_its_path() -> None:
+    data = message_data()
+    data["parts"][0]["type"] = "image"
+
+    with pytest.raises(ValueError, match=r"parts\[0\]"):
+        from_dict(Message, data)
+
+
+def test_an_unknown_part_tag_is_rejected_naming_the_tag() -> None:
+    data = message_data()
+    data["parts"][0]["type"] = "image"
+
+    with pytest.raises(ValueError, match="image"):
+        from_dict(Message, data)
+
+
+def test_a_missing_required_key_is_rejected_naming_it() -> None:
+    with pytest.raises(ValueError, match="content"):
+        from_dict(ToolResult, {"call_id": "c"})
+
+
+def test_a_value_of_the_wrong_type_is_rejected_naming_its_path() -> None:
+    with pytest.raises(ValueError, match="input_tokens"):
+        from_dict(Usage, {"input_tokens": "many", "output_tokens": 1})
+
+
+def test_from_json_rejects_an_unknown_key_with_value_error() -> None:
+    with pytest.raises(ValueError, match="colour"):
+        from_json(Text, '{"text": "hi", "meta": {}, "colour": "red"}')
+
+
+@pytest.mark.parametrize(
+    ("part", "tag"),
+    [
+        (Text("a"), "text"),
+        (ToolCall("c", "f", {}), "tool_call"),
+        (ToolResult("c", "ok"), "tool_result"),
+    ],
+)
+def test_a_part_on_its_own_carries_its_tag_and_reads_back_as_a_part(part, tag) -> None:
+    data = to_dict(part)
+    assert data["type"] == tag
+    assert from_dict(Part, data) == part
+    assert from_dict(type(part), data) == part
+
+
+def test_a_tagged_part_read_as_another_part_class_is_rejected_naming_both_tags() -> None:
+    with pytest.raises(ValueError, match=r"'text'.*'tool_call'"):
+        from_dict(ToolCall, to_dict(Text("a")))

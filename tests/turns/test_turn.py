@@ -1,0 +1,304 @@
+"""Turn: `start` defaults and errors, `inject`, `with_request` (narrowing) and `assign`."""
+
+import string
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.turns.strategies import identifiers, json_values, names, parts
+from turns import (
+    Context,
+    Injection,
+    Message,
+    Part,
+    RequestOptions,
+    Scope,
+    Text,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Turn,
+)
+
+TOOLS = ("search", "calculator", "weather", "calendar")
+
+
+def turn_with_tools(*tool_names: str) -> Turn:
+    return Turn.start("hi", context=Context(tools=tuple(ToolSpec(name) for name in tool_names)))
+
+
+# --- Turn.start ---------------------------------------------------------------------------
+
+
+def test_start_from_a_string_makes_a_user_message() -> None:
+    assert Turn.start("hi").user_message == Message.user("hi")
+
+
+def test_start_from_a_user_message_keeps_that_message() -> None:
+    message = Message.user([Text("look at this"), Text("please")], meta={"client": "web"})
+
+    assert Turn.start(message).user_message == message
+
+
+def test_start_gives_an_empty_context_by_default() -> None:
+    assert Turn.start("hi").context == Context()
+
+
+def test_start_gives_an_empty_scope_by_default() -> None:
+    assert Turn.start("hi").scope == Scope()
+
+
+def test_start_has_no_injections() -> None:
+    assert Turn.start("hi").injections == ()
+
+
+def test_start_has_default_request_options() -> None:
+    assert Turn.start("hi").request == RequestOptions()
+
+
+def test_start_has_no_reply() -> None:
+    assert Turn.start("hi").reply is None
+
+
+def test_start_turn_ref_defaults_to_a_hex_id() -> None:
+    turn_ref = Turn.start("hi").turn_ref
+
+    assert turn_ref
+    assert set(turn_ref) <= set(string.hexdigits)
+
+
+def test_start_turn_ref_is_fresh_for_every_turn() -> None:
+    refs = {Turn.start("hi").turn_ref for _ in range(50)}
+
+    assert len(refs) == 50
+
+
+def test_start_keeps_the_given_context_scope_and_turn_ref() -> None:
+    context = Context(messages=(Message.user("a"), Message.assistant("b")), system="Be brief.")
+    scope = Scope(current_user="ada", assigns={"plan": "pro"})
+
+    turn = Turn.start("hi", context=context, scope=scope, turn_ref="ref-1")
+
+    assert (turn.context, turn.scope, turn.turn_ref) == (context, scope, "ref-1")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [Message.assistant("hello"), Message.system("rules"), Message.tool(ToolResult("c", "r"))],
+    ids=["assistant", "system", "tool"],
+)
+def test_start_rejects_a_message_that_is_not_from_the_user_naming_its_role(
+    message: Message,
+) -> None:
+    with pytest.raises(ValueError, match=message.role):
+        Turn.start(message)
+
+
+@pytest.mark.parametrize(
+    ("value", "type_name"), [(42, "int"), (Text("hi"), "Text"), (None, "NoneType")]
+)
+def test_start_rejects_what_is_neither_text_nor_a_message_naming_its_type(
+    value: object, type_name: str
+) -> None:
+    with pytest.raises(TypeError, match=type_name):
+        Turn.start(value)  # type: ignore[arg-type]
+
+
+# --- Turn.inject --------------------------------------------------------------------------
+
+
+def test_inject_turns_strings_into_text_parts() -> None:
+    turn = Turn.start("hi").inject("Today is Monday.", "Be kind.")
+
+    assert turn.injections[-1].parts == (Text("Today is Monday."), Text("Be kind."))
+
+
+@given(st.lists(parts(), min_size=1, max_size=4))
+def test_inject_keeps_the_parts_in_order_as_a_tuple(items: list[Part]) -> None:
+    assert Turn.start("hi").inject(*items).injections == (Injection(tuple(items)),)
+
+
+def test_inject_leaves_the_injection_unstamped() -> None:
+    injection = Turn.start("hi").inject("note").injections[0]
+
+    assert (injection.source, injection.durable, injection.stage) == (None, False, None)
+
+
+def test_inject_mixes_strings_and_parts_in_order() -> None:
+    call = ToolCall("call-1", "search", {"q": "x"})
+    result = ToolResult("call-1", "found")
+
+    turn = Turn.start("hi").inject("before", call, result, "after")
+
+    assert turn.injections[0].parts == (Text("before"), call, result, Text("after"))
+
+
+def test_inject_appends_one_injection_per_call_in_order() -> None:
+    turn = Turn.start("hi").inject("first").inject("second", "third")
+
+    assert turn.injections == (
+        Injection((Text("first"),)),
+        Injection((Text("second"), Text("third"))),
+    )
+
+
+def test_inject_leaves_the_original_turn_unchanged() -> None:
+    turn = Turn.start("hi")
+
+    turn.inject("note")
+
+    assert turn.injections == ()
+
+
+def test_inject_changes_nothing_but_the_injections() -> None:
+    turn = Turn.start("hi", turn_ref="ref-1").assign(plan="pro")
+
+    injected = turn.inject("note")
+
+    assert attrs.evolve(injected, injections=()) == turn
+
+
+@pytest.mark.parametrize(
+    ("bad", "type_name"),
+    [(42, "int"), (Message.user("x"), "Message"), (b"bytes", "bytes"), (["a"], "list")],
+    ids=["int", "Message", "bytes", "list"],
+)
+def test_inject_rejects_what_is_not_a_part_naming_its_type(bad: object, type_name: str) -> None:
+    with pytest.raises(TypeError, match=type_name):
+        Turn.start("hi").inject("ok", bad)  # type: ignore[arg-type]
+
+
+# --- Turn.with_request --------------------------------------------------------------------
+
+
+def test_with_request_changes_the_named_option() -> None:
+    assert Turn.start("hi").with_request(temperature=0.2).request.temperature == 0.2
+
+
+def test_with_request_keeps_the_other_options() -> None:
+    turn = Turn.start("hi").with_request(temperature=0.2, tool_choice="auto")
+
+    assert turn.with_request(max_tokens=50).request == RequestOptions(
+        temperature=0.2, max_tokens=50, tool_choice="auto"
+    )
+
+
+def test_with_request_leaves_the_original_turn_unchanged() -> None:
+    turn = Turn.start("hi")
+
+    turn.with_request(max_tokens=10)
+
+    assert turn.request == RequestOptions()
+
+
+def test_with_request_rejects_an_unknown_option_naming_it() -> None:
+    with pytest.raises(TypeError, match="temprature"):
+        Turn.start("hi").with_request(temprature=0.2)
+
+
+def test_active_tools_intersects_with_the_context_tools() -> None:
+    turn = turn_with_tools(*TOOLS).with_request(active_tools=["weather", "search", "unknown"])
+
+    assert set(turn.request.active_tools or ()) == {"search", "weather"}
+
+
+def test_active_tools_keeps_the_context_order() -> None:
+    turn = turn_with_tools(*TOOLS).with_request(active_tools=["calendar", "weather", "search"])
+
+    assert turn.request.active_tools == ("search", "weather", "calendar")
+
+
+def test_active_tools_is_stored_as_a_tuple() -> None:
+    turn = turn_with_tools(*TOOLS).with_request(active_tools={"search"})
+
+    assert turn.request.active_tools == ("search",)
+
+
+def test_active_tools_intersects_with_the_current_narrowing() -> None:
+    turn = turn_with_tools(*TOOLS).with_request(active_tools=["search", "weather"])
+
+    narrowed = turn.with_request(active_tools=["weather", "calendar"])
+
+    assert narrowed.request.active_tools == ("weather",)
+
+
+def test_active_tools_cannot_add_back_a_tool_a_narrowing_removed() -> None:
+    turn = turn_with_tools(*TOOLS).with_request(active_tools=["search"])
+
+    assert turn.with_request(active_tools=TOOLS).request.active_tools == ("search",)
+
+
+def test_active_tools_naming_no_context_tool_leaves_no_tool_active() -> None:
+    turn = turn_with_tools(*TOOLS).with_request(active_tools=["unknown"])
+
+    assert turn.request.active_tools == ()
+
+
+def test_active_tools_rejects_a_str() -> None:
+    with pytest.raises(TypeError, match="active_tools"):
+        turn_with_tools(*TOOLS).with_request(active_tools="search")
+
+
+def test_active_tools_cannot_be_widened_back_to_all_tools() -> None:
+    turn = turn_with_tools(*TOOLS).with_request(active_tools=["search"])
+
+    with pytest.raises(ValueError, match="active_tools"):
+        turn.with_request(active_tools=None)
+
+
+def test_active_tools_none_is_accepted_while_nothing_is_narrowed() -> None:
+    turn = turn_with_tools(*TOOLS).with_request(active_tools=None)
+
+    assert turn.request.active_tools is None
+
+
+tool_sets = st.lists(names, max_size=6, unique=True)
+
+
+@given(tool_sets, st.lists(names, max_size=6))
+def test_active_tools_are_the_context_tools_that_were_asked_for(
+    context_tools: list[str], wanted: list[str]
+) -> None:
+    turn = turn_with_tools(*context_tools).with_request(active_tools=wanted)
+
+    assert turn.request.active_tools == tuple(name for name in context_tools if name in wanted)
+
+
+@given(tool_sets, st.lists(names, max_size=6), st.lists(names, max_size=6))
+def test_narrowing_twice_equals_narrowing_once_with_the_intersection(
+    context_tools: list[str], first: list[str], second: list[str]
+) -> None:
+    turn = turn_with_tools(*context_tools)
+    both = [name for name in first if name in second]
+
+    twice = turn.with_request(active_tools=first).with_request(active_tools=second)
+
+    assert twice.request == turn.with_request(active_tools=both).request
+
+
+# --- Turn.assign --------------------------------------------------------------------------
+
+
+@given(st.dictionaries(identifiers, json_values, max_size=4))
+def test_assign_is_scope_assign_on_the_turn(values: dict) -> None:
+    turn = Turn.start("hi", scope=Scope("ada", {"plan": "free"}))
+
+    assert turn.assign(**values).scope == turn.scope.assign(**values)
+
+
+def test_assign_changes_nothing_but_the_scope() -> None:
+    turn = Turn.start("hi", turn_ref="ref-1").inject("note").with_request(max_tokens=5)
+
+    assigned = turn.assign(locale="fr")
+
+    assert attrs.evolve(assigned, scope=turn.scope) == turn
+
+
+def test_assign_leaves_the_original_turn_unchanged() -> None:
+    turn = Turn.start("hi")
+
+    turn.assign(locale="fr")
+
+    assert turn.scope == Scope()
