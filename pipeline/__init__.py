@@ -104,6 +104,6 @@ __all__ = [
 
 for _name in __all__:
     _obj = globals()[_name]
-    if isinstance(_obj, type) and _obj.__module__.startswith("pipeline._"):
+    if getattr(_obj, "__module__", "").startswith("pipeline._"):
         _obj.__module__ = __name__
 del _name, _obj

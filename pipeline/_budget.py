@@ -8,7 +8,8 @@ import attrs
 
 from turns import Message, Part, Text, ToolCall, ToolResult
 
-from ._errors import ConfigError
+from ._errors import BudgetError, ConfigError
+from ._hooks import callable_name
 
 Tokenizer: TypeAlias = Callable[[str], int]
 
@@ -48,6 +49,42 @@ def parts_tokens(parts: Iterable[Part], tokenizer: Tokenizer) -> int:
 def message_tokens(messages: Iterable[Message], tokenizer: Tokenizer) -> int:
     """Tokens in messages: their parts plus `MESSAGE_OVERHEAD` per message."""
     return sum(MESSAGE_OVERHEAD + parts_tokens(m.parts, tokenizer) for m in messages)
+
+
+def checked_tokenizer(tokenizer: object) -> Tokenizer:
+    """The pipeline's counting function: `tokenizer`, checked once and guarded, or the default.
+
+    A tokenizer that does not return an int for a probe text is a `ConfigError` when the
+    pipeline is built; one that fails on some text later is a `BudgetError` naming it.
+    """
+    if tokenizer is None:
+        return estimate_tokens
+    if not callable(tokenizer):
+        return estimate_tokens  # left to the pipeline's validator, which names tokenizer=
+    name = callable_name(tokenizer)
+    try:
+        probe = tokenizer("turnplug counts tokens")
+    except Exception as exc:
+        raise ConfigError(
+            f"Pipeline(tokenizer={name}) failed on a probe text: {type(exc).__name__}: {exc}"
+        ) from exc
+    if isinstance(probe, bool) or not isinstance(probe, int) or probe < 0:
+        raise ConfigError(
+            f"Pipeline(tokenizer={name}) must count tokens: str -> int, but returned"
+            f" {type(probe).__name__} {probe!r} — for tiktoken, pass"
+            " lambda text: len(encoding.encode(text))"
+        )
+
+    def count(text: str) -> int:
+        try:
+            tokens = tokenizer(text)
+        except Exception as exc:
+            raise BudgetError(f"tokenizer {name} failed: {type(exc).__name__}: {exc}") from exc
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise BudgetError(f"tokenizer {name} returned {tokens!r}, not a token count")
+        return tokens
+
+    return count
 
 
 def _check_positive(_instance: object, attribute: Any, value: Any) -> None:

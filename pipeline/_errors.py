@@ -26,11 +26,26 @@ Halts, blocks, rejections and an exhausted regeneration bound are outcomes (data
 `ExceptionGroup`.
 """
 
-from typing import final
+from typing import Any, final
 
 
 class PipelineError(Exception):
     """Base of every turnplug failure."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The subclasses take keyword-only context (.hook, .status, ...), which the default
+        # pickling (cls(*args)) cannot pass: rebuild from the message and the attributes, so
+        # errors cross process boundaries (worker pools, multiprocessing) intact.
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
+
+
+def _restore(
+    cls: type[PipelineError], args: tuple[Any, ...], state: dict[str, Any]
+) -> PipelineError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 @final

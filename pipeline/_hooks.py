@@ -85,6 +85,11 @@ def _check_when(instance: Any, _attribute: Any, when: Any) -> None:
         raise ConfigError(
             f"hook {instance.name!r}: when must be a predicate turn -> bool, got {when!r}"
         )
+    if when is not None and is_async_callable(when):
+        raise ConfigError(
+            f"hook {instance.name!r}: when= must be a plain (sync) predicate turn -> bool;"
+            f" {callable_name(when)} is async — do the async work in the hook itself"
+        )
 
 
 def _check_match(instance: Any, _attribute: Any, match: Any) -> None:
@@ -209,13 +214,14 @@ def hook(
     def wrap(fn: Callable[..., Any]) -> Hook:
         if isinstance(fn, Hook):
             return attrs.evolve(fn, **options)
+        given = dict(options)  # the decorator may wrap several functions
         if isinstance(fn, Parallel | Chain):
             raise ConfigError(
                 f"hook() wraps one function, got {type(fn).__name__} {fn.name!r}; options"
                 " belong on its members"
             )
-        name = options.pop("name") if "name" in options else callable_name(fn)
-        return Hook(fn=fn, name=name, **options)
+        name = given.pop("name") if "name" in given else callable_name(fn)
+        return Hook(fn=fn, name=name, **given)
 
     if fn is None:
         return wrap

@@ -11,7 +11,7 @@ import trio
 from turns import Message, Turn
 
 from . import events as ev
-from ._budget import Budget, Tokenizer, estimate_tokens
+from ._budget import Budget, Tokenizer, checked_tokenizer
 from ._drive import Drive
 from ._errors import ConfigError
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
@@ -83,19 +83,19 @@ class Pipeline:
     compact: Compactor | None = attrs.field(
         kw_only=True, default=None, validator=_check_callable_or_none
     )
-    pre_plan: tuple[PreStep, ...] = attrs.field(
+    _pre_plan: tuple[PreStep, ...] = attrs.field(
         init=False,
         repr=False,
         eq=False,
         default=attrs.Factory(lambda self: compile_pre(self.pre), takes_self=True),
     )
-    count: Tokenizer = attrs.field(
+    _count: Tokenizer = attrs.field(
         init=False,
         repr=False,
         eq=False,
-        default=attrs.Factory(lambda self: self.tokenizer or estimate_tokens, takes_self=True),
+        default=attrs.Factory(lambda self: checked_tokenizer(self.tokenizer), takes_self=True),
     )
-    compact_hook: Hook | None = attrs.field(
+    _compact_hook: Hook | None = attrs.field(
         init=False,
         repr=False,
         eq=False,
@@ -150,8 +150,6 @@ class Pipeline:
                     nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             error = _single(group)
-            if error is None:
-                raise
         if error is not None:
             raise error
         if events._error is not None and not events._raised:
@@ -173,6 +171,10 @@ class TurnEvents:
     @property
     def result(self) -> TurnResult:
         """The turn's result; available once every event was consumed."""
+        if self._error is not None:
+            raise RuntimeError(
+                f"the turn failed with {type(self._error).__name__}, so it has no result"
+            ) from self._error
         if self._result is None or not self._exhausted:
             raise RuntimeError(
                 "the turn has not finished: iterate the events to the end before reading"
@@ -216,22 +218,22 @@ class TurnEvents:
 
 
 async def _unwrapped(run: Any) -> TurnResult:
-    """Await `run`, unwrapping an ExceptionGroup that carries one real failure."""
+    """Await `run`, raising what an ExceptionGroup from it carries, never the group."""
     try:
         result: TurnResult = await run
     except BaseExceptionGroup as group:
         error = _single(group)
-        if error is None:
-            raise
         raise error from error.__cause__
     return result
 
 
-def _single(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The one non-cancellation failure of `group` (others attached as notes), else None."""
-    failures = [exc for exc in _leaves(group) if not isinstance(exc, trio.Cancelled)]
+def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The exception to raise for `group`: its one real failure (others attached as notes),
+    or, when it holds only cancellations, one `trio.Cancelled` for the caller's scope."""
+    leaves = _leaves(group)
+    failures = [exc for exc in leaves if not isinstance(exc, trio.Cancelled)]
     if not failures:
-        return None
+        return leaves[0]
     first = failures[0]
     for other in failures[1:]:
         first.add_note(f"also failed: {type(other).__name__}: {other}")

@@ -70,6 +70,12 @@ def cont(value: T) -> Cont[T]:
 
 def halt(reason: str, *, reply: str | Message | None = None) -> Halt:
     """Stop the turn for `reason`, optionally answering with `reply` instead of the model."""
+    check_halt_reply(reply)
+    return Halt(reason, reply)
+
+
+def check_halt_reply(reply: object) -> None:
+    """Raise if `reply` cannot be a halt's substitute answer (text or an assistant message)."""
     if reply is not None and not isinstance(reply, str | Message):
         raise TypeError(f"halt(reply=...) takes text or a Message, got {type(reply).__name__}")
     if isinstance(reply, Message) and reply.role != "assistant":
@@ -77,7 +83,6 @@ def halt(reason: str, *, reply: str | Message | None = None) -> Halt:
             f"halt(reply=...) must be an assistant message (it answers the user), got role"
             f" {reply.role!r} — pass the text, or Message.assistant(...)"
         )
-    return Halt(reason, reply)
 
 
 def regenerate(feedback: str) -> Regenerate:

@@ -11,6 +11,18 @@ from ._parts import EMPTY
 _NO_VALUES = EMPTY
 
 
+def _messages(messages: Iterable[Message]) -> tuple[Message, ...]:
+    return tuple(messages)
+
+
+def _specs(specs: Iterable["ToolSpec"]) -> tuple["ToolSpec", ...]:
+    return tuple(specs)
+
+
+def _names(names: Iterable[str] | None) -> tuple[str, ...] | None:
+    return None if names is None else tuple(names)
+
+
 @final
 @attrs.frozen
 class ToolSpec:
@@ -40,9 +52,9 @@ class Context:
         tools: The tools the model may call.
     """
 
-    messages: tuple[Message, ...] = ()
+    messages: tuple[Message, ...] = attrs.field(default=(), converter=_messages)
     system: str | None = None
-    tools: tuple[ToolSpec, ...] = ()
+    tools: tuple[ToolSpec, ...] = attrs.field(default=(), converter=_specs)
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -68,6 +80,26 @@ class Scope:
         return attrs.evolve(self, assigns={**self.assigns, **values})
 
 
+def _check_temperature(_instance: Any, _attribute: Any, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise TypeError(f"RequestOptions.temperature must be a number or None, got {value!r}")
+    if value is not None and not 0 <= value <= 2:
+        raise ValueError(f"RequestOptions.temperature must be between 0 and 2, got {value!r}")
+
+
+def _check_max_tokens(_instance: Any, _attribute: Any, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"RequestOptions.max_tokens must be a positive int or None, got {value!r}")
+
+
+def _check_tool_choice(_instance: Any, _attribute: Any, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise TypeError(
+            "RequestOptions.tool_choice must be 'auto', 'none', 'required' or a tool's name,"
+            f" got {value!r}"
+        )
+
+
 @final
 @attrs.frozen
 class RequestOptions:
@@ -82,10 +114,10 @@ class RequestOptions:
         extra: Provider-specific options passed through as they are.
     """
 
-    temperature: float | None = None
-    max_tokens: int | None = None
-    tool_choice: str | None = None
-    active_tools: tuple[str, ...] | None = None
+    temperature: float | None = attrs.field(default=None, validator=_check_temperature)
+    max_tokens: int | None = attrs.field(default=None, validator=_check_max_tokens)
+    tool_choice: str | None = attrs.field(default=None, validator=_check_tool_choice)
+    active_tools: tuple[str, ...] | None = attrs.field(default=None, converter=_names)
     extra: Mapping[str, Any] = _NO_VALUES
 
 

@@ -34,6 +34,10 @@ def _as_parts(content: str | Part | Iterable[Part]) -> tuple[Part, ...]:
     return parts
 
 
+def _parts(parts: Iterable[Part]) -> tuple[Part, ...]:
+    return tuple(parts)
+
+
 @final
 @attrs.frozen
 class Message:
@@ -49,7 +53,7 @@ class Message:
     """
 
     role: Role = attrs.field(validator=_check_role)
-    parts: tuple[Part, ...] = ()
+    parts: tuple[Part, ...] = attrs.field(default=(), converter=_parts)
     meta: Mapping[str, Any] = _NO_META
 
     @classmethod

@@ -1,12 +1,30 @@
 """Message parts: the pieces a message is made of."""
 
-from collections.abc import Mapping
-from types import MappingProxyType
+from collections.abc import Iterator, Mapping
 from typing import Any, Self, TypeAlias, final
 
 import attrs
 
-EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+class _Empty(Mapping[str, Any]):
+    """An empty mapping that cannot be filled: the shared default of every opaque mapping."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "{}"
+
+
+EMPTY: Mapping[str, Any] = _Empty()
 """The shared default of every opaque mapping: read-only, so no record can change it for all."""
 _NO_META = EMPTY
 

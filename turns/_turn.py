@@ -1,7 +1,7 @@
 """The turn: one user message travelling through a pipeline, and its reply."""
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Self, TypeAlias, final
 
 import attrs
@@ -14,6 +14,18 @@ Stage: TypeAlias = Literal["pre", "post"]
 
 _NO_ANNOTATIONS = EMPTY
 _PART_TYPES = (Text, ToolCall, ToolResult)
+
+
+def _parts(parts: Iterable[Part]) -> tuple[Part, ...]:
+    return tuple(parts)
+
+
+def _messages(messages: Iterable[Message]) -> tuple[Message, ...]:
+    return tuple(messages)
+
+
+def _injections(injections: Iterable["Injection"]) -> tuple["Injection", ...]:
+    return tuple(injections)
 
 
 @final
@@ -32,7 +44,7 @@ class Injection:
         stage: ``"pre"`` or ``"post"``.
     """
 
-    parts: tuple[Part, ...]
+    parts: tuple[Part, ...] = attrs.field(converter=_parts)
     source: str | None = None
     durable: bool = False
     stage: Stage | None = None
@@ -70,7 +82,7 @@ class Reply:
     """
 
     message: Message
-    messages: tuple[Message, ...] = ()
+    messages: tuple[Message, ...] = attrs.field(default=(), converter=_messages)
     attempt: int = 1
     finish_reason: str | None = None
     usage: Usage = Usage()
@@ -105,7 +117,7 @@ class Turn:
     user_message: Message
     turn_ref: str
     scope: Scope
-    injections: tuple[Injection, ...] = ()
+    injections: tuple[Injection, ...] = attrs.field(default=(), converter=_injections)
     request: RequestOptions = RequestOptions()
     reply: Reply | None = None
 
@@ -134,6 +146,18 @@ class Turn:
             )
         elif message.role != "user":
             raise ValueError(f"Turn.start expects a user message, got role {message.role!r}")
+        if context is not None and not isinstance(context, Context):
+            raise TypeError(
+                f"Turn.start(context=...) takes a Context, got {type(context).__name__} — wrap"
+                " the history: Context(messages=...)"
+            )
+        if scope is not None and not isinstance(scope, Scope):
+            raise TypeError(
+                f"Turn.start(scope=...) takes a Scope, got {type(scope).__name__} — e.g."
+                " Scope(current_user=...)"
+            )
+        if turn_ref is not None and (not isinstance(turn_ref, str) or not turn_ref):
+            raise ValueError(f"turn_ref must be a non-empty string, got {turn_ref!r}")
         return cls(
             context=Context() if context is None else context,
             user_message=message,

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 
 from pipeline import (
     Budget,
+    BudgetError,
     ConfigError,
     ContextOverflow,
     HookFailed,
@@ -406,3 +407,42 @@ async def test_compact_that_raises_fails_with_the_original_as_cause():
     with pytest.raises(HookFailed, match="shrink") as info:
         await pipe.run(history_turn())
     assert (info.value.__cause__, model.requests) == (original, [])
+
+
+# -- the tokenizer ------------------------------------------------------------------------------
+
+
+def test_a_tokenizer_that_does_not_return_a_count_is_rejected_when_built():
+    def encode(text):
+        return text.split()  # a token list, as tiktoken's encode returns
+
+    with pytest.raises(ConfigError, match=r"tokenizer=\S*encode\).*str -> int.*list"):
+        Pipeline(model=ScriptedModel(["ok"]), tokenizer=encode)
+
+
+async def test_a_tokenizer_that_fails_mid_turn_is_a_budget_error_naming_it():
+    def picky(text):
+        if "boom" in text:
+            raise ValueError("cannot count this")
+        return len(text)
+
+    pipe = build(injecting("loud", "boom"), budget=Budget(BIG, 100), tokenizer=picky)
+    with pytest.raises(BudgetError, match=r"tokenizer .*picky.*ValueError: cannot count this"):
+        await pipe.run(Turn.start("hi"))
+
+
+async def test_compaction_is_recorded_in_the_audit_and_the_events(autojump_clock):
+    async def keep_last(history, target, tokenizer):
+        await trio.sleep(2)
+        return history[-1:]
+
+    pipe = build(budget=Budget(1000, 10), compact=keep_last)
+    turn = Turn.start("hi", context=Context(messages=HISTORY))
+    events, result = await collect(pipe, turn)
+    assert [
+        (r.hook.rsplit(".")[-1], r.stage, r.verdict, r.elapsed) for r in result.audit.hooks
+    ] == [("keep_last", "compact", "cont", 2)]
+    assert [(type(e).__name__, e.stage) for e in events if hasattr(e, "stage")][:2] == [
+        ("HookStarted", "compact"),
+        ("HookFinished", "compact"),
+    ]

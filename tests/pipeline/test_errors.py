@@ -228,3 +228,15 @@ def test_docstring_tree_names_only_attributes_the_errors_have():
 
     assert sum(map(len, listed.values())) >= 10  # the attribute notes were found at all
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    "cls", sorted(EXAMPLES, key=lambda cls: cls.__name__), ids=lambda c: c.__name__
+)
+def test_every_error_survives_pickling_with_its_message_and_attributes(cls):
+    import pickle
+
+    error = EXAMPLES[cls]
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert (str(copy), vars(copy)) == (str(error), vars(error))

@@ -334,3 +334,30 @@ def test_chain_with_an_empty_name_raises_config_error() -> None:
 
 def test_chain_returns_a_chain_record() -> None:
     assert isinstance(chain(tag_request), Chain)
+
+
+def test_a_configured_decorator_names_every_function_it_wraps() -> None:
+    decorate = hook(name="guard", timeout=1.0)
+
+    def first(turn: Turn) -> object:
+        return cont(turn)
+
+    def second(turn: Turn) -> object:
+        return cont(turn)
+
+    assert [decorate(first).name, decorate(second).name] == ["guard", "guard"]
+
+
+def test_an_async_when_predicate_is_rejected_naming_the_hook() -> None:
+    async def later(turn: Turn) -> bool:
+        return True
+
+    def fn(turn: Turn) -> object:
+        return cont(turn)
+
+    with pytest.raises(ConfigError, match=r"'gated'.*async"):
+        hook(fn, name="gated", when=later)
+
+
+def test_public_functions_report_their_public_module() -> None:
+    assert {f.__module__ for f in (hook, parallel, chain, cont)} == {"pipeline"}

@@ -302,3 +302,17 @@ async def test_provider_error_raised_by_the_model_passes_through_unchanged(mid_s
         await Pipeline(model=FailingModel(original, mid_stream=mid_stream)).run(Turn.start("hi"))
 
     assert excinfo.value is original
+
+
+@pytest.mark.parametrize(
+    "event", [ModelText(None), ModelToolCall("search")], ids=["text-none", "call-str"]
+)
+async def test_a_malformed_model_event_is_a_protocol_error(event: object) -> None:
+    pipe = Pipeline(model=EventsModel(event, ModelFinish("stop")))  # type: ignore[arg-type]
+    with pytest.raises(ProviderProtocolError, match="yielded"):
+        await pipe.run(Turn.start("hi"))
+
+
+async def test_a_tool_choice_that_is_not_text_is_rejected_when_set() -> None:
+    with pytest.raises(TypeError, match="tool_choice"):
+        Turn.start("hi").with_request(tool_choice={"type": "function"})

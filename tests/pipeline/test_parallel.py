@@ -454,3 +454,12 @@ async def test_shadow_member_wrong_return_is_not_enforced():
     pipe = pipe_with(parallel(member("ok"), returning("bad", lambda t: t, shadow=True)))
     result = await pipe.run(Turn.start("hi"))
     assert (result.outcome, sources(result)) == ("completed", ["ok"])
+
+
+async def test_a_cancelled_member_closes_its_started_event_as_cancelled(autojump_clock):
+    pipe = pipe_with(parallel(member("slow", delay=10), halter("stop", delay=1)))
+    events, _ = await collect(pipe, Turn.start("hi"))
+    assert [(e.hook, e.verdict) for e in events if isinstance(e, ev.HookFinished)] == [
+        ("stop", "halt"),
+        ("slow", "cancelled"),
+    ]

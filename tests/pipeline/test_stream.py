@@ -326,3 +326,45 @@ async def test_cancelling_the_callers_scope_mid_stream_propagates_and_stops_the_
     assert stopped_at == 5.0
     assert remaining == before
     assert trace == ["sent first", "got first"]
+
+
+async def test_events_result_after_a_failed_turn_says_it_failed():
+    async def boom(turn):
+        raise ValueError("boom")
+
+    pipe = Pipeline(model=ScriptedModel(["ok"]), pre=[boom])
+
+    seen = []
+
+    async def capture():
+        async with pipe.stream(Turn.start("hi")) as events:
+            seen.append(events)
+            async for _ in events:
+                pass
+
+    with pytest.raises(HookFailed):
+        await capture()
+    with pytest.raises(RuntimeError, match="failed with HookFailed"):
+        _ = seen[0].result
+
+
+@pytest.mark.parametrize("mode", ["run", "stream"])
+async def test_cancellation_reaches_the_caller_as_trio_cancelled(autojump_clock, mode):
+    async def slow(turn):
+        await trio.sleep(10)
+        return [Text("late")]
+
+    pipe = Pipeline(model=ScriptedModel(["ok"]), pre=[parallel(slow, slow)])
+    caught = []
+    with trio.move_on_after(1):
+        try:
+            if mode == "run":
+                await pipe.run(Turn.start("hi"))
+            else:
+                async with pipe.stream(Turn.start("hi")) as events:
+                    async for _ in events:
+                        pass
+        except trio.Cancelled:
+            caught.append("Cancelled")
+            raise
+    assert caught == ["Cancelled"]

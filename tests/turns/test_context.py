@@ -118,3 +118,23 @@ def test_records_are_frozen(record: object) -> None:
 
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         setattr(record, field, None)
+
+
+def test_lists_given_to_a_context_are_stored_as_tuples() -> None:
+    context = Context(messages=[Message.user("a")], tools=[ToolSpec("t")])
+    assert (type(context.messages), type(context.tools)) == (tuple, tuple)
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"temperature": "hot"}, "temperature"),
+        ({"temperature": 7}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"tool_choice": ""}, "tool_choice"),
+    ],
+)
+def test_request_options_reject_impossible_values_naming_the_field(options, field) -> None:
+    with pytest.raises((TypeError, ValueError), match=field):
+        RequestOptions(**options)

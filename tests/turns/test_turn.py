@@ -302,3 +302,17 @@ def test_assign_leaves_the_original_turn_unchanged() -> None:
     turn.assign(locale="fr")
 
     assert turn.scope == Scope()
+
+
+@pytest.mark.parametrize("turn_ref", ["", 42])
+def test_start_rejects_a_turn_ref_that_is_not_a_non_empty_string(turn_ref: object) -> None:
+    with pytest.raises(ValueError, match="turn_ref"):
+        Turn.start("hi", turn_ref=turn_ref)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value"), [("context", [Message.user("a")]), ("scope", {"user": "ada"})]
+)
+def test_start_rejects_a_context_or_scope_of_the_wrong_type(keyword: str, value: object) -> None:
+    with pytest.raises(TypeError, match=keyword):
+        Turn.start("hi", **{keyword: value})  # type: ignore[arg-type]

@@ -1,0 +1,108 @@
+"""Parallel groups: append-only members run concurrently, merged in declaration order."""
+
+import trio
+
+from turns import Part, Turn
+
+from . import events as ev
+from ._audit import HookRecord
+from ._errors import HookError
+from ._plan import Group, Step
+from ._runner import PART_TYPES, Runner
+from ._signals import Halt
+
+
+class _Member:
+    """One member's run: what it decided, or how it failed, and its records."""
+
+    __slots__ = ("failure", "outcome", "records", "step")
+
+    def __init__(self, step: Step) -> None:
+        self.step = step
+        self.records: list[HookRecord] = []
+        self.outcome: tuple[Part, ...] | Halt | None = None
+        self.failure: HookError | None = None
+
+
+async def run_group(runner: Runner, group: Group, turn: Turn) -> Turn | Halt:
+    """Run a group's members on the same turn; their parts are added in declaration order.
+
+    A member that halts or fails (enforced) cancels its running siblings. Failures win over
+    halts; among several, the lowest position wins and, for failures, the others are attached
+    as notes. Members never raise into the nursery, so no ExceptionGroup leaves it.
+    """
+    members = [_Member(step) for step in group.members]
+    running = [m for m in members if m.step.hook.when is None or runner.passes(m.step, turn)]
+    async with trio.open_nursery() as nursery:
+        for member in running:
+            nursery.start_soon(_run_member, runner, member, turn, nursery.cancel_scope)
+    return _merge(runner, group, turn, members)
+
+
+async def _run_member(runner: Runner, member: _Member, turn: Turn, group: trio.CancelScope) -> None:
+    step = member.step
+    if runner.emit is not None:
+        runner.emit(ev.HookStarted(runner.turn_ref, step.name, step.stage))
+    started = runner.now()
+    try:
+        result = await runner.call(step, turn, threaded=True)
+    except trio.Cancelled:
+        runner.finished(step, runner.now() - started, "cancelled", records=member.records)
+        raise
+    except Exception as exc:
+        _failed(runner, member, group, exc, runner.now() - started)
+        return
+    elapsed = runner.now() - started
+    outcome: tuple[Part, ...] | Halt
+    try:
+        if type(result) is Halt:
+            verdict, outcome = "halt", runner.halt_of(step, result)
+        elif (type(result) is list or type(result) is tuple) and all(
+            type(part) in PART_TYPES for part in result
+        ):
+            verdict, outcome = "parts", tuple(result)
+        else:
+            raise runner.wrong_return(step, result, "a list of parts or Halt", group=True)
+    except HookError as error:
+        _failed(runner, member, group, error, elapsed)
+        return
+    if step.hook.shadow:
+        runner.shadow_verdict(step, elapsed, verdict, outcome, member.records)
+        return
+    detail = outcome.reason if type(outcome) is Halt else None
+    runner.finished(step, elapsed, verdict, detail, member.records)
+    member.outcome = outcome
+    if type(outcome) is Halt:
+        group.cancel()
+
+
+def _failed(
+    runner: Runner, member: _Member, group: trio.CancelScope, exc: Exception, elapsed: float
+) -> None:
+    try:
+        runner.fail(member.step, exc, elapsed, member.records)
+    except HookError as error:
+        member.failure = error
+        group.cancel()
+
+
+def _merge(runner: Runner, group: Group, turn: Turn, members: list[_Member]) -> Turn | Halt:
+    for member in members:
+        runner.records.extend(member.records)
+    failures = [member.failure for member in members if member.failure is not None]
+    if failures:
+        first = failures[0]
+        for other in failures[1:]:
+            first.add_note(f"{group.name!r} also failed: {other}")
+        raise first
+    for member in members:
+        if type(member.outcome) is Halt:
+            return member.outcome
+    contributions = [
+        (member.step, member.outcome)
+        for member in members
+        if type(member.outcome) is tuple and member.outcome
+    ]
+    if not contributions:
+        return turn
+    return runner.added(turn, contributions)

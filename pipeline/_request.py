@@ -1,0 +1,128 @@
+"""Stage 4: the request the model is sent, checked locally, and the streamed reply."""
+
+import json
+from collections.abc import Callable
+
+from turns import Message, Part, Reply, Text, ToolCall, ToolSpec, Turn, render
+
+from . import events as ev
+from ._audit import AttemptRecord
+from ._budget import message_tokens
+from ._errors import (
+    ContextOverflow,
+    PipelineError,
+    ProviderError,
+    ProviderProtocolError,
+    RequestError,
+)
+from ._model import ModelFinish, ModelRequest, ModelText, ModelToolCall
+from ._runner import Runner, describe, exc_text
+
+_CHOICE_KEYWORDS = frozenset(("auto", "none", "required"))
+
+
+def build_request(runner: Runner, turn: Turn) -> ModelRequest:
+    """Render the turn and check the request before any provider sees it.
+
+    The tools sent are the turn's tools at the start of the turn, narrowed by
+    ``active_tools``: tools are fixed per pipeline, and a hook can only narrow them.
+    """
+    options = turn.request
+    allowed = frozenset(runner.tools)
+    if options.active_tools is not None:
+        allowed = allowed.intersection(options.active_tools)
+    tools = tuple(spec for spec in turn.context.tools if spec.name in allowed)
+    choice = options.tool_choice
+    if choice is not None:
+        _check_choice(choice, [spec.name for spec in tools])
+    messages = render(turn)
+    budget = runner.pipe.budget
+    if budget is not None:
+        count = runner.pipe._count
+        tokens = message_tokens(messages, count) + _spec_tokens(tools, count)
+        if tokens > budget.context_tokens:
+            raise ContextOverflow(
+                f"the rendered request holds {tokens} tokens, over the budget's context_tokens"
+                f" of {budget.context_tokens}: compact the history (compact=) or inject less",
+                tokens=tokens,
+                limit=budget.context_tokens,
+            )
+    return ModelRequest(messages, tools, options)
+
+
+def _check_choice(choice: object, names: list[str]) -> None:
+    if not isinstance(choice, str):
+        raise RequestError(
+            f"tool_choice must be 'auto', 'none', 'required' or a tool's name, got"
+            f" {describe(choice)}"
+        )
+    if choice == "required" and not names:
+        raise RequestError(
+            "tool_choice='required' but no tool is active this turn: the model could not"
+            " comply — add tools, or drop tool_choice"
+        )
+    if choice not in _CHOICE_KEYWORDS and choice not in names:
+        raise RequestError(
+            f"tool_choice={choice!r} names a tool that is not active this turn; the active"
+            f" tools are {names} — name one of them, or use 'auto', 'none' or 'required'"
+        )
+
+
+async def stream_reply(runner: Runner, request: ModelRequest, attempt: int) -> Reply:
+    """Call the model and assemble its reply; every model failure is a `ProviderError`."""
+    emit = runner.emit
+    if emit is not None:
+        emit(ev.ModelCalled(runner.turn_ref, attempt, 1))
+    model = runner.pipe.model
+    chunks: list[str] = []
+    calls: list[ToolCall] = []
+    finish: ModelFinish | None = None
+    try:
+        async with model.stream(request) as stream:
+            async for event in stream:
+                kind = type(event)
+                if kind is ModelText and type(event.text) is str:  # type: ignore[union-attr]
+                    text = event.text  # type: ignore[union-attr]
+                    chunks.append(text)
+                    if emit is not None and text:
+                        emit(ev.TextDelta(runner.turn_ref, text, attempt))
+                elif kind is ModelToolCall and type(event.call) is ToolCall:  # type: ignore[union-attr]
+                    calls.append(event.call)  # type: ignore[union-attr]
+                elif kind is ModelFinish:
+                    finish = event  # type: ignore[assignment]
+                else:
+                    raise ProviderProtocolError(
+                        f"model {model!r} yielded {describe(event)}; a model yields"
+                        " ModelText(str), ModelToolCall(ToolCall) and ModelFinish",
+                        provider=_model_name(model),
+                    )
+    except PipelineError:
+        raise
+    except Exception as exc:
+        raise ProviderError(
+            f"model {model!r} failed: {exc_text(exc)}", provider=_model_name(model)
+        ) from exc
+    if finish is None:
+        raise ProviderProtocolError(
+            f"model {model!r} ended its stream without a ModelFinish: the response is truncated",
+            provider=_model_name(model),
+        )
+    text = "".join(chunks)
+    parts: tuple[Part, ...] = (Text(text), *calls) if text or not calls else tuple(calls)
+    message = Message("assistant", parts)
+    reply = Reply(message, (message,), attempt, finish.reason, finish.usage)
+    runner.attempts.append(AttemptRecord(attempt, 1, text, finish.reason, finish.usage))
+    if emit is not None:
+        emit(ev.ReplyReady(runner.turn_ref, reply))
+    return reply
+
+
+def _spec_tokens(tools: tuple[ToolSpec, ...], count: Callable[[str], int]) -> int:
+    return sum(
+        count(spec.name) + count(spec.description) + count(json.dumps(spec.parameters))
+        for spec in tools
+    )
+
+
+def _model_name(model: object) -> str:
+    return str(getattr(model, "provider", type(model).__name__))

@@ -1,0 +1,352 @@
+"""Running one hook: calling it, judging what it returned, recording what happened.
+
+`Runner` holds one turn's bookkeeping (records, events, the injection budget) and the steps
+every stage shares; the drive loop (`_drive.py`) and parallel groups (`_parallel.py`) build
+on it. `emit` is None when nobody listens, and then no event object is built.
+"""
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import attrs
+import trio
+
+from turns import Injection, Message, Part, Text, ToolCall, ToolResult, Turn
+
+from . import events as ev
+from ._audit import AttemptRecord, HookRecord
+from ._budget import parts_tokens
+from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
+from ._plan import Step
+from ._signals import Ask, Block, Cont, Halt, Regenerate, check_halt_reply
+
+if TYPE_CHECKING:
+    from ._pipeline import Pipeline
+
+Emit: TypeAlias = Callable[[ev.Event], None]
+
+PART_TYPES = (Text, ToolCall, ToolResult)
+
+
+class Runner:
+    """One turn's bookkeeping and the hook-running steps all stages share."""
+
+    __slots__ = (
+        "attempts",
+        "emit",
+        "injected_tokens",
+        "now",
+        "pipe",
+        "records",
+        "sizes",
+        "tools",
+        "turn_ref",
+    )
+
+    def __init__(self, pipe: "Pipeline", emit: Emit | None) -> None:
+        self.pipe = pipe
+        self.emit = emit
+        self.records: list[HookRecord] = []
+        self.attempts: list[AttemptRecord] = []
+        self.injected_tokens = 0
+        # Token size of every injection on the turn, by identity, so that an injection a later
+        # hook removes or rewrites is taken off the running total.
+        self.sizes: dict[int, int] = {}
+        self.turn_ref = ""
+        self.tools: tuple[str, ...] = ()
+        self.now: Callable[[], float] = trio.current_time
+
+    # -- calling ------------------------------------------------------------------------------
+
+    async def call(self, step: Step, *args: Any, threaded: bool = False) -> Any:
+        """Call a hook's function, applying its timeout; sync functions may run in a thread.
+
+        A sync hook runs inline unless it is a group member (`threaded`) or has a timeout: in
+        a worker thread it cannot block its siblings, and a timeout can abandon it.
+        """
+        hook = step.hook
+        if hook.timeout is None:
+            if hook.is_async:
+                return await hook.fn(*args)
+            if threaded:
+                return await _settle(
+                    await trio.to_thread.run_sync(hook.fn, *args, abandon_on_cancel=True)
+                )
+            return await _settle(hook.fn(*args))
+        with trio.move_on_after(hook.timeout) as scope:
+            if hook.is_async:
+                return await hook.fn(*args)
+            return await _settle(
+                await trio.to_thread.run_sync(hook.fn, *args, abandon_on_cancel=True)
+            )
+        assert scope.cancelled_caught
+        raise HookTimeout(
+            f"hook {step.label} did not finish within its timeout of {hook.timeout} s",
+            hook=step.name,
+            stage=step.stage,
+            timeout=hook.timeout,
+        )
+
+    def passes(self, step: Step, turn: Turn) -> bool:
+        """Evaluate a hook's ``when`` predicate; a false one records the skip."""
+        assert step.hook.when is not None
+        try:
+            verdict = step.hook.when(turn)
+            if type(verdict) is not bool:
+                raise HookReturnError(
+                    f"the when= predicate of hook {step.label} must return True or False, got"
+                    f" {describe(verdict)}",
+                    hook=step.name,
+                    stage=step.stage,
+                )
+        except Exception as exc:
+            if not isinstance(exc, HookError):
+                error = HookFailed(
+                    f"the when= predicate of hook {step.label} raised {exc_text(exc)}",
+                    hook=step.name,
+                    stage=step.stage,
+                )
+                error.__cause__ = exc
+                exc = error
+            self.fail(step, exc, 0.0)
+            return False
+        if not verdict:
+            self.records.append(HookRecord(step.name, step.stage, step.position, 0.0, "skipped"))
+            if self.emit is not None:
+                self.emit(ev.HookSkipped(self.turn_ref, step.name, step.stage))
+        return verdict
+
+    # -- judging ------------------------------------------------------------------------------
+
+    def halt_of(self, step: Step, result: Halt) -> Halt:
+        """A hook's halt, checked and stamped with the hook's name."""
+        try:
+            check_halt_reply(result.reply)
+        except (TypeError, ValueError) as exc:
+            raise HookReturnError(
+                f"hook {step.label} returned a Halt with an invalid reply: {exc}",
+                hook=step.name,
+                stage=step.stage,
+            ) from None
+        return attrs.evolve(result, hook=step.name)
+
+    def wrong_return(
+        self, step: Step, result: object, expected: str, *, group: bool
+    ) -> HookReturnError:
+        """The error for a hook that returned something its stage does not allow."""
+        return HookReturnError(
+            f"expected hook {step.label} to return {expected}, got {describe(result)}"
+            f"{_hint(result, group=group)}",
+            hook=step.name,
+            stage=step.stage,
+        )
+
+    # -- recording ----------------------------------------------------------------------------
+
+    def finished(
+        self,
+        step: Step,
+        elapsed: float,
+        verdict: str,
+        detail: str | None = None,
+        records: list[HookRecord] | None = None,
+    ) -> None:
+        """Record a hook that returned (or was cancelled) and close its HookStarted."""
+        # tuple.__new__ skips the named tuple's Python-level __new__: this runs once per hook.
+        (self.records if records is None else records).append(
+            _new(
+                HookRecord, (step.name, step.stage, step.position, elapsed, verdict, False, detail)
+            )
+        )
+        if self.emit is not None:
+            self.emit(ev.HookFinished(self.turn_ref, step.name, step.stage, elapsed, verdict))
+
+    def shadow_verdict(
+        self,
+        step: Step,
+        elapsed: float,
+        verdict: str,
+        outcome: object,
+        records: list[HookRecord] | None = None,
+    ) -> None:
+        """Record what a shadow hook decided; nothing of it is enforced."""
+        reason = outcome.reason if type(outcome) is Halt else None
+        (self.records if records is None else records).append(
+            HookRecord(step.name, step.stage, step.position, elapsed, verdict, True, reason)
+        )
+        if self.emit is not None:
+            self.emit(ev.HookFinished(self.turn_ref, step.name, step.stage, elapsed, verdict))
+            self.emit(ev.ShadowVerdict(self.turn_ref, step.name, step.stage, verdict, reason))
+
+    def fail(
+        self,
+        step: Step,
+        exc: Exception,
+        elapsed: float,
+        records: list[HookRecord] | None = None,
+    ) -> None:
+        """Record a hook's failure; raise it unless the hook fails open or is a shadow."""
+        hook = step.hook
+        if isinstance(exc, HookError):
+            error: HookError = exc
+        else:
+            error = HookFailed(
+                f"hook {step.label} raised {exc_text(exc)}", hook=step.name, stage=step.stage
+            )
+            error.__cause__ = exc
+        enforced = not hook.shadow and (hook.on_error == "halt" or type(error) is HookReturnError)
+        cause = error.__cause__ if type(error) is HookFailed else None
+        detail = exc_text(cause or error)
+        (self.records if records is None else records).append(
+            HookRecord(step.name, step.stage, step.position, elapsed, "failed", hook.shadow, detail)
+        )
+        if self.emit is not None:
+            self.emit(ev.HookFailed(self.turn_ref, step.name, step.stage, detail, enforced))
+        if enforced:
+            raise error
+
+    # -- injections ---------------------------------------------------------------------------
+
+    def stamp(self, step: Step, before: Turn, after: Turn) -> Turn:
+        """Stamp the injections `step` added with its name, durability and the stage.
+
+        An injection that was not on the turn before the hook ran is stamped with this hook,
+        whatever source it claims: provenance cannot be forged. An injection the hook
+        rewrote in place (same position, same source) keeps its stamp.
+        """
+        old = before.injections
+        known = {id(injection) for injection in old}
+        fresh: list[Injection] = []
+        stamped: list[Injection] = []
+        for index, injection in enumerate(after.injections):
+            if id(injection) in known:
+                stamped.append(injection)
+                continue
+            origin = old[index] if index < len(old) else None
+            if (
+                origin is not None
+                and injection.source is not None
+                and injection.source == origin.source
+            ):
+                injection = attrs.evolve(injection, durable=origin.durable, stage=origin.stage)
+            else:
+                injection = Injection(injection.parts, step.name, step.hook.durable, "pre")
+            fresh.append(injection)
+            stamped.append(injection)
+        kept = {id(injection) for injection in stamped}
+        gone = [injection for injection in old if id(injection) not in kept]
+        self.charge(step, fresh, gone)
+        return attrs.evolve(after, injections=tuple(stamped))
+
+    def charge(
+        self, step: Step, fresh: Sequence[Injection], gone: Sequence[Injection] = ()
+    ) -> None:
+        """Count a hook's new injections against the budget, then announce them."""
+        pipe = self.pipe
+        if pipe.budget is None and self.emit is None:
+            return
+        sizes = [parts_tokens(injection.parts, pipe._count) for injection in fresh]
+        tokens = sum(sizes)
+        self.injected_tokens += tokens - sum(self.sizes.pop(id(i), 0) for i in gone)
+        self.sizes.update(zip(map(id, fresh), sizes, strict=True))
+        if pipe.budget is not None and self.injected_tokens > pipe.budget.injection_reserve:
+            reserve = pipe.budget.injection_reserve
+            raise InjectionOverflow(
+                f"hook {step.label} injected {tokens} tokens, bringing the turn's injections"
+                f" to {self.injected_tokens} tokens, over the reserve of {reserve}: shrink what"
+                " it injects or raise Budget.injection_reserve",
+                hook=step.name,
+                tokens=tokens,
+                total=self.injected_tokens,
+                reserve=reserve,
+            )
+        if self.emit is not None:
+            for injection, size in zip(fresh, sizes, strict=True):
+                self.emit(
+                    ev.Injected(
+                        self.turn_ref,
+                        step.name,
+                        injection.parts,
+                        injection.durable,
+                        size,
+                        injection.stage or "pre",
+                    )
+                )
+
+    def added(self, turn: Turn, parts: Sequence[tuple[Step, tuple[Part, ...]]]) -> Turn:
+        """`turn` with each step's parts injected, stamped and charged, in order."""
+        injections = []
+        for member, member_parts in parts:
+            injection = Injection(member_parts, member.name, member.hook.durable, "pre")
+            self.charge(member, (injection,))
+            injections.append(injection)
+        return attrs.evolve(turn, injections=(*turn.injections, *injections))
+
+
+_new = tuple.__new__
+
+
+async def _settle(result: Any) -> Any:
+    # A function that looked sync but returned an awaitable (a decorated coroutine function,
+    # a lambda around one) is awaited rather than reported as a wrong return.
+    if type(result) is Cont or type(result) is Halt or not inspect.isawaitable(result):
+        return result
+    return await result
+
+
+def exc_text(exc: BaseException | None) -> str:
+    """``Type: message`` for an exception."""
+    if exc is None:
+        return ""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def describe(value: object) -> str:
+    """A short description of a value for error messages: its type and a clipped repr."""
+    if value is None:
+        return "None"
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return text if isinstance(value, type) else f"{type(value).__name__} {text}"
+
+
+def _hint(result: object, *, group: bool) -> str:
+    if group and (result is None or type(result) in (Turn, Cont)):
+        return (
+            " — parallel members are append-only: return the parts to add, e.g."
+            " `return [Text(...)]`, or [] to add nothing"
+        )
+    if result is None:
+        return " — did you forget `return cont(turn)`?"
+    if type(result) is Turn:
+        return " — wrap it: `return cont(turn)`"
+    if type(result) is Cont:
+        return " — Cont must carry the Turn: `return cont(turn)`"
+    if type(result) is Regenerate:
+        return " — regenerate() is for post hooks, which see the reply"
+    if type(result) in (Block, Ask):
+        return f" — {type(result).__name__.lower()}() is for before_tool hooks"
+    if isinstance(result, str | list) or type(result) in PART_TYPES:
+        if group:
+            return " — return a list of parts: `return [Text(...)]`"
+        return " — to add content, inject it: `return cont(turn.inject(...))`"
+    return ""
+
+
+def check_history(step: Step, messages: object) -> tuple[Message, ...]:
+    """`messages` as a history tuple, or a HookReturnError naming `step`."""
+    if (
+        isinstance(messages, str | bytes)
+        or not isinstance(messages, Sequence)
+        or not all(type(message) is Message for message in messages)
+    ):
+        raise HookReturnError(
+            f"expected {step.label} to return the history as a sequence of Message, got"
+            f" {describe(messages)}",
+            hook=step.name,
+            stage=step.stage,
+        )
+    return tuple(messages)

@@ -1,0 +1,168 @@
+"""What an ordered pre hook may not change, and how provenance and halts are checked."""
+
+import attrs
+import pytest
+
+from pipeline import (
+    Budget,
+    Halt,
+    HookReturnError,
+    InjectionOverflow,
+    Pipeline,
+    cont,
+    hook,
+)
+from pipeline import events as ev
+from pipeline.testing import ScriptedModel
+from turns import Context, Message, Text, ToolSpec, Turn
+
+TOOLS = (ToolSpec("a"), ToolSpec("b"))
+
+
+def returning(name, make, **options):
+    async def run(turn):
+        return make(turn)
+
+    return hook(run, name=name, **options)
+
+
+def pipe_of(*pre, model=None, **options):
+    return Pipeline(model=model or ScriptedModel(["ok"]), pre=list(pre), **options)
+
+
+def turn_with_tools():
+    return Turn.start("hi", context=Context(tools=TOOLS))
+
+
+async def test_a_hook_that_changes_the_turn_ref_fails_naming_it():
+    pipe = pipe_of(returning("relabel", lambda t: cont(attrs.evolve(t, turn_ref="other"))))
+    with pytest.raises(HookReturnError, match=r"'relabel' \(pre, position 1\).*turn_ref"):
+        await pipe.run(Turn.start("hi", turn_ref="mine"))
+
+
+async def test_a_hook_that_adds_a_tool_fails_and_the_model_is_never_called():
+    model = ScriptedModel(["ok"])
+    widen = returning(
+        "widen",
+        lambda t: cont(
+            attrs.evolve(t, context=attrs.evolve(t.context, tools=(*TOOLS, ToolSpec("evil"))))
+        ),
+    )
+    with pytest.raises(HookReturnError, match=r"'widen'.*tools are fixed"):
+        await pipe_of(widen, model=model).run(turn_with_tools())
+    assert model.requests == []
+
+
+async def test_a_hook_that_widens_active_tools_back_fails():
+    narrow = returning("narrow", lambda t: cont(t.with_request(active_tools=["a"])))
+    reset = returning(
+        "reset", lambda t: cont(attrs.evolve(t, request=attrs.evolve(t.request, active_tools=None)))
+    )
+    with pytest.raises(HookReturnError, match=r"'reset'.*widened active_tools"):
+        await pipe_of(narrow, reset).run(turn_with_tools())
+
+
+async def test_narrowing_tools_and_replacing_the_history_view_are_allowed():
+    model = ScriptedModel(["ok"])
+    view = returning(
+        "view",
+        lambda t: cont(
+            attrs.evolve(t, context=attrs.evolve(t.context, messages=(Message.user("old"),)))
+        ),
+    )
+    narrow = returning("narrow", lambda t: cont(t.with_request(active_tools=["b"])))
+    result = await pipe_of(view, narrow, model=model).run(turn_with_tools())
+    assert result.outcome == "completed"
+    assert [spec.name for spec in model.requests[0].tools] == ["b"]
+
+
+async def test_a_hook_rewriting_an_earlier_injection_keeps_its_provenance():
+    add = hook(returning("add", lambda t: cont(t.inject("secret 123"))), durable=True)
+    scrub = returning(
+        "scrub",
+        lambda t: cont(
+            attrs.evolve(
+                t,
+                injections=(attrs.evolve(t.injections[0], parts=(Text("secret [x]"),)),),
+            )
+        ),
+    )
+    result = await pipe_of(add, scrub).run(Turn.start("hi"))
+    [injection] = result.turn.injections
+    assert (injection.source, injection.durable, injection.parts) == (
+        "add",
+        True,
+        (Text("secret [x]"),),
+    )
+
+
+async def test_a_rewritten_injection_is_not_charged_twice():
+    # 8 tokens injected, then rewritten to 8 tokens: 8 in all, within a reserve of 10.
+    add = returning("add", lambda t: cont(t.inject("x" * 32)))
+    rewrite = returning(
+        "rewrite",
+        lambda t: cont(
+            attrs.evolve(t, injections=(attrs.evolve(t.injections[0], parts=(Text("y" * 32),)),))
+        ),
+    )
+    result = await pipe_of(add, rewrite, budget=Budget(10_000, 10)).run(Turn.start("hi"))
+    assert result.outcome == "completed"
+
+
+async def test_a_removed_injection_frees_its_tokens():
+    add = returning("add", lambda t: cont(t.inject("x" * 32)))
+    drop = returning("drop", lambda t: cont(attrs.evolve(t, injections=())))
+    again = returning("again", lambda t: cont(t.inject("z" * 32)))
+    result = await pipe_of(add, drop, again, budget=Budget(10_000, 10)).run(Turn.start("hi"))
+    assert [i.source for i in result.turn.injections] == ["again"]
+
+
+async def test_the_budget_still_catches_a_rewrite_that_grows():
+    add = returning("add", lambda t: cont(t.inject("x" * 8)))
+    grow = returning(
+        "grow",
+        lambda t: cont(
+            attrs.evolve(t, injections=(attrs.evolve(t.injections[0], parts=(Text("y" * 80),)),))
+        ),
+    )
+    with pytest.raises(InjectionOverflow) as info:
+        await pipe_of(add, grow, budget=Budget(10_000, 10)).run(Turn.start("hi"))
+    assert (info.value.hook, info.value.total) == ("grow", 20)
+
+
+@pytest.mark.parametrize(
+    ("reply", "complaint"),
+    [(Message.user("hi"), "assistant message"), (42, "text or a Message")],
+)
+async def test_a_halt_built_directly_with_a_bad_reply_fails_naming_the_hook(reply, complaint):
+    pipe = pipe_of(returning("gate", lambda t: Halt("no", reply)))
+    with pytest.raises(HookReturnError, match=rf"'gate'.*{complaint}"):
+        await pipe.run(Turn.start("hi"))
+
+
+async def test_a_halt_with_a_reply_puts_it_on_the_result_turn_too():
+    pipe = pipe_of(returning("gate", lambda t: Halt("no", "Sign in first.")))
+    result = await pipe.run(Turn.start("hi"))
+    assert result.turn.reply == result.reply
+    assert result.reply is not None
+    assert result.reply.text == "Sign in first."
+
+
+async def test_a_shadow_hook_whose_when_returns_a_non_bool_does_not_stop_the_turn():
+    shadow = returning("watch", lambda t: cont(t), shadow=True, when=lambda t: "yes")
+    async with pipe_of(shadow).stream(Turn.start("hi")) as events:
+        failed = [e async for e in events if isinstance(e, ev.HookFailed)]
+    assert events.result.outcome == "completed"
+    assert [(e.hook, e.enforced) for e in failed] == [("watch", False)]
+
+
+async def test_every_hook_started_event_is_closed_once():
+    pipe = pipe_of(
+        returning("plain", cont),
+        returning("watch", lambda t: Halt("would stop"), shadow=True),
+    )
+    async with pipe.stream(Turn.start("hi")) as events:
+        seen = [e async for e in events]
+    opened = [e.hook for e in seen if isinstance(e, ev.HookStarted)]
+    closed = [e.hook for e in seen if isinstance(e, ev.HookFinished | ev.HookFailed)]
+    assert opened == closed == ["plain", "watch"]
