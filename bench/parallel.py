@@ -20,7 +20,7 @@ SLEEP = 0.020
 
 
 async def run(quick: bool) -> list[Row]:
-    repeats, inner = (3, 1) if quick else (15, 4)
+    repeats, inner = (3, 1) if quick else (41, 5)
     members = []
     for index in range(MEMBERS):
 
@@ -60,6 +60,9 @@ async def run(quick: bool) -> list[Row]:
         lambda g, e, s: g - e - s, samples["group"], samples["empty"], samples["slowest"]
     )
     nursery_above = per_rep(lambda n, s: n - s, samples["nursery"], samples["slowest"])
+    over_nursery = per_rep(
+        lambda g, e, n: g - e - n, samples["group"], samples["empty"], samples["nursery"]
+    )
     return [
         Row(
             "floor: trio.sleep(20 ms), the slowest member",
@@ -88,5 +91,12 @@ async def run(quick: bool) -> list[Row]:
             "plain nursery above slowest member",
             statistics.median(nursery_above),
             spread(nursery_above),
+            note="trio's own cost: task spawns, timer wake-up",
+        ),
+        Row(
+            "group above plain nursery",
+            statistics.median(over_nursery),
+            spread(over_nursery),
+            note="turnplug's own cost for 10 members",
         ),
     ]

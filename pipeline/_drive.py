@@ -84,7 +84,6 @@ class Drive(Runner):
             if type(step) is Group:
                 outcome = await run_group(self, step, turn)
             else:
-                assert type(step) is Step
                 hook = step.hook
                 if hook.when is not None and not self.passes(step, turn):
                     continue
@@ -107,16 +106,30 @@ class Drive(Runner):
 
     def settle(self, step: Step, turn: Turn, result: object, elapsed: float) -> Turn | Halt:
         """Check an ordered hook's signal, record it, and give the turn that goes on."""
+        if type(result) is Cont:
+            outcome = result.value
+            # The common case, kept short: an enforced hook that returned the turn with its
+            # request, context and correlation as they were (injections may have changed).
+            if (
+                type(outcome) is Turn
+                and outcome.request is turn.request
+                and outcome.context is turn.context
+                and outcome.turn_ref is turn.turn_ref
+                and not step.hook.shadow
+            ):
+                self.finished(step, elapsed, "cont")
+                if outcome.injections is not turn.injections:
+                    return self.stamp(step, turn, outcome)
+                return outcome
+        return self.settle_checked(step, turn, result, elapsed)
+
+    def settle_checked(self, step: Step, turn: Turn, result: object, elapsed: float) -> Turn | Halt:
+        """`settle` for everything but the common case: halts, shadows, changed requests."""
         outcome: Turn | Halt
         try:
             if type(result) is Cont and type(result.value) is Turn:
                 verdict, outcome = "cont", result.value
-                if (
-                    outcome.request is not turn.request
-                    or outcome.context is not turn.context
-                    or outcome.turn_ref != turn.turn_ref
-                ):
-                    _check_unchanged(step, turn, outcome)
+                _check_unchanged(step, turn, outcome)
             elif type(result) is Halt:
                 verdict, outcome = "halt", self.halt_of(step, result)
             else:

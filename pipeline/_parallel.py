@@ -45,7 +45,10 @@ async def _run_member(runner: Runner, member: _Member, turn: Turn, group: trio.C
         runner.emit(ev.HookStarted(runner.turn_ref, step.name, step.stage))
     started = runner.now()
     try:
-        result = await runner.call(step, turn, threaded=True)
+        if step.direct:
+            result = await step.hook.fn(turn)
+        else:
+            result = await runner.call(step, turn, threaded=True)
     except trio.Cancelled:
         runner.finished(step, runner.now() - started, "cancelled", records=member.records)
         raise

@@ -1,6 +1,6 @@
 """The pipeline: a frozen record of stages, validated when it is built."""
 
-import math
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, NoReturn, final
@@ -16,7 +16,7 @@ from ._drive import Drive
 from ._errors import ConfigError
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
 from ._model import Model
-from ._plan import PreStep, compile_pre, normalize_entries
+from ._plan import PreStep, check_arity, compile_pre, normalize_entries
 from ._result import TurnResult
 
 Compactor = Callable[[tuple[Message, ...], int, Tokenizer], Any]
@@ -107,6 +107,13 @@ class Pipeline:
     )
 
     def __attrs_post_init__(self) -> None:
+        if self._compact_hook is not None:
+            check_arity(
+                self._compact_hook,
+                f"Pipeline(compact={self._compact_hook.name})",
+                "history, target_tokens, tokenizer",
+                3,
+            )
         if self.compact is not None and self.budget is None:
             raise ConfigError(
                 f"Pipeline(compact={callable_name(self.compact)}) needs a budget: compaction"
@@ -138,12 +145,11 @@ class Pipeline:
         the iteration, directly, as `run` raises it.
         """
         _check_turn(turn)
-        send, receive = trio.open_memory_channel[ev.Event](math.inf)
-        events = TurnEvents(receive)
+        events = TurnEvents()
         error: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(events._drive, Drive(self, send.send_nowait), turn, send)
+                nursery.start_soon(events._drive, Drive(self, events._emit), turn)
                 try:
                     yield events
                 finally:
@@ -159,10 +165,18 @@ class Pipeline:
 
 @final
 class TurnEvents:
-    """The async iterator of a streamed turn's events; `result` once it is exhausted."""
+    """The async iterator of a streamed turn's events; `result` once it is exhausted.
 
-    def __init__(self, receive: trio.MemoryReceiveChannel[ev.Event]) -> None:
-        self._receive = receive
+    Events are buffered without bound (a turn produces a bounded number of them), so a slow
+    consumer never slows the turn. Buffered events are handed over without a trip through the
+    scheduler; the consumer waits, and so checkpoints, once it has caught up with the turn.
+    """
+
+    def __init__(self) -> None:
+        self._buffer: deque[ev.Event] = deque()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._waiting = False
+        self._done = False
         self._result: TurnResult | None = None
         self._error: Exception | None = None
         self._raised = False
@@ -186,19 +200,20 @@ class TurnEvents:
         return self
 
     async def __anext__(self) -> ev.Event:
-        # Buffered events are handed over without a trip through the scheduler (receive()
-        # always checkpoints); the consumer still blocks, and so checkpoints, once it has
-        # caught up with the turn.
-        try:
-            return self._receive.receive_nowait()
-        except trio.WouldBlock:
-            pass
-        except trio.EndOfChannel:
-            self._end()
-        try:
-            return await self._receive.receive()
-        except trio.EndOfChannel:
-            self._end()
+        while not self._buffer:
+            if self._done:
+                self._end()
+            self._waiting = True
+            try:
+                await self._lot.park()
+            finally:
+                self._waiting = False
+        return self._buffer.popleft()
+
+    def _emit(self, event: ev.Event) -> None:
+        self._buffer.append(event)
+        if self._waiting:
+            self._lot.unpark_all()
 
     def _end(self) -> NoReturn:
         self._exhausted = True
@@ -207,14 +222,14 @@ class TurnEvents:
             raise self._error from self._error.__cause__
         raise StopAsyncIteration
 
-    async def _drive(
-        self, drive: Drive, turn: Turn, send: trio.MemorySendChannel[ev.Event]
-    ) -> None:
-        async with send:
-            try:
-                self._result = await _unwrapped(drive.run(turn))
-            except Exception as exc:  # delivered to the consumer through the iteration
-                self._error = exc
+    async def _drive(self, drive: Drive, turn: Turn) -> None:
+        try:
+            self._result = await _unwrapped(drive.run(turn))
+        except Exception as exc:  # delivered to the consumer through the iteration
+            self._error = exc
+        finally:
+            self._done = True
+            self._lot.unpark_all()
 
 
 async def _unwrapped(run: Any) -> TurnResult:

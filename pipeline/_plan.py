@@ -5,6 +5,7 @@ members standing in the list, so the drive loop never sees one. Every step knows
 effective name (chain prefixes applied) and its position for error messages.
 """
 
+import inspect
 from collections.abc import Iterable
 from typing import Any, TypeAlias, final
 
@@ -95,8 +96,28 @@ def _flatten(
             _flatten(member, f"{position}.{index}", f"{prefix}{entry.name}.", out)
 
 
+def check_arity(hook: Hook, label: str, arguments: str, count: int) -> None:
+    """Raise unless `hook`'s function can be called with `count` positional arguments.
+
+    Functions whose signature cannot be read (some builtins) are given the benefit of the
+    doubt: the call itself will tell.
+    """
+    try:
+        signature = inspect.signature(hook.fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*range(count))
+    except TypeError as exc:
+        raise ConfigError(
+            f"{label} cannot be called as {hook.name}({arguments}): {exc} — a hook"
+            " takes the stage's arguments positionally"
+        ) from None
+
+
 def _pre_step(hook: Hook, name: str, position: str) -> Step:
     step = Step(hook, name, "pre", position)
+    check_arity(hook, f"hook {step.label}", "turn", 1)
     if hook.match is not None:
         raise ConfigError(
             f"hook {step.label}: match= is for tool hooks (before_tool, after_tool); a pre"

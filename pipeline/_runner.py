@@ -276,11 +276,13 @@ class Runner:
 
     def added(self, turn: Turn, parts: Sequence[tuple[Step, tuple[Part, ...]]]) -> Turn:
         """`turn` with each step's parts injected, stamped and charged, in order."""
-        injections = []
-        for member, member_parts in parts:
-            injection = Injection(member_parts, member.name, member.hook.durable, "pre")
-            self.charge(member, (injection,))
-            injections.append(injection)
+        injections = [
+            Injection(member_parts, member.name, member.hook.durable, "pre")
+            for member, member_parts in parts
+        ]
+        if self.pipe.budget is not None or self.emit is not None:
+            for (member, _), injection in zip(parts, injections, strict=True):
+                self.charge(member, (injection,))
         return attrs.evolve(turn, injections=(*turn.injections, *injections))
 
 

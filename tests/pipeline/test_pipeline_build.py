@@ -202,3 +202,41 @@ def test_a_pipeline_can_be_built_once_and_compared_by_value() -> None:
     assert Pipeline(model=scripted, pre=[greet], system="be brief") == Pipeline(
         model=scripted, pre=(greet,), system="be brief"
     )
+
+
+def _takes_nothing():
+    return None
+
+
+def _takes_two(turn, extra):
+    return cont(turn)
+
+
+@pytest.mark.parametrize(
+    ("entry", "label"),
+    [
+        (_takes_nothing, r"'_takes_nothing' \(pre, position 1\)"),
+        (parallel(_takes_two), r"'_takes_two' \(pre, position 1\.1\)"),
+    ],
+)
+def test_a_pre_hook_that_cannot_take_the_turn_is_rejected_when_built(entry, label):
+    with pytest.raises(ConfigError, match=rf"{label} cannot be called as \w+\(turn\)"):
+        Pipeline(model=ScriptedModel(["ok"]), pre=[entry])
+
+
+def test_a_compact_that_cannot_take_its_three_arguments_is_rejected_when_built():
+    def squash(history):
+        return history
+
+    with pytest.raises(ConfigError, match=r"compact=.*squash\(history, target_tokens, tokenizer\)"):
+        Pipeline(model=ScriptedModel(["ok"]), budget=Budget(100, 10), compact=squash)
+
+
+def test_hooks_taking_the_turn_through_defaults_or_partials_are_accepted():
+    import functools
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        pre=[functools.partial(_takes_two, extra=1), lambda turn, more=None: cont(turn)],
+    )
+    assert len(pipe.pre) == 2
