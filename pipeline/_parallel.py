@@ -53,7 +53,8 @@ async def _run_member(runner: Runner, member: _Member, turn: Turn, group: trio.C
         runner.finished(step, runner.now() - started, "cancelled", records=member.records)
         raise
     except Exception as exc:
-        _failed(runner, member, group, exc, runner.now() - started)
+        if _failed(runner, member, exc, runner.now() - started):
+            await _stop(group)
         return
     elapsed = runner.now() - started
     outcome: tuple[Part, ...] | Halt
@@ -67,7 +68,8 @@ async def _run_member(runner: Runner, member: _Member, turn: Turn, group: trio.C
         else:
             raise runner.wrong_return(step, result, "a list of parts or Halt", group=True)
     except HookError as error:
-        _failed(runner, member, group, error, elapsed)
+        if _failed(runner, member, error, elapsed):
+            await _stop(group)
         return
     if step.hook.shadow:
         runner.shadow_verdict(step, elapsed, verdict, outcome, member.records)
@@ -76,17 +78,28 @@ async def _run_member(runner: Runner, member: _Member, turn: Turn, group: trio.C
     runner.finished(step, elapsed, verdict, detail, member.records)
     member.outcome = outcome
     if type(outcome) is Halt:
-        group.cancel()
+        await _stop(group)
 
 
-def _failed(
-    runner: Runner, member: _Member, group: trio.CancelScope, exc: Exception, elapsed: float
-) -> None:
+def _failed(runner: Runner, member: _Member, exc: Exception, elapsed: float) -> bool:
+    """Record a member's failure; True when it is enforced and must stop the group."""
     try:
         runner.fail(member.step, exc, elapsed, member.records)
     except HookError as error:
         member.failure = error
-        group.cancel()
+        return True
+    return False
+
+
+async def _stop(group: trio.CancelScope) -> None:
+    """Cancel the group's running members, once the members already woken have run.
+
+    Siblings woken in the same scheduler batch (at the same instant) finish first, so that
+    when several halt or fail at once the lowest position wins, whatever order trio happened
+    to run them in. The checkpoint is shielded: this member's outcome is already recorded.
+    """
+    await trio.lowlevel.cancel_shielded_checkpoint()
+    group.cancel()
 
 
 def _merge(runner: Runner, group: Group, turn: Turn, members: list[_Member]) -> Turn | Halt:

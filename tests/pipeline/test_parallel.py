@@ -463,3 +463,22 @@ async def test_a_cancelled_member_closes_its_started_event_as_cancelled(autojump
         ("stop", "halt"),
         ("slow", "cancelled"),
     ]
+
+
+async def test_members_halting_at_the_same_instant_resolve_to_the_lowest_position(
+    autojump_clock,
+):
+    # trio runs members woken together in random order; the outcome must not depend on it.
+    pipe = pipe_with(parallel(halter("first", delay=1), halter("second", delay=1)))
+    winners = {(await pipe.run(Turn.start("hi"))).halt.hook for _ in range(30)}
+    assert winners == {"first"}
+
+
+async def test_members_failing_at_the_same_instant_raise_the_lowest_position(autojump_clock):
+    pipe = pipe_with(parallel(failer("first", delay=1), failer("second", delay=1)))
+    raised = set()
+    for _ in range(30):
+        with pytest.raises(HookFailed) as info:
+            await pipe.run(Turn.start("hi"))
+        raised.add(info.value.hook)
+    assert raised == {"first"}
