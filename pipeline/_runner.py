@@ -63,16 +63,16 @@ class Runner:
         """Call a hook's function, applying its timeout; sync functions may run in a thread.
 
         A sync hook runs inline unless it is a group member (`threaded`) or has a timeout: in
-        a worker thread it cannot block its siblings, and a timeout can abandon it.
+        a worker thread it cannot block its siblings. A thread cannot be interrupted: without
+        a timeout, a cancelled turn waits for it to return (no work is left behind); with a
+        timeout, it is abandoned when the timeout fires.
         """
         hook = step.hook
         if hook.timeout is None:
             if hook.is_async:
                 return await hook.fn(*args)
             if threaded:
-                return await _settle(
-                    await trio.to_thread.run_sync(hook.fn, *args, abandon_on_cancel=True)
-                )
+                return await _settle(await trio.to_thread.run_sync(hook.fn, *args))
             return await _settle(hook.fn(*args))
         with trio.move_on_after(hook.timeout) as scope:
             if hook.is_async:

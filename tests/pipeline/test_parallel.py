@@ -482,3 +482,24 @@ async def test_members_failing_at_the_same_instant_raise_the_lowest_position(aut
             await pipe.run(Turn.start("hi"))
         raised.add(info.value.hook)
     assert raised == {"first"}
+
+
+async def test_a_sync_member_still_running_when_a_sibling_halts_is_waited_for():
+    # A thread cannot be interrupted; the group must not return while it still runs.
+    import time
+
+    trace = []
+    started = threading.Event()
+
+    def lookup(turn):
+        started.set()
+        time.sleep(0.2)
+        trace.append("lookup returned")
+        return [Text("late")]
+
+    async def gate(turn):
+        await trio.to_thread.run_sync(started.wait, BARRIER_TIMEOUT)
+        return halt("no")
+
+    result = await pipe_with(parallel(lookup, hook(gate, name="gate"))).run(Turn.start("hi"))
+    assert (result.halt.hook, trace) == ("gate", ["lookup returned"])
