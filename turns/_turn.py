@@ -6,22 +6,14 @@ from typing import Any, Literal, Self, TypeAlias, final
 
 import attrs
 
-from ._context import Context, RequestOptions, Scope, narrow_tools
-from ._message import Message
+from ._context import Context, RequestOptions, Scope, _messages, narrow_tools
+from ._message import Message, _parts
 from ._parts import EMPTY, Part, Text, ToolCall, ToolResult
 
 Stage: TypeAlias = Literal["pre", "post"]
 
 _NO_ANNOTATIONS = EMPTY
 _PART_TYPES = (Text, ToolCall, ToolResult)
-
-
-def _parts(parts: Iterable[Part]) -> tuple[Part, ...]:
-    return tuple(parts)
-
-
-def _messages(messages: Iterable[Message]) -> tuple[Message, ...]:
-    return tuple(messages)
 
 
 def _injections(injections: Iterable["Injection"]) -> tuple["Injection", ...]:
