@@ -1,8 +1,9 @@
 """Ready-made hooks, built on the public API of `turns` and `pipeline` only."""
 
 from ._markers import durable, transient
+from ._redact import Redact, RedactStream, redact
 
-__all__ = ["durable", "transient"]
+__all__ = ["Redact", "RedactStream", "durable", "redact", "transient"]
 
 for _name in __all__:
     _obj = globals()[_name]

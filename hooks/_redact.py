@@ -1,0 +1,406 @@
+"""`redact`: the canonical stateful stream transformer.
+
+How it knows what to hold back. Every pattern is analysed once, when the factory is built,
+for its *alphabet*: the characters a match (or a lookaround inside it) can examine. A
+character outside every pattern's alphabet is a *separator*: no match can contain it or look
+past it. So when a chunk brings a separator, everything before it can be decided now, with
+the standard `re` engine, and released; only the run of alphabet characters after the last
+separator is held (for an e-mail pattern, the word being written). When a pattern can match
+any character (``.`` with DOTALL, ``[^x]``), there are no separators, and text is released
+once ``max_match`` characters follow it.
+
+The law, checked by a property test: for any split of a text into chunks, the output equals
+`redact_text` of the whole text, provided every match is shorter than ``max_match``.
+"""
+
+import importlib
+import re
+from collections.abc import Iterable
+from typing import Any, final
+
+from pipeline import ConfigError
+
+# The standard library's own regex parser: the only complete reading of `re`'s syntax. It is
+# private (``re._parser`` since 3.11), so it is reached dynamically and used read-only.
+sre_parse: Any = importlib.import_module("re._parser")
+
+_CATEGORIES = {
+    "CATEGORY_DIGIT": r"\d",
+    "CATEGORY_NOT_DIGIT": r"\D",
+    "CATEGORY_SPACE": r"\s",
+    "CATEGORY_NOT_SPACE": r"\S",
+    "CATEGORY_WORD": r"\w",
+    "CATEGORY_NOT_WORD": r"\W",
+}
+
+_LOOKBEHIND_CONTEXT = 1
+_MEMO_LIMIT = 4096  # \b and \B look one character back
+
+
+class _Unbounded(Exception):
+    """The pattern can match any character: it has no separators."""
+
+
+def _escape(code: int) -> str:
+    return re.escape(chr(code))
+
+
+def _class_item(op: Any, av: Any) -> str:
+    name = str(op)
+    if name == "LITERAL":
+        return _escape(av)
+    if name == "RANGE":
+        return f"{_escape(av[0])}-{_escape(av[1])}"
+    if name == "CATEGORY" and str(av) in _CATEGORIES:
+        return _CATEGORIES[str(av)]
+    raise _Unbounded
+
+
+def _walk(
+    items: Iterable[tuple[Any, Any]], dotall: bool, atoms: set[str], state: dict[str, int]
+) -> None:
+    """Collect a character class for every character the parsed pattern can examine."""
+    for op, av in items:
+        name = str(op)
+        if name == "LITERAL":
+            atoms.add(_escape(av))
+        elif name == "NOT_LITERAL":
+            atoms.add(f"[^{_escape(av)}]")
+        elif name == "ANY":
+            if dotall:
+                raise _Unbounded
+            atoms.add(r"[^\n]")
+        elif name == "IN":
+            negate = any(str(item_op) == "NEGATE" for item_op, _ in av)
+            body = "".join(_class_item(o, a) for o, a in av if str(o) != "NEGATE")
+            atoms.add(f"[{'^' if negate else ''}{body}]")
+            if not negate and any(str(a) == "CATEGORY_WORD" for o, a in av if str(o) == "CATEGORY"):
+                state["words"] = 1
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            _walk(av[2], dotall, atoms, state)
+        elif name == "SUBPATTERN":
+            _group, add, remove, sub = av
+            if add & re.IGNORECASE:
+                state["ignorecase"] = 1
+            scoped = (dotall or bool(add & re.DOTALL)) and not (remove & re.DOTALL)
+            _walk(sub, scoped, atoms, state)
+        elif name == "ATOMIC_GROUP":
+            _walk(av, dotall, atoms, state)
+        elif name == "BRANCH":
+            for branch in av[1]:
+                _walk(branch, dotall, atoms, state)
+        elif name in ("ASSERT", "ASSERT_NOT"):
+            direction, sub = av
+            if direction < 0:
+                state["behind"] = max(state["behind"], sub.getwidth()[1])
+            _walk(sub, dotall, atoms, state)
+        elif name == "GROUPREF_EXISTS":
+            _cond, yes, no = av
+            _walk(yes, dotall, atoms, state)
+            if no is not None:
+                _walk(no, dotall, atoms, state)
+        elif name == "AT":
+            # `$` also matches before a final newline: make the newline part of the alphabet,
+            # so that a decided stretch never ends in one it could mistake for the end.
+            if str(av) == "AT_END":
+                atoms.add(r"\n")
+        elif name == "GROUPREF":
+            pass  # a backreference repeats characters already in the alphabet
+        else:
+            raise _Unbounded
+
+
+def _separator_class(atoms: set[str]) -> str:
+    """A regex for one character outside every atom."""
+    positive = sorted(a for a in atoms if not a.startswith("[^"))
+    negative = sorted(a for a in atoms if a.startswith("[^"))
+    # Positive atoms fold into one negated class: [^abc\w].
+    bodies = "".join(a[1:-1] if a.startswith("[") else a for a in positive)
+    outside_positive = f"[^{bodies}]" if bodies else "(?s:.)"
+    if not negative:
+        return outside_positive
+    # Outside [^xy] means inside [xy].
+    inside_all = "".join(f"(?=[{a[2:-1]}])" for a in negative)
+    return f"{inside_all}{outside_positive}"
+
+
+def _required_char(pattern: re.Pattern[str]) -> str | None:
+    """A character every match of `pattern` contains, if one is easy to see."""
+    parsed = sre_parse.parse(pattern.pattern, pattern.flags)
+    if parsed.state.flags & re.IGNORECASE:
+        return None
+    items: list[tuple[Any, Any]] = list(parsed)
+    while items:
+        op, av = items.pop(0)
+        name = str(op)
+        if name == "LITERAL":
+            return chr(av)
+        if name == "SUBPATTERN" and not av[1] & re.IGNORECASE:
+            items[:0] = list(av[3])
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and av[0] >= 1:
+            items[:0] = list(av[2])
+    return None
+
+
+@final
+class _Compiled:
+    """The analysed patterns a `Redact` factory shares with its instances."""
+
+    __slots__ = (
+        "behind",
+        "last_separator",
+        "patterns",
+        "replacement",
+        "required",
+        "separators",
+        "window",
+        "words",
+    )
+
+    def __init__(
+        self, patterns: tuple[re.Pattern[str], ...], replacement: str, window: int
+    ) -> None:
+        self.patterns = patterns
+        self.replacement = replacement
+        self.window = window
+        atoms: set[str] = set()
+        state = {"behind": _LOOKBEHIND_CONTEXT, "ignorecase": 0, "words": 0}
+        try:
+            for pattern in patterns:
+                parsed = sre_parse.parse(pattern.pattern, pattern.flags)
+                flags = parsed.state.flags
+                if flags & re.IGNORECASE:
+                    state["ignorecase"] = 1
+                _walk(parsed, bool(flags & re.DOTALL), atoms, state)
+            # Matches the text up to and including its last separator.
+            self.last_separator: re.Pattern[str] | None = re.compile(
+                rf"(?s:.*){_separator_class(atoms)}",
+                re.IGNORECASE if state["ignorecase"] else 0,
+            )
+        except (_Unbounded, re.error, RecursionError):
+            self.last_separator = None
+        self.separators: dict[str, bool] | None = {} if self.last_separator is not None else None
+        # str.isalnum() implies \w (the engine's \w is exactly "alphanumeric or _").
+        self.words = bool(state["words"]) and self.last_separator is not None
+        self.behind = max(state["behind"], _LOOKBEHIND_CONTEXT)
+        # A character every match must contain, per pattern: a stretch without any of them
+        # cannot hold a match, and a substring test is much cheaper than a search.
+        required = [_required_char(pattern) for pattern in patterns]
+        self.required: tuple[str, ...] | None = (
+            tuple(c for c in required if c is not None) if None not in required else None
+        )
+
+    def classify(self, char: str) -> bool:
+        """Whether `char` is a separator, remembered (the memo is bounded)."""
+        assert self.last_separator is not None
+        assert self.separators is not None
+        if len(self.separators) >= _MEMO_LIMIT:
+            self.separators.clear()
+        known = self.separators[char] = self.last_separator.match(char) is not None
+        return known
+
+    def could_match(self, text: str) -> bool:
+        """False when `text` lacks a character every match needs."""
+        required = self.required
+        if required is None:
+            return True
+        return any(char in text for char in required)
+
+    def search(self, text: str, pos: int) -> re.Match[str] | None:
+        """The leftmost match of any pattern from `pos`; on a tie, the first pattern's."""
+        patterns = self.patterns
+        if len(patterns) == 1:
+            return patterns[0].search(text, pos)
+        best: re.Match[str] | None = None
+        for pattern in patterns:
+            found = pattern.search(text, pos, best.start() + 1 if best is not None else len(text))
+            if found is not None and (best is None or found.start() < best.start()):
+                best = found
+        return best
+
+    def replace(self, text: str, pos: int, end: int) -> tuple[str, int, int]:
+        """Redact matches starting in ``text[pos:end]``.
+
+        Returns the output, where it stopped (past `end` when a match ran over it) and the
+        number of matches replaced.
+
+        Matches are searched in all of `text` (so lookarounds see their surroundings), but
+        only those starting before `end` are decided.
+        """
+        found = self.search(text, pos)
+        if found is None or found.start() >= end:
+            return text[pos:end], end, 0
+        pieces: list[str] = []
+        replacement = self.replacement
+        count = 0
+        while found is not None and found.start() < end:
+            pieces.append(text[pos : found.start()])
+            pieces.append(replacement)
+            count += 1
+            pos = found.end()
+            if pos >= end:
+                return "".join(pieces), pos, count
+            found = self.search(text, pos)
+        pieces.append(text[pos:end])
+        return "".join(pieces), end, count
+
+
+@final
+class RedactStream:
+    """One attempt's redaction state: released context and the undecided tail."""
+
+    __slots__ = ("_compiled", "_context", "_pending", "count")
+
+    def __init__(self, compiled: _Compiled) -> None:
+        self._compiled = compiled
+        self._context = ""  # the last released characters, for lookbehind and \b
+        self._pending = ""  # text not decided yet (no separator in it)
+        self.count = 0
+
+    def feed(self, text: str) -> str:
+        compiled = self._compiled
+        cut = 0
+        # A chunk of word characters holds no separator when the alphabet has them all.
+        if compiled.separators is not None and not (compiled.words and text.isalnum()):
+            # Chunks are short and usually end in a separator: walking back from the end
+            # with a per-character memo beats any regex call.
+            separators = compiled.separators
+            for index in range(len(text) - 1, -1, -1):
+                char = text[index]
+                known = separators.get(char)
+                if known is None:
+                    known = compiled.classify(char)
+                if known:
+                    cut = index + 1
+                    break
+        if not cut:
+            pending = self._pending = self._pending + text
+            if len(pending) < compiled.window:
+                return ""
+            return self._release_window()
+        if cut == len(text):
+            return self._decide(self._pending + text if self._pending else text, "")
+        return self._decide(self._pending + text[:cut], text[cut:])
+
+    def flush(self) -> str:
+        out = self._decide(self._pending, "") if self._pending else ""
+        self._context = ""
+        return out
+
+    def annotations(self) -> dict[str, int]:
+        return {"redactions": self.count}
+
+    def _decide(self, decided: str, rest: str) -> str:
+        """Redact `decided` (it ends at a separator, or at the end of the text) in full."""
+        required = self._compiled.required
+        if required is not None and (
+            required[0] not in decided
+            if len(required) == 1
+            else not any(char in decided for char in required)
+        ):
+            behind = self._compiled.behind
+            self._context = (
+                decided[-behind:] if len(decided) >= behind else (self._context + decided)[-behind:]
+            )
+            self._pending = rest
+            return decided
+        text = self._context + decided
+        out, _stop, count = self._compiled.replace(text, len(self._context), len(text))
+        self.count += count
+        self._context = text[-self._compiled.behind :]
+        self._pending = rest
+        return out
+
+    def _release_window(self) -> str:
+        """No separator for a whole window: decide the starts that have seen ``max_match``."""
+        compiled = self._compiled
+        context = self._context
+        text = context + self._pending
+        start = len(context)
+        limit = len(text) - compiled.window + 1
+        out, stop, count = compiled.replace(text, start, limit)
+        self.count += count
+        self._context = text[max(0, stop - compiled.behind) : stop]
+        self._pending = text[stop:]
+        return out
+
+
+@final
+class Redact:
+    """The factory `redact` returns; each call gives a fresh `RedactStream`."""
+
+    __slots__ = ("_compiled", "name")
+
+    def __init__(self, compiled: _Compiled, name: str) -> None:
+        self._compiled = compiled
+        self.name = name
+
+    def __call__(self) -> RedactStream:
+        return RedactStream(self._compiled)
+
+    def redact_text(self, text: str) -> str:
+        """The redaction of a whole text at once: what the stream must add up to."""
+        return self._compiled.replace(text, 0, len(text))[0]
+
+    def __repr__(self) -> str:
+        shown = ", ".join(repr(p.pattern) for p in self._compiled.patterns)
+        return f"redact([{shown}], replacement={self._compiled.replacement!r})"
+
+
+def redact(
+    patterns: str | re.Pattern[str] | Iterable[str | re.Pattern[str]],
+    *,
+    replacement: str = "[REDACTED]",
+    max_match: int = 256,
+    name: str = "redact",
+) -> Redact:
+    """A stream transformer factory that replaces every match of `patterns`.
+
+    A match that straddles chunk boundaries is still redacted; text that cannot be part of a
+    match is released as soon as the chunk that proves it arrives. Held text never exceeds
+    `max_match` characters.
+
+    Args:
+        patterns: One pattern or several (strings or compiled regexes). With several, the
+            leftmost match wins, and on a tie the pattern listed first.
+        replacement: The literal text put in place of each match.
+        max_match: The longest match guaranteed to be redacted whatever the chunking.
+        name: The name its annotations and errors go under.
+
+    Raises:
+        ConfigError: A pattern does not compile, can match the empty string, or an option is
+            out of range.
+    """
+    if isinstance(patterns, str | re.Pattern):
+        patterns = (patterns,)
+    compiled: list[re.Pattern[str]] = []
+    for index, pattern in enumerate(patterns, 1):
+        if isinstance(pattern, re.Pattern):
+            if not isinstance(pattern.pattern, str):
+                raise ConfigError(f"redact pattern {index}: a bytes pattern cannot match text")
+            regex = pattern
+        elif isinstance(pattern, str):
+            try:
+                regex = re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(
+                    f"redact pattern {index} {pattern!r} does not compile: {exc}"
+                ) from None
+        else:
+            raise ConfigError(
+                f"redact pattern {index}: expected a string or compiled regex, got"
+                f" {type(pattern).__name__} {pattern!r}"
+            )
+        if sre_parse.parse(regex.pattern, regex.flags).getwidth()[0] == 0:
+            raise ConfigError(
+                f"redact pattern {index} {regex.pattern!r} matches the empty string, so it"
+                " would redact between every character — require at least one character"
+            )
+        compiled.append(regex)
+    if not compiled:
+        raise ConfigError("redact() needs at least one pattern")
+    if not isinstance(replacement, str):
+        raise ConfigError(f"redact(replacement=...) must be text, got {replacement!r}")
+    if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
+        raise ConfigError(f"redact(max_match=...) must be a positive int, got {max_match!r}")
+    return Redact(_Compiled(tuple(compiled), replacement, max_match), name)
