@@ -1,10 +1,11 @@
 """The runtime: signals, hooks, the pipeline and its drive loop, models, errors.
 
-Public submodules: `pipeline.events` (what a streamed turn reports) and `pipeline.testing`
-(offline models). Everything else public is importable from here.
+Public submodules: `pipeline.events` (what a streamed turn reports), `pipeline.logs`
+(conversation logs) and `pipeline.testing` (offline models). Everything else public is
+importable from here.
 """
 
-from ._audit import AttemptRecord, AuditRecord, HookRecord
+from ._audit import AttemptRecord, AuditRecord, HookRecord, Rejection
 from ._budget import (
     CHARS_PER_TOKEN,
     MESSAGE_OVERHEAD,
@@ -15,6 +16,7 @@ from ._budget import (
     part_tokens,
     parts_tokens,
 )
+from ._commit import INJECTED_BY
 from ._errors import (
     BudgetError,
     ConfigError,
@@ -38,7 +40,9 @@ from ._errors import (
 from ._hooks import Chain, Hook, OnError, Parallel, chain, hook, parallel
 from ._model import Model, ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
 from ._pipeline import Compactor, Pipeline, TurnEvents
-from ._result import Rejection, TurnResult
+from ._result import TurnResult
+from ._seam import PerChunk, Transformer, TransformerFactory, per_chunk
+from ._session import Session, SessionInfo
 from ._signals import Ask, Block, Cont, Halt, Regenerate, Signal, ask, block, cont, halt, regenerate
 
 __all__ = [
@@ -61,6 +65,7 @@ __all__ = [
     "HookRecord",
     "HookReturnError",
     "HookTimeout",
+    "INJECTED_BY",
     "InjectionOverflow",
     "LogConflict",
     "MESSAGE_OVERHEAD",
@@ -72,6 +77,7 @@ __all__ = [
     "ModelToolCall",
     "OnError",
     "Parallel",
+    "PerChunk",
     "Pipeline",
     "PipelineError",
     "ProviderConnectionError",
@@ -83,9 +89,13 @@ __all__ = [
     "Regenerate",
     "Rejection",
     "RequestError",
+    "Session",
+    "SessionInfo",
     "Signal",
     "StepLimitExceeded",
     "Tokenizer",
+    "Transformer",
+    "TransformerFactory",
     "TurnEvents",
     "TurnResult",
     "ask",
@@ -99,6 +109,7 @@ __all__ = [
     "parallel",
     "part_tokens",
     "parts_tokens",
+    "per_chunk",
     "regenerate",
 ]
 

@@ -59,6 +59,24 @@ class AttemptRecord:
 
 @final
 @attrs.frozen
+class Rejection:
+    """An attempt a post hook rejected.
+
+    Attributes:
+        attempt: The rejected attempt's number.
+        hook: The rejecting hook.
+        feedback: What the hook told the model.
+        text: The rejected reply's text (after stream transformers).
+    """
+
+    attempt: int
+    hook: str
+    feedback: str
+    text: str
+
+
+@final
+@attrs.frozen
 class AuditRecord:
     """Everything that shaped a turn, transient parts included.
 
@@ -70,6 +88,7 @@ class AuditRecord:
             order), with its timing and verdict.
         attempts: Every attempt, including rejected ones.
         halt: The halt that stopped the turn, if one did.
+        rejections: Every rejected attempt, with its hook and feedback.
     """
 
     turn_ref: str
@@ -78,3 +97,4 @@ class AuditRecord:
     hooks: tuple[HookRecord, ...] = ()
     attempts: tuple[AttemptRecord, ...] = ()
     halt: Halt | None = None
+    rejections: tuple[Rejection, ...] = ()

@@ -7,10 +7,11 @@ which is None when nobody listens, so that `run` builds no event at all.
 import attrs
 import trio
 
-from turns import Message, Reply, Turn, Usage
+from turns import Message, Reply, Text, Turn, Usage
 
 from . import events as ev
-from ._audit import AuditRecord, HookRecord
+from ._audit import AuditRecord, HookRecord, Rejection
+from ._background import run_all_background
 from ._budget import estimate_tokens
 from ._errors import HookReturnError
 from ._hooks import Hook
@@ -19,7 +20,7 @@ from ._plan import Group, Step
 from ._request import build_request, stream_reply
 from ._result import TurnResult
 from ._runner import Runner, check_history
-from ._signals import Cont, Halt
+from ._signals import Cont, Halt, Regenerate
 
 _new = tuple.__new__
 
@@ -41,8 +42,7 @@ class Drive(Runner):
         turn, stop = await self.pre_stage(turn)
         if stop is not None:
             return self.halted(turn, stop)
-        reply = await stream_reply(self, build_request(self, turn), attempt=1)
-        return self.finish("completed", attrs.evolve(turn, reply=reply), reply, None)
+        return await self.respond(turn)
 
     # -- stage 0: the turn as the pipeline sees it -------------------------------------------
 
@@ -156,9 +156,133 @@ class Drive(Runner):
             outcome = self.stamp(step, turn, outcome)
         return outcome
 
+    # -- stages 4-7: the model call, the post hooks, the regeneration loop --------------------
+
+    async def respond(self, turn: Turn) -> TurnResult:
+        """Ask the model, judge its reply, and ask again within the bound until accepted."""
+        pipe = self.pipe
+        emit = self.emit
+        held: list[ev.Event] | None = [] if pipe.hold_until_accepted and emit is not None else None
+        extra: tuple[Message, ...] = ()
+        request = build_request(self, turn)
+        for attempt in range(1, pipe.max_regenerations + 2):
+            reply = await stream_reply(self, request, attempt, held)
+            verdict = await self.post_stage(attrs.evolve(turn, reply=reply))
+            if type(verdict) is Turn:
+                if held:
+                    assert emit is not None
+                    for event in held:
+                        emit(event)
+                return await self.complete(verdict)
+            if type(verdict) is Halt:
+                return self.halted(turn, verdict, attempt)
+            assert type(verdict) is tuple
+            hook, feedback = verdict
+            self.rejections.append(Rejection(attempt, hook, feedback, reply.text))
+            if held is not None:
+                held.clear()
+            if emit is not None:
+                emit(ev.AttemptRejected(self.turn_ref, attempt, hook, feedback))
+            # The model sees what it said and why it was rejected; the log never does.
+            note = Message("user", (Text(feedback),), {"feedback_for_attempt": attempt})
+            extra = (*extra, *reply.messages, note)
+            request = build_request(self, turn, extra)
+        return self.finish("exhausted", turn, None, None)
+
+    async def post_stage(self, turn: Turn) -> Turn | Halt | tuple[str, str]:
+        """Run the ordered post hooks: the accepted turn, a halt, or (hook, feedback)."""
+        now = self.now
+        for step in self.pipe._post_plan:
+            hook = step.hook
+            if hook.when is not None and not self.passes(step, turn):
+                continue
+            if self.emit is not None:
+                self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
+            started = now()
+            try:
+                if step.direct:
+                    result = await hook.fn(turn)
+                else:
+                    result = await self.call(step, turn)
+            except Exception as exc:
+                self.fail(step, exc, now() - started)
+                continue
+            outcome = self.settle_post(step, turn, result, now() - started)
+            if type(outcome) is not Turn:
+                return outcome
+            turn = outcome
+        return turn
+
+    def settle_post(
+        self, step: Step, turn: Turn, result: object, elapsed: float
+    ) -> Turn | Halt | tuple[str, str]:
+        """Check a post hook's signal, record it, and give what goes on."""
+        outcome: Turn | Halt | Regenerate
+        try:
+            if type(result) is Cont and type(result.value) is Turn:
+                verdict, outcome = "cont", result.value
+                _check_unchanged(step, turn, outcome)
+                if type(outcome.reply) is not Reply:
+                    raise HookReturnError(
+                        f"hook {step.label} returned a turn without its reply; a post hook"
+                        " may change the reply, not remove it",
+                        hook=step.name,
+                        stage=step.stage,
+                    )
+            elif type(result) is Halt:
+                verdict, outcome = "halt", self.halt_of(step, result)
+            elif type(result) is Regenerate:
+                verdict, outcome = "regenerate", result
+                if not isinstance(result.feedback, str) or not result.feedback.strip():
+                    raise HookReturnError(
+                        f"hook {step.label} returned regenerate() without feedback; the"
+                        " model needs to know why its reply was rejected",
+                        hook=step.name,
+                        stage=step.stage,
+                    )
+            else:
+                raise self.wrong_return(step, result, "Cont(turn), Halt or Regenerate", group=False)
+        except HookReturnError as error:
+            self.fail(step, error, elapsed)
+            return turn
+        if step.hook.shadow:
+            self.shadow_verdict(step, elapsed, verdict, outcome)
+            return turn
+        if type(outcome) is Halt:
+            self.finished(step, elapsed, verdict, outcome.reason)
+            return outcome
+        if type(outcome) is Regenerate:
+            self.finished(step, elapsed, verdict, outcome.feedback)
+            return step.name, outcome.feedback
+        assert type(outcome) is Turn
+        self.finished(step, elapsed, verdict)
+        if outcome.injections is not turn.injections:
+            outcome = self.stamp(step, turn, outcome)
+        return outcome
+
+    # -- stage 8: the commit, then background hooks ------------------------------------------
+
+    async def complete(self, turn: Turn) -> TurnResult:
+        """Commit an accepted turn, then start (or, without a session, await) background hooks."""
+        result = self.result("completed", turn, turn.reply, None)
+        if self.commit is not None:
+            conversation_id, messages = await self.commit(result)
+            if self.emit is not None:
+                self.emit(ev.Committed(self.turn_ref, conversation_id, messages))
+        background = self.pipe._background_plan
+        if background:
+            if self.spawn is not None:
+                self.spawn(turn)
+            else:
+                await run_all_background(self, background, turn)
+                result = self.result("completed", turn, turn.reply, None)
+        if self.emit is not None:
+            self.emit(ev.TurnFinished(self.turn_ref, "completed"))
+        return result
+
     # -- outcomes -----------------------------------------------------------------------------
 
-    def halted(self, turn: Turn, stop: Halt) -> TurnResult:
+    def halted(self, turn: Turn, stop: Halt, attempt: int = 0) -> TurnResult:
         assert stop.hook is not None
         if self.emit is not None:
             self.emit(ev.Halted(self.turn_ref, stop.hook, stop.reason))
@@ -167,13 +291,22 @@ class Drive(Runner):
             message = (
                 stop.reply if isinstance(stop.reply, Message) else Message.assistant(stop.reply)
             )
-            reply = Reply(message, (message,), 0, "halted", Usage())
+            reply = Reply(message, (message,), attempt, "halted", Usage())
             turn = attrs.evolve(turn, reply=reply)
         return self.finish("halted", turn, reply, stop)
 
     def finish(
         self, outcome: ev.Outcome, turn: Turn, reply: Reply | None, stop: Halt | None
     ) -> TurnResult:
+        result = self.result(outcome, turn, reply, stop)
+        if self.emit is not None:
+            self.emit(ev.TurnFinished(self.turn_ref, outcome))
+        return result
+
+    def result(
+        self, outcome: ev.Outcome, turn: Turn, reply: Reply | None, stop: Halt | None
+    ) -> TurnResult:
+        rejections = tuple(self.rejections)
         audit = AuditRecord(
             turn.turn_ref,
             outcome,
@@ -181,10 +314,9 @@ class Drive(Runner):
             tuple(self.records),
             tuple(self.attempts),
             stop,
+            rejections,
         )
-        if self.emit is not None:
-            self.emit(ev.TurnFinished(self.turn_ref, outcome))
-        return TurnResult(outcome, turn, reply, stop, (), audit)
+        return TurnResult(outcome, turn, reply, stop, rejections, audit)
 
 
 def _check_unchanged(step: Step, before: Turn, after: Turn) -> None:

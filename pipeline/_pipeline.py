@@ -1,23 +1,35 @@
 """The pipeline: a frozen record of stages, validated when it is built."""
 
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, NoReturn, final
 
 import attrs
 import trio
 
-from turns import Message, Turn
+from turns import Message, Scope, Turn
 
 from . import events as ev
 from ._budget import Budget, Tokenizer, checked_tokenizer
 from ._drive import Drive
 from ._errors import ConfigError
+from ._groups import single, unwrapped
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
 from ._model import Model
-from ._plan import PreStep, check_arity, compile_pre, normalize_entries
+from ._plan import (
+    PreStep,
+    Step,
+    check_arity,
+    compile_lifecycle,
+    compile_post,
+    compile_pre,
+    normalize_entries,
+)
 from ._result import TurnResult
+from ._seam import Stage, TransformerFactory, compile_transformers
+from ._session import Session, open_session
+from .logs import Log
 
 Compactor = Callable[[tuple[Message, ...], int, Tokenizer], Any]
 """``compact(history, target_tokens, tokenizer) -> history`` (sync or async)."""
@@ -25,6 +37,38 @@ Compactor = Callable[[tuple[Message, ...], int, Tokenizer], Any]
 
 def _pre(entries: Iterable[Any]) -> tuple[Hook | Parallel | Chain, ...]:
     return normalize_entries("pre", entries)
+
+
+def _post(entries: Iterable[Any]) -> tuple[Hook | Parallel | Chain, ...]:
+    return normalize_entries("post", entries)
+
+
+def _session_start(entries: Iterable[Any]) -> tuple[Hook | Parallel | Chain, ...]:
+    return normalize_entries("on_session_start", entries)
+
+
+def _session_end(entries: Iterable[Any]) -> tuple[Hook | Parallel | Chain, ...]:
+    return normalize_entries("on_session_end", entries)
+
+
+def _factories(entries: Iterable[Any]) -> tuple[TransformerFactory, ...]:
+    if isinstance(entries, str | bytes) or not isinstance(entries, Iterable):
+        raise ConfigError(
+            f"transformers must be a list of transformer factories, got {type(entries).__name__}"
+        )
+    return tuple(entries)
+
+
+def _check_bound(_instance: object, attribute: Any, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"Pipeline({attribute.name}=...) must be a whole number >= 0, got {value!r}"
+        )
+
+
+def _check_flag(_instance: object, attribute: Any, value: Any) -> None:
+    if type(value) is not bool:
+        raise ConfigError(f"Pipeline({attribute.name}=...) must be True or False, got {value!r}")
 
 
 def _check_model(_instance: object, _attribute: object, model: Any) -> None:
@@ -66,15 +110,36 @@ class Pipeline:
     Attributes:
         model: The `Model` that answers.
         pre: Ordered pre-message hooks and parallel groups.
+        transformers: Stream-transformer factories; every text chunk passes through them.
+        post: Ordered post-message hooks (guardrails first); ``background=True`` ones run
+            after the commit.
+        on_session_start: ``hook(session_info) -> Cont(scope)``, run when a session opens.
+        on_session_end: ``hook(session_info, reason)``, run whenever a session closes.
         system: The system prompt, used when the turn's context has none.
         budget: Token limits for the rendered request and for injections.
         tokenizer: Counts tokens in text (``str -> int``); defaults to `estimate_tokens`.
         compact: ``(history, target_tokens, tokenizer) -> history``, applied to the
             history before the pre hooks when a budget is set; the log is never rewritten.
+        max_regenerations: How many times post hooks may send the model back; then the
+            outcome is ``"exhausted"``.
+        hold_until_accepted: Hold each attempt's text events until the post hooks accept
+            it, so a stream consumer never sees rejected text.
     """
 
     model: Model = attrs.field(kw_only=True, validator=_check_model)
     pre: tuple[Hook | Parallel | Chain, ...] = attrs.field(kw_only=True, default=(), converter=_pre)
+    transformers: tuple[TransformerFactory, ...] = attrs.field(
+        kw_only=True, default=(), converter=_factories
+    )
+    post: tuple[Hook | Parallel | Chain, ...] = attrs.field(
+        kw_only=True, default=(), converter=_post
+    )
+    on_session_start: tuple[Hook | Parallel | Chain, ...] = attrs.field(
+        kw_only=True, default=(), converter=_session_start
+    )
+    on_session_end: tuple[Hook | Parallel | Chain, ...] = attrs.field(
+        kw_only=True, default=(), converter=_session_end
+    )
     system: str | None = attrs.field(kw_only=True, default=None, validator=_check_system)
     budget: Budget | None = attrs.field(kw_only=True, default=None, validator=_check_budget)
     tokenizer: Tokenizer | None = attrs.field(
@@ -83,6 +148,8 @@ class Pipeline:
     compact: Compactor | None = attrs.field(
         kw_only=True, default=None, validator=_check_callable_or_none
     )
+    max_regenerations: int = attrs.field(kw_only=True, default=2, validator=_check_bound)
+    hold_until_accepted: bool = attrs.field(kw_only=True, default=False, validator=_check_flag)
     _pre_plan: tuple[PreStep, ...] = attrs.field(
         init=False,
         repr=False,
@@ -106,6 +173,47 @@ class Pipeline:
         ),
     )
 
+    _transformers: tuple[Stage, ...] = attrs.field(
+        init=False,
+        repr=False,
+        eq=False,
+        default=attrs.Factory(
+            lambda self: compile_transformers(self.transformers), takes_self=True
+        ),
+    )
+    _post_plans: tuple[tuple[Step, ...], tuple[Step, ...]] = attrs.field(
+        init=False,
+        repr=False,
+        eq=False,
+        default=attrs.Factory(lambda self: compile_post(self.post), takes_self=True),
+    )
+    _start_plan: tuple[Step, ...] = attrs.field(
+        init=False,
+        repr=False,
+        eq=False,
+        default=attrs.Factory(
+            lambda self: compile_lifecycle("session_start", self.on_session_start),
+            takes_self=True,
+        ),
+    )
+    _end_plan: tuple[Step, ...] = attrs.field(
+        init=False,
+        repr=False,
+        eq=False,
+        default=attrs.Factory(
+            lambda self: compile_lifecycle("session_end", self.on_session_end),
+            takes_self=True,
+        ),
+    )
+
+    @property
+    def _post_plan(self) -> tuple[Step, ...]:
+        return self._post_plans[0]
+
+    @property
+    def _background_plan(self) -> tuple[Step, ...]:
+        return self._post_plans[1]
+
     def __attrs_post_init__(self) -> None:
         if self._compact_hook is not None:
             check_arity(
@@ -121,11 +229,11 @@ class Pipeline:
             )
 
     async def run(self, turn: Turn) -> TurnResult:
-        """Run one turn through the pipeline.
+        """Run one turn through the pipeline (no log: nothing is committed).
 
         Returns:
-            The `TurnResult`: ``"completed"`` or ``"halted"`` (``"exhausted"`` once the post
-            stage regenerates).
+            The `TurnResult`: ``"completed"``, ``"halted"`` or ``"exhausted"``. Background
+            post hooks have finished when it returns.
 
         Raises:
             PipelineError: A hook failed, timed out or returned the wrong signal; the budget
@@ -133,10 +241,9 @@ class Pipeline:
                 inside an ExceptionGroup.
         """
         _check_turn(turn)
-        return await _unwrapped(Drive(self, None).run(turn))
+        return await unwrapped(Drive(self, None).run(turn))
 
-    @asynccontextmanager
-    async def stream(self, turn: Turn) -> AsyncIterator["TurnEvents"]:
+    def stream(self, turn: Turn) -> AbstractAsyncContextManager["TurnEvents"]:
         """Run one turn, yielding its events as they happen.
 
         ``async with pipe.stream(turn) as events: async for event in events: ...``; once the
@@ -146,21 +253,45 @@ class Pipeline:
         """
         _check_turn(turn)
         events = TurnEvents()
-        error: BaseException | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(events._drive, Drive(self, events._emit), turn)
-                try:
-                    yield events
-                finally:
-                    nursery.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            error = _single(group)
-        if error is not None:
-            raise error
-        if events._error is not None and not events._raised:
-            events._raised = True
-            raise events._error
+        return stream_turn(Drive(self, events._emit), turn, events)
+
+    def session(
+        self,
+        *,
+        log: Log,
+        conversation_id: str,
+        scope: Scope | None = None,
+        drain_timeout: float = 10.0,
+    ) -> AbstractAsyncContextManager[Session]:
+        """Open a conversation: ``async with pipe.session(log=..., conversation_id=...) as s``.
+
+        The session loads the conversation from `log`, runs ``on_session_start`` hooks, and
+        commits every completed turn. On exit it waits up to `drain_timeout` seconds for
+        background post hooks, then runs ``on_session_end`` hooks, whatever the exit.
+        """
+        return open_session(self, log, conversation_id, scope, drain_timeout)
+
+
+@asynccontextmanager
+async def stream_turn(
+    drive: Drive, turn: Turn, events: "TurnEvents"
+) -> AsyncIterator["TurnEvents"]:
+    """Drive `turn` in a task of its own while the caller iterates `events`."""
+    error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(events._drive, drive, turn)
+            try:
+                yield events
+            finally:
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        error = single(group)
+    if error is not None:
+        raise error
+    if events._error is not None and not events._raised:
+        events._raised = True
+        raise events._error
 
 
 @final
@@ -224,45 +355,12 @@ class TurnEvents:
 
     async def _drive(self, drive: Drive, turn: Turn) -> None:
         try:
-            self._result = await _unwrapped(drive.run(turn))
+            self._result = await unwrapped(drive.run(turn))
         except Exception as exc:  # delivered to the consumer through the iteration
             self._error = exc
         finally:
             self._done = True
             self._lot.unpark_all()
-
-
-async def _unwrapped(run: Any) -> TurnResult:
-    """Await `run`, raising what an ExceptionGroup from it carries, never the group."""
-    try:
-        result: TurnResult = await run
-    except BaseExceptionGroup as group:
-        error = _single(group)
-        raise error from error.__cause__
-    return result
-
-
-def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The exception to raise for `group`: its one real failure (others attached as notes),
-    or, when it holds only cancellations, one `trio.Cancelled` for the caller's scope."""
-    leaves = _leaves(group)
-    failures = [exc for exc in leaves if not isinstance(exc, trio.Cancelled)]
-    if not failures:
-        return leaves[0]
-    first = failures[0]
-    for other in failures[1:]:
-        first.add_note(f"also failed: {type(other).__name__}: {other}")
-    return first
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Sequence[BaseException]:
-    leaves: list[BaseException] = []
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            leaves.extend(_leaves(exc))
-        else:
-            leaves.append(exc)
-    return leaves
 
 
 def _check_turn(turn: object) -> None:

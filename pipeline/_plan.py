@@ -81,10 +81,19 @@ def compile_pre(entries: tuple[Hook | Parallel | Chain, ...]) -> tuple[PreStep, 
 
 
 def _flatten(
-    entry: Hook | Parallel | Chain, position: str, prefix: str, out: list[PreStep]
+    entry: Hook | Parallel | Chain,
+    position: str,
+    prefix: str,
+    out: list[PreStep],
+    stage: str = "pre",
 ) -> None:
     if isinstance(entry, Hook):
-        out.append(_pre_step(entry, prefix + entry.name, position))
+        if stage == "pre":
+            out.append(_pre_step(entry, prefix + entry.name, position))
+        else:
+            step = Step(entry, prefix + entry.name, stage, position)
+            check_arity(entry, f"hook {step.label}", "turn", 1)
+            out.append(step)
     elif isinstance(entry, Parallel):
         members = tuple(
             _pre_step(member, prefix + member.name, f"{position}.{index}")
@@ -93,7 +102,11 @@ def _flatten(
         out.append(Group(members, prefix + entry.name, "pre", position))
     else:
         for index, member in enumerate(entry.members, 1):
-            _flatten(member, f"{position}.{index}", f"{prefix}{entry.name}.", out)
+            if stage != "pre" and isinstance(member, Parallel):
+                raise ConfigError(
+                    f"{stage}, position {position}.{index}: parallel groups belong in pre"
+                )
+            _flatten(member, f"{position}.{index}", f"{prefix}{entry.name}.", out, stage)
 
 
 def check_arity(hook: Hook, label: str, arguments: str, count: int) -> None:
@@ -129,3 +142,63 @@ def _pre_step(hook: Hook, name: str, position: str) -> Step:
             " turn is committed; a pre hook must finish before the model is called"
         )
     return step
+
+
+def compile_post(
+    entries: tuple[Hook | Parallel | Chain, ...],
+) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
+    """Flatten the post list into its ordered steps and its background steps."""
+    ordered: list[PreStep] = []
+    background: list[Step] = []
+    for position, entry in enumerate(entries, 1):
+        if isinstance(entry, Parallel):
+            raise ConfigError(
+                f"post, position {position}: parallel groups belong in pre; post hooks judge"
+                " one reply in order (guardrails before side effects)"
+            )
+        if isinstance(entry, Hook) and entry.background:
+            step = Step(entry, entry.name, "post", str(position))
+            check_arity(entry, f"hook {step.label}", "turn", 1)
+            _check_post(step, chained=False)
+            background.append(step)
+            continue
+        _flatten(entry, str(position), "", ordered, "post")
+    steps: list[Step] = []
+    for entry_step in ordered:
+        assert isinstance(entry_step, Step)
+        _check_post(entry_step, chained=True)
+        steps.append(entry_step)
+    return tuple(steps), tuple(background)
+
+
+def _check_post(step: Step, *, chained: bool) -> None:
+    if step.hook.background and chained:
+        raise ConfigError(
+            f"hook {step.label}: background=True inside a chain; a background hook runs on its"
+            " own after the commit — place it directly in the post list"
+        )
+    if step.hook.match is not None:
+        raise ConfigError(
+            f"hook {step.label}: match= is for tool hooks (before_tool, after_tool); use when="
+            " to run a post hook conditionally"
+        )
+
+
+def compile_lifecycle(stage: str, entries: tuple[Hook | Parallel | Chain, ...]) -> tuple[Step, ...]:
+    """The session hooks of `stage` (``"session_start"`` or ``"session_end"``) as steps."""
+    arguments = "session_info" if stage == "session_start" else "session_info, reason"
+    steps: list[Step] = []
+    for position, entry in enumerate(entries, 1):
+        if not isinstance(entry, Hook):
+            raise ConfigError(
+                f"on_{stage}, position {position}: expected a hook function, got"
+                f" {type(entry).__name__}; groups and chains run per turn, not per session"
+            )
+        step = Step(entry, entry.name, stage, str(position))
+        check_arity(entry, f"hook {step.label}", arguments, arguments.count(",") + 1)
+        if entry.background or entry.match is not None or entry.when is not None:
+            raise ConfigError(
+                f"hook {step.label}: background=, match= and when= do not apply to session hooks"
+            )
+        steps.append(step)
+    return tuple(steps)

@@ -1,7 +1,8 @@
 """Stage 4: the request the model is sent, checked locally, and the streamed reply."""
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from turns import Message, Part, Reply, Text, ToolCall, ToolSpec, Turn, render
 
@@ -17,15 +18,18 @@ from ._errors import (
 )
 from ._model import ModelFinish, ModelRequest, ModelText, ModelToolCall
 from ._runner import Runner, describe, exc_text
+from ._seam import Seam
 
 _CHOICE_KEYWORDS = frozenset(("auto", "none", "required"))
 
 
-def build_request(runner: Runner, turn: Turn) -> ModelRequest:
+def build_request(runner: Runner, turn: Turn, extra: tuple[Message, ...] = ()) -> ModelRequest:
     """Render the turn and check the request before any provider sees it.
 
     The tools sent are the turn's tools at the start of the turn, narrowed by
-    ``active_tools``: tools are fixed per pipeline, and a hook can only narrow them.
+    ``active_tools``: tools are fixed per pipeline, and a hook can only narrow them. `extra`
+    holds the transient messages of a regeneration (rejected replies and their feedback),
+    sent after the user message.
     """
     options = turn.request
     allowed = frozenset(runner.tools)
@@ -35,7 +39,7 @@ def build_request(runner: Runner, turn: Turn) -> ModelRequest:
     choice = options.tool_choice
     if choice is not None:
         _check_choice(choice, [spec.name for spec in tools])
-    messages = render(turn)
+    messages = render(turn) + extra
     budget = runner.pipe.budget
     if budget is not None:
         count = runner.pipe._count
@@ -68,12 +72,23 @@ def _check_choice(choice: object, names: list[str]) -> None:
         )
 
 
-async def stream_reply(runner: Runner, request: ModelRequest, attempt: int) -> Reply:
-    """Call the model and assemble its reply; every model failure is a `ProviderError`."""
+async def stream_reply(
+    runner: Runner, request: ModelRequest, attempt: int, held: list[ev.Event] | None = None
+) -> Reply:
+    """Call the model and assemble its reply; every model failure is a `ProviderError`.
+
+    Every text chunk passes through the stream transformers (a fresh instance of each per
+    attempt) before anyone sees it: the events, the reply, and so the log and the audit
+    record. With `held`, the attempt's text events are collected there instead of emitted,
+    for the caller to release once the reply is accepted.
+    """
     emit = runner.emit
+    deliver = held.append if held is not None and emit is not None else emit
     if emit is not None:
         emit(ev.ModelCalled(runner.turn_ref, attempt, 1))
-    model = runner.pipe.model
+    pipe = runner.pipe
+    model = pipe.model
+    seam = Seam(pipe._transformers) if pipe._transformers else None
     chunks: list[str] = []
     calls: list[ToolCall] = []
     finish: ModelFinish | None = None
@@ -83,9 +98,12 @@ async def stream_reply(runner: Runner, request: ModelRequest, attempt: int) -> R
                 kind = type(event)
                 if kind is ModelText and type(event.text) is str:  # type: ignore[union-attr]
                     text = event.text  # type: ignore[union-attr]
-                    chunks.append(text)
-                    if emit is not None and text:
-                        emit(ev.TextDelta(runner.turn_ref, text, attempt))
+                    if seam is not None:
+                        text = seam.feed(text)
+                    if text:
+                        chunks.append(text)
+                        if deliver is not None:
+                            deliver(ev.TextDelta(runner.turn_ref, text, attempt))
                 elif kind is ModelToolCall and type(event.call) is ToolCall:  # type: ignore[union-attr]
                     calls.append(event.call)  # type: ignore[union-attr]
                 elif kind is ModelFinish:
@@ -107,13 +125,25 @@ async def stream_reply(runner: Runner, request: ModelRequest, attempt: int) -> R
             f"model {model!r} ended its stream without a ModelFinish: the response is truncated",
             provider=_model_name(model),
         )
+    annotations: Mapping[str, Any] = {}
+    if seam is not None:
+        tail = seam.flush()
+        if tail:
+            chunks.append(tail)
+            if deliver is not None:
+                deliver(ev.TextDelta(runner.turn_ref, tail, attempt))
+        annotations = seam.annotations()
     text = "".join(chunks)
     parts: tuple[Part, ...] = (Text(text), *calls) if text or not calls else tuple(calls)
     message = Message("assistant", parts)
-    reply = Reply(message, (message,), attempt, finish.reason, finish.usage)
+    reply = (
+        Reply(message, (message,), attempt, finish.reason, finish.usage, annotations)
+        if annotations
+        else Reply(message, (message,), attempt, finish.reason, finish.usage)
+    )
     runner.attempts.append(AttemptRecord(attempt, 1, text, finish.reason, finish.usage))
-    if emit is not None:
-        emit(ev.ReplyReady(runner.turn_ref, reply))
+    if deliver is not None:
+        deliver(ev.ReplyReady(runner.turn_ref, reply))
     return reply
 
 

@@ -4,29 +4,12 @@ from typing import final
 
 import attrs
 
-from turns import Reply, Turn
+from turns import Message, Reply, Turn
 
-from ._audit import AuditRecord
+from ._audit import AuditRecord, Rejection
+from ._commit import log_messages
 from ._signals import Halt
 from .events import Outcome
-
-
-@final
-@attrs.frozen
-class Rejection:
-    """An attempt a post hook rejected.
-
-    Attributes:
-        attempt: The rejected attempt's number.
-        hook: The rejecting hook.
-        feedback: What the hook told the model.
-        text: The rejected reply's text.
-    """
-
-    attempt: int
-    hook: str
-    feedback: str
-    text: str
 
 
 @final
@@ -50,3 +33,13 @@ class TurnResult:
     halt: Halt | None
     rejections: tuple[Rejection, ...]
     audit: AuditRecord
+
+    @property
+    def log_messages(self) -> tuple[Message, ...]:
+        """What a log receives for this turn: nothing unless it completed (DESIGN §5).
+
+        The durable pre-stage injections as they were sent, the user message, the accepted
+        reply's messages, the durable post-stage injections; each injected part names its
+        hook in ``meta["injected_by"]``.
+        """
+        return log_messages(self.turn) if self.outcome == "completed" else ()

@@ -6,16 +6,16 @@ on it. `emit` is None when nobody listens, and then no event object is built.
 """
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 import trio
 
-from turns import Injection, Message, Part, Text, ToolCall, ToolResult, Turn
+from turns import Injection, Message, Part, Stage, Text, ToolCall, ToolResult, Turn
 
 from . import events as ev
-from ._audit import AttemptRecord, HookRecord
+from ._audit import AttemptRecord, HookRecord, Rejection
 from ._budget import parts_tokens
 from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
 from ._plan import Step
@@ -23,8 +23,10 @@ from ._signals import Ask, Block, Cont, Halt, Regenerate, check_halt_reply
 
 if TYPE_CHECKING:
     from ._pipeline import Pipeline
+    from ._result import TurnResult
 
 Emit: TypeAlias = Callable[[ev.Event], None]
+Commit: TypeAlias = Callable[["TurnResult"], Awaitable[tuple[str, tuple[Message, ...]]]]
 
 PART_TYPES = (Text, ToolCall, ToolResult)
 
@@ -34,12 +36,15 @@ class Runner:
 
     __slots__ = (
         "attempts",
+        "commit",
         "emit",
         "injected_tokens",
         "now",
         "pipe",
         "records",
+        "rejections",
         "sizes",
+        "spawn",
         "tools",
         "turn_ref",
     )
@@ -49,6 +54,10 @@ class Runner:
         self.emit = emit
         self.records: list[HookRecord] = []
         self.attempts: list[AttemptRecord] = []
+        self.rejections: list[Rejection] = []
+        # Set by a session: how a completed turn is committed, and where background hooks go.
+        self.commit: Commit | None = None
+        self.spawn: Callable[[Turn], None] | None = None
         self.injected_tokens = 0
         # Token size of every injection on the turn, by identity, so that an injection a later
         # hook removes or rewrites is taken off the running total.
@@ -171,7 +180,13 @@ class Runner:
         records: list[HookRecord] | None = None,
     ) -> None:
         """Record what a shadow hook decided; nothing of it is enforced."""
-        reason = outcome.reason if type(outcome) is Halt else None
+        reason = (
+            outcome.reason
+            if type(outcome) is Halt
+            else outcome.feedback
+            if type(outcome) is Regenerate
+            else None
+        )
         (self.records if records is None else records).append(
             HookRecord(step.name, step.stage, step.position, elapsed, verdict, True, reason)
         )
@@ -216,6 +231,7 @@ class Runner:
         rewrote in place (same position, same source) keeps its stamp.
         """
         old = before.injections
+        stage: Stage = "post" if step.stage == "post" else "pre"
         known = {id(injection) for injection in old}
         fresh: list[Injection] = []
         stamped: list[Injection] = []
@@ -231,12 +247,26 @@ class Runner:
             ):
                 injection = attrs.evolve(injection, durable=origin.durable, stage=origin.stage)
             else:
-                injection = Injection(injection.parts, step.name, step.hook.durable, "pre")
+                injection = Injection(injection.parts, step.name, step.hook.durable, stage)
             fresh.append(injection)
             stamped.append(injection)
         kept = {id(injection) for injection in stamped}
         gone = [injection for injection in old if id(injection) not in kept]
-        self.charge(step, fresh, gone)
+        if stage == "pre":
+            self.charge(step, fresh, gone)
+        elif self.emit is not None:
+            # Post-stage content is never sent to the model: no budget, only the events.
+            for injection in fresh:
+                self.emit(
+                    ev.Injected(
+                        self.turn_ref,
+                        step.name,
+                        injection.parts,
+                        injection.durable,
+                        parts_tokens(injection.parts, self.pipe._count),
+                        "post",
+                    )
+                )
         return attrs.evolve(after, injections=tuple(stamped))
 
     def charge(

@@ -8,9 +8,11 @@ from typing import Literal, TypeAlias, final
 
 import attrs
 
-from turns import Part, Reply
+from turns import Message, Part, Reply
 
 __all__ = [
+    "AttemptRejected",
+    "Committed",
     "Event",
     "Halted",
     "HookFailed",
@@ -179,6 +181,39 @@ class ReplyReady(Event):
     """The model's reply for an attempt is complete."""
 
     reply: Reply
+
+
+@final
+@attrs.frozen
+class AttemptRejected(Event):
+    """A post hook rejected an attempt; its text must be discarded.
+
+    With ``hold_until_accepted=False`` (the default) the attempt's `TextDelta` events were
+    already delivered: a consumer drops those carrying this `attempt`.
+
+    Attributes:
+        attempt: The rejected attempt.
+        hook: The rejecting hook.
+        feedback: What the model is told before it tries again.
+    """
+
+    attempt: int
+    hook: str
+    feedback: str
+
+
+@final
+@attrs.frozen
+class Committed(Event):
+    """The turn's durable messages were appended to the conversation log.
+
+    Attributes:
+        conversation_id: The conversation.
+        messages: What the log received, in order.
+    """
+
+    conversation_id: str
+    messages: tuple[Message, ...]
 
 
 @final

@@ -7,7 +7,7 @@ on it. Nothing here does I/O. Serialization lives in `turns.serde`.
 from ._context import Context, RequestOptions, Scope, ToolSpec
 from ._message import Message, Role
 from ._parts import Part, Text, ToolCall, ToolResult
-from ._render import render
+from ._render import render, split_injections
 from ._turn import Injection, Reply, Stage, Turn, Usage
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Turn",
     "Usage",
     "render",
+    "split_injections",
 ]
 
 for _name in __all__:

@@ -1,0 +1,99 @@
+"""Background post hooks: run after the commit, never delaying or failing the turn.
+
+A background hook (``hook(..., background=True)``) sees the committed turn. What it returns
+cannot change the turn any more: its durable injections are committed on their own by a
+session; a failure, a timeout or a wrong return is recorded (a `HookFailed` event with
+``enforced=False`` and an audit entry), never raised — the turn it follows already stands.
+"""
+
+from collections.abc import Sequence
+
+import trio
+
+from turns import Injection, Turn
+
+from . import events as ev
+from ._audit import HookRecord
+from ._budget import parts_tokens
+from ._plan import Step
+from ._runner import Runner, exc_text
+from ._signals import Cont
+
+
+async def run_background(
+    runner: Runner, step: Step, turn: Turn, records: list[HookRecord]
+) -> tuple[Injection, ...]:
+    """Run one background hook; its new injections, stamped, or () when it failed."""
+    emit = runner.emit
+    if emit is not None:
+        emit(ev.HookStarted(runner.turn_ref, step.name, step.stage))
+    started = runner.now()
+    try:
+        hook = step.hook
+        if hook.when is not None and not hook.when(turn):
+            records.append(HookRecord(step.name, step.stage, step.position, 0.0, "skipped"))
+            if emit is not None:
+                emit(ev.HookSkipped(runner.turn_ref, step.name, step.stage))
+            return ()
+        result = await runner.call(step, turn, threaded=True)
+        if type(result) is not Cont or type(result.value) is not Turn:
+            raise runner.wrong_return(
+                step,
+                result,
+                "Cont(turn) — a background hook runs after the commit, so it cannot halt or"
+                " regenerate",
+                group=False,
+            )
+    except Exception as exc:
+        detail = exc_text(exc.__cause__ if exc.__cause__ is not None else exc)
+        records.append(
+            HookRecord(
+                step.name,
+                step.stage,
+                step.position,
+                runner.now() - started,
+                "failed",
+                False,
+                detail,
+            )
+        )
+        if emit is not None:
+            emit(ev.HookFailed(runner.turn_ref, step.name, step.stage, detail, False))
+        return ()
+    runner.finished(step, runner.now() - started, "cont", records=records)
+    known = {id(injection) for injection in turn.injections}
+    fresh = tuple(
+        Injection(injection.parts, step.name, step.hook.durable, "post")
+        for injection in result.value.injections
+        if id(injection) not in known
+    )
+    if emit is not None:
+        for injection in fresh:
+            emit(
+                ev.Injected(
+                    runner.turn_ref,
+                    step.name,
+                    injection.parts,
+                    injection.durable,
+                    parts_tokens(injection.parts, runner.pipe._count),
+                    "post",
+                )
+            )
+    return fresh
+
+
+async def run_all_background(runner: Runner, steps: Sequence[Step], turn: Turn) -> None:
+    """Run every background hook concurrently and wait for them (no session to hold them).
+
+    Their records join the turn's audit in declaration order, whatever order they end in.
+    """
+    records: list[list[HookRecord]] = [[] for _ in steps]
+
+    async def one(index: int) -> None:
+        await run_background(runner, steps[index], turn, records[index])
+
+    async with trio.open_nursery() as nursery:
+        for index in range(len(steps)):
+            nursery.start_soon(one, index)
+    for step_records in records:
+        runner.records.extend(step_records)

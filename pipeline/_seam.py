@@ -1,0 +1,213 @@
+"""Stage 6: the stream-transformer seam every text chunk passes through.
+
+A transformer entry is a zero-argument factory; each attempt gets fresh instances, so state
+held for a match that straddles chunks never leaks into the next attempt or turn. The seam is
+synchronous and on the hot path: one call per transformer per chunk, nothing else.
+"""
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, final, runtime_checkable
+
+from ._errors import ConfigError, HookFailed, HookReturnError
+from ._hooks import callable_name
+
+
+@runtime_checkable
+class Transformer(Protocol):
+    """What a transformer factory returns: text in, text out, held text released on flush.
+
+    ``feed(text)`` returns the text that may be released now (possibly ``""`` while it holds
+    a possible match back); ``flush()`` returns everything still held at the end of a model
+    call. An optional ``annotations()`` method reports structured findings, which land in
+    `Reply.annotations` under the transformer's name.
+    """
+
+    def feed(self, text: str) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+TransformerFactory = Callable[[], Transformer]
+"""A zero-argument callable returning a fresh `Transformer`."""
+
+
+@final
+class _PerChunk:
+    __slots__ = ("feed",)
+
+    def __init__(self, fn: Callable[[str], str]) -> None:
+        self.feed = fn
+
+    def flush(self) -> str:
+        return ""
+
+
+@final
+class PerChunk:
+    """The factory `per_chunk` returns: a stateless ``str -> str`` function as a transformer."""
+
+    __slots__ = ("fn", "name")
+
+    def __init__(self, fn: Callable[[str], str], name: str) -> None:
+        self.fn = fn
+        self.name = name
+
+    def __call__(self) -> Transformer:
+        return _PerChunk(self.fn)
+
+    def __repr__(self) -> str:
+        return f"per_chunk({self.name})"
+
+
+def per_chunk(fn: Callable[[str], str], *, name: str | None = None) -> PerChunk:
+    """Adapt a stateless ``str -> str`` function into a transformer factory.
+
+    Each chunk is transformed on its own, so the function must not need to see across chunk
+    boundaries (a pattern that can straddle two chunks needs a stateful transformer such as
+    `hooks.redact`).
+    """
+    if not callable(fn):
+        raise ConfigError(f"per_chunk() needs a function str -> str, got {fn!r}")
+    return PerChunk(fn, name or callable_name(fn))
+
+
+def transformer_name(factory: object) -> str:
+    """The name a transformer's annotations and errors go under: ``.name`` or its function's."""
+    name = getattr(factory, "name", None)
+    return name if isinstance(name, str) and name else callable_name(factory)
+
+
+@final
+class Stage:
+    """One transformer factory as the pipeline runs it."""
+
+    __slots__ = ("factory", "label", "name")
+
+    def __init__(self, factory: TransformerFactory, name: str, position: int) -> None:
+        self.factory = factory
+        self.name = name
+        self.label = f"{name!r} (transformers, position {position})"
+
+
+def compile_transformers(entries: Iterable[Any]) -> tuple[Stage, ...]:
+    """Check every transformer factory once, when the pipeline is built.
+
+    The factory is called twice: it must return an object with ``feed`` and ``flush``, and a
+    fresh one each time (a shared instance would carry held text from one turn into another).
+    """
+    stages: list[Stage] = []
+    for position, factory in enumerate(entries, 1):
+        if not callable(factory) or isinstance(factory, Transformer):
+            hint = (
+                " — pass a factory that builds one, e.g. `lambda: MyTransformer()`"
+                if isinstance(factory, Transformer)
+                else ""
+            )
+            raise ConfigError(
+                f"transformers, position {position}: expected a zero-argument factory returning"
+                f" an object with feed(text) and flush(), got {type(factory).__name__}"
+                f" {factory!r}{hint}"
+            )
+        name = transformer_name(factory)
+        stage = Stage(factory, name, position)
+        try:
+            first, second = factory(), factory()
+        except Exception as exc:
+            raise ConfigError(
+                f"transformer {stage.label}: calling the factory raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(first, Transformer):
+            raise ConfigError(
+                f"transformer {stage.label}: the factory returned {type(first).__name__}"
+                f" {first!r}, which lacks feed(text) -> str and flush() -> str"
+            )
+        if first is second:
+            raise ConfigError(
+                f"transformer {stage.label}: the factory returned the same object twice; each"
+                " attempt needs a fresh instance (held text must not cross turns) — return a"
+                " new object on every call"
+            )
+        annotations = getattr(first, "annotations", None)
+        if annotations is not None and not callable(annotations):
+            raise ConfigError(f"transformer {stage.label}: annotations must be a method")
+        stages.append(stage)
+    return tuple(stages)
+
+
+@final
+class Seam:
+    """One attempt's transformer instances, chained in order."""
+
+    __slots__ = ("_feeds", "_instances", "_stages")
+
+    def __init__(self, stages: tuple[Stage, ...]) -> None:
+        self._stages = stages
+        self._instances = [stage.factory() for stage in stages]
+        self._feeds = [instance.feed for instance in self._instances]
+
+    def feed(self, text: str) -> str:
+        """Pass a chunk through every transformer; ``""`` when they hold it back."""
+        index = 0
+        try:
+            for feed in self._feeds:
+                text = feed(text)
+                if type(text) is not str:
+                    raise self._wrong(index, "feed()", text)
+                if not text:
+                    return text
+                index += 1
+        except (HookFailed, HookReturnError):
+            raise
+        except Exception as exc:
+            raise self._failed(index, "feed()", exc) from exc
+        return text
+
+    def flush(self) -> str:
+        """Release everything held, each transformer's tail fed through the ones after it."""
+        text = ""
+        for index, instance in enumerate(self._instances):
+            try:
+                if text:
+                    text = instance.feed(text)
+                    if type(text) is not str:
+                        raise self._wrong(index, "feed()", text)
+                tail = instance.flush()
+            except (HookFailed, HookReturnError):
+                raise
+            except Exception as exc:
+                raise self._failed(index, "flush()", exc) from exc
+            if type(tail) is not str:
+                raise self._wrong(index, "flush()", tail)
+            text += tail
+        return text
+
+    def annotations(self) -> Mapping[str, Any]:
+        """What the transformers reported, by transformer name (only those that report)."""
+        found: dict[str, Any] = {}
+        for stage, instance in zip(self._stages, self._instances, strict=True):
+            report = getattr(instance, "annotations", None)
+            if report is None:
+                continue
+            try:
+                found[stage.name] = report()
+            except Exception as exc:
+                raise self._failed(self._stages.index(stage), "annotations()", exc) from exc
+        return found
+
+    def _wrong(self, index: int, method: str, value: object) -> HookReturnError:
+        stage = self._stages[index]
+        return HookReturnError(
+            f"expected transformer {stage.label} to return str from {method}, got"
+            f" {type(value).__name__} {value!r:.80}",
+            hook=stage.name,
+            stage="transformers",
+        )
+
+    def _failed(self, index: int, method: str, exc: Exception) -> HookFailed:
+        stage = self._stages[index]
+        return HookFailed(
+            f"transformer {stage.label} raised {type(exc).__name__}: {exc} in {method}; the"
+            " turn stops, since its text cannot be released untransformed",
+            hook=stage.name,
+            stage="transformers",
+        )

@@ -1,0 +1,323 @@
+"""Sessions: one conversation, its log, its lifecycle hooks and its background work."""
+
+import math
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Literal, TypeAlias, final
+
+import attrs
+import trio
+
+from turns import Context, Message, Scope, Turn
+
+from . import events as ev
+from ._background import run_background
+from ._commit import injection_messages
+from ._drive import Drive
+from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
+from ._groups import only_cancelled, single, unwrapped
+from ._plan import Step
+from ._result import TurnResult
+from ._runner import Emit, Runner, describe, exc_text
+from ._signals import Cont
+from .logs import Log
+
+if TYPE_CHECKING:
+    from ._pipeline import Pipeline, TurnEvents
+
+Reason: TypeAlias = Literal["closed", "error", "cancelled"]
+
+
+@final
+@attrs.frozen
+class SessionInfo:
+    """What session hooks are told about their session.
+
+    Attributes:
+        conversation_id: The conversation.
+        scope: The session's scope (as enriched by the start hooks so far).
+        turns: How many turns were sent in this session.
+    """
+
+    conversation_id: str
+    scope: Scope
+    turns: int = 0
+
+
+@final
+class Session:
+    """One open conversation. Get one from `Pipeline.session`; do not build it directly.
+
+    Turns run one at a time; each completed turn is committed to the log before the next
+    starts. Background post hooks run in the session's nursery, and their durable output is
+    committed when they finish.
+    """
+
+    def __init__(
+        self,
+        pipe: "Pipeline",
+        log: Log,
+        conversation_id: str,
+        scope: Scope,
+        context: Context,
+        nursery: trio.Nursery,
+    ) -> None:
+        self._pipe = pipe
+        self._log = log
+        self._conversation_id = conversation_id
+        self._scope = scope
+        self._context = context
+        # The length the log holds as far as this session knows: its own commits included,
+        # so a commit by anyone else since the load is a LogConflict.
+        self._length = len(context.messages)
+        self._turns = 0
+        self._nursery = nursery
+        self._lock = trio.Lock()
+        self._running = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._events: list[ev.Event] = []
+
+    def __repr__(self) -> str:
+        return f"<Session {self._conversation_id!r}, {self._turns} turns>"
+
+    @property
+    def info(self) -> SessionInfo:
+        """The conversation id, the scope and the number of turns sent."""
+        return SessionInfo(self._conversation_id, self._scope, self._turns)
+
+    @property
+    def context(self) -> Context:
+        """The conversation as the next turn will see it (history from the log)."""
+        return self._context
+
+    @property
+    def events(self) -> tuple[ev.Event, ...]:
+        """Events from outside any turn: background hooks and session hooks, in order."""
+        return tuple(self._events)
+
+    async def send(self, message: str | Message) -> TurnResult:
+        """Run one turn on the conversation so far and commit it when it completes."""
+        async with self._lock:
+            drive = self._drive(None)
+            return await self._guard(unwrapped(drive.run(self._turn(message))))
+
+    @asynccontextmanager
+    async def stream(self, message: str | Message) -> AsyncIterator["TurnEvents"]:
+        """`send`, streamed: ``async with session.stream(text) as events``."""
+        from ._pipeline import TurnEvents, stream_turn
+
+        async with self._lock:
+            events = TurnEvents()
+            turn = self._turn(message)
+            try:
+                async with stream_turn(self._drive(events._emit), turn, events) as stream:
+                    yield stream
+            except LogConflict:
+                await self._reload()
+                raise
+
+    # -- turns --------------------------------------------------------------------------------
+
+    def _turn(self, message: str | Message) -> Turn:
+        self._turns += 1
+        return Turn.start(message, context=self._context, scope=self._scope)
+
+    def _drive(self, emit: Emit | None) -> Drive:
+        drive = Drive(self._pipe, emit)
+        drive.commit = self._commit
+        drive.spawn = self._spawn
+        return drive
+
+    async def _guard(self, run: Awaitable[TurnResult]) -> TurnResult:
+        try:
+            result = await run
+        except LogConflict:
+            await self._reload()
+            raise
+        return result
+
+    async def _commit(self, result: TurnResult) -> tuple[str, tuple[Message, ...]]:
+        messages = result.log_messages
+        await self._append(result.turn.turn_ref, messages, result)
+        return self._conversation_id, messages
+
+    async def _append(
+        self, turn_ref: str, messages: tuple[Message, ...], result: TurnResult | None
+    ) -> None:
+        await self._log.append(
+            self._conversation_id,
+            turn_ref,
+            messages,
+            result.audit if result is not None else None,
+            expected_length=self._length,
+        )
+        # No checkpoint between the append and this bookkeeping: they stay in step.
+        self._length += len(messages)
+        self._context = attrs.evolve(self._context, messages=(*self._context.messages, *messages))
+
+    async def _reload(self) -> None:
+        self._context = await self._log.load(self._conversation_id)
+        self._length = len(self._context.messages)
+
+    # -- background hooks ---------------------------------------------------------------------
+
+    def _spawn(self, turn: Turn) -> None:
+        for step in self._pipe._background_plan:
+            self._running += 1
+            self._idle = trio.Event() if self._idle.is_set() else self._idle
+            self._nursery.start_soon(self._background, step, turn)
+
+    async def _background(self, step: Step, turn: Turn) -> None:
+        try:
+            runner = _runner(self._pipe, self._events.append, turn.turn_ref)
+            fresh = await run_background(runner, step, turn, [])
+            messages = injection_messages(fresh)
+            if messages:
+                try:
+                    async with self._lock:
+                        await self._append(f"{turn.turn_ref}:{step.name}", messages, None)
+                except Exception as exc:
+                    self._events.append(
+                        ev.HookFailed(
+                            turn.turn_ref,
+                            step.name,
+                            step.stage,
+                            f"committing its output failed: {exc_text(exc)}",
+                            False,
+                        )
+                    )
+        finally:
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
+
+    async def _drain(self, timeout: float) -> None:
+        """Wait up to `timeout` for background hooks; cancel and report what is left."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(timeout):
+                await self._idle.wait()
+        if self._running:
+            self._events.append(
+                ev.HookFailed(
+                    "",
+                    "background",
+                    "post",
+                    f"{self._running} background hook(s) did not finish within the drain"
+                    f" timeout of {timeout} s and were cancelled",
+                    False,
+                )
+            )
+            self._nursery.cancel_scope.cancel()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        runner = _runner(self._pipe, self._events.append, "")
+        for step in self._pipe._start_plan:
+            self._events.append(ev.HookStarted("", step.name, step.stage))
+            started = runner.now()
+            try:
+                result = await runner.call(step, self.info)
+                if type(result) is not Cont or not isinstance(result.value, Scope):
+                    raise HookReturnError(
+                        f"expected hook {step.label} to return Cont(scope), got"
+                        f" {describe(result)} — return cont(info.scope) to leave it as it is",
+                        hook=step.name,
+                        stage=step.stage,
+                    )
+            except Exception as exc:
+                runner.fail(step, exc, runner.now() - started)
+                continue
+            runner.finished(step, runner.now() - started, "cont")
+            self._scope = result.value
+
+    async def _end(self, reason: Reason) -> None:
+        """Run every end hook, shielded from cancellation; failures become events.
+
+        Shielded so that a cancelled session still cleans up; a hook's own ``timeout=``
+        bounds it (give one to any end hook that does I/O).
+        """
+        runner = _runner(self._pipe, self._events.append, "")
+        with trio.CancelScope(shield=True):
+            for step in self._pipe._end_plan:
+                self._events.append(ev.HookStarted("", step.name, step.stage))
+                started = runner.now()
+                try:
+                    await runner.call(step, self.info, reason)
+                except Exception as exc:
+                    error = exc.__cause__ if isinstance(exc, HookFailed) else exc
+                    self._events.append(
+                        ev.HookFailed("", step.name, step.stage, exc_text(error), False)
+                    )
+                    continue
+                runner.finished(step, runner.now() - started, "ok")
+
+
+def _runner(pipe: "Pipeline", emit: Emit, turn_ref: str) -> Runner:
+    runner = Runner(pipe, emit)
+    runner.turn_ref = turn_ref
+    runner.now = trio.current_time
+    return runner
+
+
+def open_session(
+    pipe: "Pipeline",
+    log: Log,
+    conversation_id: str,
+    scope: Scope | None,
+    drain_timeout: float,
+) -> AbstractAsyncContextManager[Session]:
+    """Check the session's arguments now, then open it on ``async with``."""
+    if not isinstance(log, Log):
+        raise ConfigError(
+            f"session(log=...) needs a Log (async load and append), got {type(log).__name__}"
+            " — try pipeline.logs.MemoryLog()"
+        )
+    if not isinstance(conversation_id, str) or not conversation_id:
+        raise ConfigError(
+            f"session(conversation_id=...) must be a non-empty string, got {conversation_id!r}"
+        )
+    if scope is not None and not isinstance(scope, Scope):
+        raise ConfigError(f"session(scope=...) must be a Scope or None, got {scope!r}")
+    if (
+        isinstance(drain_timeout, bool)
+        or not isinstance(drain_timeout, int | float)
+        or not math.isfinite(drain_timeout)
+        or drain_timeout < 0
+    ):
+        raise ConfigError(
+            f"session(drain_timeout=...) must be a number of seconds >= 0, got {drain_timeout!r}"
+        )
+    return _session(pipe, log, conversation_id, scope or Scope(), drain_timeout)
+
+
+@asynccontextmanager
+async def _session(
+    pipe: "Pipeline", log: Log, conversation_id: str, scope: Scope, drain_timeout: float
+) -> AsyncIterator[Session]:
+    context = await log.load(conversation_id)
+    reason: Reason = "error"
+    session: Session | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            session = Session(pipe, log, conversation_id, scope, context, nursery)
+            await session._start()
+            try:
+                yield session
+            except BaseException as exc:
+                reason = "cancelled" if only_cancelled(exc) else "error"
+                raise
+            else:
+                reason = "closed"
+            finally:
+                if reason == "cancelled":
+                    nursery.cancel_scope.cancel()
+                else:
+                    await session._drain(drain_timeout)
+    except BaseExceptionGroup as group:
+        error = single(group)
+        raise error from error.__cause__
+    finally:
+        if session is not None:
+            await session._end(reason)
