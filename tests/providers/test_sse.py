@@ -1,5 +1,7 @@
 """The byte-level SSE decoder (pipeline/providers/_sse.py)."""
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -90,7 +92,7 @@ STREAM = (
 @given(st.sets(st.integers(min_value=1, max_value=len(STREAM) - 1)))
 def test_any_split_of_the_stream_into_reads_gives_the_same_events(cuts: set[int]) -> None:
     bounds = [0, *sorted(cuts), len(STREAM)]
-    reads = [STREAM[start:end] for start, end in zip(bounds, bounds[1:], strict=False)]
+    reads = [STREAM[start:end] for start, end in itertools.pairwise(bounds)]
     assert decode(*reads) == [
         ServerSentEvent("message_start", '{"t":"é😀 \u2028 \u2029"}'),
         ServerSentEvent("message", "[1,\n2]"),
