@@ -142,7 +142,7 @@ class ProtocolServer:
                     await trio.lowlevel.checkpoint()
             else:
                 await stream.send_all(data)
-        if reply.complete and reply.framing == "chunked":
+        if reply.complete and not reply.stall and reply.framing == "chunked":
             await stream.send_all(b"0\r\n\r\n")
         if reply.stall:
             while await stream.receive_some(65536):
