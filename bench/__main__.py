@@ -12,12 +12,13 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from . import dispatch, parallel
+from . import dispatch, parallel, providers
 from ._harness import Row, fmt_time
 
 BENCHMARKS: dict[str, Callable[[bool], Awaitable[list[Row]]]] = {
     "dispatch": dispatch.run,
     "parallel": parallel.run,
+    "providers": providers.run,
 }
 
 

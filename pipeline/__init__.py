@@ -1,8 +1,9 @@
 """The runtime: signals, hooks, the pipeline and its drive loop, models, errors.
 
 Public submodules: `pipeline.events` (what a streamed turn reports), `pipeline.logs`
-(conversation logs) and `pipeline.testing` (offline models). Everything else public is
-importable from here.
+(conversation logs), `pipeline.providers` (real models over HTTP: OpenAI Chat Completions,
+Anthropic Messages, `model_from_string`) and `pipeline.testing` (offline models). Everything
+else public is importable from here.
 """
 
 from ._audit import AttemptRecord, AuditRecord, HookRecord, Rejection

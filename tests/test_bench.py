@@ -20,6 +20,7 @@ def test_bench_quick_runs_every_benchmark() -> None:
     assert done.returncode == 0, done.stderr
     assert "## dispatch" in done.stdout
     assert "## parallel" in done.stdout
+    assert "## providers" in done.stdout
     assert "run(), per hook" in done.stdout
 
 

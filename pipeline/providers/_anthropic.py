@@ -1,0 +1,388 @@
+"""Anthropic Messages: the request body, the stream parser, and the provider."""
+
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, final
+
+import attrs
+import httpx
+
+from turns import Message, Text, ToolCall, ToolResult, Usage
+
+from .._errors import RequestError
+from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
+from ._convert import decode_arguments, load_json, protocol_error, wire_fields
+from ._http import (
+    DEFAULT_TIMEOUT,
+    Endpoint,
+    as_timeout,
+    check_retries,
+    open_model_stream,
+    strip_slash,
+)
+from ._sse import ServerSentEvent
+
+META_KEY = "anthropic"
+"""Meta key holding extra wire fields merged into the block or message (e.g. ``cache_control``)."""
+
+THINKING_KEY = "anthropic_thinking"
+"""`ToolCall.meta` key holding the thinking blocks (signatures included) that preceded the
+call. Anthropic requires them back, unchanged, in the assistant message that made the call."""
+
+API_VERSION = "2023-06-01"
+
+STOP_REASONS: Mapping[str, str] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+"""Anthropic's ``stop_reason`` in the vocabulary of `ModelFinish` (OpenAI's); other values
+(``pause_turn``, future ones) pass through unchanged."""
+
+_CHOICES: Mapping[str, dict[str, Any]] = {
+    "auto": {"type": "auto"},
+    "required": {"type": "any"},
+    "none": {"type": "none"},
+}
+
+
+def build_body(model: str, request: ModelRequest, *, max_tokens: int) -> dict[str, Any]:
+    """The JSON body of a streaming Messages request.
+
+    System messages become the top-level ``system``; tool messages become ``tool_result``
+    blocks in a user message; consecutive messages of one role are merged, so the results of
+    one step sit together in the user message that follows the calls.
+    """
+    system = [m.text for m in request.messages if m.role == "system" and m.text]
+    messages: list[dict[str, Any]] = []
+    for message in request.messages:
+        if message.role == "system":
+            continue
+        role = "assistant" if message.role == "assistant" else "user"
+        blocks = _blocks(message)
+        if not blocks:
+            continue
+        if messages and messages[-1]["role"] == role and set(messages[-1]) == {"role", "content"}:
+            messages[-1]["content"].extend(blocks)
+            messages[-1].update(wire_fields(message.meta, META_KEY))
+        else:
+            messages.append(
+                {"role": role, "content": blocks, **wire_fields(message.meta, META_KEY)}
+            )
+    options = request.options
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": options.max_tokens or max_tokens,
+        "messages": messages,
+        "stream": True,
+    }
+    if system:
+        body["system"] = "\n\n".join(system)
+    if request.tools:
+        body["tools"] = [
+            {
+                "name": spec.name,
+                **({"description": spec.description} if spec.description else {}),
+                "input_schema": dict(spec.parameters),
+            }
+            for spec in request.tools
+        ]
+        if options.tool_choice is not None:
+            body["tool_choice"] = _CHOICES.get(
+                options.tool_choice, {"type": "tool", "name": options.tool_choice}
+            )
+    if options.temperature is not None:
+        body["temperature"] = options.temperature
+    body.update(options.extra)
+    return body
+
+
+def _blocks(message: Message) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if message.role == "assistant":
+        # Thinking blocks go first, as the model produced them before its text and calls.
+        for part in message.parts:
+            if isinstance(part, ToolCall):
+                thinking = part.meta.get(THINKING_KEY)
+                if isinstance(thinking, list | tuple):
+                    blocks.extend(dict(block) for block in thinking)
+    for part in message.parts:
+        if isinstance(part, Text):
+            if part.text:  # the API rejects empty text blocks
+                blocks.append(
+                    {"type": "text", "text": part.text, **wire_fields(part.meta, META_KEY)}
+                )
+        elif isinstance(part, ToolCall):
+            if message.role != "assistant":
+                raise RequestError(
+                    f"a {message.role} message holds tool call {part.name!r}: only assistant"
+                    " messages may call tools — put the call in Message.assistant(...)"
+                )
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": part.id,
+                    "name": part.name,
+                    "input": dict(part.arguments),
+                    **wire_fields(part.meta, META_KEY),
+                }
+            )
+        else:
+            blocks.append(_tool_result(part))
+    return blocks
+
+
+def _tool_result(result: ToolResult) -> dict[str, Any]:
+    block: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": result.call_id,
+        "content": result.content,
+    }
+    if result.is_error:
+        block["is_error"] = True
+    block.update(wire_fields(result.meta, META_KEY))
+    return block
+
+
+@attrs.define
+class _Block:
+    """A content block being assembled."""
+
+    kind: str
+    start: dict[str, Any]
+    pieces: list[str] = attrs.Factory(list)
+    signature: str = ""
+
+
+@final
+class AnthropicStreamParser:
+    """Turns Messages stream events into model events.
+
+    Events are dispatched on the SSE event name (the JSON ``type`` when a server sends no
+    name); ``ping`` and unknown events, blocks and deltas are ignored. Usage is cumulative:
+    later figures replace earlier ones.
+    """
+
+    def __init__(self, provider: str = "anthropic", request_id: str | None = None) -> None:
+        self.provider = provider
+        self.request_id = request_id
+        self._blocks: dict[int, _Block] = {}
+        self._thinking: list[dict[str, Any]] = []
+        self._stop: str | None = None
+        self._input = 0
+        self._output = 0
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """Whether ``message_stop`` has been seen."""
+        return self._done
+
+    def feed(self, event: ServerSentEvent) -> list[ModelEvent]:
+        """The model events of one SSE event."""
+        name = event.event
+        if name == "ping":
+            return []
+        payload = load_json(event.data, provider=self.provider, request_id=self.request_id)
+        if not isinstance(payload, dict):
+            raise protocol_error(
+                self.provider,
+                self.request_id,
+                f"{self.provider} sent a {name!r} event whose data is not a JSON object",
+            )
+        if name == "message":
+            name = str(payload.get("type", ""))
+        if name == "content_block_delta":
+            return self._delta(payload)
+        if name == "content_block_start":
+            return self._start(payload)
+        if name == "content_block_stop":
+            return self._stop_block(payload.get("index"))
+        if name == "message_start":
+            message = payload.get("message")
+            if isinstance(message, dict):
+                self._count(message.get("usage"))
+        elif name == "message_delta":
+            delta = payload.get("delta")
+            if isinstance(delta, dict) and delta.get("stop_reason") is not None:
+                self._stop = str(delta["stop_reason"])
+            self._count(payload.get("usage"))
+        elif name == "message_stop":
+            self._done = True
+            events = [call for index in sorted(self._blocks) for call in self._stop_block(index)]
+            reason = None if self._stop is None else STOP_REASONS.get(self._stop, self._stop)
+            events.append(ModelFinish(reason, Usage(self._input, self._output)))
+            return events
+        elif name == "error":
+            raise self._stream_error(payload.get("error"))
+        return []
+
+    def end(self) -> list[ModelEvent]:
+        """The body ended without ``message_stop``: the stream was truncated."""
+        state = f"stop_reason {self._stop!r}" if self._stop else "no stop_reason"
+        raise protocol_error(
+            self.provider,
+            self.request_id,
+            f"{self.provider} stream ended before message_stop ({state}): the response is"
+            " truncated",
+        )
+
+    def _count(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        if "input_tokens" in usage:
+            self._input = sum(
+                int(usage.get(key) or 0)
+                for key in (
+                    "input_tokens",
+                    "cache_creation_input_tokens",
+                    "cache_read_input_tokens",
+                )
+            )
+        if "output_tokens" in usage:
+            self._output = int(usage.get("output_tokens") or 0)
+
+    def _start(self, payload: dict[str, Any]) -> list[ModelEvent]:
+        index, block = payload.get("index"), payload.get("content_block")
+        if not isinstance(index, int) or not isinstance(block, dict):
+            return []
+        self._blocks[index] = _Block(str(block.get("type")), block)
+        text = block.get("text")
+        return (
+            [ModelText(text)]
+            if block.get("type") == "text" and isinstance(text, str) and text
+            else []
+        )
+
+    def _delta(self, payload: dict[str, Any]) -> list[ModelEvent]:
+        block = self._blocks.get(payload.get("index"))  # type: ignore[arg-type]
+        delta = payload.get("delta")
+        if block is None or not isinstance(delta, dict):
+            return []
+        kind = delta.get("type")
+        if kind == "text_delta":
+            text = delta.get("text")
+            return [ModelText(text)] if isinstance(text, str) and text else []
+        if kind == "input_json_delta":
+            block.pieces.append(str(delta.get("partial_json") or ""))
+        elif kind == "thinking_delta":
+            block.pieces.append(str(delta.get("thinking") or ""))
+        elif kind == "signature_delta":
+            block.signature += str(delta.get("signature") or "")
+        return []
+
+    def _stop_block(self, index: Any) -> list[ModelEvent]:
+        block = self._blocks.pop(index, None) if isinstance(index, int) else None
+        if block is None:
+            return []
+        if block.kind == "thinking":
+            thinking = str(block.start.get("thinking") or "") + "".join(block.pieces)
+            signature = block.signature or str(block.start.get("signature") or "")
+            self._thinking.append(
+                {"type": "thinking", "thinking": thinking, "signature": signature}
+            )
+        elif block.kind == "redacted_thinking":
+            self._thinking.append({"type": "redacted_thinking", "data": block.start.get("data")})
+        elif block.kind == "tool_use":
+            arguments, meta = decode_arguments("".join(block.pieces))
+            if not block.pieces and isinstance(block.start.get("input"), dict):
+                arguments = block.start["input"]  # a server that sends the input whole
+            if self._thinking:
+                meta[THINKING_KEY] = self._thinking
+                self._thinking = []
+            call = ToolCall(
+                str(block.start.get("id")), str(block.start.get("name")), arguments, meta
+            )
+            return [ModelToolCall(call)]
+        return []
+
+    def _stream_error(self, error: Any) -> Exception:
+        if isinstance(error, dict):
+            said = f"{error.get('type')}: {error.get('message')}"
+        else:
+            said = str(error)
+        return protocol_error(
+            self.provider, self.request_id, f"{self.provider} reported an error mid-stream: {said}"
+        )
+
+
+def _check_max_tokens(_instance: object, _attribute: object, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_tokens must be a positive int, got {value!r}")
+
+
+@final
+@attrs.frozen
+class AnthropicMessages:
+    """A model behind the Anthropic Messages API.
+
+    Requests go to ``{base_url}/v1/messages``. The key is read when a request is made:
+    `api_key`, else the environment variable `api_key_env`. It never appears in reprs or
+    errors.
+
+    Attributes:
+        model: The model name sent in each request.
+        base_url: The API root, without the version prefix.
+        api_key: The key, or ``None`` to read `api_key_env`.
+        max_tokens: The output limit when the turn's `RequestOptions` sets none (the API
+            requires one).
+        timeout: Seconds, or an ``httpx.Timeout``; its read timeout is the longest silence
+            allowed between bytes (a total deadline is the caller's trio cancel scope).
+        max_retries: Retries of a failed request before its stream starts.
+        transport: An httpx transport to send requests through; the caller owns it.
+        api_key_env: The environment variable holding the key, or ``None``.
+    """
+
+    model: str
+    base_url: str = attrs.field(
+        default="https://api.anthropic.com", converter=strip_slash, kw_only=True
+    )
+    api_key: str | None = attrs.field(default=None, repr=False, kw_only=True)
+    max_tokens: int = attrs.field(default=1024, validator=_check_max_tokens, kw_only=True)
+    timeout: float | httpx.Timeout = attrs.field(default=DEFAULT_TIMEOUT, hash=False, kw_only=True)
+    max_retries: int = attrs.field(default=2, validator=check_retries, kw_only=True)
+    transport: httpx.AsyncBaseTransport | None = attrs.field(
+        default=None, repr=False, eq=False, kw_only=True
+    )
+    api_key_env: str | None = attrs.field(default="ANTHROPIC_API_KEY", kw_only=True)
+
+    @property
+    def provider(self) -> str:
+        """The provider's name in errors."""
+        return "anthropic"
+
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        """Stream the model's answer to `request` (see `pipeline.Model`)."""
+        body = build_body(self.model, request, max_tokens=self.max_tokens)
+        return open_model_stream(
+            self._endpoint(),
+            body,
+            lambda request_id: AnthropicStreamParser(self.provider, request_id),
+        )
+
+    def _endpoint(self) -> Endpoint:
+        key = self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None)
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+            "anthropic-version": API_VERSION,
+        }
+        if key:
+            headers["x-api-key"] = key
+        where = f"set {self.api_key_env} or " if self.api_key_env else ""
+        return Endpoint(
+            self.provider,
+            f"{self.base_url}/v1/messages",
+            headers,
+            key or None,
+            as_timeout(self.timeout),
+            self.max_retries,
+            self.transport,
+            None if key else f"no API key was sent: {where}pass api_key=",
+        )

@@ -1,0 +1,62 @@
+"""Pure helpers both providers' cores share."""
+
+import json
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from .._errors import ProviderProtocolError
+
+INVALID_ARGUMENTS = "invalid_arguments"
+"""`ToolCall.meta` key set when the model's arguments are not a JSON object: ``{"raw": the
+text the model sent, "error": why it does not decode}``. The call's ``arguments`` is then
+empty; the tool loop answers it with an ``invalid_arguments`` error result."""
+
+
+def decode_arguments(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Decode a tool call's assembled argument text: (arguments, meta to add).
+
+    An empty text means no arguments. Text that is not a JSON object (a model's mistake, or
+    output cut by the token limit) is kept in the meta rather than raised: it is the model's
+    error to correct, not a broken stream.
+    """
+    if not raw.strip():
+        return {}, {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        return {}, {INVALID_ARGUMENTS: {"raw": raw, "error": f"not valid JSON: {exc}"}}
+    if not isinstance(value, dict):
+        error = f"expected a JSON object, got {type(value).__name__}"
+        return {}, {INVALID_ARGUMENTS: {"raw": raw, "error": error}}
+    return value, {}
+
+
+def synthesize_id() -> str:
+    """An id for a tool call the server sent without one (old llama.cpp, old Ollama)."""
+    return f"call_{secrets.token_hex(8)}"
+
+
+def wire_fields(meta: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The extra wire fields stored under `key` in a part's or message's `meta`."""
+    fields = meta.get(key)
+    return dict(fields) if isinstance(fields, Mapping) else {}
+
+
+def load_json(data: str, *, provider: str, request_id: str | None) -> Any:
+    """Decode one event's data; malformed JSON is a `ProviderProtocolError` quoting it."""
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise ProviderProtocolError(
+            f"{provider} sent an event whose data is not valid JSON ({exc}): {data[:200]!r}",
+            provider=provider,
+            request_id=request_id,
+        ) from exc
+
+
+def protocol_error(provider: str, request_id: str | None, message: str) -> ProviderProtocolError:
+    """A `ProviderProtocolError` whose message ends with the request id, when known."""
+    if request_id:
+        message += f" (request id {request_id})"
+    return ProviderProtocolError(message, provider=provider, request_id=request_id)

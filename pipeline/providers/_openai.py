@@ -1,0 +1,377 @@
+"""OpenAI Chat Completions: the request body, the stream parser, and the provider.
+
+The same wire format is spoken by OpenRouter, vLLM, Ollama and llama.cpp's server, with
+small differences the parser tolerates: tool calls delivered whole or in fragments, ids
+repeated or missing, usage in its own chunk or in the finish chunk, error payloads mid-stream.
+"""
+
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal, final
+from urllib.parse import urlsplit
+
+import attrs
+import httpx
+
+from turns import Message, Text, ToolCall, ToolResult, Usage
+
+from .._errors import RequestError
+from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
+from ._convert import (
+    INVALID_ARGUMENTS,
+    decode_arguments,
+    load_json,
+    protocol_error,
+    synthesize_id,
+    wire_fields,
+)
+from ._http import (
+    DEFAULT_TIMEOUT,
+    Endpoint,
+    as_timeout,
+    check_retries,
+    open_model_stream,
+    strip_slash,
+)
+from ._sse import ServerSentEvent
+
+META_KEY = "openai"
+"""Meta key holding extra wire fields: merged into the message or tool call they belong to,
+and filled from unknown fields of streamed tool calls (e.g. a gateway's signatures)."""
+
+MaxTokensField = Literal["max_tokens", "max_completion_tokens"]
+_TOOL_CALL_KEYS = frozenset({"index", "id", "type", "function"})
+_KEYWORD_CHOICES = frozenset({"auto", "none", "required"})
+
+
+def max_tokens_field_for(base_url: str) -> MaxTokensField:
+    """OpenAI itself wants ``max_completion_tokens`` (its reasoning models reject
+    ``max_tokens``); the compatible servers (Ollama, older llama.cpp) only know
+    ``max_tokens``."""
+    host = urlsplit(base_url).hostname or ""
+    return "max_completion_tokens" if host.endswith("api.openai.com") else "max_tokens"
+
+
+def build_body(
+    model: str, request: ModelRequest, *, max_tokens_field: MaxTokensField = "max_tokens"
+) -> dict[str, Any]:
+    """The JSON body of a streaming Chat Completions request."""
+    messages: list[dict[str, Any]] = []
+    for message in request.messages:
+        messages.extend(_messages(message))
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    options = request.options
+    if request.tools:
+        body["tools"] = [
+            _tool(spec.name, spec.description, spec.parameters) for spec in request.tools
+        ]
+        if options.tool_choice is not None:
+            body["tool_choice"] = _tool_choice(options.tool_choice)
+    if options.temperature is not None:
+        body["temperature"] = options.temperature
+    if options.max_tokens is not None:
+        body[max_tokens_field] = options.max_tokens
+    body.update(options.extra)
+    return body
+
+
+def _tool(name: str, description: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": name, "parameters": dict(parameters)}
+    if description:
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: str) -> str | dict[str, Any]:
+    if choice in _KEYWORD_CHOICES:
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+def _messages(message: Message) -> list[dict[str, Any]]:
+    """One message on the wire, or several: each tool result is its own ``tool`` message."""
+    results = [part for part in message.parts if isinstance(part, ToolResult)]
+    tool_messages = [_tool_message(result) for result in results]
+    if message.role == "tool":
+        return tool_messages
+    texts = [part for part in message.parts if isinstance(part, Text)]
+    calls = [part for part in message.parts if isinstance(part, ToolCall)]
+    if calls and message.role != "assistant":
+        raise RequestError(
+            f"a {message.role} message holds tool call {calls[0].name!r}: only assistant"
+            " messages may call tools — put the call in Message.assistant(...)"
+        )
+    wire: dict[str, Any] = {"role": message.role}
+    if message.role == "assistant":
+        text = "".join(part.text for part in texts)
+        if text or not calls:
+            wire["content"] = text
+        if calls:
+            wire["tool_calls"] = [_tool_call(call) for call in calls]
+    elif len(texts) == 1 and not texts[0].meta.get(META_KEY):
+        wire["content"] = texts[0].text
+    else:
+        wire["content"] = [
+            {"type": "text", "text": part.text, **wire_fields(part.meta, META_KEY)}
+            for part in texts
+        ]
+    wire.update(wire_fields(message.meta, META_KEY))
+    if message.role == "assistant" or texts:
+        return [*tool_messages, wire]
+    return tool_messages
+
+
+def _tool_call(call: ToolCall) -> dict[str, Any]:
+    invalid = call.meta.get(INVALID_ARGUMENTS)
+    if isinstance(invalid, Mapping) and isinstance(invalid.get("raw"), str):
+        arguments = invalid["raw"]  # echo what the model said, so its mistake stays visible
+    else:
+        arguments = json.dumps(dict(call.arguments), ensure_ascii=False, separators=(",", ":"))
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments},
+        **wire_fields(call.meta, META_KEY),
+    }
+
+
+def _tool_message(result: ToolResult) -> dict[str, Any]:
+    return {
+        "role": "tool",
+        "tool_call_id": result.call_id,
+        "content": result.content,
+        **wire_fields(result.meta, META_KEY),
+    }
+
+
+@attrs.define
+class _Call:
+    """A streamed tool call being assembled."""
+
+    index: int
+    id: str
+    name: str
+    arguments: list[str] = attrs.Factory(list)
+    extra: dict[str, Any] = attrs.Factory(dict)
+
+
+@final
+class OpenAIStreamParser:
+    """Turns Chat Completions stream chunks into model events.
+
+    Text is passed on as it arrives; tool calls are assembled per index and emitted, decoded,
+    when the finish reason arrives (or at ``[DONE]``); `ModelFinish` comes at ``[DONE]``,
+    after the usage-only chunk. Only choice 0 is read (``n`` > 1 is not supported).
+    """
+
+    def __init__(self, provider: str = "openai", request_id: str | None = None) -> None:
+        self.provider = provider
+        self.request_id = request_id
+        self._calls: dict[int, _Call] = {}
+        self._finish: str | None = None
+        self._usage = Usage()
+        self._said_something = False
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """Whether ``[DONE]`` has been seen."""
+        return self._done
+
+    def feed(self, event: ServerSentEvent) -> list[ModelEvent]:
+        """The model events of one ``data:`` event."""
+        data = event.data
+        if data.startswith("[DONE]"):
+            self._done = True
+            return self._close()
+        chunk = load_json(data, provider=self.provider, request_id=self.request_id)
+        if not isinstance(chunk, dict):
+            raise protocol_error(
+                self.provider,
+                self.request_id,
+                f"{self.provider} sent a chunk that is not a JSON object: {data[:200]!r}",
+            )
+        error = chunk.get("error")
+        if error:
+            raise self._stream_error(error)
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._usage = Usage(
+                int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+            )
+        events: list[ModelEvent] = []
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                content = delta.get("content")
+                if isinstance(content, str) and content:
+                    self._said_something = True
+                    events.append(ModelText(content))
+                for fragment in delta.get("tool_calls") or ():
+                    if isinstance(fragment, dict):
+                        self._add_fragment(fragment)
+            reason = choice.get("finish_reason")
+            if reason is not None:
+                if reason == "error":
+                    raise self._stream_error(error or {"message": "finish_reason 'error'"})
+                self._finish = str(reason)
+                events.extend(self._flush_calls())
+        return events
+
+    def end(self) -> list[ModelEvent]:
+        """The body ended without ``[DONE]``: the stream was truncated."""
+        state = f"finish_reason {self._finish!r}" if self._finish else "no finish_reason"
+        raise protocol_error(
+            self.provider,
+            self.request_id,
+            f"{self.provider} stream ended before [DONE] ({state}): the response is truncated",
+        )
+
+    def _add_fragment(self, fragment: dict[str, Any]) -> None:
+        index = fragment.get("index")
+        call_id = fragment.get("id") or ""
+        function = fragment.get("function")
+        function = function if isinstance(function, dict) else {}
+        if not isinstance(index, int):
+            # Gateways that leave the index out: match by id, else continue the last call.
+            by_id = [c.index for c in self._calls.values() if call_id and c.id == call_id]
+            if by_id:
+                index = by_id[0]
+            elif self._calls and not call_id:
+                index = max(self._calls)
+            else:
+                index = max(self._calls, default=-1) + 1
+        call = self._calls.get(index)
+        if call is None:
+            call = self._calls[index] = _Call(index, call_id, function.get("name") or "")
+        else:
+            # Some gateways repeat id and name on every fragment: keep the first, never append.
+            call.id = call.id or call_id
+            call.name = call.name or function.get("name") or ""
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            call.arguments.append(arguments)
+        elif isinstance(arguments, dict):
+            call.arguments.append(json.dumps(arguments))
+        for key, value in fragment.items():
+            if key not in _TOOL_CALL_KEYS:
+                call.extra[key] = value
+
+    def _flush_calls(self) -> list[ModelEvent]:
+        events: list[ModelEvent] = []
+        for index in sorted(self._calls):
+            call = self._calls[index]
+            arguments, meta = decode_arguments("".join(call.arguments))
+            if call.extra:
+                meta[META_KEY] = call.extra
+            self._said_something = True
+            events.append(
+                ModelToolCall(ToolCall(call.id or synthesize_id(), call.name, arguments, meta))
+            )
+        self._calls.clear()
+        return events
+
+    def _close(self) -> list[ModelEvent]:
+        events = self._flush_calls()
+        if self._finish is None and not self._said_something:
+            raise protocol_error(
+                self.provider,
+                self.request_id,
+                f"{self.provider} sent [DONE] without any content or finish_reason: an empty"
+                " completion (some servers report errors this way, outside the data lines)",
+            )
+        events.append(ModelFinish(self._finish, self._usage))
+        return events
+
+    def _stream_error(self, error: Any) -> Exception:
+        if isinstance(error, dict):
+            kind = error.get("type") or error.get("code")
+            message = error.get("message")
+        else:
+            kind, message = None, error
+        said = f"{kind}: {message}" if kind else str(message)
+        return protocol_error(
+            self.provider, self.request_id, f"{self.provider} reported an error mid-stream: {said}"
+        )
+
+
+@final
+@attrs.frozen
+class OpenAIChat:
+    """A model behind the OpenAI Chat Completions API (OpenAI, OpenRouter, vLLM, Ollama,
+    llama.cpp).
+
+    Requests go to ``{base_url}/chat/completions``; as in the official SDK, `base_url`
+    includes the version prefix. The key is read when a request is made: `api_key`, else the
+    environment variable `api_key_env`; with neither, no ``Authorization`` header is sent
+    (local servers need none). The key never appears in reprs or errors.
+
+    Attributes:
+        model: The model name sent in each request.
+        base_url: The API root, version included.
+        api_key: The key, or ``None`` to read `api_key_env`.
+        timeout: Seconds, or an ``httpx.Timeout``; its read timeout is the longest silence
+            allowed between bytes (a total deadline is the caller's trio cancel scope).
+        max_retries: Retries of a failed request before its stream starts.
+        transport: An httpx transport to send requests through (tests, proxies); the caller
+            owns it.
+        api_key_env: The environment variable holding the key, or ``None``.
+        max_tokens_field: The body field `RequestOptions.max_tokens` goes to; ``None`` picks
+            ``max_completion_tokens`` for api.openai.com and ``max_tokens`` elsewhere.
+    """
+
+    model: str
+    base_url: str = attrs.field(
+        default="https://api.openai.com/v1", converter=strip_slash, kw_only=True
+    )
+    api_key: str | None = attrs.field(default=None, repr=False, kw_only=True)
+    timeout: float | httpx.Timeout = attrs.field(default=DEFAULT_TIMEOUT, hash=False, kw_only=True)
+    max_retries: int = attrs.field(default=2, validator=check_retries, kw_only=True)
+    transport: httpx.AsyncBaseTransport | None = attrs.field(
+        default=None, repr=False, eq=False, kw_only=True
+    )
+    api_key_env: str | None = attrs.field(default="OPENAI_API_KEY", kw_only=True)
+    max_tokens_field: MaxTokensField | None = attrs.field(default=None, kw_only=True)
+
+    @property
+    def provider(self) -> str:
+        """The provider's name in errors."""
+        return "openai"
+
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        """Stream the model's answer to `request` (see `pipeline.Model`)."""
+        field = self.max_tokens_field or max_tokens_field_for(self.base_url)
+        body = build_body(self.model, request, max_tokens_field=field)
+        return open_model_stream(
+            self._endpoint(),
+            body,
+            lambda request_id: OpenAIStreamParser(self.provider, request_id),
+        )
+
+    def _endpoint(self) -> Endpoint:
+        key = self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None)
+        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        where = f"set {self.api_key_env} or " if self.api_key_env else ""
+        return Endpoint(
+            self.provider,
+            f"{self.base_url}/chat/completions",
+            headers,
+            key or None,
+            as_timeout(self.timeout),
+            self.max_retries,
+            self.transport,
+            None if key else f"no API key was sent: {where}pass api_key=",
+        )

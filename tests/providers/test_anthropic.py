@@ -1,0 +1,373 @@
+"""Anthropic Messages: the pure core on recorded payloads, then over a real socket."""
+
+import json
+from typing import Any
+
+import pytest
+
+from pipeline import (
+    ModelFinish,
+    ModelRequest,
+    ModelText,
+    ModelToolCall,
+    Pipeline,
+    ProviderProtocolError,
+)
+from pipeline.providers import AnthropicMessages
+from pipeline.providers._anthropic import AnthropicStreamParser, build_body
+from pipeline.providers._sse import ServerSentEvent
+from turns import Message, RequestOptions, Text, ToolCall, ToolResult, ToolSpec, Turn, Usage
+
+from . import server as wire
+from .server import ProtocolServer
+from .support import KEY, collect
+
+SPEC = ToolSpec("stat_file", "Size of a file.", {"type": "object", "properties": {}})
+THINKING = {"type": "thinking", "thinking": "Look it up.", "signature": "sig=="}
+
+
+def body(*messages: Message, **options: Any) -> dict[str, Any]:
+    request = ModelRequest(messages, (SPEC,), RequestOptions(**options))
+    return build_body("claude-test", request, max_tokens=1024)
+
+
+# --- The request body ---------------------------------------------------------------------------
+
+
+def test_system_messages_become_the_top_level_system() -> None:
+    sent = body(Message.system("Be terse."), Message.user("hi"))
+    assert (sent["system"], [m["role"] for m in sent["messages"]]) == ("Be terse.", ["user"])
+
+
+def test_max_tokens_defaults_to_the_providers_setting() -> None:
+    assert body(Message.user("hi"))["max_tokens"] == 1024
+
+
+def test_the_turns_max_tokens_wins() -> None:
+    assert body(Message.user("hi"), max_tokens=50)["max_tokens"] == 50
+
+
+def test_a_multi_part_user_message_becomes_text_blocks() -> None:
+    assert body(Message.user([Text("a"), Text("b")]))["messages"][0]["content"] == [
+        {"type": "text", "text": "a"},
+        {"type": "text", "text": "b"},
+    ]
+
+
+def test_assistant_tool_calls_become_tool_use_blocks_with_object_input() -> None:
+    call = ToolCall("toolu_1", "stat_file", {"path": "README.md"})
+    assert body(Message.assistant([Text("Checking."), call]))["messages"][0]["content"] == [
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": "toolu_1", "name": "stat_file", "input": {"path": "README.md"}},
+    ]
+
+
+def test_consecutive_tool_results_merge_into_one_user_message_before_its_text() -> None:
+    sent = body(
+        Message.tool(ToolResult("toolu_1", "5120")),
+        Message.tool(ToolResult("toolu_2", "missing", is_error=True)),
+        Message.user("Answer in KB."),
+    )
+    assert sent["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "5120"},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_2",
+                    "content": "missing",
+                    "is_error": True,
+                },
+                {"type": "text", "text": "Answer in KB."},
+            ],
+        }
+    ]
+
+
+def test_empty_text_blocks_are_left_out() -> None:
+    call = ToolCall("t", "stat_file", {})
+    assert [
+        b["type"] for b in body(Message.assistant([Text(""), call]))["messages"][0]["content"]
+    ] == ["tool_use"]
+
+
+def test_thinking_blocks_from_meta_go_first_in_the_assistant_message() -> None:
+    call = ToolCall("t", "stat_file", {}, {"anthropic_thinking": [THINKING]})
+    blocks = body(Message.assistant([Text("Checking."), call]))["messages"][0]["content"]
+    assert [b["type"] for b in blocks] == ["thinking", "text", "tool_use"]
+    assert blocks[0] == THINKING
+
+
+def test_meta_fields_are_merged_into_the_block() -> None:
+    part = Text("long document", {"anthropic": {"cache_control": {"type": "ephemeral"}}})
+    assert body(Message.user([part]))["messages"][0]["content"][0]["cache_control"] == {
+        "type": "ephemeral"
+    }
+
+
+def test_tools_use_input_schema() -> None:
+    assert body(Message.user("hi"))["tools"] == [
+        {
+            "name": "stat_file",
+            "description": "Size of a file.",
+            "input_schema": {"type": "object", "properties": {}},
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("choice", "wire_choice"),
+    [
+        ("auto", {"type": "auto"}),
+        ("required", {"type": "any"}),
+        ("none", {"type": "none"}),
+        ("stat_file", {"type": "tool", "name": "stat_file"}),
+    ],
+)
+def test_tool_choice(choice: str, wire_choice: object) -> None:
+    assert body(Message.user("hi"), tool_choice=choice)["tool_choice"] == wire_choice
+
+
+def test_temperature_and_extra_are_sent() -> None:
+    sent = body(Message.user("hi"), temperature=0.3, extra={"top_k": 5})
+    assert (sent["temperature"], sent["top_k"]) == (0.3, 5)
+
+
+# --- The stream parser --------------------------------------------------------------------------
+
+
+def event(name: str, **payload: Any) -> ServerSentEvent:
+    return ServerSentEvent(name, json.dumps({"type": name, **payload}))
+
+
+START = event(
+    "message_start",
+    message={
+        "id": "msg_1",
+        "usage": {
+            "input_tokens": 400,
+            "cache_creation_input_tokens": 10,
+            "cache_read_input_tokens": 2,
+            "output_tokens": 1,
+        },
+    },
+)
+
+
+def text_delta(index: int, text: str) -> ServerSentEvent:
+    return event("content_block_delta", index=index, delta={"type": "text_delta", "text": text})
+
+
+def json_delta(index: int, fragment: str) -> ServerSentEvent:
+    delta = {"type": "input_json_delta", "partial_json": fragment}
+    return event("content_block_delta", index=index, delta=delta)
+
+
+def stop(reason: str, output: int = 38) -> list[ServerSentEvent]:
+    return [
+        event("message_delta", delta={"stop_reason": reason}, usage={"output_tokens": output}),
+        event("message_stop"),
+    ]
+
+
+def parse(*events: ServerSentEvent, parser: AnthropicStreamParser | None = None) -> list[object]:
+    parser = parser or AnthropicStreamParser()
+    return [item for sse in events for item in parser.feed(sse)]
+
+
+def test_text_then_a_tool_call_then_finish_with_cumulative_usage() -> None:
+    tool = {"type": "tool_use", "id": "toolu_1", "name": "stat_file", "input": {}}
+    events = parse(
+        START,
+        event("content_block_start", index=0, content_block={"type": "text", "text": ""}),
+        ServerSentEvent("ping", '{"type": "ping"}'),
+        text_delta(0, "Check"),
+        text_delta(0, "ing."),
+        event("content_block_stop", index=0),
+        event("content_block_start", index=1, content_block=tool),
+        json_delta(1, ""),
+        json_delta(1, '{"path": "READ'),
+        json_delta(1, 'ME.md"}'),
+        event("content_block_stop", index=1),
+        *stop("tool_use"),
+    )
+    assert events == [
+        ModelText("Check"),
+        ModelText("ing."),
+        ModelToolCall(ToolCall("toolu_1", "stat_file", {"path": "README.md"})),
+        ModelFinish("tool_calls", Usage(412, 38)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "reason"),
+    [
+        ("end_turn", "stop"),
+        ("stop_sequence", "stop"),
+        ("max_tokens", "length"),
+        ("model_context_window_exceeded", "length"),
+        ("tool_use", "tool_calls"),
+        ("refusal", "content_filter"),
+        ("pause_turn", "pause_turn"),
+        ("something_new", "something_new"),
+    ],
+)
+def test_stop_reasons_map_to_the_finish_vocabulary(stop_reason: str, reason: str) -> None:
+    assert parse(START, *stop(stop_reason))[-1] == ModelFinish(reason, Usage(412, 38))
+
+
+def test_unknown_events_blocks_and_deltas_are_ignored() -> None:
+    events = parse(
+        START,
+        event("content_block_start", index=0, content_block={"type": "server_tool_use"}),
+        event("content_block_delta", index=0, delta={"type": "citations_delta"}),
+        event("content_block_stop", index=0),
+        event("brand_new_event", anything=1),
+        *stop("end_turn"),
+    )
+    assert events == [ModelFinish("stop", Usage(412, 38))]
+
+
+def test_an_unnamed_event_is_dispatched_on_its_json_type() -> None:
+    parser = AnthropicStreamParser()
+    parser.feed(ServerSentEvent("message", json.dumps({"type": "message_stop"})))
+    assert parser.done
+
+
+def test_thinking_blocks_with_signatures_ride_on_the_next_tool_call() -> None:
+    thinking = {"type": "thinking", "thinking": "", "signature": ""}
+    tool = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
+    events = parse(
+        START,
+        event("content_block_start", index=0, content_block=thinking),
+        event(
+            "content_block_delta", index=0, delta={"type": "thinking_delta", "thinking": "Look "}
+        ),
+        event(
+            "content_block_delta", index=0, delta={"type": "thinking_delta", "thinking": "it up."}
+        ),
+        event(
+            "content_block_delta", index=0, delta={"type": "signature_delta", "signature": "sig=="}
+        ),
+        event("content_block_stop", index=0),
+        event("content_block_start", index=1, content_block=tool),
+        event("content_block_stop", index=1),
+        *stop("tool_use"),
+    )
+    assert events[0] == ModelToolCall(ToolCall("t", "f", {}, {"anthropic_thinking": [THINKING]}))
+
+
+def test_a_tool_call_cut_by_max_tokens_is_reported_as_a_length_stop() -> None:
+    tool = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
+    events = parse(
+        START,
+        event("content_block_start", index=0, content_block=tool),
+        json_delta(0, '{"path": "RE'),
+        *stop("max_tokens"),
+    )
+    assert events[0].call.meta["invalid_arguments"]["raw"] == '{"path": "RE'  # type: ignore[attr-defined]
+    assert events[-1] == ModelFinish("length", Usage(412, 38))
+
+
+def test_an_error_event_keeps_the_providers_type_and_message() -> None:
+    error = ServerSentEvent(
+        "error",
+        json.dumps(
+            {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+        ),
+    )
+    with pytest.raises(ProviderProtocolError, match="overloaded_error: Overloaded"):
+        parse(START, error)
+
+
+def test_malformed_json_is_a_protocol_error() -> None:
+    with pytest.raises(ProviderProtocolError, match="not valid JSON"):
+        parse(ServerSentEvent("content_block_delta", "{not json"))
+
+
+def test_the_end_of_the_body_before_message_stop_is_a_truncation() -> None:
+    parser = AnthropicStreamParser()
+    parse(START, text_delta(0, "a"), parser=parser)
+    with pytest.raises(ProviderProtocolError, match="before message_stop"):
+        parser.end()
+
+
+# --- Over a real socket ---------------------------------------------------------------------
+
+
+def provider(server: ProtocolServer) -> AnthropicMessages:
+    return AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+
+
+def test_the_key_is_not_in_the_repr() -> None:
+    model = AnthropicMessages("claude-test", api_key=KEY)
+    assert KEY not in repr(model)
+    assert KEY not in str(model)
+
+
+async def test_the_request_carries_the_key_and_version_headers(server: ProtocolServer) -> None:
+    server.script(wire.stream(wire.anthropic_text(["ok"])))
+    await collect(provider(server))
+    sent = server.requests[0]
+    assert (sent.path, sent.headers["x-api-key"], sent.headers["anthropic-version"]) == (
+        "/v1/messages",
+        KEY,
+        "2023-06-01",
+    )
+
+
+async def test_a_text_turn_runs_through_the_pipeline(server: ProtocolServer) -> None:
+    server.script(wire.stream(wire.anthropic_text(["Hello", ", world"], input_tokens=12)))
+    result = await Pipeline(model=provider(server), system="Be terse.").run(Turn.start("hi"))
+    assert result.reply is not None
+    assert (result.reply.text, result.reply.finish_reason, result.reply.usage) == (
+        "Hello, world",
+        "stop",
+        Usage(12, 3),
+    )
+
+
+async def test_a_tool_round_trip(server: ProtocolServer) -> None:
+    server.script(
+        wire.stream(
+            (
+                wire.anthropic_start(),
+                *wire.anthropic_text_block(0, ["Checking."]),
+                *wire.anthropic_tool_block(
+                    1, "toolu_a", "stat_file", ["", '{"path": "READ', 'ME.md"}']
+                ),
+                *wire.anthropic_tool_block(2, "toolu_b", "stat_file", ['{"path"', ': "setup.py"}']),
+                *wire.anthropic_end("tool_use", 40),
+            )
+        ),
+        wire.stream(wire.anthropic_text(["README.md is 5 KB."])),
+    )
+    model = provider(server)
+    question = Message.user("How big are README.md and setup.py?")
+    first = await collect(model, ModelRequest((question,), (SPEC,)))
+    calls = [event.call for event in first if isinstance(event, ModelToolCall)]
+    assert calls == [
+        ToolCall("toolu_a", "stat_file", {"path": "README.md"}),
+        ToolCall("toolu_b", "stat_file", {"path": "setup.py"}),
+    ]
+    follow_up = (
+        question,
+        Message.assistant([Text("Checking."), *calls]),
+        Message.tool(ToolResult("toolu_a", "5120")),
+        Message.tool(ToolResult("toolu_b", "no such file", is_error=True)),
+    )
+    second = await collect(model, ModelRequest(follow_up, (SPEC,)))
+    assert server.requests[1].body["messages"][2] == {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_a", "content": "5120"},
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_b",
+                "content": "no such file",
+                "is_error": True,
+            },
+        ],
+    }
+    assert second[0] == ModelText("README.md is 5 KB.")

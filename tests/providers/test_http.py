@@ -1,0 +1,374 @@
+"""The shared shell (pipeline/providers/_http.py): retry policy, error seam, and every fault
+the protocol server can play, each through `provider.stream` and the important ones through
+`Pipeline.run` too."""
+
+import email.utils
+import socket
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from pipeline import (
+    ModelFinish,
+    ModelText,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderProtocolError,
+    ProviderStatusError,
+    ProviderTimeout,
+    RateLimited,
+)
+from pipeline.providers import AnthropicMessages, OpenAIChat
+from pipeline.providers._http import backoff, retry_after, retry_delay, should_retry
+from turns import Usage
+
+from . import server as wire
+from .server import ProtocolServer
+from .support import KEY, collect, fails_in_pipeline, hi
+
+OPENAI_ERROR = {
+    "error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}
+}
+SERVER_ERROR = {"error": {"message": "boom", "type": "server_error"}}
+
+
+def openai(server: ProtocolServer, **changes: Any) -> OpenAIChat:
+    return OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY, **changes)
+
+
+def anthropic(server: ProtocolServer, **changes: Any) -> AnthropicMessages:
+    return AnthropicMessages("claude-test", base_url=server.url, api_key=KEY, **changes)
+
+
+async def fails(model: Any, error: type[ProviderError]) -> ProviderError:
+    with pytest.raises(error) as caught:
+        await collect(model)
+    assert KEY not in str(caught.value)
+    return caught.value
+
+
+# --- The retry policy (pure) ----------------------------------------------------------------
+
+
+def test_retry_after_ms_wins_over_retry_after() -> None:
+    assert retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
+
+
+def test_retry_after_in_seconds() -> None:
+    assert retry_after({"retry-after": "2"}) == 2.0
+
+
+def test_retry_after_as_an_http_date() -> None:
+    date = email.utils.formatdate(1_000_030, usegmt=True)
+    assert retry_after({"retry-after": date}, now=1_000_000) == 30.0
+
+
+def test_garbage_retry_after_is_no_hint() -> None:
+    assert retry_after({"retry-after": "soon"}) is None
+
+
+@pytest.mark.parametrize(("made", "delay"), [(0, 0.5), (1, 1.0), (2, 2.0), (5, 8.0), (9, 8.0)])
+def test_backoff_doubles_from_half_a_second_up_to_eight(made: int, delay: float) -> None:
+    assert backoff(made, 0.0) == delay
+
+
+def test_jitter_shortens_the_backoff_by_at_most_a_quarter() -> None:
+    assert backoff(1, 0.999) == pytest.approx(0.75, abs=0.001)
+
+
+@pytest.mark.parametrize(
+    ("status", "retried"),
+    [
+        (408, True),
+        (409, True),
+        (429, True),
+        (500, True),
+        (529, True),
+        (400, False),
+        (401, False),
+        (402, False),
+        (404, False),
+    ],
+)
+def test_retried_statuses(status: int, retried: bool) -> None:
+    assert should_retry(status, {}, "") is retried
+
+
+def test_x_should_retry_false_forbids_a_retry() -> None:
+    assert not should_retry(503, {"x-should-retry": "false"}, "")
+
+
+def test_x_should_retry_true_forces_a_retry() -> None:
+    assert should_retry(400, {"x-should-retry": "true"}, "")
+
+
+def test_insufficient_quota_is_not_retried() -> None:
+    assert not should_retry(429, {}, '{"error": {"code": "insufficient_quota"}}')
+
+
+def test_a_hint_beyond_the_cap_means_no_retry() -> None:
+    assert retry_delay(0, {"retry-after": "120"}, 0.0) is None
+
+
+# --- Retries over the socket ----------------------------------------------------------------
+
+
+async def test_429_then_success_waits_the_servers_hint(
+    server: ProtocolServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    server.script(
+        wire.json_error(429, OPENAI_ERROR, [("retry-after", "3")]),
+        wire.stream(wire.openai_text(["ok"])),
+    )
+    started = trio.current_time()
+    events = await collect(openai(server))
+    assert (trio.current_time() - started, events[0]) == (pytest.approx(3.0), ModelText("ok"))
+
+
+async def test_retry_after_ms_is_honoured(
+    server: ProtocolServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    server.script(
+        wire.json_error(429, OPENAI_ERROR, [("retry-after-ms", "250")]),
+        wire.stream(wire.openai_text(["ok"])),
+    )
+    started = trio.current_time()
+    await collect(openai(server))
+    assert trio.current_time() - started == pytest.approx(0.25)
+
+
+async def test_500_then_success_backs_off_and_succeeds(
+    server: ProtocolServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    server.script(wire.json_error(500, SERVER_ERROR), wire.stream(wire.openai_text(["ok"])))
+    started = trio.current_time()
+    await collect(openai(server))
+    assert 0.375 <= trio.current_time() - started <= 0.5
+    assert len(server.requests) == 2
+
+
+async def test_anthropic_529_overloaded_is_retried(
+    server: ProtocolServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    server.script(wire.json_error(529, overloaded), wire.stream(wire.anthropic_text(["ok"])))
+    assert (await collect(anthropic(server)))[0] == ModelText("ok")
+
+
+async def test_rate_limited_after_the_retry_budget(
+    server: ProtocolServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    server.script(
+        *[wire.json_error(429, OPENAI_ERROR, [("retry-after", "2"), ("x-request-id", "req_42")])]
+        * 3
+    )
+    error = await fails(openai(server), RateLimited)
+    assert (error.status, error.retry_after, error.request_id, len(server.requests)) == (
+        429,
+        2.0,
+        "req_42",
+        3,
+    )  # type: ignore[attr-defined]
+    assert "requests: Rate limit reached" in str(error)
+
+
+async def test_rate_limited_through_the_pipeline(
+    server: ProtocolServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    server.script(*[wire.json_error(429, OPENAI_ERROR, [("retry-after", "1")])] * 3)
+    error = await fails_in_pipeline(openai(server), RateLimited)
+    assert error.retry_after == 1.0
+
+
+async def test_max_retries_zero_sends_once(server: ProtocolServer) -> None:
+    server.script(wire.json_error(500, SERVER_ERROR))
+    await fails(openai(server, max_retries=0), ProviderStatusError)
+    assert len(server.requests) == 1
+
+
+async def test_x_should_retry_false_stops_at_the_first_answer(server: ProtocolServer) -> None:
+    server.script(wire.json_error(503, SERVER_ERROR, [("x-should-retry", "false")]))
+    error = await fails(openai(server), ProviderStatusError)
+    assert (error.status, len(server.requests)) == (503, 1)
+
+
+async def test_a_long_hint_gives_up_at_once_with_the_hint(server: ProtocolServer) -> None:
+    server.script(wire.json_error(429, OPENAI_ERROR, [("retry-after", "600")]))
+    error = await fails(openai(server), RateLimited)
+    assert (error.retry_after, len(server.requests)) == (600.0, 1)  # type: ignore[attr-defined]
+
+
+async def test_connection_refused_is_retried_then_a_connection_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = OpenAIChat("m", base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
+    started = trio.current_time()
+    await fails(model, ProviderConnectionError)
+    assert trio.current_time() - started >= 0.375 + 0.75  # two backoffs: 0.5 s and 1 s, jittered
+
+
+# --- Non-2xx answers --------------------------------------------------------------------------
+
+
+async def test_401_is_a_status_error_with_body_and_request_id_and_no_key(
+    server: ProtocolServer,
+) -> None:
+    body = {
+        "error": {
+            "message": f"Incorrect API key provided: {KEY}.",
+            "type": "invalid_request_error",
+            "code": "invalid_api_key",
+        }
+    }
+    server.script(wire.json_error(401, body, [("x-request-id", "req_7")]))
+    error = await fails(openai(server), ProviderStatusError)
+    assert (type(error), error.status, error.request_id, len(server.requests)) == (
+        ProviderStatusError,
+        401,
+        "req_7",
+        1,
+    )
+    assert "invalid_request_error: Incorrect API key provided" in str(error)
+    assert KEY not in error.body  # type: ignore[attr-defined]
+
+
+async def test_401_through_the_pipeline_names_the_providers_error(server: ProtocolServer) -> None:
+    body = {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+        "request_id": "req_9",
+    }
+    server.script(wire.json_error(401, body, [("request-id", "req_9")]))
+    error = await fails_in_pipeline(anthropic(server), ProviderStatusError)
+    assert "authentication_error: invalid x-api-key" in str(error)
+    assert error.request_id == "req_9"
+
+
+async def test_401_without_a_key_says_which_variable_to_set(
+    server: ProtocolServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    server.script(wire.json_error(401, {"error": {"message": "no key", "type": "auth"}}))
+    error = await fails(OpenAIChat("m", base_url=f"{server.url}/v1"), ProviderStatusError)
+    assert "OPENAI_API_KEY" in str(error)
+
+
+async def test_a_200_that_is_not_an_event_stream_is_a_protocol_error(
+    server: ProtocolServer,
+) -> None:
+    server.script(wire.Reply(200, (("content-type", "application/json"),), (b"{}",), "length"))
+    error = await fails(openai(server), ProviderProtocolError)
+    assert "application/json" in str(error)
+
+
+# --- Faults inside the stream ---------------------------------------------------------------
+
+
+async def test_bytes_one_at_a_time_give_the_same_openai_events(server: ProtocolServer) -> None:
+    server.script(wire.stream(wire.openai_text(["é😀", "\u2028 ok"]), bytewise=True))
+    assert await collect(openai(server)) == [
+        ModelText("é😀"),
+        ModelText("\u2028 ok"),
+        ModelFinish("stop", Usage(9, 2)),
+    ]
+
+
+async def test_bytes_one_at_a_time_give_the_same_anthropic_events(server: ProtocolServer) -> None:
+    server.script(
+        wire.stream(wire.anthropic_text(["é😀", "\u2029"]), bytewise=True, framing="close")
+    )
+    assert await collect(anthropic(server)) == [
+        ModelText("é😀"),
+        ModelText("\u2029"),
+        ModelFinish("stop", Usage(12, 3)),
+    ]
+
+
+async def test_a_chunked_stream_cut_before_done_is_a_protocol_error(server: ProtocolServer) -> None:
+    pieces = wire.openai_text(["a", "b"])[:-1]
+    server.script(wire.stream(pieces, complete=False))
+    error = await fails(openai(server), ProviderProtocolError)
+    assert len(server.requests) == 1  # never retried once the stream started
+    assert "cut off" in str(error)
+
+
+async def test_a_close_delimited_stream_cut_before_done_is_a_protocol_error(
+    server: ProtocolServer,
+) -> None:
+    server.script(wire.stream(wire.openai_text(["a"])[:-1], framing="close"))
+    error = await fails_in_pipeline(openai(server), ProviderProtocolError)
+    assert "before [DONE]" in str(error)
+
+
+async def test_an_anthropic_stream_without_message_stop_is_a_protocol_error(
+    server: ProtocolServer,
+) -> None:
+    server.script(wire.stream(wire.anthropic_text(["a"])[:-1], framing="close"))
+    error = await fails_in_pipeline(anthropic(server), ProviderProtocolError)
+    assert "before message_stop" in str(error)
+
+
+async def test_an_openai_mid_stream_error_keeps_type_and_message(server: ProtocolServer) -> None:
+    pieces = (*wire.openai_text(["partial"])[:2], wire.sse(SERVER_ERROR))
+    server.script(wire.stream(pieces))
+    error = await fails_in_pipeline(openai(server), ProviderProtocolError)
+    assert ("server_error: boom" in str(error), len(server.requests)) == (True, 1)
+
+
+async def test_an_anthropic_error_event_keeps_type_and_message(server: ProtocolServer) -> None:
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    pieces = (*wire.anthropic_text(["partial"])[:4], wire.sse(overloaded, "error"))
+    server.script(wire.stream(pieces, framing="close"))
+    error = await fails(anthropic(server), ProviderProtocolError)
+    assert "overloaded_error: Overloaded" in str(error)
+
+
+async def test_invalid_json_in_a_data_line_is_a_protocol_error(server: ProtocolServer) -> None:
+    server.script(wire.stream((wire.openai_text(["a"])[0], b'data: {"choices": [\n\n')))
+    error = await fails(openai(server), ProviderProtocolError)
+    assert "not valid JSON" in str(error)
+
+
+async def test_a_silent_server_is_an_idle_timeout(
+    server: ProtocolServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    server.script(wire.stream(wire.openai_text(["a"])[:2], stall=True))
+    model = openai(server, timeout=httpx.Timeout(60, read=5))
+    started = trio.current_time()
+    error = await fails(model, ProviderTimeout)
+    assert (trio.current_time() - started, len(server.requests)) == (pytest.approx(5), 1)
+    assert "5" in str(error)
+
+
+async def test_a_silent_server_times_out_through_the_pipeline(
+    server: ProtocolServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    server.script(wire.stream((), stall=True))
+    await fails_in_pipeline(openai(server, timeout=httpx.Timeout(60, read=5)), ProviderTimeout)
+
+
+async def test_the_callers_deadline_cancels_and_is_not_converted(
+    server: ProtocolServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    server.script(wire.stream(wire.openai_text(["a"])[:2], stall=True))
+    with trio.move_on_after(1) as scope:
+        await collect(openai(server))
+    assert scope.cancelled_caught
+    with trio.fail_after(1):
+        await server.wait_hangup()
+
+
+async def test_leaving_the_stream_early_closes_the_response(server: ProtocolServer) -> None:
+    server.script(wire.stream(wire.openai_text(["a", "b"])[:2], stall=True))
+    async with openai(server).stream(hi()) as events:
+        async for _ in events:
+            break
+    with trio.fail_after(5):
+        await server.wait_hangup()
+    assert server.hangups == 1
