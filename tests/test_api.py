@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("turns", "pipeline", "hooks")
 PUBLIC_SUBMODULES = {
     "turns": {"serde"},
-    "pipeline": {"events", "providers", "testing"},
+    "pipeline": {"events", "logs", "providers", "testing"},
     "hooks": set(),
 }
 # Third-party imports each package may use (the standard library is always allowed).

@@ -24,7 +24,15 @@ def _load(name: str) -> ModuleType:
 
 
 def test_every_example_is_tested() -> None:
-    tested = {"01_minimal", "02_halt", "03_parallel_retrieval", "07_openai_compatible"}
+    tested = {
+        "01_minimal",
+        "02_halt",
+        "03_parallel_retrieval",
+        "04_streaming_redaction",
+        "05_guardrail_retry",
+        "06_session_log",
+        "07_openai_compatible",
+    }
     assert {path.stem for path in EXAMPLES.glob("*.py")} == tested
 
 
@@ -96,3 +104,40 @@ async def test_openai_compatible_runs_a_turn_against_a_local_server(
     assert result.reply.text == "A tube for water."
     assert server.requests[0].body["model"] == "local-test"
     assert server.requests[0].headers["authorization"] == "Bearer dummy"
+
+
+async def test_streaming_redaction_never_shows_the_split_address() -> None:
+    example = _load("04_streaming_redaction")
+    deltas, result = await example.main()
+    joined = "".join(deltas)
+    assert joined == result.reply.text == "Sure. I will write to [EMAIL] tomorrow."
+    assert not any("@" in delta or "exa" in delta or "mple" in delta for delta in deltas)
+    # Text that cannot be part of an address is released before the address is complete.
+    assert deltas[0] == "Sure. I will write to "
+
+
+async def test_guardrail_retry_recovers_once_and_exhausts_the_stubborn_model() -> None:
+    example = _load("05_guardrail_retry")
+    fixed, stubborn = await example.main()
+    assert fixed.outcome == "completed"
+    assert fixed.reply.text == "Refunds are issued within 14 days of a return."
+    assert [(r.attempt, r.hook) for r in fixed.rejections] == [(1, "no_guarantees")]
+    assert stubborn.outcome == "exhausted"
+    assert stubborn.reply is None
+    assert [r.attempt for r in stubborn.rejections] == [1, 2, 3]
+
+
+async def test_session_log_keeps_durable_notes_and_drops_transient_ones() -> None:
+    example = _load("06_session_log")
+    committed = await example.main()
+    texts = [[part.text for part in message.parts] for message in committed]
+    assert texts == [
+        ["[profile] answer in English", "How fast are refunds?"],
+        ["Within 14 days."],
+        ["[profile] answer in English", "Does that hold for sale items?"],
+        ["Yes, for any item."],
+    ]
+    second = example.MODEL.requests[1].messages
+    assert list(second[:2]) == list(committed[:2])
+    assert "[doc] Refunds are issued within 14 days." in [p.text for p in second[2].parts]
+    assert example.closed[-1] == "c-42 closed (closed) after 2 turns"

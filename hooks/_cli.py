@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 import trio
 
-from ._errors import PipelineError
+from pipeline import PipelineError
 
 
 def _demo(args: argparse.Namespace) -> int:
     from ._demo import demo
 
-    trio.run(demo, print)
+    trio.run(demo, print, args.model)
     return 0
 
 
@@ -24,6 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser("demo", help="run a full offline turn and show every stage")
+    demo.add_argument(
+        "--model",
+        metavar="PROVIDER:MODEL",
+        help="talk to a real model, e.g. openai:gpt-4o-mini, when its API key is set in the"
+        " environment (otherwise the demo stays offline)",
+    )
     demo.set_defaults(handler=_demo)
     return parser
 

@@ -1,0 +1,137 @@
+"""The `turnplug` command line, driven as a new user would: a subprocess, stdin closed."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# The console script installed next to this interpreter, as a user would run it.
+TURNPLUG = str(Path(sys.executable).with_name("turnplug"))
+
+
+def _turnplug(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TURNPLUG, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_output() -> str:
+    done = _turnplug("demo")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return done.stdout
+
+
+def _section(out: str, title: str) -> list[str]:
+    """The indented lines under a heading of the demo's output."""
+    lines = out.split(title, 1)[1].splitlines()[1:]
+    taken = []
+    for line in lines:
+        if not line.startswith("  "):
+            break
+        taken.append(line)
+    return taken
+
+
+def test_demo_shows_every_stage_of_the_turn(demo_output: str) -> None:
+    for expected in (
+        "authenticate -> cont",
+        "search_docs -> parts",
+        "load_memory -> parts",
+        "remember_plan injected (durable",
+        "add_today injected (transient",
+        "model called (attempt 1)",
+        "attempt 1 rejected by no_internal_refs",
+        "model called (attempt 2)",
+        "no_internal_refs -> cont",
+        "committed to the log",
+        "turn finished",
+        "outcome: completed",
+    ):
+        assert expected in demo_output, expected
+
+
+def test_demo_timeline_has_the_retrieval_members_in_parallel(demo_output: str) -> None:
+    # Both members start before either finishes: the group does not serialize latency.
+    lines = demo_output.splitlines()
+    index = {
+        key: next(i for i, line in enumerate(lines) if key in line)
+        for key in (
+            "search_docs started",
+            "load_memory started",
+            "load_memory -> parts",
+            "search_docs -> parts",
+        )
+    }
+    assert max(index["search_docs started"], index["load_memory started"]) < min(
+        index["load_memory -> parts"], index["search_docs -> parts"]
+    )
+
+
+def test_demo_redacts_the_address_that_arrives_split_across_chunks(demo_output: str) -> None:
+    # The scripted model streams "ada@exa" and "mple.com." as two chunks.
+    timeline = _section(demo_output, "timeline")
+    texts = [line for line in timeline if "text (attempt" in line]
+    assert texts, timeline
+    assert not any("@" in line or "mple.com" in line for line in texts)
+    assert sum("[EMAIL]" in line for line in texts) == 2  # once per attempt
+    assert demo_output.rstrip().endswith("We will confirm at [EMAIL].")
+
+
+def test_demo_logs_the_durable_parts_and_nothing_transient(demo_output: str) -> None:
+    committed = "\n".join(_section(demo_output, "committed to the conversation log"))
+    assert "[account] plan: pro" in committed
+    assert "How long do refunds take?" in committed
+    assert "We will confirm at [EMAIL]." in committed
+    for transient in ("[doc]", "[memory]", "[note]", "internal ticket", "Do not mention", "@"):
+        assert transient not in committed, transient
+    stayed = "\n".join(_section(demo_output, "stayed transient"))
+    for source in ("search_docs", "load_memory", "add_today"):
+        assert source in stayed
+
+
+def test_demo_shows_the_history_untouched_before_the_injections(demo_output: str) -> None:
+    sent = _section(demo_output, "what the model was sent on attempt 2")
+    roles = [line.split()[0] for line in sent[2:] if not line.startswith("   ")]
+    # System, the history as it was, this turn's user message (injections first), then the
+    # rejected reply and its feedback, transient.
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert sent[3].split(None, 1)[1] == "Hi!"
+
+
+def test_demo_with_a_model_whose_key_is_missing_stays_offline() -> None:
+    done = subprocess.run(
+        [TURNPLUG, "demo", "--model", "openai:gpt-4o-mini"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "OPENAI_API_KEY is not set" in done.stdout
+    assert "outcome: completed" in done.stdout
+
+
+def test_demo_with_a_malformed_model_spec_is_a_usage_error() -> None:
+    done = _turnplug("demo", "--model", "gpt-4o")
+    assert done.returncode == 2
+    assert "gpt-4o" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["nope"]])
+def test_usage_errors_exit_2_with_one_clear_line(args: list[str]) -> None:
+    done = _turnplug(*args)
+    assert done.returncode == 2
+    assert "usage: turnplug" in done.stderr
+    assert "Traceback" not in done.stderr
