@@ -12,13 +12,14 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from . import dispatch, parallel, providers
+from . import dispatch, parallel, providers, stream
 from ._harness import Row, fmt_time
 
 BENCHMARKS: dict[str, Callable[[bool], Awaitable[list[Row]]]] = {
     "dispatch": dispatch.run,
     "parallel": parallel.run,
     "providers": providers.run,
+    "stream": stream.run,
 }
 
 

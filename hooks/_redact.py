@@ -153,6 +153,8 @@ class _Compiled:
         "replacement",
         "required",
         "separators",
+        "single_required",
+        "space",
         "window",
         "words",
     )
@@ -180,6 +182,7 @@ class _Compiled:
         except (_Unbounded, re.error, RecursionError):
             self.last_separator = None
         self.separators: dict[str, bool] | None = {} if self.last_separator is not None else None
+        self.space = self.separators is not None and self.classify(" ")
         # str.isalnum() implies \w (the engine's \w is exactly "alphanumeric or _").
         self.words = bool(state["words"]) and self.last_separator is not None
         self.behind = max(state["behind"], _LOOKBEHIND_CONTEXT)
@@ -188,6 +191,9 @@ class _Compiled:
         required = [_required_char(pattern) for pattern in patterns]
         self.required: tuple[str, ...] | None = (
             tuple(c for c in required if c is not None) if None not in required else None
+        )
+        self.single_required = (
+            self.required[0] if self.required is not None and len(self.required) == 1 else None
         )
 
     def classify(self, char: str) -> bool:
@@ -259,28 +265,61 @@ class RedactStream:
 
     def feed(self, text: str) -> str:
         compiled = self._compiled
-        cut = 0
-        # A chunk of word characters holds no separator when the alphabet has them all.
-        if compiled.separators is not None and not (compiled.words and text.isalnum()):
-            # Chunks are short and usually end in a separator: walking back from the end
-            # with a per-character memo beats any regex call.
-            separators = compiled.separators
-            for index in range(len(text) - 1, -1, -1):
-                char = text[index]
-                known = separators.get(char)
-                if known is None:
-                    known = compiled.classify(char)
-                if known:
-                    cut = index + 1
-                    break
-        if not cut:
+        separators = compiled.separators
+        if separators is None or not text:
+            return self._hold(text)
+        # Where the decided stretch ends: just after the chunk's last separator. Cheap tests
+        # first, since this runs for every chunk: the chunk ends in a separator; it is all
+        # word characters (no separator when the alphabet has them all); its last space is
+        # followed by word characters only. Otherwise walk back with the memo.
+        last = text[-1]
+        known = separators.get(last)
+        if known is None:
+            known = compiled.classify(last)
+        if known:
+            cut = len(text)
+        elif compiled.words and text.isalnum():
             pending = self._pending = self._pending + text
             if len(pending) < compiled.window:
                 return ""
             return self._release_window()
+        else:
+            cut = 0
+            space = text.rfind(" ") if compiled.space else -1
+            if space >= 0 and compiled.words and text[space + 1 :].isalnum():
+                cut = space + 1
+            else:
+                for index in range(len(text) - 2, -1, -1):
+                    char = text[index]
+                    known = separators.get(char)
+                    if known is None:
+                        known = compiled.classify(char)
+                    if known:
+                        cut = index + 1
+                        break
+                if not cut:
+                    return self._hold(text)
+        pending = self._pending
         if cut == len(text):
-            return self._decide(self._pending + text if self._pending else text, "")
-        return self._decide(self._pending + text[:cut], text[cut:])
+            decided, rest = (pending + text if pending else text), ""
+        else:
+            decided, rest = pending + text[:cut], text[cut:]
+        required = compiled.single_required
+        if required is not None and required not in decided:
+            # No match can be in it: release it as it is.
+            behind = compiled.behind
+            self._context = (
+                decided[-behind:] if len(decided) >= behind else (self._context + decided)[-behind:]
+            )
+            self._pending = rest
+            return decided
+        return self._decide(decided, rest)  # the slow path: a match is possible
+
+    def _hold(self, text: str) -> str:
+        pending = self._pending = self._pending + text
+        if len(pending) < self._compiled.window:
+            return ""
+        return self._release_window()
 
     def flush(self) -> str:
         out = self._decide(self._pending, "") if self._pending else ""

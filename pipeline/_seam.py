@@ -97,10 +97,12 @@ def compile_transformers(entries: Iterable[Any]) -> tuple[Stage, ...]:
     """
     stages: list[Stage] = []
     for position, factory in enumerate(entries, 1):
-        if not callable(factory) or isinstance(factory, Transformer):
+        # A class is a factory; an instance of a transformer is not.
+        instance = isinstance(factory, Transformer) and not isinstance(factory, type)
+        if not callable(factory) or instance:
             hint = (
                 " — pass a factory that builds one, e.g. `lambda: MyTransformer()`"
-                if isinstance(factory, Transformer)
+                if instance
                 else ""
             )
             raise ConfigError(
@@ -138,28 +140,39 @@ def compile_transformers(entries: Iterable[Any]) -> tuple[Stage, ...]:
 class Seam:
     """One attempt's transformer instances, chained in order."""
 
-    __slots__ = ("_feeds", "_instances", "_stages")
+    __slots__ = ("_feeds", "_instances", "_stages", "feed")
 
     def __init__(self, stages: tuple[Stage, ...]) -> None:
         self._stages = stages
         self._instances = [stage.factory() for stage in stages]
         self._feeds = [instance.feed for instance in self._instances]
-
-    def feed(self, text: str) -> str:
+        self.feed: Callable[[str], str] = self._feed_one if len(stages) == 1 else self._feed_many
         """Pass a chunk through every transformer; ``""`` when they hold it back."""
-        index = 0
+
+    def _feed_one(self, text: str) -> str:
+        # `feed` for the common single transformer, without the loop.
         try:
-            for feed in self._feeds:
+            text = self._feeds[0](text)
+        except Exception as exc:
+            raise self._failed(0, "feed()", exc) from exc
+        if type(text) is not str:
+            raise self._wrong(0, "feed()", text)
+        return text
+
+    def _feed_many(self, text: str) -> str:
+        feeds = self._feeds
+        feed = None
+        try:
+            for feed in feeds:
                 text = feed(text)
                 if type(text) is not str:
-                    raise self._wrong(index, "feed()", text)
+                    raise self._wrong(feeds.index(feed), "feed()", text)
                 if not text:
-                    return text
-                index += 1
+                    break
         except (HookFailed, HookReturnError):
             raise
         except Exception as exc:
-            raise self._failed(index, "feed()", exc) from exc
+            raise self._failed(feeds.index(feed), "feed()", exc) from exc
         return text
 
     def flush(self) -> str:
