@@ -20,10 +20,33 @@ from turns import Turn
 from ._harness import Row, measure, per_rep, spread
 
 EMAIL = r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
-WORDS = (
-    "the refund is issued within fourteen days of the return see [1] and [2] for the"
-    " policy write to support@example.com with your order number please"
-).split()
+WORDS = [
+    "the",
+    "refund",
+    "is",
+    "issued",
+    "within",
+    "fourteen",
+    "days",
+    "of",
+    "the",
+    "return",
+    "see",
+    "[1]",
+    "and",
+    "[2]",
+    "for",
+    "the",
+    "policy",
+    "write",
+    "to",
+    "support@example.com",
+    "with",
+    "your",
+    "order",
+    "number",
+    "please",
+]
 
 
 def make_chunks(count: int, seed: int = 7) -> list[str]:

@@ -161,7 +161,7 @@ class Seam:
 
     def _feed_many(self, text: str) -> str:
         feeds = self._feeds
-        feed = None
+        feed = feeds[0]
         try:
             for feed in feeds:
                 text = feed(text)
