@@ -5,7 +5,8 @@ from typing import TypeVar
 import pytest
 
 from pipeline import Model, ModelEvent, ModelRequest, Pipeline, ProviderError
-from turns import Message, Turn
+from pipeline.logs import MemoryLog
+from turns import Message
 
 E = TypeVar("E", bound=ProviderError)
 
@@ -25,13 +26,19 @@ async def collect(model: Model, request: ModelRequest | None = None) -> list[Mod
 
 
 async def fails_in_pipeline(model: Model, error: type[E]) -> E:
-    """Run a turn through a pipeline, expect `error`, and return it.
+    """Run a turn in a session over a log, expect `error`, check nothing was committed.
 
-    The single place to assert that a failed turn committed nothing, once the durable log
-    exists on this branch (run the turn in a session over a MemoryLog and check it is empty).
+    The conversation already holds one turn, so "nothing committed" is checked against a
+    log that is not empty to begin with.
     """
+    log = MemoryLog()
+    earlier = (Message.user("earlier"), Message.assistant("answer"))
+    await log.append("c", "earlier", earlier)
     pipe = Pipeline(model=model)
     with pytest.raises(error) as caught:
-        await pipe.run(Turn.start("hi"))
+        async with pipe.session(log=log, conversation_id="c") as session:
+            await session.send("hi")
     assert KEY not in str(caught.value)
+    assert (await log.load("c")).messages == earlier
+    assert [entry.turn_ref for entry in await log.entries("c")] == ["earlier"]
     return caught.value

@@ -325,13 +325,13 @@ async def test_an_anthropic_error_event_keeps_type_and_message(server: ProtocolS
     overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     pieces = (*wire.anthropic_text(["partial"])[:4], wire.sse(overloaded, "error"))
     server.script(wire.stream(pieces, framing="close"))
-    error = await fails(anthropic(server), ProviderProtocolError)
+    error = await fails_in_pipeline(anthropic(server), ProviderProtocolError)
     assert "overloaded_error: Overloaded" in str(error)
 
 
 async def test_invalid_json_in_a_data_line_is_a_protocol_error(server: ProtocolServer) -> None:
     server.script(wire.stream((wire.openai_text(["a"])[0], b'data: {"choices": [\n\n')))
-    error = await fails(openai(server), ProviderProtocolError)
+    error = await fails_in_pipeline(openai(server), ProviderProtocolError)
     assert "not valid JSON" in str(error)
 
 
