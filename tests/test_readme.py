@@ -20,4 +20,9 @@ def test_readme_python_example_runs(capsys) -> None:
     assert blocks, "README has no Python example"
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
-    assert capsys.readouterr().out.strip() == "completed Hello!"
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "completed Hello!",
+        # The second example: one rejection, the address redacted although it was split.
+        "completed Mail [EMAIL] for a refund. ['Never promise a guarantee.']",
+        "['Can I get a refund?', 'Mail [EMAIL] for a refund.']",
+    ]
