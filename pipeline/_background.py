@@ -82,18 +82,23 @@ async def run_background(
     return fresh
 
 
-async def run_all_background(runner: Runner, steps: Sequence[Step], turn: Turn) -> None:
+async def run_all_background(
+    runner: Runner, steps: Sequence[Step], turn: Turn
+) -> tuple[Injection, ...]:
     """Run every background hook concurrently and wait for them (no session to hold them).
 
-    Their records join the turn's audit in declaration order, whatever order they end in.
+    Their records join the turn's audit in declaration order, whatever order they end in;
+    their injections are returned, in the same order, for the audit record.
     """
     records: list[list[HookRecord]] = [[] for _ in steps]
+    injected: list[tuple[Injection, ...]] = [() for _ in steps]
 
     async def one(index: int) -> None:
-        await run_background(runner, steps[index], turn, records[index])
+        injected[index] = await run_background(runner, steps[index], turn, records[index])
 
     async with trio.open_nursery() as nursery:
         for index in range(len(steps)):
             nursery.start_soon(one, index)
     for step_records in records:
         runner.records.extend(step_records)
+    return tuple(injection for step_injected in injected for injection in step_injected)

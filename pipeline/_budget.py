@@ -1,7 +1,7 @@
 """Token budgets: counting what a turn sends and failing loudly when it does not fit."""
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias, final
 
 import attrs
@@ -35,7 +35,7 @@ def part_tokens(part: Part, tokenizer: Tokenizer) -> int:
     if type(part) is Text:
         return tokenizer(part.text)
     if type(part) is ToolCall:
-        return tokenizer(part.name) + tokenizer(json.dumps(part.arguments, ensure_ascii=False))
+        return tokenizer(part.name) + tokenizer(json_text(part.arguments))
     if type(part) is ToolResult:
         return tokenizer(part.content)
     raise TypeError(f"not a part: {part!r}")
@@ -117,3 +117,14 @@ class Budget:
     def history_target(self) -> int:
         """The size compaction aims the history at."""
         return self.context_tokens - self.injection_reserve
+
+
+def json_text(value: object) -> str:
+    """`value` as JSON, read-only mappings included (the records' opaque values)."""
+    return json.dumps(value, ensure_ascii=False, default=_plain)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

@@ -167,7 +167,7 @@ class Drive(Runner):
         request = build_request(self, turn)
         for attempt in range(1, pipe.max_regenerations + 2):
             reply = await stream_reply(self, request, attempt, held)
-            verdict = await self.post_stage(attrs.evolve(turn, reply=reply))
+            reached, verdict = await self.post_stage(attrs.evolve(turn, reply=reply))
             if type(verdict) is Turn:
                 if held:
                     assert emit is not None
@@ -175,7 +175,9 @@ class Drive(Runner):
                         emit(event)
                 return await self.complete(verdict)
             if type(verdict) is Halt:
-                return self.halted(turn, verdict, attempt)
+                # What the post hooks before it did stays in the record; the halted reply
+                # does not stay on the turn.
+                return self.halted(attrs.evolve(reached, reply=None), verdict, attempt)
             assert type(verdict) is tuple
             hook, feedback = verdict
             self.rejections.append(Rejection(attempt, hook, feedback, reply.text))
@@ -189,8 +191,12 @@ class Drive(Runner):
             request = build_request(self, turn, extra)
         return self.finish("exhausted", turn, None, None)
 
-    async def post_stage(self, turn: Turn) -> Turn | Halt | tuple[str, str]:
-        """Run the ordered post hooks: the accepted turn, a halt, or (hook, feedback)."""
+    async def post_stage(self, turn: Turn) -> tuple[Turn, Turn | Halt | tuple[str, str]]:
+        """Run the ordered post hooks.
+
+        Returns the turn as the hooks left it, and the verdict: that turn (accepted), a
+        halt, or (hook, feedback) for a rejection.
+        """
         now = self.now
         for step in self.pipe._post_plan:
             hook = step.hook
@@ -209,9 +215,9 @@ class Drive(Runner):
                 continue
             outcome = self.settle_post(step, turn, result, now() - started)
             if type(outcome) is not Turn:
-                return outcome
+                return turn, outcome
             turn = outcome
-        return turn
+        return turn, turn
 
     def settle_post(
         self, step: Step, turn: Turn, result: object, elapsed: float
@@ -266,6 +272,10 @@ class Drive(Runner):
         """Commit an accepted turn, then start (or, without a session, await) background hooks."""
         result = self.result("completed", turn, turn.reply, None)
         if self.commit is not None:
+            if self.caught_up is not None:
+                # A streamed turn commits once its consumer has seen the reply: leaving the
+                # stream before that cancels the turn, and nothing is committed.
+                await self.caught_up()
             conversation_id, messages = await self.commit(result)
             if self.emit is not None:
                 self.emit(ev.Committed(self.turn_ref, conversation_id, messages))
@@ -274,7 +284,7 @@ class Drive(Runner):
             if self.spawn is not None:
                 self.spawn(turn)
             else:
-                await run_all_background(self, background, turn)
+                self.late = await run_all_background(self, background, turn)
                 result = self.result("completed", turn, turn.reply, None)
         if self.emit is not None:
             self.emit(ev.TurnFinished(self.turn_ref, "completed"))
@@ -310,7 +320,7 @@ class Drive(Runner):
         audit = AuditRecord(
             turn.turn_ref,
             outcome,
-            turn.injections,
+            (*turn.injections, *self.late) if self.late else turn.injections,
             tuple(self.records),
             tuple(self.attempts),
             stop,

@@ -306,6 +306,7 @@ class TurnEvents:
     def __init__(self) -> None:
         self._buffer: deque[ev.Event] = deque()
         self._lot = trio.lowlevel.ParkingLot()
+        self._taken = trio.lowlevel.ParkingLot()
         self._waiting = False
         self._done = False
         self._result: TurnResult | None = None
@@ -339,7 +340,15 @@ class TurnEvents:
                 await self._lot.park()
             finally:
                 self._waiting = False
-        return self._buffer.popleft()
+        event = self._buffer.popleft()
+        if not self._buffer and self._taken:
+            self._taken.unpark_all()
+        return event
+
+    async def _caught_up(self) -> None:
+        """Wait until the consumer has taken every event emitted so far."""
+        while self._buffer:
+            await self._taken.park()
 
     def _emit(self, event: ev.Event) -> None:
         self._buffer.append(event)

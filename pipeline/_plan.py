@@ -104,7 +104,8 @@ def _flatten(
         for index, member in enumerate(entry.members, 1):
             if stage != "pre" and isinstance(member, Parallel):
                 raise ConfigError(
-                    f"{stage}, position {position}.{index}: parallel groups belong in pre"
+                    f"{stage}, position {position}.{index}: parallel group {member.name!r}"
+                    f" in chain {entry.name!r} belongs in pre"
                 )
             _flatten(member, f"{position}.{index}", f"{prefix}{entry.name}.", out, stage)
 
@@ -153,8 +154,8 @@ def compile_post(
     for position, entry in enumerate(entries, 1):
         if isinstance(entry, Parallel):
             raise ConfigError(
-                f"post, position {position}: parallel groups belong in pre; post hooks judge"
-                " one reply in order (guardrails before side effects)"
+                f"post, position {position}: parallel group {entry.name!r} belongs in pre;"
+                " post hooks judge one reply in order (guardrails before side effects)"
             )
         if isinstance(entry, Hook) and entry.background:
             step = Step(entry, entry.name, "post", str(position))

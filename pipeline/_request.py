@@ -1,6 +1,5 @@
 """Stage 4: the request the model is sent, checked locally, and the streamed reply."""
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -8,7 +7,7 @@ from turns import Message, Part, Reply, Text, ToolCall, ToolSpec, Turn, render
 
 from . import events as ev
 from ._audit import AttemptRecord
-from ._budget import message_tokens
+from ._budget import json_text, message_tokens
 from ._errors import (
     ContextOverflow,
     PipelineError,
@@ -136,10 +135,11 @@ async def stream_reply(
     text = "".join(chunks)
     parts: tuple[Part, ...] = (Text(text), *calls) if text or not calls else tuple(calls)
     message = Message("assistant", parts)
+    bound = pipe.max_regenerations + 1
     reply = (
-        Reply(message, (message,), attempt, finish.reason, finish.usage, annotations)
+        Reply(message, (message,), attempt, finish.reason, finish.usage, annotations, bound)
         if annotations
-        else Reply(message, (message,), attempt, finish.reason, finish.usage)
+        else Reply(message, (message,), attempt, finish.reason, finish.usage, max_attempts=bound)
     )
     runner.attempts.append(AttemptRecord(attempt, 1, text, finish.reason, finish.usage))
     if deliver is not None:
@@ -149,7 +149,7 @@ async def stream_reply(
 
 def _spec_tokens(tools: tuple[ToolSpec, ...], count: Callable[[str], int]) -> int:
     return sum(
-        count(spec.name) + count(spec.description) + count(json.dumps(spec.parameters))
+        count(spec.name) + count(spec.description) + count(json_text(spec.parameters))
         for spec in tools
     )
 

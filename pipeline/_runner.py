@@ -36,9 +36,11 @@ class Runner:
 
     __slots__ = (
         "attempts",
+        "caught_up",
         "commit",
         "emit",
         "injected_tokens",
+        "late",
         "now",
         "pipe",
         "records",
@@ -55,9 +57,13 @@ class Runner:
         self.records: list[HookRecord] = []
         self.attempts: list[AttemptRecord] = []
         self.rejections: list[Rejection] = []
+        # Injections of background hooks awaited by run(): in the audit, not on the turn.
+        self.late: tuple[Injection, ...] = ()
         # Set by a session: how a completed turn is committed, and where background hooks go.
         self.commit: Commit | None = None
         self.spawn: Callable[[Turn], None] | None = None
+        # Set by a streamed session: waits for the consumer before committing.
+        self.caught_up: Callable[[], Awaitable[None]] | None = None
         self.injected_tokens = 0
         # Token size of every injection on the turn, by identity, so that an injection a later
         # hook removes or rewrites is taken off the running total.

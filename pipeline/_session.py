@@ -73,7 +73,8 @@ class Session:
         self._turns = 0
         self._nursery = nursery
         self._lock = trio.Lock()
-        self._running = 0
+        # Background hooks still running: what to report if they must be cut short.
+        self._active: dict[int, tuple[str, Step]] = {}
         self._idle = trio.Event()
         self._idle.set()
         self._events: list[ev.Event] = []
@@ -110,8 +111,10 @@ class Session:
         async with self._lock:
             events = TurnEvents()
             turn = self._turn(message)
+            drive = self._drive(events._emit)
+            drive.caught_up = events._caught_up
             try:
-                async with stream_turn(self._drive(events._emit), turn, events) as stream:
+                async with stream_turn(drive, turn, events) as stream:
                     yield stream
             except LogConflict:
                 await self._reload()
@@ -164,19 +167,25 @@ class Session:
 
     def _spawn(self, turn: Turn) -> None:
         for step in self._pipe._background_plan:
-            self._running += 1
-            self._idle = trio.Event() if self._idle.is_set() else self._idle
-            self._nursery.start_soon(self._background, step, turn)
+            key = object()
+            self._active[id(key)] = (turn.turn_ref, step)
+            if self._idle.is_set():
+                self._idle = trio.Event()
+            self._nursery.start_soon(self._background, step, turn, key)
 
-    async def _background(self, step: Step, turn: Turn) -> None:
+    async def _background(self, step: Step, turn: Turn, key: object) -> None:
         try:
             runner = _runner(self._pipe, self._events.append, turn.turn_ref)
             fresh = await run_background(runner, step, turn, [])
             messages = injection_messages(fresh)
             if messages:
+                entry = f"{turn.turn_ref}:{step.name}"
                 try:
                     async with self._lock:
-                        await self._append(f"{turn.turn_ref}:{step.name}", messages, None)
+                        await self._append(entry, messages, None)
+                    self._events.append(
+                        ev.Committed(turn.turn_ref, self._conversation_id, messages)
+                    )
                 except Exception as exc:
                     self._events.append(
                         ev.HookFailed(
@@ -188,8 +197,8 @@ class Session:
                         )
                     )
         finally:
-            self._running -= 1
-            if not self._running:
+            self._active.pop(id(key), None)
+            if not self._active:
                 self._idle.set()
 
     async def _drain(self, timeout: float) -> None:
@@ -197,18 +206,18 @@ class Session:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(timeout):
                 await self._idle.wait()
-        if self._running:
-            self._events.append(
-                ev.HookFailed(
-                    "",
-                    "background",
-                    "post",
-                    f"{self._running} background hook(s) did not finish within the drain"
-                    f" timeout of {timeout} s and were cancelled",
-                    False,
-                )
+        if self._active:
+            self._abandon(
+                f"did not finish within the session's drain timeout of {timeout} s and was"
+                " cancelled; nothing of it was committed"
             )
-            self._nursery.cancel_scope.cancel()
+
+    def _abandon(self, why: str) -> None:
+        """Cancel the background hooks still running, reporting each one."""
+        for turn_ref, step in self._active.values():
+            self._events.append(ev.HookFailed(turn_ref, step.name, step.stage, why, False))
+        self._active.clear()
+        self._nursery.cancel_scope.cancel()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -269,7 +278,7 @@ def open_session(
     drain_timeout: float,
 ) -> AbstractAsyncContextManager[Session]:
     """Check the session's arguments now, then open it on ``async with``."""
-    if not isinstance(log, Log):
+    if not isinstance(log, Log) or isinstance(log, type):
         raise ConfigError(
             f"session(log=...) needs a Log (async load and append), got {type(log).__name__}"
             " — try pipeline.logs.MemoryLog()"
@@ -312,7 +321,9 @@ async def _session(
                 reason = "closed"
             finally:
                 if reason == "cancelled":
-                    nursery.cancel_scope.cancel()
+                    session._abandon(
+                        "cut short: the session was cancelled; nothing of it was committed"
+                    )
                 else:
                     await session._drain(drain_timeout)
     except BaseExceptionGroup as group:

@@ -71,6 +71,8 @@ class Reply:
             or ``"halted"`` for a hook's substitute answer.
         usage: Token counts summed over the attempt's model calls.
         annotations: Findings reported by stream transformers, by transformer name.
+        max_attempts: The most attempts the pipeline allows (``max_regenerations + 1``), so
+            a guardrail can relax on the last one; None when no bound applies.
     """
 
     message: Message
@@ -79,6 +81,12 @@ class Reply:
     finish_reason: str | None = None
     usage: Usage = Usage()
     annotations: Mapping[str, Any] = _NO_ANNOTATIONS
+    max_attempts: int | None = None
+
+    @property
+    def last_attempt(self) -> bool:
+        """Whether a rejection of this reply would exhaust the pipeline's bound."""
+        return self.max_attempts is not None and self.attempt >= self.max_attempts
 
     @property
     def text(self) -> str:

@@ -56,6 +56,7 @@ class MemoryLog:
 
     async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
         """Every commit of a conversation, in order, with its audit record."""
+        _check_id(conversation_id)
         return tuple(self._entries.get(conversation_id, ()))
 
 

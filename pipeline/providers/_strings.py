@@ -1,5 +1,6 @@
 """Models named by a string, for config files and the command line."""
 
+import os
 from collections.abc import Callable
 
 from .._errors import ConfigError
@@ -7,6 +8,9 @@ from .._model import Model
 from ..testing import ScriptedModel
 from ._anthropic import AnthropicMessages
 from ._openai import OpenAIChat
+
+OPENAI_BASE = "https://api.openai.com/v1"
+ANTHROPIC_BASE = "https://api.anthropic.com"
 
 SCRIPTED_REPLY = (
     "Hello from the offline scripted model. Name a real one, e.g. openai:gpt-4o-mini, to talk"
@@ -19,10 +23,20 @@ def _scripted(name: str) -> Model:
     return ScriptedModel([SCRIPTED_REPLY] * 1000)
 
 
+def _openai(name: str) -> Model:
+    # As the official SDKs do, a base URL in the environment points the provider elsewhere
+    # (a proxy, a gateway, a local server speaking the same protocol).
+    return OpenAIChat(name, base_url=os.environ.get("OPENAI_BASE_URL") or OPENAI_BASE)
+
+
+def _anthropic(name: str) -> Model:
+    return AnthropicMessages(name, base_url=os.environ.get("ANTHROPIC_BASE_URL") or ANTHROPIC_BASE)
+
+
 _PROVIDERS: dict[str, Callable[[str], Model]] = {
-    "anthropic": lambda name: AnthropicMessages(name),
+    "anthropic": _anthropic,
     "ollama": lambda name: OpenAIChat(name, base_url="http://localhost:11434/v1", api_key_env=None),
-    "openai": lambda name: OpenAIChat(name),
+    "openai": _openai,
     "openrouter": lambda name: OpenAIChat(
         name, base_url="https://openrouter.ai/api/v1", api_key_env="OPENROUTER_API_KEY"
     ),
@@ -32,7 +46,8 @@ _PROVIDERS: dict[str, Callable[[str], Model]] = {
 def model_from_string(spec: str) -> Model:
     """The model a ``"provider:model"`` string names.
 
-    ``"openai:gpt-4o-mini"``, ``"anthropic:claude-sonnet-4-5"``, ``"ollama:llama3.2"`` (the
+    ``"openai:gpt-4o-mini"`` (base URL from ``OPENAI_BASE_URL`` when set),
+    ``"anthropic:claude-sonnet-4-5"`` (``ANTHROPIC_BASE_URL``), ``"ollama:llama3.2"`` (the
     local Ollama server, no key), ``"openrouter:meta-llama/llama-3.1-8b-instruct"`` (key in
     ``OPENROUTER_API_KEY``), or ``"scripted"`` (an offline model with a fixed reply).
 

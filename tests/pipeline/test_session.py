@@ -1,0 +1,1069 @@
+"""Sessions: one conversation over a log, its lifecycle hooks and its background work."""
+
+import math
+
+import pytest
+import trio
+
+from pipeline import (
+    ConfigError,
+    HookFailed,
+    HookReturnError,
+    LogConflict,
+    Pipeline,
+    Session,
+    SessionInfo,
+    cont,
+    halt,
+    hook,
+    parallel,
+    regenerate,
+)
+from pipeline import events as ev
+from pipeline.logs import LogEntry, MemoryLog
+from pipeline.testing import FunctionModel, ScriptedModel
+from turns import Context, Message, Scope, Text, Turn
+
+CONVERSATION = "conv-1"
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def live_tasks() -> set[trio.lowlevel.Task]:
+    """Every task of the run, found by walking the task tree from the root."""
+    tasks: set[trio.lowlevel.Task] = set()
+
+    def walk(task: trio.lowlevel.Task) -> None:
+        tasks.add(task)
+        for nursery in task.child_nurseries:
+            for child in nursery.child_tasks:
+                walk(child)
+
+    walk(trio.lowlevel.current_root_task())
+    return tasks
+
+
+def note(name: str, make_text, *, durable: bool = False):
+    """A pre hook that injects `make_text(turn)`."""
+
+    async def inject(turn: Turn):
+        return cont(turn.inject(make_text(turn)))
+
+    return hook(inject, name=name, durable=durable)
+
+
+def end_recorder(trace: list, name: str = "farewell"):
+    """An end hook that records the reason and the session info it was given."""
+
+    async def farewell(info: SessionInfo, reason: str):
+        trace.append(("end", reason, info))
+
+    return hook(farewell, name=name)
+
+
+def echo_model() -> FunctionModel:
+    """Answers 're: <last user text>' so replies do not depend on the order of calls."""
+    return FunctionModel(lambda request: f"re: {request.messages[-1].text}")
+
+
+class Boom(Exception):
+    pass
+
+
+async def consume(session: Session, text: str) -> list[ev.Event]:
+    async with session.stream(text) as events:
+        return [event async for event in events]
+
+
+# -- sending turns --------------------------------------------------------------------------
+
+
+async def test_send_commits_the_completed_turn_to_the_log():
+    log = MemoryLog()
+    pipe = Pipeline(model=ScriptedModel(["Hello!"]))
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        result = await session.send("hi")
+
+    assert result.outcome == "completed"
+    assert await log.load(CONVERSATION) == Context(
+        messages=(Message.user("hi"), Message.assistant("Hello!"))
+    )
+
+
+async def test_the_commit_stores_the_turns_audit_under_its_turn_ref():
+    log = MemoryLog()
+    pipe = Pipeline(model=ScriptedModel(["Hello!"]))
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        result = await session.send("hi")
+
+    assert await log.entries(CONVERSATION) == (
+        LogEntry(result.turn.turn_ref, result.log_messages, result.audit),
+    )
+
+
+async def test_a_session_opens_on_the_conversation_already_in_the_log():
+    log = MemoryLog()
+    earlier = (Message.user("yesterday"), Message.assistant("noted"))
+    await log.append(CONVERSATION, "old-turn", earlier)
+    model = ScriptedModel(["Hello again"])
+
+    async with Pipeline(model=model).session(log=log, conversation_id=CONVERSATION) as session:
+        opened_with = session.context
+        await session.send("hi")
+
+    assert opened_with == Context(messages=earlier)
+    assert model.requests[0].messages == (*earlier, Message.user("hi"))
+
+
+async def test_the_second_turn_sees_the_first_turns_committed_messages_not_its_transient_ones():
+    model = ScriptedModel(["one", "two"])
+    pipe = Pipeline(
+        model=model,
+        pre=[
+            note("retrieval", lambda turn: f"retrieved for {turn.user_message.text}"),
+            note("memory", lambda turn: f"remember {turn.user_message.text}", durable=True),
+        ],
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        first = await session.send("first")
+        await session.send("second")
+
+    sent = model.requests[1].messages
+    history = sent[: len(first.log_messages)]
+    assert history == first.log_messages
+    assert history == (
+        Message("user", (Text("remember first", meta={"injected_by": "memory"}), Text("first"))),
+        Message.assistant("one"),
+    )
+    assert len(sent) == len(history) + 1  # then this turn's user message, nothing else
+    assert "retrieved for first" not in [p.text for m in sent for p in m.parts]
+
+
+async def test_the_session_context_grows_by_each_committed_turn():
+    pipe = Pipeline(model=ScriptedModel(["one", "two"]))
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        contexts = [session.context]
+        first = await session.send("first")
+        contexts.append(session.context)
+        second = await session.send("second")
+        contexts.append(session.context)
+
+    assert contexts == [
+        Context(),
+        Context(messages=first.log_messages),
+        Context(messages=(*first.log_messages, *second.log_messages)),
+    ]
+
+
+async def test_send_accepts_a_message():
+    log = MemoryLog()
+    pipe = Pipeline(model=ScriptedModel(["ok"]))
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        await session.send(Message.user("hi", meta={"client": "web"}))
+
+    loaded = await log.load(CONVERSATION)
+    assert loaded.messages[0] == Message.user("hi", meta={"client": "web"})
+
+
+async def test_a_halted_turn_commits_nothing():
+    log = MemoryLog()
+    pipe = Pipeline(
+        model=ScriptedModel(["never"]),
+        pre=[hook(lambda turn: halt("off topic", reply="Let's talk cooking."), name="topic")],
+    )
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        result = await session.send("hi")
+        context = session.context
+
+    assert result.outcome == "halted"
+    assert context == Context()
+    assert await log.entries(CONVERSATION) == ()
+
+
+async def test_an_exhausted_turn_commits_nothing():
+    log = MemoryLog()
+    pipe = Pipeline(
+        model=ScriptedModel(["no", "no"]),
+        post=[hook(lambda turn: regenerate("try again"), name="guard")],
+        max_regenerations=1,
+    )
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        result = await session.send("hi")
+        context = session.context
+
+    assert result.outcome == "exhausted"
+    assert context == Context()
+    assert await log.entries(CONVERSATION) == ()
+
+
+async def test_info_counts_the_turns_sent():
+    pipe = Pipeline(
+        model=ScriptedModel(["one", "two"]),
+        pre=[hook(lambda t: halt("no") if t.user_message.text == "stop" else cont(t), name="gate")],
+    )
+    counts = []
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        counts.append(session.info.turns)
+        await session.send("one")
+        counts.append(session.info.turns)
+        await session.send("stop")
+        counts.append(session.info.turns)
+        await session.send("two")
+        counts.append(session.info.turns)
+
+    assert counts == [0, 1, 2, 3]
+    assert session.info == SessionInfo(CONVERSATION, Scope(), 3)
+
+
+async def test_concurrent_sends_run_one_at_a_time_each_on_the_committed_conversation(
+    autojump_clock,
+):
+    async def slow_echo(request):
+        await trio.sleep(1)  # long enough for the other send to try to start
+        yield f"re: {request.messages[-1].text}"
+
+    log = MemoryLog()
+    model = FunctionModel(slow_echo)
+    pipe = Pipeline(model=model)
+    results = {}
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+
+        async def send(text: str) -> None:
+            results[text] = await session.send(text)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "a")
+            nursery.start_soon(send, "b")
+
+    # Whichever ran first, the other was answered from the conversation it committed.
+    order = [request.messages[-1].text for request in model.requests]
+    assert sorted(order) == ["a", "b"]
+    earlier, later = results[order[0]], results[order[1]]
+    assert model.requests[1].messages == (*earlier.log_messages, Message.user(order[1]))
+    assert await log.load(CONVERSATION) == Context(
+        messages=(*earlier.log_messages, *later.log_messages)
+    )
+
+
+# -- streaming ------------------------------------------------------------------------------
+
+
+async def test_stream_reports_the_commit_with_the_committed_messages():
+    log = MemoryLog()
+    pipe = Pipeline(model=ScriptedModel([["Hel", "lo"]]))
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        async with session.stream("hi") as events:
+            seen = [event async for event in events]
+        result = events.result
+
+    ref = result.turn.turn_ref
+    assert [type(event) for event in seen] == [
+        ev.TurnStarted,
+        ev.ModelCalled,
+        ev.TextDelta,
+        ev.TextDelta,
+        ev.ReplyReady,
+        ev.Committed,
+        ev.TurnFinished,
+    ]
+    assert seen[5] == ev.Committed(
+        ref, CONVERSATION, (Message.user("hi"), Message.assistant("Hello"))
+    )
+    assert await log.load(CONVERSATION) == Context(messages=seen[5].messages)
+
+
+async def test_a_streamed_halted_turn_reports_no_commit():
+    pipe = Pipeline(model=ScriptedModel(["never"]), pre=[hook(lambda t: halt("no"), name="gate")])
+
+    async with (
+        pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session,
+        session.stream("hi") as events,
+    ):
+        seen = [event async for event in events]
+
+    assert not any(isinstance(event, ev.Committed) for event in seen)
+
+
+async def test_leaving_a_stream_early_commits_nothing_and_the_session_goes_on(autojump_clock):
+    log = MemoryLog()
+
+    async def reply(request):
+        if request.messages[-1].text == "first":
+            yield "Hel"
+            await trio.sleep(10)  # the consumer leaves while the model still streams
+            yield "lo"
+        else:
+            yield "second answer"
+
+    pipe = Pipeline(model=FunctionModel(reply))
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        async with session.stream("first") as events:
+            async for event in events:
+                if isinstance(event, ev.TextDelta):
+                    break
+        left_early = session.context
+        result = await session.send("second")
+
+    assert left_early == Context()
+    assert result.outcome == "completed"
+    assert await log.load(CONVERSATION) == Context(
+        messages=(Message.user("second"), Message.assistant("second answer"))
+    )
+
+
+# -- conflicts ------------------------------------------------------------------------------
+
+
+async def test_a_second_writer_on_the_conversation_makes_the_stale_session_raise_log_conflict():
+    log = MemoryLog()
+    pipe = Pipeline(model=echo_model())
+
+    async with (
+        pipe.session(log=log, conversation_id=CONVERSATION) as a,
+        pipe.session(log=log, conversation_id=CONVERSATION) as b,
+    ):
+        first = await a.send("from a")
+        with pytest.raises(LogConflict) as excinfo:
+            await b.send("from b")
+
+    assert CONVERSATION in str(excinfo.value)
+    assert await log.load(CONVERSATION) == Context(messages=first.log_messages)
+
+
+async def test_after_a_conflict_the_next_send_works_on_the_reloaded_conversation():
+    log = MemoryLog()
+    model = echo_model()
+    pipe = Pipeline(model=model)
+
+    async with (
+        pipe.session(log=log, conversation_id=CONVERSATION) as a,
+        pipe.session(log=log, conversation_id=CONVERSATION) as b,
+    ):
+        first = await a.send("from a")
+        with pytest.raises(LogConflict):
+            await b.send("from b")
+        reloaded = b.context
+        retry = await b.send("again from b")
+
+    assert reloaded == Context(messages=first.log_messages)
+    assert model.requests[-1].messages == (*first.log_messages, Message.user("again from b"))
+    assert await log.load(CONVERSATION) == Context(
+        messages=(*first.log_messages, *retry.log_messages)
+    )
+
+
+async def test_a_conflict_in_a_streamed_turn_raises_and_the_session_reloads():
+    log = MemoryLog()
+    pipe = Pipeline(model=echo_model())
+
+    async with (
+        pipe.session(log=log, conversation_id=CONVERSATION) as a,
+        pipe.session(log=log, conversation_id=CONVERSATION) as b,
+    ):
+        first = await a.send("from a")
+        with pytest.raises(LogConflict):
+            await consume(b, "from b")
+        reloaded = b.context
+
+    assert reloaded == Context(messages=first.log_messages)
+
+
+# -- on_session_start -----------------------------------------------------------------------
+
+
+async def test_start_hooks_thread_the_scope_and_the_turn_sees_it():
+    trace = []
+
+    def profile(info: SessionInfo):
+        trace.append(("profile", info.scope))
+        return cont(info.scope.assign(plan="pro"))
+
+    async def locale(info: SessionInfo):
+        trace.append(("locale", info.scope))
+        return cont(info.scope.assign(locale="fr"))
+
+    def look(turn: Turn):
+        trace.append(("turn", turn.scope))
+        return cont(turn)
+
+    pipe = Pipeline(model=ScriptedModel(["ok"]), pre=[look], on_session_start=[profile, locale])
+    user = Scope(current_user="ada")
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION, scope=user) as s:
+        await s.send("hi")
+
+    assert trace == [
+        ("profile", Scope(current_user="ada")),
+        ("locale", Scope(current_user="ada", assigns={"plan": "pro"})),
+        ("turn", Scope(current_user="ada", assigns={"plan": "pro", "locale": "fr"})),
+    ]
+    assert s.info.scope == Scope(current_user="ada", assigns={"plan": "pro", "locale": "fr"})
+
+
+async def test_start_hooks_are_told_the_conversation_and_no_turns_yet():
+    seen = []
+
+    def opened(info: SessionInfo):
+        seen.append(info)
+        return cont(info.scope)
+
+    pipe = Pipeline(model=ScriptedModel([]), on_session_start=[opened])
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+        pass
+
+    assert seen == [SessionInfo(CONVERSATION, Scope(), 0)]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda info: None, id="none"),
+        pytest.param(lambda info: info.scope, id="bare-scope"),
+        pytest.param(lambda info: cont("pro"), id="cont-of-str"),
+        pytest.param(lambda info: halt("no"), id="halt"),
+    ],
+)
+async def test_a_start_hook_returning_anything_but_cont_scope_fails_the_entry(make):
+    entered = []
+    pipe = Pipeline(model=ScriptedModel([]), on_session_start=[hook(make, name="load_profile")])
+
+    with pytest.raises(HookReturnError) as excinfo:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+            entered.append(True)
+
+    assert "load_profile" in str(excinfo.value)
+    assert excinfo.value.hook == "load_profile"
+    assert entered == []
+
+
+async def test_a_start_hook_that_raises_fails_the_entry_and_end_hooks_run_with_error():
+    trace = []
+
+    def load_profile(info: SessionInfo):
+        raise Boom("profile store down")
+
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        on_session_start=[hook(load_profile, name="load_profile")],
+        on_session_end=[end_recorder(trace)],
+    )
+
+    with pytest.raises(HookFailed) as excinfo:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+            trace.append("body")
+
+    assert excinfo.value.hook == "load_profile"
+    assert "load_profile" in str(excinfo.value)
+    assert isinstance(excinfo.value.__cause__, Boom)
+    assert trace == [("end", "error", SessionInfo(CONVERSATION, Scope(), 0))]
+
+
+async def test_a_start_hook_failure_stops_the_later_start_hooks():
+    trace = []
+
+    def first(info: SessionInfo):
+        raise Boom("down")
+
+    def second(info: SessionInfo):
+        trace.append("second")
+        return cont(info.scope)
+
+    pipe = Pipeline(model=ScriptedModel([]), on_session_start=[first, second])
+
+    with pytest.raises(HookFailed):
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+            pass
+
+    assert trace == []
+
+
+async def test_a_start_hook_that_fails_open_is_an_event_and_the_session_opens():
+    def load_profile(info: SessionInfo):
+        raise Boom("profile store down")
+
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        on_session_start=[hook(load_profile, name="load_profile", on_error="skip")],
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        events = session.events
+        scope = session.info.scope
+
+    assert events == (
+        ev.HookStarted("", "load_profile", "session_start"),
+        ev.HookFailed("", "load_profile", "session_start", "Boom: profile store down", False),
+    )
+    assert scope == Scope()
+
+
+async def test_session_hooks_are_reported_as_events_in_session_events():
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        on_session_start=[hook(lambda info: cont(info.scope), name="open")],
+        on_session_end=[hook(lambda info, reason: None, name="close")],
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        pass
+
+    assert [(type(event), event.hook, event.stage) for event in session.events] == [
+        (ev.HookStarted, "open", "session_start"),
+        (ev.HookFinished, "open", "session_start"),
+        (ev.HookStarted, "close", "session_end"),
+        (ev.HookFinished, "close", "session_end"),
+    ]
+
+
+# -- on_session_end -------------------------------------------------------------------------
+
+
+async def test_end_hooks_run_in_order_with_closed_on_a_normal_exit():
+    trace = []
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        on_session_end=[end_recorder(trace, "first"), end_recorder(trace, "second")],
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        await session.send("hi")
+        trace.append("body done")
+
+    info = SessionInfo(CONVERSATION, Scope(), 1)
+    assert trace == ["body done", ("end", "closed", info), ("end", "closed", info)]
+
+
+async def test_end_hooks_see_the_scope_the_start_hooks_made():
+    trace = []
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        on_session_start=[lambda info: cont(info.scope.assign(plan="pro"))],
+        on_session_end=[end_recorder(trace)],
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+        pass
+
+    assert trace == [
+        ("end", "closed", SessionInfo(CONVERSATION, Scope(assigns={"plan": "pro"}), 0))
+    ]
+
+
+async def test_an_error_in_the_body_runs_end_hooks_with_error_and_propagates_unwrapped():
+    trace = []
+    pipe = Pipeline(model=ScriptedModel([]), on_session_end=[end_recorder(trace)])
+
+    with pytest.raises(Boom) as excinfo:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+            raise Boom("body failed")
+
+    assert type(excinfo.value) is Boom
+    assert str(excinfo.value) == "body failed"
+    assert trace == [("end", "error", SessionInfo(CONVERSATION, Scope(), 0))]
+
+
+async def test_a_failed_turn_propagates_unwrapped_and_end_hooks_run_with_error():
+    trace = []
+
+    def broken(turn: Turn):
+        raise Boom("retrieval down")
+
+    pipe = Pipeline(
+        model=ScriptedModel(["never"]),
+        pre=[hook(broken, name="retrieval")],
+        on_session_end=[end_recorder(trace)],
+    )
+
+    with pytest.raises(HookFailed) as excinfo:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+            await session.send("hi")
+
+    assert excinfo.value.hook == "retrieval"
+    assert trace == [("end", "error", SessionInfo(CONVERSATION, Scope(), 1))]
+
+
+async def test_a_failing_end_hook_does_not_mask_the_bodys_error_and_becomes_an_event():
+    trace = []
+
+    def close_db(info: SessionInfo, reason: str):
+        raise RuntimeError("db already closed")
+
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        on_session_end=[hook(close_db, name="close_db"), end_recorder(trace, "after")],
+    )
+
+    with pytest.raises(Boom):
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+            raise Boom("body failed")
+
+    failures = [event for event in session.events if isinstance(event, ev.HookFailed)]
+    assert failures == [
+        ev.HookFailed("", "close_db", "session_end", "RuntimeError: db already closed", False)
+    ]
+    assert trace == [("end", "error", SessionInfo(CONVERSATION, Scope(), 0))]
+
+
+async def test_a_failing_end_hook_on_a_normal_exit_is_an_event_not_an_error():
+    def close_db(info: SessionInfo, reason: str):
+        raise RuntimeError("db already closed")
+
+    pipe = Pipeline(model=ScriptedModel([]), on_session_end=[hook(close_db, name="close_db")])
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        pass
+
+    assert [event for event in session.events if isinstance(event, ev.HookFailed)] == [
+        ev.HookFailed("", "close_db", "session_end", "RuntimeError: db already closed", False)
+    ]
+
+
+async def test_an_end_hooks_return_value_is_ignored():
+    pipe = Pipeline(
+        model=ScriptedModel([]), on_session_end=[hook(lambda info, reason: 42, name="odd")]
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        pass
+
+    assert not any(isinstance(event, ev.HookFailed) for event in session.events)
+
+
+async def test_an_end_hook_past_its_timeout_is_an_event_and_the_session_closes(autojump_clock):
+    trace = []
+
+    async def flush(info: SessionInfo, reason: str):
+        await trio.sleep(100)
+        trace.append("flushed")
+
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        on_session_end=[hook(flush, name="flush", timeout=2), end_recorder(trace)],
+    )
+    started = trio.current_time()
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        pass
+    closed_at = trio.current_time() - started
+
+    failures = [event for event in session.events if isinstance(event, ev.HookFailed)]
+    assert closed_at == 2.0
+    assert [(event.hook, event.stage) for event in failures] == [("flush", "session_end")]
+    assert trace == [("end", "closed", SessionInfo(CONVERSATION, Scope(), 0))]
+
+
+async def test_cancelling_the_body_runs_end_hooks_with_cancelled(autojump_clock):
+    trace = []
+    pipe = Pipeline(model=ScriptedModel([]), on_session_end=[end_recorder(trace)])
+
+    with trio.move_on_after(5) as scope:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+            trace.append("body")
+            await trio.sleep(100)
+            trace.append("never")
+
+    assert scope.cancelled_caught
+    assert trace == ["body", ("end", "cancelled", SessionInfo(CONVERSATION, Scope(), 0))]
+
+
+async def test_cancellation_reaches_the_caller_as_trio_cancelled_not_a_group(autojump_clock):
+    pipe = Pipeline(model=ScriptedModel([]))
+    caught = []
+
+    with trio.move_on_after(1):
+        try:
+            async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+                await trio.sleep(10)
+        except BaseException as exc:
+            caught.append(type(exc))
+            raise
+
+    assert caught == [trio.Cancelled]
+
+
+async def test_an_end_hook_that_awaits_still_runs_to_completion_when_cancelled(autojump_clock):
+    trace = []
+
+    async def flush(info: SessionInfo, reason: str):
+        await trio.sleep(2)
+        trace.append(("flushed", reason))
+
+    pipe = Pipeline(model=ScriptedModel([]), on_session_end=[flush])
+
+    with trio.move_on_after(1):
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+            await trio.sleep(10)
+
+    assert trace == [("flushed", "cancelled")]
+
+
+def slow_model(trace: list) -> FunctionModel:
+    async def slowly(request):
+        trace.append("model sent first")
+        yield "first "
+        await trio.sleep(10)
+        trace.append("model sent second")
+        yield "second"
+
+    return FunctionModel(slowly)
+
+
+async def test_cancelling_a_streamed_turn_mid_stream_commits_nothing_and_leaves_no_task(
+    autojump_clock,
+):
+    trace = []
+    log = MemoryLog()
+    pipe = Pipeline(model=slow_model(trace), on_session_end=[end_recorder(trace)])
+    before = live_tasks()
+    started = trio.current_time()
+
+    with trio.move_on_after(5) as scope:
+        async with (
+            pipe.session(log=log, conversation_id=CONVERSATION) as session,
+            session.stream("hi") as events,
+        ):
+            async for event in events:
+                if isinstance(event, ev.TextDelta):
+                    trace.append(f"got {event.text.strip()}")
+    stopped_at = trio.current_time() - started
+    remaining = live_tasks()
+    await trio.sleep(100)
+
+    assert scope.cancelled_caught
+    assert stopped_at == 5.0
+    assert remaining == before
+    assert trace == [
+        "model sent first",
+        "got first",
+        ("end", "cancelled", SessionInfo(CONVERSATION, Scope(), 1)),
+    ]
+    assert await log.entries(CONVERSATION) == ()
+
+
+async def test_cancelling_send_mid_stream_commits_nothing_and_leaves_no_task(autojump_clock):
+    trace = []
+    log = MemoryLog()
+    pipe = Pipeline(model=slow_model(trace), on_session_end=[end_recorder(trace)])
+    before = live_tasks()
+
+    with trio.move_on_after(5) as scope:
+        async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+            await session.send("hi")
+            trace.append("send returned")
+    remaining = live_tasks()
+    await trio.sleep(100)
+
+    assert scope.cancelled_caught
+    assert remaining == before
+    assert trace == [
+        "model sent first",
+        ("end", "cancelled", SessionInfo(CONVERSATION, Scope(), 1)),
+    ]
+    assert await log.entries(CONVERSATION) == ()
+
+
+# -- background hooks -----------------------------------------------------------------------
+
+
+def background(
+    trace: list,
+    name: str,
+    seconds: float,
+    text: str | None = None,
+    *,
+    announce: bool = True,
+    **options,
+):
+    """A background post hook that sleeps, records, and injects `text` if given."""
+
+    async def work(turn: Turn):
+        if announce:
+            trace.append(f"{name} started")
+        await trio.sleep(seconds)
+        trace.append(f"{name} finished")
+        return cont(turn.inject(text) if text is not None else turn)
+
+    return hook(work, name=name, background=True, **options)
+
+
+async def test_send_returns_without_waiting_for_background_hooks(autojump_clock):
+    trace = []
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]), post=[background(trace, "summary", 5, announce=False)]
+    )
+    started = trio.current_time()
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        await session.send("hi")
+        trace.append(("send returned", trio.current_time() - started))
+        await trio.sleep(1)
+        trace.append("body done")
+    trace.append(("session closed", trio.current_time() - started))
+
+    assert trace == [
+        ("send returned", 0.0),
+        "body done",
+        "summary finished",
+        ("session closed", 5.0),
+    ]
+
+
+async def test_a_background_hooks_durable_injection_is_committed_as_its_own_entry(
+    autojump_clock,
+):
+    log = MemoryLog()
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[background([], "summary", 1, "user greeted us", durable=True)],
+    )
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        result = await session.send("hi")
+
+    ref = result.turn.turn_ref
+    entries = await log.entries(CONVERSATION)
+    assert [(entry.turn_ref, entry.messages) for entry in entries] == [
+        (ref, (Message.user("hi"), Message.assistant("ok"))),
+        (
+            f"{ref}:summary",
+            (Message("user", (Text("user greeted us", meta={"injected_by": "summary"}),)),),
+        ),
+    ]
+
+
+async def test_a_background_hooks_committed_output_joins_the_history_of_the_next_turn(
+    autojump_clock,
+):
+    model = ScriptedModel(["one", "two"])
+    pipe = Pipeline(
+        model=model, post=[background([], "summary", 1, "summary so far", durable=True)]
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        first = await session.send("first")
+        await trio.sleep(2)
+        await session.send("second")
+
+    summary = Message("user", (Text("summary so far", meta={"injected_by": "summary"}),))
+    assert model.requests[1].messages == (
+        *first.log_messages,
+        summary,
+        Message.user("second"),
+    )
+
+
+async def test_a_transient_background_injection_is_not_committed(autojump_clock):
+    log = MemoryLog()
+    pipe = Pipeline(model=ScriptedModel(["ok"]), post=[background([], "scratch", 1, "notes")])
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        result = await session.send("hi")
+
+    assert await log.entries(CONVERSATION) == (
+        LogEntry(result.turn.turn_ref, result.log_messages, result.audit),
+    )
+
+
+async def test_a_background_hook_failure_becomes_an_event_not_an_error(autojump_clock):
+    async def memory(turn: Turn):
+        await trio.sleep(1)
+        raise Boom("memory store down")
+
+    log = MemoryLog()
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]), post=[hook(memory, name="memory", background=True)]
+    )
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        result = await session.send("hi")
+
+    failures = [event for event in session.events if isinstance(event, ev.HookFailed)]
+    assert result.outcome == "completed"
+    assert failures == [
+        ev.HookFailed(result.turn.turn_ref, "memory", "post", "Boom: memory store down", False)
+    ]
+    assert await log.load(CONVERSATION) == Context(messages=result.log_messages)
+
+
+async def test_background_hooks_that_outlive_the_drain_timeout_are_cancelled(autojump_clock):
+    trace = []
+    log = MemoryLog()
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[background(trace, "slow_summary", 100, "late", durable=True)],
+        on_session_end=[end_recorder(trace)],
+    )
+    started = trio.current_time()
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION, drain_timeout=3) as session:
+        result = await session.send("hi")
+    closed_at = trio.current_time() - started
+    await trio.sleep(200)
+
+    assert closed_at == 3.0
+    assert trace == [
+        "slow_summary started",
+        ("end", "closed", SessionInfo(CONVERSATION, Scope(), 1)),
+    ]
+    assert await log.load(CONVERSATION) == Context(messages=result.log_messages)
+
+
+async def test_the_drain_timeout_is_reported_as_a_hook_failed_event(autojump_clock):
+    pipe = Pipeline(model=ScriptedModel(["ok"]), post=[background([], "slow_summary", 100)])
+
+    async with pipe.session(
+        log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=3
+    ) as session:
+        await session.send("hi")
+
+    failures = [event for event in session.events if isinstance(event, ev.HookFailed)]
+    assert len(failures) == 1
+    assert "drain timeout" in failures[0].error
+    assert failures[0].enforced is False
+
+
+async def test_the_drain_timeout_event_names_the_cancelled_hook_and_its_turn(autojump_clock):
+    pipe = Pipeline(model=ScriptedModel(["ok"]), post=[background([], "slow_summary", 100)])
+
+    async with pipe.session(
+        log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=3
+    ) as session:
+        result = await session.send("hi")
+
+    assert [
+        (event.turn_ref, event.hook) for event in session.events if isinstance(event, ev.HookFailed)
+    ] == [(result.turn.turn_ref, "slow_summary")]
+
+
+async def test_background_hooks_that_finish_within_the_drain_timeout_report_nothing(
+    autojump_clock,
+):
+    pipe = Pipeline(model=ScriptedModel(["ok"]), post=[background([], "summary", 2)])
+
+    async with pipe.session(
+        log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=3
+    ) as session:
+        await session.send("hi")
+
+    assert not any(isinstance(event, ev.HookFailed) for event in session.events)
+
+
+async def test_a_background_commit_that_conflicts_becomes_an_event(autojump_clock):
+    log = MemoryLog()
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[background([], "summary", 5, "a summary", durable=True, announce=False)],
+    )
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        result = await session.send("hi")
+        await log.append(CONVERSATION, "other-writer", (Message.user("meanwhile"),))
+
+    failures = [event for event in session.events if isinstance(event, ev.HookFailed)]
+    assert [(e.turn_ref, e.hook, e.enforced) for e in failures] == [
+        (result.turn.turn_ref, "summary", False)
+    ]
+    assert "LogConflict" in failures[0].error
+    assert await log.load(CONVERSATION) == Context(
+        messages=(*result.log_messages, Message.user("meanwhile"))
+    )
+
+
+async def test_background_hooks_cut_short_by_a_cancelled_session_are_reported(autojump_clock):
+    trace = []
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[background(trace, "summary", 100, "a summary", durable=True, announce=False)],
+    )
+
+    with trio.move_on_after(5):
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+            result = await session.send("hi")
+            await trio.sleep(100)
+    await trio.sleep(200)
+
+    failures = [event for event in session.events if isinstance(event, ev.HookFailed)]
+    assert trace == []
+    assert [(event.turn_ref, event.hook) for event in failures] == [
+        (result.turn.turn_ref, "summary")
+    ]
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+
+class NotALog:
+    async def load(self, conversation_id):
+        return Context()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "culprit"),
+    [
+        pytest.param({"log": None}, "log", id="log-none"),
+        pytest.param({"log": NotALog()}, "log", id="log-without-append"),
+        pytest.param({"log": MemoryLog}, "log", id="log-class-not-instance"),
+        pytest.param({"conversation_id": ""}, "conversation_id", id="empty-id"),
+        pytest.param({"conversation_id": 7}, "conversation_id", id="int-id"),
+        pytest.param({"scope": {"user": "ada"}}, "scope", id="scope-dict"),
+        pytest.param({"drain_timeout": -1}, "drain_timeout", id="negative-drain"),
+        pytest.param({"drain_timeout": math.nan}, "drain_timeout", id="nan-drain"),
+        pytest.param({"drain_timeout": "10"}, "drain_timeout", id="str-drain"),
+        pytest.param({"drain_timeout": True}, "drain_timeout", id="bool-drain"),
+    ],
+)
+async def test_bad_session_arguments_are_config_errors_naming_the_argument(arguments, culprit):
+    pipe = Pipeline(model=ScriptedModel([]))
+    given = {"log": MemoryLog(), "conversation_id": CONVERSATION, **arguments}
+
+    with pytest.raises(ConfigError, match=culprit):
+        async with pipe.session(**given):
+            pass
+
+
+async def test_a_drain_timeout_of_zero_is_accepted():
+    pipe = Pipeline(model=ScriptedModel([]))
+
+    async with pipe.session(
+        log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=0
+    ) as session:
+        assert isinstance(session, Session)
+
+
+# -- building the pipeline ------------------------------------------------------------------
+
+
+def test_an_end_hook_with_the_wrong_arity_is_a_config_error_at_build():
+    def farewell(info):
+        return None
+
+    with pytest.raises(ConfigError, match="farewell"):
+        Pipeline(model=ScriptedModel([]), on_session_end=[farewell])
+
+
+def test_a_start_hook_with_the_wrong_arity_is_a_config_error_at_build():
+    def greet(info, reason):
+        return cont(info.scope)
+
+    with pytest.raises(ConfigError, match="greet"):
+        Pipeline(model=ScriptedModel([]), on_session_start=[greet])
+
+
+def test_a_parallel_group_is_not_a_session_hook():
+    def a(info):
+        return cont(info.scope)
+
+    with pytest.raises(ConfigError, match="on_session_start"):
+        Pipeline(model=ScriptedModel([]), on_session_start=[parallel(a)])
