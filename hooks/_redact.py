@@ -7,7 +7,8 @@ past it. So when a chunk brings a separator, everything before it can be decided
 the standard `re` engine, and released; only the run of alphabet characters after the last
 separator is held (for an e-mail pattern, the word being written). When a pattern can match
 any character (``.`` with DOTALL, ``[^x]``), there are no separators, and text is released
-once ``max_match`` characters follow it.
+once ``max_match`` characters follow it; likewise when a run without separators outgrows
+``max_match``. Held text never exceeds ``max_match`` characters.
 
 The law, checked by a property test: for any split of a text into chunks, the output equals
 `redact_text` of the whole text, provided every match is shorter than ``max_match``.
@@ -110,20 +111,6 @@ def _walk(
             raise _Unbounded
 
 
-def _separator_class(atoms: set[str]) -> str:
-    """A regex for one character outside every atom."""
-    positive = sorted(a for a in atoms if not a.startswith("[^"))
-    negative = sorted(a for a in atoms if a.startswith("[^"))
-    # Positive atoms fold into one negated class: [^abc\w].
-    bodies = "".join(a[1:-1] if a.startswith("[") else a for a in positive)
-    outside_positive = f"[^{bodies}]" if bodies else "(?s:.)"
-    if not negative:
-        return outside_positive
-    # Outside [^xy] means inside [xy].
-    inside_all = "".join(f"(?=[{a[2:-1]}])" for a in negative)
-    return f"{inside_all}{outside_positive}"
-
-
 def _required_char(pattern: re.Pattern[str]) -> str | None:
     """A character every match of `pattern` contains, if one is easy to see."""
     parsed = sre_parse.parse(pattern.pattern, pattern.flags)
@@ -148,7 +135,7 @@ class _Compiled:
 
     __slots__ = (
         "behind",
-        "last_separator",
+        "member",
         "patterns",
         "replacement",
         "required",
@@ -165,26 +152,34 @@ class _Compiled:
         self.patterns = patterns
         self.replacement = replacement
         self.window = window
-        atoms: set[str] = set()
         state = {"behind": _LOOKBEHIND_CONTEXT, "ignorecase": 0, "words": 0}
+        members: list[str] = []
+        words = False
         try:
             for pattern in patterns:
+                atoms: set[str] = set()
+                state["ignorecase"] = state["words"] = 0
                 parsed = sre_parse.parse(pattern.pattern, pattern.flags)
                 flags = parsed.state.flags
-                if flags & re.IGNORECASE:
-                    state["ignorecase"] = 1
                 _walk(parsed, bool(flags & re.DOTALL), atoms, state)
-            # Matches the text up to and including its last separator.
-            self.last_separator: re.Pattern[str] | None = re.compile(
-                rf"(?s:.*){_separator_class(atoms)}",
-                re.IGNORECASE if state["ignorecase"] else 0,
-            )
+                # Each pattern's characters are read with its own flags: case-insensitive
+                # (anywhere in it: a superset is safe) and ASCII-only classes.
+                scoped = ("i" if flags & re.IGNORECASE or state["ignorecase"] else "") + (
+                    "a" if flags & re.ASCII else ""
+                )
+                members.append(
+                    f"(?{scoped}:{'|'.join(sorted(atoms))})"
+                    if scoped
+                    else f"(?:{'|'.join(sorted(atoms))})"
+                )
+                # str.isalnum() implies \w only for Unicode \w ("alphanumeric or _").
+                words = words or (bool(state["words"]) and not flags & re.ASCII)
+            self.member: re.Pattern[str] | None = re.compile("|".join(members))
         except (_Unbounded, re.error, RecursionError):
-            self.last_separator = None
-        self.separators: dict[str, bool] | None = {} if self.last_separator is not None else None
+            self.member = None
+        self.separators: dict[str, bool] | None = {} if self.member is not None else None
         self.space = self.separators is not None and self.classify(" ")
-        # str.isalnum() implies \w (the engine's \w is exactly "alphanumeric or _").
-        self.words = bool(state["words"]) and self.last_separator is not None
+        self.words = words and self.member is not None
         self.behind = max(state["behind"], _LOOKBEHIND_CONTEXT)
         # A character every match must contain, per pattern: a stretch without any of them
         # cannot hold a match, and a substring test is much cheaper than a search.
@@ -198,11 +193,11 @@ class _Compiled:
 
     def classify(self, char: str) -> bool:
         """Whether `char` is a separator, remembered (the memo is bounded)."""
-        assert self.last_separator is not None
+        assert self.member is not None
         assert self.separators is not None
         if len(self.separators) >= _MEMO_LIMIT:
             self.separators.clear()
-        known = self.separators[char] = self.last_separator.match(char) is not None
+        known = self.separators[char] = self.member.fullmatch(char) is None
         return known
 
     def could_match(self, text: str) -> bool:
@@ -219,7 +214,7 @@ class _Compiled:
             return patterns[0].search(text, pos)
         best: re.Match[str] | None = None
         for pattern in patterns:
-            found = pattern.search(text, pos, best.start() + 1 if best is not None else len(text))
+            found = pattern.search(text, pos)
             if found is not None and (best is None or found.start() < best.start()):
                 best = found
         return best
@@ -280,7 +275,7 @@ class RedactStream:
             cut = len(text)
         elif compiled.words and text.isalnum():
             pending = self._pending = self._pending + text
-            if len(pending) < compiled.window:
+            if len(pending) <= compiled.window:
                 return ""
             return self._release_window()
         else:
@@ -312,12 +307,16 @@ class RedactStream:
                 decided[-behind:] if len(decided) >= behind else (self._context + decided)[-behind:]
             )
             self._pending = rest
-            return decided
-        return self._decide(decided, rest)  # the slow path: a match is possible
+            out = decided
+        else:
+            out = self._decide(decided, rest)  # the slow path: a match is possible
+        if len(rest) > compiled.window:
+            return out + self._release_window()
+        return out
 
     def _hold(self, text: str) -> str:
         pending = self._pending = self._pending + text
-        if len(pending) < self._compiled.window:
+        if len(pending) <= self._compiled.window:
             return ""
         return self._release_window()
 
@@ -351,12 +350,17 @@ class RedactStream:
         return out
 
     def _release_window(self) -> str:
-        """No separator for a whole window: decide the starts that have seen ``max_match``."""
+        """More than a window held: decide the starts followed by ``max_match`` characters.
+
+        A match shorter than ``max_match`` starting there ends at least two characters
+        before the text that has arrived so far does, so no end anchor (``$`` also matches
+        before a final newline) can mistake that for the end of the text.
+        """
         compiled = self._compiled
         context = self._context
         text = context + self._pending
         start = len(context)
-        limit = len(text) - compiled.window + 1
+        limit = len(text) - compiled.window
         out, stop, count = compiled.replace(text, start, limit)
         self.count += count
         self._context = text[max(0, stop - compiled.behind) : stop]
@@ -403,20 +407,29 @@ def redact(
         patterns: One pattern or several (strings or compiled regexes). With several, the
             leftmost match wins, and on a tie the pattern listed first.
         replacement: The literal text put in place of each match.
-        max_match: The longest match guaranteed to be redacted whatever the chunking.
+        max_match: Matches shorter than this are redacted whatever the chunking; held text
+            never exceeds it.
         name: The name its annotations and errors go under.
 
     Raises:
         ConfigError: A pattern does not compile, can match the empty string, or an option is
             out of range.
     """
+    given: object = patterns  # callers without a type checker pass anything
+    if isinstance(given, bytes | bytearray):
+        raise ConfigError(
+            f"redact pattern {patterns!r} is bytes; redaction works on text — pass a str"
+        )
     if isinstance(patterns, str | re.Pattern):
         patterns = (patterns,)
     compiled: list[re.Pattern[str]] = []
     for index, pattern in enumerate(patterns, 1):
         if isinstance(pattern, re.Pattern):
             if not isinstance(pattern.pattern, str):
-                raise ConfigError(f"redact pattern {index}: a bytes pattern cannot match text")
+                raise ConfigError(
+                    f"redact pattern {index} {pattern.pattern!r} is a bytes pattern; redaction"
+                    " works on text — compile it from a str"
+                )
             regex = pattern
         elif isinstance(pattern, str):
             try:

@@ -160,19 +160,19 @@ class Seam:
         return text
 
     def _feed_many(self, text: str) -> str:
-        feeds = self._feeds
-        feed = feeds[0]
+        index = 0
         try:
-            for feed in feeds:
+            for feed in self._feeds:
                 text = feed(text)
                 if type(text) is not str:
-                    raise self._wrong(feeds.index(feed), "feed()", text)
+                    raise self._wrong(index, "feed()", text)
                 if not text:
                     break
+                index += 1
         except (HookFailed, HookReturnError):
             raise
         except Exception as exc:
-            raise self._failed(feeds.index(feed), "feed()", exc) from exc
+            raise self._failed(index, "feed()", exc) from exc
         return text
 
     def flush(self) -> str:

@@ -1,0 +1,408 @@
+"""hooks.redact: stream redaction that adds up to the redaction of the whole text."""
+
+import re
+from itertools import pairwise
+from typing import NamedTuple
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hooks import redact
+from pipeline import ConfigError, Pipeline
+from pipeline import events as ev
+from pipeline.testing import ScriptedModel
+from turns import Turn
+
+EMAIL = r"[\w.+-]+@[\w-]+\.[\w.-]+"
+PHONE = r"\d{3}-\d{4}"
+MARK = "[REDACTED]"
+
+
+def through(factory, chunks) -> str:
+    """Stream `chunks` through a fresh instance of `factory`, flush included."""
+    stream = factory()
+    return "".join(stream.feed(chunk) for chunk in chunks) + stream.flush()
+
+
+# -- the law: any chunking adds up to the whole-text redaction ------------------------------
+
+
+class Case(NamedTuple):
+    """Patterns, an independent reference regex for them, and what texts are made of."""
+
+    patterns: list
+    reference: re.Pattern[str]
+    pieces: tuple[str, ...]
+    max_match: int = 256
+
+
+CASES = {
+    "email": Case(
+        [EMAIL],
+        re.compile(EMAIL),
+        ("jo", "e", "@", "exa", "mple", ".", "com", "+", "-", "_", " ", ",", "\n", "é", "x@y.io"),
+    ),
+    "phone": Case(
+        [PHONE], re.compile(PHONE), ("5", "55", "555", "-", "1234", "12", " ", "a", "\n")
+    ),
+    "phone, small window": Case(
+        [PHONE],
+        re.compile(PHONE),
+        ("5", "55", "555", "-", "1234", "12", " ", "a", "\n"),
+        max_match=9,
+    ),
+    "case-insensitive word": Case(
+        [re.compile("secret", re.IGNORECASE)],
+        re.compile("secret", re.IGNORECASE),
+        ("se", "SE", "cR", "Cr", "et", "ET", "s", "e", "t", "\u017f", "x", " ", "\n"),
+    ),
+    "word boundary": Case(
+        [r"\bcat\b"],
+        re.compile(r"\bcat\b"),
+        ("cat", "ca", "t", "c", "a", "s", "con", " ", "_", "1", ".", "é", "\n"),
+    ),
+    "word boundary, small window": Case(
+        [r"\bcat\b"],
+        re.compile(r"\bcat\b"),
+        ("cat", "ca", "t", "c", "a", "s", "con", " ", "_", "1", ".", "é", "\n"),
+        max_match=4,
+    ),
+    "lookbehind": Case(
+        [r"(?<=id:)\d+"],
+        re.compile(r"(?<=id:)\d+"),
+        ("id:", "id", "i", "d", ":", "1", "23", " ", "x", "\n"),
+    ),
+    "lookbehind, small window": Case(
+        [r"(?<=id:)\d{2}"],
+        re.compile(r"(?<=id:)\d{2}"),
+        ("id:", "id", "i", "d", ":", "1", "23", " ", "x", "\n"),
+        max_match=3,
+    ),
+    "dot": Case([r"k.y"], re.compile(r"k.y"), ("k", "y", "ky", "e", "\n", " ", "x", ".")),
+    "dotall": Case(
+        [r"(?s)<.{1,3}>"],
+        re.compile(r"<.{1,3}>", re.DOTALL),
+        ("<", ">", "a", "\n", " ", "<a>", "bc"),
+    ),
+    "dotall, small window": Case(
+        [r"(?s)<.{1,3}>"],
+        re.compile(r"<.{1,3}>", re.DOTALL),
+        ("<", ">", "a", "\n", " ", "<a>", "bc"),
+        max_match=6,
+    ),
+    "negated class": Case(
+        [r"[^\s@]+@x\.com"],
+        re.compile(r"[^\s@]+@x\.com"),
+        ("jo", "@", "x", ".", "com", "@x.com", " ", "\t", "\n", "é", "-"),
+    ),
+    "end anchor": Case([r"\d+$"], re.compile(r"\d+$"), ("1", "23", "\n", "\n\n", " ", "x")),
+    "multiline anchor": Case(
+        [re.compile(r"^pw: \w+", re.MULTILINE)],
+        re.compile(r"^pw: \w+", re.MULTILINE),
+        ("pw: ", "pw", ":", " ", "abc", "\n", "x", "p"),
+    ),
+    "several, leftmost wins": Case(
+        [r"\d{4}", r"\+\d{2}-\d{4}"],
+        re.compile(r"\d{4}|\+\d{2}-\d{4}"),
+        ("+", "44", "-", "1234", "12", "4", " ", "x"),
+    ),
+    "several, tie goes to the first": Case(
+        [r"\d{3}", PHONE, r"-\d{2}"],
+        re.compile(r"\d{3}|\d{3}-\d{4}|-\d{2}"),
+        ("5", "555", "-", "1234", "12", " ", "x"),
+    ),
+    "several, mixed case sensitivity": Case(
+        [r"#[^a-z\s]+", re.compile("secret", re.IGNORECASE)],
+        re.compile(r"#[^a-z\s]+|(?i:secret)"),
+        ("#", "A", "B", "b", " ", "se", "CRET", "x", "1"),
+    ),
+}
+
+
+@st.composite
+def texts(draw, pieces: tuple[str, ...]) -> str:
+    alphabet = sorted(set("".join(pieces)))
+    return draw(
+        st.one_of(
+            st.lists(st.sampled_from(pieces), max_size=30).map("".join),
+            st.text(alphabet=alphabet, max_size=60),
+        )
+    )
+
+
+@st.composite
+def chunkings(draw, text: str) -> list[str]:
+    """A split of `text` into chunks (empty chunks included), or one chunk per character."""
+    if draw(st.booleans()):
+        return list(text)
+    cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=8)))
+    return [text[start:end] for start, end in pairwise([0, *cuts, len(text)])]
+
+
+CASE_PARAMS = [pytest.param(case, id=name) for name, case in CASES.items()]
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+@settings(max_examples=60)
+@given(data=st.data())
+def test_any_chunking_adds_up_to_the_whole_text_redaction(case: Case, data):
+    factory = redact(case.patterns, max_match=case.max_match)
+    text = data.draw(texts(case.pieces), label="text")
+    chunks = data.draw(chunkings(text), label="chunks")
+    assert through(factory, chunks) == factory.redact_text(text)
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+@settings(max_examples=30)
+@given(data=st.data())
+def test_the_whole_text_redaction_agrees_with_a_reference_substitution(case: Case, data):
+    factory = redact(case.patterns, max_match=case.max_match)
+    text = data.draw(texts(case.pieces), label="text")
+    assert factory.redact_text(text) == case.reference.sub(lambda _: MARK, text)
+
+
+def test_the_leftmost_match_wins_over_an_earlier_pattern():
+    factory = redact([r"\d{4}", r"\+\d{2}-\d{4}"], replacement="#")
+    assert factory.redact_text("call +44-1234") == "call #"
+
+
+def test_on_a_tie_the_pattern_listed_first_wins():
+    factory = redact([r"\d{3}", PHONE], replacement="#")
+    assert factory.redact_text("555-1234") == "#-#4"
+
+
+def test_a_case_sensitive_negated_class_next_to_a_case_insensitive_pattern():
+    factory = redact([r"#[^a-z\s]+", re.compile("secret", re.IGNORECASE)], replacement="#")
+    assert through(factory, ["#A", "B cd"]) == "# cd"
+
+
+def test_an_ascii_negated_class_is_not_split_at_unicode_spaces():
+    # Under re.ASCII, \s is ASCII whitespace only: an em space is part of [^\s@]+.
+    factory = redact([re.compile(r"[^\s@]+@x\.com", re.ASCII)], replacement="#")
+    assert through(factory, ["a\u2003", "b@x.com"]) == factory.redact_text("a\u2003b@x.com")
+
+
+def test_a_word_boundary_is_judged_with_the_text_released_before_it():
+    factory = redact(r"\bcat\b", replacement="#")
+    assert through(factory, ["con", "cat cat"]) == "concat #"
+
+
+def test_an_end_anchor_is_not_fooled_by_a_newline_at_the_end_of_a_chunk():
+    factory = redact(r"\d+$", replacement="#")
+    assert through(factory, ["pin 12\n", "x"]) == "pin 12\nx"
+
+
+def test_an_end_anchor_in_the_fallback_mode_sees_the_real_end():
+    # The match "ab" (2 characters) is shorter than max_match (3), so the law applies; the
+    # whole text has no match, since "$" only matches before a final newline.
+    factory = redact(r"(?s)a.$", replacement="#", max_match=3)
+    assert through(factory, ["ab\n", "z"]) == "ab\nz"
+
+
+# -- prompt release and held text -----------------------------------------------------------
+
+
+def test_text_that_cannot_be_part_of_a_match_is_released_at_once():
+    stream = redact(EMAIL)()
+    assert stream.feed("hello ") == "hello "
+
+
+def test_only_the_word_being_written_is_held_back():
+    stream = redact(EMAIL)()
+    assert stream.feed("write to jo") == "write to "
+
+
+def test_held_text_is_decided_when_the_chunk_that_proves_it_arrives():
+    stream = redact(EMAIL)()
+    outputs = [
+        stream.feed("write to jo"),
+        stream.feed("e@example.com, thanks"),
+        stream.flush(),
+    ]
+    assert outputs == ["write to ", f"{MARK}, ", "thanks"]
+
+
+def test_a_phone_number_prefix_is_held_and_the_rest_released():
+    stream = redact(PHONE)()
+    assert stream.feed("call 555") == "call "
+
+
+def test_a_negated_class_pattern_releases_at_whitespace():
+    stream = redact(r"[^\s@]+@x\.com")()
+    assert stream.feed("ask jo\tor an") == "ask jo\tor "
+
+
+def test_in_the_fallback_mode_at_most_max_match_characters_are_held():
+    stream = redact(r"(?s)<.{1,3}>", max_match=6)()
+    out = stream.feed("0123456789")
+    assert "0123456789".startswith(out)
+    assert len("0123456789") - len(out) <= 6
+
+
+def test_held_text_does_not_exceed_max_match_after_a_separator():
+    stream = redact(EMAIL, max_match=5)()
+    out = stream.feed("x abcdefghijk")
+    # Nothing in it can match (no "@"), so what is not released is held.
+    assert "x abcdefghijk".startswith(out)
+    assert len("x abcdefghijk") - len(out) <= 5
+
+
+class Holding(NamedTuple):
+    """A pattern with a same-length replacement, so held = fed - released."""
+
+    pattern: str
+    replacement: str
+    pieces: tuple[str, ...]
+    max_match: int
+
+
+HOLDING = {
+    "phone": Holding(PHONE, "#" * 8, ("5", "555", "-", "1234", " ", "a", "12345678"), 9),
+    "email, no match possible": Holding(EMAIL, "#", ("jo", "e", ".", "com", " ", "\n", "-"), 7),
+    "literal": Holding(r"(?s)<a>", "###", ("<", ">", "a", "\n", " ", "bc"), 5),
+    "dotall fallback": Holding(r"(?s)<.>", "###", ("<", ">", "a", "\n", " ", "bc"), 5),
+}
+
+
+@pytest.mark.parametrize(
+    "holding", [pytest.param(holding, id=name) for name, holding in HOLDING.items()]
+)
+@settings(max_examples=60)
+@given(data=st.data())
+def test_held_text_never_exceeds_max_match(holding: Holding, data):
+    factory = redact(holding.pattern, replacement=holding.replacement, max_match=holding.max_match)
+    text = data.draw(texts(holding.pieces), label="text")
+    chunks = data.draw(chunkings(text), label="chunks")
+    stream = factory()
+    fed = released = 0
+    for chunk in chunks:
+        fed += len(chunk)
+        released += len(stream.feed(chunk))
+        assert fed - released <= holding.max_match
+
+
+# -- flags and annotations ------------------------------------------------------------------
+
+
+def test_a_compiled_patterns_flags_are_honoured():
+    factory = redact(re.compile("secret", re.IGNORECASE))
+    assert through(factory, ["my SeC", "rEt now"]) == f"my {MARK} now"
+
+
+def test_a_multiline_anchor_matches_after_a_newline_in_an_earlier_chunk():
+    factory = redact(re.compile(r"^pw: \w+", re.MULTILINE), replacement="#")
+    assert through(factory, ["a\n", "pw: hunter2"]) == "a\n#"
+
+
+def test_the_replacement_is_literal():
+    factory = redact(PHONE, replacement=r"\g<0> \1")
+    assert factory.redact_text("call 555-1234") == r"call \g<0> \1"
+
+
+def test_annotations_count_the_redactions():
+    stream = redact(EMAIL)()
+    through_chunks = [stream.feed("a@b.co and x@"), stream.feed("y.io. "), stream.flush()]
+    assert "".join(through_chunks) == f"{MARK} and {MARK} "
+    assert stream.annotations() == {"redactions": 2}
+
+
+def test_each_instance_counts_its_own_redactions():
+    factory = redact(PHONE)
+    first, second = factory(), factory()
+    first.feed("555-1234 ")
+    first.flush()
+    assert (first.annotations(), second.annotations()) == ({"redactions": 1}, {"redactions": 0})
+
+
+def test_the_factory_is_named_for_its_annotations():
+    assert redact(PHONE).name == "redact"
+    assert redact(PHONE, name="phones").name == "phones"
+
+
+# -- configuration errors -------------------------------------------------------------------
+
+
+def test_a_pattern_that_does_not_compile_is_refused_by_name():
+    with pytest.raises(ConfigError) as info:
+        redact([PHONE, r"(unclosed"])
+    assert "(unclosed" in str(info.value)
+
+
+def test_a_pattern_matching_the_empty_string_is_refused_by_name():
+    with pytest.raises(ConfigError) as info:
+        redact([PHONE, r"\d*"])
+    assert r"\d*" in str(info.value)
+
+
+@pytest.mark.parametrize("pattern", [r"\b", "(?=x)", "x?"])
+def test_zero_width_patterns_are_refused(pattern):
+    with pytest.raises(ConfigError, match=re.escape(repr(pattern))):
+        redact(pattern)
+
+
+def test_a_compiled_bytes_pattern_is_refused_by_name():
+    with pytest.raises(ConfigError) as info:
+        redact([PHONE, re.compile(b"secret")])  # type: ignore[arg-type]
+    assert "secret" in str(info.value)
+
+
+def test_a_bytes_pattern_is_refused_by_name():
+    with pytest.raises(ConfigError) as info:
+        redact(b"secret")  # type: ignore[arg-type]
+    assert "secret" in str(info.value)
+
+
+def test_a_pattern_that_is_not_a_string_is_refused_by_name():
+    with pytest.raises(ConfigError) as info:
+        redact([PHONE, 12345])  # type: ignore[list-item]
+    assert "12345" in str(info.value)
+
+
+def test_no_patterns_is_refused():
+    with pytest.raises(ConfigError, match="pattern"):
+        redact([])
+
+
+@pytest.mark.parametrize("max_match", [0, -1, True, 2.5, "10", None])
+def test_a_bad_max_match_is_refused(max_match):
+    with pytest.raises(ConfigError) as info:
+        redact(PHONE, max_match=max_match)
+    assert "max_match" in str(info.value)
+    assert repr(max_match) in str(info.value)
+
+
+@pytest.mark.parametrize("replacement", [None, b"#", 0])
+def test_a_bad_replacement_is_refused(replacement):
+    with pytest.raises(ConfigError) as info:
+        redact(PHONE, replacement=replacement)
+    assert "replacement" in str(info.value)
+    assert repr(replacement) in str(info.value)
+
+
+# -- in a pipeline --------------------------------------------------------------------------
+
+
+async def test_a_match_split_across_chunks_is_redacted_in_the_reply_and_every_delta():
+    pipe = Pipeline(
+        model=ScriptedModel([["mail jo", "e@exa", "mple.com now"]]), transformers=[redact(EMAIL)]
+    )
+    async with pipe.stream(Turn.start("hi")) as events:
+        seen = [event async for event in events]
+    result = events.result
+    texts_seen = [e.text for e in seen if isinstance(e, ev.TextDelta)]
+    assert result.reply is not None
+    assert result.reply.text == f"mail {MARK} now"
+    assert "".join(texts_seen) == f"mail {MARK} now"
+    for fragment in ("jo", "e@", "exa", "mple", "@", ".com"):
+        assert all(fragment not in text for text in texts_seen), fragment
+
+
+async def test_redactions_are_reported_in_the_reply_annotations():
+    pipe = Pipeline(
+        model=ScriptedModel([["mail jo", "e@exa", "mple.com now"]]),
+        transformers=[redact(EMAIL, name="pii")],
+    )
+    result = await pipe.run(Turn.start("hi"))
+    assert result.reply is not None
+    assert result.reply.annotations == {"pii": {"redactions": 1}}

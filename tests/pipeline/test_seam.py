@@ -1,0 +1,613 @@
+"""Stage 6, the stream-transformer seam: every text chunk passes through it before anyone sees it."""
+
+from collections.abc import Callable
+
+import pytest
+
+from hooks import redact
+from pipeline import (
+    ConfigError,
+    HookFailed,
+    HookReturnError,
+    Pipeline,
+    TurnResult,
+    cont,
+    per_chunk,
+    regenerate,
+)
+from pipeline import events as ev
+from pipeline.logs import MemoryLog
+from pipeline.testing import ScriptedModel
+from turns import Turn
+
+TURN_REF = "turn-seam"
+
+
+def start(text: str = "hi") -> Turn:
+    return Turn.start(text, turn_ref=TURN_REF)
+
+
+async def collect(pipe: Pipeline, turn: Turn) -> tuple[list[ev.Event], TurnResult]:
+    async with pipe.stream(turn) as events:
+        seen = [event async for event in events]
+    return seen, events.result
+
+
+def deltas(events: list[ev.Event]) -> list[tuple[str, int]]:
+    return [(e.text, e.attempt) for e in events if isinstance(e, ev.TextDelta)]
+
+
+# -- transformers ---------------------------------------------------------------------------
+
+
+class Factory:
+    """A named transformer factory: ``Factory("name", build)`` calls `build` for each instance."""
+
+    def __init__(self, name: str, build: Callable[[], object]) -> None:
+        self.name = name
+        self.build = build
+
+    def __call__(self) -> object:
+        return self.build()
+
+
+class Shout:
+    """Upper-cases every chunk; holds nothing."""
+
+    def feed(self, text: str) -> str:
+        return text.upper()
+
+    def flush(self) -> str:
+        return ""
+
+
+def shout() -> Shout:
+    return Shout()
+
+
+class HoldLast:
+    """Holds back the last character it was fed; releases it on flush."""
+
+    def __init__(self) -> None:
+        self.held = ""
+
+    def feed(self, text: str) -> str:
+        text = self.held + text
+        self.held = text[-1:]
+        return text[:-1]
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
+
+
+class HoldAll:
+    """Holds everything back until flush."""
+
+    def __init__(self) -> None:
+        self.held = ""
+
+    def feed(self, text: str) -> str:
+        self.held += text
+        return ""
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
+
+
+class MarkFirst:
+    """Marks the first chunk its instance sees: a reused instance would not mark again."""
+
+    def __init__(self) -> None:
+        self.started = False
+
+    def feed(self, text: str) -> str:
+        if self.started:
+            return text
+        self.started = True
+        return "» " + text
+
+    def flush(self) -> str:
+        return ""
+
+
+class CountChunks:
+    """Passes text through and reports how many chunks its instance saw."""
+
+    def __init__(self) -> None:
+        self.chunks = 0
+
+    def feed(self, text: str) -> str:
+        self.chunks += 1
+        return text
+
+    def flush(self) -> str:
+        return ""
+
+    def annotations(self) -> dict[str, int]:
+        return {"chunks": self.chunks}
+
+
+def traced(trace: list[str], label: str, transform: Callable[[str], str] = str) -> Factory:
+    """A transformer that records every feed and flush under `label`."""
+
+    class Traced:
+        def feed(self, text: str) -> str:
+            trace.append(f"{label}.feed:{text}")
+            return transform(text)
+
+        def flush(self) -> str:
+            trace.append(f"{label}.flush")
+            return ""
+
+    return Factory(label, Traced)
+
+
+def failing(name: str, *, in_flush: bool = False) -> Factory:
+    class Broken:
+        def feed(self, text: str) -> str:
+            if not in_flush:
+                raise ValueError("feed exploded")
+            return text
+
+        def flush(self) -> str:
+            if in_flush:
+                raise ValueError("flush exploded")
+            return ""
+
+    return Factory(name, Broken)
+
+
+def scrub(text: str) -> str:
+    return text
+
+
+def count_chunks() -> CountChunks:
+    return CountChunks()
+
+
+SHARED = Shout()
+
+
+def same_shout() -> Shout:
+    return SHARED
+
+
+def broken_factory() -> Shout:
+    raise RuntimeError("no configuration")
+
+
+class FeedOnly:
+    def feed(self, text: str) -> str:
+        return text
+
+
+def half_done() -> FeedOnly:
+    return FeedOnly()
+
+
+def reject_first(turn: Turn):
+    """A post hook that rejects attempt 1 and accepts the rest."""
+    assert turn.reply is not None
+    if turn.reply.attempt == 1:
+        return regenerate("say it differently")
+    return cont(turn)
+
+
+def pipe_with(*transformers: object, replies=(("hel", "lo world"),), **options) -> Pipeline:
+    return Pipeline(
+        model=ScriptedModel([list(reply) for reply in replies]),
+        transformers=list(transformers),
+        **options,
+    )
+
+
+# -- order ----------------------------------------------------------------------------------
+
+
+async def test_transformers_run_in_list_order_on_every_chunk():
+    trace: list[str] = []
+    pipe = pipe_with(
+        traced(trace, "first", str.upper),
+        traced(trace, "second", lambda text: f"[{text}]"),
+        replies=[["ab", "cd"]],
+    )
+    await pipe.run(start())
+    assert trace == [
+        "first.feed:ab",
+        "second.feed:AB",
+        "first.feed:cd",
+        "second.feed:CD",
+        "first.flush",
+        "second.flush",
+    ]
+
+
+async def test_the_reply_is_the_chained_output_of_the_transformers():
+    pipe = pipe_with(
+        per_chunk(str.upper), per_chunk(lambda text: f"[{text}]"), replies=[["ab", "cd"]]
+    )
+    result = await pipe.run(start())
+    assert result.reply is not None
+    assert result.reply.text == "[AB][CD]"
+
+
+# -- the transformed text is the only text anyone sees ----------------------------------------
+
+
+async def test_text_deltas_carry_the_transformed_text():
+    events, _ = await collect(pipe_with(shout), start())
+    assert deltas(events) == [("HEL", 1), ("LO WORLD", 1)]
+
+
+async def test_the_reply_holds_the_transformed_text():
+    result = await pipe_with(shout).run(start())
+    assert result.reply is not None
+    assert result.reply.text == "HELLO WORLD"
+    assert result.turn.reply == result.reply
+
+
+async def test_the_audit_attempts_hold_the_transformed_text():
+    pipe = pipe_with(shout, replies=[["first ", "try"], ["second ", "try"]], post=[reject_first])
+    result = await pipe.run(start())
+    assert [a.text for a in result.audit.attempts] == ["FIRST TRY", "SECOND TRY"]
+
+
+async def test_the_log_messages_hold_the_transformed_text():
+    result = await pipe_with(shout).run(start("hi"))
+    assert [(m.role, m.text) for m in result.log_messages] == [
+        ("user", "hi"),
+        ("assistant", "HELLO WORLD"),
+    ]
+
+
+async def test_the_log_receives_the_transformed_text():
+    log = MemoryLog()
+    async with pipe_with(shout).session(log=log, conversation_id="c1") as session:
+        await session.send("hi")
+    (entry,) = await log.entries("c1")
+    assert [m.text for m in entry.messages] == ["hi", "HELLO WORLD"]
+
+
+async def test_a_rejection_records_the_transformed_text():
+    pipe = pipe_with(shout, replies=[["first ", "try"], ["second ", "try"]], post=[reject_first])
+    result = await pipe.run(start())
+    assert [(r.attempt, r.text) for r in result.rejections] == [(1, "FIRST TRY")]
+    assert result.audit.rejections == result.rejections
+
+
+async def test_the_regenerating_model_is_shown_its_transformed_reply():
+    model = ScriptedModel([["first ", "try"], ["second ", "try"]])
+    pipe = Pipeline(model=model, transformers=[shout], post=[reject_first])
+    await pipe.run(start())
+    shown = [m.text for m in model.requests[1].messages if m.role == "assistant"]
+    assert shown == ["FIRST TRY"]
+
+
+async def test_a_rejected_attempts_deltas_are_transformed_too():
+    pipe = pipe_with(shout, replies=[["first ", "try"], ["second ", "try"]], post=[reject_first])
+    events, _ = await collect(pipe, start())
+    assert deltas(events) == [("FIRST ", 1), ("TRY", 1), ("SECOND ", 2), ("TRY", 2)]
+
+
+# -- a fresh instance per attempt -----------------------------------------------------------
+
+
+async def test_each_attempt_gets_a_fresh_transformer():
+    pipe = pipe_with(
+        Factory("mark", MarkFirst),
+        replies=[["first ", "try"], ["second ", "try"]],
+        post=[reject_first],
+    )
+    result = await pipe.run(start())
+    assert [a.text for a in result.audit.attempts] == ["» first try", "» second try"]
+
+
+async def test_annotations_of_a_rejected_attempt_do_not_leak_into_the_next():
+    counter = Factory("counter", CountChunks)
+    pipe = pipe_with(
+        counter, replies=[["a", "b", "c"], ["d", "e"]], post=[reject_first], max_regenerations=1
+    )
+    result = await pipe.run(start())
+    assert result.reply is not None
+    assert result.reply.annotations == {"counter": {"chunks": 2}}
+
+
+async def test_transformer_state_does_not_cross_turns():
+    pipe = pipe_with(Factory("mark", MarkFirst), replies=[["one"], ["two"]])
+    first = await pipe.run(start())
+    second = await pipe.run(start())
+    assert first.reply is not None
+    assert second.reply is not None
+    assert (first.reply.text, second.reply.text) == ("» one", "» two")
+
+
+# -- held text and flush --------------------------------------------------------------------
+
+
+async def test_held_text_is_released_by_flush_as_a_final_text_delta():
+    pipe = pipe_with(Factory("hold_last", HoldLast), replies=[["ab", "cd"]])
+    events, result = await collect(pipe, start())
+    model_events = [
+        (type(e).__name__, getattr(e, "text", None))
+        for e in events
+        if isinstance(e, ev.ModelCalled | ev.TextDelta | ev.ReplyReady)
+    ]
+    assert model_events == [
+        ("ModelCalled", None),
+        ("TextDelta", "a"),
+        ("TextDelta", "bc"),
+        ("TextDelta", "d"),
+        ("ReplyReady", None),
+    ]
+    assert result.reply is not None
+    assert result.reply.text == "abcd"
+
+
+async def test_text_held_until_the_end_reaches_the_reply():
+    pipe = pipe_with(Factory("hold_all", HoldAll), replies=[["ab", "cd"]])
+    events, result = await collect(pipe, start())
+    assert deltas(events) == [("abcd", 1)]
+    assert result.reply is not None
+    assert result.reply.text == "abcd"
+
+
+async def test_the_flush_of_one_transformer_is_fed_through_the_next():
+    trace: list[str] = []
+
+    class TracedHoldAll(HoldAll):
+        def feed(self, text: str) -> str:
+            trace.append(f"hold.feed:{text}")
+            return super().feed(text)
+
+        def flush(self) -> str:
+            trace.append("hold.flush")
+            return super().flush()
+
+    pipe = pipe_with(
+        Factory("hold", TracedHoldAll),
+        traced(trace, "shout", str.upper),
+        replies=[["ab", "cd"]],
+    )
+    result = await pipe.run(start())
+    assert trace == [
+        "hold.feed:ab",
+        "hold.feed:cd",
+        "hold.flush",
+        "shout.feed:abcd",
+        "shout.flush",
+    ]
+    assert result.reply is not None
+    assert result.reply.text == "ABCD"
+
+
+# -- per_chunk ------------------------------------------------------------------------------
+
+
+async def test_per_chunk_applies_the_function_to_each_chunk_alone():
+    seen: list[str] = []
+
+    def bracket(text: str) -> str:
+        seen.append(text)
+        return f"[{text}]"
+
+    result = await pipe_with(per_chunk(bracket), replies=[["ab", "cd", "e"]]).run(start())
+    assert seen == ["ab", "cd", "e"]
+    assert result.reply is not None
+    assert result.reply.text == "[ab][cd][e]"
+
+
+def test_per_chunk_is_named_after_its_function():
+    assert per_chunk(scrub).name == "scrub"
+    assert per_chunk(scrub, name="cleaner").name == "cleaner"
+
+
+def test_per_chunk_refuses_what_is_not_a_function():
+    with pytest.raises(ConfigError, match="'upper'"):
+        per_chunk("upper")  # type: ignore[arg-type]
+
+
+async def test_a_failing_per_chunk_function_is_named_in_the_failure():
+    def scrub(text: str) -> str:
+        raise ValueError("bad chunk")
+
+    with pytest.raises(HookFailed) as info:
+        await pipe_with(per_chunk(scrub, name="cleaner")).run(start())
+    assert (info.value.hook, info.value.stage) == ("cleaner", "transformers")
+    assert "'cleaner'" in str(info.value)
+
+
+# -- annotations ----------------------------------------------------------------------------
+
+
+async def test_annotations_land_in_the_reply_under_the_factorys_name():
+    pipe = pipe_with(Factory("counter", CountChunks), replies=[["a", "b", "c"]])
+    result = await pipe.run(start())
+    assert result.reply is not None
+    assert result.reply.annotations == {"counter": {"chunks": 3}}
+
+
+async def test_annotations_of_a_plain_factory_go_under_its_function_name():
+    result = await pipe_with(count_chunks, replies=[["a", "b"]]).run(start())
+    assert result.reply is not None
+    assert result.reply.annotations == {"count_chunks": {"chunks": 2}}
+
+
+async def test_transformers_without_annotations_report_nothing():
+    result = await pipe_with(shout, Factory("counter", CountChunks), replies=[["a"]]).run(start())
+    assert result.reply is not None
+    assert result.reply.annotations == {"counter": {"chunks": 1}}
+
+
+async def test_redaction_counts_land_in_the_reply():
+    pipe = pipe_with(redact(r"\d{3}-\d{4}", name="phones"), replies=[["call 555-", "1234 now"]])
+    result = await pipe.run(start())
+    assert result.reply is not None
+    assert result.reply.annotations == {"phones": {"redactions": 1}}
+
+
+async def test_a_failing_annotations_method_is_a_hook_failure_naming_it():
+    class BadReport(Shout):
+        def annotations(self) -> dict[str, int]:
+            raise RuntimeError("cannot report")
+
+    with pytest.raises(HookFailed) as info:
+        await pipe_with(Factory("reporter", BadReport)).run(start())
+    assert (info.value.hook, info.value.stage) == ("reporter", "transformers")
+    assert "'reporter'" in str(info.value)
+
+
+# -- validation when the pipeline is built --------------------------------------------------
+
+
+def test_an_entry_that_is_not_callable_is_refused_with_its_position():
+    with pytest.raises(ConfigError) as info:
+        Pipeline(model=ScriptedModel(["ok"]), transformers=[shout, "upper"])
+    assert "position 2" in str(info.value)
+    assert "'upper'" in str(info.value)
+
+
+def test_an_instance_instead_of_a_factory_is_refused_with_a_hint():
+    with pytest.raises(ConfigError) as info:
+        Pipeline(model=ScriptedModel(["ok"]), transformers=[Shout()])
+    assert "Shout" in str(info.value)
+    assert "factory" in str(info.value)
+
+
+async def test_a_class_is_a_factory():
+    # A class with a no-argument constructor returns a fresh instance per call: a factory.
+    result = await pipe_with(Shout).run(start())
+    assert result.reply is not None
+    assert result.reply.text == "HELLO WORLD"
+
+
+def test_a_factory_returning_the_same_object_twice_is_refused():
+    with pytest.raises(ConfigError, match="'same_shout'"):
+        Pipeline(model=ScriptedModel(["ok"]), transformers=[same_shout])
+
+
+def test_a_factory_that_raises_is_refused_naming_it():
+    with pytest.raises(ConfigError) as info:
+        Pipeline(model=ScriptedModel(["ok"]), transformers=[broken_factory])
+    assert "'broken_factory'" in str(info.value)
+    assert "no configuration" in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_a_factory_returning_an_object_without_feed_and_flush_is_refused():
+    with pytest.raises(ConfigError) as info:
+        Pipeline(model=ScriptedModel(["ok"]), transformers=[half_done])
+    assert "'half_done'" in str(info.value)
+    assert "flush" in str(info.value)
+
+
+def test_a_factory_is_validated_when_the_pipeline_is_built():
+    built: list[str] = []
+
+    def counted() -> Shout:
+        built.append("instance")
+        return Shout()
+
+    Pipeline(model=ScriptedModel(["ok"]), transformers=[counted])
+    assert built, "the factory was not called when the pipeline was built"
+
+
+# -- failures during a turn ----------------------------------------------------------------
+
+
+async def test_a_transformer_raising_in_feed_fails_the_turn_naming_it():
+    with pytest.raises(HookFailed) as info:
+        await pipe_with(shout, failing("scrubber")).run(start())
+    assert (info.value.hook, info.value.stage) == ("scrubber", "transformers")
+    assert "'scrubber'" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+async def test_a_transformer_raising_in_flush_fails_the_turn_naming_it():
+    with pytest.raises(HookFailed) as info:
+        await pipe_with(failing("closer", in_flush=True), shout).run(start())
+    assert (info.value.hook, info.value.stage) == ("closer", "transformers")
+    assert "'closer'" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def stamp(text: str) -> str:
+    """Marks a chunk; refuses a chunk that is already marked."""
+    if text.endswith("#"):
+        raise ValueError("already stamped")
+    return text + "#"
+
+
+async def test_a_failure_names_the_position_that_raised_when_a_function_is_shared():
+    pipe = pipe_with(per_chunk(stamp, name="stamp_once"), per_chunk(stamp, name="stamp_twice"))
+    with pytest.raises(HookFailed) as info:
+        await pipe.run(start())
+    assert info.value.hook == "stamp_twice"
+    assert "position 2" in str(info.value)
+
+
+async def test_a_transformer_failure_commits_nothing():
+    log = MemoryLog()
+    pipe = pipe_with(failing("scrubber"))
+    async with pipe.session(log=log, conversation_id="c1") as session:
+        with pytest.raises(HookFailed):
+            await session.send("hi")
+    assert await log.entries("c1") == ()
+
+
+async def test_a_transformer_failure_in_flush_commits_nothing():
+    log = MemoryLog()
+    pipe = pipe_with(failing("closer", in_flush=True))
+    async with pipe.session(log=log, conversation_id="c1") as session:
+        with pytest.raises(HookFailed):
+            await session.send("hi")
+    assert await log.entries("c1") == ()
+
+
+async def test_a_transformer_failure_is_raised_from_the_stream():
+    with pytest.raises(HookFailed, match="'scrubber'"):
+        await collect(pipe_with(failing("scrubber")), start())
+
+
+async def test_feed_returning_something_other_than_text_is_a_return_error():
+    class Encoder(Shout):
+        def feed(self, text: str) -> str:
+            return text.encode()  # type: ignore[return-value]
+
+    with pytest.raises(HookReturnError) as info:
+        await pipe_with(Factory("encoder", Encoder)).run(start())
+    assert (info.value.hook, info.value.stage) == ("encoder", "transformers")
+    assert "'encoder'" in str(info.value)
+
+
+async def test_flush_returning_none_is_a_return_error():
+    class Forgetful(Shout):
+        def flush(self) -> str:
+            return None  # type: ignore[return-value]
+
+    with pytest.raises(HookReturnError) as info:
+        await pipe_with(Factory("forgetful", Forgetful)).run(start())
+    assert (info.value.hook, info.value.stage) == ("forgetful", "transformers")
+    assert "'forgetful'" in str(info.value)
+
+
+# -- run and stream -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "transformers",
+    [
+        pytest.param([shout], id="stateless"),
+        pytest.param([Factory("hold_last", HoldLast), shout], id="holding"),
+        pytest.param([redact(r"[\w.+-]+@[\w-]+\.[\w.]+")], id="redact"),
+    ],
+)
+async def test_run_and_stream_give_the_same_reply_text(transformers):
+    replies = [["mail jo", "e@exa", "mple.com now"]]
+    ran = await pipe_with(*transformers, replies=replies).run(start())
+    events, streamed = await collect(pipe_with(*transformers, replies=replies), start())
+    assert ran.reply is not None
+    assert streamed.reply is not None
+    assert ran.reply.text == streamed.reply.text
+    assert "".join(text for text, _ in deltas(events)) == streamed.reply.text
