@@ -75,6 +75,7 @@ class Session:
         self._lock = trio.Lock()
         # Background hooks still running: what to report if they must be cut short.
         self._active: dict[int, tuple[str, Step]] = {}
+        self._cut_short = "cut short: the session was cancelled; nothing of it was committed"
         self._idle = trio.Event()
         self._idle.set()
         self._events: list[ev.Event] = []
@@ -196,6 +197,13 @@ class Session:
                             False,
                         )
                     )
+        except trio.Cancelled:
+            # Reported here, by the task itself, whatever cancelled it: the session's own
+            # cancellation can reach this task before the session's exit path runs.
+            self._events.append(
+                ev.HookFailed(turn.turn_ref, step.name, step.stage, self._cut_short, False)
+            )
+            raise
         finally:
             self._active.pop(id(key), None)
             if not self._active:
@@ -213,10 +221,8 @@ class Session:
             )
 
     def _abandon(self, why: str) -> None:
-        """Cancel the background hooks still running, reporting each one."""
-        for turn_ref, step in self._active.values():
-            self._events.append(ev.HookFailed(turn_ref, step.name, step.stage, why, False))
-        self._active.clear()
+        """Cancel the background hooks still running; each reports itself with `why`."""
+        self._cut_short = why
         self._nursery.cancel_scope.cancel()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -321,9 +327,7 @@ async def _session(
                 reason = "closed"
             finally:
                 if reason == "cancelled":
-                    session._abandon(
-                        "cut short: the session was cancelled; nothing of it was committed"
-                    )
+                    nursery.cancel_scope.cancel()
                 else:
                     await session._drain(drain_timeout)
     except BaseExceptionGroup as group:
