@@ -14,7 +14,6 @@ from turns import Injection, Turn
 
 from . import events as ev
 from ._audit import HookRecord
-from ._budget import parts_tokens
 from ._plan import Step
 from ._runner import Runner, exc_text
 from ._signals import Cont
@@ -68,17 +67,7 @@ async def run_background(
         if id(injection) not in known
     )
     if emit is not None:
-        for injection in fresh:
-            emit(
-                ev.Injected(
-                    runner.turn_ref,
-                    step.name,
-                    injection.parts,
-                    injection.durable,
-                    parts_tokens(injection.parts, runner.pipe._count),
-                    "post",
-                )
-            )
+        runner.announce(step, fresh)
     return fresh
 
 

@@ -103,6 +103,25 @@ class Runner:
             timeout=hook.timeout,
         )
 
+    async def call_ordered(self, step: Step, turn: Turn) -> tuple[object, float] | None:
+        """Run an ordered hook on `turn`: what it returned and how long it took.
+
+        None when it did not run (``when=`` was false) or failed open; an enforced failure
+        is raised.
+        """
+        hook = step.hook
+        if hook.when is not None and not self.passes(step, turn):
+            return None
+        if self.emit is not None:
+            self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
+        started = self.now()
+        try:
+            result = await hook.fn(turn) if step.direct else await self.call(step, turn)
+        except Exception as exc:
+            self.fail(step, exc, self.now() - started)
+            return None
+        return result, self.now() - started
+
     def passes(self, step: Step, turn: Turn) -> bool:
         """Evaluate a hook's ``when`` predicate; a false one records the skip."""
         assert step.hook.when is not None
@@ -262,17 +281,7 @@ class Runner:
             self.charge(step, fresh, gone)
         elif self.emit is not None:
             # Post-stage content is never sent to the model: no budget, only the events.
-            for injection in fresh:
-                self.emit(
-                    ev.Injected(
-                        self.turn_ref,
-                        step.name,
-                        injection.parts,
-                        injection.durable,
-                        parts_tokens(injection.parts, self.pipe._count),
-                        "post",
-                    )
-                )
+            self.announce(step, fresh)
         return attrs.evolve(after, injections=tuple(stamped))
 
     def charge(
@@ -298,17 +307,26 @@ class Runner:
                 reserve=reserve,
             )
         if self.emit is not None:
-            for injection, size in zip(fresh, sizes, strict=True):
-                self.emit(
-                    ev.Injected(
-                        self.turn_ref,
-                        step.name,
-                        injection.parts,
-                        injection.durable,
-                        size,
-                        injection.stage or "pre",
-                    )
+            self.announce(step, fresh, sizes)
+
+    def announce(
+        self, step: Step, fresh: Sequence[Injection], sizes: Sequence[int] | None = None
+    ) -> None:
+        """Emit one `Injected` event per injection `step` added."""
+        assert self.emit is not None
+        if sizes is None:
+            sizes = [parts_tokens(injection.parts, self.pipe._count) for injection in fresh]
+        for injection, size in zip(fresh, sizes, strict=True):
+            self.emit(
+                ev.Injected(
+                    self.turn_ref,
+                    step.name,
+                    injection.parts,
+                    injection.durable,
+                    size,
+                    injection.stage or "pre",
                 )
+            )
 
     def added(self, turn: Turn, parts: Sequence[tuple[Step, tuple[Part, ...]]]) -> Turn:
         """`turn` with each step's parts injected, stamped and charged, in order."""
