@@ -1,6 +1,7 @@
 """The ``turnplug`` command line."""
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -47,6 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`turnplug demo | head`): stop quietly, as other tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     return code
 
 

@@ -15,7 +15,7 @@ from turns import Injection, Turn
 from . import events as ev
 from ._audit import HookRecord
 from ._plan import Step
-from ._runner import Runner, exc_text
+from ._runner import Runner, describe, exc_text
 from ._signals import Cont
 
 
@@ -24,16 +24,26 @@ async def run_background(
 ) -> tuple[Injection, ...]:
     """Run one background hook; its new injections, stamped, or () when it failed."""
     emit = runner.emit
-    if emit is not None:
-        emit(ev.HookStarted(runner.turn_ref, step.name, step.stage))
-    started = runner.now()
-    try:
-        hook = step.hook
-        if hook.when is not None and not hook.when(turn):
+    when = step.hook.when
+    if when is not None:
+        try:
+            runs = when(turn)
+            if type(runs) is not bool:
+                raise TypeError(f"when= must return True or False, got {describe(runs)}")
+        except Exception as exc:
+            if emit is not None:
+                emit(ev.HookStarted(runner.turn_ref, step.name, step.stage))
+            _failed(runner, step, records, 0.0, f"when= predicate: {exc_text(exc)}")
+            return ()
+        if not runs:
             records.append(HookRecord(step.name, step.stage, step.position, 0.0, "skipped"))
             if emit is not None:
                 emit(ev.HookSkipped(runner.turn_ref, step.name, step.stage))
             return ()
+    if emit is not None:
+        emit(ev.HookStarted(runner.turn_ref, step.name, step.stage))
+    started = runner.now()
+    try:
         result = await runner.call(step, turn, threaded=True)
         if type(result) is not Cont or type(result.value) is not Turn:
             raise runner.wrong_return(
@@ -45,19 +55,7 @@ async def run_background(
             )
     except Exception as exc:
         detail = exc_text(exc.__cause__ if exc.__cause__ is not None else exc)
-        records.append(
-            HookRecord(
-                step.name,
-                step.stage,
-                step.position,
-                runner.now() - started,
-                "failed",
-                False,
-                detail,
-            )
-        )
-        if emit is not None:
-            emit(ev.HookFailed(runner.turn_ref, step.name, step.stage, detail, False))
+        _failed(runner, step, records, runner.now() - started, detail)
         return ()
     runner.finished(step, runner.now() - started, "cont", records=records)
     known = {id(injection) for injection in turn.injections}
@@ -91,3 +89,14 @@ async def run_all_background(
     for step_records in records:
         runner.records.extend(step_records)
     return tuple(injection for step_injected in injected for injection in step_injected)
+
+
+def _failed(
+    runner: Runner, step: Step, records: list[HookRecord], elapsed: float, detail: str
+) -> None:
+    """Record a background hook's failure: an audit entry and an event, never raised."""
+    records.append(
+        HookRecord(step.name, step.stage, step.position, elapsed, "failed", False, detail)
+    )
+    if runner.emit is not None:
+        runner.emit(ev.HookFailed(runner.turn_ref, step.name, step.stage, detail, False))

@@ -19,7 +19,7 @@ from ._parallel import run_group
 from ._plan import Group, Step
 from ._request import build_request, stream_reply
 from ._result import TurnResult
-from ._runner import Runner, check_history
+from ._runner import Runner, check_history, describe
 from ._signals import Cont, Halt, Regenerate
 
 _new = tuple.__new__
@@ -217,13 +217,8 @@ class Drive(Runner):
             if type(result) is Cont and type(result.value) is Turn:
                 verdict, outcome = "cont", result.value
                 _check_unchanged(step, turn, outcome)
-                if type(outcome.reply) is not Reply:
-                    raise HookReturnError(
-                        f"hook {step.label} returned a turn without its reply; a post hook"
-                        " may change the reply, not remove it",
-                        hook=step.name,
-                        stage=step.stage,
-                    )
+                if outcome.reply is not turn.reply:
+                    outcome = _checked_reply(step, turn, outcome)
             elif type(result) is Halt:
                 verdict, outcome = "halt", self.halt_of(step, result)
             elif type(result) is Regenerate:
@@ -316,6 +311,36 @@ class Drive(Runner):
             rejections,
         )
         return TurnResult(outcome, turn, reply, stop, rejections, audit)
+
+
+def _checked_reply(step: Step, before: Turn, after: Turn) -> Turn:
+    """A post hook's changed reply, its messages kept in step with its message.
+
+    The log commits ``reply.messages``, whose last item is ``reply.message``: a hook that
+    rewrites only ``message`` (a disclaimer, a scrub) has the last message replaced too, so
+    the log holds what the reply says.
+    """
+    reply, old = after.reply, before.reply
+    assert old is not None
+    if type(reply) is not Reply:
+        raise HookReturnError(
+            f"hook {step.label} set turn.reply to {describe(reply)}; a post hook may change"
+            " the reply, not remove or replace it with something else — e.g."
+            " attrs.evolve(turn.reply, message=Message.assistant(...))",
+            hook=step.name,
+            stage=step.stage,
+        )
+    if reply.message is old.message or (reply.messages and reply.messages[-1] == reply.message):
+        return after
+    if reply.messages == old.messages:
+        reply = attrs.evolve(reply, messages=(*reply.messages[:-1], reply.message))
+        return attrs.evolve(after, reply=reply)
+    raise HookReturnError(
+        f"hook {step.label} changed the reply so that its last message is not its message;"
+        " the log commits reply.messages — change both, or only reply.message",
+        hook=step.name,
+        stage=step.stage,
+    )
 
 
 def _check_unchanged(step: Step, before: Turn, after: Turn) -> None:

@@ -30,6 +30,19 @@ def single(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return first
 
 
+def own_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """What a nursery around a caller's code collected: the caller's exception, intact.
+
+    A nursery wraps the body's exception in a group, with the cancellations of its other
+    tasks beside it. The body's own exception (a user's ExceptionGroup included) is
+    returned as it was raised; only cancellations are set aside.
+    """
+    real = [exc for exc in group.exceptions if not only_cancelled(exc)]
+    if len(real) == 1:
+        return real[0]
+    return single(group)
+
+
 def only_cancelled(exc: BaseException) -> bool:
     """Whether `exc` is a cancellation, or a group of nothing but cancellations."""
     if isinstance(exc, BaseExceptionGroup):

@@ -14,7 +14,7 @@ from . import events as ev
 from ._budget import Budget, Tokenizer, checked_tokenizer
 from ._drive import Drive
 from ._errors import ConfigError
-from ._groups import single, unwrapped
+from ._groups import own_error, unwrapped
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
 from ._model import Model
 from ._plan import (
@@ -72,7 +72,7 @@ def _check_flag(_instance: object, attribute: Any, value: Any) -> None:
 
 
 def _check_model(_instance: object, _attribute: object, model: Any) -> None:
-    if not isinstance(model, Model):
+    if not isinstance(model, Model) or isinstance(model, type):
         raise ConfigError(
             f"Pipeline(model=...) needs a Model — an object with stream(request) — got"
             f" {type(model).__name__} {model!r}; for offline use try"
@@ -286,7 +286,7 @@ async def stream_turn(
             finally:
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        error = single(group)
+        error = own_error(group)
     if error is not None:
         raise error
     if events._error is not None and not events._raised:
@@ -353,6 +353,8 @@ class TurnEvents:
     def _emit(self, event: ev.Event) -> None:
         self._buffer.append(event)
         if self._waiting:
+            # Wake the consumer once; until it runs, later events only join the buffer.
+            self._waiting = False
             self._lot.unpark_all()
 
     def _end(self) -> NoReturn:

@@ -10,6 +10,7 @@ from ._audit import AttemptRecord
 from ._budget import json_text, message_tokens
 from ._errors import (
     ContextOverflow,
+    HookError,
     PipelineError,
     ProviderError,
     ProviderProtocolError,
@@ -113,6 +114,9 @@ async def stream_reply(
                         " ModelText(str), ModelToolCall(ToolCall) and ModelFinish",
                         provider=_model_name(model),
                     )
+    except HookError as error:
+        _transformer_failed(runner, error)
+        raise
     except PipelineError:
         raise
     except Exception as exc:
@@ -126,12 +130,16 @@ async def stream_reply(
         )
     annotations: Mapping[str, Any] = {}
     if seam is not None:
-        tail = seam.flush()
+        try:
+            tail = seam.flush()
+            annotations = seam.annotations()
+        except HookError as error:
+            _transformer_failed(runner, error)
+            raise
         if tail:
             chunks.append(tail)
             if deliver is not None:
                 deliver(ev.TextDelta(runner.turn_ref, tail, attempt))
-        annotations = seam.annotations()
     text = "".join(chunks)
     parts: tuple[Part, ...] = (Text(text), *calls) if text or not calls else tuple(calls)
     message = Message("assistant", parts)
@@ -145,6 +153,13 @@ async def stream_reply(
     if deliver is not None:
         deliver(ev.ReplyReady(runner.turn_ref, reply))
     return reply
+
+
+def _transformer_failed(runner: Runner, error: HookError) -> None:
+    # A transformer failure fails the turn, loudly; a listener sees which one.
+    if runner.emit is not None:
+        cause = error.__cause__ if error.__cause__ is not None else error
+        runner.emit(ev.HookFailed(runner.turn_ref, error.hook, error.stage, exc_text(cause), True))
 
 
 def _spec_tokens(tools: tuple[ToolSpec, ...], count: Callable[[str], int]) -> int:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import attrs
 import trio
 
-from turns import Injection, Message, Part, Stage, Text, ToolCall, ToolResult, Turn
+from turns import Injection, Message, Part, Reply, Stage, Text, ToolCall, ToolResult, Turn
 
 from . import events as ev
 from ._audit import AttemptRecord, HookRecord, Rejection
@@ -143,6 +143,9 @@ class Runner:
                 )
                 error.__cause__ = exc
                 exc = error
+            if self.emit is not None:
+                # The failure closes a HookStarted, like every hook failure.
+                self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
             self.fail(step, exc, 0.0)
             return False
         if not verdict:
@@ -289,7 +292,9 @@ class Runner:
     ) -> None:
         """Count a hook's new injections against the budget, then announce them."""
         pipe = self.pipe
-        if pipe.budget is None and self.emit is None:
+        # A custom tokenizer counts whether or not anyone listens, so that one failing on
+        # some text fails run() and stream() alike.
+        if pipe.budget is None and self.emit is None and pipe.tokenizer is None:
             return
         sizes = [parts_tokens(injection.parts, pipe._count) for injection in fresh]
         tokens = sum(sizes)
@@ -334,7 +339,8 @@ class Runner:
             Injection(member_parts, member.name, member.hook.durable, "pre")
             for member, member_parts in parts
         ]
-        if self.pipe.budget is not None or self.emit is not None:
+        pipe = self.pipe
+        if pipe.budget is not None or self.emit is not None or pipe.tokenizer is not None:
             for (member, _), injection in zip(parts, injections, strict=True):
                 self.charge(member, (injection,))
         return attrs.evolve(turn, injections=(*turn.injections, *injections))
@@ -379,6 +385,8 @@ def _hint(result: object, *, group: bool) -> str:
         return " — did you forget `return cont(turn)`?"
     if type(result) is Turn:
         return " — wrap it: `return cont(turn)`"
+    if type(result) is Reply:
+        return " — return the turn, not its reply: `return cont(turn)`"
     if type(result) is Cont:
         return " — Cont must carry the Turn: `return cont(turn)`"
     if type(result) is Regenerate:

@@ -5,6 +5,7 @@ held for a match that straddles chunks never leaks into the next attempt or turn
 synchronous and on the hot path: one call per transformer per chunk, nothing else.
 """
 
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, final, runtime_checkable
 
@@ -68,6 +69,14 @@ def per_chunk(fn: Callable[[str], str], *, name: str | None = None) -> PerChunk:
     """
     if not callable(fn):
         raise ConfigError(f"per_chunk() needs a function str -> str, got {fn!r}")
+    try:
+        inspect.signature(fn).bind("")
+    except TypeError as exc:
+        raise ConfigError(
+            f"per_chunk({callable_name(fn)}) cannot be called with one chunk of text: {exc}"
+        ) from None
+    except ValueError:
+        pass  # a signature that cannot be read: the first chunk will tell
     return PerChunk(fn, name or callable_name(fn))
 
 
@@ -96,6 +105,7 @@ def compile_transformers(entries: Iterable[Any]) -> tuple[Stage, ...]:
     fresh one each time (a shared instance would carry held text from one turn into another).
     """
     stages: list[Stage] = []
+    names: dict[str, int] = {}
     for position, factory in enumerate(entries, 1):
         # A class is a factory; an instance of a transformer is not.
         instance = isinstance(factory, Transformer) and not isinstance(factory, type)
@@ -111,6 +121,13 @@ def compile_transformers(entries: Iterable[Any]) -> tuple[Stage, ...]:
                 f" {factory!r}{hint}"
             )
         name = transformer_name(factory)
+        if name in names:
+            raise ConfigError(
+                f"transformers, positions {names[name]} and {position}: both are named {name!r},"
+                " so their annotations would overwrite each other in Reply.annotations — give"
+                " one another name (e.g. redact(..., name='redact_phone'))"
+            )
+        names[name] = position
         stage = Stage(factory, name, position)
         try:
             first, second = factory(), factory()

@@ -1,7 +1,7 @@
 """Sessions: one conversation, its log, its lifecycle hooks and its background work."""
 
 import math
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Literal, TypeAlias, final
 
@@ -15,7 +15,8 @@ from ._background import run_background
 from ._commit import injection_messages
 from ._drive import Drive
 from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
-from ._groups import only_cancelled, single, unwrapped
+from ._groups import only_cancelled, own_error, unwrapped
+from ._hooks import is_async_callable
 from ._plan import Step
 from ._result import TurnResult
 from ._runner import Emit, Runner, describe, exc_text
@@ -76,6 +77,7 @@ class Session:
         # Background hooks still running: what to report if they must be cut short.
         self._active: dict[int, tuple[str, Step]] = {}
         self._cut_short = "cut short: the session was cancelled; nothing of it was committed"
+        self._closed = False
         self._idle = trio.Event()
         self._idle.set()
         self._events: list[ev.Event] = []
@@ -100,46 +102,50 @@ class Session:
 
     async def send(self, message: str | Message) -> TurnResult:
         """Run one turn on the conversation so far and commit it when it completes."""
+        self._check_open("send")
         async with self._lock:
-            drive = self._drive(None)
-            return await self._guard(unwrapped(drive.run(self._turn(message))))
+            turn = self._turn(message)
+            return await unwrapped(self._drive(None).run(turn))
 
     @asynccontextmanager
     async def stream(self, message: str | Message) -> AsyncIterator["TurnEvents"]:
         """`send`, streamed: ``async with session.stream(text) as events``."""
         from ._pipeline import TurnEvents, stream_turn
 
+        self._check_open("stream")
         async with self._lock:
             events = TurnEvents()
             turn = self._turn(message)
             drive = self._drive(events._emit)
             drive.caught_up = events._caught_up
-            try:
-                async with stream_turn(drive, turn, events) as stream:
-                    yield stream
-            except LogConflict:
-                await self._reload()
-                raise
+            async with stream_turn(drive, turn, events) as stream:
+                yield stream
+
+    def _check_open(self, method: str) -> None:
+        if self._closed:
+            raise RuntimeError(
+                f"session {self._conversation_id!r} is closed; open a new one with"
+                f" pipe.session(...) to {method} more turns"
+            )
+        owner = self._lock.statistics().owner
+        if owner is not None and owner is trio.lowlevel.current_task():
+            raise RuntimeError(
+                f"session {self._conversation_id!r} runs one turn at a time: this task is"
+                f" still inside a turn of it (a session.stream block); {method} after it ends"
+            )
 
     # -- turns --------------------------------------------------------------------------------
 
     def _turn(self, message: str | Message) -> Turn:
+        turn = Turn.start(message, context=self._context, scope=self._scope)
         self._turns += 1
-        return Turn.start(message, context=self._context, scope=self._scope)
+        return turn
 
     def _drive(self, emit: Emit | None) -> Drive:
         drive = Drive(self._pipe, emit)
         drive.commit = self._commit
         drive.spawn = self._spawn
         return drive
-
-    async def _guard(self, run: Awaitable[TurnResult]) -> TurnResult:
-        try:
-            result = await run
-        except LogConflict:
-            await self._reload()
-            raise
-        return result
 
     async def _commit(self, result: TurnResult) -> tuple[str, tuple[Message, ...]]:
         messages = result.log_messages
@@ -149,13 +155,18 @@ class Session:
     async def _append(
         self, turn_ref: str, messages: tuple[Message, ...], result: TurnResult | None
     ) -> None:
-        await self._log.append(
-            self._conversation_id,
-            turn_ref,
-            messages,
-            result.audit if result is not None else None,
-            expected_length=self._length,
-        )
+        try:
+            await self._log.append(
+                self._conversation_id,
+                turn_ref,
+                messages,
+                result.audit if result is not None else None,
+                expected_length=self._length,
+            )
+        except LogConflict:
+            # Someone else wrote: the next turn answers from the conversation as it is.
+            await self._reload()
+            raise
         # No checkpoint between the append and this bookkeeping: they stay in step.
         self._length += len(messages)
         self._context = attrs.evolve(self._context, messages=(*self._context.messages, *messages))
@@ -175,9 +186,11 @@ class Session:
             self._nursery.start_soon(self._background, step, turn, key)
 
     async def _background(self, step: Step, turn: Turn, key: object) -> None:
+        returned = False
         try:
             runner = _runner(self._pipe, self._events.append, turn.turn_ref)
             fresh = await run_background(runner, step, turn, [])
+            returned = True
             messages = injection_messages(fresh)
             if messages:
                 entry = f"{turn.turn_ref}:{step.name}"
@@ -188,11 +201,13 @@ class Session:
                         ev.Committed(turn.turn_ref, self._conversation_id, messages)
                     )
                 except Exception as exc:
+                    # The hook itself finished (its HookFinished is out); the failure is the
+                    # commit's, reported under that stage.
                     self._events.append(
                         ev.HookFailed(
                             turn.turn_ref,
                             step.name,
-                            step.stage,
+                            "commit",
                             f"committing its output failed: {exc_text(exc)}",
                             False,
                         )
@@ -201,7 +216,13 @@ class Session:
             # Reported here, by the task itself, whatever cancelled it: the session's own
             # cancellation can reach this task before the session's exit path runs.
             self._events.append(
-                ev.HookFailed(turn.turn_ref, step.name, step.stage, self._cut_short, False)
+                ev.HookFailed(
+                    turn.turn_ref,
+                    step.name,
+                    "commit" if returned else step.stage,
+                    self._cut_short,
+                    False,
+                )
             )
             raise
         finally:
@@ -284,10 +305,14 @@ def open_session(
     drain_timeout: float,
 ) -> AbstractAsyncContextManager[Session]:
     """Check the session's arguments now, then open it on ``async with``."""
-    if not isinstance(log, Log) or isinstance(log, type):
+    if (
+        not isinstance(log, Log)
+        or isinstance(log, type)
+        or not (is_async_callable(log.load) and is_async_callable(log.append))
+    ):
         raise ConfigError(
-            f"session(log=...) needs a Log (async load and append), got {type(log).__name__}"
-            " — try pipeline.logs.MemoryLog()"
+            f"session(log=...) needs a Log instance with async load() and append(), got"
+            f" {log!r} — try pipeline.logs.MemoryLog()"
         )
     if not isinstance(conversation_id, str) or not conversation_id:
         raise ConfigError(
@@ -298,7 +323,7 @@ def open_session(
     if (
         isinstance(drain_timeout, bool)
         or not isinstance(drain_timeout, int | float)
-        or not math.isfinite(drain_timeout)
+        or math.isnan(drain_timeout)
         or drain_timeout < 0
     ):
         raise ConfigError(
@@ -331,8 +356,9 @@ async def _session(
                 else:
                     await session._drain(drain_timeout)
     except BaseExceptionGroup as group:
-        error = single(group)
+        error = own_error(group)
         raise error from error.__cause__
     finally:
         if session is not None:
+            session._closed = True
             await session._end(reason)
