@@ -250,69 +250,84 @@ class _Compiled:
 class RedactStream:
     """One attempt's redaction state: released context and the undecided tail."""
 
-    __slots__ = ("_compiled", "_context", "_pending", "count")
+    __slots__ = (
+        "_behind",
+        "_compiled",
+        "_context",
+        "_fast",
+        "_pending",
+        "_required",
+        "_window",
+        "count",
+    )
 
     def __init__(self, compiled: _Compiled) -> None:
         self._compiled = compiled
         self._context = ""  # the last released characters, for lookbehind and \b
         self._pending = ""  # text not decided yet (no separator in it)
         self.count = 0
+        # Copied from the compiled patterns: read on every chunk.
+        self._fast = compiled.words and compiled.space
+        self._required = compiled.single_required
+        self._window = compiled.window
+        self._behind = compiled.behind
 
     def feed(self, text: str) -> str:
-        compiled = self._compiled
-        separators = compiled.separators
-        if separators is None or not text:
-            return self._hold(text)
-        # Where the decided stretch ends: just after the chunk's last separator. Cheap tests
-        # first, since this runs for every chunk: the chunk ends in a separator; it is all
-        # word characters (no separator when the alphabet has them all); its last space is
-        # followed by word characters only. Otherwise walk back with the memo.
-        last = text[-1]
-        known = separators.get(last)
-        if known is None:
-            known = compiled.classify(last)
-        if known:
-            cut = len(text)
-        elif compiled.words and text.isalnum():
-            pending = self._pending = self._pending + text
-            if len(pending) <= compiled.window:
-                return ""
-            return self._release_window()
-        else:
-            cut = 0
-            space = text.rfind(" ") if compiled.space else -1
-            if space >= 0 and compiled.words and text[space + 1 :].isalnum():
-                cut = space + 1
-            else:
-                for index in range(len(text) - 2, -1, -1):
-                    char = text[index]
-                    known = separators.get(char)
-                    if known is None:
-                        known = compiled.classify(char)
-                    if known:
-                        cut = index + 1
-                        break
-                if not cut:
+        # Where the decided stretch ends: just after the chunk's last separator. This runs
+        # for every chunk, so the common cases come first and cost a few string methods:
+        # with word characters in the alphabet and the space a separator, the chunk's last
+        # space followed by word characters only (or nothing) ends it, and a chunk of word
+        # characters alone holds no separator. Otherwise walk back with the memo.
+        if self._fast:
+            space = text.rfind(" ")
+            tail = text[space + 1 :] if space >= 0 else text
+            if tail.isalnum():
+                if space < 0:
                     return self._hold(text)
-        pending = self._pending
-        if cut == len(text):
-            decided, rest = (pending + text if pending else text), ""
+                cut = space + 1
+            elif not tail:
+                cut = len(text)
+            else:
+                cut = self._last_separator(text)
+        elif self._compiled.separators is None or not text:
+            return self._hold(text)
         else:
-            decided, rest = pending + text[:cut], text[cut:]
-        required = compiled.single_required
+            cut = self._last_separator(text)
+        if not cut:
+            return self._hold(text)
+        if cut == len(text):
+            decided, rest = (self._pending + text if self._pending else text), ""
+        else:
+            decided, rest = self._pending + text[:cut], text[cut:]
+        required = self._required
         if required is not None and required not in decided:
-            # No match can be in it: release it as it is.
-            behind = compiled.behind
-            self._context = (
-                decided[-behind:] if len(decided) >= behind else (self._context + decided)[-behind:]
-            )
+            # No match can be in it: release it as it is. The context is whatever string
+            # ends with the last released characters; it is cut to size when used.
             self._pending = rest
+            if len(decided) >= self._behind:
+                self._context = decided
+            else:
+                self._context = (self._context + decided)[-self._behind :]
             out = decided
         else:
             out = self._decide(decided, rest)  # the slow path: a match is possible
-        if len(rest) > compiled.window:
+        if len(rest) > self._window:
             return out + self._release_window()
         return out
+
+    def _last_separator(self, text: str) -> int:
+        """Just after the last separator in `text`; 0 when it has none."""
+        compiled = self._compiled
+        separators = compiled.separators
+        assert separators is not None
+        for index in range(len(text) - 1, -1, -1):
+            char = text[index]
+            known = separators.get(char)
+            if known is None:
+                known = compiled.classify(char)
+            if known:
+                return index + 1
+        return 0
 
     def _hold(self, text: str) -> str:
         pending = self._pending = self._pending + text
@@ -330,23 +345,16 @@ class RedactStream:
 
     def _decide(self, decided: str, rest: str) -> str:
         """Redact `decided` (it ends at a separator, or at the end of the text) in full."""
-        required = self._compiled.required
-        if required is not None and (
-            required[0] not in decided
-            if len(required) == 1
-            else not any(char in decided for char in required)
-        ):
-            behind = self._compiled.behind
-            self._context = (
-                decided[-behind:] if len(decided) >= behind else (self._context + decided)[-behind:]
-            )
-            self._pending = rest
-            return decided
-        text = self._context + decided
-        out, _stop, count = self._compiled.replace(text, len(self._context), len(text))
-        self.count += count
-        self._context = text[-self._compiled.behind :]
+        compiled = self._compiled
+        context = self._context[-compiled.behind :]
         self._pending = rest
+        if not compiled.could_match(decided):
+            self._context = context + decided
+            return decided
+        text = context + decided
+        out, _stop, count = compiled.replace(text, len(context), len(text))
+        self.count += count
+        self._context = text
         return out
 
     def _release_window(self) -> str:
@@ -357,7 +365,7 @@ class RedactStream:
         before a final newline) can mistake that for the end of the text.
         """
         compiled = self._compiled
-        context = self._context
+        context = self._context[-compiled.behind :]
         text = context + self._pending
         start = len(context)
         limit = len(text) - compiled.window
