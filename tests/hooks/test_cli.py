@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 # The console script installed next to this interpreter, as a user would run it.
 TURNPLUG = str(Path(sys.executable).with_name("turnplug"))
@@ -135,3 +136,34 @@ def test_usage_errors_exit_2_with_one_clear_line(args: list[str]) -> None:
     assert done.returncode == 2
     assert "usage: turnplug" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_demo_with_a_model_and_its_key_talks_to_that_provider() -> None:
+    # A real OpenAI-compatible server on loopback plays two attempts: the first leaks an
+    # internal reference (the guardrail rejects it), the second an address split in two.
+    from tests.providers import server as wire
+
+    first = wire.stream(wire.openai_text(["See internal ticket RF-1."]))
+    second = wire.stream(wire.openai_text(["Write to ada@exa", "mple.com."]))
+    async with wire.running(first, second) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+        env |= {"OPENAI_API_KEY": "sk-local-test", "OPENAI_BASE_URL": f"{server.url}/v1"}
+        done = await trio.run_process(
+            [TURNPLUG, "demo", "--model", "openai:local-model"],
+            capture_stdout=True,
+            capture_stderr=True,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            check=False,
+        )
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert "with openai:local-model" in out
+    assert "attempt 1 rejected by no_internal_refs" in out
+    assert out.rstrip().endswith("reply:   Write to [EMAIL].")
+    assert [request.body["model"] for request in server.requests] == ["local-model"] * 2
+    # The second request carries the rejected reply and the feedback, as transient messages.
+    sent = server.requests[1].body["messages"]
+    assert [m["role"] for m in sent[-2:]] == ["assistant", "user"]
+    assert sent[-1]["content"] == "Do not mention internal ticket numbers."
+    assert "sk-local-test" not in out + done.stderr.decode()
