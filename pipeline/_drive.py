@@ -330,7 +330,7 @@ def _checked_reply(step: Step, before: Turn, after: Turn) -> Turn:
             hook=step.name,
             stage=step.stage,
         )
-    if reply.message is old.message or (reply.messages and reply.messages[-1] == reply.message):
+    if reply.messages and reply.messages[-1] == reply.message:
         return after
     if reply.messages == old.messages:
         reply = attrs.evolve(reply, messages=(*reply.messages[:-1], reply.message))

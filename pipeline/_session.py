@@ -355,9 +355,14 @@ async def _session(
                     nursery.cancel_scope.cancel()
                 else:
                     await session._drain(drain_timeout)
-    except BaseExceptionGroup as group:
-        error = own_error(group)
-        raise error from error.__cause__
+    except BaseException as exc:
+        # Also a cancellation that arrives after the body returned (during the drain).
+        if only_cancelled(exc):
+            reason = "cancelled"
+        if isinstance(exc, BaseExceptionGroup):
+            error = own_error(exc)
+            raise error from error.__cause__
+        raise
     finally:
         if session is not None:
             session._closed = True

@@ -167,3 +167,25 @@ async def test_demo_with_a_model_and_its_key_talks_to_that_provider() -> None:
     assert [m["role"] for m in sent[-2:]] == ["assistant", "user"]
     assert sent[-1]["content"] == "Do not mention internal ticket numbers."
     assert "sk-local-test" not in out + done.stderr.decode()
+
+
+def test_demo_whose_reader_goes_away_exits_quietly() -> None:
+    # As in `turnplug demo | head -n 1`: the reader takes one line and closes the pipe.
+    demo = subprocess.Popen(
+        [TURNPLUG, "demo"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert demo.stdout is not None
+    assert demo.stderr is not None
+    first = demo.stdout.readline()
+    demo.stdout.close()
+    errors = demo.stderr.read()
+    demo.stderr.close()
+    code = demo.wait(timeout=60)
+
+    assert first.startswith("turnplug demo")
+    assert "Traceback" not in errors
+    assert (errors, code) == ("", 0)

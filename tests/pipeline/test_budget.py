@@ -446,3 +446,26 @@ async def test_compaction_is_recorded_in_the_audit_and_the_events(autojump_clock
         ("HookStarted", "compact"),
         ("HookFinished", "compact"),
     ]
+
+
+async def drive(mode, pipe, turn):
+    """Run `turn` with ``pipe.run`` or ``pipe.stream``, as `mode` says."""
+    if mode == "run":
+        return await pipe.run(turn)
+    return await collect(pipe, turn)
+
+
+@pytest.mark.parametrize("mode", ["run", "stream"])
+async def test_a_tokenizer_failing_on_injected_text_fails_run_and_stream_alike(mode):
+    # No budget and no listener in run(): the tokenizer still counts what was injected, so
+    # a turn fails or succeeds the same way whichever way it is driven.
+    def picky(text):
+        if "secret" in text:
+            raise ValueError("cannot count this")
+        return len(text)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]), pre=[injecting("note", "a secret note")], tokenizer=picky
+    )
+    with pytest.raises(BudgetError, match="picky"):
+        await drive(mode, pipe, Turn.start("hi"))

@@ -240,3 +240,9 @@ def test_hooks_taking_the_turn_through_defaults_or_partials_are_accepted():
         pre=[functools.partial(_takes_two, extra=1), lambda turn, more=None: cont(turn)],
     )
     assert len(pipe.pre) == 2
+
+
+def test_a_model_class_instead_of_an_instance_raises_config_error_naming_it() -> None:
+    # The class has a stream attribute too, but calling it would not stream a reply.
+    with pytest.raises(ConfigError, match="ScriptedModel"):
+        Pipeline(model=ScriptedModel)  # type: ignore[arg-type]

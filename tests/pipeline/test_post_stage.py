@@ -24,8 +24,9 @@ from pipeline import (
     regenerate,
 )
 from pipeline import events as ev
+from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
-from turns import Injection, Message, Text, Turn
+from turns import Context, Injection, Message, Text, Turn
 
 TURN_REF = "turn-post"
 
@@ -1026,3 +1027,242 @@ async def test_background_hooks_do_not_run_when_the_turn_did_not_complete(pipe_k
     result = await pipe.run(start())
 
     assert (result.outcome != "completed", trace) == (True, [])
+
+
+# -- a changed reply is what the log holds --------------------------------------------------
+
+
+def disclaimer(turn):
+    """Appends a disclaimer by replacing only the reply's message."""
+    message = Message.assistant(turn.reply.text + " (not legal advice)")
+    return cont(attrs.evolve(turn, reply=attrs.evolve(turn.reply, message=message)))
+
+
+def scrub_digits(turn):
+    """Replaces every digit of the reply by '#', through the reply's message only."""
+    text = "".join("#" if char.isdigit() else char for char in turn.reply.text)
+    message = Message.assistant(text)
+    return cont(attrs.evolve(turn, reply=attrs.evolve(turn.reply, message=message)))
+
+
+async def test_a_post_hook_rewriting_only_the_reply_message_rewrites_what_is_logged_too() -> None:
+    pipe = Pipeline(model=scripted("You may sue."), post=[disclaimer])
+
+    result = await pipe.run(start())
+
+    new = Message.assistant("You may sue. (not legal advice)")
+    assert result.reply is not None
+    assert (result.reply.text, result.reply.messages[-1], result.log_messages[-1]) == (
+        "You may sue. (not legal advice)",
+        new,
+        new,
+    )
+
+
+async def test_a_post_hooks_disclaimer_reaches_the_sessions_log() -> None:
+    log = MemoryLog()
+    pipe = Pipeline(model=scripted("You may sue."), post=[disclaimer])
+
+    async with pipe.session(log=log, conversation_id="c1") as session:
+        await session.send("can I sue?")
+
+    assert await log.load("c1") == Context(
+        messages=(Message.user("can I sue?"), Message.assistant("You may sue. (not legal advice)"))
+    )
+
+
+async def test_a_post_hooks_scrub_leaves_the_unscrubbed_text_out_of_the_logged_messages() -> None:
+    log = MemoryLog()
+    pipe = Pipeline(model=scripted("call 555 1234"), post=[scrub_digits])
+
+    async with pipe.session(log=log, conversation_id="c1") as session:
+        result = await session.send("number?")
+
+    (entry,) = await log.entries("c1")
+    logged = [message.text for message in entry.messages]
+    assert logged == ["number?", "call ### ####"]
+    assert [message.text for message in result.log_messages] == logged
+
+
+async def test_a_post_hook_setting_the_reply_to_text_is_a_hook_return_error_naming_it() -> None:
+    pipe = Pipeline(
+        model=scripted(),
+        post=[returning("sloppy", lambda turn: cont(attrs.evolve(turn, reply="hello")))],
+    )
+
+    with pytest.raises(HookReturnError, match=r"'sloppy' \(post, position 1\)") as raised:
+        await pipe.run(start())
+
+    assert (raised.value.hook, raised.value.stage) == ("sloppy", "post")
+    assert "str" in str(raised.value)
+    assert "'hello'" in str(raised.value)
+
+
+def _both_changed(turn):
+    reply = attrs.evolve(
+        turn.reply,
+        message=Message.assistant("shown"),
+        messages=(Message.assistant("logged"),),
+    )
+    return cont(attrs.evolve(turn, reply=reply))
+
+
+def _only_messages_changed(turn):
+    reply = attrs.evolve(turn.reply, messages=(Message.assistant("logged"),))
+    return cont(attrs.evolve(turn, reply=reply))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(_both_changed, id="both-changed"),
+        pytest.param(_only_messages_changed, id="only-messages-changed"),
+    ],
+)
+async def test_a_reply_whose_last_message_is_not_its_message_is_a_hook_return_error(make) -> None:
+    # The log commits reply.messages and the caller reads reply.message: out of step, one of
+    # them would say what the other does not.
+    pipe = Pipeline(model=scripted("original"), post=[returning("sloppy", make)])
+
+    with pytest.raises(HookReturnError, match=r"'sloppy' \(post, position 1\)") as raised:
+        await pipe.run(start())
+
+    assert (raised.value.hook, raised.value.stage) == ("sloppy", "post")
+
+
+async def test_a_post_hook_returning_the_reply_is_told_to_return_cont_turn() -> None:
+    pipe = Pipeline(model=scripted(), post=[returning("sloppy", lambda turn: turn.reply)])
+
+    with pytest.raises(HookReturnError, match=r"'sloppy' \(post, position 1\)") as raised:
+        await pipe.run(start())
+
+    assert "cont(turn)" in str(raised.value)
+
+
+# -- every HookStarted is closed once -------------------------------------------------------
+
+# Failures that are not a hook run: nothing opened them.
+NEVER_STARTED = {"transformers", "commit"}
+
+
+def pairing_problems(events) -> list[str]:
+    """What breaks "every HookStarted is closed exactly once" in a whole event list.
+
+    A HookStarted is closed by the next HookFinished or HookFailed of the same turn, hook and
+    stage; a second close, a close that nothing opened, or a start left open is a problem.
+    """
+    problems: list[str] = []
+    opened: set[tuple[str, str, str]] = set()
+    for event in events:
+        if type(event) not in (ev.HookStarted, ev.HookFinished, ev.HookFailed):
+            continue
+        key = (event.turn_ref, event.hook, event.stage)
+        if type(event) is ev.HookStarted:
+            if key in opened:
+                problems.append(f"{key} started again before it was closed")
+            opened.add(key)
+        elif key in opened:
+            opened.remove(key)
+        elif event.stage not in NEVER_STARTED:
+            problems.append(f"{type(event).__name__} {key} closes nothing")
+    problems.extend(f"{key} never closed" for key in sorted(opened))
+    return problems
+
+
+def test_pairing_problems_finds_a_failure_without_a_start_and_an_unclosed_start() -> None:
+    events = [
+        ev.HookFailed(TURN_REF, "a", "pre", "x", True),
+        ev.HookStarted(TURN_REF, "b", "post"),
+        ev.HookFailed(TURN_REF, "c", "commit", "x", False),
+    ]
+
+    assert pairing_problems(events) == [
+        f"HookFailed {(TURN_REF, 'a', 'pre')} closes nothing",
+        f"{(TURN_REF, 'b', 'post')} never closed",
+    ]
+
+
+async def streamed_until_raised(
+    pipe: Pipeline, turn: Turn
+) -> tuple[list[ev.Event], HookFailed | None]:
+    """Every event of a streamed turn, and the HookFailed it raised, if it did."""
+    seen: list[ev.Event] = []
+    try:
+        async with pipe.stream(turn) as events:
+            async for event in events:
+                seen.append(event)
+    except HookFailed as error:
+        return seen, error
+    return seen, None
+
+
+def _unsure(turn):
+    raise KeyError("admin")
+
+
+WHEN_RAISES = [
+    pytest.param(
+        "pre",
+        "skip",
+        [
+            ("TurnStarted", None),
+            ("HookStarted", "gated"),
+            ("HookFailed", "gated"),
+            ("ModelCalled", None),
+            ("TextDelta", None),
+            ("ReplyReady", None),
+            ("TurnFinished", None),
+        ],
+        id="pre-skip",
+    ),
+    pytest.param(
+        "pre",
+        "halt",
+        [("TurnStarted", None), ("HookStarted", "gated"), ("HookFailed", "gated")],
+        id="pre-halt",
+    ),
+    pytest.param(
+        "post",
+        "skip",
+        [
+            ("TurnStarted", None),
+            ("ModelCalled", None),
+            ("TextDelta", None),
+            ("ReplyReady", None),
+            ("HookStarted", "gated"),
+            ("HookFailed", "gated"),
+            ("TurnFinished", None),
+        ],
+        id="post-skip",
+    ),
+    pytest.param(
+        "post",
+        "halt",
+        [
+            ("TurnStarted", None),
+            ("ModelCalled", None),
+            ("TextDelta", None),
+            ("ReplyReady", None),
+            ("HookStarted", "gated"),
+            ("HookFailed", "gated"),
+        ],
+        id="post-halt",
+    ),
+]
+
+
+@pytest.mark.parametrize(("stage", "on_error", "expected"), WHEN_RAISES)
+async def test_a_raising_when_predicate_opens_a_hook_started_before_its_hook_failed(
+    stage: str, on_error: str, expected: list[tuple[str, str | None]]
+) -> None:
+    gated = tracer([], "gated", when=_unsure, on_error=on_error)
+    if stage == "pre":
+        pipe = Pipeline(model=scripted(), pre=[gated])
+    else:
+        pipe = Pipeline(model=scripted(), post=[gated])
+
+    events, raised = await streamed_until_raised(pipe, start())
+
+    assert kinds(events) == expected
+    assert pairing_problems(events) == []
+    assert (raised is not None) == (on_error == "halt")

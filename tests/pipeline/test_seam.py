@@ -1,5 +1,6 @@
 """Stage 6, the stream-transformer seam: every text chunk passes through it before anyone sees it."""
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -611,3 +612,67 @@ async def test_run_and_stream_give_the_same_reply_text(transformers):
     assert streamed.reply is not None
     assert ran.reply.text == streamed.reply.text
     assert "".join(text for text, _ in deltas(events)) == streamed.reply.text
+
+
+# -- names and arity, checked when built ------------------------------------------------------
+
+
+def test_two_transformers_with_the_same_name_are_refused_naming_both_positions():
+    # Their annotations share Reply.annotations, under the name.
+    with pytest.raises(ConfigError) as info:
+        Pipeline(
+            model=ScriptedModel(["ok"]),
+            transformers=[Factory("scrub", Shout), shout, Factory("scrub", HoldLast)],
+        )
+    message = str(info.value)
+    assert "'scrub'" in message
+    assert re.search(r"\b1\b", message)
+    assert re.search(r"\b3\b", message)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [pytest.param(lambda a, b: a, id="two-arguments"), pytest.param(lambda: "", id="none")],
+)
+def test_per_chunk_refuses_a_function_that_cannot_take_one_chunk(fn):
+    with pytest.raises(ConfigError, match="per_chunk"):
+        per_chunk(fn)
+
+
+# -- a failure is an event before it is raised ------------------------------------------------
+
+
+async def collect_into(seen: list[ev.Event], pipe: Pipeline, turn: Turn) -> None:
+    """Stream `turn`, appending each event to `seen` as it comes (kept if the turn fails)."""
+    async with pipe.stream(turn) as events:
+        async for event in events:
+            seen.append(event)
+
+
+@pytest.mark.parametrize(
+    ("in_flush", "expected"),
+    [
+        pytest.param(
+            False,
+            [ev.TurnStarted, ev.ModelCalled, ev.HookFailed],
+            id="feed",
+        ),
+        pytest.param(
+            True,
+            [ev.TurnStarted, ev.ModelCalled, ev.TextDelta, ev.TextDelta, ev.HookFailed],
+            id="flush",
+        ),
+    ],
+)
+async def test_a_transformer_failure_is_an_enforced_hook_failed_event_before_it_is_raised(
+    in_flush, expected
+):
+    seen: list[ev.Event] = []
+    pipe = pipe_with(failing("scrubber", in_flush=in_flush))
+
+    with pytest.raises(HookFailed, match="'scrubber'"):
+        await collect_into(seen, pipe, start())
+
+    error = "ValueError: flush exploded" if in_flush else "ValueError: feed exploded"
+    assert [type(event) for event in seen] == expected
+    assert seen[-1] == ev.HookFailed(TURN_REF, "scrubber", "transformers", error, True)

@@ -1067,3 +1067,303 @@ def test_a_parallel_group_is_not_a_session_hook():
 
     with pytest.raises(ConfigError, match="on_session_start"):
         Pipeline(model=ScriptedModel([]), on_session_start=[parallel(a)])
+
+
+# -- closed and nested sessions -------------------------------------------------------------
+
+
+async def take_turn(session: Session, method: str, message) -> None:
+    """One turn through ``session.send`` or ``session.stream``, as `method` says."""
+    if method == "send":
+        await session.send(message)
+        return
+    async with session.stream(message) as events:
+        async for _ in events:
+            pass
+
+
+# Failures that are not a hook run: nothing opened them.
+NEVER_STARTED = {"transformers", "commit"}
+
+
+def pairing_problems(events) -> list[str]:
+    """What breaks "every HookStarted is closed exactly once" in a whole event list.
+
+    A HookStarted is closed by the next HookFinished or HookFailed of the same turn, hook and
+    stage; a second close, a close that nothing opened, or a start left open is a problem.
+    """
+    problems: list[str] = []
+    opened: set[tuple[str, str, str]] = set()
+    for event in events:
+        if type(event) not in (ev.HookStarted, ev.HookFinished, ev.HookFailed):
+            continue
+        key = (event.turn_ref, event.hook, event.stage)
+        if type(event) is ev.HookStarted:
+            if key in opened:
+                problems.append(f"{key} started again before it was closed")
+            opened.add(key)
+        elif key in opened:
+            opened.remove(key)
+        elif event.stage not in NEVER_STARTED:
+            problems.append(f"{type(event).__name__} {key} closes nothing")
+    problems.extend(f"{key} never closed" for key in sorted(opened))
+    return problems
+
+
+@pytest.mark.parametrize("method", ["send", "stream"])
+async def test_a_closed_session_refuses_turns_naming_the_conversation(method):
+    log = MemoryLog()
+    model = ScriptedModel(["one", "two"])
+    pipe = Pipeline(model=model)
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        await session.send("first")
+    committed = await log.entries(CONVERSATION)
+
+    with pytest.raises(RuntimeError, match=f"'{CONVERSATION}'"):
+        await take_turn(session, method, "after the close")
+
+    assert (len(model.requests), await log.entries(CONVERSATION)) == (1, committed)
+
+
+@pytest.mark.parametrize("method", ["send", "stream"])
+async def test_a_turn_inside_a_stream_block_of_the_same_session_is_a_runtime_error_naming_it(
+    method,
+):
+    pipe = Pipeline(model=ScriptedModel(["one", "two"]))
+
+    async with (
+        pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session,
+        session.stream("outer") as events,
+    ):
+        with pytest.raises(RuntimeError) as excinfo:
+            await take_turn(session, method, "nested")
+        async for _ in events:
+            pass
+
+    assert f"session '{CONVERSATION}'" in str(excinfo.value)
+
+
+# -- conflicts, wherever they happen ----------------------------------------------------------
+
+
+async def test_a_conflict_caught_inside_a_stream_block_still_reloads_the_session():
+    log = MemoryLog()
+    model = echo_model()
+    pipe = Pipeline(model=model)
+    caught = []
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        await log.append(CONVERSATION, "other-writer", (Message.user("meanwhile"),))
+        async with session.stream("stale") as events:
+            try:
+                async for _ in events:
+                    pass
+            except LogConflict as exc:
+                caught.append(exc)
+        asked = len(model.requests)
+        result = await session.send("fresh")
+
+    assert (len(caught), result.outcome, len(model.requests) - asked) == (1, "completed", 1)
+    assert model.requests[-1].messages == (Message.user("meanwhile"), Message.user("fresh"))
+
+
+def intruding_summary(log: MemoryLog):
+    """A durable background hook; while it runs after the first turn, someone else commits."""
+
+    async def summary(turn: Turn):
+        await trio.sleep(1)
+        if turn.user_message.text == "first":
+            await log.append(CONVERSATION, "other-writer", (Message.user("meanwhile"),))
+        return cont(turn.inject(f"summary of {turn.user_message.text}"))
+
+    return hook(summary, name="summary", background=True, durable=True)
+
+
+async def test_a_background_commit_conflict_reloads_the_session_for_the_next_send(
+    autojump_clock,
+):
+    log = MemoryLog()
+    model = echo_model()
+    pipe = Pipeline(model=model, post=[intruding_summary(log)])
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        first = await session.send("first")
+        await trio.sleep(5)  # the summary ran, and its commit met the other writer's
+        second = await session.send("second")
+
+    assert (second.outcome, len(model.requests)) == ("completed", 2)
+    assert model.requests[1].messages == (
+        *first.log_messages,
+        Message.user("meanwhile"),
+        Message.user("second"),
+    )
+
+
+async def test_a_background_commit_conflict_is_a_commit_failure_closing_no_hook_twice(
+    autojump_clock,
+):
+    log = MemoryLog()
+    pipe = Pipeline(model=echo_model(), post=[intruding_summary(log)])
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        first = await session.send("first")
+        await trio.sleep(5)
+
+    ref = first.turn.turn_ref
+    events = session.events
+    assert [(type(e).__name__, e.turn_ref, e.hook, e.stage) for e in events] == [
+        ("HookStarted", ref, "summary", "post"),
+        ("HookFinished", ref, "summary", "post"),
+        ("Injected", ref, "summary", "post"),
+        ("HookFailed", ref, "summary", "commit"),
+    ]
+    assert "LogConflict" in events[-1].error
+    assert pairing_problems(events) == []
+
+
+# -- background hooks and when= ---------------------------------------------------------------
+
+
+async def test_a_background_hook_whose_when_is_false_is_skipped_without_starting(autojump_clock):
+    trace = []
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[background(trace, "summary", 1, when=lambda turn: False)],
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        result = await session.send("hi")
+
+    assert session.events == (ev.HookSkipped(result.turn.turn_ref, "summary", "post"),)
+    assert trace == []
+
+
+async def test_a_background_hook_whose_when_is_not_a_bool_fails_without_running(autojump_clock):
+    trace = []
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[background(trace, "summary", 1, when=lambda turn: "yes")],
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        result = await session.send("hi")
+
+    ref = result.turn.turn_ref
+    assert [(type(e).__name__, e.turn_ref, e.hook, e.stage) for e in session.events] == [
+        ("HookStarted", ref, "summary", "post"),
+        ("HookFailed", ref, "summary", "post"),
+    ]
+    assert pairing_problems(session.events) == []
+    assert trace == []
+
+
+# -- what leaves a session --------------------------------------------------------------------
+
+
+async def test_a_users_exception_group_leaves_the_session_intact():
+    # Not flattened to its first member, not wrapped in the session's own nursery group.
+    first, second = ValueError("a"), KeyError("b")
+    pipe = Pipeline(model=ScriptedModel([]))
+
+    with pytest.raises(ExceptionGroup) as excinfo:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+            raise ExceptionGroup("mine", [first, second])
+
+    group = excinfo.value
+    assert type(group) is ExceptionGroup
+    assert group.message == "mine"
+    assert len(group.exceptions) == 2
+    assert (group.exceptions[0] is first, group.exceptions[1] is second) == (True, True)
+
+
+# -- arguments, again -------------------------------------------------------------------------
+
+
+class SyncLoad:
+    def load(self, conversation_id):
+        return Context()
+
+    async def append(
+        self, conversation_id, turn_ref, messages, audit=None, *, expected_length=None
+    ):
+        return None
+
+
+class SyncAppend:
+    async def load(self, conversation_id):
+        return Context()
+
+    def append(self, conversation_id, turn_ref, messages, audit=None, *, expected_length=None):
+        return None
+
+
+class SyncLog:
+    def load(self, conversation_id):
+        return Context()
+
+    def append(self, conversation_id, turn_ref, messages, audit=None, *, expected_length=None):
+        return None
+
+
+@pytest.mark.parametrize("log_class", [SyncLog, SyncLoad, SyncAppend])
+async def test_a_log_with_sync_methods_is_a_config_error_naming_the_log(log_class):
+    pipe = Pipeline(model=ScriptedModel([]))
+
+    with pytest.raises(ConfigError, match="log") as excinfo:
+        async with pipe.session(log=log_class(), conversation_id=CONVERSATION):
+            pass
+
+    assert log_class.__name__ in str(excinfo.value)
+
+
+async def test_an_infinite_drain_timeout_waits_for_every_background_hook(autojump_clock):
+    trace = []
+    log = MemoryLog()
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[background(trace, "summary", 1000, "late summary", durable=True, announce=False)],
+    )
+    started = trio.current_time()
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION, drain_timeout=math.inf) as s:
+        result = await s.send("hi")
+    closed_at = trio.current_time() - started
+
+    ref = result.turn.turn_ref
+    assert (closed_at, trace) == (1000.0, ["summary finished"])
+    assert [entry.turn_ref for entry in await log.entries(CONVERSATION)] == [ref, f"{ref}:summary"]
+
+
+@pytest.mark.parametrize("method", ["send", "stream"])
+async def test_a_turn_refused_for_its_message_is_not_counted(method):
+    pipe = Pipeline(model=ScriptedModel(["ok"]))
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        await session.send("hi")
+        with pytest.raises(TypeError):
+            await take_turn(session, method, 42)
+        turns = session.info.turns
+
+    assert turns == 1
+
+
+async def test_a_cancellation_during_the_drain_tells_end_hooks_cancelled(autojump_clock):
+    # The body left normally, then the caller's scope cancelled the session while it waited
+    # for its background hooks: they were cut short, and the caller sees a cancellation, so
+    # the session did not close normally.
+    trace = []
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[background(trace, "summary", 100, announce=False)],
+        on_session_end=[end_recorder(trace)],
+    )
+
+    with trio.move_on_after(5) as scope:
+        async with pipe.session(
+            log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=30
+        ) as session:
+            await session.send("hi")
+
+    assert scope.cancelled_caught
+    assert trace == [("end", "cancelled", SessionInfo(CONVERSATION, Scope(), 1))]

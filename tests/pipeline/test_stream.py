@@ -368,3 +368,45 @@ async def test_cancellation_reaches_the_caller_as_trio_cancelled(autojump_clock,
             caught.append("Cancelled")
             raise
     assert caught == ["Cancelled"]
+
+
+async def raise_group_at_first_delta(pipe: Pipeline, group: ExceptionGroup) -> None:
+    async with pipe.stream(start()) as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                raise group
+
+
+async def raise_group_after_the_end(pipe: Pipeline, group: ExceptionGroup) -> None:
+    async with pipe.stream(start()) as events:
+        async for _ in events:
+            pass
+        raise group
+
+
+@pytest.mark.parametrize(
+    "consume",
+    [
+        pytest.param(raise_group_at_first_delta, id="while-the-turn-runs"),
+        pytest.param(raise_group_after_the_end, id="after-the-turn-ended"),
+    ],
+)
+async def test_a_consumers_exception_group_propagates_intact(autojump_clock, consume):
+    # Not flattened to its first member, not wrapped in the stream's own nursery group.
+    async def slowly(request):
+        yield "first "
+        await trio.sleep(10)
+        yield "second"
+
+    first, second = ValueError("a"), KeyError("b")
+
+    with pytest.raises(ExceptionGroup) as excinfo:
+        await consume(
+            Pipeline(model=FunctionModel(slowly)), ExceptionGroup("mine", [first, second])
+        )
+
+    group = excinfo.value
+    assert type(group) is ExceptionGroup
+    assert group.message == "mine"
+    assert len(group.exceptions) == 2
+    assert (group.exceptions[0] is first, group.exceptions[1] is second) == (True, True)
