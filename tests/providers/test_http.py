@@ -350,7 +350,11 @@ async def test_a_silent_server_times_out_through_the_pipeline(
     server: ProtocolServer, autojump_clock: trio.testing.MockClock
 ) -> None:
     server.script(wire.stream((), stall=True))
+    started = trio.current_time()
     await fails_in_pipeline(openai(server, timeout=httpx.Timeout(60, read=5)), ProviderTimeout)
+    # The read timeout is the idle gap: one gap, no retry once the response has started.
+    assert trio.current_time() - started == pytest.approx(5)
+    assert len(server.requests) == 1
 
 
 async def test_the_callers_deadline_cancels_and_is_not_converted(
