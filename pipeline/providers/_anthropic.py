@@ -12,18 +12,33 @@ from turns import Message, Text, ToolCall, ToolResult, Usage
 
 from .._errors import RequestError
 from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
-from ._convert import decode_arguments, load_json, protocol_error, wire_fields
+from ._convert import decode_arguments, load_json, protocol_error, tokens, wire_fields
 from ._http import (
     DEFAULT_TIMEOUT,
     Endpoint,
     as_timeout,
     check_retries,
+    checked_key,
     open_model_stream,
     strip_slash,
 )
 from ._sse import ServerSentEvent
 
 META_KEY = "anthropic"
+
+_KNOWN_EVENTS = frozenset(
+    {
+        "message",
+        "message_start",
+        "message_delta",
+        "message_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "error",
+    }
+)
+_INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 """Meta key holding extra wire fields merged into the block or message (e.g. ``cache_control``)."""
 
 THINKING_KEY = "anthropic_thinking"
@@ -112,7 +127,7 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
                     blocks.extend(dict(block) for block in thinking)
     for part in message.parts:
         if isinstance(part, Text):
-            if part.text:  # the API rejects empty text blocks
+            if part.text.strip():  # the API rejects empty and whitespace-only text blocks
                 blocks.append(
                     {"type": "text", "text": part.text, **wire_fields(part.meta, META_KEY)}
                 )
@@ -174,6 +189,7 @@ class AnthropicStreamParser:
         self._thinking: list[dict[str, Any]] = []
         self._stop: str | None = None
         self._input = 0
+        self._inputs: dict[str, int] = {}
         self._output = 0
         self._done = False
 
@@ -185,8 +201,8 @@ class AnthropicStreamParser:
     def feed(self, event: ServerSentEvent) -> list[ModelEvent]:
         """The model events of one SSE event."""
         name = event.event
-        if name == "ping":
-            return []
+        if name == "ping" or name not in _KNOWN_EVENTS:
+            return []  # unknown event types are ignored, undecoded
         payload = load_json(event.data, provider=self.provider, request_id=self.request_id)
         if not isinstance(payload, dict):
             raise protocol_error(
@@ -232,19 +248,17 @@ class AnthropicStreamParser:
         )
 
     def _count(self, usage: Any) -> None:
+        # Each figure replaces the running one only when it is present: a message_delta may
+        # repeat input_tokens without the cache counts.
         if not isinstance(usage, dict):
             return
-        if "input_tokens" in usage:
-            self._input = sum(
-                int(usage.get(key) or 0)
-                for key in (
-                    "input_tokens",
-                    "cache_creation_input_tokens",
-                    "cache_read_input_tokens",
-                )
-            )
-        if "output_tokens" in usage:
-            self._output = int(usage.get("output_tokens") or 0)
+        for key in _INPUT_KEYS:
+            value = usage.get(key)
+            if value is not None:
+                self._inputs[key] = tokens(value)
+        self._input = sum(self._inputs.values())
+        if usage.get("output_tokens") is not None:
+            self._output = tokens(usage["output_tokens"])
 
     def _start(self, payload: dict[str, Any]) -> list[ModelEvent]:
         index, block = payload.get("index"), payload.get("content_block")
@@ -367,7 +381,12 @@ class AnthropicMessages:
         )
 
     def _endpoint(self) -> Endpoint:
-        key = self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None)
+        source = "api_key=" if self.api_key else str(self.api_key_env)
+        key = checked_key(
+            self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None),
+            self.provider,
+            source,
+        )
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream",

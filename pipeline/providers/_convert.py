@@ -60,3 +60,11 @@ def protocol_error(provider: str, request_id: str | None, message: str) -> Provi
     if request_id:
         message += f" (request id {request_id})"
     return ProviderProtocolError(message, provider=provider, request_id=request_id)
+
+
+def tokens(value: Any) -> int:
+    """A token count from a usage report; a malformed one is a `TypeError`/`ValueError`,
+    which the stream turns into a protocol error."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(f"a token count must be a number, got {value!r}")
+    return int(value)

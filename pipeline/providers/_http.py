@@ -25,6 +25,7 @@ import httpx
 import trio
 
 from .._errors import (
+    ConfigError,
     ProviderConnectionError,
     ProviderError,
     ProviderProtocolError,
@@ -48,6 +49,7 @@ HINT_CAP = 60.0
 """A server's delay hint above this many seconds means "give up now", not "block the turn"."""
 
 _REDACTED = "[redacted]"
+_SHORTEST_SECRET = 8
 
 
 @functools.cache
@@ -57,8 +59,31 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 def scrub(text: str, secret: str | None) -> str:
-    """`text` with every occurrence of `secret` replaced: no key may leak into an error."""
-    return text.replace(secret, _REDACTED) if secret else text
+    """`text` with every occurrence of `secret` replaced: no key may leak into an error.
+
+    A placeholder key a few characters long (``"ollama"``, ``"EMPTY"``) is no secret, and
+    replacing it would mangle words of the message.
+    """
+    if not secret or len(secret) < _SHORTEST_SECRET:
+        return text
+    return text.replace(secret, _REDACTED)
+
+
+def checked_key(key: str | None, provider: str, source: str) -> str | None:
+    """The API key as it can be sent: surrounding whitespace (a secret file's trailing
+    newline) removed, anything else a header cannot carry refused without showing it."""
+    if key is None:
+        return None
+    key = key.strip()
+    if not key:
+        return None
+    if not all("!" <= char <= "~" for char in key):
+        raise ConfigError(
+            f"{provider}: the API key from {source} contains characters an HTTP header cannot"
+            " carry (spaces, control characters or non-ASCII); it is not shown here — check"
+            " the secret for a stray character"
+        )
+    return key
 
 
 def retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
@@ -243,6 +268,14 @@ def translate(
             provider=name,
             request_id=request_id,
         )
+    if isinstance(exc, httpx.LocalProtocolError):
+        # httpx refused to send the request: its message may quote a header, key included.
+        return ProviderError(
+            f"{name}: the request to {url} could not be sent (a header or the body is not"
+            " valid HTTP)",
+            provider=name,
+            request_id=request_id,
+        )
     if isinstance(exc, httpx.TransportError):
         return ProviderConnectionError(
             f"{name}: could not talk to {url} ({where}): {type(exc).__name__}: {detail}",
@@ -305,7 +338,8 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
         try:
             response = await client.send(request, stream=True)
         except httpx.TransportError as exc:
-            if last:
+            # A request httpx refuses to send (a bad header) fails the same way every time.
+            if last or isinstance(exc, httpx.LocalProtocolError):
                 raise translate(exc, endpoint, streaming=False) from exc
             await trio.sleep(backoff(attempt - 1, random.random()))
             continue
@@ -330,7 +364,7 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
 
 def _check_content_type(endpoint: Endpoint, response: httpx.Response) -> None:
     kind = response.headers.get("content-type", "")
-    if not kind.startswith("text/event-stream"):
+    if not kind.lower().startswith("text/event-stream"):
         raise ProviderProtocolError(
             f"{endpoint.provider} answered {response.status_code} with content-type"
             f" {kind or '(none)'!r} at {endpoint.url}, expected a text/event-stream — is the"
@@ -431,16 +465,29 @@ async def open_model_stream(
         parser: Makes the stream's parser, given the response's request id.
     """
     async with open_stream(endpoint, body) as opened:
-        events = _model_events(opened, parser(opened.request_id))
+        events = _model_events(opened, parser(opened.request_id), endpoint.provider)
         try:
             yield events
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
 
-async def _model_events(opened: OpenedStream, parser: Parser) -> AsyncIterator[ModelEvent]:
+async def _model_events(
+    opened: OpenedStream, parser: Parser, provider: str
+) -> AsyncIterator[ModelEvent]:
     async for event in opened.events:
-        for item in parser.feed(event):
+        try:
+            items = parser.feed(event)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            # A payload of the right JSON shape with wrong types inside: still a protocol
+            # error, never a bare Python one.
+            raise ProviderProtocolError(
+                f"{provider} sent an event the parser could not read:"
+                f" {type(exc).__name__}: {exc} (data: {event.data[:200]!r})",
+                provider=provider,
+                request_id=opened.request_id,
+            ) from exc
+        for item in items:
             yield item
         if parser.done:
             return  # open_stream closes the response: nothing after the terminator matters

@@ -25,6 +25,7 @@ from ._convert import (
     load_json,
     protocol_error,
     synthesize_id,
+    tokens,
     wire_fields,
 )
 from ._http import (
@@ -32,6 +33,7 @@ from ._http import (
     Endpoint,
     as_timeout,
     check_retries,
+    checked_key,
     open_model_stream,
     strip_slash,
 )
@@ -204,7 +206,7 @@ class OpenAIStreamParser:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self._usage = Usage(
-                int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+                tokens(usage.get("prompt_tokens") or 0), tokens(usage.get("completion_tokens") or 0)
             )
         events: list[ModelEvent] = []
         for choice in chunk.get("choices") or ():
@@ -216,6 +218,12 @@ class OpenAIStreamParser:
                 if isinstance(content, str) and content:
                     self._said_something = True
                     events.append(ModelText(content))
+                # A refusal is what the model said: it reaches the reply (and the guardrails)
+                # rather than leaving an empty answer that looks like success.
+                refusal = delta.get("refusal")
+                if isinstance(refusal, str) and refusal:
+                    self._said_something = True
+                    events.append(ModelText(refusal))
                 for fragment in delta.get("tool_calls") or ():
                     if isinstance(fragment, dict):
                         self._add_fragment(fragment)
@@ -360,7 +368,12 @@ class OpenAIChat:
         )
 
     def _endpoint(self) -> Endpoint:
-        key = self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None)
+        source = "api_key=" if self.api_key else str(self.api_key_env)
+        key = checked_key(
+            self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None),
+            self.provider,
+            source,
+        )
         headers = {"content-type": "application/json", "accept": "text/event-stream"}
         if key:
             headers["authorization"] = f"Bearer {key}"

@@ -371,3 +371,47 @@ async def test_a_tool_round_trip(server: ProtocolServer) -> None:
         ],
     }
     assert second[0] == ModelText("README.md is 5 KB.")
+
+
+def test_whitespace_only_text_blocks_are_not_sent() -> None:
+    # The API rejects text blocks without non-whitespace text; a reply of "\n\n" in the
+    # history must not break every later turn of the conversation.
+    call = ToolCall("toolu_1", "stat_file", {})
+    sent = body(
+        Message.user("hi"),
+        Message.assistant("\n\n"),
+        Message.user("again"),
+        Message.assistant([Text("\n"), call]),
+    )["messages"]
+    texts = [
+        block.get("text")
+        for message in sent
+        for block in (message["content"] if isinstance(message["content"], list) else ())
+        if block.get("type") == "text"
+    ]
+    assert all(text is None or text.strip() for text in texts)
+    assert sent[-1]["content"] == [
+        {"type": "tool_use", "id": "toolu_1", "name": "stat_file", "input": {}}
+    ]
+
+
+def test_cache_counts_survive_a_delta_that_repeats_only_input_tokens() -> None:
+    start = event(
+        "message_start",
+        message={
+            "id": "m",
+            "usage": {"input_tokens": 10, "cache_read_input_tokens": 5, "output_tokens": 1},
+        },
+    )
+    delta = event(
+        "message_delta",
+        delta={"stop_reason": "end_turn"},
+        usage={"input_tokens": 10, "output_tokens": 3},
+    )
+    events = parse(start, delta, event("message_stop"))
+    assert events[-1] == ModelFinish("stop", Usage(15, 3))
+
+
+def test_unknown_events_are_ignored_without_decoding_them() -> None:
+    parser = AnthropicStreamParser()
+    assert parser.feed(ServerSentEvent("future_event", "not json")) == []

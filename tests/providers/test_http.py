@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from pipeline import (
+    ConfigError,
     ModelFinish,
     ModelText,
     ProviderConnectionError,
@@ -22,7 +23,7 @@ from pipeline import (
     RateLimited,
 )
 from pipeline.providers import AnthropicMessages, OpenAIChat
-from pipeline.providers._http import backoff, retry_after, retry_delay, should_retry
+from pipeline.providers._http import backoff, retry_after, retry_delay, scrub, should_retry
 from turns import Usage
 
 from . import server as wire
@@ -376,3 +377,51 @@ async def test_leaving_the_stream_early_closes_the_response(server: ProtocolServ
     with trio.fail_after(5):
         await server.wait_hangup()
     assert server.hangups == 1
+
+
+# --- Keys a header cannot carry, odd content types, malformed payloads -----------------------
+
+
+async def test_a_key_with_a_trailing_newline_is_sent_stripped(server: ProtocolServer) -> None:
+    # A key read from a secret file often ends in a newline.
+    server.script(wire.stream(wire.openai_text(["ok"])))
+    model = OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY + "\n")
+    events = await collect(model)
+    assert events[0] == ModelText("ok")
+    assert server.requests[0].headers["authorization"] == f"Bearer {KEY}"
+
+
+@pytest.mark.parametrize("bad", ["\r\nx-injected: 1", " inner space", "caf\u00e9"])
+async def test_a_key_a_header_cannot_carry_is_refused_without_showing_it(
+    server: ProtocolServer, bad: str
+) -> None:
+    for model in (
+        OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY + bad),
+        AnthropicMessages("claude-test", base_url=server.url, api_key=KEY + bad),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            await collect(model)
+        assert KEY not in str(caught.value)
+        assert "api_key=" in str(caught.value)
+    assert server.requests == []
+
+
+async def test_the_content_type_is_matched_without_regard_to_case(server: ProtocolServer) -> None:
+    pieces = wire.openai_text(["ok"])
+    server.script(
+        wire.stream(pieces, headers=(("content-type", "Text/Event-Stream; charset=UTF-8"),))
+    )
+    assert (await collect(openai(server)))[0] == ModelText("ok")
+
+
+async def test_a_malformed_token_count_is_a_protocol_error(server: ProtocolServer) -> None:
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": "n/a", "completion_tokens": 1}}\n\n'
+    server.script(wire.stream((wire.openai_text(["a"])[0], usage)))
+    error = await fails(openai(server), ProviderProtocolError)
+    assert "n/a" in str(error)
+
+
+def test_a_short_placeholder_key_does_not_mangle_messages() -> None:
+    # Local servers take keys like "EMPTY" or "ollama"; they are not secrets.
+    assert scrub("Name or service not known", "k") == "Name or service not known"
+    assert scrub(f"Bearer {KEY}", KEY) == "Bearer [redacted]"

@@ -381,3 +381,16 @@ async def test_a_tool_round_trip(server: ProtocolServer) -> None:
         {"role": "tool", "tool_call_id": "call_b", "content": "no such file"},
     ]
     assert second[0] == ModelText("README.md is 5 KB.")
+
+
+def test_a_refusal_is_text_the_reply_carries() -> None:
+    events = parse(chunk({"refusal": "I can't help with that."}), chunk({}, "stop"), "[DONE]")
+    assert events[0] == ModelText("I can't help with that.")
+    assert isinstance(events[-1], ModelFinish)
+
+
+def test_a_token_count_that_is_not_a_number_is_a_protocol_error_over_the_socket() -> None:
+    # Fed to the parser alone it is a Python error; the stream turns it into a protocol
+    # error (see test_http); here: the parser does not guess a number.
+    with pytest.raises(TypeError):
+        parse(chunk(None, usage={"prompt_tokens": {"n": 1}, "completion_tokens": 1}))
