@@ -279,14 +279,24 @@ class RedactStream:
         # space followed by word characters only (or nothing) ends it, and a chunk of word
         # characters alone holds no separator. Otherwise walk back with the memo.
         if self._fast:
-            space = text.rfind(" ")
-            tail = text[space + 1 :] if space >= 0 else text
-            if tail.isalnum():
-                if space < 0:
+            head, space, tail = text.rpartition(" ")
+            if not tail or tail.isalnum():
+                if not space:
                     return self._hold(text)
-                cut = space + 1
-            elif not tail:
-                cut = len(text)
+                # The commonest case of all, kept short: the stretch up to the space is
+                # decided, and nothing in it can match unless it holds the required character.
+                decided = self._pending + head + space
+                required = self._required
+                if (
+                    required is not None
+                    and required not in decided
+                    and len(decided) >= self._behind
+                    and len(tail) <= self._window
+                ):
+                    self._pending = tail
+                    self._context = decided
+                    return decided
+                cut = len(head) + 1
             else:
                 cut = self._last_separator(text)
         elif self._compiled.separators is None or not text:
