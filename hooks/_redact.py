@@ -16,7 +16,7 @@ The law, checked by a property test: for any split of a text into chunks, the ou
 
 import importlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, final
 
 from pipeline import ConfigError
@@ -254,11 +254,11 @@ class RedactStream:
         "_behind",
         "_compiled",
         "_context",
-        "_fast",
         "_pending",
         "_required",
         "_window",
         "count",
+        "feed",
     )
 
     def __init__(self, compiled: _Compiled) -> None:
@@ -267,42 +267,48 @@ class RedactStream:
         self._pending = ""  # text not decided yet (no separator in it)
         self.count = 0
         # Copied from the compiled patterns: read on every chunk.
-        self._fast = compiled.words and compiled.space
         self._required = compiled.single_required
         self._window = compiled.window
         self._behind = compiled.behind
+        self.feed: Callable[[str], str] = (
+            self._feed_words if compiled.words and compiled.space else self._feed_any
+        )
+        """Take a chunk; return the text that can be released now."""
 
-    def feed(self, text: str) -> str:
-        # Where the decided stretch ends: just after the chunk's last separator. This runs
-        # for every chunk, so the common cases come first and cost a few string methods:
-        # with word characters in the alphabet and the space a separator, the chunk's last
-        # space followed by word characters only (or nothing) ends it, and a chunk of word
-        # characters alone holds no separator. Otherwise walk back with the memo.
-        if self._fast:
-            head, space, tail = text.rpartition(" ")
-            if not tail or tail.isalnum():
-                if not space:
-                    return self._hold(text)
-                # The commonest case of all, kept short: the stretch up to the space is
-                # decided, and nothing in it can match unless it holds the required character.
-                decided = self._pending + head + space
-                required = self._required
-                if (
-                    required is not None
-                    and required not in decided
-                    and len(decided) >= self._behind
-                    and len(tail) <= self._window
-                ):
-                    self._pending = tail
-                    self._context = decided
-                    return decided
-                cut = len(head) + 1
-            else:
-                cut = self._last_separator(text)
-        elif self._compiled.separators is None or not text:
+    def _feed_words(self, text: str) -> str:
+        # `feed` when word characters are in the alphabet and the space is a separator:
+        # the commonest chunks (words after a space; words alone) cost a few string methods.
+        head, space, tail = text.rpartition(" ")
+        if not tail or tail.isalnum():
+            if not space:
+                # Word characters alone: no separator, hold them.
+                pending = self._pending = self._pending + text
+                if len(pending) <= self._window:
+                    return ""
+                return self._release_window()
+            decided = self._pending + head + space
+            required = self._required
+            if (
+                required is not None
+                and required not in decided
+                and len(decided) >= self._behind
+                and len(tail) <= self._window
+            ):
+                # Nothing up to the space can match: release it as it is. The context is
+                # whatever string ends with the last released characters.
+                self._pending = tail
+                self._context = decided
+                return decided
+            return self._cut(text, len(head) + 1)
+        return self._cut(text, self._last_separator(text))
+
+    def _feed_any(self, text: str) -> str:
+        if self._compiled.separators is None or not text:
             return self._hold(text)
-        else:
-            cut = self._last_separator(text)
+        return self._cut(text, self._last_separator(text))
+
+    def _cut(self, text: str, cut: int) -> str:
+        """Decide the text up to `cut` in `text` (just after its last separator)."""
         if not cut:
             return self._hold(text)
         if cut == len(text):
@@ -311,8 +317,7 @@ class RedactStream:
             decided, rest = self._pending + text[:cut], text[cut:]
         required = self._required
         if required is not None and required not in decided:
-            # No match can be in it: release it as it is. The context is whatever string
-            # ends with the last released characters; it is cut to size when used.
+            # No match can be in it: release it as it is.
             self._pending = rest
             if len(decided) >= self._behind:
                 self._context = decided
