@@ -74,8 +74,7 @@ class Session:
         self._turns = 0
         self._nursery = nursery
         self._lock = trio.Lock()
-        # Background hooks still running: what to report if they must be cut short.
-        self._active: dict[int, tuple[str, Step]] = {}
+        self._running = 0  # background hooks still running
         self._cut_short = "cut short: the session was cancelled; nothing of it was committed"
         self._closed = False
         self._idle = trio.Event()
@@ -179,13 +178,12 @@ class Session:
 
     def _spawn(self, turn: Turn) -> None:
         for step in self._pipe._background_plan:
-            key = object()
-            self._active[id(key)] = (turn.turn_ref, step)
+            self._running += 1
             if self._idle.is_set():
                 self._idle = trio.Event()
-            self._nursery.start_soon(self._background, step, turn, key)
+            self._nursery.start_soon(self._background, step, turn)
 
-    async def _background(self, step: Step, turn: Turn, key: object) -> None:
+    async def _background(self, step: Step, turn: Turn) -> None:
         returned = False
         try:
             runner = _runner(self._pipe, self._events.append, turn.turn_ref)
@@ -226,8 +224,8 @@ class Session:
             )
             raise
         finally:
-            self._active.pop(id(key), None)
-            if not self._active:
+            self._running -= 1
+            if not self._running:
                 self._idle.set()
 
     async def _drain(self, timeout: float) -> None:
@@ -235,7 +233,7 @@ class Session:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(timeout):
                 await self._idle.wait()
-        if self._active:
+        if self._running:
             self._abandon(
                 f"did not finish within the session's drain timeout of {timeout} s and was"
                 " cancelled; nothing of it was committed"
