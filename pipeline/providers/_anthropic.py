@@ -1,6 +1,5 @@
 """Anthropic Messages: the request body, the stream parser, and the provider."""
 
-import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, final
@@ -16,9 +15,8 @@ from ._convert import decode_arguments, load_json, protocol_error, tokens, wire_
 from ._http import (
     DEFAULT_TIMEOUT,
     Endpoint,
-    as_timeout,
     check_retries,
-    checked_key,
+    endpoint_for,
     open_model_stream,
     strip_slash,
 )
@@ -381,27 +379,9 @@ class AnthropicMessages:
         )
 
     def _endpoint(self) -> Endpoint:
-        source = "api_key=" if self.api_key else str(self.api_key_env)
-        key = checked_key(
-            self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None),
-            self.provider,
-            source,
-        )
-        headers = {
-            "content-type": "application/json",
-            "accept": "text/event-stream",
-            "anthropic-version": API_VERSION,
-        }
-        if key:
-            headers["x-api-key"] = key
-        where = f"set {self.api_key_env} or " if self.api_key_env else ""
-        return Endpoint(
-            self.provider,
+        return endpoint_for(
+            self,
             f"{self.base_url}/v1/messages",
-            headers,
-            key or None,
-            as_timeout(self.timeout),
-            self.max_retries,
-            self.transport,
-            None if key else f"no API key was sent: {where}pass api_key=",
+            {"anthropic-version": API_VERSION},
+            lambda key: {"x-api-key": key},
         )

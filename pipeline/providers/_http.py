@@ -13,6 +13,7 @@ cancellation passes through untouched (`trio.Cancelled` is not an `Exception`).
 import email.utils
 import functools
 import json
+import os
 import random
 import ssl
 import time
@@ -224,6 +225,38 @@ class Endpoint:
     max_retries: int
     transport: httpx.AsyncBaseTransport | None = None
     missing_key: str | None = None
+
+
+def endpoint_for(
+    model: Any, url: str, headers: dict[str, str], auth: Callable[[str], dict[str, str]]
+) -> Endpoint:
+    """Where one request of `model` (a provider) goes, its key read and checked now.
+
+    Args:
+        model: The provider: its ``provider``, ``api_key``, ``api_key_env``, ``timeout``,
+            ``max_retries`` and ``transport`` are read.
+        url: The request's URL.
+        headers: The provider's own headers.
+        auth: The headers that carry a key.
+    """
+    variable = model.api_key_env
+    key = checked_key(
+        model.api_key or (os.environ.get(variable) if variable else None),
+        model.provider,
+        "api_key=" if model.api_key else str(variable),
+    )
+    where = f"set {variable} or " if variable else ""
+    return Endpoint(
+        model.provider,
+        url,
+        {"content-type": "application/json", "accept": "text/event-stream", **headers}
+        | (auth(key) if key else {}),
+        key,
+        as_timeout(model.timeout),
+        model.max_retries,
+        model.transport,
+        None if key else f"no API key was sent: {where}pass api_key=",
+    )
 
 
 @final

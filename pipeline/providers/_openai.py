@@ -6,7 +6,6 @@ repeated or missing, usage in its own chunk or in the finish chunk, error payloa
 """
 
 import json
-import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, final
@@ -31,9 +30,8 @@ from ._convert import (
 from ._http import (
     DEFAULT_TIMEOUT,
     Endpoint,
-    as_timeout,
     check_retries,
-    checked_key,
+    endpoint_for,
     open_model_stream,
     strip_slash,
 )
@@ -368,23 +366,9 @@ class OpenAIChat:
         )
 
     def _endpoint(self) -> Endpoint:
-        source = "api_key=" if self.api_key else str(self.api_key_env)
-        key = checked_key(
-            self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None),
-            self.provider,
-            source,
-        )
-        headers = {"content-type": "application/json", "accept": "text/event-stream"}
-        if key:
-            headers["authorization"] = f"Bearer {key}"
-        where = f"set {self.api_key_env} or " if self.api_key_env else ""
-        return Endpoint(
-            self.provider,
+        return endpoint_for(
+            self,
             f"{self.base_url}/chat/completions",
-            headers,
-            key or None,
-            as_timeout(self.timeout),
-            self.max_retries,
-            self.transport,
-            None if key else f"no API key was sent: {where}pass api_key=",
+            {},
+            lambda key: {"authorization": f"Bearer {key}"},
         )
