@@ -1,6 +1,32 @@
 """Helpers the pipeline tests share."""
 
+import trio
+
+from pipeline import Pipeline, TurnResult
 from pipeline import events as ev
+from turns import Turn
+
+
+async def collect(pipe: Pipeline, turn: Turn) -> tuple[list[ev.Event], TurnResult]:
+    """Stream `turn` to the end: every event, and the result."""
+    async with pipe.stream(turn) as events:
+        seen = [event async for event in events]
+    return seen, events.result
+
+
+def live_tasks() -> set[trio.lowlevel.Task]:
+    """Every task of the run, found by walking the task tree from the root."""
+    tasks: set[trio.lowlevel.Task] = set()
+
+    def walk(task: trio.lowlevel.Task) -> None:
+        tasks.add(task)
+        for nursery in task.child_nurseries:
+            for child in nursery.child_tasks:
+                walk(child)
+
+    walk(trio.lowlevel.current_root_task())
+    return tasks
+
 
 # Failures that are not a hook run: nothing opened them.
 NEVER_STARTED = {"transformers", "commit"}

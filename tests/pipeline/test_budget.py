@@ -27,6 +27,8 @@ from pipeline import events as ev
 from pipeline.testing import ScriptedModel
 from turns import Context, Message, Text, Turn
 
+from .support import collect
+
 BIG = 10_000
 """A context limit no test's request comes near, for tests about the injection reserve."""
 
@@ -62,11 +64,6 @@ def tokens_of(n):
 
 def build(*pre, budget, model=None, **options):
     return Pipeline(model=model or ScriptedModel(["ok"]), pre=list(pre), budget=budget, **options)
-
-
-async def collect(pipe, turn):
-    async with pipe.stream(turn) as events:
-        return [event async for event in events], events.result
 
 
 # -- Budget ------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from pipeline import events as ev
 from pipeline.testing import ScriptedModel
 from turns import Injection, Message, Text, Turn
 
+from .support import collect
+
 BARRIER_TIMEOUT = 5.0
 """Real seconds a sync member waits for its sibling at the barrier before giving up."""
 
@@ -100,11 +102,6 @@ def pipe_with(*entries, model=None):
 
 def sources(result):
     return [injection.source for injection in result.turn.injections]
-
-
-async def collect(pipe, turn):
-    async with pipe.stream(turn) as events:
-        return [event async for event in events], events.result
 
 
 # -- latency and order ---------------------------------------------------------------------

@@ -28,6 +28,7 @@ from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Injection, Message, Text, Turn
 
+from .support import collect as streamed
 from .support import pairing_problems
 
 TURN_REF = "turn-post"
@@ -111,13 +112,6 @@ def sleeper(trace: list, label: str, seconds: float, **options):
         return cont(turn)
 
     return hook(nap, name=label, **options)
-
-
-async def streamed(pipe: Pipeline, turn: Turn) -> tuple[list[ev.Event], TurnResult]:
-    """Every event of a streamed turn, and its result."""
-    async with pipe.stream(turn) as events:
-        seen = [event async for event in events]
-    return seen, events.result
 
 
 def kinds(events) -> list[tuple[str, str | None]]:

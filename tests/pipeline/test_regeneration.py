@@ -24,6 +24,8 @@ from pipeline import events as ev
 from pipeline.testing import ScriptedModel
 from turns import Message, Text, Turn
 
+from .support import collect as streamed
+
 TURN_REF = "turn-regen"
 
 
@@ -67,12 +69,6 @@ def tracer(trace: list, label: str, **options):
         return cont(turn)
 
     return hook(record, name=label, **options)
-
-
-async def streamed(pipe: Pipeline, turn: Turn) -> tuple[list[ev.Event], TurnResult]:
-    async with pipe.stream(turn) as events:
-        seen = [event async for event in events]
-    return seen, events.result
 
 
 def timeline(events) -> list[tuple[str, object]]:

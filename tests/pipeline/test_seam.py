@@ -11,7 +11,6 @@ from pipeline import (
     HookFailed,
     HookReturnError,
     Pipeline,
-    TurnResult,
     cont,
     per_chunk,
     regenerate,
@@ -21,17 +20,13 @@ from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
 from turns import Turn
 
+from .support import collect
+
 TURN_REF = "turn-seam"
 
 
 def start(text: str = "hi") -> Turn:
     return Turn.start(text, turn_ref=TURN_REF)
-
-
-async def collect(pipe: Pipeline, turn: Turn) -> tuple[list[ev.Event], TurnResult]:
-    async with pipe.stream(turn) as events:
-        seen = [event async for event in events]
-    return seen, events.result
 
 
 def deltas(events: list[ev.Event]) -> list[tuple[str, int]]:

@@ -24,26 +24,12 @@ from pipeline.logs import LogEntry, MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Scope, Text, Turn
 
-from .support import pairing_problems
+from .support import live_tasks, pairing_problems
 
 CONVERSATION = "conv-1"
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-def live_tasks() -> set[trio.lowlevel.Task]:
-    """Every task of the run, found by walking the task tree from the root."""
-    tasks: set[trio.lowlevel.Task] = set()
-
-    def walk(task: trio.lowlevel.Task) -> None:
-        tasks.add(task)
-        for nursery in task.child_nurseries:
-            for child in nursery.child_tasks:
-                walk(child)
-
-    walk(trio.lowlevel.current_root_task())
-    return tasks
 
 
 def note(name: str, make_text, *, durable: bool = False):

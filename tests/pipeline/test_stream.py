@@ -9,35 +9,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline import HookFailed, Pipeline, TurnResult, cont, halt, hook, parallel
-from pipeline.events import Event, HookStarted, TextDelta
+from pipeline.events import HookStarted, TextDelta
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Text, Turn
+
+from .support import collect, live_tasks
 
 TURN_REF = "turn-0123"
 
 
 def start(text: str = "hi") -> Turn:
     return Turn.start(text, turn_ref=TURN_REF)
-
-
-async def collect(pipe: Pipeline, turn: Turn) -> tuple[list[Event], TurnResult]:
-    async with pipe.stream(turn) as events:
-        seen = [event async for event in events]
-    return seen, events.result
-
-
-def live_tasks() -> set[trio.lowlevel.Task]:
-    """Every task of the run, found by walking the task tree from the root."""
-    tasks: set[trio.lowlevel.Task] = set()
-
-    def walk(task: trio.lowlevel.Task) -> None:
-        tasks.add(task)
-        for nursery in task.child_nurseries:
-            for child in nursery.child_tasks:
-                walk(child)
-
-    walk(trio.lowlevel.current_root_task())
-    return tasks
 
 
 def timeless(result: TurnResult) -> TurnResult:

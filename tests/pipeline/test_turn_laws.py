@@ -41,6 +41,8 @@ from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Message, Reply, Text, Turn
 
+from .support import collect
+
 T = TypeVar("T")
 
 USER_TEXT = "hi"
@@ -420,9 +422,7 @@ async def _run(pipe: Pipeline) -> TurnResult:
 
 
 async def _stream(pipe: Pipeline) -> tuple[list[ev.Event], TurnResult]:
-    async with pipe.stream(start()) as events:
-        seen = [event async for event in events]
-    return seen, events.result
+    return await collect(pipe, start())
 
 
 async def _send(pipe: Pipeline) -> tuple[TurnResult, tuple[Message, ...]]:
