@@ -4,6 +4,8 @@
 which is None when nobody listens, so that `run` builds no event at all.
 """
 
+from typing import cast
+
 import attrs
 import trio
 
@@ -130,32 +132,8 @@ class Drive(Runner):
                 if outcome.injections is not turn.injections:
                     return self.stamp(step, turn, outcome)
                 return outcome
-        return self.settle_checked(step, turn, result, elapsed)
-
-    def settle_checked(self, step: Step, turn: Turn, result: object, elapsed: float) -> Turn | Halt:
-        """`settle` for everything but the common case: halts, shadows, changed requests."""
-        outcome: Turn | Halt
-        try:
-            if type(result) is Cont and type(result.value) is Turn:
-                verdict, outcome = "cont", result.value
-                _check_unchanged(step, turn, outcome)
-            elif type(result) is Halt:
-                verdict, outcome = "halt", self.halt_of(step, result)
-            else:
-                raise self.wrong_return(step, result, "Cont(turn) or Halt", group=False)
-        except HookReturnError as error:
-            self.fail(step, error, elapsed)
-            return turn
-        if step.hook.shadow:
-            self.shadow_verdict(step, elapsed, verdict, outcome)
-            return turn
-        if isinstance(outcome, Halt):
-            self.finished(step, elapsed, verdict, outcome.reason)
-            return outcome
-        self.finished(step, elapsed, verdict)
-        if outcome.injections is not turn.injections:
-            outcome = self.stamp(step, turn, outcome)
-        return outcome
+        # A pre-stage step is never judged as a post hook: no rejection comes back.
+        return cast(Turn | Halt, self.settle_checked(step, turn, result, elapsed))
 
     # -- stages 4-7: the model call, the post hooks, the regeneration loop --------------------
 
@@ -202,26 +180,31 @@ class Drive(Runner):
             called = await self.call_ordered(step, turn)
             if called is None:
                 continue
-            outcome = self.settle_post(step, turn, *called)
+            outcome = self.settle_checked(step, turn, *called)
             if type(outcome) is not Turn:
                 return turn, outcome
             turn = outcome
         return turn, turn
 
-    def settle_post(
+    def settle_checked(
         self, step: Step, turn: Turn, result: object, elapsed: float
     ) -> Turn | Halt | tuple[str, str]:
-        """Check a post hook's signal, record it, and give what goes on."""
+        """Check an ordered hook's signal, record it, and give what goes on.
+
+        `settle` for everything but its common case; and the post stage's `settle`, where a
+        hook may also reject the reply: (hook, feedback) is returned for a rejection.
+        """
+        post = step.stage == "post"
         outcome: Turn | Halt | Regenerate
         try:
             if type(result) is Cont and type(result.value) is Turn:
                 verdict, outcome = "cont", result.value
                 _check_unchanged(step, turn, outcome)
-                if outcome.reply is not turn.reply:
+                if post and outcome.reply is not turn.reply:
                     outcome = _checked_reply(step, turn, outcome)
             elif type(result) is Halt:
                 verdict, outcome = "halt", self.halt_of(step, result)
-            elif type(result) is Regenerate:
+            elif post and type(result) is Regenerate:
                 verdict, outcome = "regenerate", result
                 if not isinstance(result.feedback, str) or not result.feedback.strip():
                     raise HookReturnError(
@@ -231,7 +214,8 @@ class Drive(Runner):
                         stage=step.stage,
                     )
             else:
-                raise self.wrong_return(step, result, "Cont(turn), Halt or Regenerate", group=False)
+                expected = "Cont(turn), Halt or Regenerate" if post else "Cont(turn) or Halt"
+                raise self.wrong_return(step, result, expected, group=False)
         except HookReturnError as error:
             self.fail(step, error, elapsed)
             return turn
