@@ -6,7 +6,7 @@ Anthropic Messages, `model_from_string`) and `pipeline.testing` (offline models)
 else public is importable from here.
 """
 
-from ._audit import AttemptRecord, AuditRecord, HookRecord, Rejection
+from ._audit import AttemptRecord, AuditRecord, HookRecord, Rejection, ToolRecord
 from ._budget import (
     CHARS_PER_TOKEN,
     MESSAGE_OVERHEAD,
@@ -45,6 +45,8 @@ from ._result import TurnResult
 from ._seam import PerChunk, Transformer, TransformerFactory, per_chunk
 from ._session import Session, SessionInfo
 from ._signals import Ask, Block, Cont, Halt, Regenerate, Signal, ask, block, cont, halt, regenerate
+from ._toolloop import TOOL_HOOKS
+from ._tools import Tool, tool
 
 __all__ = [
     "Ask",
@@ -94,7 +96,10 @@ __all__ = [
     "SessionInfo",
     "Signal",
     "StepLimitExceeded",
+    "TOOL_HOOKS",
     "Tokenizer",
+    "Tool",
+    "ToolRecord",
     "Transformer",
     "TransformerFactory",
     "TurnEvents",
@@ -112,6 +117,7 @@ __all__ = [
     "parts_tokens",
     "per_chunk",
     "regenerate",
+    "tool",
 ]
 
 for _name in __all__:

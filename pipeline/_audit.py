@@ -4,7 +4,7 @@ from typing import NamedTuple, final
 
 import attrs
 
-from turns import Injection, Usage
+from turns import Injection, ToolCall, ToolResult, Usage
 
 from ._signals import Halt
 from .events import Outcome
@@ -77,6 +77,28 @@ class Rejection:
 
 @final
 @attrs.frozen
+class ToolRecord:
+    """One tool call the model asked for, and what answered it.
+
+    Attributes:
+        attempt: The attempt, from 1.
+        step: The model call within the attempt that asked for it, from 1.
+        requested: The call as the model wrote it.
+        call: The call as it ran (or as the hook that blocked it saw it), after every
+            before-tool rewrite.
+        result: What the model read: the effective result, after every after-tool rewrite;
+            its ``meta["tool_hooks"]`` says which hooks blocked or rewrote what.
+    """
+
+    attempt: int
+    step: int
+    requested: ToolCall
+    call: ToolCall
+    result: ToolResult
+
+
+@final
+@attrs.frozen
 class AuditRecord:
     """Everything that shaped a turn, transient parts included.
 
@@ -89,6 +111,7 @@ class AuditRecord:
         attempts: Every attempt, including rejected ones.
         halt: The halt that stopped the turn, if one did.
         rejections: Every rejected attempt, with its hook and feedback.
+        tools: Every tool call of every attempt, in call order, with its effective result.
     """
 
     turn_ref: str
@@ -98,3 +121,4 @@ class AuditRecord:
     attempts: tuple[AttemptRecord, ...] = ()
     halt: Halt | None = None
     rejections: tuple[Rejection, ...] = ()
+    tools: tuple[ToolRecord, ...] = ()

@@ -15,14 +15,16 @@ from . import events as ev
 from ._audit import AuditRecord, HookRecord, Rejection
 from ._background import run_all_background
 from ._budget import estimate_tokens
-from ._errors import HookReturnError
+from ._errors import HookReturnError, RequestError
 from ._hooks import Hook
 from ._parallel import run_group
 from ._plan import Group, Step
-from ._request import build_request, stream_reply
+from ._request import build_request
 from ._result import TurnResult
 from ._runner import Runner, check_history, describe
 from ._signals import Cont, Halt, Regenerate
+from ._toolloop import answer
+from ._tools import Tool
 
 _new = tuple.__new__
 
@@ -53,6 +55,8 @@ class Drive(Runner):
         pipe = self.pipe
         if pipe.system is not None and turn.context.system is None:
             turn = attrs.evolve(turn, context=attrs.evolve(turn.context, system=pipe.system))
+        if pipe.tools:
+            turn = _with_tools(turn, pipe.tools)
         self.tools = turn.context.tool_names
         if pipe._compact_hook is not None:
             turn = await self.compact(turn, pipe._compact_hook)
@@ -145,7 +149,10 @@ class Drive(Runner):
         extra: tuple[Message, ...] = ()
         request = build_request(self, turn)
         for attempt in range(1, pipe.max_regenerations + 2):
-            reply = await stream_reply(self, request, attempt, held)
+            reply = await answer(self, turn, request, attempt, held)
+            if type(reply) is Halt:
+                # A tool hook halted the turn: nothing of the attempt is kept.
+                return self.halted(turn, reply, attempt)
             reached, verdict = await self.post_stage(attrs.evolve(turn, reply=reply))
             if type(verdict) is Turn:
                 if held:
@@ -230,9 +237,18 @@ class Drive(Runner):
             return step.name, outcome.feedback
         assert type(outcome) is Turn
         self.finished(step, elapsed, verdict)
+        if outcome.request is not turn.request:
+            self.note_shaping(step, turn, outcome)
         if outcome.injections is not turn.injections:
             outcome = self.stamp(step, turn, outcome)
         return outcome
+
+    def note_shaping(self, step: Step, before: Turn, after: Turn) -> None:
+        """Remember which hook narrowed the tools or chose one, for RequestError messages."""
+        if after.request.active_tools != before.request.active_tools:
+            self.shaped_by["active_tools"] = step.name
+        if after.request.tool_choice != before.request.tool_choice:
+            self.shaped_by["tool_choice"] = step.name
 
     # -- stage 8: the commit, then background hooks ------------------------------------------
 
@@ -293,6 +309,7 @@ class Drive(Runner):
             tuple(self.attempts),
             stop,
             rejections,
+            tuple(self.calls),
         )
         return TurnResult(outcome, turn, reply, stop, rejections, audit)
 
@@ -325,6 +342,23 @@ def _checked_reply(step: Step, before: Turn, after: Turn) -> Turn:
         hook=step.name,
         stage=step.stage,
     )
+
+
+def _with_tools(turn: Turn, tools: tuple[Tool, ...]) -> Turn:
+    """The turn offering the pipeline's tools; a context that offers tools must offer only
+    tools the pipeline can run."""
+    context = turn.context
+    if not context.tools:
+        return attrs.evolve(turn, context=attrs.evolve(context, tools=[t.spec for t in tools]))
+    runnable = {t.name for t in tools}
+    strangers = [name for name in context.tool_names if name not in runnable]
+    if strangers:
+        raise RequestError(
+            f"the turn's context offers tools {strangers} that the pipeline cannot run (its"
+            f" tools are {sorted(runnable)}); the model would call them and get no result —"
+            " leave context.tools empty to offer the pipeline's tools"
+        )
+    return turn
 
 
 def _check_unchanged(step: Step, before: Turn, after: Turn) -> None:

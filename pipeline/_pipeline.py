@@ -24,11 +24,13 @@ from ._plan import (
     compile_lifecycle,
     compile_post,
     compile_pre,
+    compile_tool_hooks,
     normalize_entries,
 )
 from ._result import TurnResult
 from ._seam import Stage, TransformerFactory, compile_transformers
 from ._session import Session, open_session
+from ._tools import Tool, tool
 from .logs import Log
 
 Compactor = Callable[[tuple[Message, ...], int, Tokenizer], Any]
@@ -49,6 +51,60 @@ def _session_start(entries: Iterable[Any]) -> tuple[Hook | Parallel | Chain, ...
 
 def _session_end(entries: Iterable[Any]) -> tuple[Hook | Parallel | Chain, ...]:
     return normalize_entries("on_session_end", entries)
+
+
+def _before_tool(entries: Iterable[Any]) -> tuple[Hook | Parallel | Chain, ...]:
+    return normalize_entries("before_tool", entries)
+
+
+def _after_tool(entries: Iterable[Any]) -> tuple[Hook | Parallel | Chain, ...]:
+    return normalize_entries("after_tool", entries)
+
+
+def _tools(entries: Iterable[Any]) -> tuple[Tool, ...]:
+    if isinstance(entries, str | bytes) or not isinstance(entries, Iterable):
+        raise ConfigError(f"tools must be a list of tools, got {type(entries).__name__}")
+    tools: list[Tool] = []
+    seen: set[str] = set()
+    for position, entry in enumerate(entries, 1):
+        if not isinstance(entry, Tool):
+            if not callable(entry):
+                raise ConfigError(
+                    f"tools, position {position}: expected a tool(...) or a typed function,"
+                    f" got {type(entry).__name__} {entry!r}"
+                )
+            entry = tool(entry)
+        if entry.name in seen:
+            raise ConfigError(
+                f"tools, position {position}: a second tool named {entry.name!r}; the model"
+                " calls tools by name — give one another name with tool(fn, name=...)"
+            )
+        seen.add(entry.name)
+        tools.append(entry)
+    return tuple(tools)
+
+
+def _check_positive(_instance: object, attribute: Any, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"Pipeline({attribute.name}=...) must be a whole number >= 1, got {value!r}"
+        )
+
+
+def _check_permission(_instance: object, _attribute: object, permission: Any) -> None:
+    if permission is None:
+        return
+    if not callable(permission):
+        raise ConfigError(
+            f"Pipeline(permission=...) must be a callback (call, question, turn) -> bool, got"
+            f" {permission!r}"
+        )
+    check_arity(
+        as_hook(permission),
+        f"Pipeline(permission={callable_name(permission)})",
+        "call, question, turn",
+        3,
+    )
 
 
 def _factories(entries: Iterable[Any]) -> tuple[TransformerFactory, ...]:
@@ -120,6 +176,17 @@ class Pipeline:
         tokenizer: Counts tokens in text (``str -> int``); defaults to `estimate_tokens`.
         compact: ``(history, target_tokens, tokenizer) -> history``, applied to the
             history before the pre hooks when a budget is set; the log is never rewritten.
+        tools: The tools the model may call (`tool(fn)`, or typed functions); they fill the
+            turn's ``context.tools`` when it has none.
+        before_tool: ``hook(call, turn) -> Cont(call) | Block | Ask | Halt``, for each call
+            whose tool name the hook's ``match=`` accepts.
+        after_tool: ``hook(call, result, turn) -> Cont(result) | Halt``, for each executed
+            call.
+        permission: ``(call, question, turn) -> bool`` (sync or async), asked when a
+            before-tool hook returns ``ask(question)``; without one, such calls are blocked.
+        max_steps: The most model calls of one attempt; a model still asking for tools on
+            the last one raises `StepLimitExceeded`.
+        tool_concurrency: The most tool calls of one model call running at once.
         max_regenerations: How many times post hooks may send the model back; then the
             outcome is ``"exhausted"``.
         hold_until_accepted: Hold each attempt's text events until the post hooks accept
@@ -148,6 +215,18 @@ class Pipeline:
     compact: Compactor | None = attrs.field(
         kw_only=True, default=None, validator=_check_callable_or_none
     )
+    tools: tuple[Tool, ...] = attrs.field(kw_only=True, default=(), converter=_tools)
+    before_tool: tuple[Hook | Parallel | Chain, ...] = attrs.field(
+        kw_only=True, default=(), converter=_before_tool
+    )
+    after_tool: tuple[Hook | Parallel | Chain, ...] = attrs.field(
+        kw_only=True, default=(), converter=_after_tool
+    )
+    permission: Callable[..., Any] | None = attrs.field(
+        kw_only=True, default=None, validator=_check_permission
+    )
+    max_steps: int = attrs.field(kw_only=True, default=8, validator=_check_positive)
+    tool_concurrency: int = attrs.field(kw_only=True, default=4, validator=_check_positive)
     max_regenerations: int = attrs.field(kw_only=True, default=2, validator=_check_bound)
     hold_until_accepted: bool = attrs.field(kw_only=True, default=False, validator=_check_flag)
     _pre_plan: tuple[PreStep, ...] = attrs.field(
@@ -203,6 +282,29 @@ class Pipeline:
         default=attrs.Factory(
             lambda self: compile_lifecycle("session_end", self.on_session_end),
             takes_self=True,
+        ),
+    )
+
+    _tool_map: dict[str, Tool] = attrs.field(
+        init=False,
+        repr=False,
+        eq=False,
+        default=attrs.Factory(lambda self: {t.name: t for t in self.tools}, takes_self=True),
+    )
+    _before_plan: tuple[Step, ...] = attrs.field(
+        init=False,
+        repr=False,
+        eq=False,
+        default=attrs.Factory(
+            lambda self: compile_tool_hooks("before_tool", self.before_tool), takes_self=True
+        ),
+    )
+    _after_plan: tuple[Step, ...] = attrs.field(
+        init=False,
+        repr=False,
+        eq=False,
+        default=attrs.Factory(
+            lambda self: compile_tool_hooks("after_tool", self.after_tool), takes_self=True
         ),
     )
 

@@ -203,3 +203,34 @@ def compile_lifecycle(stage: str, entries: tuple[Hook | Parallel | Chain, ...]) 
             )
         steps.append(step)
     return tuple(steps)
+
+
+def compile_tool_hooks(
+    stage: str, entries: tuple[Hook | Parallel | Chain, ...]
+) -> tuple[Step, ...]:
+    """The ``before_tool`` or ``after_tool`` hooks as steps; chains are flattened."""
+    arguments = "call, turn" if stage == "before_tool" else "call, result, turn"
+    steps: list[Step] = []
+
+    def add(entry: Hook | Parallel | Chain, position: str, prefix: str) -> None:
+        if isinstance(entry, Parallel):
+            raise ConfigError(
+                f"{stage}, position {position}: parallel group {entry.name!r} belongs in pre;"
+                " tool hooks run in order for each call (calls themselves run concurrently)"
+            )
+        if isinstance(entry, Chain):
+            for index, member in enumerate(entry.members, 1):
+                add(member, f"{position}.{index}", f"{prefix}{entry.name}.")
+            return
+        step = Step(entry, prefix + entry.name, stage, position)
+        check_arity(entry, f"hook {step.label}", arguments, arguments.count(",") + 1)
+        if entry.background:
+            raise ConfigError(
+                f"hook {step.label}: background=True is for post hooks; a tool hook decides"
+                " about a call before the model reads its result"
+            )
+        steps.append(step)
+
+    for position, entry in enumerate(entries, 1):
+        add(entry, str(position), "")
+    return tuple(steps)

@@ -3,10 +3,9 @@
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from turns import Message, Part, Reply, Text, ToolCall, ToolSpec, Turn, render
+from turns import Message, Part, Text, ToolCall, ToolSpec, Turn, render
 
 from . import events as ev
-from ._audit import AttemptRecord
 from ._budget import json_text, message_tokens
 from ._errors import (
     ContextOverflow,
@@ -38,57 +37,77 @@ def build_request(runner: Runner, turn: Turn, extra: tuple[Message, ...] = ()) -
     tools = tuple(spec for spec in turn.context.tools if spec.name in allowed)
     choice = options.tool_choice
     if choice is not None:
-        _check_choice(choice, [spec.name for spec in tools])
+        _check_choice(choice, [spec.name for spec in tools], runner.shaped_by)
     messages = render(turn) + extra
-    budget = runner.pipe.budget
-    if budget is not None:
-        count = runner.pipe._count
-        tokens = message_tokens(messages, count) + _spec_tokens(tools, count)
-        if tokens > budget.context_tokens:
-            raise ContextOverflow(
-                f"the rendered request holds {tokens} tokens, over the budget's context_tokens"
-                f" of {budget.context_tokens}: compact the history (compact=) or inject less",
-                tokens=tokens,
-                limit=budget.context_tokens,
-            )
+    check_context(runner, messages, tools)
     return ModelRequest(messages, tools, options)
 
 
-def _check_choice(choice: object, names: list[str]) -> None:
+def check_context(
+    runner: Runner, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]
+) -> None:
+    """Raise `ContextOverflow` when a request would not fit the budget's context."""
+    budget = runner.pipe.budget
+    if budget is None:
+        return
+    count = runner.pipe._count
+    tokens = message_tokens(messages, count) + _spec_tokens(tools, count)
+    if tokens > budget.context_tokens:
+        raise ContextOverflow(
+            f"the rendered request holds {tokens} tokens, over the budget's context_tokens"
+            f" of {budget.context_tokens}: compact the history (compact=) or inject less",
+            tokens=tokens,
+            limit=budget.context_tokens,
+        )
+
+
+def _check_choice(choice: object, names: list[str], shaped_by: Mapping[str, str]) -> None:
+    # Which hooks shaped the request, when one did: the likely culprit of an impossible one.
+    origin = "".join(
+        f"; hook {shaped_by[field]!r} {what}"
+        for field, what in (
+            ("active_tools", f"narrowed active_tools to {names}"),
+            ("tool_choice", f"set tool_choice={choice!r}"),
+        )
+        if field in shaped_by
+    )
     if not isinstance(choice, str):
         raise RequestError(
             f"tool_choice must be 'auto', 'none', 'required' or a tool's name, got"
-            f" {describe(choice)}"
+            f" {describe(choice)}{origin}"
         )
     if choice == "required" and not names:
         raise RequestError(
             "tool_choice='required' but no tool is active this turn: the model could not"
-            " comply — add tools, or drop tool_choice"
+            f" comply{origin} — add tools, or drop tool_choice"
         )
     if choice not in _CHOICE_KEYWORDS and choice not in names:
         raise RequestError(
             f"tool_choice={choice!r} names a tool that is not active this turn; the active"
-            f" tools are {names} — name one of them, or use 'auto', 'none' or 'required'"
+            f" tools are {names}{origin} — name one of them, or use 'auto', 'none' or"
+            " 'required'"
         )
 
 
-async def stream_reply(
-    runner: Runner, request: ModelRequest, attempt: int, held: list[ev.Event] | None = None
-) -> Reply:
-    """Call the model and assemble its reply; every model failure is a `ProviderError`.
+async def model_step(
+    runner: Runner,
+    request: ModelRequest,
+    attempt: int,
+    step: int,
+    seam: Seam | None,
+    deliver: Callable[[ev.Event], None] | None,
+) -> tuple[Message, ModelFinish]:
+    """Call the model once and assemble the assistant message it streamed.
 
-    Every text chunk passes through the stream transformers (a fresh instance of each per
-    attempt) before anyone sees it: the events, the reply, and so the log and the audit
-    record. With `held`, the attempt's text events are collected there instead of emitted,
-    for the caller to release once the reply is accepted.
+    Every text chunk passes through the stream transformers before anyone sees it: the
+    events, the reply, and so the log and the audit record. `seam` is the attempt's; it is
+    flushed at the end of the call, since each model call writes a message of its own.
+    `deliver` receives the text events (the emitter, or a hold for an unaccepted attempt).
+    Every model failure is a `ProviderError`.
     """
-    emit = runner.emit
-    deliver = held.append if held is not None and emit is not None else emit
-    if emit is not None:
-        emit(ev.ModelCalled(runner.turn_ref, attempt, 1))
-    pipe = runner.pipe
-    model = pipe.model
-    seam = Seam(pipe._transformers) if pipe._transformers else None
+    if runner.emit is not None:
+        runner.emit(ev.ModelCalled(runner.turn_ref, attempt, step))
+    model = runner.pipe.model
     chunks: list[str] = []
     calls: list[ToolCall] = []
     finish: ModelFinish | None = None
@@ -128,11 +147,9 @@ async def stream_reply(
             f"model {model!r} ended its stream without a ModelFinish: the response is truncated",
             provider=_model_name(model),
         )
-    annotations: Mapping[str, Any] = {}
     if seam is not None:
         try:
             tail = seam.flush()
-            annotations = seam.annotations()
         except HookError as error:
             _transformer_failed(runner, error)
             raise
@@ -142,17 +159,18 @@ async def stream_reply(
                 deliver(ev.TextDelta(runner.turn_ref, tail, attempt))
     text = "".join(chunks)
     parts: tuple[Part, ...] = (Text(text), *calls) if text or not calls else tuple(calls)
-    message = Message("assistant", parts)
-    bound = pipe.max_regenerations + 1
-    reply = (
-        Reply(message, (message,), attempt, finish.reason, finish.usage, annotations, bound)
-        if annotations
-        else Reply(message, (message,), attempt, finish.reason, finish.usage, max_attempts=bound)
-    )
-    runner.attempts.append(AttemptRecord(attempt, 1, text, finish.reason, finish.usage))
-    if deliver is not None:
-        deliver(ev.ReplyReady(runner.turn_ref, reply))
-    return reply
+    return Message("assistant", parts), finish
+
+
+def annotations_of(runner: Runner, seam: Seam | None) -> Mapping[str, Any]:
+    """What the attempt's transformers reported, by transformer name."""
+    if seam is None:
+        return {}
+    try:
+        return seam.annotations()
+    except HookError as error:
+        _transformer_failed(runner, error)
+        raise
 
 
 def _transformer_failed(runner: Runner, error: HookError) -> None:

@@ -15,7 +15,7 @@ import trio
 from turns import Injection, Message, Part, Reply, Stage, Text, ToolCall, ToolResult, Turn
 
 from . import events as ev
-from ._audit import AttemptRecord, HookRecord, Rejection
+from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord
 from ._budget import parts_tokens
 from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
 from ._plan import Step
@@ -36,6 +36,7 @@ class Runner:
 
     __slots__ = (
         "attempts",
+        "calls",
         "caught_up",
         "commit",
         "emit",
@@ -45,6 +46,7 @@ class Runner:
         "pipe",
         "records",
         "rejections",
+        "shaped_by",
         "sizes",
         "spawn",
         "tools",
@@ -57,6 +59,7 @@ class Runner:
         self.records: list[HookRecord] = []
         self.attempts: list[AttemptRecord] = []
         self.rejections: list[Rejection] = []
+        self.calls: list[ToolRecord] = []
         # Injections of background hooks awaited by run(): in the audit, not on the turn.
         self.late: tuple[Injection, ...] = ()
         # Set by a session: how a completed turn is committed, and where background hooks go.
@@ -70,6 +73,8 @@ class Runner:
         self.sizes: dict[int, int] = {}
         self.turn_ref = ""
         self.tools: tuple[str, ...] = ()
+        # Which hook last narrowed active_tools or set tool_choice, for RequestError messages.
+        self.shaped_by: dict[str, str] = {}
         self.now: Callable[[], float] = trio.current_time
 
     # -- calling ------------------------------------------------------------------------------
@@ -122,7 +127,7 @@ class Runner:
             return None
         return result, self.now() - started
 
-    def passes(self, step: Step, turn: Turn) -> bool:
+    def passes(self, step: Step, turn: Turn, records: list[HookRecord] | None = None) -> bool:
         """Evaluate a hook's ``when`` predicate; a false one records the skip."""
         assert step.hook.when is not None
         try:
@@ -146,10 +151,12 @@ class Runner:
             if self.emit is not None:
                 # The failure closes a HookStarted, like every hook failure.
                 self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
-            self.fail(step, exc, 0.0)
+            self.fail(step, exc, 0.0, records)
             return False
         if not verdict:
-            self.records.append(HookRecord(step.name, step.stage, step.position, 0.0, "skipped"))
+            (self.records if records is None else records).append(
+                HookRecord(step.name, step.stage, step.position, 0.0, "skipped")
+            )
             if self.emit is not None:
                 self.emit(ev.HookSkipped(self.turn_ref, step.name, step.stage))
         return verdict
@@ -208,13 +215,7 @@ class Runner:
         records: list[HookRecord] | None = None,
     ) -> None:
         """Record what a shadow hook decided; nothing of it is enforced."""
-        reason = (
-            outcome.reason
-            if type(outcome) is Halt
-            else outcome.feedback
-            if type(outcome) is Regenerate
-            else None
-        )
+        reason = _reason(outcome)
         (self.records if records is None else records).append(
             HookRecord(step.name, step.stage, step.position, elapsed, verdict, True, reason)
         )
@@ -347,6 +348,17 @@ class Runner:
 
 
 _new = tuple.__new__
+
+
+def _reason(signal: object) -> str | None:
+    """The text a refusing signal carries: a halt's reason, a rejection's feedback, ..."""
+    if type(signal) is Halt or type(signal) is Block:
+        return signal.reason
+    if type(signal) is Regenerate:
+        return signal.feedback
+    if type(signal) is Ask:
+        return signal.question
+    return None
 
 
 async def _settle(result: Any) -> Any:

@@ -8,7 +8,7 @@ from typing import Literal, TypeAlias, final
 
 import attrs
 
-from turns import Message, Part, Reply
+from turns import Message, Part, Reply, ToolCall, ToolResult
 
 __all__ = [
     "AttemptRejected",
@@ -25,6 +25,10 @@ __all__ = [
     "ReplyReady",
     "ShadowVerdict",
     "TextDelta",
+    "ToolBlocked",
+    "ToolCallRequested",
+    "ToolFinished",
+    "ToolStarted",
     "TurnFinished",
     "TurnStarted",
 ]
@@ -173,6 +177,67 @@ class TextDelta(Event):
 
     text: str
     attempt: int
+
+
+@final
+@attrs.frozen
+class ToolCallRequested(Event):
+    """The model asked for a tool call (as the model wrote it, before any hook).
+
+    Attributes:
+        call: The call.
+        attempt: The attempt, from 1.
+        step: The model call within the attempt that asked for it, from 1.
+    """
+
+    call: ToolCall
+    attempt: int
+    step: int
+
+
+@final
+@attrs.frozen
+class ToolStarted(Event):
+    """A tool call passed every before-tool hook and runs.
+
+    Attributes:
+        call: The call as it runs: its arguments after every before-tool rewrite.
+    """
+
+    call: ToolCall
+
+
+@final
+@attrs.frozen
+class ToolBlocked(Event):
+    """A before-tool hook blocked a call (``block``, or ``ask`` without permission).
+
+    Attributes:
+        call: The call as the blocking hook saw it.
+        hook: The blocking hook.
+        reason: Why; the model reads it in the error result.
+    """
+
+    call: ToolCall
+    hook: str
+    reason: str
+
+
+@final
+@attrs.frozen
+class ToolFinished(Event):
+    """A tool call has its result: the effective one, after every after-tool rewrite.
+
+    Attributes:
+        call: The call as it ran.
+        result: What the model reads (an after-tool hook's rewrite, never the raw result
+            it replaced).
+        elapsed: Seconds from the start of the tool to the end of its after-tool hooks.
+    """
+
+    call: ToolCall
+    result: ToolResult
+    elapsed: float
 
 
 @final

@@ -7,10 +7,9 @@ from typing import Any
 
 from .._errors import ProviderProtocolError
 
-INVALID_ARGUMENTS = "invalid_arguments"
-"""`ToolCall.meta` key set when the model's arguments are not a JSON object: ``{"raw": the
-text the model sent, "error": why it does not decode}``. The call's ``arguments`` is then
-empty; the tool loop answers it with an ``invalid_arguments`` error result."""
+# The call's ``arguments`` is then empty; the tool loop answers it with an
+# ``invalid_arguments`` error result.
+from .._tools import INVALID_ARGUMENTS as INVALID_ARGUMENTS
 
 
 def decode_arguments(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:

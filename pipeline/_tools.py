@@ -1,0 +1,516 @@
+"""Tools: typed functions the model may call.
+
+`tool(fn)` reads the function's signature once, when the tool is built: each parameter's
+annotation becomes a *shape* that gives its JSON Schema and checks (and converts) what the
+model sends. An annotation the model could not be told about is a `ConfigError` then, never a
+surprise mid-turn. The model's arguments are checked against the same shapes before the call,
+so a tool only ever sees arguments of the types it declared.
+"""
+
+import inspect
+import json
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, final, overload
+
+import attrs
+import trio
+
+from turns import Scope, ToolCall, ToolResult, ToolSpec
+
+from ._errors import ConfigError
+from ._hooks import callable_name, is_async_callable
+from ._runner import describe, exc_text
+
+INVALID_ARGUMENTS = "invalid_arguments"
+"""`ToolResult.error_class` of a call whose arguments do not fit the tool's schema; also the
+`ToolCall.meta` key a provider sets when the model's arguments are not a JSON object
+(``{"raw": the text the model sent, "error": why it does not decode}``)."""
+TOOL_ERROR = "tool_error"
+"""`ToolResult.error_class` of a tool that raised."""
+UNKNOWN_TOOL = "unknown_tool"
+"""`ToolResult.error_class` of a call naming a tool that is not active."""
+HOOK_BLOCKED = "hook_blocked"
+"""`ToolResult.error_class` of a call a before-tool hook blocked (or a permission denied)."""
+CANCELLED = "cancelled"
+"""`ToolResult.error_class` of a call cancelled while it ran (after-tool hooks still see it)."""
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class _Problems:
+    """What is wrong with a model's arguments, each with its path."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append(f"{path}: {message}" if path else message)
+
+
+_INVALID = object()
+
+
+class _Shape:
+    """One annotation: its JSON Schema and how a JSON value is checked against it."""
+
+    schema: dict[str, Any]
+
+    def convert(self, value: Any, path: str, problems: _Problems) -> Any:
+        raise NotImplementedError
+
+
+class _Any(_Shape):
+    def __init__(self) -> None:
+        self.schema = {}
+
+    def convert(self, value: Any, path: str, problems: _Problems) -> Any:
+        return value
+
+
+class _Primitive(_Shape):
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+        self.schema = {"type": _JSON_TYPES[kind]}
+
+    def convert(self, value: Any, path: str, problems: _Problems) -> Any:
+        kind = self.kind
+        # JSON has no separate bool: True is not an integer here, 3.0 is one.
+        if type(value) is kind:
+            return value
+        if kind is float and type(value) is int:
+            return float(value)
+        if kind is int and type(value) is float and value.is_integer():
+            return int(value)
+        problems.add(path, f"expected {self.schema['type']}, got {_json_describe(value)}")
+        return _INVALID
+
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+class _Literal(_Shape):
+    def __init__(self, values: tuple[Any, ...]) -> None:
+        self.values = values
+        self.schema = {"enum": list(values)}
+        kinds = {_JSON_TYPES.get(type(v)) for v in values}
+        if len(kinds) == 1 and None not in kinds:
+            self.schema = {"type": kinds.pop(), "enum": list(values)}
+
+    def convert(self, value: Any, path: str, problems: _Problems) -> Any:
+        for allowed in self.values:
+            if type(value) is type(allowed) and value == allowed:
+                return allowed
+        problems.add(path, f"expected one of {list(self.values)!r}, got {_json_describe(value)}")
+        return _INVALID
+
+
+class _List(_Shape):
+    def __init__(self, item: _Shape) -> None:
+        self.item = item
+        self.schema = {"type": "array", "items": item.schema}
+
+    def convert(self, value: Any, path: str, problems: _Problems) -> Any:
+        if type(value) is not list:
+            problems.add(path, f"expected array, got {_json_describe(value)}")
+            return _INVALID
+        return [self.item.convert(v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+
+
+class _Dict(_Shape):
+    def __init__(self, value: _Shape) -> None:
+        self.value = value
+        self.schema = {"type": "object", "additionalProperties": value.schema}
+
+    def convert(self, value: Any, path: str, problems: _Problems) -> Any:
+        if type(value) is not dict:
+            problems.add(path, f"expected object, got {_json_describe(value)}")
+            return _INVALID
+        return {k: self.value.convert(v, _join(path, k), problems) for k, v in value.items()}
+
+
+class _Union(_Shape):
+    def __init__(self, options: tuple[_Shape, ...], nullable: bool) -> None:
+        self.options = options
+        self.nullable = nullable
+        schemas = [option.schema for option in options]
+        if nullable:
+            schemas.append({"type": "null"})
+        self.schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+    def convert(self, value: Any, path: str, problems: _Problems) -> Any:
+        if value is None and self.nullable:
+            return None
+        if len(self.options) == 1 and not self.nullable:
+            return self.options[0].convert(value, path, problems)
+        for option in self.options:
+            trial = _Problems()
+            converted = option.convert(value, path, trial)
+            if not trial.items:
+                return converted
+        expected = " or ".join(_schema_name(s) for s in self.schema.get("anyOf", [self.schema]))
+        problems.add(path, f"expected {expected}, got {_json_describe(value)}")
+        return _INVALID
+
+
+class _Object(_Shape):
+    """A set of named fields: a tool's parameters, or an attrs class."""
+
+    def __init__(
+        self,
+        fields: dict[str, _Shape],
+        required: tuple[str, ...],
+        defaults: dict[str, Any],
+        descriptions: Mapping[str, str],
+        build: Callable[..., Any] | None = None,
+    ) -> None:
+        self.fields = fields
+        self.required = required
+        self.build = build
+        properties: dict[str, Any] = {}
+        for name, shape in fields.items():
+            schema = dict(shape.schema)
+            if name in descriptions:
+                schema["description"] = descriptions[name]
+            if name in defaults and _is_json(defaults[name]):
+                schema["default"] = defaults[name]
+            properties[name] = schema
+        self.schema = {
+            "type": "object",
+            "properties": properties,
+            "required": list(required),
+            "additionalProperties": False,
+        }
+
+    def convert(self, value: Any, path: str, problems: _Problems) -> Any:
+        if type(value) is not dict:
+            problems.add(path, f"expected object, got {_json_describe(value)}")
+            return _INVALID
+        converted: dict[str, Any] = {}
+        for name in self.required:
+            if name not in value:
+                problems.add(_join(path, name), "required")
+        for name, item in value.items():
+            shape = self.fields.get(name)
+            if shape is None:
+                known = ", ".join(self.fields) or "none"
+                problems.add(_join(path, name), f"unexpected argument (expected: {known})")
+                continue
+            converted[name] = shape.convert(item, _join(path, name), problems)
+        if problems.items or self.build is None:
+            return converted
+        return self.build(**converted)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _schema_name(schema: Mapping[str, Any]) -> str:
+    if "enum" in schema:
+        return f"one of {schema['enum']!r}"
+    return str(schema.get("type", "any value"))
+
+
+def _json_describe(value: Any) -> str:
+    kind = {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+    text = json.dumps(value) if _is_json(value) else repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{kind} {text}"
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _shape(annotation: Any, where: str) -> _Shape:
+    """The shape of `annotation`, or a ConfigError naming `where`."""
+    if annotation is Any:
+        return _Any()
+    if annotation in _JSON_TYPES:
+        return _Primitive(annotation)
+    origin = typing.get_origin(annotation)
+    arguments = typing.get_args(annotation)
+    if origin is Literal:
+        if not all(type(v) in _JSON_TYPES for v in arguments):
+            raise ConfigError(f"{where}: Literal values must be str, int, float or bool")
+        return _Literal(arguments)
+    if origin is list or annotation is list:
+        return _List(_shape(arguments[0], where) if arguments else _Any())
+    if origin is dict or annotation is dict:
+        if arguments and arguments[0] is not str:
+            raise ConfigError(f"{where}: dict keys must be str (JSON object keys are strings)")
+        return _Dict(_shape(arguments[1], where) if arguments else _Any())
+    if origin is typing.Union or origin is types.UnionType:
+        options = tuple(_shape(a, where) for a in arguments if a is not type(None))
+        return _Union(options, nullable=len(options) < len(arguments))
+    if isinstance(annotation, type) and attrs.has(annotation):
+        return _attrs_shape(annotation, where)
+    raise ConfigError(
+        f"{where}: cannot describe {annotation!r} to the model; use str, int, float, bool,"
+        " list[...], dict[str, ...], Literal[...], an optional (X | None) or an attrs class"
+    )
+
+
+def _attrs_shape(cls: type, where: str) -> _Object:
+    hints = typing.get_type_hints(cls)
+    fields: dict[str, _Shape] = {}
+    required: list[str] = []
+    defaults: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        if not field.init:
+            continue
+        name = field.alias or field.name
+        if field.name not in hints:
+            raise ConfigError(f"{where}: field {cls.__name__}.{field.name} has no annotation")
+        fields[name] = _shape(hints[field.name], f"{where} ({cls.__name__}.{field.name})")
+        if field.default is attrs.NOTHING:
+            required.append(name)
+        elif not isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
+            defaults[name] = field.default
+    return _Object(fields, tuple(required), defaults, {}, build=cls)
+
+
+def _docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
+    """The description and per-argument notes of a Google-style docstring."""
+    doc = inspect.getdoc(fn) or ""
+    lines = doc.splitlines()
+    description: list[str] = []
+    notes: dict[str, str] = {}
+    section = None
+    current = None
+    for line in lines:
+        stripped = line.strip()
+        if re.fullmatch(r"[A-Z][A-Za-z ]*:", stripped) and not line.startswith(" "):
+            section = stripped[:-1]
+            current = None
+            continue
+        if section is None:
+            description.append(line)
+        elif section in ("Args", "Arguments", "Parameters"):
+            match = re.match(r"\s{1,8}(\*{0,2}\w+)(?:\s*\(.*?\))?:\s*(.*)", line)
+            if match and line[: len(line) - len(line.lstrip())] and match.group(1).isidentifier():
+                current = match.group(1)
+                notes[current] = match.group(2).strip()
+            elif current is not None and stripped:
+                notes[current] = f"{notes[current]} {stripped}".strip()
+    return "\n".join(description).strip(), notes
+
+
+@final
+@attrs.frozen
+class Tool:
+    """A function the model may call, with the JSON Schema of its arguments.
+
+    Build one with `tool`. Calling a `Tool` calls its function, so it can be tested alone;
+    `run` is what the tool loop does with a model's call.
+
+    Attributes:
+        fn: The function (sync or async).
+        name: The name the model calls it by.
+        description: What it does, for the model (the docstring by default).
+        parameters: The JSON Schema object of its arguments.
+    """
+
+    fn: Callable[..., Any]
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = attrs.field(repr=False)
+    _arguments: _Object = attrs.field(repr=False, eq=False, alias="arguments")
+    _scope: str | None = attrs.field(repr=False, eq=False, alias="scope")
+    is_async: bool = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(lambda self: is_async_callable(self.fn), takes_self=True),
+    )
+
+    @property
+    def spec(self) -> ToolSpec:
+        """What the model is told about this tool."""
+        return ToolSpec(self.name, self.description, self.parameters)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def check(self, call: ToolCall) -> dict[str, Any] | str:
+        """The call's arguments as the function takes them, or what is wrong with them."""
+        invalid = call.meta.get(INVALID_ARGUMENTS)
+        if isinstance(invalid, Mapping):
+            return f"the arguments are {invalid.get('error', 'not a JSON object')}"
+        problems = _Problems()
+        converted = self._arguments.convert(dict(call.arguments), "", problems)
+        if problems.items:
+            return "; ".join(problems.items)
+        assert isinstance(converted, dict)
+        return converted
+
+    async def run(self, call: ToolCall, scope: Scope | None = None) -> ToolResult:
+        """Check `call`'s arguments, run the tool, and give the model's `ToolResult`.
+
+        Bad arguments give an ``invalid_arguments`` error result without running the tool;
+        an exception from the tool gives a ``tool_error`` result. Cancellation propagates.
+        """
+        arguments = self.check(call)
+        if isinstance(arguments, str):
+            return invalid_arguments(self, call, arguments)
+        return await self.execute(call, arguments, scope)
+
+    async def execute(
+        self, call: ToolCall, arguments: dict[str, Any], scope: Scope | None
+    ) -> ToolResult:
+        """Run the tool on arguments `check` gave; an exception becomes a ``tool_error``.
+
+        A sync tool runs in a worker thread, so that it cannot block the turn's other tool
+        calls; a thread cannot be interrupted, so a cancelled turn waits for it to return.
+        """
+        if self._scope is not None:
+            arguments = {**arguments, self._scope: scope if scope is not None else Scope()}
+        try:
+            if self.is_async:
+                value = await self.fn(**arguments)
+            else:
+                value = await trio.to_thread.run_sync(_call_with, self.fn, arguments)
+            content = encode_result(value)
+        except Exception as exc:
+            return ToolResult(
+                call.id,
+                f"tool {self.name!r} failed: {exc_text(exc)}",
+                is_error=True,
+                error_class=TOOL_ERROR,
+            )
+        return ToolResult(call.id, content)
+
+
+def invalid_arguments(tool: Tool, call: ToolCall, problems: str) -> ToolResult:
+    """The error result for a call whose arguments do not fit the tool's schema."""
+    return ToolResult(
+        call.id,
+        f"invalid arguments for tool {tool.name!r}: {problems} — call it again with arguments"
+        " matching its schema",
+        is_error=True,
+        error_class=INVALID_ARGUMENTS,
+    )
+
+
+def _call_with(fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+    return fn(**arguments)
+
+
+def encode_result(value: Any) -> str:
+    """A tool's return value as the model reads it: a str as is, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=_jsonable)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"returned {describe(value)}, which cannot be encoded as JSON") from exc
+
+
+def _jsonable(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return attrs.asdict(value)
+    if isinstance(value, tuple | set | frozenset):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-encodable")
+
+
+@overload
+def tool(
+    fn: Callable[..., Any], *, name: str | None = None, description: str | None = None
+) -> Tool: ...
+@overload
+def tool(
+    fn: None = None, *, name: str | None = None, description: str | None = None
+) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turn a typed function into a `Tool`; usable as ``@tool`` or ``@tool(name=...)``.
+
+    Each parameter becomes an argument of the JSON Schema: str, int, float, bool, list[...],
+    dict[str, ...], Literal[...], optional values (``X | None``), attrs classes; a parameter
+    with a default is not required. A parameter annotated `Scope` receives the turn's scope
+    and is not shown to the model. The description is the docstring's text, and each
+    argument's note in its ``Args:`` section describes that argument.
+
+    Raises:
+        ConfigError: The function cannot be described to the model (a missing or
+            unsupported annotation, ``*args``, a bad name).
+    """
+    if fn is None:
+        return lambda f: tool(f, name=name, description=description)
+    return _build(fn, name, description)
+
+
+def _build(fn: Callable[..., Any], name: str | None, description: str | None) -> Tool:
+    if isinstance(fn, Tool):
+        raise ConfigError(f"tool {fn.name!r} is already a Tool; pass it as it is")
+    if not callable(fn):
+        raise ConfigError(f"tool(...) needs a function, got {describe(fn)}")
+    label = name if name is not None else getattr(fn, "__name__", callable_name(fn))
+    if not isinstance(label, str) or not _NAME.fullmatch(label):
+        raise ConfigError(
+            f"tool name {label!r} is not one providers accept: use 1-64 letters, digits, '_' or '-'"
+        )
+    if description is not None and not isinstance(description, str):
+        raise ConfigError(f"tool {label!r}: description must be text, got {describe(description)}")
+    doc, notes = _docstring(fn)
+    try:
+        signature = inspect.signature(fn)
+        hints = typing.get_type_hints(fn)
+    except (TypeError, ValueError, NameError) as exc:
+        raise ConfigError(f"tool {label!r}: cannot read the signature of {fn!r}: {exc}") from exc
+    fields: dict[str, _Shape] = {}
+    required: list[str] = []
+    defaults: dict[str, Any] = {}
+    scope: str | None = None
+    for parameter in signature.parameters.values():
+        where = f"tool {label!r}, argument {parameter.name!r}"
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise ConfigError(f"{where}: *args and **kwargs cannot be described to the model")
+        if parameter.kind is parameter.POSITIONAL_ONLY:
+            raise ConfigError(f"{where}: tools are called with keyword arguments, not positional")
+        annotation = hints.get(parameter.name, inspect.Parameter.empty)
+        if annotation is Scope:
+            scope = parameter.name
+            continue
+        if annotation is inspect.Parameter.empty:
+            raise ConfigError(
+                f"{where} has no type annotation; the model needs a schema — annotate it"
+                " (e.g. `city: str`)"
+            )
+        fields[parameter.name] = _shape(annotation, where)
+        if parameter.default is parameter.empty:
+            required.append(parameter.name)
+        else:
+            defaults[parameter.name] = parameter.default
+    arguments = _Object(fields, tuple(required), defaults, notes)
+    return Tool(
+        fn,
+        label,
+        description if description is not None else doc,
+        arguments.schema,
+        arguments=arguments,
+        scope=scope,
+    )
