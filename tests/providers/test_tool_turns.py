@@ -1,0 +1,178 @@
+"""Whole turns with tools, through each provider and the local protocol server.
+
+The model asks for tools over the wire; the pipeline's tool loop runs them (one blocked by a
+policy hook, one result rewritten), and the next request carries the results in the
+provider's own format. The session commits the exchange as the model saw it.
+"""
+
+import json
+from typing import Any
+
+import pytest
+
+from pipeline import TOOL_HOOKS, Pipeline, block, cont, tool
+from pipeline.logs import MemoryLog
+from pipeline.providers import AnthropicMessages, OpenAIChat
+from turns import Message, Text, ToolCall, ToolResult, Turn
+
+from . import server as wire
+from .server import ProtocolServer
+from .support import KEY
+
+SIZES = {"README.md": 5120, "secrets.env": 64}
+
+
+@tool
+def stat_file(path: str) -> dict[str, Any]:
+    """Size of a file in the project.
+
+    Args:
+        path: The file's path.
+    """
+    return {"path": path, "bytes": SIZES[path]}
+
+
+def no_env_files(call: ToolCall, turn: Turn) -> Any:
+    if str(call.arguments.get("path", "")).endswith(".env"):
+        return block("reading .env files is not allowed")
+    return cont(call)
+
+
+def kilobytes(call: ToolCall, result: ToolResult, turn: Turn) -> Any:
+    if result.is_error:
+        return cont(result)
+    data = json.loads(result.content)
+    return cont(result.with_content(f"{data['path']}: {data['bytes'] // 1024} KB"))
+
+
+def pipeline_for(model: Any) -> Pipeline:
+    return Pipeline(
+        model=model, tools=[stat_file], before_tool=[no_env_files], after_tool=[kilobytes]
+    )
+
+
+QUESTION = "How big are README.md and secrets.env?"
+
+
+def openai(server: ProtocolServer) -> OpenAIChat:
+    server.script(
+        wire.stream(
+            wire.openai_tool_calls(
+                [
+                    ("call_a", "stat_file", ['{"pa', 'th": "READ', 'ME.md"}']),
+                    ("call_b", "stat_file", ['{"path"', ': "secrets.env"}']),
+                ],
+                text="Checking.",
+            )
+        ),
+        wire.stream(wire.openai_text(["README.md is 5 KB."])),
+    )
+    return OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
+
+
+def anthropic(server: ProtocolServer) -> AnthropicMessages:
+    server.script(
+        wire.stream(
+            (
+                wire.anthropic_start(),
+                *wire.anthropic_text_block(0, ["Checking."]),
+                *wire.anthropic_tool_block(1, "call_a", "stat_file", ['{"path": "READ', 'ME.md"}']),
+                *wire.anthropic_tool_block(2, "call_b", "stat_file", ['{"path": "secrets.env"}']),
+                *wire.anthropic_end("tool_use", 40),
+            )
+        ),
+        wire.stream(wire.anthropic_text(["README.md is 5 KB."])),
+    )
+    return AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+
+
+def sent_results(provider: str, body: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """The tool results a request body carries: (call id, content, is_error), in order."""
+    if provider == "openai":
+        # Chat Completions has no error flag on tool messages: the text carries it.
+        return [
+            (m["tool_call_id"], m["content"], False)
+            for m in body["messages"]
+            if m["role"] == "tool"
+        ]
+    return [
+        (block["tool_use_id"], block["content"], block.get("is_error", False))
+        for m in body["messages"]
+        if m["role"] == "user" and isinstance(m["content"], list)
+        for block in m["content"]
+        if block["type"] == "tool_result"
+    ]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_tool_results_reach_the_provider_in_call_order_shaped_by_the_hooks(
+    server: ProtocolServer, provider: str
+) -> None:
+    model = openai(server) if provider == "openai" else anthropic(server)
+
+    result = await pipeline_for(model).run(Turn.start(QUESTION))
+
+    assert len(server.requests) == 2
+    results = sent_results(provider, server.requests[1].body)
+    assert [(call_id, content) for call_id, content, _ in results] == [
+        ("call_a", "README.md: 5 KB"),
+        ("call_b", "reading .env files is not allowed"),
+    ]
+    if provider == "anthropic":
+        assert [is_error for _, _, is_error in results] == [False, True]
+    assert result.reply is not None
+    assert result.reply.text == "README.md is 5 KB."
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_session_commits_the_exchange_with_its_provenance(
+    server: ProtocolServer, provider: str
+) -> None:
+    model = openai(server) if provider == "openai" else anthropic(server)
+    log = MemoryLog()
+
+    async with pipeline_for(model).session(log=log, conversation_id="c1") as session:
+        await session.send(QUESTION)
+
+    committed = (await log.load("c1")).messages
+    assert [m.role for m in committed] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert committed[1] == Message.assistant(
+        [
+            Text("Checking."),
+            ToolCall("call_a", "stat_file", {"path": "README.md"}),
+            ToolCall("call_b", "stat_file", {"path": "secrets.env"}),
+        ]
+    )
+    first, second = committed[2].parts[0], committed[3].parts[0]
+    assert isinstance(first, ToolResult)
+    assert isinstance(second, ToolResult)
+    assert first.meta[TOOL_HOOKS] == {"result_rewritten_by": ["kilobytes"]}
+    assert second.meta[TOOL_HOOKS] == {"blocked_by": "no_env_files"}
+    assert (second.is_error, second.error_class) == (True, "hook_blocked")
+
+
+async def test_arguments_that_are_not_json_get_an_error_result_and_the_tool_never_runs(
+    server: ProtocolServer,
+) -> None:
+    ran: list[str] = []
+
+    @tool
+    def lookup(path: str) -> str:
+        ran.append(path)
+        return "found"
+
+    server.script(
+        wire.stream(wire.openai_tool_calls([("call_a", "lookup", ['{"path": "READ'])])),
+        wire.stream(wire.openai_text(["Sorry, let me try again later."])),
+    )
+    model = OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
+
+    result = await Pipeline(model=model, tools=[lookup]).run(Turn.start("find README"))
+
+    assert ran == []
+    [(call_id, content, _)] = sent_results("openai", server.requests[1].body)
+    assert call_id == "call_a"
+    assert content.startswith(
+        "invalid arguments for tool 'lookup': the arguments are not valid JSON"
+    )
+    assert result.audit.tools[0].result.error_class == "invalid_arguments"
