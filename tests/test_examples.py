@@ -32,6 +32,7 @@ def test_every_example_is_tested() -> None:
         "05_guardrail_retry",
         "06_session_log",
         "07_openai_compatible",
+        "08_tools_policy",
     }
     assert {path.stem for path in EXAMPLES.glob("*.py")} == tested
 
@@ -141,3 +142,21 @@ async def test_session_log_keeps_durable_notes_and_drops_transient_ones() -> Non
     assert list(second[:2]) == list(committed[:2])
     assert "[doc] Refunds are issued within 14 days." in [p.text for p in second[2].parts]
     assert example.closed[-1] == "c-42 closed (closed) after 2 turns"
+
+
+async def test_tools_policy_blocks_asks_and_scrubs_before_the_model_reads_results() -> None:
+    example = _load("08_tools_policy")
+    result = await example.main()
+    assert result.outcome == "completed"
+    # The dangerous tool never ran: the file is still there.
+    assert "docs/intro.md" in example.FILES
+    exchange = result.reply.messages
+    results = [m.parts[0] for m in exchange if m.role == "tool"]
+    assert [(r.call_id, r.error_class) for r in results] == [
+        ("c1", None),
+        ("c2", "hook_blocked"),
+        ("c3", "hook_blocked"),
+    ]
+    assert results[0].content == "Welcome! Questions go to [EMAIL]."
+    assert results[2].content == "permission denied: read config/secrets.toml?"
+    assert "help@example.com" not in repr(result.audit)
