@@ -19,7 +19,9 @@ class Transformer(Protocol):
 
     ``feed(text)`` returns the text that may be released now (possibly ``""`` while it holds
     a possible match back); ``flush()`` returns everything still held at the end of a model
-    call. An optional ``annotations()`` method reports structured findings, which land in
+    call. One instance serves a whole attempt: after a tool step, the next model call feeds
+    it again, so ``feed`` must work after ``flush``. An optional ``annotations()`` method
+    reports structured findings (read once, at the end of the attempt), which land in
     `Reply.annotations` under the transformer's name.
     """
 
