@@ -14,11 +14,12 @@ from pipeline import (
     cont,
     per_chunk,
     regenerate,
+    tool,
 )
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
-from turns import Turn
+from turns import ToolCall, Turn
 
 from .support import collect
 
@@ -671,3 +672,29 @@ async def test_a_transformer_failure_is_an_enforced_hook_failed_event_before_it_
     error = "ValueError: flush exploded" if in_flush else "ValueError: feed exploded"
     assert [type(event) for event in seen] == expected
     assert seen[-1] == ev.HookFailed(TURN_REF, "scrubber", "transformers", error, True)
+
+
+# -- tool steps: one instance per attempt, flushed after every model call --------------------
+
+
+async def test_each_model_call_of_a_tool_loop_is_redacted_and_flushed_into_its_own_message():
+    @tool
+    def lookup(name: str) -> str:
+        return "found"
+
+    model = ScriptedModel(
+        [
+            ["Mail ana@exa", "mple.com", ToolCall("c1", "lookup", {"name": "ana"})],
+            ["Reply to bo@exam", "ple.org now"],
+        ]
+    )
+    pipe = Pipeline(model=model, tools=[lookup], transformers=[redact([r"\w+@\w+\.\w+"])])
+
+    result = await pipe.run(start())
+
+    first, _, final = result.reply.messages
+    assert first.text == "Mail [REDACTED]"
+    assert final.text == "Reply to [REDACTED] now"
+    # What the model is sent back is the transformed text too.
+    assert model.requests[1].messages[-2].text == "Mail [REDACTED]"
+    assert result.reply.annotations["redact"] == {"redactions": 2}
