@@ -25,4 +25,6 @@ def test_readme_python_example_runs(capsys) -> None:
         # The second example: one rejection, the address redacted although it was split.
         "completed Mail [EMAIL] for a refund. ['Never promise a guarantee.']",
         "['Can I get a refund?', 'Mail [EMAIL] for a refund.']",
+        # The third: the refund was blocked before it ran.
+        "[('order A7: shipped', None), ('refunds need a person', 'hook_blocked')]",
     ]
