@@ -7,6 +7,7 @@ through the after-tool hooks, in a task of its own; tasks start in call order, a
 order, or the turn stops (a hook's halt or failure) and none of it is kept.
 """
 
+import inspect
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -73,8 +74,8 @@ async def answer(
             return reply
         if step == pipe.max_steps:
             raise StepLimitExceeded(
-                f"the model asked for tools ({', '.join(c.name for c in calls)}) on its"
-                f" {step}th model call of attempt {attempt}, the last one max_steps={step}"
+                f"the model still asked for tools ({', '.join(c.name for c in calls)}) on"
+                f" model call {step} of attempt {attempt}, the last one max_steps={step}"
                 " allows, without a final answer; raise max_steps, or check what the tools"
                 " return"
             )
@@ -349,7 +350,7 @@ async def _ask(
     name = callable_name(permission)
     try:
         answer = permission(call, question, turn)
-        if hasattr(answer, "__await__"):
+        if inspect.isawaitable(answer):
             answer = await answer
     except Exception as exc:
         error = HookFailed(

@@ -232,7 +232,8 @@ class ToolFinished(Event):
         call: The call as it ran.
         result: What the model reads (an after-tool hook's rewrite, never the raw result
             it replaced).
-        elapsed: Seconds from the start of the tool to the end of its after-tool hooks.
+        elapsed: Seconds from the start of the call's handling (its before-tool hooks) to
+            its effective result.
     """
 
     call: ToolCall
