@@ -2,8 +2,18 @@
 
 from ._markers import durable, transient
 from ._redact import Redact, RedactStream, redact
+from ._tool_call import INJECTED_AT, InjectToolCall, inject_tool_call
 
-__all__ = ["Redact", "RedactStream", "durable", "redact", "transient"]
+__all__ = [
+    "INJECTED_AT",
+    "InjectToolCall",
+    "Redact",
+    "RedactStream",
+    "durable",
+    "inject_tool_call",
+    "redact",
+    "transient",
+]
 
 for _name in __all__:
     _obj = globals()[_name]

@@ -46,7 +46,7 @@ from ._seam import PerChunk, Transformer, TransformerFactory, per_chunk
 from ._session import Session, SessionInfo
 from ._signals import Ask, Block, Cont, Halt, Regenerate, Signal, ask, block, cont, halt, regenerate
 from ._toolloop import TOOL_HOOKS
-from ._tools import Tool, tool
+from ._tools import Tool, current_tools, tool
 
 __all__ = [
     "Ask",
@@ -108,6 +108,7 @@ __all__ = [
     "block",
     "chain",
     "cont",
+    "current_tools",
     "estimate_tokens",
     "halt",
     "hook",

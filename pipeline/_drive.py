@@ -24,7 +24,7 @@ from ._result import TurnResult
 from ._runner import Runner, check_history, describe
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
-from ._tools import Tool
+from ._tools import CURRENT_TOOLS, Tool
 
 _new = tuple.__new__
 
@@ -42,11 +42,16 @@ class Drive(Runner):
         self.now = trio.lowlevel.current_clock().current_time
         if self.emit is not None:
             self.emit(ev.TurnStarted(turn.turn_ref))
-        turn = await self.prepare(turn)
-        turn, stop = await self.pre_stage(turn)
-        if stop is not None:
-            return self.halted(turn, stop)
-        return await self.respond(turn)
+        # Hooks that run a pipeline tool themselves (a synthetic tool call) find it here.
+        token = CURRENT_TOOLS.set(self.pipe._tool_map)
+        try:
+            turn = await self.prepare(turn)
+            turn, stop = await self.pre_stage(turn)
+            if stop is not None:
+                return self.halted(turn, stop)
+            return await self.respond(turn)
+        finally:
+            CURRENT_TOOLS.reset(token)
 
     # -- stage 0: the turn as the pipeline sees it -------------------------------------------
 

@@ -18,6 +18,7 @@ from ._groups import own_error, unwrapped
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
 from ._model import Model
 from ._plan import (
+    Group,
     PreStep,
     Step,
     check_arity,
@@ -329,6 +330,21 @@ class Pipeline:
                 f"Pipeline(compact={callable_name(self.compact)}) needs a budget: compaction"
                 " targets budget.context_tokens - budget.injection_reserve"
             )
+        self._check_needed_tools()
+
+    def _check_needed_tools(self) -> None:
+        """Every hook that names pipeline tools it runs (``fn.needs_tools``) has them."""
+        steps: list[Step] = []
+        for step in (*self._pre_plan, *self._post_plan, *self._background_plan):
+            steps.extend(step.members if isinstance(step, Group) else (step,))
+        for step in steps:
+            needed = getattr(step.hook.fn, "needs_tools", ())
+            missing = [name for name in needed if name not in self._tool_map]
+            if missing:
+                raise ConfigError(
+                    f"hook {step.label} runs the tools {missing}, which are not among the"
+                    f" pipeline's tools {list(self._tool_map)} — add them to tools=[...]"
+                )
 
     async def run(self, turn: Turn) -> TurnResult:
         """Run one turn through the pipeline (no log: nothing is committed).

@@ -7,6 +7,7 @@ surprise mid-turn. The model's arguments are checked against the same shapes bef
 so a tool only ever sees arguments of the types it declared.
 """
 
+import contextvars
 import inspect
 import json
 import re
@@ -38,6 +39,20 @@ CANCELLED = "cancelled"
 """`ToolResult.error_class` of a call cancelled while it ran (after-tool hooks still see it)."""
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+CURRENT_TOOLS: contextvars.ContextVar[Mapping[str, "Tool"]] = contextvars.ContextVar(
+    "turnplug_current_tools", default=types.MappingProxyType({})
+)
+
+
+def current_tools() -> Mapping[str, "Tool"]:
+    """The tools of the pipeline running the current turn, by name; empty outside a turn.
+
+    For hooks that run one of the pipeline's tools themselves (a synthetic tool call). A hook
+    that needs tools by name declares them in a ``needs_tools`` attribute of its function, so
+    that a pipeline without them is a `ConfigError` when it is built, not a failure mid-turn.
+    """
+    return CURRENT_TOOLS.get()
 
 
 class _Problems:

@@ -1,0 +1,177 @@
+"""Synthetic tool calls: a pre hook runs a real tool and injects the call with its result.
+
+The model then reads fresh data (preferences, an account's state) as if it had asked for it,
+in the form it understands best, without spending a model call. The pair is rendered as an
+assistant tool-call message and its tool message right before the user message, and is
+durable by default, so later turns can read it from the log. The time of the injection
+rides in the pair's ``meta``, so the ``ttl`` and ``if_changed`` checks work on the log alone.
+"""
+
+import datetime
+import math
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from pipeline import (
+    INJECTED_BY,
+    ConfigError,
+    Cont,
+    Hook,
+    Tool,
+    cont,
+    current_tools,
+    hook,
+)
+from turns import Message, ToolCall, ToolResult, Turn
+
+INJECTED_AT = "injected_at"
+"""The `meta` key of a synthetic tool call and its result: when it was injected, in seconds
+since the epoch (the hook's clock)."""
+
+Frequency = Literal["always", "if_changed"]
+
+
+class InjectToolCall:
+    """The function behind `inject_tool_call`: configured once, called once per turn."""
+
+    def __init__(
+        self,
+        tool: Tool | str,
+        arguments: Mapping[str, Any],
+        frequency: Frequency,
+        ttl: float | None,
+        name: str,
+        clock: Callable[[], float],
+    ) -> None:
+        self.tool = tool
+        self.tool_name = tool.name if isinstance(tool, Tool) else tool
+        self.arguments = dict(arguments)
+        self.frequency = frequency
+        self.ttl = ttl
+        self.name = name
+        self.clock = clock
+        # A tool named, not given, must be among the pipeline's tools: checked when built.
+        self.needs_tools: tuple[str, ...] = () if isinstance(tool, Tool) else (tool,)
+        self.__qualname__ = self.__name__ = name
+
+    def __repr__(self) -> str:
+        return f"inject_tool_call({self.tool_name!r}, {self.arguments!r})"
+
+    async def __call__(self, turn: Turn) -> Cont[Turn]:
+        tool = self.tool if isinstance(self.tool, Tool) else current_tools().get(self.tool)
+        if tool is None:
+            raise LookupError(
+                f"no tool named {self.tool_name!r} is running this turn; outside a pipeline,"
+                " pass the Tool itself: inject_tool_call(my_tool)"
+            )
+        now = self.clock()
+        last = self._last_pair(turn.context.messages)
+        if self.ttl is not None and last is not None:
+            at = last[0].meta.get(INJECTED_AT)
+            if isinstance(at, int | float) and now - at < self.ttl:
+                return cont(turn)
+        call = ToolCall(_call_id(self.tool_name, turn.turn_ref), tool.name, self.arguments)
+        result = await tool.run(call, turn.scope)
+        if result.is_error:
+            raise RuntimeError(f"tool {tool.name!r} failed, nothing injected: {result.content}")
+        unchanged = last is not None and last[1] is not None and last[1].content == result.content
+        if self.frequency == "if_changed" and unchanged:
+            return cont(turn)
+        stamp = {INJECTED_AT: now}
+        return cont(
+            turn.inject(
+                ToolCall(call.id, call.name, call.arguments, stamp),
+                ToolResult(result.call_id, result.content, meta=stamp),
+            )
+        )
+
+    def _last_pair(self, history: tuple[Message, ...]) -> tuple[ToolCall, ToolResult | None] | None:
+        """The last call this hook injected in `history`, and its result."""
+        for index in range(len(history) - 1, -1, -1):
+            for part in history[index].parts:
+                if (
+                    type(part) is ToolCall
+                    and part.name == self.tool_name
+                    and part.meta.get(INJECTED_BY) == self.name
+                ):
+                    return part, _result_of(part.id, history[index + 1 :])
+        return None
+
+
+def _result_of(call_id: str, messages: tuple[Message, ...]) -> ToolResult | None:
+    for message in messages:
+        for part in message.parts:
+            if type(part) is ToolResult and part.call_id == call_id:
+                return part
+    return None
+
+
+def _call_id(tool_name: str, turn_ref: str) -> str:
+    # Providers accept ids of letters, digits, '_' and '-' (Anthropic checks).
+    return re.sub(r"[^A-Za-z0-9_-]", "_", f"injected_{tool_name}_{turn_ref}")[:64]
+
+
+def inject_tool_call(
+    tool: Tool | str,
+    arguments: Mapping[str, Any] | None = None,
+    *,
+    frequency: Frequency = "always",
+    ttl: float | datetime.timedelta | None = None,
+    durable: bool = True,
+    name: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Hook:
+    """A pre hook that runs a real tool and injects the call and its result.
+
+    Args:
+        tool: A `Tool`, or the name of one of the pipeline's tools (checked when the
+            pipeline is built).
+        arguments: The tool's arguments; checked against its schema now when `tool` is a
+            `Tool`, else on every run.
+        frequency: ``"always"``, or ``"if_changed"``: skip when the last pair this hook
+            injected (found in the history) carries the same result.
+        ttl: Seconds (or a timedelta): skip while the last pair is fresher than this.
+        durable: Whether the pair joins the log (the default; ``ttl`` and ``if_changed``
+            read the log, so they need it).
+        name: The hook's name; ``inject_<tool>`` by default. The pair's parts carry it in
+            ``meta["injected_by"]``, which is how the hook finds its own last pair.
+        clock: Seconds since the epoch; `time.time` by default.
+
+    A failing tool injects nothing: the hook fails open (``on_error="skip"``), which a
+    `HookFailed` event records.
+    """
+    if not isinstance(tool, Tool) and (not isinstance(tool, str) or not tool):
+        raise ConfigError(f"inject_tool_call: tool must be a Tool or a tool's name, got {tool!r}")
+    tool_name = tool.name if isinstance(tool, Tool) else tool
+    if arguments is not None and not isinstance(arguments, Mapping):
+        raise ConfigError(
+            f"inject_tool_call({tool_name!r}): arguments must be a mapping, got {arguments!r}"
+        )
+    arguments = dict(arguments or {})
+    if isinstance(tool, Tool):
+        checked = tool.check(ToolCall("check", tool.name, arguments))
+        if isinstance(checked, str):
+            raise ConfigError(f"inject_tool_call({tool_name!r}): invalid arguments: {checked}")
+    if frequency not in ("always", "if_changed"):
+        raise ConfigError(
+            f"inject_tool_call({tool_name!r}): frequency must be 'always' or 'if_changed',"
+            f" got {frequency!r}"
+        )
+    seconds = ttl.total_seconds() if isinstance(ttl, datetime.timedelta) else ttl
+    if seconds is not None and (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds <= 0
+    ):
+        raise ConfigError(
+            f"inject_tool_call({tool_name!r}): ttl must be a positive number of seconds or a"
+            f" timedelta, got {ttl!r}"
+        )
+    if not callable(clock):
+        raise ConfigError(f"inject_tool_call({tool_name!r}): clock must be callable")
+    label = name if name is not None else f"inject_{tool_name}"
+    fn = InjectToolCall(tool, arguments, frequency, seconds, label, clock)
+    return hook(fn, name=label, durable=durable, on_error="skip")

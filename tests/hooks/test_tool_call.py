@@ -1,0 +1,298 @@
+"""inject_tool_call: a real tool's call and result injected before the user message."""
+
+import datetime
+from typing import Any
+
+import pytest
+
+from hooks import INJECTED_AT, inject_tool_call
+from pipeline import INJECTED_BY, ConfigError, Pipeline, tool
+from pipeline import events as ev
+from pipeline.logs import MemoryLog
+from pipeline.testing import ScriptedModel
+from turns import Message, Scope, ToolCall, ToolResult, Turn
+
+from ..pipeline.support import collect
+
+
+class Preferences:
+    """A tool over data the test changes, counting its runs."""
+
+    def __init__(self) -> None:
+        self.language = "en"
+        self.runs = 0
+
+    def make(self) -> Any:
+        @tool
+        def get_preferences(user: str, scope: Scope) -> dict[str, str]:
+            """The user's preferences."""
+            self.runs += 1
+            return {"user": user, "language": self.language}
+
+        return get_preferences
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- alone ------------------------------------------------------------------------------------
+
+
+async def test_alone_it_injects_the_call_and_the_tools_result_stamped_with_the_time() -> None:
+    prefs = Preferences()
+    inject = inject_tool_call(prefs.make(), {"user": "ada"}, clock=Clock())
+
+    signal = await inject(Turn.start("hi", turn_ref="t1"))
+
+    [injection] = signal.value.injections
+    call, result = injection.parts
+    assert call == ToolCall(
+        "injected_get_preferences_t1",
+        "get_preferences",
+        {"user": "ada"},
+        {INJECTED_AT: 1_000.0},
+    )
+    assert result == ToolResult(
+        "injected_get_preferences_t1",
+        '{"user": "ada", "language": "en"}',
+        meta={INJECTED_AT: 1_000.0},
+    )
+
+
+async def test_alone_a_tool_given_by_name_needs_a_running_pipeline() -> None:
+    inject = inject_tool_call("get_preferences")
+
+    with pytest.raises(LookupError, match="get_preferences"):
+        await inject(Turn.start("hi"))
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"frequency": "sometimes"}, "frequency"),
+        ({"ttl": 0}, "ttl"),
+        ({"ttl": -5}, "ttl"),
+        ({"ttl": True}, "ttl"),
+        ({"ttl": "1h"}, "ttl"),
+        ({"clock": 3}, "clock"),
+    ],
+)
+def test_bad_options_are_config_errors_naming_the_option(
+    changes: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        inject_tool_call(Preferences().make(), {"user": "ada"}, **changes)
+
+
+def test_arguments_that_do_not_fit_the_tools_schema_are_refused_when_built() -> None:
+    with pytest.raises(ConfigError, match=r"get_preferences.*user: required"):
+        inject_tool_call(Preferences().make(), {"name": "ada"})
+
+
+def test_a_tool_that_is_neither_a_tool_nor_a_name_is_refused() -> None:
+    with pytest.raises(ConfigError, match="Tool or a tool's name"):
+        inject_tool_call(42)  # type: ignore[arg-type]
+
+
+def test_a_pipeline_without_the_named_tool_is_refused_when_built() -> None:
+    with pytest.raises(ConfigError, match=r"inject_get_preferences.*\['get_preferences'\]"):
+        Pipeline(model=ScriptedModel(["ok"]), pre=[inject_tool_call("get_preferences")])
+
+
+def test_a_timedelta_ttl_is_accepted() -> None:
+    hook = inject_tool_call(Preferences().make(), {"user": "ada"}, ttl=datetime.timedelta(hours=1))
+    assert hook.fn.ttl == 3600.0
+
+
+# -- in a pipeline ----------------------------------------------------------------------------
+
+
+def pipe_for(prefs: Preferences, model: ScriptedModel, **options: Any) -> Pipeline:
+    get_preferences = prefs.make()
+    return Pipeline(
+        model=model,
+        tools=[get_preferences],
+        pre=[inject_tool_call("get_preferences", {"user": "ada"}, **options)],
+    )
+
+
+async def test_the_pair_is_rendered_just_before_the_user_message() -> None:
+    model = ScriptedModel(["ok"])
+
+    await pipe_for(Preferences(), model, clock=Clock()).run(Turn.start("hi", turn_ref="t1"))
+
+    *_, call_message, result_message, user = model.requests[0].messages
+    assert call_message.role == "assistant"
+    assert [type(p) for p in call_message.parts] == [ToolCall]
+    assert result_message == Message.tool(
+        ToolResult(
+            "injected_get_preferences_t1",
+            '{"user": "ada", "language": "en"}',
+            meta={INJECTED_AT: 1_000.0},
+        )
+    )
+    assert user == Message.user("hi")
+
+
+async def test_the_pair_is_durable_by_default_and_carries_its_hook_and_time_into_the_log() -> None:
+    log = MemoryLog()
+    pipe = pipe_for(Preferences(), ScriptedModel(["ok"]), clock=Clock())
+
+    async with pipe.session(log=log, conversation_id="c") as session:
+        await session.send("hi")
+
+    call_message, result_message, *_ = (await log.load("c")).messages
+    marks = {INJECTED_BY: "inject_get_preferences", INJECTED_AT: 1_000.0}
+    assert call_message.parts[0].meta == marks
+    assert result_message.parts[0].meta == marks
+
+
+async def test_a_transient_pair_stays_out_of_the_log() -> None:
+    log = MemoryLog()
+    pipe = pipe_for(Preferences(), ScriptedModel(["ok"]), durable=False)
+
+    async with pipe.session(log=log, conversation_id="c") as session:
+        await session.send("hi")
+
+    assert [m.role for m in (await log.load("c")).messages] == ["user", "assistant"]
+
+
+async def test_a_failing_tool_injects_nothing_and_is_reported() -> None:
+    @tool
+    def get_preferences(user: str) -> str:
+        raise OSError("profile service down")
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        tools=[get_preferences],
+        pre=[inject_tool_call("get_preferences", {"user": "ada"})],
+    )
+
+    events, result = await collect(pipe, Turn.start("hi"))
+
+    assert result.outcome == "completed"
+    assert result.turn.injections == ()
+    [failed] = [e for e in events if isinstance(e, ev.HookFailed)]
+    assert failed.hook == "inject_get_preferences"
+    assert "profile service down" in failed.error
+    assert failed.enforced is False
+
+
+async def test_arguments_a_named_tool_refuses_inject_nothing_and_are_reported() -> None:
+    prefs = Preferences()
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        tools=[prefs.make()],
+        pre=[inject_tool_call("get_preferences", {"name": "ada"})],
+    )
+
+    events, result = await collect(pipe, Turn.start("hi"))
+
+    assert prefs.runs == 0
+    assert result.turn.injections == ()
+    [failed] = [e for e in events if isinstance(e, ev.HookFailed)]
+    assert "user: required" in failed.error
+
+
+# -- across turns: ttl and if_changed, with a clock the test moves ------------------------------
+
+
+async def send_turns(
+    pipe: Pipeline, clock: Clock, times: list[float], prefs: Preferences, languages: list[str]
+) -> tuple[list[bool], MemoryLog]:
+    """Send one turn at each time; whether each turn injected a pair."""
+    log = MemoryLog()
+    injected = []
+    async with pipe.session(log=log, conversation_id="c") as session:
+        for at, language in zip(times, languages, strict=True):
+            clock.now = at
+            prefs.language = language
+            result = await session.send("hi")
+            injected.append(bool(result.turn.injections))
+    return injected, log
+
+
+async def test_ttl_skips_while_the_last_pair_is_fresher_than_it() -> None:
+    prefs, clock = Preferences(), Clock()
+    pipe = pipe_for(prefs, ScriptedModel(["ok"] * 4), ttl=60, clock=clock)
+
+    injected, _ = await send_turns(
+        pipe, clock, [1_000.0, 1_030.0, 1_059.9, 1_060.0], prefs, ["en"] * 4
+    )
+
+    assert injected == [True, False, False, True]
+    # A skip does not even run the tool.
+    assert prefs.runs == 2
+
+
+async def test_ttl_reads_the_time_from_the_log_so_it_survives_a_new_session() -> None:
+    prefs, clock = Preferences(), Clock()
+    pipe = pipe_for(prefs, ScriptedModel(["ok"] * 2), ttl=60, clock=clock)
+    log = MemoryLog()
+    async with pipe.session(log=log, conversation_id="c") as session:
+        await session.send("hi")
+    clock.now += 30
+
+    async with pipe.session(log=log, conversation_id="c") as session:
+        second = await session.send("again")
+
+    assert second.turn.injections == ()
+
+
+async def test_if_changed_skips_a_pair_whose_result_is_the_same_as_the_last_one() -> None:
+    prefs, clock = Preferences(), Clock()
+    pipe = pipe_for(prefs, ScriptedModel(["ok"] * 4), frequency="if_changed", clock=clock)
+
+    injected, log = await send_turns(
+        pipe, clock, [1.0, 2.0, 3.0, 4.0], prefs, ["en", "en", "fr", "fr"]
+    )
+
+    assert injected == [True, False, True, False]
+    # The tool runs every turn: only its result tells whether anything changed.
+    assert prefs.runs == 4
+    contents = [
+        part.content
+        for message in (await log.load("c")).messages
+        for part in message.parts
+        if isinstance(part, ToolResult)
+    ]
+    assert contents == [
+        '{"user": "ada", "language": "en"}',
+        '{"user": "ada", "language": "fr"}',
+    ]
+
+
+async def test_always_injects_every_turn() -> None:
+    prefs, clock = Preferences(), Clock()
+    pipe = pipe_for(prefs, ScriptedModel(["ok"] * 3), clock=clock)
+
+    injected, _ = await send_turns(pipe, clock, [1.0, 2.0, 3.0], prefs, ["en"] * 3)
+
+    assert injected == [True, True, True]
+
+
+async def test_two_hooks_on_one_tool_each_find_their_own_last_pair() -> None:
+    prefs, clock = Preferences(), Clock()
+    get_preferences = prefs.make()
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"] * 3),
+        tools=[get_preferences],
+        pre=[
+            inject_tool_call(
+                "get_preferences", {"user": "ada"}, ttl=60, name="ada_prefs", clock=clock
+            ),
+            inject_tool_call("get_preferences", {"user": "bob"}, name="bob_prefs", clock=clock),
+        ],
+    )
+
+    injected, _ = await send_turns(pipe, clock, [0.0, 50.0, 70.0], prefs, ["en"] * 3)
+
+    # Turn 2: ada's pair is fresh (skipped); bob's hook always injects. Turn 3: ada's own
+    # last pair is 70 s old, although bob's (a pair of the same tool) is 20 s old.
+    assert injected == [True, True, True]
+    assert prefs.runs == 5
