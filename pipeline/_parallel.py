@@ -54,7 +54,7 @@ async def _run_member(runner: Runner, member: _Member, turn: Turn, group: trio.C
         raise
     except Exception as exc:
         if _failed(runner, member, exc, runner.now() - started):
-            await _stop(group)
+            await stop_group(group)
         return
     elapsed = runner.now() - started
     outcome: tuple[Part, ...] | Halt
@@ -69,7 +69,7 @@ async def _run_member(runner: Runner, member: _Member, turn: Turn, group: trio.C
             raise runner.wrong_return(step, result, "a list of parts or Halt", group=True)
     except HookError as error:
         if _failed(runner, member, error, elapsed):
-            await _stop(group)
+            await stop_group(group)
         return
     if step.hook.shadow:
         runner.shadow_verdict(step, elapsed, verdict, outcome, member.records)
@@ -78,7 +78,7 @@ async def _run_member(runner: Runner, member: _Member, turn: Turn, group: trio.C
     runner.finished(step, elapsed, verdict, detail, member.records)
     member.outcome = outcome
     if type(outcome) is Halt:
-        await _stop(group)
+        await stop_group(group)
 
 
 def _failed(runner: Runner, member: _Member, exc: Exception, elapsed: float) -> bool:
@@ -91,12 +91,12 @@ def _failed(runner: Runner, member: _Member, exc: Exception, elapsed: float) -> 
     return False
 
 
-async def _stop(group: trio.CancelScope) -> None:
-    """Cancel the group's running members, once the members already woken have run.
+async def stop_group(group: trio.CancelScope) -> None:
+    """Cancel a group's running tasks (members, tool calls), once those already woken have run.
 
     Siblings woken in the same scheduler batch (at the same instant) finish first, so that
     when several halt or fail at once the lowest position wins, whatever order trio happened
-    to run them in. The checkpoint is shielded: this member's outcome is already recorded.
+    to run them in. The checkpoint is shielded: the caller's outcome is already recorded.
     """
     await trio.lowlevel.cancel_shielded_checkpoint()
     group.cancel()

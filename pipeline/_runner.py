@@ -130,19 +130,42 @@ class Runner:
     def passes(self, step: Step, turn: Turn, records: list[HookRecord] | None = None) -> bool:
         """Evaluate a hook's ``when`` predicate; a false one records the skip."""
         assert step.hook.when is not None
+        verdict = self.predicate(step, "when=", step.hook.when, turn, records)
+        if verdict is False:
+            (self.records if records is None else records).append(
+                HookRecord(step.name, step.stage, step.position, 0.0, "skipped")
+            )
+            if self.emit is not None:
+                self.emit(ev.HookSkipped(self.turn_ref, step.name, step.stage))
+        return verdict is True
+
+    def predicate(
+        self,
+        step: Step,
+        option: str,
+        check: Callable[[Any], object],
+        value: object,
+        records: list[HookRecord] | None = None,
+    ) -> bool | None:
+        """Evaluate one of a hook's predicates (``when=``, ``match=``) on `value`.
+
+        None when it failed: a raising predicate is the hook's failure, and one returning
+        anything but a bool a `HookReturnError`; either is recorded (and raised, when
+        enforced) like a failure of the hook itself.
+        """
         try:
-            verdict = step.hook.when(turn)
+            verdict = check(value)
             if type(verdict) is not bool:
                 raise HookReturnError(
-                    f"the when= predicate of hook {step.label} must return True or False, got"
-                    f" {describe(verdict)}",
+                    f"the {option} predicate of hook {step.label} must return True or False,"
+                    f" got {describe(verdict)}",
                     hook=step.name,
                     stage=step.stage,
                 )
         except Exception as exc:
             if not isinstance(exc, HookError):
                 error = HookFailed(
-                    f"the when= predicate of hook {step.label} raised {exc_text(exc)}",
+                    f"the {option} predicate of hook {step.label} raised {exc_text(exc)}",
                     hook=step.name,
                     stage=step.stage,
                 )
@@ -152,13 +175,7 @@ class Runner:
                 # The failure closes a HookStarted, like every hook failure.
                 self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
             self.fail(step, exc, 0.0, records)
-            return False
-        if not verdict:
-            (self.records if records is None else records).append(
-                HookRecord(step.name, step.stage, step.position, 0.0, "skipped")
-            )
-            if self.emit is not None:
-                self.emit(ev.HookSkipped(self.turn_ref, step.name, step.stage))
+            return None
         return verdict
 
     # -- judging ------------------------------------------------------------------------------

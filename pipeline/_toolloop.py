@@ -22,6 +22,7 @@ from ._audit import AttemptRecord, HookRecord, ToolRecord
 from ._errors import HookError, HookFailed, HookReturnError, StepLimitExceeded
 from ._hooks import callable_name
 from ._model import ModelRequest
+from ._parallel import stop_group
 from ._plan import Step
 from ._request import annotations_of, check_context, model_step
 from ._runner import Runner, describe, exc_text
@@ -187,10 +188,8 @@ async def _run_job(
     finally:
         limiter.release_on_behalf_of(job)
     if job.failure is not None or job.halt is not None:
-        # Fail fast: calls in flight are cancelled, calls not started are dropped. Calls
-        # woken at the same instant finish first, so the lowest call wins a tie.
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        batch.cancel()
+        # Fail fast: calls in flight are cancelled, calls not started are dropped.
+        await stop_group(batch)
 
 
 async def _handle(runner: Runner, turn: Turn, job: _Job, active: Mapping[str, Tool]) -> None:
@@ -451,35 +450,14 @@ async def _call(runner: Runner, step: Step, job: _Job, *args: Any) -> tuple[obje
 def _applies(runner: Runner, step: Step, name: str, turn: Turn, records: list[HookRecord]) -> bool:
     """Whether a tool hook's ``match=`` accepts the tool `name` (and its ``when=`` the turn)."""
     match = step.hook.match
-    try:
-        if match is None:
-            accepted = True
-        elif isinstance(match, str):
-            accepted = match == name
-        elif isinstance(match, re.Pattern):
-            accepted = match.fullmatch(name) is not None
-        else:
-            accepted = match(name)
-            if type(accepted) is not bool:
-                raise HookReturnError(
-                    f"the match= predicate of hook {step.label} must return True or False,"
-                    f" got {describe(accepted)}",
-                    hook=step.name,
-                    stage=step.stage,
-                )
-    except Exception as exc:
-        if not isinstance(exc, HookError):
-            error = HookFailed(
-                f"the match= predicate of hook {step.label} raised {exc_text(exc)}",
-                hook=step.name,
-                stage=step.stage,
-            )
-            error.__cause__ = exc
-            exc = error
-        if runner.emit is not None:
-            runner.emit(ev.HookStarted(runner.turn_ref, step.name, step.stage))
-        runner.fail(step, exc, 0.0, records)
-        return False
+    if isinstance(match, str):
+        accepted: bool | None = match == name
+    elif isinstance(match, re.Pattern):
+        accepted = match.fullmatch(name) is not None
+    elif match is not None:
+        accepted = runner.predicate(step, "match=", match, name, records)
+    else:
+        accepted = True
     if not accepted:
         return False
     if step.hook.when is not None:
