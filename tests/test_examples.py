@@ -32,6 +32,7 @@ def test_every_example_is_tested() -> None:
         "05_guardrail_retry",
         "06_session_log",
         "07_openai_compatible",
+        "assistant_hooks",
     }
     assert {path.stem for path in EXAMPLES.glob("*.py")} == tested
 
