@@ -469,7 +469,7 @@ class BudgetSpec:
 @final
 @attrs.frozen(kw_only=True)
 class Config:
-    """A whole config file: the model, the bounds and the stage lists (DESIGN §9)."""
+    """A pipeline config: the model, the bounds and the lists of entries of each stage."""
 
     schema: str | None = attrs.field(
         default=None,

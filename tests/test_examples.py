@@ -142,3 +142,18 @@ async def test_session_log_keeps_durable_notes_and_drops_transient_ones() -> Non
     assert list(second[:2]) == list(committed[:2])
     assert "[doc] Refunds are issued within 14 days." in [p.text for p in second[2].parts]
     assert example.closed[-1] == "c-42 closed (closed) after 2 turns"
+
+
+async def test_assistant_config_rejects_the_guarantee_and_redacts_the_split_address() -> None:
+    # assistant_hooks.py loads assistant.toml with hooks.config.load_pipeline.
+    result = await _load("assistant_hooks").main()
+    assert result.outcome == "completed"
+    assert [(r.attempt, r.hook) for r in result.rejections] == [(1, "no_guarantees")]
+    assert result.reply.text == (
+        "Refunds are issued within 14 days of a return. Questions? Write to [EMAIL]."
+    )
+    assert [(i.source, i.durable) for i in result.turn.injections] == [
+        ("house_rules", False),
+        ("search_faq", False),
+        ("load_profile", True),
+    ]
