@@ -514,6 +514,17 @@ class Config:
     )
 
 
+TAGGED: tuple[tuple[Any, str], ...] = (
+    (MemberEntry, "kind"),
+    (PreEntry, "kind"),
+    (TransformerEntry, "kind"),
+    (PostEntry, "kind"),
+    (SessionStart, "kind"),
+    (SessionEnd, "kind"),
+    (ModelSpec, "provider"),
+)
+"""Every union of records (or single record) a table is tagged for, and its tag key."""
+
 STAGE_LISTS: tuple[str, ...] = (
     "pre",
     "transformers",

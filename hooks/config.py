@@ -37,20 +37,10 @@ from cattrs.gen import make_dict_structure_fn, override
 from cattrs.strategies import configure_tagged_union
 
 from pipeline import ConfigError, Pipeline
+from pipeline.providers import model_from_string
 
 from ._config_types import CHECKS, Invalid, Ref, shown
-from ._kinds import (
-    STAGE_LISTS,
-    Config,
-    Env,
-    MemberEntry,
-    ModelSpec,
-    PostEntry,
-    PreEntry,
-    SessionEnd,
-    SessionStart,
-    TransformerEntry,
-)
+from ._kinds import STAGE_LISTS, TAGGED, Config, Env
 from ._schema import schema_of
 
 __all__ = ["config_schema", "load_pipeline", "pipeline_from_dict"]
@@ -58,22 +48,13 @@ __all__ = ["config_schema", "load_pipeline", "pipeline_from_dict"]
 _Problem = tuple[str, str]
 """The path of a value (``pre[2].ref``; ``""`` for the whole file) and what is wrong."""
 
-_ENTRY_UNIONS: tuple[tuple[Any, str], ...] = (
-    (MemberEntry, "kind"),
-    (PreEntry, "kind"),
-    (TransformerEntry, "kind"),
-    (PostEntry, "kind"),
-    (SessionStart, "kind"),
-    (SessionEnd, "kind"),
-    (ModelSpec, "provider"),
-)
-
 
 def _members(union: Any) -> tuple[type, ...]:
     return get_args(union) or (union,)
 
 
 def _tag_of(cls: type, tag: str) -> str:
+    """A record's tag: its ``KIND`` (tag ``kind``) or ``PROVIDER`` (tag ``provider``)."""
     return str(getattr(cls, tag.upper()))
 
 
@@ -122,7 +103,7 @@ def _make_converter() -> cattrs.Converter:
         _is_optional, lambda value, kind: _optional(converter, value, kind)
     )
     converter.register_structure_hook_factory(_is_table, lambda cls: _table(converter, cls))
-    for union, tag in _ENTRY_UNIONS:
+    for union, tag in TAGGED:
         _configure_entries(converter, union, tag)
     return converter
 
@@ -223,17 +204,22 @@ def _unknown_tag(tag: str, given: Any, known: Mapping[str, type], choices: str) 
     elsewhere = [stage for stage, kinds in _KINDS_BY_STAGE.items() if given in kinds]
     if tag == "kind" and elsewhere:
         lists = " or ".join(elsewhere)
-        return f"kind {json.dumps(given)} cannot stand here (expected one of {choices}); it goes in {lists}"
+        return (
+            f"kind {json.dumps(given)} cannot stand here (expected one of {choices}); it goes"
+            f" in {lists}"
+        )
     close = difflib.get_close_matches(given, known, n=1)
     hint = f" — did you mean {json.dumps(close[0])}?" if close else ""
     return f"unknown {tag} {json.dumps(given)}{hint} (expected one of {choices})"
 
 
 _KINDS_BY_STAGE: dict[str, frozenset[str]] = {
-    "pre": frozenset(_tag_of(cls, "kind") for cls in _members(PreEntry)),
-    "transformers": frozenset(_tag_of(cls, "kind") for cls in _members(TransformerEntry)),
-    "post": frozenset(_tag_of(cls, "kind") for cls in _members(PostEntry)),
+    stage: frozenset(
+        _tag_of(cls, "kind") for cls in _members(get_args(typing.get_type_hints(Config)[stage])[0])
+    )
+    for stage in STAGE_LISTS
 }
+"""The kinds each list of a config accepts, to say where a misplaced entry belongs."""
 
 _converter = _make_converter()
 
@@ -431,8 +417,6 @@ def _resolve(data: Any, source: str, environ: Mapping[str, str] | None) -> _Load
     problems.extend(more)
     if not problems:
         if config.model is None:
-            from pipeline.providers import model_from_string
-
             built["model"] = model_from_string("scripted")
         try:
             pipeline = Pipeline(
@@ -548,4 +532,4 @@ def config_schema() -> dict[str, Any]:
     can check (that a reference imports, that a regex compiles, that a key is set) is
     described in the schema but not enforced by it.
     """
-    return schema_of(Config, _ENTRY_UNIONS)
+    return schema_of(Config, TAGGED)
