@@ -32,6 +32,8 @@ class Invalid(ValueError):
 
 def shown(value: object) -> str:
     """`value` as a user wrote it, with its type as TOML and JSON name it."""
+    if value is None:
+        return "null"
     try:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
