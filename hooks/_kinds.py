@@ -7,7 +7,8 @@ lists of a config accept the kinds of their union (`PreEntry`, `MemberEntry`,
 `TransformerEntry`, `PostEntry`); the model table is a union on ``provider``.
 
 Adding a kind is local: one record here (with ``KIND`` and ``build``) and its name in the
-union of each list it may stand in.
+union of each list it may stand in. A new list is a field of `Config`, its union in
+`TAGGED` and its name in `STAGE_LISTS`.
 """
 
 import re
@@ -77,7 +78,8 @@ class Env:
 
 @attrs.frozen(kw_only=True)
 class HookEntry:
-    """The keys every hook entry accepts (DESIGN §2); unset keys keep the kind's default."""
+    """The keys every hook entry accepts (`pipeline.hook`'s options); unset keys keep the
+    kind's default."""
 
     name: str | None = attrs.field(
         default=None, metadata=doc("Name in events, errors and the audit record.")
