@@ -1,4 +1,7 @@
-"""Ready-made hooks, built on the public API of `turns` and `pipeline` only."""
+"""Ready-made hooks, built on the public API of `turns` and `pipeline` only.
+
+Public submodule: `hooks.config` (pipelines declared in TOML or JSON files).
+"""
 
 from ._markers import durable, transient
 from ._redact import Redact, RedactStream, redact

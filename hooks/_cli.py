@@ -1,13 +1,25 @@
-"""The ``turnplug`` command line."""
+"""The ``turnplug`` command line.
+
+One handler per subcommand, each with its block in `build_parser`. Exit codes: 0 ok; 1 a
+turn that halted, exhausted its regenerations or failed; 2 a usage or config error. Errors
+are one clear line (a config error lists its problems one per line), never a traceback
+unless ``--debug`` is given.
+"""
 
 import argparse
+import functools
+import json
 import os
 import sys
 from collections.abc import Sequence
 
 import trio
 
-from pipeline import PipelineError
+from pipeline import ConfigError, PipelineError
+
+from . import config as _config
+
+DEFAULT_CONVERSATION = "default"
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -17,14 +29,89 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loaded(path: str) -> "_config._Loaded":
+    """The config at `path`, with a note when it names no model."""
+    loaded = _config._load(path)
+    if loaded.config.model is None:
+        print(
+            f"turnplug: note: {path} has no [model] table, so the offline scripted model answers",
+            file=sys.stderr,
+        )
+    return loaded
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ._logs import open_log
+    from ._run import Console, run_turn
+
+    loaded = _loaded(args.config)
+    turn = functools.partial(
+        run_turn,
+        loaded.pipeline,
+        args.message,
+        log=open_log(args.log),
+        conversation=args.conversation,
+        as_json=args.json,
+        show_events=args.events,
+        console=Console(sys.stdout, sys.stderr),
+    )
+    code: int = trio.run(turn)
+    return code
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from ._logs import open_log
+    from ._run import Console, chat, read_stdin
+
+    loaded = _loaded(args.config)
+    console = Console(sys.stdout, sys.stderr)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        console.note(
+            f"turnplug chat: {args.config} — Ctrl-C cancels a turn, Ctrl-D ends the conversation"
+        )
+    turns = functools.partial(
+        chat,
+        loaded.pipeline,
+        log=open_log(args.log),
+        conversation=args.conversation,
+        read_line=read_stdin,
+        console=console,
+        prompt="> " if interactive else "",
+    )
+    code: int = trio.run(turns)
+    return code
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ._check import describe
+
+    loaded = _config._load(args.config)
+    for line in describe(args.config, loaded.config, loaded.pipeline):
+        print(line)
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    print(json.dumps(_config.config_schema(), indent=2, ensure_ascii=False))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="turnplug",
         description="Run one LLM conversation turn as a pipeline of plain functions.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    # `turnplug run ... --debug` works too: each subcommand accepts the flag.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = commands.add_parser("demo", help="run a full offline turn and show every stage")
+    demo = commands.add_parser(
+        "demo", parents=[common], help="run a full offline turn and show every stage"
+    )
     demo.add_argument(
         "--model",
         metavar="PROVIDER:MODEL",
@@ -32,7 +119,58 @@ def build_parser() -> argparse.ArgumentParser:
         " environment (otherwise the demo stays offline)",
     )
     demo.set_defaults(handler=_demo)
+
+    run = commands.add_parser(
+        "run", parents=[common], help="send one message through a config's pipeline"
+    )
+    run.add_argument("config", metavar="CONFIG", help="a .toml or .json pipeline config")
+    run.add_argument("message", metavar="MESSAGE", help="the user's message")
+    _conversation_options(run)
+    run.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    run.add_argument(
+        "--events",
+        action="store_true",
+        help="print every event as it happens (as JSON lines with --json)",
+    )
+    run.set_defaults(handler=_run)
+
+    chat = commands.add_parser(
+        "chat",
+        parents=[common],
+        help="talk to a config's pipeline; Ctrl-C cancels a turn, Ctrl-D exits",
+    )
+    chat.add_argument("config", metavar="CONFIG", help="a .toml or .json pipeline config")
+    _conversation_options(chat)
+    chat.set_defaults(handler=_chat)
+
+    check = commands.add_parser(
+        "check",
+        parents=[common],
+        help="validate a config and print its pipeline, stage by stage",
+    )
+    check.add_argument("config", metavar="CONFIG", help="a .toml or .json pipeline config")
+    check.set_defaults(handler=_check)
+
+    schema = commands.add_parser(
+        "schema", parents=[common], help="print the JSON Schema of the config format"
+    )
+    schema.set_defaults(handler=_schema)
     return parser
+
+
+def _conversation_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--conversation",
+        metavar="ID",
+        default=DEFAULT_CONVERSATION,
+        help=f"the conversation to continue (default: {DEFAULT_CONVERSATION})",
+    )
+    command.add_argument(
+        "--log",
+        metavar="PATH",
+        help="the conversation log to load from and commit to (default: in memory, for"
+        " this command only)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"turnplug: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        # A bad config is the caller's to fix (2); a turn that failed did not complete (1).
+        return 2 if isinstance(exc, ConfigError) else 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -53,6 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(
+            f"turnplug: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
     return code
 
 

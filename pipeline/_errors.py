@@ -4,7 +4,7 @@ Halts, blocks, rejections and an exhausted regeneration bound are outcomes (data
 `TurnResult`); everything below is a failure, and a failed turn commits nothing::
 
     PipelineError
-    ├── ConfigError                      bad pipeline definition or config file (message has the path)
+    ├── ConfigError                      bad pipeline definition or config file; .source, .problems
     ├── HookError                        .hook, .stage
     │   ├── HookFailed                   the hook raised; __cause__ is the original exception
     │   ├── HookTimeout
@@ -50,7 +50,25 @@ def _restore(
 
 @final
 class ConfigError(PipelineError):
-    """A pipeline definition or config file is invalid; the message names the culprit."""
+    """A pipeline definition or config file is invalid; the message names the culprit.
+
+    Attributes:
+        source: The config file (or other source) at fault, when there is one.
+        problems: Every problem found in it, as ``(path, message)`` pairs with paths like
+            ``pre[2].ref`` (``""`` for the whole file); empty when the error is not about
+            values in a config.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        problems: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.source = source
+        self.problems = problems
 
 
 class HookError(PipelineError):

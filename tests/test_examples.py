@@ -33,6 +33,7 @@ def test_every_example_is_tested() -> None:
         "06_session_log",
         "07_openai_compatible",
         "08_tools_policy",
+        "assistant_hooks",
     }
     assert {path.stem for path in EXAMPLES.glob("*.py")} == tested
 
@@ -160,3 +161,18 @@ async def test_tools_policy_blocks_asks_and_scrubs_before_the_model_reads_result
     assert results[0].content == "Welcome! Questions go to [EMAIL]."
     assert results[2].content == "permission denied: read config/secrets.toml?"
     assert "help@example.com" not in repr(result.audit)
+
+
+async def test_assistant_config_rejects_the_guarantee_and_redacts_the_split_address() -> None:
+    # assistant_hooks.py loads assistant.toml with hooks.config.load_pipeline.
+    result = await _load("assistant_hooks").main()
+    assert result.outcome == "completed"
+    assert [(r.attempt, r.hook) for r in result.rejections] == [(1, "no_guarantees")]
+    assert result.reply.text == (
+        "Refunds are issued within 14 days of a return. Questions? Write to [EMAIL]."
+    )
+    assert [(i.source, i.durable) for i in result.turn.injections] == [
+        ("house_rules", False),
+        ("search_faq", False),
+        ("load_profile", True),
+    ]

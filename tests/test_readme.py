@@ -1,6 +1,9 @@
 """README.md: its setup commands come first and its Python example runs."""
 
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,3 +31,24 @@ def test_readme_python_example_runs(capsys) -> None:
         # The third: the refund was blocked before it ran.
         "[('order A7: shipped', None), ('refunds need a person', 'hook_blocked')]",
     ]
+
+
+def test_readme_config_command_prints_what_the_readme_shows() -> None:
+    section = README.split("## Declaring a pipeline in a file", 1)[1]
+    command = re.search(r"```sh\n(.*?)\n```", section, flags=re.DOTALL)
+    shown = re.search(r"```text\n(.*?)```", section, flags=re.DOTALL)
+    assert command is not None
+    assert shown is not None
+    program, *args = shlex.split(command.group(1))
+    assert program == ".venv/bin/turnplug"
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("turnplug")), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+        cwd=ROOT,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == shown.group(1)

@@ -1,0 +1,308 @@
+"""The value types of a config file, checked when the file is loaded.
+
+Each type here is what a field of an entry (`hooks._kinds`) is annotated with; `hooks.config`
+registers one structuring check per type with its converter, and `hooks._schema` reads the
+same types to write the JSON Schema. A check raises `Invalid` with the sentence a user reads;
+the loader adds the file name and the path of the value.
+"""
+
+import importlib
+import inspect
+import json
+import math
+import re
+from collections.abc import Callable
+from typing import Any, ClassVar, NewType, final
+
+import attrs
+
+
+class Invalid(ValueError):
+    """A value in a config file is not what its key expects; the message says why.
+
+    Attributes:
+        key: The key, inside the value being checked, that is wrong (``kind`` of an entry),
+            or ``None`` when the value itself is.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def shown(value: object) -> str:
+    """`value` as a user wrote it, with its type as TOML and JSON name it."""
+    if value is None:
+        return "null"
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type_name(value)})"
+
+
+def type_name(value: object) -> str:
+    """The name a config file's reader gives the type of `value`."""
+    match value:
+        case bool():
+            return "boolean"
+        case int():
+            return "integer"
+        case float():
+            return "float"
+        case str():
+            return "string"
+        case list() | tuple():
+            return "list"
+        case dict():
+            return "table"
+        case None:
+            return "null"
+    return type(value).__name__
+
+
+Seconds = NewType("Seconds", float)
+"""A positive, finite number of seconds."""
+
+Count = NewType("Count", int)
+"""A whole number >= 0."""
+
+Positive = NewType("Positive", int)
+"""A whole number >= 1."""
+
+Temperature = NewType("Temperature", float)
+"""A sampling temperature, between 0 and 2."""
+
+Text = NewType("Text", str)
+"""A string that is not empty."""
+
+ScriptReply = NewType("ScriptReply", tuple[str, ...])
+"""A scripted reply: one string, or a list of the chunks it is streamed in."""
+
+
+def check_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise Invalid(f"expected a string, got {shown(value)}")
+    return value
+
+
+def check_text(value: Any) -> str:
+    if not check_str(value).strip():
+        raise Invalid("expected some text, got an empty string")
+    return value  # type: ignore[no-any-return]
+
+
+def check_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise Invalid(f"expected true or false, got {shown(value)}")
+    return value
+
+
+def _whole(value: Any, least: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise Invalid(f"expected {what}, got {shown(value)}")
+    return value
+
+
+def check_count(value: Any) -> int:
+    return _whole(value, 0, "a whole number >= 0")
+
+
+def check_positive(value: Any) -> int:
+    return _whole(value, 1, "a whole number >= 1")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def check_seconds(value: Any) -> float:
+    seconds = _number(value)
+    if seconds is None or seconds <= 0:
+        raise Invalid(f"expected a positive number of seconds, got {shown(value)}")
+    return seconds
+
+
+def check_temperature(value: Any) -> float:
+    temperature = _number(value)
+    if temperature is None or not 0 <= temperature <= 2:
+        raise Invalid(f"expected a number between 0 and 2, got {shown(value)}")
+    return temperature
+
+
+def check_reply(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list | tuple) and value and all(isinstance(c, str) for c in value):
+        return tuple(value)
+    raise Invalid(
+        f"expected a reply: a string, or a list of the string chunks it streams in, got"
+        f" {shown(value)}"
+    )
+
+
+def check_pattern(value: Any) -> re.Pattern[str]:
+    """A regular expression, compiled now so that a bad one is reported with its path."""
+    try:
+        return re.compile(check_str(value))
+    except re.error as exc:
+        # The usual cause of a bad escape is TOML's own escaping in "double quotes".
+        hint = (
+            " — in TOML, write regexes in single quotes ('...'), which keep backslashes"
+            if "escape" in str(exc)
+            else ""
+        )
+        raise Invalid(f"invalid regular expression {json.dumps(value)}: {exc}{hint}") from None
+
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+@attrs.frozen
+class Ref:
+    """A ``module:attribute`` reference to a function, imported and checked when loaded.
+
+    Each subclass is one shape of function: the positional arguments it is called with
+    (`ARGUMENTS`) and what it is for (`SHAPE`, shown in errors and in the schema).
+
+    Attributes:
+        text: The reference as written.
+        target: The callable it names.
+    """
+
+    ARGUMENTS: ClassVar[tuple[str, ...]] = ()
+    SHAPE: ClassVar[str] = "a function"
+
+    text: str
+    target: Callable[..., Any] = attrs.field(eq=False, repr=False)
+
+    @classmethod
+    def resolve(cls, value: Any) -> "Ref":
+        """Import what `value` names and check it can be called with `ARGUMENTS`."""
+        text = check_str(value)
+        module_name, colon, attribute = text.partition(":")
+        if not (colon and _DOTTED.fullmatch(module_name) and _DOTTED.fullmatch(attribute)):
+            raise Invalid(
+                f"{json.dumps(text)} is not a reference: expected 'module:attribute', e.g."
+                " 'mypkg.hooks:search_docs'"
+            )
+        target: Any = _import(module_name)
+        for index, part in enumerate(attribute.split(".")):
+            try:
+                target = getattr(target, part)
+            except AttributeError:
+                owner = ".".join([module_name, *attribute.split(".")[:index]])
+                raise Invalid(
+                    f"{owner!r} has no attribute {part!r} (from {json.dumps(text)}) — check the"
+                    " name after the colon"
+                ) from None
+        if not callable(target):
+            raise Invalid(
+                f"{json.dumps(text)} is {type(target).__name__} {_clip(repr(target))}, not"
+                f" callable: expected {cls.SHAPE}"
+            )
+        _check_arguments(text, target, cls.ARGUMENTS, cls.SHAPE)
+        return cls(text, target)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _import(module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise Invalid(
+                f"cannot import {module_name!r}: no such module — check the spelling; a module"
+                " next to the config file, or installed in this environment, is found"
+            ) from None
+        raise Invalid(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # the module's own code failed: say how, keep going
+        raise Invalid(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _check_arguments(
+    text: str, target: Callable[..., Any], arguments: tuple[str, ...], shape: str
+) -> None:
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return  # builtins without a readable signature: the call itself will tell
+    try:
+        signature.bind(*arguments)
+    except TypeError:
+        count = len(arguments)
+        taking = f"{count} positional argument{'s' if count != 1 else ''}"
+        if count:
+            taking += f" ({', '.join(arguments)})"
+        raise Invalid(
+            f"{json.dumps(text)} has the signature {signature}, but is called with {taking}:"
+            f" expected {shape}"
+        ) from None
+
+
+@final
+class HookRef(Ref):
+    """A pre or post hook, or a parallel-group member: ``fn(turn)``."""
+
+    ARGUMENTS = ("turn",)
+    SHAPE = "a hook fn(turn) returning a signal (or, in a parallel group, a list of parts)"
+
+
+@final
+class FactoryRef(Ref):
+    """A stream-transformer factory: called with nothing, returns ``feed``/``flush``."""
+
+    SHAPE = "a transformer factory fn() returning an object with feed(text) and flush()"
+
+
+@final
+class StartRef(Ref):
+    """An ``on_session_start`` hook: ``fn(session_info)``."""
+
+    ARGUMENTS = ("session_info",)
+    SHAPE = "a session start hook fn(session_info) returning cont(scope)"
+
+
+@final
+class EndRef(Ref):
+    """An ``on_session_end`` hook: ``fn(session_info, reason)``."""
+
+    ARGUMENTS = ("session_info", "reason")
+    SHAPE = "a session end hook fn(session_info, reason)"
+
+
+@final
+class TokenizerRef(Ref):
+    """A tokenizer: ``fn(text) -> int``."""
+
+    ARGUMENTS = ("text",)
+    SHAPE = "a tokenizer fn(text) returning a token count"
+
+
+@final
+class CompactRef(Ref):
+    """A history compactor: ``fn(history, target_tokens, tokenizer) -> history``."""
+
+    ARGUMENTS = ("history", "target_tokens", "tokenizer")
+    SHAPE = "a compactor fn(history, target_tokens, tokenizer) returning the history"
+
+
+CHECKS: dict[Any, Callable[[Any], Any]] = {
+    str: check_str,
+    bool: check_bool,
+    Text: check_text,
+    Count: check_count,
+    Positive: check_positive,
+    Seconds: check_seconds,
+    Temperature: check_temperature,
+    ScriptReply: check_reply,
+    re.Pattern: check_pattern,
+}
+"""The check of each value type; `Ref` subclasses check with their `resolve`."""

@@ -1,0 +1,231 @@
+"""`turnplug run` and `turnplug chat`: turns of a config's pipeline from the command line.
+
+Both run their turns in a session over the log ``--log`` names (in memory without it), so
+that a conversation continues from what the log holds. `run` sends one message and prints
+the answer (or, with ``--json``, the result as JSON; with ``--events``, every event as it
+happens). `chat` reads messages line by line and streams each answer; Ctrl-C cancels the
+turn in progress (nothing of it is committed) and Ctrl-D ends the conversation.
+
+Standard output carries answers (and JSON); notes about a turn — a rejection, a halt, a
+cancellation — go to standard error, so that piping the answers somewhere stays clean.
+"""
+
+import json
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TextIO, final
+
+import attrs
+import trio
+
+from pipeline import PipelineError, TurnResult
+from pipeline import events as ev
+from pipeline.logs import Log
+from turns import Text
+from turns.serde import to_dict
+
+from ._demo import _describe, _line
+
+
+@final
+class Console:
+    """Where a command writes: answers to `out`, notes to `err`, flushed as they come."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        self.out = out
+        self.err = err
+
+    def write(self, text: str, end: str = "\n") -> None:
+        self.out.write(text + end)
+        self.out.flush()
+
+    def note(self, text: str) -> None:
+        self.err.write(text + "\n")
+        self.err.flush()
+
+
+# -- run --------------------------------------------------------------------------------------
+
+
+async def run_turn(
+    pipe: Any,
+    message: str,
+    *,
+    log: Log,
+    conversation: str,
+    as_json: bool,
+    show_events: bool,
+    console: Console,
+) -> int:
+    """Send `message` in a session; print the outcome. Returns the exit code."""
+    async with pipe.session(log=log, conversation_id=conversation) as session:
+        if show_events:
+            start = trio.current_time()
+            async with session.stream(message) as events:
+                async for event in events:
+                    if as_json:
+                        console.write(json.dumps(event_json(event), ensure_ascii=False))
+                    else:
+                        described = _describe(event)
+                        if described is not None:
+                            console.write(_line(trio.current_time() - start, *described))
+            result = events.result
+        else:
+            result = await session.send(message)
+    if as_json:
+        console.write(json.dumps(result_json(result, conversation), ensure_ascii=False))
+    else:
+        if result.reply is not None:
+            console.write(result.reply.text)
+        explain(result, console)
+    return 0 if result.outcome == "completed" else 1
+
+
+def explain(result: TurnResult, console: Console) -> None:
+    """A note on a turn that did not complete: who halted it, or why nothing was accepted."""
+    if result.outcome == "halted" and result.halt is not None:
+        console.note(f"turnplug: turn halted by {result.halt.hook!r}: {result.halt.reason}")
+    elif result.outcome == "exhausted":
+        last = result.rejections[-1]
+        console.note(
+            f"turnplug: no acceptable reply: {len(result.rejections)} attempts rejected, the"
+            f" last by {last.hook!r}: {last.feedback}"
+        )
+
+
+def result_json(result: TurnResult, conversation: str) -> dict[str, Any]:
+    """The result of a turn as `run --json` prints it."""
+    reply = result.reply
+    return {
+        "outcome": result.outcome,
+        "reply": None if reply is None else reply.text,
+        "conversation": conversation,
+        "turn_ref": result.turn.turn_ref,
+        "halt": None
+        if result.halt is None
+        else {"hook": result.halt.hook, "reason": result.halt.reason},
+        "rejections": [
+            {"attempt": r.attempt, "hook": r.hook, "feedback": r.feedback, "text": r.text}
+            for r in result.rejections
+        ],
+        "injections": [
+            {
+                "source": injection.source,
+                "stage": injection.stage,
+                "durable": injection.durable,
+                "text": " ".join(p.text for p in injection.parts if isinstance(p, Text)),
+            }
+            for injection in result.turn.injections
+        ],
+        "usage": None if reply is None else to_dict(reply.usage),
+        "committed": len(result.log_messages),
+    }
+
+
+def event_json(event: ev.Event) -> dict[str, Any]:
+    """An event as one JSON object: its type under ``"event"``, then its fields."""
+    return {"event": type(event).__name__} | {
+        field.name: _plain(getattr(event, field.name)) for field in attrs.fields(type(event))
+    }
+
+
+def _plain(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return to_dict(value)
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    return value
+
+
+# -- chat -------------------------------------------------------------------------------------
+
+
+async def chat(
+    pipe: Any,
+    *,
+    log: Log,
+    conversation: str,
+    read_line: Callable[[], Awaitable[str]],
+    console: Console,
+    prompt: str = "",
+) -> int:
+    """Answer each line `read_line` returns until it returns ``""`` (end of input).
+
+    SIGINT (Ctrl-C) cancels the turn in progress; between turns it only reminds how to
+    leave. Returns the exit code: 0, as leaving a conversation is not a failure.
+    """
+    turn: list[trio.CancelScope] = []  # the scope of the turn in progress, if any
+
+    async def watch(signals: Any) -> None:
+        async for _ in signals:
+            if turn:
+                turn[0].cancel()
+            else:
+                console.note("\n(Ctrl-D ends the conversation)")
+                if prompt:
+                    console.write(prompt, end="")
+
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with (
+            pipe.session(log=log, conversation_id=conversation) as session,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(watch, signals)
+            while True:
+                if prompt:
+                    console.write(prompt, end="")
+                line = await read_line()
+                if not line:
+                    if prompt:
+                        console.write("")
+                    break
+                message = line.strip()
+                if not message:
+                    continue
+                with trio.CancelScope() as scope:
+                    turn.append(scope)
+                    try:
+                        await _chat_turn(session, message, console)
+                    except PipelineError as exc:
+                        console.write("")
+                        console.note(f"turnplug: error: {type(exc).__name__}: {exc}")
+                    finally:
+                        turn.clear()
+                if scope.cancelled_caught:
+                    console.write("")
+                    console.note("(turn cancelled: nothing was committed)")
+            nursery.cancel_scope.cancel()
+    return 0
+
+
+async def _chat_turn(session: Any, message: str, console: Console) -> None:
+    shown: dict[int, str] = {}
+    async with session.stream(message) as events:
+        async for event in events:
+            match event:
+                case ev.TextDelta(text=text, attempt=attempt):
+                    shown[attempt] = shown.get(attempt, "") + text
+                    console.write(text, end="")
+                case ev.AttemptRejected(attempt=attempt, hook=hook, feedback=feedback):
+                    if attempt in shown:
+                        console.write("")
+                    console.note(f"(attempt {attempt} rejected by {hook!r}: {feedback})")
+    result = events.result
+    reply = result.reply
+    said = shown.get(reply.attempt, "") if reply is not None else ""
+    if said:
+        console.write("")
+    if reply is not None and reply.text != said:
+        # A halt's substitute answer, or a reply a post hook changed after it streamed.
+        if said:
+            console.note("(the reply was changed after it streamed; as committed:)")
+        console.write(reply.text)
+    explain(result, console)
+
+
+async def read_stdin() -> str:
+    """One line of standard input, read in a worker thread; ``""`` at end of input."""
+    return await trio.to_thread.run_sync(sys.stdin.readline)

@@ -1,0 +1,535 @@
+"""Declarative pipelines: a TOML or JSON file, or a dict, to a `Pipeline`.
+
+``load_pipeline("assistant.toml")`` reads the file, checks every value (unknown keys,
+types, regexes compiled, ``module:attribute`` references imported and their signatures
+checked, API keys present), builds each entry and returns the `Pipeline`. Every problem is
+reported at once, in one `ConfigError` whose lines carry the file name and the path of the
+value (``pre[2].ref``). ``config_schema()`` is the JSON Schema of the same format, written
+from the same definitions. The format is described in ``docs/config.md``.
+
+This is the one module of `hooks` that uses cattrs (its converter is private): entry lists
+are tagged unions on ``kind``, the model table one on ``provider``.
+"""
+
+import difflib
+import functools
+import json
+import operator
+import os
+import re
+import sys
+import tomllib
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, Union, final, get_args, get_origin
+
+import attrs
+import cattrs
+from cattrs.errors import (
+    ClassValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationError,
+    IterableValidationNote,
+)
+from cattrs.gen import make_dict_structure_fn, override
+from cattrs.strategies import configure_tagged_union
+
+from pipeline import ConfigError, Pipeline
+from pipeline.providers import model_from_string
+
+from ._config_types import CHECKS, Invalid, Ref, shown
+from ._kinds import STAGE_LISTS, TAGGED, Config, Env
+from ._schema import schema_of
+
+__all__ = ["config_schema", "load_pipeline", "pipeline_from_dict"]
+
+_Problem = tuple[str, str]
+"""The path of a value (``pre[2].ref``; ``""`` for the whole file) and what is wrong."""
+
+
+def _members(union: Any) -> tuple[type, ...]:
+    return get_args(union) or (union,)
+
+
+def _tag_of(cls: type, tag: str) -> str:
+    """A record's tag: its ``KIND`` (tag ``kind``) or ``PROVIDER`` (tag ``provider``)."""
+    return str(getattr(cls, tag.upper()))
+
+
+# -- the converter ----------------------------------------------------------------------------
+
+
+def _is_pattern(kind: Any) -> bool:
+    return kind is re.Pattern or get_origin(kind) is re.Pattern
+
+
+def _is_ref(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, Ref)
+
+
+def _is_literal(kind: Any) -> bool:
+    return get_origin(kind) is Literal
+
+
+def _is_list(kind: Any) -> bool:
+    return get_origin(kind) is tuple and get_args(kind)[1:] == (...,)
+
+
+def _is_table(kind: Any) -> bool:
+    return attrs.has(kind) and not _is_ref(kind)
+
+
+def _checked(check: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    return lambda value, _kind: check(value)
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    for kind, check in CHECKS.items():
+        # Direct registrations replace cattrs' own primitives, which convert ("3" to 3): a
+        # config value must already have the type its key expects.
+        if kind is re.Pattern:
+            converter.register_structure_hook_func(_is_pattern, _checked(check))
+        else:
+            converter.register_structure_hook(kind, _checked(check))
+    converter.register_structure_hook_func(_is_ref, lambda value, kind: kind.resolve(value))
+    converter.register_structure_hook_func(_is_literal, _literal)
+    converter.register_structure_hook_func(
+        _is_list, lambda value, kind: _list(converter, value, get_args(kind)[0])
+    )
+    converter.register_structure_hook_func(
+        _is_optional, lambda value, kind: _optional(converter, value, kind)
+    )
+    converter.register_structure_hook_factory(_is_table, lambda cls: _table(converter, cls))
+    for union, tag in TAGGED:
+        _configure_entries(converter, union, tag)
+    return converter
+
+
+def _is_optional(kind: Any) -> bool:
+    return get_origin(kind) in (Union, UnionType) and type(None) in get_args(kind)
+
+
+def _optional(converter: cattrs.Converter, value: Any, kind: Any) -> Any:
+    """``X | None``: absent in TOML, ``null`` in JSON; otherwise an ``X`` (a union too)."""
+    if value is None:
+        return None
+    rest = [arg for arg in get_args(kind) if arg is not type(None)]
+    return converter.structure(value, functools.reduce(operator.or_, rest))
+
+
+def _literal(value: Any, kind: Any) -> Any:
+    allowed = get_args(kind)
+    if isinstance(value, bool) or value not in allowed:
+        choices = ", ".join(json.dumps(choice) for choice in allowed)
+        raise Invalid(f"expected one of {choices}, got {shown(value)}")
+    return value
+
+
+def _list(converter: cattrs.Converter, value: Any, item: Any) -> tuple[Any, ...]:
+    """A list whose every item is checked, all problems kept (strings are not lists)."""
+    if not isinstance(value, list | tuple):
+        raise Invalid(f"expected a list, got {shown(value)}")
+    items: list[Any] = []
+    errors: list[Exception] = []
+    for index, element in enumerate(value):
+        try:
+            items.append(converter.structure(element, item))
+        except Exception as exc:
+            exc.__notes__ = [
+                *getattr(exc, "__notes__", []),
+                IterableValidationNote("", index, item),
+            ]
+            errors.append(exc)
+    if errors:
+        raise IterableValidationError("invalid list items", errors, tuple)
+    return tuple(items)
+
+
+def _table(converter: cattrs.Converter, cls: type) -> Callable[[Any, Any], Any]:
+    """Structure a table into `cls`: keys renamed as its fields say, unknown keys refused."""
+    renames = {
+        field.name: override(rename=field.metadata["key"])
+        for field in attrs.fields(cls)
+        if "key" in field.metadata
+    }
+    make: Any = make_dict_structure_fn
+    plain: Callable[[Any, Any], Any] = make(
+        cls, converter, _cattrs_forbid_extra_keys=True, **renames
+    )
+
+    def structure(value: Any, _t: Any) -> Any:
+        if not isinstance(value, dict):
+            raise Invalid(f"expected a table, got {shown(value)}")
+        return plain(value, cls)
+
+    return structure
+
+
+def _configure_entries(converter: cattrs.Converter, union: Any, tag: str) -> None:
+    """Entries of one list: a tagged union on `tag`, with the tag checked first."""
+    members = _members(union)
+    by_tag = {_tag_of(cls, tag): cls for cls in members}
+    if len(members) > 1:
+        configure_tagged_union(
+            union, converter, tag_generator=lambda cls: _tag_of(cls, tag), tag_name=tag
+        )
+        tagged = converter.get_structure_hook(union)
+    else:
+        (only,) = members
+        plain = converter.get_structure_hook(only)
+
+        def tagged(value: Any, _t: Any) -> Any:
+            return plain({k: v for k, v in value.items() if k != tag}, only)
+
+    def structure(value: Any, _t: Any) -> Any:
+        choices = ", ".join(json.dumps(name) for name in sorted(by_tag))
+        if not isinstance(value, dict):
+            raise Invalid(f"expected a table with a {tag} ({choices}), got {shown(value)}")
+        if tag not in value:
+            raise Invalid(f"required: one of {choices}", key=tag)
+        given = value[tag]
+        if not isinstance(given, str) or given not in by_tag:
+            raise Invalid(_unknown_tag(tag, given, by_tag, choices), key=tag)
+        return tagged(value, union)
+
+    converter.register_structure_hook(union, structure)
+
+
+def _unknown_tag(tag: str, given: Any, known: Mapping[str, type], choices: str) -> str:
+    if not isinstance(given, str):
+        return f"expected one of {choices}, got {shown(given)}"
+    elsewhere = [stage for stage, kinds in _KINDS_BY_STAGE.items() if given in kinds]
+    if tag == "kind" and elsewhere:
+        lists = " or ".join(elsewhere)
+        return (
+            f"kind {json.dumps(given)} cannot stand here (expected one of {choices}); it goes"
+            f" in {lists}"
+        )
+    close = difflib.get_close_matches(given, known, n=1)
+    hint = f" — did you mean {json.dumps(close[0])}?" if close else ""
+    return f"unknown {tag} {json.dumps(given)}{hint} (expected one of {choices})"
+
+
+_KINDS_BY_STAGE: dict[str, frozenset[str]] = {
+    stage: frozenset(
+        _tag_of(cls, "kind") for cls in _members(get_args(typing.get_type_hints(Config)[stage])[0])
+    )
+    for stage in STAGE_LISTS
+}
+"""The kinds each list of a config accepts, to say where a misplaced entry belongs."""
+
+_converter = _make_converter()
+
+
+# -- problems, with their paths ---------------------------------------------------------------
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _key_of(cls: type, name: str) -> str:
+    for field in attrs.fields(cls):
+        if field.name == name:
+            return str(field.metadata.get("key", name))
+    return name
+
+
+def _keys(cls: type) -> list[str]:
+    keys = [_key_of(cls, field.name) for field in attrs.fields(cls)]
+    return [key for key in keys if not key.startswith("$")]
+
+
+def _problems(exc: BaseException, path: str) -> Iterator[_Problem]:
+    """Every problem in a structuring failure, with the path of its value."""
+    if isinstance(exc, ClassValidationError):
+        noted, others = exc.group_exceptions()
+        for error, note in noted:
+            yield from _problems(error, _join(path, _key_of(exc.cl, note.name)))
+        for error in others:
+            if isinstance(error, ForbiddenExtraKeysError):
+                allowed = _keys(error.cl)
+                for key in sorted(error.extra_fields):
+                    yield _join(path, key), _unknown_key(key, allowed, error.cl)
+            else:
+                yield from _problems(error, path)
+    elif isinstance(exc, IterableValidationError):
+        for error, inote in exc.group_exceptions()[0]:
+            yield from _problems(error, _join(path, inote.index))
+    elif isinstance(exc, Invalid):
+        yield (_join(path, exc.key) if exc.key else path), str(exc)
+    elif type(exc) is KeyError:
+        # cattrs reports a missing key as the KeyError of its lookup; no check of ours
+        # raises one.
+        yield path, "required"
+    else:
+        yield path, f"{type(exc).__name__}: {exc}"
+
+
+def _unknown_key(key: str, allowed: list[str], cls: type) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f" (did you mean {json.dumps(close[0])}?)" if close else ""
+    tag = getattr(cls, "KIND", None) or getattr(cls, "PROVIDER", None)
+    owner = f"{json.dumps(tag)} accepts" if tag else "expected one of"
+    return f"unknown key{hint}; {owner}: {', '.join(allowed)}"
+
+
+def _order(data: Any, path: str) -> tuple[int, ...]:
+    """Where the value at `path` stands in the file, for listing problems in file order."""
+    order: list[int] = []
+    node = data
+    for token in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        if token.startswith("["):
+            index = int(token[1:-1])
+            order.append(index)
+            node = node[index] if isinstance(node, list) and index < len(node) else None
+        elif isinstance(node, dict):
+            keys = list(node)
+            order.append(keys.index(token) if token in node else len(keys))
+            node = node.get(token)
+        else:
+            order.append(0)
+    return tuple(order)
+
+
+# -- building ---------------------------------------------------------------------------------
+
+
+@final
+@attrs.frozen
+class _Loaded:
+    """A config read and built: what `turnplug check` shows.
+
+    Attributes:
+        source: Where the config came from (a file name, or ``"<dict>"``).
+        config: The checked entries.
+        pipeline: The pipeline they build.
+    """
+
+    source: str
+    config: Config
+    pipeline: Pipeline
+
+
+def _salvage(data: Mapping[str, Any]) -> tuple[Config, dict[str, list[int]]]:
+    """The parts of a failing config that are valid on their own, to build and check them.
+
+    So that a file with a structural mistake also reports what building the rest would
+    find (an API key that is not set, a pattern that matches the empty string). Returns the
+    config and, per list, the positions in the file of the entries kept.
+    """
+    kept: dict[str, Any] = {}
+    positions: dict[str, list[int]] = {}
+    hints = typing.get_type_hints(Config)
+    for field in attrs.fields(Config):
+        key = _key_of(Config, field.name)
+        if key not in data:
+            continue
+        if field.name in STAGE_LISTS and isinstance(data[key], list):
+            entries = []
+            positions[field.name] = []
+            for index, raw in enumerate(data[key]):
+                try:
+                    entries.append(_converter.structure(raw, get_args(hints[field.name])[0]))
+                except Exception:  # already reported
+                    continue
+                positions[field.name].append(index)
+            kept[field.name] = tuple(entries)
+            continue
+        try:
+            kept[field.name] = _converter.structure(data[key], hints[field.name])
+        except Exception:  # already reported
+            continue
+    return Config(**kept), positions
+
+
+def _build(
+    config: Config, positions: Mapping[str, list[int]], env: Env
+) -> tuple[dict[str, Any], list[_Problem]]:
+    """Build every entry; the keyword arguments of `Pipeline` and the problems met."""
+    problems: list[_Problem] = []
+
+    def attempt(path: str, build: Callable[[Env], Any]) -> Any:
+        try:
+            return build(env)
+        except Invalid as exc:
+            problems.append((_join(path, exc.key) if exc.key else path, str(exc)))
+        except ConfigError as exc:
+            problems.append((path, str(exc)))
+        return None
+
+    built: dict[str, Any] = {}
+    for stage in STAGE_LISTS:
+        entries = getattr(config, stage)
+        where = positions.get(stage, range(len(entries)))
+        built[stage] = [
+            attempt(f"{stage}[{index}]", entry.build)
+            for index, entry in zip(where, entries, strict=True)
+        ]
+    names: dict[str, int] = {}
+    for index, factory in zip(
+        positions.get("transformers", range(len(config.transformers))),
+        built["transformers"],
+        strict=True,
+    ):
+        name = getattr(factory, "name", None)
+        if isinstance(name, str) and name in names:
+            problems.append(
+                (
+                    f"transformers[{index}].name",
+                    f"{json.dumps(name)} is also the name of transformers[{names[name]}]; their"
+                    " annotations would overwrite each other — give one another name",
+                )
+            )
+        elif isinstance(name, str):
+            names[name] = index
+    if config.model is not None:
+        built["model"] = attempt("model", config.model.build)
+    if config.budget is not None:
+        built["budget"] = attempt("budget", config.budget.build)
+    for key in ("tokenizer", "compact"):
+        ref = getattr(config, key)
+        if ref is not None:
+            built[key] = ref.target
+    return built, problems
+
+
+def _resolve(data: Any, source: str, environ: Mapping[str, str] | None) -> _Loaded:
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: expected a table of settings at the top level, got {shown(data)}",
+            source=source,
+            problems=(("", f"expected a table of settings at the top level, got {shown(data)}"),),
+        )
+    problems: list[_Problem] = []
+    positions: dict[str, list[int]] = {}
+    try:
+        config = _converter.structure(data, Config)
+    except Exception as exc:
+        problems.extend(_problems(exc, ""))
+        config, positions = _salvage(data)
+    built, more = _build(config, positions, Env(os.environ if environ is None else environ))
+    problems.extend(more)
+    if not problems:
+        if config.model is None:
+            built["model"] = model_from_string("scripted")
+        try:
+            pipeline = Pipeline(
+                system=config.system,
+                max_regenerations=config.max_regenerations,
+                hold_until_accepted=config.hold_until_accepted,
+                **built,
+            )
+        except ConfigError as exc:
+            problems.append(("", str(exc)))
+        else:
+            return _Loaded(source, config, pipeline)
+    problems.sort(key=lambda problem: _order(data, problem[0]))
+    raise _error(source, problems)
+
+
+def _error(source: str, problems: list[_Problem]) -> ConfigError:
+    lines = [f"{path}: {message}" if path else message for path, message in problems]
+    if len(lines) == 1:
+        message = f"{source}: {lines[0]}"
+    else:
+        message = "\n  ".join([f"{source}: {len(lines)} problems", *lines])
+    return ConfigError(message, source=source, problems=tuple(problems))
+
+
+# -- reading files ----------------------------------------------------------------------------
+
+
+def _read(path: Path) -> Any:
+    source = str(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".toml", ".json"):
+        raise ConfigError(
+            f"{source}: unknown config format {suffix or '(no extension)'!r} — expected a"
+            " .toml or .json file",
+            source=source,
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file", source=source) from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source}: is a directory, not a config file", source=source) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: cannot read it: {exc}", source=source) from exc
+    try:
+        return tomllib.loads(text) if suffix == ".toml" else json.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: TOML syntax error: {exc}", source=source) from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{source}: JSON syntax error: {exc.msg} (at line {exc.lineno}, column {exc.colno})",
+            source=source,
+        ) from exc
+
+
+def _load(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> _Loaded:
+    """Read, check and build the config at `path` (see `load_pipeline`)."""
+    path = Path(path)
+    data = _read(path)
+    # References resolve next to the config file first, as a script's imports resolve next
+    # to the script: `ref = "assistant_hooks:search"` finds assistant_hooks.py beside it.
+    directory = str(path.resolve().parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    return _resolve(data, str(path), environ)
+
+
+def load_pipeline(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+) -> Pipeline:
+    """The pipeline a TOML (``.toml``) or JSON (``.json``) config file declares.
+
+    The file's directory is put at the front of ``sys.path`` (as Python does for a script),
+    so ``ref = "my_hooks:search"`` finds ``my_hooks.py`` next to the file. Without a
+    ``[model]`` table the pipeline uses the offline scripted model.
+
+    Args:
+        path: The config file.
+        environ: Where API keys are read; defaults to ``os.environ``.
+
+    Raises:
+        ConfigError: The file is missing or malformed, or any value in it is wrong. The
+            message lists every problem, each with the file name and its path
+            (``pre[2].ref: ...``); ``.problems`` holds them as ``(path, message)`` pairs.
+    """
+    return _load(path, environ).pipeline
+
+
+def pipeline_from_dict(
+    data: Mapping[str, Any],
+    *,
+    source: str = "<dict>",
+    environ: Mapping[str, str] | None = None,
+) -> Pipeline:
+    """The pipeline a config already read into a dict declares (see `load_pipeline`).
+
+    Args:
+        data: The config, as `tomllib` or `json` would read it.
+        source: The name problems are reported under.
+        environ: Where API keys are read; defaults to ``os.environ``.
+
+    Raises:
+        ConfigError: Any value is wrong; the message lists every problem with its path.
+    """
+    return _resolve(dict(data) if isinstance(data, Mapping) else data, source, environ).pipeline
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema of the config format, for editors and other validators.
+
+    It is written from the same definitions the loader checks against. What only loading
+    can check (that a reference imports, that a regex compiles, that a key is set) is
+    described in the schema but not enforced by it.
+    """
+    return schema_of(Config, TAGGED)

@@ -1,0 +1,254 @@
+"""`turnplug check`: the resolved pipeline, and every way a config can be wrong, as a user
+meets it on the command line (exit 2, one clear line, no traceback)."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.hooks.cli_support import environment, turnplug, write_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FULL = """
+    system = "You are a shop assistant."
+    max_regenerations = 3
+    hold_until_accepted = true
+
+    [model]
+    provider = "openai"
+    name = "gpt-4o-mini"
+    temperature = 0.2
+
+    [budget]
+    context_tokens = 8000
+    injection_reserve = 1000
+
+    [[pre]]
+    kind = "static"
+    name = "rules"
+    text = "Answer in English."
+
+    [[pre]]
+    kind = "parallel"
+    name = "retrieval"
+    hooks = [
+      { kind = "python", ref = "shop_hooks:faq", timeout = 1.5, on_error = "skip" },
+      { kind = "static", text = "[note]", durable = true, name = "note" },
+    ]
+
+    [[transformers]]
+    kind = "redact"
+    name = "redact_digits"
+    patterns = ['\\d{6,}']
+
+    [[post]]
+    kind = "python"
+    ref = "shop_hooks:never_happy"
+    shadow = true
+
+    [[post]]
+    kind = "python"
+    ref = "shop_hooks:gate"
+    name = "summary"
+    background = true
+"""
+
+
+def _check(path: Path) -> list[str]:
+    done = turnplug("check", path, env=environment(OPENAI_API_KEY="sk-test"))
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    return done.stdout.splitlines()
+
+
+def _row(lines: list[str], path: str) -> list[str]:
+    (line,) = [line for line in lines if line.split() and line.split()[0] == path]
+    return line.split()
+
+
+def test_check_lists_every_stage_in_the_order_a_turn_meets_them(tmp_path: Path) -> None:
+    lines = _check(write_config(tmp_path, FULL))
+    titles = [line.split(". ", 1)[1] for line in lines if line[:1].isdigit()]
+    assert [title.split(",")[0] for title in titles] == [
+        "pre hooks",
+        "budget check",
+        "model call",
+        "stream transformers",
+        "post hooks",
+        "background post hooks",
+        "on session start",
+        "on session end",
+    ]
+
+
+def test_check_shows_each_hook_with_its_durability_timeout_and_error_policy(
+    tmp_path: Path,
+) -> None:
+    lines = _check(write_config(tmp_path, FULL))
+    assert _row(lines, "pre[0]") == [
+        "pre[0]",
+        "rules",
+        "static",
+        "transient",
+        "no",
+        "timeout",
+        "on_error",
+        "halt",
+    ]
+    faq = _row(lines, "pre[1].hooks[0]")
+    assert faq[1:7] == ["faq", "python", "transient", "timeout", "1.5s", "on_error"]
+    assert faq[7:] == ["skip", "shop_hooks:faq"]
+    note = _row(lines, "pre[1].hooks[1]")
+    assert note[1:4] == ["note", "static", "durable"]
+    assert "shadow" in " ".join(_row(lines, "post[0]"))
+    background = _row(lines, "post[1]")
+    assert background[1] == "summary"
+    assert "background" in background
+
+    # The background hook is listed after the commit, apart from the ordered post hooks.
+    def where(start: str) -> int:
+        (index,) = [i for i, line in enumerate(lines) if line.split()[:1] == [start]]
+        return index
+
+    ordered = next(i for i, line in enumerate(lines) if "post hooks, in order" in line)
+    after = next(i for i, line in enumerate(lines) if "background post hooks" in line)
+    assert ordered < where("post[0]") < after < where("post[1]")
+
+
+def test_check_shows_the_model_and_the_bounds(tmp_path: Path) -> None:
+    text = "\n".join(_check(write_config(tmp_path, FULL)))
+    assert "openai gpt-4o-mini" in text
+    assert "key from OPENAI_API_KEY" in text
+    assert "temperature 0.2" in text
+    assert "max_regenerations 3" in text
+    assert "hold_until_accepted true" in text
+    assert "context_tokens 8000, injection_reserve 1000" in text
+    assert "sk-test" not in text
+
+
+def test_check_of_the_example_passes() -> None:
+    done = turnplug("check", "examples/assistant.toml", cwd=ROOT)
+    assert done.returncode == 0
+    assert "assistant_hooks:no_guarantees" in done.stdout
+
+
+# -- every way a config can be wrong ----------------------------------------------------------
+
+ERRORS = {
+    "TOML syntax error": ("system = \n", "", "TOML syntax error"),
+    "unknown key": ('sytem = "x"\n', "sytem", '"system"'),
+    "wrong type": ('[[pre]]\nkind = "static"\ntext = 3\n', "pre[0].text", "string"),
+    "bad regex": (
+        '[[transformers]]\nkind = "redact"\npatterns = ["a(b"]\n',
+        "transformers[0].patterns[0]",
+        "a(b",
+    ),
+    "unimportable ref": (
+        '[[pre]]\nkind = "python"\nref = "shop_hookz:faq"\n',
+        "pre[0].ref",
+        "shop_hookz",
+    ),
+    "ref not callable": (
+        '[[post]]\nkind = "python"\nref = "shop_hooks:NOT_CALLABLE"\n',
+        "post[0].ref",
+        "not callable",
+    ),
+    "ref with wrong arity": (
+        '[[pre]]\nkind = "python"\nref = "shop_hooks:two_arguments"\n',
+        "pre[0].ref",
+        "(turn, extra)",
+    ),
+    "unknown kind": ('[[pre]]\nkind = "guardrial"\n', "pre[0].kind", "guardrial"),
+    "bad model provider": ('[model]\nprovider = "gemini"\n', "model.provider", "gemini"),
+    "missing API key": (
+        '[model]\nprovider = "openai"\nname = "gpt-4o-mini"\n',
+        "model.api_key_env",
+        "OPENAI_API_KEY",
+    ),
+}
+
+
+# Every command loads its config the same way: all cases through check and run, a few
+# through chat.
+COMMAND_CASES = [
+    *((command, case) for case in sorted(ERRORS) for command in ("check", "run")),
+    ("chat", "unknown kind"),
+    ("chat", "missing API key"),
+]
+
+
+@pytest.mark.parametrize(("command", "case"), COMMAND_CASES)
+def test_a_bad_config_is_one_clear_line_and_exit_2(tmp_path: Path, command: str, case: str) -> None:
+    text, path, culprit = ERRORS[case]
+    config = write_config(tmp_path, text)
+    args = ["run", config, "hi"] if command == "run" else [command, config]
+    done = turnplug(*args)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"turnplug: error: ConfigError: {config}: {path}")
+    assert culprit in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_missing_file_is_one_clear_line_and_exit_2(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "absent.toml"
+    done = turnplug(*(["run", missing, "hi"] if command == "run" else [command, missing]))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"turnplug: error: ConfigError: {missing}: no such file\n"
+
+
+def test_a_config_with_ten_errors_reports_all_ten(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        """
+        sytem = "x"
+        max_regenerations = -1
+        hold_until_accepted = "yes"
+
+        [model]
+        provider = "openai"
+        name = "gpt-4o-mini"
+        temperature = 9
+
+        [[pre]]
+        kind = "statc"
+        text = "x"
+
+        [[pre]]
+        kind = "python"
+        ref = "shop_hooks:two_arguments"
+        timeout = 0
+
+        [[transformers]]
+        kind = "redact"
+        patterns = ["("]
+
+        [[post]]
+        kind = "python"
+        ref = "shop_hooks:NOT_CALLABLE"
+        on_error = "ignore"
+        """,
+    )
+    done = turnplug("check", config)
+    assert done.returncode == 2
+    header, *problems = done.stderr.splitlines()
+    assert header == f"turnplug: error: ConfigError: {config}: 10 problems"
+    assert [line.split(":")[0].strip() for line in problems] == [
+        "sytem",
+        "max_regenerations",
+        "hold_until_accepted",
+        "model.temperature",
+        "pre[0].kind",
+        "pre[1].ref",
+        "pre[1].timeout",
+        "transformers[0].patterns[0]",
+        "post[0].ref",
+        "post[0].on_error",
+    ]
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    done = turnplug("check", tmp_path / "absent.toml", "--debug")
+    assert done.returncode == 1
+    assert "Traceback" in done.stderr
+    assert "ConfigError" in done.stderr

@@ -1,0 +1,366 @@
+"""`hooks.config`: loading a config checks every value and reports every problem at once."""
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hooks.config import load_pipeline, pipeline_from_dict
+from pipeline import ConfigError, Hook, Parallel
+from pipeline.testing import ScriptedModel
+from tests.hooks import config_support as support
+from tests.hooks.config_support import FAULTS, Fault, broken, ref, valid
+
+
+def _problems(data: Any, **options: Any) -> tuple[tuple[str, str], ...]:
+    with pytest.raises(ConfigError) as caught:
+        pipeline_from_dict(data, **options)
+    return caught.value.problems
+
+
+def test_the_valid_config_builds_every_entry_in_order() -> None:
+    pipe = pipeline_from_dict(valid())
+    assert [type(entry).__name__ for entry in pipe.pre] == ["Hook", "Parallel", "Hook", "Hook"]
+    assert [entry.name for entry in pipe.pre] == [
+        "static",
+        "parallel(member, static)",
+        "hook",
+        "second",
+    ]
+    assert [getattr(t, "name", None) for t in pipe.transformers] == [
+        "redact",
+        "upper",
+        "redact_secret",
+    ]
+    assert [(h.name, h.background) for h in pipe.post] == [("check", False), ("later", True)]
+    assert pipe.on_session_start[0].fn is support.start
+    assert pipe.on_session_end[0].fn is support.end
+    assert (pipe.system, pipe.max_regenerations, pipe.hold_until_accepted) == (
+        "Be brief.",
+        1,
+        False,
+    )
+    assert (pipe.budget.context_tokens, pipe.budget.injection_reserve) == (4000, 400)
+
+
+def test_common_keys_reach_the_hook() -> None:
+    data = {
+        "pre": [
+            {
+                "kind": "python",
+                "ref": ref("hook"),
+                "name": "lookup",
+                "timeout": 2.5,
+                "on_error": "skip",
+                "shadow": True,
+                "durable": True,
+            }
+        ]
+    }
+    (entry,) = pipeline_from_dict(data).pre
+    assert isinstance(entry, Hook)
+    assert (entry.name, entry.timeout, entry.on_error, entry.shadow, entry.durable) == (
+        "lookup",
+        2.5,
+        "skip",
+        True,
+        True,
+    )
+    assert entry.fn is support.hook
+
+
+def test_unset_common_keys_keep_the_defaults() -> None:
+    (entry,) = pipeline_from_dict({"pre": [{"kind": "python", "ref": ref("hook")}]}).pre
+    assert isinstance(entry, Hook)
+    assert (entry.name, entry.timeout, entry.on_error, entry.shadow, entry.durable) == (
+        "hook",
+        None,
+        "halt",
+        False,
+        False,
+    )
+
+
+def test_parallel_members_take_the_common_keys() -> None:
+    data = {
+        "pre": [
+            {
+                "kind": "parallel",
+                "name": "retrieval",
+                "hooks": [
+                    {"kind": "python", "ref": ref("member"), "timeout": 3, "durable": True},
+                    {"kind": "static", "text": "x", "name": "note", "on_error": "skip"},
+                ],
+            }
+        ]
+    }
+    (group,) = pipeline_from_dict(data).pre
+    assert isinstance(group, Parallel)
+    assert group.name == "retrieval"
+    assert [(m.name, m.timeout, m.durable, m.on_error) for m in group.members] == [
+        ("member", 3.0, True, "halt"),
+        ("note", None, False, "skip"),
+    ]
+
+
+def test_without_a_model_table_the_offline_scripted_model_answers() -> None:
+    assert isinstance(pipeline_from_dict({}).model, ScriptedModel)
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda fault: fault.path)
+def test_each_fault_is_reported_under_its_path(fault: Fault) -> None:
+    problems = _problems(broken(fault))
+    assert [path for path, _ in problems] == [fault.path]
+
+
+@given(st.sets(st.sampled_from(FAULTS), min_size=1))
+def test_any_set_of_faults_is_reported_whole(faults: set[Fault]) -> None:
+    # However many mistakes a config holds, each is reported, once, and nothing else is.
+    problems = _problems(broken(*faults))
+    assert sorted(path for path, _ in problems) == sorted(fault.path for fault in faults)
+
+
+def test_ten_problems_are_reported_in_one_error_in_file_order() -> None:
+    chosen = FAULTS[:10]
+    with pytest.raises(ConfigError) as caught:
+        pipeline_from_dict(broken(*chosen), source="assistant.toml")
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "assistant.toml: 10 problems"
+    # "sytem" is a key added after all the others, so it comes last in the file.
+    in_file = [f.path for f in chosen[1:]] + ["sytem"]
+    assert chosen[0].path == "sytem"
+    assert [line.strip().split(": ", 1)[0] for line in lines[1:]] == in_file
+    assert caught.value.source == "assistant.toml"
+
+
+def test_one_problem_is_one_line_with_the_source_and_the_path() -> None:
+    (fault,) = [fault for fault in FAULTS if fault.path == "pre[2].timeout"]
+    with pytest.raises(ConfigError) as caught:
+        pipeline_from_dict(broken(fault), source="assistant.toml")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("assistant.toml: pre[2].timeout: ")
+    assert "positive number of seconds" in message
+    assert "0" in message
+
+
+def _message(data: Any) -> str:
+    (problem,) = _problems(data)
+    return problem[1]
+
+
+def test_an_unknown_key_suggests_the_close_one_and_lists_those_accepted() -> None:
+    message = _message({"pre": [{"kind": "python", "ref": ref("hook"), "timout": 1}]})
+    assert '"timeout"' in message
+    for key in ("name", "timeout", "on_error", "shadow", "durable", "ref"):
+        assert key in message
+
+
+def test_an_unknown_kind_lists_the_kinds_of_that_list() -> None:
+    message = _message({"pre": [{"kind": "guardrial"}]})
+    assert '"guardrial"' in message
+    for kind in ("parallel", "python", "static"):
+        assert f'"{kind}"' in message
+
+
+def test_a_kind_in_the_wrong_list_says_where_it_belongs() -> None:
+    message = _message({"post": [{"kind": "redact", "patterns": ["x"]}]})
+    assert "transformers" in message
+
+
+def test_an_entry_without_a_kind_is_reported_at_its_kind() -> None:
+    assert _problems({"post": [{"ref": ref("hook")}]})[0][0] == "post[0].kind"
+
+
+def test_an_entry_that_is_not_a_table_is_reported() -> None:
+    ((path, message),) = _problems({"pre": ["hook"]})
+    assert path == "pre[0]"
+    assert '"hook" (string)' in message
+
+
+def test_a_string_where_a_list_belongs_is_not_read_as_a_list_of_characters() -> None:
+    ((path, message),) = _problems({"transformers": [{"kind": "redact", "patterns": "abc"}]})
+    assert path == "transformers[0].patterns"
+    assert "list" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("system", 3, "string"),
+        ("max_regenerations", "2", "whole number"),
+        ("max_regenerations", 1.5, "whole number"),
+        ("max_regenerations", True, "whole number"),
+        ("hold_until_accepted", 1, "true or false"),
+    ],
+)
+def test_values_of_the_wrong_type_are_not_converted(key: str, value: Any, expected: str) -> None:
+    ((path, message),) = _problems({key: value})
+    assert path == key
+    assert expected in message
+
+
+def test_a_bad_regex_is_reported_with_the_regex_compilers_reason() -> None:
+    message = _message({"transformers": [{"kind": "redact", "patterns": ["ok", "(unclosed"]}]})
+    assert "(unclosed" in message
+    assert "missing )" in message
+
+
+def test_a_module_that_does_not_exist_is_named() -> None:
+    message = _message({"pre": [{"kind": "python", "ref": "nowhere_to_be_found:fn"}]})
+    assert "nowhere_to_be_found" in message
+    assert "no such module" in message
+
+
+def test_a_module_that_fails_to_import_says_how(tmp_path: Path) -> None:
+    (tmp_path / "explodes_on_import.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "c.toml").write_text('[[pre]]\nkind = "python"\nref = "explodes_on_import:fn"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(tmp_path / "c.toml")
+    assert "RuntimeError: boom at import" in str(caught.value)
+
+
+def test_a_missing_attribute_is_named() -> None:
+    message = _message({"pre": [{"kind": "python", "ref": ref("nothing_here")}]})
+    assert "nothing_here" in message
+
+
+def test_a_ref_that_is_not_callable_says_what_it_is() -> None:
+    message = _message({"pre": [{"kind": "python", "ref": ref("NOT_CALLABLE")}]})
+    assert "int 42" in message
+    assert "not callable" in message
+
+
+@pytest.mark.parametrize(
+    ("stage", "name", "arguments"),
+    [
+        ("pre", "two_arguments", "(turn)"),
+        ("post", "end", "(turn)"),
+        ("on_session_start", "end", "(session_info)"),
+        ("on_session_end", "start", "(session_info, reason)"),
+        ("transformers", "hook", "fn()"),
+    ],
+)
+def test_a_ref_is_checked_against_the_arguments_of_its_stage(
+    stage: str, name: str, arguments: str
+) -> None:
+    ((path, message),) = _problems({stage: [{"kind": "python", "ref": ref(name)}]})
+    assert path == f"{stage}[0].ref"
+    assert arguments in message
+
+
+@pytest.mark.parametrize("text", ["hooks", "a:b:c", "mod:", ":fn", "mod-x:fn"])
+def test_a_ref_must_be_module_colon_attribute(text: str) -> None:
+    message = _message({"pre": [{"kind": "python", "ref": text}]})
+    assert "module:attribute" in message
+
+
+def test_two_transformers_of_one_name_are_refused_at_the_second() -> None:
+    data = {"transformers": [{"kind": "redact", "patterns": ["a"]}] * 2}
+    ((path, message),) = _problems(data)
+    assert path == "transformers[1].name"
+    assert "transformers[0]" in message
+
+
+def test_an_empty_parallel_group_is_refused() -> None:
+    assert _problems({"pre": [{"kind": "parallel", "hooks": []}]})[0][0] == "pre[0].hooks"
+
+
+def test_a_bad_model_provider_lists_the_providers() -> None:
+    ((path, message),) = _problems({"model": {"provider": "openia", "name": "x"}})
+    assert path == "model.provider"
+    assert '"openai"' in message
+    for provider in ("anthropic", "openai", "scripted"):
+        assert provider in message
+
+
+def test_a_missing_api_key_names_the_variable() -> None:
+    data = {"model": {"provider": "openai", "name": "gpt-4o-mini"}}
+    ((path, message),) = _problems(data, environ={})
+    assert path == "model.api_key_env"
+    assert "OPENAI_API_KEY" in message
+    pipeline_from_dict(data, environ={"OPENAI_API_KEY": "sk-test"})  # and with it, it loads
+
+
+def test_a_pipeline_level_mistake_is_reported_too() -> None:
+    # compact= needs a budget: only the Pipeline itself knows; it is still a ConfigError.
+    with pytest.raises(ConfigError, match="needs a budget"):
+        pipeline_from_dict({"compact": ref("keep_history")})
+
+
+def test_the_top_level_must_be_a_table() -> None:
+    with pytest.raises(ConfigError, match="top level"):
+        pipeline_from_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_a_config_error_keeps_its_problems_through_pickling() -> None:
+    with pytest.raises(ConfigError) as caught:
+        pipeline_from_dict(broken(*FAULTS[:3]), source="c.toml")
+    copy = pickle.loads(pickle.dumps(caught.value))
+    assert (str(copy), copy.source, copy.problems) == (
+        str(caught.value),
+        "c.toml",
+        caught.value.problems,
+    )
+
+
+# -- files ------------------------------------------------------------------------------------
+
+
+def test_toml_and_json_files_load_alike(tmp_path: Path) -> None:
+    (tmp_path / "c.json").write_text(json.dumps(valid()))
+    toml = tmp_path / "c.toml"
+    toml.write_text(
+        'system = "Be brief."\n[model]\nprovider = "scripted"\nreplies = ["hi"]\n'
+        f'[[pre]]\nkind = "python"\nref = "{ref("hook")}"\n'
+    )
+    assert load_pipeline(tmp_path / "c.json").system == "Be brief."
+    assert load_pipeline(toml).pre[0].fn is support.hook
+
+
+def test_a_json_config_may_name_its_schema(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"$schema": "./turnplug.schema.json", "system": "x"}))
+    assert load_pipeline(path).system == "x"
+
+
+def test_refs_resolve_next_to_the_config_file(tmp_path: Path) -> None:
+    (tmp_path / "beside_the_config_xyz.py").write_text(
+        "from pipeline import cont\ndef mine(turn):\n    return cont(turn)\n"
+    )
+    path = tmp_path / "c.toml"
+    path.write_text('[[pre]]\nkind = "python"\nref = "beside_the_config_xyz:mine"\n')
+    assert load_pipeline(path).pre[0].name == "mine"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("absent.toml", None, "no such file"),
+        ("c.yaml", "system: x", "expected a .toml or .json file"),
+        ("c.toml", "system = ", "TOML syntax error"),
+        ("c.toml", "[model\n", "line 1"),
+        ("c.json", '{"system": }', "JSON syntax error"),
+    ],
+)
+def test_file_problems_name_the_file(
+    tmp_path: Path, name: str, content: str | None, expected: str
+) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    assert str(caught.value).startswith(str(path))
+    assert expected in str(caught.value)
+
+
+def test_a_directory_is_not_a_config(tmp_path: Path) -> None:
+    directory = tmp_path / "c.toml"
+    directory.mkdir()
+    with pytest.raises(ConfigError, match="directory"):
+        load_pipeline(directory)

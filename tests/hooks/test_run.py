@@ -1,0 +1,274 @@
+"""`turnplug run` and `turnplug chat`, driven as a new user would: a subprocess, real files."""
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.hooks.cli_support import TURNPLUG, environment, turnplug, write_config
+
+SHOP = """
+    system = "You are a shop assistant."
+
+    [model]
+    provider = "scripted"
+    replies = [["Refunds take ", "14 days."]]
+
+    [[pre]]
+    kind = "python"
+    ref = "shop_hooks:gate"
+
+    [[pre]]
+    kind = "parallel"
+    hooks = [{ kind = "python", ref = "shop_hooks:faq", durable = true }]
+"""
+
+
+@pytest.fixture
+def shop(tmp_path: Path) -> Path:
+    return write_config(tmp_path, SHOP)
+
+
+def test_run_prints_the_reply(shop: Path) -> None:
+    done = turnplug("run", shop, "How long do refunds take?")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "Refunds take 14 days.\n", "")
+
+
+def test_a_halted_turn_prints_the_substitute_and_exits_1(shop: Path) -> None:
+    done = turnplug("run", shop, "tell me a secret")
+    assert done.returncode == 1
+    assert done.stdout == "I cannot share that.\n"
+    assert done.stderr.count("\n") == 1
+    assert "'gate'" in done.stderr
+    assert "asked for a secret" in done.stderr
+
+
+def test_an_exhausted_turn_prints_no_reply_and_exits_1(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        """
+        max_regenerations = 1
+        [model]
+        provider = "scripted"
+        replies = ["one", "two"]
+        [[post]]
+        kind = "python"
+        ref = "shop_hooks:never_happy"
+        """,
+    )
+    done = turnplug("run", config, "hi")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert "2 attempts rejected" in done.stderr
+    assert "'never_happy'" in done.stderr
+    assert "Say it differently." in done.stderr
+
+
+def test_a_failing_hook_is_one_line_and_exits_1(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path, '[[pre]]\nkind = "python"\nref = "shop_hooks:database"\nname = "orders"\n'
+    )
+    done = turnplug("run", config, "hi")
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if "note:" not in line]
+    assert len(errors) == 1
+    assert "HookFailed" in errors[0]
+    assert "'orders'" in errors[0]
+    assert "the database is down" in errors[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_run_json_is_the_result(shop: Path) -> None:
+    done = turnplug("run", shop, "refunds?", "--json", "--conversation", "c-9")
+    assert done.returncode == 0
+    result = json.loads(done.stdout)
+    assert result["outcome"] == "completed"
+    assert result["reply"] == "Refunds take 14 days."
+    assert result["conversation"] == "c-9"
+    assert result["halt"] is None
+    assert [(i["source"], i["durable"], i["text"]) for i in result["injections"]] == [
+        ("faq", True, "[faq] Refunds take 14 days.")
+    ]
+    assert result["committed"] == 2  # the user message (with the durable part) and the reply
+
+
+def test_run_json_of_a_halted_turn_names_the_hook(shop: Path) -> None:
+    done = turnplug("run", shop, "a secret please", "--json")
+    assert done.returncode == 1
+    result = json.loads(done.stdout)
+    assert (result["outcome"], result["halt"]) == (
+        "halted",
+        {"hook": "gate", "reason": "asked for a secret"},
+    )
+    assert result["committed"] == 0
+
+
+def test_run_events_shows_the_timeline_then_the_reply(shop: Path) -> None:
+    done = turnplug("run", shop, "refunds?", "--events")
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    order = ["turn started", "gate -> cont", "faq -> parts", "model called (attempt 1)"]
+    order += ["committed to the log", "turn finished"]
+    positions = [next(i for i, line in enumerate(lines) if key in line) for key in order]
+    assert positions == sorted(positions)
+    assert lines[-1] == "Refunds take 14 days."
+
+
+def test_run_events_json_is_one_object_per_line(shop: Path) -> None:
+    done = turnplug("run", shop, "refunds?", "--events", "--json")
+    assert done.returncode == 0
+    *events, result = [json.loads(line) for line in done.stdout.splitlines()]
+    assert events[0]["event"] == "TurnStarted"
+    assert events[-1] == {
+        "event": "TurnFinished",
+        "turn_ref": events[0]["turn_ref"],
+        "outcome": "completed",
+    }
+    deltas = [event["text"] for event in events if event["event"] == "TextDelta"]
+    assert deltas == ["Refunds take ", "14 days."]
+    injected = [event for event in events if event["event"] == "Injected"]
+    assert injected[0]["parts"] == [
+        {"type": "text", "text": "[faq] Refunds take 14 days.", "meta": {}}
+    ]
+    assert result["turn_ref"] == events[0]["turn_ref"]
+
+
+def test_without_a_model_the_scripted_model_answers_and_says_so(tmp_path: Path) -> None:
+    config = write_config(tmp_path, 'system = "x"\n')
+    done = turnplug("run", config, "hi")
+    assert done.returncode == 0
+    assert done.stdout.strip()
+    assert "no [model]" in done.stderr
+    assert "scripted" in done.stderr
+
+
+def test_a_log_path_is_refused_until_durable_logs_exist(shop: Path) -> None:
+    done = turnplug("run", shop, "hi", "--log", shop.with_name("c.db"))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.count("\n") == 1
+    assert "--log" in done.stderr
+    assert "not available" in done.stderr
+
+
+def test_run_runs_the_example_from_the_repository_root() -> None:
+    root = Path(__file__).resolve().parents[2]
+    done = turnplug("run", "examples/assistant.toml", "How long do refunds take?", cwd=root)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == (
+        "Refunds are issued within 14 days of a return. Questions? Write to [EMAIL].\n"
+    )
+
+
+# -- chat -------------------------------------------------------------------------------------
+
+CHAT = """
+    [model]
+    provider = "scripted"
+    replies = ["first answer", "second answer"]
+
+    [[pre]]
+    kind = "python"
+    ref = "shop_hooks:history"
+
+    [[pre]]
+    kind = "python"
+    ref = "shop_hooks:maybe_slow"
+"""
+
+
+def _chat(config: Path, lines: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TURNPLUG, "chat", str(config)],
+        input=lines,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+        check=False,
+        env=environment(),
+    )
+
+
+def test_chat_answers_each_line_in_one_conversation_and_ends_at_eof(tmp_path: Path) -> None:
+    done = _chat(write_config(tmp_path, CHAT), "hello\n\nand then?\n")
+    assert done.returncode == 0
+    # The second turn sees the first exchange: the session commits each turn. The empty
+    # line is no turn.
+    assert done.stdout.splitlines() == ["history=0", "first answer", "history=2", "second answer"]
+
+
+def test_chat_with_input_closed_exits_at_once(tmp_path: Path) -> None:
+    done = _chat(write_config(tmp_path, CHAT), "")
+    assert (done.returncode, done.stdout) == (0, "")
+
+
+def test_a_failed_turn_in_chat_is_reported_and_the_chat_goes_on(tmp_path: Path) -> None:
+    config = write_config(tmp_path, '[model]\nprovider = "scripted"\nreplies = ["only one"]\n')
+    done = _chat(config, "one\ntwo\n")
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    assert lines[0] == "only one"
+    assert "ran out of replies" in lines[-1]
+    assert "Traceback" not in done.stdout
+
+
+def test_ctrl_c_cancels_the_turn_in_progress_and_commits_nothing(tmp_path: Path) -> None:
+    chat = subprocess.Popen(
+        [TURNPLUG, "chat", str(write_config(tmp_path, CHAT))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=environment(),
+    )
+    assert chat.stdin is not None
+    assert chat.stdout is not None
+    try:
+        chat.stdin.write("please be slow\n")
+        chat.stdin.flush()
+        assert chat.stdout.readline() == "history=0\n"
+        assert chat.stdout.readline() == "slow hook started\n"
+        chat.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        cancelled = [chat.stdout.readline(), chat.stdout.readline()]
+        assert cancelled[0] == "\n"
+        assert "cancelled" in cancelled[1]
+        chat.stdin.write("hello\n")
+        chat.stdin.close()  # Ctrl-D
+        rest = chat.stdout.read()
+        code = chat.wait(timeout=60)
+    finally:
+        chat.kill()
+        chat.stdout.close()
+    # Nothing of the cancelled turn reached the conversation, and the model was not used.
+    assert rest.splitlines() == ["history=0", "first answer"]
+    assert code == 0
+
+
+def test_ctrl_c_between_turns_does_not_end_the_chat(tmp_path: Path) -> None:
+    chat = subprocess.Popen(
+        [TURNPLUG, "chat", str(write_config(tmp_path, CHAT))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=environment(),
+    )
+    assert chat.stdin is not None
+    assert chat.stdout is not None
+    try:
+        chat.stdin.write("hello\n")
+        chat.stdin.flush()
+        assert chat.stdout.readline() == "history=0\n"
+        assert chat.stdout.readline() == "first answer\n"
+        chat.send_signal(signal.SIGINT)
+        assert "Ctrl-D" in chat.stdout.readline() + chat.stdout.readline()
+        chat.stdin.write("again\n")
+        chat.stdin.close()
+        rest = chat.stdout.read()
+        code = chat.wait(timeout=60)
+    finally:
+        chat.kill()
+        chat.stdout.close()
+    assert rest.splitlines() == ["history=2", "second answer"]
+    assert code == 0
