@@ -1,10 +1,29 @@
 """Ready-made hooks, built on the public API of `turns` and `pipeline` only."""
 
+from ._citations import Citations, CitationStream, citations
+from ._guardrails import deny, guardrail, judge, max_length
+from ._inject import inject_text, retrieve
 from ._markers import durable, transient
 from ._pii import pii
 from ._redact import Redact, RedactStream, redact
 
-__all__ = ["Redact", "RedactStream", "durable", "pii", "redact", "transient"]
+__all__ = [
+    "CitationStream",
+    "Citations",
+    "Redact",
+    "RedactStream",
+    "citations",
+    "deny",
+    "durable",
+    "guardrail",
+    "inject_text",
+    "judge",
+    "max_length",
+    "pii",
+    "redact",
+    "retrieve",
+    "transient",
+]
 
 for _name in __all__:
     _obj = globals()[_name]
