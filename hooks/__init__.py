@@ -6,14 +6,18 @@ from ._inject import inject_text, retrieve
 from ._markers import durable, transient
 from ._pii import pii
 from ._redact import Redact, RedactStream, redact
+from ._summary import DROPPED_TURNS, RUNNING_SUMMARY, drop_oldest, running_summary
 
 __all__ = [
     "CitationStream",
     "Citations",
+    "DROPPED_TURNS",
+    "RUNNING_SUMMARY",
     "Redact",
     "RedactStream",
     "citations",
     "deny",
+    "drop_oldest",
     "durable",
     "guardrail",
     "inject_text",
@@ -22,6 +26,7 @@ __all__ = [
     "pii",
     "redact",
     "retrieve",
+    "running_summary",
     "transient",
 ]
 
