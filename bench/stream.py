@@ -1,7 +1,7 @@
 """The stream seam: 100,000 chunks of 1-8 characters through three transformers.
 
-Stages: identity, `hooks.redact` with an e-mail pattern, and a citation counter (counts
-``[n]`` markers, holding back a marker split across chunks). Each is timed in the seam the
+Stages: identity, `hooks.redact` with an e-mail pattern, and `hooks.citations` (reports
+``[n]`` markers, remembering one split across chunks). Each is timed in the seam the
 pipeline runs (``pipeline._seam.Seam``) and, as the floor, in a plain generator function doing
 the same work on the same kind of object. Reported per chunk. A last row times the whole turn
 path: `Pipeline.run` with a model streaming the chunks, with and without the three stages.
@@ -13,7 +13,7 @@ import random
 import statistics
 from collections.abc import Callable, Iterable, Iterator
 
-from hooks import pii, redact
+from hooks import citations, pii, redact
 from pipeline import Pipeline
 from pipeline._seam import Seam, Transformer, compile_transformers
 from pipeline.testing import FunctionModel
@@ -71,48 +71,10 @@ class Identity:
         return ""
 
 
-class CitationCounter:
-    """Counts ``[n]`` markers; holds back a trailing ``[`` or ``[12`` that may be one."""
-
-    def __init__(self) -> None:
-        self.held = ""
-        self.markers: list[int] = []
-
-    def feed(self, text: str) -> str:
-        if self.held:
-            text = self.held + text
-            self.held = ""
-        if "[" not in text:
-            return text
-        start = 0
-        while True:
-            open_at = text.find("[", start)
-            if open_at < 0:
-                return text
-            close_at = text.find("]", open_at)
-            if close_at < 0:
-                tail = text[open_at + 1 :]
-                if tail.isdigit() or not tail:
-                    self.held = text[open_at:]
-                    return text[:open_at]
-                return text
-            number = text[open_at + 1 : close_at]
-            if number.isdigit():
-                self.markers.append(int(number))
-            start = close_at + 1
-
-    def flush(self) -> str:
-        held, self.held = self.held, ""
-        return held
-
-    def annotations(self) -> tuple[int, ...]:
-        return tuple(self.markers)
-
-
 STAGES: dict[str, Callable[[], Transformer]] = {
     "identity": Identity,
     "redact": redact(EMAIL, replacement="[EMAIL]"),
-    "citations": CitationCounter,
+    "citations": citations(),
 }
 
 

@@ -5,12 +5,14 @@ still become a marker is remembered (not held back), to be completed by the next
 a marker split across chunks is found, and the transformer adds no latency.
 """
 
-import re
 from typing import final
 
-_MARKER = re.compile(r"\[([0-9]{1,6})\]")
-# The start of a marker whose end has not arrived yet.
-_OPEN = re.compile(r"\[[0-9]{0,6}")
+_DIGITS = 6  # the most a marker holds
+
+
+def _number(text: str) -> bool:
+    """Whether `text` is what a marker holds: one to six ASCII digits."""
+    return 0 < len(text) <= _DIGITS and text.isascii() and text.isdigit()
 
 
 @final
@@ -25,14 +27,30 @@ class CitationStream:
 
     def feed(self, text: str) -> str:
         """Note the markers `text` completes; return it unchanged."""
-        seen = self._open + text if self._open else text
-        start = seen.rfind("[")
-        if start < 0:
-            self._open = ""
+        if self._open:
+            seen = self._open + text
+        elif "[" not in text:
             return text
-        self._found.extend(int(number) for number in _MARKER.findall(seen))
-        tail = seen[start:]
-        self._open = tail if _OPEN.fullmatch(tail) else ""
+        else:
+            seen = text
+        # String methods rather than a regex: most chunks hold no bracket at all, and those
+        # that do are short.
+        found = self._found
+        start = seen.find("[")
+        while start >= 0:
+            close = seen.find("]", start)
+            if close < 0:
+                last = seen.rfind("[")  # only the last can still become a marker
+                digits = seen[last + 1 :]
+                self._open = seen[last:] if not digits or _number(digits) else ""
+                return text
+            number = seen[start + 1 : close]
+            if _number(number):
+                found.append(int(number))
+                start = seen.find("[", close + 1)
+            else:
+                start = seen.find("[", start + 1)
+        self._open = ""
         return text
 
     def flush(self) -> str:
