@@ -4,13 +4,14 @@ import random
 from itertools import pairwise
 
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hooks import pii
 from pipeline import ConfigError, Pipeline
 from pipeline import events as ev
-from pipeline.testing import ScriptedModel
+from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Turn
 
 
@@ -276,3 +277,20 @@ async def test_the_redacted_text_is_what_a_session_commits():
         await session.send("what is my ssn?")
     context = await log.load("c")
     assert [message.text for message in context.messages] == ["what is my ssn?", "ssn [SSN]"]
+
+
+async def test_a_turn_cancelled_mid_number_never_releases_what_was_held(autojump_clock):
+    async def stalls(request):
+        yield "Your card is 4111 1111"
+        await trio.sleep_forever()
+        yield "never"
+
+    pipe = Pipeline(model=FunctionModel(stalls), transformers=[pii()])
+    deltas: list[str] = []
+    with trio.move_on_after(5) as scope:
+        async with pipe.stream(Turn.start("which card?")) as events:
+            async for event in events:
+                if isinstance(event, ev.TextDelta):
+                    deltas.append(event.text)
+    assert scope.cancelled_caught
+    assert deltas == ["Your card is"]
