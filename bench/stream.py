@@ -1,17 +1,19 @@
 """The stream seam: 100,000 chunks of 1-8 characters through three transformers.
 
-Stages: identity, `hooks.redact` with an e-mail pattern, and a citation counter (counts
-``[n]`` markers, holding back a marker split across chunks). Each is timed in the seam the
+Stages: identity, `hooks.redact` with an e-mail pattern, and `hooks.citations` (reports
+``[n]`` markers, remembering one split across chunks). Each is timed in the seam the
 pipeline runs (``pipeline._seam.Seam``) and, as the floor, in a plain generator function doing
 the same work on the same kind of object. Reported per chunk. A last row times the whole turn
 path: `Pipeline.run` with a model streaming the chunks, with and without the three stages.
+`hooks.pii` (all six kinds) is timed on its own the same way, and against `redact` with the
+one e-mail pattern.
 """
 
 import random
 import statistics
 from collections.abc import Callable, Iterable, Iterator
 
-from hooks import redact
+from hooks import citations, pii, redact
 from pipeline import Pipeline
 from pipeline._seam import Seam, Transformer, compile_transformers
 from pipeline.testing import FunctionModel
@@ -69,48 +71,10 @@ class Identity:
         return ""
 
 
-class CitationCounter:
-    """Counts ``[n]`` markers; holds back a trailing ``[`` or ``[12`` that may be one."""
-
-    def __init__(self) -> None:
-        self.held = ""
-        self.markers: list[int] = []
-
-    def feed(self, text: str) -> str:
-        if self.held:
-            text = self.held + text
-            self.held = ""
-        if "[" not in text:
-            return text
-        start = 0
-        while True:
-            open_at = text.find("[", start)
-            if open_at < 0:
-                return text
-            close_at = text.find("]", open_at)
-            if close_at < 0:
-                tail = text[open_at + 1 :]
-                if tail.isdigit() or not tail:
-                    self.held = text[open_at:]
-                    return text[:open_at]
-                return text
-            number = text[open_at + 1 : close_at]
-            if number.isdigit():
-                self.markers.append(int(number))
-            start = close_at + 1
-
-    def flush(self) -> str:
-        held, self.held = self.held, ""
-        return held
-
-    def annotations(self) -> tuple[int, ...]:
-        return tuple(self.markers)
-
-
 STAGES: dict[str, Callable[[], Transformer]] = {
     "identity": Identity,
     "redact": redact(EMAIL, replacement="[EMAIL]"),
-    "citations": CitationCounter,
+    "citations": citations(),
 }
 
 
@@ -165,6 +129,16 @@ async def run(quick: bool) -> list[Row]:
         _seam(chunks, everything)
 
     operations["floor all"] = floor_all
+    personal = pii()
+
+    async def floor_pii() -> None:
+        _floor(chunks, [personal])
+
+    async def seam_pii() -> None:
+        _seam(chunks, [personal])
+
+    operations["floor pii"] = floor_pii
+    operations["seam pii"] = seam_pii
     operations["seam all"] = seam_all
 
     def reply(request: object) -> list[str]:
@@ -212,6 +186,28 @@ async def run(quick: bool) -> list[Row]:
             per_chunk(samples["seam identity"].median),
             statistics.median(redact_vs_identity),
             "target <= 4x; chunks of 1-8 characters",
+        )
+    )
+    pii_ratios = per_rep(lambda s, f: s / f, samples["seam pii"], samples["floor pii"])
+    rows.append(
+        Row(
+            "pii: seam, per chunk",
+            per_chunk(samples["seam pii"].median),
+            samples["seam pii"].spread,
+            per_chunk(samples["floor pii"].median),
+            statistics.median(pii_ratios),
+            "target <= 1.5x the plain generator; six kinds, checksums on candidates",
+        )
+    )
+    pii_vs_redact = per_rep(lambda p, r: p / r, samples["seam pii"], samples["seam redact"])
+    rows.append(
+        Row(
+            "pii vs redact (one e-mail pattern), per chunk in the seam",
+            per_chunk(samples["seam pii"].median),
+            spread(pii_vs_redact),
+            per_chunk(samples["seam redact"].median),
+            statistics.median(pii_vs_redact),
+            "what the five other kinds cost",
         )
     )
     marginal = per_rep(

@@ -3,18 +3,37 @@
 Public submodule: `hooks.config` (pipelines declared in TOML or JSON files).
 """
 
+from ._citations import Citations, CitationStream, citations
+from ._guardrails import deny, guardrail, judge, max_length
+from ._inject import inject_text, retrieve
 from ._markers import durable, transient
+from ._pii import pii
 from ._redact import Redact, RedactStream, redact
+from ._summary import DROPPED_TURNS, RUNNING_SUMMARY, drop_oldest, running_summary
 from ._tool_call import INJECTED_AT, InjectToolCall, inject_tool_call
 
 __all__ = [
+    "CitationStream",
+    "Citations",
+    "DROPPED_TURNS",
     "INJECTED_AT",
     "InjectToolCall",
+    "RUNNING_SUMMARY",
     "Redact",
     "RedactStream",
+    "citations",
+    "deny",
+    "drop_oldest",
     "durable",
+    "guardrail",
+    "inject_text",
     "inject_tool_call",
+    "judge",
+    "max_length",
+    "pii",
     "redact",
+    "retrieve",
+    "running_summary",
     "transient",
 ]
 

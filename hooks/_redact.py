@@ -10,6 +10,16 @@ any character (``.`` with DOTALL, ``[^x]``), there are no separators, and text i
 once ``max_match`` characters follow it; likewise when a run without separators outgrows
 ``max_match``. Held text never exceeds ``max_match`` characters.
 
+Lookarounds: a lookbehind looks back into released text, kept as context for it, and a
+one-character lookahead examines only the character after a match, which has arrived when
+the match is decided; neither widens the alphabet. Several patterns each keep their own
+alphabet: text is decided up to the point where every pattern has met one of its own
+separators (for a card number, a letter; for an e-mail address, a space), and a match
+starting before that point is decided with the text after it, up to its own separator.
+
+A pattern may come with a validator (a match it refuses is passed over) and the replacement
+may be computed from the match: both depend only on the match, so the law below still holds.
+
 The law, checked by a property test: for any split of a text into chunks, the output equals
 `redact_text` of the whole text, provided every match is shorter than ``max_match``.
 """
@@ -17,7 +27,7 @@ The law, checked by a property test: for any split of a text into chunks, the ou
 import importlib
 import re
 from collections.abc import Callable, Iterable
-from typing import Any, final
+from typing import Any, TypeAlias, final
 
 from pipeline import ConfigError
 
@@ -93,8 +103,14 @@ def _walk(
         elif name in ("ASSERT", "ASSERT_NOT"):
             direction, sub = av
             if direction < 0:
+                # A lookbehind looks back into text already decided, which is kept as
+                # context for it: its characters need not be in the alphabet.
                 state["behind"] = max(state["behind"], sub.getwidth()[1])
-            _walk(sub, dotall, atoms, state)
+            elif sub.getwidth()[1] > 1 or _anchored(sub):
+                # A longer lookahead can look past a separator; one of a single character
+                # examines only the character after it, and a match never runs past a
+                # separator, so that character has arrived whenever the match is decided.
+                _walk(sub, dotall, atoms, state)
         elif name == "GROUPREF_EXISTS":
             _cond, yes, no = av
             _walk(yes, dotall, atoms, state)
@@ -109,6 +125,29 @@ def _walk(
             pass  # a backreference repeats characters already in the alphabet
         else:
             raise _Unbounded
+
+
+def _anchored(items: Iterable[tuple[Any, Any]]) -> bool:
+    """Whether parsed items hold an anchor (``$``, ``\\b``...), which may look at the end."""
+    for op, av in items:
+        name = str(op)
+        if name == "AT":
+            return True
+        if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and _anchored(av[2]):
+            return True
+        if name == "SUBPATTERN" and _anchored(av[3]):
+            return True
+        if name == "BRANCH" and any(_anchored(branch) for branch in av[1]):
+            return True
+        if name in ("ASSERT", "ASSERT_NOT") and _anchored(av[1]):
+            return True
+        if name == "ATOMIC_GROUP" and _anchored(av):
+            return True
+        if name == "GROUPREF_EXISTS" and (
+            _anchored(av[1]) or (av[2] is not None and _anchored(av[2]))
+        ):
+            return True
+    return False
 
 
 def _required_char(pattern: re.Pattern[str]) -> str | None:
@@ -129,12 +168,45 @@ def _required_char(pattern: re.Pattern[str]) -> str | None:
     return None
 
 
+Replacement: TypeAlias = str | Callable[[re.Match[str]], str]
+"""Literal text, or a function computing the text that replaces a match."""
+
+Validator: TypeAlias = Callable[[re.Match[str]], bool]
+"""Decides whether a match is redacted (e.g. a Luhn check on a card number)."""
+
+
+def _alphabet(pattern: re.Pattern[str], state: dict[str, int]) -> tuple[str, bool]:
+    """A regex for one character of `pattern`'s alphabet, and whether `\\w` is in it.
+
+    Raises:
+        _Unbounded: The pattern can match any character.
+    """
+    atoms: set[str] = set()
+    state["ignorecase"] = state["words"] = 0
+    parsed = sre_parse.parse(pattern.pattern, pattern.flags)
+    flags = parsed.state.flags
+    _walk(parsed, bool(flags & re.DOTALL), atoms, state)
+    # Each pattern's characters are read with its own flags: case-insensitive (anywhere in
+    # it: a superset is safe) and ASCII-only classes.
+    scoped = ("i" if flags & re.IGNORECASE or state["ignorecase"] else "") + (
+        "a" if flags & re.ASCII else ""
+    )
+    body = "|".join(sorted(atoms))
+    # str.isalnum() implies \w only for Unicode \w ("alphanumeric or _").
+    words = bool(state["words"]) and not flags & re.ASCII
+    return (f"(?{scoped}:{body})" if scoped else f"(?:{body})"), words
+
+
 @final
 class _Compiled:
     """The analysed patterns a `Redact` factory shares with its instances."""
 
     __slots__ = (
+        "alphabets",
         "behind",
+        "crossing",
+        "full",
+        "masks",
         "member",
         "patterns",
         "replacement",
@@ -142,45 +214,50 @@ class _Compiled:
         "separators",
         "single_required",
         "space",
+        "substitute",
+        "validate",
         "window",
         "words",
     )
 
     def __init__(
-        self, patterns: tuple[re.Pattern[str], ...], replacement: str, window: int
+        self,
+        patterns: tuple[re.Pattern[str], ...],
+        replacement: Replacement,
+        window: int,
+        validate: Validator | None = None,
     ) -> None:
         self.patterns = patterns
-        self.replacement = replacement
+        # A literal replacement is used as is; a computed one is called per match.
+        self.replacement = replacement if isinstance(replacement, str) else None
+        self.substitute = None if isinstance(replacement, str) else replacement
+        self.validate = validate
         self.window = window
         state = {"behind": _LOOKBEHIND_CONTEXT, "ignorecase": 0, "words": 0}
-        members: list[str] = []
+        alphabets: list[str] = []
         words = False
         try:
             for pattern in patterns:
-                atoms: set[str] = set()
-                state["ignorecase"] = state["words"] = 0
-                parsed = sre_parse.parse(pattern.pattern, pattern.flags)
-                flags = parsed.state.flags
-                _walk(parsed, bool(flags & re.DOTALL), atoms, state)
-                # Each pattern's characters are read with its own flags: case-insensitive
-                # (anywhere in it: a superset is safe) and ASCII-only classes.
-                scoped = ("i" if flags & re.IGNORECASE or state["ignorecase"] else "") + (
-                    "a" if flags & re.ASCII else ""
-                )
-                members.append(
-                    f"(?{scoped}:{'|'.join(sorted(atoms))})"
-                    if scoped
-                    else f"(?:{'|'.join(sorted(atoms))})"
-                )
-                # str.isalnum() implies \w only for Unicode \w ("alphanumeric or _").
-                words = words or (bool(state["words"]) and not flags & re.ASCII)
-            self.member: re.Pattern[str] | None = re.compile("|".join(members))
+                alphabet, pattern_words = _alphabet(pattern, state)
+                alphabets.append(alphabet)
+                words = words or pattern_words
+            self.member: re.Pattern[str] | None = re.compile("|".join(alphabets))
         except (_Unbounded, re.error, RecursionError):
             self.member = None
         self.separators: dict[str, bool] | None = {} if self.member is not None else None
         self.space = self.separators is not None and self.classify(" ")
         self.words = words and self.member is not None
         self.behind = max(state["behind"], _LOOKBEHIND_CONTEXT)
+        # Patterns with different alphabets have their separators in different places: a
+        # character one pattern cannot contain (a letter, for a card number) may be part of
+        # another's match (an e-mail address). Text is decided up to the point where every
+        # pattern has met a separator of its own, so a match may then run past that point
+        # (up to its own separator, which has arrived): see `RedactStream._decide`.
+        distinct = tuple(dict.fromkeys(alphabets)) if self.member is not None else ()
+        self.crossing = len(distinct) > 1
+        self.alphabets = tuple(re.compile(alphabet) for alphabet in distinct)
+        self.full = (1 << len(distinct)) - 1
+        self.masks: dict[str, int] = {}
         # A character every match must contain, per pattern: a stretch without any of them
         # cannot hold a match, and a substring test is much cheaper than a search.
         required = [_required_char(pattern) for pattern in patterns]
@@ -188,17 +265,30 @@ class _Compiled:
             tuple(c for c in required if c is not None) if None not in required else None
         )
         self.single_required = (
-            self.required[0] if self.required is not None and len(self.required) == 1 else None
+            self.required[0]
+            if self.required is not None and len(self.required) == 1 and not self.crossing
+            else None
         )
 
     def classify(self, char: str) -> bool:
-        """Whether `char` is a separator, remembered (the memo is bounded)."""
+        """Whether `char` is a separator of every pattern, remembered (the memo is bounded)."""
         assert self.member is not None
         assert self.separators is not None
         if len(self.separators) >= _MEMO_LIMIT:
             self.separators.clear()
         known = self.separators[char] = self.member.fullmatch(char) is None
         return known
+
+    def mask(self, char: str) -> int:
+        """One bit per distinct alphabet holding `char`, remembered (the memo is bounded)."""
+        if len(self.masks) >= _MEMO_LIMIT:
+            self.masks.clear()
+        bits = 0
+        for index, alphabet in enumerate(self.alphabets):
+            if alphabet.fullmatch(char) is not None:
+                bits |= 1 << index
+        self.masks[char] = bits
+        return bits
 
     def could_match(self, text: str) -> bool:
         """False when `text` lacks a character every match needs."""
@@ -208,15 +298,23 @@ class _Compiled:
         return any(char in text for char in required)
 
     def search(self, text: str, pos: int) -> re.Match[str] | None:
-        """The leftmost match of any pattern from `pos`; on a tie, the first pattern's."""
+        """The leftmost valid match of any pattern from `pos`; on a tie, the first pattern's.
+
+        A match the validator refuses is passed over as if the pattern did not match there:
+        the search goes on from the next character.
+        """
         patterns = self.patterns
-        if len(patterns) == 1:
+        validate = self.validate
+        if len(patterns) == 1 and validate is None:
             return patterns[0].search(text, pos)
         best: re.Match[str] | None = None
         for pattern in patterns:
             found = pattern.search(text, pos)
-            if found is not None and (best is None or found.start() < best.start()):
-                best = found
+            while found is not None and (best is None or found.start() < best.start()):
+                if validate is None or validate(found):
+                    best = found
+                    break
+                found = pattern.search(text, found.start() + 1)
         return best
 
     def replace(self, text: str, pos: int, end: int) -> tuple[str, int, int]:
@@ -236,7 +334,7 @@ class _Compiled:
         count = 0
         while found is not None and found.start() < end:
             pieces.append(text[pos : found.start()])
-            pieces.append(replacement)
+            pieces.append(replacement if replacement is not None else self.computed(found))
             count += 1
             pos = found.end()
             if pos >= end:
@@ -245,6 +343,17 @@ class _Compiled:
         pieces.append(text[pos:end])
         return "".join(pieces), end, count
 
+    def computed(self, found: re.Match[str]) -> str:
+        """The text a computed replacement gives for `found`, checked."""
+        assert self.substitute is not None
+        text = self.substitute(found)
+        if type(text) is not str:
+            raise TypeError(
+                f"the redact replacement function returned {type(text).__name__} {text!r:.60}"
+                " for a match; it must return the text to put in its place"
+            )
+        return text
+
 
 @final
 class RedactStream:
@@ -252,6 +361,7 @@ class RedactStream:
 
     __slots__ = (
         "_behind",
+        "_boundary",
         "_compiled",
         "_context",
         "_pending",
@@ -270,6 +380,9 @@ class RedactStream:
         self._required = compiled.single_required
         self._window = compiled.window
         self._behind = compiled.behind
+        self._boundary: Callable[[str], int] = (
+            self._last_cut if compiled.crossing else self._last_separator
+        )
         self.feed: Callable[[str], str] = (
             self._feed_words if compiled.words and compiled.space else self._feed_any
         )
@@ -300,12 +413,12 @@ class RedactStream:
                 self._context = decided
                 return decided
             return self._cut(text, len(head) + 1)
-        return self._cut(text, self._last_separator(text))
+        return self._cut(text, self._boundary(text))
 
     def _feed_any(self, text: str) -> str:
         if self._compiled.separators is None or not text:
             return self._hold(text)
-        return self._cut(text, self._last_separator(text))
+        return self._cut(text, self._boundary(text))
 
     def _cut(self, text: str, cut: int) -> str:
         """Decide the text up to `cut` in `text` (just after its last separator)."""
@@ -326,7 +439,7 @@ class RedactStream:
             out = decided
         else:
             out = self._decide(decided, rest)  # the slow path: a match is possible
-        if len(rest) > self._window:
+        if len(self._pending) > self._window:
             return out + self._release_window()
         return out
 
@@ -341,6 +454,23 @@ class RedactStream:
             if known is None:
                 known = compiled.classify(char)
             if known:
+                return index + 1
+        return 0
+
+    def _last_cut(self, text: str) -> int:
+        """Just after the point where every pattern has met a separator of its own, scanning
+        `text` back from its end; 0 when some pattern meets none in it.
+        """
+        compiled = self._compiled
+        masks = compiled.masks
+        alive = compiled.full  # the alphabets that have not met a separator yet
+        for index in range(len(text) - 1, -1, -1):
+            char = text[index]
+            bits = masks.get(char)
+            if bits is None:
+                bits = compiled.mask(char)
+            alive &= bits
+            if not alive:
                 return index + 1
         return 0
 
@@ -362,6 +492,8 @@ class RedactStream:
         """Redact `decided` (it ends at a separator, or at the end of the text) in full."""
         compiled = self._compiled
         context = self._context[-compiled.behind :]
+        if rest and compiled.crossing:
+            return self._decide_across(context, decided, rest)
         self._pending = rest
         if not compiled.could_match(decided):
             self._context = context + decided
@@ -370,6 +502,27 @@ class RedactStream:
         out, _stop, count = compiled.replace(text, len(context), len(text))
         self.count += count
         self._context = text
+        return out
+
+    def _decide_across(self, context: str, decided: str, rest: str) -> str:
+        """`_decide` when a match starting in `decided` may run on into `rest`.
+
+        Every pattern has met a separator of its own at or after the end of `decided`, so a
+        match starting in it ends before that separator, which has arrived: it is decided
+        with the text that follows, and what comes after it stays pending.
+        """
+        compiled = self._compiled
+        ahead = decided + rest
+        if not compiled.could_match(ahead):
+            self._pending = rest
+            self._context = context + decided
+            return decided
+        text = context + ahead
+        start = len(context)
+        out, stop, count = compiled.replace(text, start, start + len(decided))
+        self.count += count
+        self._context = text[:stop]
+        self._pending = text[stop:]
         return out
 
     def _release_window(self) -> str:
@@ -409,16 +562,32 @@ class Redact:
         return self._compiled.replace(text, 0, len(text))[0]
 
     def __repr__(self) -> str:
-        shown = ", ".join(repr(p.pattern) for p in self._compiled.patterns)
-        return f"redact([{shown}], replacement={self._compiled.replacement!r})"
+        compiled = self._compiled
+        shown = ", ".join(repr(p.pattern) for p in compiled.patterns)
+        replacement = compiled.replacement
+        given = (
+            repr(replacement) if replacement is not None else _function_name(compiled.substitute)
+        )
+        validate = (
+            f", validate={_function_name(compiled.validate)}"
+            if compiled.validate is not None
+            else ""
+        )
+        return f"redact([{shown}], replacement={given}{validate})"
+
+
+def _function_name(fn: object) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return name.replace("<locals>.", "") if isinstance(name, str) else type(fn).__name__
 
 
 def redact(
     patterns: str | re.Pattern[str] | Iterable[str | re.Pattern[str]],
     *,
-    replacement: str = "[REDACTED]",
+    replacement: Replacement = "[REDACTED]",
     max_match: int = 256,
     name: str = "redact",
+    validate: Validator | None = None,
 ) -> Redact:
     """A stream transformer factory that replaces every match of `patterns`.
 
@@ -429,10 +598,18 @@ def redact(
     Args:
         patterns: One pattern or several (strings or compiled regexes). With several, the
             leftmost match wins, and on a tie the pattern listed first.
-        replacement: The literal text put in place of each match.
+        replacement: The literal text put in place of each match, or a function
+            ``match -> str`` computing it (as `re.sub` accepts).
         max_match: Matches shorter than this are redacted whatever the chunking; held text
             never exceeds it.
         name: The name its annotations and errors go under.
+        validate: A function ``match -> bool``; a match it refuses is not redacted, and the
+            search goes on from the next character (a card number failing its checksum is
+            an order number).
+
+    A computed replacement and a validator must depend on the match's text and groups
+    only, not on where it lies in the string they see: that string is the stretch being
+    decided, not the whole reply.
 
     Raises:
         ConfigError: A pattern does not compile, can match the empty string, or an option is
@@ -474,8 +651,16 @@ def redact(
         compiled.append(regex)
     if not compiled:
         raise ConfigError("redact() needs at least one pattern")
-    if not isinstance(replacement, str):
-        raise ConfigError(f"redact(replacement=...) must be text, got {replacement!r}")
+    if not isinstance(replacement, str) and (
+        not callable(replacement) or isinstance(replacement, bytes | bytearray)
+    ):
+        raise ConfigError(
+            f"redact(replacement=...) must be text or a function match -> str, got {replacement!r}"
+        )
+    if validate is not None and not callable(validate):
+        raise ConfigError(
+            f"redact(validate=...) must be a function match -> bool or None, got {validate!r}"
+        )
     if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
         raise ConfigError(f"redact(max_match=...) must be a positive int, got {max_match!r}")
-    return Redact(_Compiled(tuple(compiled), replacement, max_match), name)
+    return Redact(_Compiled(tuple(compiled), replacement, max_match, validate), name)

@@ -163,3 +163,23 @@ def test_layering_check_catches_a_violation(tmp_path: Path) -> None:
     bad.write_text("from pipeline import cont\nimport hooks\n")
     tops = {_top(module) for module, _, _ in _imports(bad)}
     assert tops - ALLOWED_IMPORTS["turns"] - set(sys.stdlib_module_names) == {"pipeline", "hooks"}
+
+
+def test_the_hooks_catalogue_is_importable_from_hooks() -> None:
+    # DESIGN §10: the ready-made hooks are public names of `hooks` itself.
+    catalogue = {
+        "citations",
+        "deny",
+        "drop_oldest",
+        "durable",
+        "guardrail",
+        "inject_text",
+        "judge",
+        "max_length",
+        "pii",
+        "redact",
+        "retrieve",
+        "running_summary",
+        "transient",
+    }
+    assert catalogue - set(importlib.import_module("hooks").__all__) == set()

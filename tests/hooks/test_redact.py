@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hooks import redact
-from pipeline import ConfigError, Pipeline
+from pipeline import ConfigError, HookFailed, Pipeline
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
 from turns import Turn
@@ -112,6 +112,27 @@ CASES = {
         re.compile(r"\d{3}|\d{3}-\d{4}|-\d{2}"),
         ("5", "555", "-", "1234", "12", " ", "x"),
     ),
+    "several, different alphabets": Case(
+        [r"[a-z]+@[a-z]+\.com", r"\d{3} \d{4}"],
+        re.compile(r"[a-z]+@[a-z]+\.com|\d{3} \d{4}"),
+        ("jo", "@", "x", ".com", " ", "555", "1234", "12", "a", "\n", ","),
+    ),
+    "several, different alphabets, small window": Case(
+        [r"[a-z]{1,2}@[a-z]\.com", r"\d{3} \d{4}"],
+        re.compile(r"[a-z]{1,2}@[a-z]\.com|\d{3} \d{4}"),
+        ("jo", "@", "x", ".com", " ", "555", "1234", "12", "a", "\n", ","),
+        max_match=9,
+    ),
+    "one-character lookarounds": Case(
+        [r"(?<![\w-])\d{3}-\d{2}(?![\w-])", r"(?<![\w.])[a-z]+(?!\w)@x"],
+        re.compile(r"(?<![\w-])\d{3}-\d{2}(?![\w-])|(?<![\w.])[a-z]+(?!\w)@x"),
+        ("123", "-", "45", "x", "-", "1", " ", "\n", "_", "ab", "@", "."),
+    ),
+    "a longer lookahead": Case(
+        [r"\d+(?!\.\d)", r"[a-z]{2}"],
+        re.compile(r"\d+(?!\.\d)|[a-z]{2}"),
+        ("1", "23", ".", "4", " ", "x", "ab"),
+    ),
     "several, mixed case sensitivity": Case(
         [r"#[^a-z\s]+", re.compile("secret", re.IGNORECASE)],
         re.compile(r"#[^a-z\s]+|(?i:secret)"),
@@ -198,6 +219,82 @@ def test_an_end_anchor_in_the_fallback_mode_sees_the_real_end():
     # whole text has no match, since "$" only matches before a final newline.
     factory = redact(r"(?s)a.$", replacement="#", max_match=3)
     assert through(factory, ["ab\n", "z"]) == "ab\nz"
+
+
+# -- validated matches and computed replacements --------------------------------------------
+
+EVEN = r"(?<!\d)\d{2,4}(?!\d)"
+
+
+def even(match: re.Match[str]) -> bool:
+    return int(match.group()) % 2 == 0
+
+
+def test_a_match_the_validator_refuses_is_left_alone():
+    factory = redact(EVEN, replacement="#", validate=even)
+    assert factory.redact_text("codes 12 and 13 and 1000") == "codes # and 13 and #"
+
+
+def test_after_a_refused_match_the_search_goes_on_from_the_next_character():
+    # "13" is refused at 0; "31" (at 1) is refused; "12" at 2 is accepted.
+    factory = redact(r"\d\d", replacement="#", validate=even)
+    assert factory.redact_text("1312") == "13#"
+
+
+def test_a_refused_match_lets_a_later_listed_pattern_win_the_position():
+    # "1235" is refused as four digits; "12", at the same place, is accepted.
+    factory = redact([r"\d{4}", r"\d{2}"], replacement="#", validate=even)
+    assert factory.redact_text("1235") == "#35"
+
+
+def test_a_computed_replacement_sees_the_match():
+    factory = redact(r"\d+", replacement=lambda match: f"<{len(match.group())} digits>")
+    assert through(factory, ["pin 12", "34 ok"]) == "pin <4 digits> ok"
+
+
+@settings(max_examples=60)
+@given(data=st.data())
+def test_validated_redaction_obeys_the_chunking_law(data):
+    factory = redact(
+        [EVEN, r"[a-z]+@[a-z]+"],
+        replacement=lambda match: f"<{match.group()[:1]}>",
+        validate=lambda match: not match.group().isdigit() or even(match),
+    )
+    text = data.draw(texts(("1", "22", "333", "4444", " ", "-", "ab", "@", "c", "\n")))
+    chunks = data.draw(chunkings(text), label="chunks")
+    assert through(factory, chunks) == factory.redact_text(text)
+
+
+def test_with_different_alphabets_only_the_word_being_written_is_held():
+    # The digits pattern may hold spaces, the address pattern letters: each pattern's own
+    # separators decide, not only the characters that no pattern may hold.
+    stream = redact([r"[a-z]+@[a-z]+\.com", r"\d{3} \d{4}"])()
+    assert stream.feed("write to jo") == "write to "
+    assert stream.feed("e@x.com or 555 ") == f"{MARK} or"
+    assert stream.feed("1234 now") == f" {MARK} "
+
+
+async def test_a_computed_replacement_that_returns_no_text_fails_the_turn():
+    pipe = Pipeline(
+        model=ScriptedModel(["pin 1234"]),
+        transformers=[redact(r"\d+", replacement=lambda match: None, name="pins")],  # type: ignore[arg-type,return-value]
+    )
+    with pytest.raises(HookFailed) as info:
+        await pipe.run(Turn.start("hi"))
+    assert info.value.hook == "pins"
+    assert "replacement" in str(info.value.__cause__)
+
+
+async def test_a_validator_that_raises_fails_the_turn():
+    def broken(match: re.Match[str]) -> bool:
+        raise ValueError("no")
+
+    pipe = Pipeline(
+        model=ScriptedModel(["pin 1234"]), transformers=[redact(r"\d+", validate=broken)]
+    )
+    with pytest.raises(HookFailed) as info:
+        await pipe.run(Turn.start("hi"))
+    assert isinstance(info.value.__cause__, ValueError)
 
 
 # -- prompt release and held text -----------------------------------------------------------
@@ -378,6 +475,14 @@ def test_a_bad_replacement_is_refused(replacement):
         redact(PHONE, replacement=replacement)
     assert "replacement" in str(info.value)
     assert repr(replacement) in str(info.value)
+
+
+@pytest.mark.parametrize("validate", [True, "even", 0])
+def test_a_bad_validator_is_refused(validate):
+    with pytest.raises(ConfigError) as info:
+        redact(PHONE, validate=validate)
+    assert "validate" in str(info.value)
+    assert repr(validate) in str(info.value)
 
 
 # -- in a pipeline --------------------------------------------------------------------------

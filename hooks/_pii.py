@@ -1,0 +1,164 @@
+"""`pii`: redaction of personal data with built-in patterns, on top of `redact`.
+
+Each kind is one or two regular expressions and, where the format has one, a checksum: a
+card number must pass the Luhn check and an IBAN its mod-97 check, so that an order number
+or a product code of the same shape is left alone. Matches are anchored on both sides
+(an address inside a longer run of digits or letters is not one), and every lookaround that
+examines a letter looks at one character only, so a letter ends any possible number and
+`redact` holds back no more than the word or number being written.
+"""
+
+import re
+from collections.abc import Callable, Iterable
+from types import MappingProxyType
+from typing import Final
+
+from pipeline import ConfigError
+
+from ._redact import Redact, redact
+
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+
+# The patterns of each kind, in the order ties between kinds are settled (the first wins).
+_PATTERNS: Final = MappingProxyType(
+    {
+        "email": (
+            rf"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{{1,64}}@{_LABEL}(?:\.{_LABEL})*"
+            r"\.[A-Za-z]{2,24}(?![\w-])",
+        ),
+        "phone": (
+            # International, written with its "+": +44 20 7946 0958, +1 (555) 010-0199.
+            r"(?<![\w+])\+[1-9][0-9]{0,2}(?:[ .-]?(?:\([0-9]{1,4}\)|[0-9]{1,4})){2,6}(?![\w-])",
+            # North American: 555-010-0199, (555) 010-0199, 555.010.0199.
+            r"(?<![\w.+-])(?:\([0-9]{3}\)[ .-]?|[0-9]{3}[ .-])[0-9]{3}[ .-][0-9]{4}(?![\w-])",
+        ),
+        "card": (
+            # 13 to 19 digits, together or in groups of four (Amex and Diners: 4-6-5, 4-6-4),
+            # starting as the card networks do (2 to 6), and not in the middle of a longer
+            # run of digit groups (the account number inside an IBAN).
+            r"(?<![\w-])(?<![0-9][ -])(?:[2-6][0-9]{3}(?:[ -]?[0-9]{4}){2}[ -]?[0-9]{1,7}"
+            r"|3[0-9]{3}[ -]?[0-9]{6}[ -]?[0-9]{4,5})(?![\w-])",
+        ),
+        "ssn": (
+            # US social security numbers, dashed, without the ranges never issued.
+            r"(?<![\w-])(?!000|666|9[0-9]{2})[0-9]{3}-(?!00)[0-9]{2}-(?!0000)[0-9]{4}(?![\w-])",
+        ),
+        "iban": (
+            r"(?<![A-Za-z0-9])[A-Z]{2}[0-9]{2}"
+            r"(?:[A-Z0-9]{11,30}|(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,3})?)(?![A-Za-z0-9])",
+        ),
+        "ipv4": (rf"(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?![\w-])(?!\.[0-9])",),
+    }
+)
+
+KINDS: Final = tuple(_PATTERNS)
+"""The kinds `pii` knows, in the order it settles ties between them."""
+
+# File names such as "logo@2x.png" look like addresses; these endings are not domains.
+_FILE_ENDINGS = frozenset(("png", "jpg", "jpeg", "gif", "svg", "webp", "pdf"))
+
+
+def luhn(digits: str) -> bool:
+    """Whether a string of digits passes the Luhn check (payment card numbers)."""
+    total = 0
+    for index, char in enumerate(reversed(digits)):
+        value = ord(char) - 48
+        if index % 2:
+            value *= 2
+            if value > 9:
+                value -= 9
+        total += value
+    return total % 10 == 0
+
+
+def iban_checksum(code: str) -> bool:
+    """Whether an IBAN (spaces removed) passes its ISO 13616 mod-97 check."""
+    if not 15 <= len(code) <= 34:
+        return False
+    moved = code[4:] + code[:4]
+    return int("".join(str(int(char, 36)) for char in moved)) % 97 == 1
+
+
+def _card(text: str) -> bool:
+    digits = text.replace(" ", "").replace("-", "")
+    return 13 <= len(digits) <= 19 and luhn(digits)
+
+
+def _phone(text: str) -> bool:
+    return 7 <= sum(char.isdigit() for char in text) <= 15
+
+
+def _email(text: str) -> bool:
+    return text.rsplit(".", 1)[1].lower() not in _FILE_ENDINGS
+
+
+_CHECKS: Final[dict[str, Callable[[str], bool]]] = {
+    "email": _email,
+    "phone": _phone,
+    "card": _card,
+    "iban": lambda text: iban_checksum(text.replace(" ", "")),
+}
+
+
+def pii(
+    kinds: str | Iterable[str] = KINDS,
+    *,
+    replacement: str | None = None,
+) -> Redact:
+    """A stream transformer factory that redacts personal data of the given kinds.
+
+    Kinds: ``"email"``; ``"phone"`` (international numbers written with ``+``, and North
+    American ones such as 555-010-0199); ``"card"`` (payment cards, Luhn-checked);
+    ``"ssn"`` (US, dashed); ``"iban"`` (mod-97-checked); ``"ipv4"``. Built on `redact`, so
+    a number split across chunks is still caught, and the redactions are counted in
+    ``Reply.annotations["pii"]``.
+
+    Args:
+        kinds: The kinds to redact (one name, or several); by default all of them.
+        replacement: The text put in place of every match; by default one naming the kind
+            (``[EMAIL]``, ``[PHONE]``, ``[CARD]``, ``[SSN]``, ``[IBAN]``, ``[IPV4]``).
+
+    Raises:
+        ConfigError: An unknown or empty list of kinds, or a replacement that is not text.
+    """
+    chosen = _kinds(kinds)
+    if replacement is not None and not isinstance(replacement, str):
+        raise ConfigError(f"pii(replacement=...) must be text or None, got {replacement!r}")
+    kind_of: dict[re.Pattern[str], str] = {}
+    for kind in KINDS:  # the canonical order, whatever order the kinds were given in
+        if kind in chosen:
+            for pattern in _PATTERNS[kind]:
+                kind_of[re.compile(pattern)] = kind
+
+    def valid(match: re.Match[str]) -> bool:
+        check = _CHECKS.get(kind_of[match.re])
+        return check is None or check(match.group())
+
+    def label(match: re.Match[str]) -> str:
+        return f"[{kind_of[match.re].upper()}]"
+
+    return redact(
+        tuple(kind_of),
+        replacement=label if replacement is None else replacement,
+        validate=valid,
+        name="pii",
+    )
+
+
+def _kinds(kinds: object) -> frozenset[str]:
+    if isinstance(kinds, str):
+        kinds = (kinds,)
+    if not isinstance(kinds, Iterable):
+        raise ConfigError(
+            f"pii(kinds=...) must be kind names among {', '.join(KINDS)}, got {kinds!r}"
+        )
+    chosen = tuple(kinds)
+    unknown = [kind for kind in chosen if kind not in _PATTERNS]
+    if unknown:
+        raise ConfigError(
+            f"pii(kinds=...): unknown kind {unknown[0]!r}; the kinds are {', '.join(KINDS)}"
+        )
+    if not chosen:
+        raise ConfigError(f"pii(kinds=...) is empty; choose among {', '.join(KINDS)}")
+    return frozenset(chosen)

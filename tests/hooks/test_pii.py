@@ -1,0 +1,296 @@
+"""hooks.pii: built-in patterns with checksums, on top of redact's chunking law."""
+
+import random
+from itertools import pairwise
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hooks import pii
+from pipeline import ConfigError, Pipeline
+from pipeline import events as ev
+from pipeline.testing import FunctionModel, ScriptedModel
+from turns import Turn
+
+
+def through(factory, chunks) -> str:
+    stream = factory()
+    return "".join(stream.feed(chunk) for chunk in chunks) + stream.flush()
+
+
+# Independent oracles for the checksums (not the implementation's own functions).
+def luhn_valid(digits: str) -> bool:
+    doubled = [int(d) * (2 if i % 2 else 1) for i, d in enumerate(reversed(digits))]
+    return sum(d - 9 if d > 9 else d for d in doubled) % 10 == 0
+
+
+def iban_valid(code: str) -> bool:
+    rearranged = code[4:] + code[:4]
+    number = "".join(str(ord(c) - 55) if c.isalpha() else c for c in rearranged)
+    return int(number) % 97 == 1
+
+
+# -- what is redacted -----------------------------------------------------------------------
+
+FOUND = [
+    ("mail jo.doe+tag@example.co.uk today", "mail [EMAIL] today"),
+    ("a_b%c@sub-domain.example.org.", "[EMAIL]."),
+    ("call +44 20 7946 0958.", "call [PHONE]."),
+    ("call +1 (555) 010-0199 now", "call [PHONE] now"),
+    ("call +49 30 901820", "call [PHONE]"),
+    ("call 555-010-0199 or (555) 010-0199 or 555.010.0199", "call [PHONE] or [PHONE] or [PHONE]"),
+    ("card 4111 1111 1111 1111, thanks", "card [CARD], thanks"),
+    ("card 4111-1111-1111-1111", "card [CARD]"),
+    ("card 5500000000000004", "card [CARD]"),
+    ("amex 3782 822463 10005", "amex [CARD]"),
+    ("diners 3056 930902 5904", "diners [CARD]"),
+    ("ssn 123-45-6789", "ssn [SSN]"),
+    ("iban DE89 3704 0044 0532 0130 00 please", "iban [IBAN] please"),
+    ("iban GB82 WEST 1234 5698 7654 32", "iban [IBAN]"),
+    ("iban FR1420041010050500013M02606", "iban [IBAN]"),
+    ("host 192.168.1.20.", "host [IPV4]."),
+    ("mask 255.255.255.0 on 10.0.0.1", "mask [IPV4] on [IPV4]"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), FOUND, ids=[text for text, _ in FOUND])
+def test_each_kind_is_redacted_and_named(text, expected):
+    assert pii().redact_text(text) == expected
+
+
+# -- look-alikes that must stay ---------------------------------------------------------------
+
+LOOKALIKES = [
+    # order ids, references, tracking numbers
+    "Order #1234567890123456 shipped",
+    "order ORD-123-45-6789 is ready",
+    "ref 5123 4567 8901 2345 (not a card)",
+    "invoice 2720992720992720",
+    "tracking 1Z999AA10123456784",
+    "ticket AB12CDEF3456GH78IJ",
+    "SKU 9781234567897",
+    # cards and IBANs that fail their checksum
+    "card 4111 1111 1111 1112",
+    "card 4111-1111-1111-1112",
+    "iban DE89 3704 0044 0532 0130 01",
+    "iban GB82 WEST 1234 5698 7654 33",
+    # dates and times
+    "due 2024-01-15",
+    "due 15.01.2024",
+    "due 01/15/2024 at 12:30:45",
+    "from 2023-12-31T23:59:59Z",
+    # version numbers
+    "Python 3.11.4",
+    "upgrade to v2.4.1.9",
+    "release 1.2.3-beta.4",
+    "Windows 10.0.19041.1",
+    "build 1.10.100.1000",
+    # numbers that look like the rest
+    "SSN-like 000-12-3456 or 666-12-3456 or 123-00-4567",
+    "zip 94103-1234",
+    "price $1,234.56",
+    "score +12 or 3 + 4",
+    "call ext. 1234",
+    "ip 10.0.300.1 or 01.02.03.04",
+    # addresses that are not addresses
+    "icon logo@2x.png",
+    "write to admin@localhost",
+    "mention @jo on the thread",
+]
+
+
+@pytest.mark.parametrize("text", LOOKALIKES)
+def test_a_lookalike_is_left_alone(text):
+    factory = pii()
+    assert factory.redact_text(text) == text
+    assert through(factory, list(text)) == text
+
+
+def test_the_corpus_cards_and_ibans_really_fail_their_checksums():
+    # The look-alikes above are look-alikes because their checksums fail, not by accident.
+    assert not luhn_valid("4111111111111112")
+    assert not luhn_valid("1234567890123456")
+    assert not luhn_valid("5123456789012345")
+    assert not luhn_valid("2720992720992720")
+    assert not iban_valid("DE89370400440532013001")
+    assert not iban_valid("GB82WEST12345698765433")
+    assert luhn_valid("4111111111111111")
+    assert iban_valid("DE89370400440532013000")
+
+
+# -- properties -----------------------------------------------------------------------------
+
+PIECES = (
+    "4111", "1111", "1112", " ", "-", "DE89", "3704", "0044", "0532", "0130", "00", "01",
+    "+44", "20", "7946", "0958", "555", "010", "0199", "(", ")", ".", "jo", "@", "example",
+    ".com", "x", "B", "192", "168", "1", "123", "45", "6789", ",", "\n", "é", "_", "GB82",
+    "WEST", "3782", "822463", "10005", "2x", ".png", "v", ":", "2024",
+)  # fmt: skip
+
+
+@st.composite
+def chunkings(draw, text: str) -> list[str]:
+    if draw(st.booleans()):
+        return list(text)
+    cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=10)))
+    return [text[start:end] for start, end in pairwise([0, *cuts, len(text)])]
+
+
+@settings(max_examples=200)
+@given(data=st.data())
+def test_any_chunking_adds_up_to_the_whole_text_redaction(data):
+    factory = pii()
+    text = data.draw(st.lists(st.sampled_from(PIECES), max_size=40).map("".join), label="text")
+    chunks = data.draw(chunkings(text), label="chunks")
+    assert through(factory, chunks) == factory.redact_text(text)
+
+
+@st.composite
+def valid_cards(draw) -> str:
+    body = str(draw(st.sampled_from("23456"))) + "".join(
+        draw(st.lists(st.sampled_from("0123456789"), min_size=14, max_size=14))
+    )
+    check = next(d for d in "0123456789" if luhn_valid(body + d))
+    digits = body + check
+    separator = draw(st.sampled_from(["", " ", "-"]))
+    return separator.join(digits[i : i + 4] for i in range(0, 16, 4))
+
+
+@settings(max_examples=100)
+@given(card=valid_cards(), data=st.data())
+def test_every_valid_card_number_is_redacted_however_it_arrives(card, data):
+    text = f"pay with {card}, thanks"
+    chunks = data.draw(chunkings(text), label="chunks")
+    assert through(pii(), chunks) == "pay with [CARD], thanks"
+
+
+@settings(max_examples=100)
+@given(
+    digits=st.text(alphabet="0123456789", min_size=15, max_size=15), first=st.sampled_from("23456")
+)
+def test_a_number_failing_the_luhn_check_is_never_redacted(digits, first):
+    number = first + digits
+    if luhn_valid(number):
+        number = number[:-1] + str((int(number[-1]) + 1) % 10)
+    assert not luhn_valid(number)
+    assert pii().redact_text(f"order {number} shipped") == f"order {number} shipped"
+
+
+@st.composite
+def ibans(draw, *, valid: bool) -> str:
+    bban = "".join(draw(st.lists(st.sampled_from("0123456789"), min_size=18, max_size=18)))
+    country = draw(st.sampled_from(["DE", "FR", "ES", "IT"]))
+    for check in range(100):
+        code = f"{country}{check:02d}{bban}"
+        if iban_valid(code) == valid:
+            break
+    return " ".join(code[i : i + 4] for i in range(0, len(code), 4))
+
+
+@settings(max_examples=60)
+@given(iban=ibans(valid=True), data=st.data())
+def test_every_valid_iban_is_redacted_however_it_arrives(iban, data):
+    text = f"send to {iban} today"
+    assert through(pii(), data.draw(chunkings(text), label="chunks")) == "send to [IBAN] today"
+
+
+@settings(max_examples=60)
+@given(iban=ibans(valid=False))
+def test_an_iban_failing_its_checksum_is_never_redacted(iban):
+    assert pii().redact_text(f"send to {iban} today") == f"send to {iban} today"
+
+
+def test_the_order_of_kinds_does_not_change_the_result():
+    text = " ".join(text for text, _ in FOUND) + " " + " ".join(LOOKALIKES)
+    kinds = ["email", "phone", "card", "ssn", "iban", "ipv4"]
+    shuffled = kinds[:]
+    random.Random(3).shuffle(shuffled)
+    assert pii(shuffled).redact_text(text) == pii(kinds).redact_text(text)
+
+
+# -- options --------------------------------------------------------------------------------
+
+
+def test_only_the_chosen_kinds_are_redacted():
+    factory = pii(("email", "card"))
+    text = "jo@example.com 4111 1111 1111 1111 555-010-0199 192.168.1.20"
+    assert factory.redact_text(text) == "[EMAIL] [CARD] 555-010-0199 192.168.1.20"
+
+
+def test_a_single_kind_may_be_named_alone():
+    assert pii("ssn").redact_text("ssn 123-45-6789, jo@example.com") == "ssn [SSN], jo@example.com"
+
+
+def test_one_replacement_for_every_kind():
+    factory = pii(replacement="***")
+    assert factory.redact_text("jo@example.com or 555-010-0199") == "*** or ***"
+
+
+def test_while_an_ordinary_word_streams_only_it_is_held():
+    stream = pii()()
+    assert stream.feed("The refund is issued within fourteen days; write to jo") == (
+        "The refund is issued within fourteen days; write to "
+    )
+
+
+@pytest.mark.parametrize("kinds", [("email", "passport"), ("EMAIL",), (), 42])
+def test_a_bad_kind_is_refused_by_name(kinds):
+    with pytest.raises(ConfigError) as info:
+        pii(kinds)
+    assert "kinds" in str(info.value)
+    assert "email, phone, card, ssn, iban, ipv4" in str(info.value)
+
+
+@pytest.mark.parametrize("replacement", [b"#", 0, ["[X]"]])
+def test_a_bad_replacement_is_refused(replacement):
+    with pytest.raises(ConfigError) as info:
+        pii(replacement=replacement)
+    assert "replacement" in str(info.value)
+    assert repr(replacement) in str(info.value)
+
+
+# -- in a pipeline --------------------------------------------------------------------------
+
+
+async def test_a_card_number_split_across_chunks_never_reaches_anyone():
+    chunks = ["Your card 4111 11", "11 1111 1", "111 is on file; mail jo@exam", "ple.com."]
+    pipe = Pipeline(model=ScriptedModel([chunks]), transformers=[pii()])
+    async with pipe.stream(Turn.start("which card?")) as events:
+        seen = [event async for event in events]
+    result = events.result
+    deltas = [event.text for event in seen if isinstance(event, ev.TextDelta)]
+    assert result.reply is not None
+    assert result.reply.text == "Your card [CARD] is on file; mail [EMAIL]."
+    assert "".join(deltas) == result.reply.text
+    assert not any(digit in "".join(deltas) for digit in "0123456789")
+    assert result.reply.annotations == {"pii": {"redactions": 2}}
+
+
+async def test_the_redacted_text_is_what_a_session_commits():
+    from pipeline.logs import MemoryLog
+
+    pipe = Pipeline(model=ScriptedModel([["ssn 123-4", "5-6789"]]), transformers=[pii()])
+    log = MemoryLog()
+    async with pipe.session(log=log, conversation_id="c") as session:
+        await session.send("what is my ssn?")
+    context = await log.load("c")
+    assert [message.text for message in context.messages] == ["what is my ssn?", "ssn [SSN]"]
+
+
+async def test_a_turn_cancelled_mid_number_never_releases_what_was_held(autojump_clock):
+    async def stalls(request):
+        yield "Your card is 4111 1111"
+        await trio.sleep_forever()
+        yield "never"
+
+    pipe = Pipeline(model=FunctionModel(stalls), transformers=[pii()])
+    deltas: list[str] = []
+    with trio.move_on_after(5) as scope:
+        async with pipe.stream(Turn.start("which card?")) as events:
+            async for event in events:
+                if isinstance(event, ev.TextDelta):
+                    deltas.append(event.text)
+    assert scope.cancelled_caught
+    assert deltas == ["Your card is"]
