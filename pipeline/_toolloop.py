@@ -182,14 +182,17 @@ async def _run_job(
 ) -> None:
     task_status.started()
     try:
-        await _handle(runner, turn, job, active)
-    except HookError as error:
-        job.failure = error
+        try:
+            await _handle(runner, turn, job, active)
+        except HookError as error:
+            job.failure = error
+        if job.failure is not None or job.halt is not None:
+            # Fail fast: calls in flight are cancelled, calls not started are dropped. The
+            # slot is kept until the batch is cancelled: given back first, it would let the
+            # next call start while the batch stops.
+            await stop_group(batch)
     finally:
         limiter.release_on_behalf_of(job)
-    if job.failure is not None or job.halt is not None:
-        # Fail fast: calls in flight are cancelled, calls not started are dropped.
-        await stop_group(batch)
 
 
 async def _handle(runner: Runner, turn: Turn, job: _Job, active: Mapping[str, Tool]) -> None:
