@@ -218,7 +218,13 @@ class _Object(_Shape):
             converted[name] = shape.convert(item, _join(path, name), problems)
         if problems.items or self.build is None:
             return converted
-        return self.build(**converted)
+        try:
+            return self.build(**converted)
+        except (TypeError, ValueError) as exc:
+            # The class's own validators have the last word on its values.
+            name = getattr(self.build, "__name__", "the value")
+            problems.add(path, f"{name} refused it: {exc_text(exc)}")
+            return _INVALID
 
 
 def _join(path: str, name: str) -> str:
