@@ -198,7 +198,7 @@ class Runner:
         """The error for a hook that returned something its stage does not allow."""
         return HookReturnError(
             f"expected hook {step.label} to return {expected}, got {describe(result)}"
-            f"{_hint(result, group=group)}",
+            f"{_hint(result, group=group, stage=step.stage)}",
             hook=step.name,
             stage=step.stage,
         )
@@ -366,6 +366,12 @@ class Runner:
 
 _new = tuple.__new__
 
+# What a tool hook continues with, by stage: for the likely fix in a wrong-return message.
+_TOOL_HINTS: dict[str, tuple[str, type]] = {
+    "before_tool": ("call", ToolCall),
+    "after_tool": ("result", ToolResult),
+}
+
 
 def _reason(signal: object) -> str | None:
     """The text a refusing signal carries: a halt's reason, a rejection's feedback, ..."""
@@ -404,7 +410,16 @@ def describe(value: object) -> str:
     return text if isinstance(value, type) else f"{type(value).__name__} {text}"
 
 
-def _hint(result: object, *, group: bool) -> str:
+def _hint(result: object, *, group: bool, stage: str = "pre") -> str:
+    if stage in _TOOL_HINTS:
+        value, kind = _TOOL_HINTS[stage]
+        if result is None:
+            return f" — did you forget `return cont({value})`?"
+        if type(result) is kind:
+            return f" — wrap it: `return cont({value})`"
+        if type(result) is Cont:
+            return f" — Cont must carry the {kind.__name__}: `return cont({value})`"
+        return ""
     if group and (result is None or type(result) in (Turn, Cont)):
         return (
             " — parallel members are append-only: return the parts to add, e.g."
