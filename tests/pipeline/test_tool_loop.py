@@ -1,0 +1,1422 @@
+"""The tool loop: batches of tool calls, before/after tool hooks, bounds, events and the audit."""
+
+import re
+
+import attrs
+import pytest
+import trio
+
+from pipeline import (
+    TOOL_HOOKS,
+    ConfigError,
+    HookFailed,
+    HookReturnError,
+    Pipeline,
+    RequestError,
+    StepLimitExceeded,
+    ToolRecord,
+    ask,
+    block,
+    chain,
+    cont,
+    halt,
+    hook,
+    parallel,
+    regenerate,
+    tool,
+)
+from pipeline import events as ev
+from pipeline.logs import MemoryLog
+from pipeline.testing import FunctionModel, ScriptedModel
+from turns import Context, Message, Scope, ToolCall, ToolResult, ToolSpec, Turn
+
+from .support import collect, live_tasks, pairing_problems
+
+TURN_REF = "turn-tools"
+CONVERSATION = "conv-tools"
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def start(text: str = "weather?", **options) -> Turn:
+    return Turn.start(text, turn_ref=TURN_REF, **options)
+
+
+def call(call_id: str, city: str, name: str = "lookup") -> ToolCall:
+    return ToolCall(call_id, name, {"city": city})
+
+
+def calls(*cities: str, name: str = "lookup") -> list[ToolCall]:
+    """One call per city, with ids c1, c2, ..."""
+    return [call(f"c{index}", city, name) for index, city in enumerate(cities, 1)]
+
+
+def lookup_tool(trace: list | None = None, *, name: str = "lookup", delays=None, result=None):
+    """An async tool: records ``name:city`` when it starts, sleeps ``delays[city]``, answers."""
+
+    async def run(city: str) -> str:
+        if trace is not None:
+            trace.append(f"{name}:{city}")
+        if delays:
+            await trio.sleep(delays.get(city, 0))
+        return result if result is not None else f"{name}({city})"
+
+    return tool(run, name=name)
+
+
+def answered(tool_calls: list[ToolCall], *contents: str) -> tuple[Message, ...]:
+    """The messages of one tool step: the assistant's calls, then a tool message per result."""
+    return (
+        Message("assistant", tuple(tool_calls)),
+        *(
+            Message.tool(ToolResult(c.id, text))
+            for c, text in zip(tool_calls, contents, strict=True)
+        ),
+    )
+
+
+def results_of(reply_messages) -> list[ToolResult]:
+    return [part for message in reply_messages if message.role == "tool" for part in message.parts]
+
+
+def of_type(events, kind) -> list:
+    return [event for event in events if type(event) is kind]
+
+
+def before(name: str, decide, trace: list | None = None, **options):
+    """A before-tool hook named `name` returning `decide(call)`; records the call it saw."""
+
+    def run(call, turn):
+        if trace is not None:
+            trace.append((name, dict(call.arguments)))
+        return decide(call)
+
+    return hook(run, name=name, **options)
+
+
+def after(name: str, decide, trace: list | None = None, **options):
+    """An after-tool hook named `name` returning `decide(result)`; records what it saw."""
+
+    def run(call, result, turn):
+        if trace is not None:
+            trace.append((name, call.id, result.error_class, result.content))
+        return decide(result)
+
+    return hook(run, name=name, **options)
+
+
+def rewrite(**arguments):
+    return lambda c: cont(c.with_arguments({**c.arguments, **arguments}))
+
+
+def passing(c):
+    return cont(c)
+
+
+def pipe_with(replies, *tools, **options) -> tuple[Pipeline, ScriptedModel]:
+    model = ScriptedModel(replies)
+    return Pipeline(model=model, tools=list(tools) or [lookup_tool()], **options), model
+
+
+def shaping(name: str, **changes):
+    async def shape(turn):
+        return cont(turn.with_request(**changes))
+
+    return hook(shape, name=name)
+
+
+# -- results go back to the model ------------------------------------------------------------
+
+
+async def test_results_are_fed_back_in_call_order_even_when_later_calls_finish_first(
+    autojump_clock,
+) -> None:
+    batch = calls("a", "b", "c")
+    slow_first = lookup_tool(delays={"a": 3, "b": 2, "c": 1})
+    pipe, model = pipe_with([batch, "done"], slow_first, tool_concurrency=3)
+
+    await pipe.run(start())
+
+    assert model.requests[1].messages[-4:] == answered(batch, "lookup(a)", "lookup(b)", "lookup(c)")
+
+
+async def test_the_second_model_call_is_sent_the_history_then_the_exchange() -> None:
+    batch = calls("a")
+    pipe, model = pipe_with([batch, "done"])
+
+    await pipe.run(start())
+
+    assert model.requests[1].messages == (Message.user("weather?"), *answered(batch, "lookup(a)"))
+
+
+async def test_reply_messages_hold_the_whole_exchange_then_the_answer() -> None:
+    batch = calls("a", "b")
+    pipe, _ = pipe_with([batch, "sunny"])
+
+    result = await pipe.run(start())
+
+    assert result.reply.messages == (
+        *answered(batch, "lookup(a)", "lookup(b)"),
+        Message.assistant("sunny"),
+    )
+
+
+async def test_reply_message_is_the_final_answer() -> None:
+    pipe, _ = pipe_with([calls("a"), "sunny"])
+
+    result = await pipe.run(start())
+
+    assert result.reply.message == Message.assistant("sunny")
+
+
+async def test_several_tool_steps_form_one_exchange() -> None:
+    first, second = calls("a"), [call("c2", "b")]
+    pipe, _ = pipe_with([first, second, "sunny"])
+
+    result = await pipe.run(start())
+
+    assert result.reply.messages == (
+        *answered(first, "lookup(a)"),
+        *answered(second, "lookup(b)"),
+        Message.assistant("sunny"),
+    )
+
+
+async def test_the_completed_turn_commits_the_user_message_and_the_exchange() -> None:
+    batch = calls("a")
+    pipe, _ = pipe_with([batch, "sunny"])
+
+    result = await pipe.run(start())
+
+    assert result.log_messages == (
+        Message.user("weather?"),
+        *answered(batch, "lookup(a)"),
+        Message.assistant("sunny"),
+    )
+
+
+async def test_a_session_commits_the_exchange_to_the_log() -> None:
+    batch = calls("a")
+    pipe, _ = pipe_with([batch, "sunny"])
+    log = MemoryLog()
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        await session.send("weather?")
+
+    assert (await log.load(CONVERSATION)).messages == (
+        Message.user("weather?"),
+        *answered(batch, "lookup(a)"),
+        Message.assistant("sunny"),
+    )
+
+
+async def test_a_tool_receives_the_turns_scope() -> None:
+    seen: list[Scope] = []
+
+    async def whoami(scope: Scope) -> str:
+        seen.append(scope)
+        return "you"
+
+    scope = Scope(current_user="ann")
+    pipe, _ = pipe_with([[ToolCall("c1", "whoami", {})], "done"], tool(whoami))
+
+    await pipe.run(start(scope=scope))
+
+    assert seen == [scope]
+
+
+async def test_a_failing_tool_is_the_models_to_handle_and_the_turn_goes_on() -> None:
+    async def explode(city: str) -> str:
+        raise LookupError(f"no weather for {city}")
+
+    pipe, _ = pipe_with([calls("a", name="explode"), "sorry"], tool(explode))
+
+    result = await pipe.run(start())
+
+    assert (
+        result.outcome,
+        [(r.error_class, r.is_error) for r in results_of(result.reply.messages)],
+    ) == (
+        "completed",
+        [("tool_error", True)],
+    )
+
+
+async def test_undecodable_arguments_from_the_provider_never_reach_the_tool() -> None:
+    trace: list[str] = []
+    broken = ToolCall("c1", "lookup", {}, {"invalid_arguments": {"raw": "{", "error": "bad JSON"}})
+    pipe, _ = pipe_with([[broken], "sorry"], lookup_tool(trace))
+
+    result = await pipe.run(start())
+
+    assert (trace, [r.error_class for r in results_of(result.reply.messages)]) == (
+        [],
+        ["invalid_arguments"],
+    )
+
+
+@attrs.frozen
+class Order:
+    quantity: int = attrs.field(validator=attrs.validators.gt(0))
+
+
+async def test_an_argument_its_attrs_class_refuses_gives_invalid_arguments() -> None:
+    async def buy(order: Order) -> str:
+        return "bought"
+
+    pipe, _ = pipe_with([[ToolCall("c1", "buy", {"order": {"quantity": -1}})], "ok"], tool(buy))
+
+    result = await pipe.run(start())
+
+    assert [r.error_class for r in results_of(result.reply.messages)] == ["invalid_arguments"]
+
+
+async def test_a_pipeline_without_tools_keeps_the_models_calls_in_the_reply() -> None:
+    batch = calls("a")
+    model = ScriptedModel([["Let me look.", *batch]])
+
+    result = await Pipeline(model=model).run(start())
+
+    assert (result.reply.message.parts[1:], len(model.requests)) == (tuple(batch), 1)
+
+
+# -- events -------------------------------------------------------------------------------------
+
+
+async def test_tool_started_is_emitted_only_for_calls_that_run() -> None:
+    batch = [
+        call("c1", "a"),
+        call("c2", "blocked"),
+        ToolCall("c3", "lookup", {"city": 3}),
+        call("c4", "x", name="missing"),
+    ]
+    guard = before("guard", lambda c: block("no") if c.arguments["city"] == "blocked" else cont(c))
+    pipe, _ = pipe_with([batch, "done"], before_tool=[guard])
+
+    events, _ = await collect(pipe, start())
+
+    assert [event.call.id for event in of_type(events, ev.ToolStarted)] == ["c1"]
+
+
+async def test_tool_started_carries_the_rewritten_arguments() -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[before("fix", rewrite(city="b"))])
+
+    events, _ = await collect(pipe, start())
+
+    assert [event.call for event in of_type(events, ev.ToolStarted)] == [call("c1", "b")]
+
+
+async def test_tool_call_requested_carries_the_models_original_call() -> None:
+    batch = calls("a", "b")
+    pipe, _ = pipe_with([batch, "done"], before_tool=[before("fix", rewrite(city="z"))])
+
+    events, _ = await collect(pipe, start())
+
+    assert [
+        (event.call, event.attempt, event.step) for event in of_type(events, ev.ToolCallRequested)
+    ] == [(batch[0], 1, 1), (batch[1], 1, 1)]
+
+
+async def test_tool_finished_is_emitted_for_every_call_blocked_invalid_and_unknown_included() -> (
+    None
+):
+    batch = [
+        call("c1", "a"),
+        call("c2", "blocked"),
+        ToolCall("c3", "lookup", {"city": 3}),
+        call("c4", "x", name="missing"),
+    ]
+    guard = before("guard", lambda c: block("no") if c.arguments["city"] == "blocked" else cont(c))
+    pipe, _ = pipe_with([batch, "done"], before_tool=[guard])
+
+    events, _ = await collect(pipe, start())
+
+    assert sorted(
+        (event.call.id, event.result.error_class) for event in of_type(events, ev.ToolFinished)
+    ) == [("c1", None), ("c2", "hook_blocked"), ("c3", "invalid_arguments"), ("c4", "unknown_tool")]
+
+
+async def test_tool_finished_carries_the_rewritten_result() -> None:
+    scrub = after("scrub", lambda r: cont(r.with_content("[hidden]")))
+    pipe, _ = pipe_with([calls("a"), "done"], lookup_tool(result="SECRET-42"), after_tool=[scrub])
+
+    events, _ = await collect(pipe, start())
+
+    assert [event.result.content for event in of_type(events, ev.ToolFinished)] == ["[hidden]"]
+
+
+async def test_the_raw_result_of_a_rewritten_call_appears_in_no_event() -> None:
+    scrub = after("scrub", lambda r: cont(r.with_content("[hidden]")))
+    pipe, _ = pipe_with([calls("a"), "done"], lookup_tool(result="SECRET-42"), after_tool=[scrub])
+
+    events, _ = await collect(pipe, start())
+
+    assert [event for event in events if "SECRET-42" in repr(event)] == []
+
+
+async def test_the_raw_result_of_a_rewritten_call_is_not_in_the_audit() -> None:
+    scrub = after("scrub", lambda r: cont(r.with_content("[hidden]")))
+    pipe, _ = pipe_with([calls("a"), "done"], lookup_tool(result="SECRET-42"), after_tool=[scrub])
+
+    result = await pipe.run(start())
+
+    assert "SECRET-42" not in repr(result.audit)
+
+
+async def test_every_tool_hook_start_is_closed_once() -> None:
+    batch = calls("a", "b", "c")
+    hooks = [
+        before("fix", lambda c: cont(c) if c.arguments["city"] != "b" else block("no")),
+        before("asker", lambda c: ask("may I?") if c.arguments["city"] == "c" else cont(c)),
+    ]
+    pipe, _ = pipe_with(
+        [batch, "done"],
+        before_tool=hooks,
+        after_tool=[after("scrub", lambda r: cont(r.with_content("x")))],
+        permission=lambda c, q, t: False,
+    )
+
+    events, _ = await collect(pipe, start())
+
+    assert pairing_problems(events) == []
+
+
+async def test_a_whole_turn_emits_its_events_in_order() -> None:
+    batch = calls("a", "b")
+    guard = before("guard", lambda c: block("no") if c.arguments["city"] == "b" else cont(c))
+    scrub = after("scrub", lambda r: cont(r.with_content("clean")))
+    pipe, _ = pipe_with(
+        [batch, "sunny"], before_tool=[guard], after_tool=[scrub], tool_concurrency=1
+    )
+
+    events, _ = await collect(pipe, start())
+
+    assert [(type(e).__name__, getattr(e, "hook", None)) for e in events] == [
+        ("TurnStarted", None),
+        ("ModelCalled", None),
+        ("ToolCallRequested", None),
+        ("ToolCallRequested", None),
+        ("HookStarted", "guard"),
+        ("HookFinished", "guard"),
+        ("ToolStarted", None),
+        ("HookStarted", "scrub"),
+        ("HookFinished", "scrub"),
+        ("ToolFinished", None),
+        ("HookStarted", "guard"),
+        ("HookFinished", "guard"),
+        ("ToolBlocked", "guard"),
+        ("ToolFinished", None),
+        ("ModelCalled", None),
+        ("TextDelta", None),
+        ("ReplyReady", None),
+        ("TurnFinished", None),
+    ]
+
+
+# -- before-tool hooks: rewrites ----------------------------------------------------------------
+
+
+async def test_before_tool_rewrites_chain_each_hook_sees_the_previous_rewrite() -> None:
+    trace: list = []
+    hooks = [
+        before("first", rewrite(city="b"), trace),
+        before("second", rewrite(unit="c"), trace),
+    ]
+
+    async def forecast(city: str, unit: str = "k") -> str:
+        return f"{city} {unit}"
+
+    pipe, _ = pipe_with([calls("a", name="forecast"), "done"], tool(forecast), before_tool=hooks)
+
+    await pipe.run(start())
+
+    assert trace == [("first", {"city": "a"}), ("second", {"city": "b"})]
+
+
+async def test_the_tool_runs_with_the_final_rewritten_arguments() -> None:
+    seen: list = []
+
+    async def forecast(city: str, unit: str = "k") -> str:
+        seen.append((city, unit))
+        return "ok"
+
+    hooks = [before("first", rewrite(city="b")), before("second", rewrite(unit="c"))]
+    pipe, _ = pipe_with([calls("a", name="forecast"), "done"], tool(forecast), before_tool=hooks)
+
+    await pipe.run(start())
+
+    assert seen == [("b", "c")]
+
+
+async def test_a_rewritten_call_is_marked_in_its_results_meta() -> None:
+    hooks = [before("first", rewrite(city="b")), before("keep", passing)]
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=hooks)
+
+    result = await pipe.run(start())
+
+    assert results_of(result.reply.messages)[0].meta[TOOL_HOOKS] == {
+        "arguments_rewritten_by": ["first"],
+        "arguments": {"city": "b"},
+    }
+
+
+async def test_the_reply_keeps_the_call_as_the_model_wrote_it() -> None:
+    batch = calls("a")
+    pipe, _ = pipe_with([batch, "done"], before_tool=[before("fix", rewrite(city="b"))])
+
+    result = await pipe.run(start())
+
+    assert result.reply.messages[0] == Message("assistant", tuple(batch))
+
+
+async def test_a_rewrite_to_arguments_the_tool_refuses_gives_invalid_arguments() -> None:
+    trace: list[str] = []
+    fix = before("fix", lambda c: cont(c.with_arguments({"city": 7})))
+    pipe, _ = pipe_with([calls("a"), "done"], lookup_tool(trace), before_tool=[fix])
+
+    result = await pipe.run(start())
+
+    assert (trace, results_of(result.reply.messages)[0].error_class) == ([], "invalid_arguments")
+
+
+# -- before-tool hooks: block ------------------------------------------------------------------
+
+
+async def test_block_gives_the_model_a_hook_blocked_error_with_the_reason() -> None:
+    pipe, _ = pipe_with(
+        [calls("a"), "done"], before_tool=[before("guard", lambda c: block("not today"))]
+    )
+
+    result = await pipe.run(start())
+
+    (blocked,) = results_of(result.reply.messages)
+    assert (blocked.call_id, blocked.content, blocked.is_error, blocked.error_class) == (
+        "c1",
+        "not today",
+        True,
+        "hook_blocked",
+    )
+
+
+async def test_block_marks_the_result_as_produced_by_the_hook() -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[before("guard", lambda c: block("no"))])
+
+    result = await pipe.run(start())
+
+    assert results_of(result.reply.messages)[0].meta[TOOL_HOOKS] == {"blocked_by": "guard"}
+
+
+async def test_block_emits_tool_blocked_naming_the_hook() -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[before("guard", lambda c: block("no"))])
+
+    events, _ = await collect(pipe, start())
+
+    assert of_type(events, ev.ToolBlocked) == [
+        ev.ToolBlocked(TURN_REF, call("c1", "a"), "guard", "no")
+    ]
+
+
+async def test_block_stops_the_later_before_hooks() -> None:
+    trace: list = []
+    hooks = [before("guard", lambda c: block("no"), trace), before("later", passing, trace)]
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=hooks)
+
+    await pipe.run(start())
+
+    assert trace == [("guard", {"city": "a"})]
+
+
+async def test_a_blocked_call_never_runs() -> None:
+    trace: list[str] = []
+    pipe, _ = pipe_with(
+        [calls("a"), "done"],
+        lookup_tool(trace),
+        before_tool=[before("guard", lambda c: block("no"))],
+    )
+
+    await pipe.run(start())
+
+    assert trace == []
+
+
+async def test_after_hooks_do_not_run_for_a_blocked_call() -> None:
+    trace: list = []
+    pipe, _ = pipe_with(
+        [calls("a"), "done"],
+        before_tool=[before("guard", lambda c: block("no"))],
+        after_tool=[after("scrub", cont, trace)],
+    )
+
+    await pipe.run(start())
+
+    assert trace == []
+
+
+# -- before-tool hooks: ask --------------------------------------------------------------------
+
+
+def asking(question: str = "may I?"):
+    return before("asker", lambda c: ask(question))
+
+
+async def test_ask_runs_the_call_when_permission_says_yes() -> None:
+    trace: list[str] = []
+    pipe, _ = pipe_with(
+        [calls("a"), "done"],
+        lookup_tool(trace),
+        before_tool=[asking()],
+        permission=lambda c, q, t: True,
+    )
+
+    await pipe.run(start())
+
+    assert trace == ["lookup:a"]
+
+
+async def test_permission_is_asked_with_the_call_the_question_and_the_turn() -> None:
+    asked: list = []
+
+    def permission(c, question, turn):
+        asked.append((c, question, turn.turn_ref))
+        return True
+
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[asking("ok?")], permission=permission)
+
+    await pipe.run(start())
+
+    assert asked == [(call("c1", "a"), "ok?", TURN_REF)]
+
+
+async def test_ask_blocks_the_call_when_permission_says_no() -> None:
+    trace: list[str] = []
+    pipe, _ = pipe_with(
+        [calls("a"), "done"],
+        lookup_tool(trace),
+        before_tool=[asking("may I?")],
+        permission=lambda c, q, t: False,
+    )
+
+    result = await pipe.run(start())
+
+    (denied,) = results_of(result.reply.messages)
+    assert (trace, denied.error_class, "permission denied" in denied.content) == (
+        [],
+        "hook_blocked",
+        True,
+    )
+
+
+async def test_ask_without_a_permission_callback_blocks_the_call() -> None:
+    trace: list[str] = []
+    pipe, _ = pipe_with([calls("a"), "done"], lookup_tool(trace), before_tool=[asking()])
+
+    result = await pipe.run(start())
+
+    assert (trace, results_of(result.reply.messages)[0].error_class) == ([], "hook_blocked")
+
+
+async def test_ask_refused_emits_tool_blocked_naming_the_asking_hook() -> None:
+    pipe, _ = pipe_with(
+        [calls("a"), "done"], before_tool=[asking()], permission=lambda c, q, t: False
+    )
+
+    events, _ = await collect(pipe, start())
+
+    assert [event.hook for event in of_type(events, ev.ToolBlocked)] == ["asker"]
+
+
+async def test_an_async_permission_callback_is_awaited() -> None:
+    trace: list[str] = []
+
+    async def permission(c, question, turn):
+        await trio.lowlevel.checkpoint()
+        return c.arguments["city"] == "a"
+
+    pipe, _ = pipe_with(
+        [calls("a", "b"), "done"], lookup_tool(trace), before_tool=[asking()], permission=permission
+    )
+
+    await pipe.run(start())
+
+    assert trace == ["lookup:a"]
+
+
+async def test_a_raising_permission_callback_fails_the_turn_naming_the_asking_hook() -> None:
+    def permission(c, question, turn):
+        raise RuntimeError("the policy service is down")
+
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[asking()], permission=permission)
+
+    with pytest.raises(HookFailed, match="asker") as caught:
+        await pipe.run(start())
+    assert (caught.value.hook, caught.value.stage) == ("asker", "before_tool")
+
+
+async def test_a_permission_callback_returning_a_non_bool_is_a_hook_return_error() -> None:
+    pipe, _ = pipe_with(
+        [calls("a"), "done"], before_tool=[asking()], permission=lambda c, q, t: "yes"
+    )
+
+    with pytest.raises(HookReturnError, match="True or False") as caught:
+        await pipe.run(start())
+    assert caught.value.hook == "asker"
+
+
+# -- before-tool hooks: halt -------------------------------------------------------------------
+
+
+def stopper(name: str = "stopper", *, city: str = "a", delay: float = 0, **options):
+    """A before-tool hook that halts on `city` (after `delay`) and passes other calls."""
+
+    async def run(c, turn):
+        if c.arguments["city"] != city:
+            return cont(c)
+        if delay:
+            await trio.sleep(delay)
+        return halt(f"{name} stopped {city}")
+
+    return hook(run, name=name, **options)
+
+
+async def test_a_before_tool_halt_halts_the_turn_naming_the_hook() -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[stopper()])
+
+    result = await pipe.run(start())
+
+    assert (result.outcome, result.halt.hook, result.halt.reason) == (
+        "halted",
+        "stopper",
+        "stopper stopped a",
+    )
+
+
+async def test_a_before_tool_halt_calls_the_model_no_more() -> None:
+    pipe, model = pipe_with([calls("a"), "done"], before_tool=[stopper()])
+
+    await pipe.run(start())
+
+    assert len(model.requests) == 1
+
+
+async def test_a_before_tool_halt_commits_nothing_through_a_session() -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[stopper()])
+    log = MemoryLog()
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        await session.send("weather?")
+
+    assert await log.load(CONVERSATION) == Context()
+
+
+async def test_a_before_tool_halt_drops_the_calls_not_started() -> None:
+    # Trio runs the tasks woken together in either order: repeat, so that a call started after
+    # the halt is caught whichever order the scheduler picks.
+    ran: list[list[str]] = []
+    for _ in range(20):
+        trace: list[str] = []
+        pipe, _ = pipe_with(
+            [calls("a", "b", "c"), "done"],
+            lookup_tool(trace),
+            before_tool=[stopper(city="a")],
+            tool_concurrency=1,
+        )
+        await pipe.run(start())
+        ran.append(trace)
+
+    assert ran == [[]] * 20
+
+
+async def test_a_before_tool_halt_cancels_a_call_in_flight(autojump_clock) -> None:
+    trace: list[str] = []
+
+    async def slow(city: str) -> str:
+        try:
+            await trio.sleep(10)
+        except trio.Cancelled:
+            trace.append("cancelled")
+            raise
+        return "late"
+
+    pipe, _ = pipe_with(
+        [[call("c1", "x", name="slow"), call("c2", "a")], "done"],
+        tool(slow),
+        lookup_tool(),
+        before_tool=[stopper(city="a", delay=1)],
+        tool_concurrency=2,
+    )
+
+    await pipe.run(start())
+
+    assert trace == ["cancelled"]
+
+
+async def test_after_hooks_see_a_cancelled_call(autojump_clock) -> None:
+    trace: list = []
+    pipe, _ = pipe_with(
+        [[call("c1", "x"), call("c2", "a")], "done"],
+        lookup_tool(delays={"x": 10}),
+        before_tool=[stopper(city="a", delay=1)],
+        after_tool=[after("release", cont, trace)],
+        tool_concurrency=2,
+    )
+
+    await pipe.run(start())
+
+    assert [(name, call_id, error) for name, call_id, error, _ in trace] == [
+        ("release", "c1", "cancelled")
+    ]
+
+
+# -- after-tool hooks ---------------------------------------------------------------------------
+
+
+async def test_after_tool_rewrites_chain() -> None:
+    hooks = [
+        after("redact", lambda r: cont(r.with_content(r.content.replace("secret", "[x]")))),
+        after("truncate", lambda r: cont(r.with_content(r.content[:9]))),
+    ]
+    pipe, _ = pipe_with(
+        [calls("a"), "done"], lookup_tool(result="the secret plan"), after_tool=hooks
+    )
+
+    result = await pipe.run(start())
+
+    assert results_of(result.reply.messages)[0].content == "the [x] p"
+
+
+async def test_a_rewritten_result_is_marked_with_the_rewriting_hooks() -> None:
+    hooks = [
+        after("redact", lambda r: cont(r.with_content("[x]"))),
+        after("keep", cont),
+        after("shout", lambda r: cont(r.with_content(r.content.upper()))),
+    ]
+    pipe, _ = pipe_with([calls("a"), "done"], after_tool=hooks)
+
+    result = await pipe.run(start())
+
+    assert results_of(result.reply.messages)[0].meta[TOOL_HOOKS] == {
+        "result_rewritten_by": ["redact", "shout"]
+    }
+
+
+async def test_an_unchanged_result_carries_no_provenance() -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], after_tool=[after("keep", cont)])
+
+    result = await pipe.run(start())
+
+    assert results_of(result.reply.messages)[0] == ToolResult("c1", "lookup(a)")
+
+
+async def test_an_after_tool_halt_halts_the_turn_naming_the_hook() -> None:
+    pipe, model = pipe_with(
+        [calls("a"), "done"], after_tool=[after("judge", lambda r: halt("leak"))]
+    )
+
+    result = await pipe.run(start())
+
+    assert (result.outcome, result.halt.hook, len(model.requests)) == ("halted", "judge", 1)
+
+
+async def test_after_hooks_run_for_a_tool_error() -> None:
+    trace: list = []
+
+    async def explode(city: str) -> str:
+        raise LookupError("gone")
+
+    pipe, _ = pipe_with(
+        [calls("a", name="explode"), "sorry"],
+        tool(explode),
+        after_tool=[after("watch", cont, trace)],
+    )
+
+    await pipe.run(start())
+
+    assert [(name, error) for name, _, error, _ in trace] == [("watch", "tool_error")]
+
+
+# -- match= and when= -----------------------------------------------------------------------
+
+
+async def test_match_by_exact_name_applies_to_that_tool_only() -> None:
+    trace: list = []
+    pipe, _ = pipe_with(
+        [[call("c1", "a", name="get"), call("c2", "b", name="get_weather")], "done"],
+        lookup_tool(name="get"),
+        lookup_tool(name="get_weather"),
+        before_tool=[before("only_get", passing, trace, match="get")],
+        tool_concurrency=1,
+    )
+
+    await pipe.run(start())
+
+    assert trace == [("only_get", {"city": "a"})]
+
+
+async def test_match_by_regex_needs_a_full_match() -> None:
+    trace: list = []
+    pipe, _ = pipe_with(
+        [[call("c1", "a", name="get"), call("c2", "b", name="get_weather")], "done"],
+        lookup_tool(name="get"),
+        lookup_tool(name="get_weather"),
+        before_tool=[before("only_get", passing, trace, match=re.compile("get"))],
+        tool_concurrency=1,
+    )
+
+    await pipe.run(start())
+
+    assert trace == [("only_get", {"city": "a"})]
+
+
+async def test_match_by_regex_applies_to_every_tool_it_fully_matches() -> None:
+    trace: list = []
+    pipe, _ = pipe_with(
+        [[call("c1", "a", name="get"), call("c2", "b", name="get_weather")], "done"],
+        lookup_tool(name="get"),
+        lookup_tool(name="get_weather"),
+        before_tool=[before("all_gets", passing, trace, match=re.compile("get.*"))],
+        tool_concurrency=1,
+    )
+
+    await pipe.run(start())
+
+    assert trace == [("all_gets", {"city": "a"}), ("all_gets", {"city": "b"})]
+
+
+async def test_match_by_predicate_applies_where_it_is_true() -> None:
+    trace: list = []
+    pipe, _ = pipe_with(
+        [[call("c1", "a", name="get"), call("c2", "b", name="get_weather")], "done"],
+        lookup_tool(name="get"),
+        lookup_tool(name="get_weather"),
+        before_tool=[before("weather", passing, trace, match=lambda name: "weather" in name)],
+        tool_concurrency=1,
+    )
+
+    await pipe.run(start())
+
+    assert trace == [("weather", {"city": "b"})]
+
+
+async def test_after_tool_match_applies_to_the_matching_tool_only() -> None:
+    trace: list = []
+    pipe, _ = pipe_with(
+        [[call("c1", "a", name="get"), call("c2", "b", name="put")], "done"],
+        lookup_tool(name="get"),
+        lookup_tool(name="put"),
+        after_tool=[after("on_put", cont, trace, match="put")],
+        tool_concurrency=1,
+    )
+
+    await pipe.run(start())
+
+    assert [(name, call_id) for name, call_id, _, _ in trace] == [("on_put", "c2")]
+
+
+async def test_a_raising_match_predicate_fails_the_turn_naming_the_hook() -> None:
+    def picky(name):
+        raise ValueError("cannot decide")
+
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[before("picky", passing, match=picky)])
+
+    with pytest.raises(HookFailed, match="picky") as caught:
+        await pipe.run(start())
+    assert caught.value.stage == "before_tool"
+
+
+async def test_a_tool_hook_whose_when_is_false_does_not_run() -> None:
+    trace: list = []
+    guard = before(
+        "guard", lambda c: block("no"), trace, when=lambda turn: turn.scope.current_user != "admin"
+    )
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[guard])
+
+    result = await pipe.run(start(scope=Scope(current_user="admin")))
+
+    assert (trace, results_of(result.reply.messages)[0].is_error) == ([], False)
+
+
+async def test_a_tool_hook_whose_when_is_false_is_recorded_as_skipped() -> None:
+    guard = before("guard", lambda c: block("no"), when=lambda turn: False)
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[guard])
+
+    events, _ = await collect(pipe, start())
+
+    assert of_type(events, ev.HookSkipped) == [ev.HookSkipped(TURN_REF, "guard", "before_tool")]
+
+
+async def test_a_chain_of_tool_hooks_runs_its_members_in_order_with_prefixed_names() -> None:
+    trace: list = []
+    policy = chain(before("first", passing, trace), before("second", passing, trace), name="policy")
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[policy])
+
+    events, _ = await collect(pipe, start())
+
+    assert [event.hook for event in of_type(events, ev.HookStarted)] == [
+        "policy.first",
+        "policy.second",
+    ]
+
+
+# -- wrong signals and failures --------------------------------------------------------------
+
+
+async def test_a_before_hook_returning_the_wrong_signal_names_the_hook_and_stage() -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[before("sloppy", lambda c: c)])
+
+    with pytest.raises(HookReturnError, match=r"'sloppy' \(before_tool, position 1\)") as caught:
+        await pipe.run(start())
+    assert (caught.value.hook, caught.value.stage) == ("sloppy", "before_tool")
+
+
+async def test_an_after_hook_returning_the_wrong_signal_names_the_hook_and_stage() -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], after_tool=[after("sloppy", lambda r: block("no"))])
+
+    with pytest.raises(HookReturnError, match=r"'sloppy' \(after_tool, position 1\)") as caught:
+        await pipe.run(start())
+    assert (caught.value.hook, caught.value.stage) == ("sloppy", "after_tool")
+
+
+async def test_a_before_hook_returning_none_is_told_to_return_the_call() -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[before("sloppy", lambda c: None)])
+
+    with pytest.raises(HookReturnError, match=re.escape("return cont(call)")):
+        await pipe.run(start())
+
+
+async def test_an_after_hook_returning_the_bare_result_is_told_to_wrap_it() -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], after_tool=[after("sloppy", lambda r: r)])
+
+    with pytest.raises(HookReturnError, match=re.escape("cont(result)")) as caught:
+        await pipe.run(start())
+    assert "inject" not in str(caught.value)
+
+
+async def test_a_before_hook_changing_the_call_id_is_a_hook_return_error() -> None:
+    other = before("swap", lambda c: cont(attrs.evolve(c, id="c9")))
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[other])
+
+    with pytest.raises(HookReturnError, match=r"'swap'.*changed the call's id"):
+        await pipe.run(start())
+
+
+async def test_a_before_hook_changing_the_tool_name_is_a_hook_return_error() -> None:
+    other = before("swap", lambda c: cont(attrs.evolve(c, name="delete")))
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[other])
+
+    with pytest.raises(HookReturnError, match=r"'swap'.*changed the call's name"):
+        await pipe.run(start())
+
+
+async def test_a_raising_before_hook_fails_the_turn_by_default() -> None:
+    def broken(c, turn):
+        raise RuntimeError("policy unavailable")
+
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[hook(broken, name="broken")])
+
+    with pytest.raises(HookFailed, match="broken") as caught:
+        await pipe.run(start())
+    assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+async def test_a_raising_before_hook_that_fails_open_lets_the_call_run() -> None:
+    trace: list[str] = []
+
+    def broken(c, turn):
+        raise RuntimeError("policy unavailable")
+
+    pipe, _ = pipe_with(
+        [calls("a"), "done"],
+        lookup_tool(trace),
+        before_tool=[hook(broken, name="broken", on_error="skip")],
+    )
+
+    await pipe.run(start())
+
+    assert trace == ["lookup:a"]
+
+
+async def test_a_raising_before_hook_that_fails_open_is_recorded_as_an_event() -> None:
+    def broken(c, turn):
+        raise RuntimeError("policy unavailable")
+
+    pipe, _ = pipe_with(
+        [calls("a"), "done"], before_tool=[hook(broken, name="broken", on_error="skip")]
+    )
+
+    events, _ = await collect(pipe, start())
+
+    assert of_type(events, ev.HookFailed) == [
+        ev.HookFailed(TURN_REF, "broken", "before_tool", "RuntimeError: policy unavailable", False)
+    ]
+
+
+async def test_a_shadow_before_hook_that_blocks_does_not_stop_the_call() -> None:
+    trace: list[str] = []
+    pipe, _ = pipe_with(
+        [calls("a"), "done"],
+        lookup_tool(trace),
+        before_tool=[before("trial", lambda c: block("would block"), shadow=True)],
+    )
+
+    await pipe.run(start())
+
+    assert trace == ["lookup:a"]
+
+
+async def test_a_shadow_before_hooks_block_is_recorded_as_a_shadow_verdict() -> None:
+    pipe, _ = pipe_with(
+        [calls("a"), "done"],
+        before_tool=[before("trial", lambda c: block("would block"), shadow=True)],
+    )
+
+    events, _ = await collect(pipe, start())
+
+    assert of_type(events, ev.ShadowVerdict) == [
+        ev.ShadowVerdict(TURN_REF, "trial", "before_tool", "block", "would block")
+    ]
+
+
+# -- bounds: max_steps, tool_choice, concurrency, order -----------------------------------------
+
+
+def always_calling() -> FunctionModel:
+    """A model that asks for one more tool call every time it is called."""
+
+    def reply(request):
+        return [call(f"c{len(request.messages)}", "a")]
+
+    return FunctionModel(reply)
+
+
+@pytest.mark.parametrize("max_steps", [1, 2, 3])
+async def test_a_model_that_keeps_calling_tools_stops_after_max_steps_model_calls(
+    max_steps,
+) -> None:
+    model = always_calling()
+    pipe = Pipeline(model=model, tools=[lookup_tool()], max_steps=max_steps)
+
+    with pytest.raises(StepLimitExceeded):
+        await pipe.run(start())
+    assert len(model.requests) == max_steps
+
+
+async def test_the_tool_calls_of_the_last_allowed_model_call_do_not_run() -> None:
+    trace: list[str] = []
+    pipe = Pipeline(model=always_calling(), tools=[lookup_tool(trace)], max_steps=2)
+
+    with pytest.raises(StepLimitExceeded):
+        await pipe.run(start())
+    assert trace == ["lookup:a"]
+
+
+async def test_a_final_answer_on_the_last_allowed_model_call_completes() -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], max_steps=2)
+
+    result = await pipe.run(start())
+
+    assert result.outcome == "completed"
+
+
+async def test_tool_choice_required_is_reset_after_the_first_tool_step() -> None:
+    pipe, model = pipe_with(
+        [calls("a"), calls("b"), "done"], pre=[shaping("force", tool_choice="required")]
+    )
+
+    await pipe.run(start())
+
+    assert [request.options.tool_choice for request in model.requests] == ["required", None, None]
+
+
+async def test_tool_choice_auto_is_kept_after_a_tool_step() -> None:
+    pipe, model = pipe_with([calls("a"), "done"], pre=[shaping("auto", tool_choice="auto")])
+
+    await pipe.run(start())
+
+    assert [request.options.tool_choice for request in model.requests] == ["auto", "auto"]
+
+
+async def test_at_most_tool_concurrency_calls_run_at_once(autojump_clock) -> None:
+    running = 0
+    peak = 0
+
+    async def busy(city: str) -> str:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await trio.sleep(1)
+        running -= 1
+        return city
+
+    pipe, _ = pipe_with(
+        [calls("a", "b", "c", "d", "e", name="busy"), "done"], tool(busy), tool_concurrency=2
+    )
+
+    await pipe.run(start())
+
+    assert peak == 2
+
+
+@pytest.mark.parametrize("concurrency", [1, 2, 4])
+async def test_calls_start_in_call_order(autojump_clock, concurrency) -> None:
+    # Trio runs tasks woken together in either order: repeat, so that an order left to the
+    # scheduler shows.
+    orders: list[list[str]] = []
+    for _ in range(10):
+        trace: list[str] = []
+        pipe, _ = pipe_with(
+            [calls("a", "b", "c", "d"), "done"],
+            lookup_tool(trace, delays={"a": 4, "b": 3, "c": 2, "d": 1}),
+            tool_concurrency=concurrency,
+        )
+        await pipe.run(start())
+        orders.append(trace)
+
+    assert orders == [["lookup:a", "lookup:b", "lookup:c", "lookup:d"]] * 10
+
+
+async def test_a_call_to_a_tool_not_active_this_turn_gets_unknown_tool_listing_the_active_ones() -> (
+    None
+):
+    trace: list[str] = []
+    pipe, _ = pipe_with(
+        [[call("c1", "a", name="delete")], "done"],
+        lookup_tool(),
+        lookup_tool(trace, name="delete"),
+        pre=[shaping("narrow", active_tools=["lookup"])],
+    )
+
+    result = await pipe.run(start())
+
+    (unknown,) = results_of(result.reply.messages)
+    assert (trace, unknown.error_class, "['lookup']" in unknown.content) == (
+        [],
+        "unknown_tool",
+        True,
+    )
+
+
+# -- request shaping ----------------------------------------------------------------------------
+
+
+async def test_required_tool_choice_with_every_tool_narrowed_away_names_the_narrowing_hook() -> (
+    None
+):
+    pipe, _ = pipe_with(["done"], pre=[shaping("narrow", active_tools=[])])
+
+    with pytest.raises(RequestError, match="'narrow'"):
+        await pipe.run(start().with_request(tool_choice="required"))
+
+
+async def test_an_impossible_tool_choice_reaches_no_model() -> None:
+    pipe, model = pipe_with(["done"], pre=[shaping("narrow", active_tools=[])])
+
+    with pytest.raises(RequestError):
+        await pipe.run(start().with_request(tool_choice="required"))
+    assert model.requests == []
+
+
+async def test_a_named_tool_choice_that_is_not_active_names_the_narrowing_hook() -> None:
+    pipe, _ = pipe_with(
+        ["done"],
+        lookup_tool(),
+        lookup_tool(name="delete"),
+        pre=[shaping("narrow", active_tools=["lookup"])],
+    )
+
+    with pytest.raises(RequestError, match=r"'delete'.*'narrow'"):
+        await pipe.run(start().with_request(tool_choice="delete"))
+
+
+async def test_a_context_offering_tools_the_pipeline_cannot_run_is_a_request_error() -> None:
+    stranger = ToolSpec("launch", "Launch something.")
+    pipe, model = pipe_with(["done"])
+
+    with pytest.raises(RequestError, match="launch"):
+        await pipe.run(start(context=Context(tools=[stranger])))
+    assert model.requests == []
+
+
+async def test_the_pipelines_tools_fill_an_empty_context() -> None:
+    lookup = lookup_tool()
+    pipe, model = pipe_with(["done"], lookup)
+
+    await pipe.run(start())
+
+    assert model.requests[0].tools == (lookup.spec,)
+
+
+# -- regeneration and holding ------------------------------------------------------------------
+
+
+def reject_text(text: str):
+    async def guard(turn):
+        return regenerate("no") if turn.reply.text == text else cont(turn)
+
+    return hook(guard, name="guard")
+
+
+async def test_a_regeneration_sends_the_rejected_attempts_tool_exchange_back() -> None:
+    first = calls("a")
+    pipe, model = pipe_with([first, "bad", [call("c2", "b")], "good"], post=[reject_text("bad")])
+
+    await pipe.run(start())
+
+    assert model.requests[2].messages[1:4] == (
+        *answered(first, "lookup(a)"),
+        Message.assistant("bad"),
+    )
+
+
+async def test_only_the_accepted_attempts_exchange_is_committed() -> None:
+    second = [call("c2", "b")]
+    pipe, _ = pipe_with([calls("a"), "bad", second, "good"], post=[reject_text("bad")])
+
+    result = await pipe.run(start())
+
+    assert result.log_messages == (
+        Message.user("weather?"),
+        *answered(second, "lookup(b)"),
+        Message.assistant("good"),
+    )
+
+
+async def test_hold_until_accepted_delivers_no_text_of_a_rejected_attempt_that_used_tools() -> None:
+    pipe, _ = pipe_with(
+        [calls("a"), "bad", [call("c2", "b")], "good"],
+        post=[reject_text("bad")],
+        hold_until_accepted=True,
+    )
+
+    events, _ = await collect(pipe, start())
+
+    assert [event.text for event in of_type(events, ev.TextDelta)] == ["good"]
+
+
+async def test_hold_until_accepted_with_tools_gives_the_same_result_as_run() -> None:
+    def build():
+        pipe, _ = pipe_with(
+            [calls("a"), "bad", [call("c2", "b")], "good"],
+            post=[reject_text("bad")],
+            hold_until_accepted=True,
+        )
+        return pipe
+
+    _, streamed = await collect(build(), start())
+    ran = await build().run(start())
+
+    assert (streamed.reply, streamed.log_messages, streamed.audit.tools) == (
+        ran.reply,
+        ran.log_messages,
+        ran.audit.tools,
+    )
+
+
+# -- the audit record ---------------------------------------------------------------------------
+
+
+async def test_the_audit_holds_every_tool_call_in_call_order(autojump_clock) -> None:
+    batch = calls("a", "b")
+    pipe, _ = pipe_with(
+        [batch, [call("c3", "c")], "done"],
+        lookup_tool(delays={"a": 2}),
+        before_tool=[
+            before(
+                "fix", lambda c: cont(c.with_arguments({"city": "B"})) if c.id == "c2" else cont(c)
+            )
+        ],
+    )
+
+    result = await pipe.run(start())
+
+    rewritten = {TOOL_HOOKS: {"arguments_rewritten_by": ["fix"], "arguments": {"city": "B"}}}
+    assert result.audit.tools == (
+        ToolRecord(1, 1, batch[0], batch[0], ToolResult("c1", "lookup(a)")),
+        ToolRecord(1, 1, batch[1], call("c2", "B"), ToolResult("c2", "lookup(B)", meta=rewritten)),
+        ToolRecord(1, 2, call("c3", "c"), call("c3", "c"), ToolResult("c3", "lookup(c)")),
+    )
+
+
+async def test_the_audit_records_the_tool_calls_of_a_rejected_attempt() -> None:
+    pipe, _ = pipe_with([calls("a"), "bad", [call("c2", "b")], "good"], post=[reject_text("bad")])
+
+    result = await pipe.run(start())
+
+    assert [(record.attempt, record.step, record.call.id) for record in result.audit.tools] == [
+        (1, 1, "c1"),
+        (2, 1, "c2"),
+    ]
+
+
+# -- building -------------------------------------------------------------------------------------
+
+
+def test_two_tools_with_one_name_are_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="second tool named 'lookup'"):
+        Pipeline(model=ScriptedModel([]), tools=[lookup_tool(), lookup_tool()])
+
+
+@pytest.mark.parametrize("field", ["max_steps", "tool_concurrency"])
+def test_a_bound_of_zero_is_a_config_error(field) -> None:
+    with pytest.raises(ConfigError, match=field):
+        Pipeline(model=ScriptedModel([]), **{field: 0})
+
+
+def test_a_parallel_group_in_before_tool_is_a_config_error() -> None:
+    group = parallel(before("one", passing), before("two", passing), name="pair")
+
+    with pytest.raises(ConfigError, match=r"before_tool.*'pair'"):
+        Pipeline(model=ScriptedModel([]), before_tool=[group])
+
+
+def test_a_before_tool_hook_of_the_wrong_arity_is_a_config_error_naming_it() -> None:
+    def guard(c):
+        return cont(c)
+
+    with pytest.raises(ConfigError, match=r"guard' \(before_tool, position 1\) cannot be called"):
+        Pipeline(model=ScriptedModel([]), before_tool=[guard])
+
+
+def test_an_after_tool_hook_of_the_wrong_arity_is_a_config_error_naming_it() -> None:
+    def scrub(c, turn):
+        return cont(c)
+
+    with pytest.raises(ConfigError, match=r"scrub' \(after_tool, position 1\) cannot be called"):
+        Pipeline(model=ScriptedModel([]), after_tool=[scrub])
+
+
+def test_a_background_tool_hook_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"'scrub'.*background"):
+        Pipeline(model=ScriptedModel([]), after_tool=[after("scrub", cont, background=True)])
+
+
+def test_a_permission_callback_of_the_wrong_arity_is_a_config_error() -> None:
+    def allow(c):
+        return True
+
+    with pytest.raises(ConfigError, match=r"permission=\S*allow\) cannot be called"):
+        Pipeline(model=ScriptedModel([]), permission=allow)
+
+
+# -- cancellation from outside -----------------------------------------------------------------
+
+
+async def test_cancelling_the_turn_while_a_tool_runs_leaves_no_task_behind(autojump_clock) -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], lookup_tool(delays={"a": 100}))
+    before_turn = live_tasks()
+
+    with trio.move_on_after(5) as scope:
+        await pipe.run(start())
+
+    assert (scope.cancelled_caught, live_tasks()) == (True, before_turn)
+
+
+async def test_cancelling_the_turn_while_a_tool_runs_commits_nothing(autojump_clock) -> None:
+    pipe, _ = pipe_with([calls("a"), "done"], lookup_tool(delays={"a": 100}))
+    log = MemoryLog()
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        with trio.move_on_after(5):
+            await session.send("weather?")
+
+    assert await log.load(CONVERSATION) == Context()

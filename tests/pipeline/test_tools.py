@@ -1,0 +1,683 @@
+"""`tool()`: schemas derived from signatures, argument checks, running and encoding results."""
+
+import json
+import threading
+from typing import Any, Literal
+
+import attrs
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+from pipeline import ConfigError, Tool, tool
+from turns import Scope, ToolCall, ToolResult, ToolSpec
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Point:
+    x: int
+    y: int = 0
+
+
+@attrs.frozen
+class Box:
+    corner: Point
+    label: str
+
+
+@attrs.frozen
+class Positive:
+    amount: int = attrs.field(validator=attrs.validators.gt(0))
+
+
+def probe_for(annotation: Any) -> Tool:
+    """A tool named 'probe' taking one argument `value` annotated `annotation`."""
+
+    def probe(value):
+        return value
+
+    probe.__annotations__ = {"value": annotation}
+    return tool(probe)
+
+
+def call(name: str = "probe", arguments: dict | None = None, **meta: Any) -> ToolCall:
+    return ToolCall("call-1", name, arguments or {}, meta)
+
+
+def property_schema(annotation: Any) -> dict:
+    return probe_for(annotation).parameters["properties"]["value"]
+
+
+def recorder(trace: list):
+    """A typed tool that records the arguments it was called with."""
+
+    def lookup(city: str, days: int = 1) -> str:
+        trace.append((city, days))
+        return f"{city}:{days}"
+
+    return tool(lookup)
+
+
+# -- schemas ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("annotation", "schema"),
+    [
+        pytest.param(str, {"type": "string"}, id="str"),
+        pytest.param(int, {"type": "integer"}, id="int"),
+        pytest.param(float, {"type": "number"}, id="float"),
+        pytest.param(bool, {"type": "boolean"}, id="bool"),
+        pytest.param(list[int], {"type": "array", "items": {"type": "integer"}}, id="list"),
+        pytest.param(
+            dict[str, float],
+            {"type": "object", "additionalProperties": {"type": "number"}},
+            id="dict",
+        ),
+        pytest.param(
+            Literal["celsius", "kelvin"],
+            {"type": "string", "enum": ["celsius", "kelvin"]},
+            id="literal",
+        ),
+        pytest.param(int | None, {"anyOf": [{"type": "integer"}, {"type": "null"}]}, id="optional"),
+        pytest.param(
+            list[dict[str, bool]],
+            {
+                "type": "array",
+                "items": {"type": "object", "additionalProperties": {"type": "boolean"}},
+            },
+            id="nested",
+        ),
+    ],
+)
+def test_an_annotation_gives_its_json_schema(annotation, schema) -> None:
+    assert property_schema(annotation) == schema
+
+
+def test_the_parameters_are_an_object_of_required_arguments_without_extras() -> None:
+    def weather(city: str, days: int) -> str:
+        return city
+
+    assert tool(weather).parameters == {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    }
+
+
+def test_an_argument_with_a_default_is_not_required_and_shows_the_default() -> None:
+    def weather(city: str, unit: str = "celsius") -> str:
+        return city
+
+    parameters = tool(weather).parameters
+    assert (parameters["required"], parameters["properties"]["unit"]) == (
+        ["city"],
+        {"type": "string", "default": "celsius"},
+    )
+
+
+def test_an_optional_argument_without_a_default_is_required_but_nullable() -> None:
+    parameters = probe_for(int | None).parameters
+    assert parameters["required"] == ["value"]
+
+
+def test_an_attrs_class_is_a_nested_object_with_its_required_fields() -> None:
+    assert property_schema(Box) == {
+        "type": "object",
+        "properties": {
+            "corner": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer", "default": 0}},
+                "required": ["x"],
+                "additionalProperties": False,
+            },
+            "label": {"type": "string"},
+        },
+        "required": ["corner", "label"],
+        "additionalProperties": False,
+    }
+
+
+def test_the_description_is_the_docstring_text_before_its_sections() -> None:
+    def forecast(city: str) -> str:
+        """Tell the weather.
+
+        Looks a few days ahead.
+
+        Args:
+            city: The city.
+
+        Returns:
+            The forecast.
+        """
+        return city
+
+    assert tool(forecast).description == "Tell the weather.\n\nLooks a few days ahead."
+
+
+def test_each_argument_is_described_by_its_note_in_the_args_section() -> None:
+    def forecast(city: str, days: int = 3) -> str:
+        """Tell the weather.
+
+        Args:
+            city: The city to look up.
+            days (int): How many days
+                to look ahead.
+
+        Returns:
+            The forecast.
+        """
+        return city
+
+    properties = tool(forecast).parameters["properties"]
+    assert (properties["city"]["description"], properties["days"]["description"]) == (
+        "The city to look up.",
+        "How many days to look ahead.",
+    )
+
+
+def test_name_and_description_can_be_given() -> None:
+    def forecast(city: str) -> str:
+        """Tell the weather."""
+        return city
+
+    made = tool(forecast, name="get_weather", description="The weather in a city.")
+    assert (made.name, made.description) == ("get_weather", "The weather in a city.")
+
+
+def test_the_name_defaults_to_the_function_name() -> None:
+    def forecast(city: str) -> str:
+        return city
+
+    assert tool(forecast).name == "forecast"
+
+
+def test_tool_works_as_a_bare_decorator() -> None:
+    @tool
+    def forecast(city: str) -> str:
+        """Tell the weather."""
+        return city
+
+    assert forecast.spec == ToolSpec("forecast", "Tell the weather.", forecast.parameters)
+
+
+def test_tool_works_as_a_decorator_with_options() -> None:
+    @tool(name="get_weather")
+    def forecast(city: str) -> str:
+        return city
+
+    assert (type(forecast), forecast.name) == (Tool, "get_weather")
+
+
+def test_a_scope_parameter_is_not_shown_to_the_model() -> None:
+    def whoami(greeting: str, scope: Scope) -> str:
+        return greeting
+
+    parameters = tool(whoami).parameters
+    assert (list(parameters["properties"]), parameters["required"]) == (
+        ["greeting"],
+        ["greeting"],
+    )
+
+
+def test_a_built_tool_can_be_called_like_its_function() -> None:
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    assert tool(add)(a=2, b=3) == 5
+
+
+# -- what cannot be described ----------------------------------------------------------------
+
+
+def test_a_missing_annotation_is_a_config_error_naming_the_tool_and_argument() -> None:
+    def lookup(city):
+        return city
+
+    with pytest.raises(ConfigError, match=r"tool 'lookup', argument 'city'.*annotat"):
+        tool(lookup)
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [
+        pytest.param(set[int], id="set"),
+        pytest.param(threading.Event, id="plain-class"),
+        pytest.param(tuple[int, int], id="tuple"),
+        pytest.param(list[set[str]], id="nested-set"),
+    ],
+)
+def test_an_unsupported_annotation_is_a_config_error_naming_the_tool_and_argument(
+    annotation,
+) -> None:
+    with pytest.raises(ConfigError, match=r"tool 'probe', argument 'value'.*cannot describe"):
+        probe_for(annotation)
+
+
+def test_star_args_are_a_config_error_naming_the_argument() -> None:
+    def lookup(*cities: str) -> str:
+        return ""
+
+    with pytest.raises(ConfigError, match=r"tool 'lookup', argument 'cities'.*\*args"):
+        tool(lookup)
+
+
+def test_star_star_kwargs_are_a_config_error_naming_the_argument() -> None:
+    def lookup(**options: str) -> str:
+        return ""
+
+    with pytest.raises(ConfigError, match=r"tool 'lookup', argument 'options'.*\*\*kwargs"):
+        tool(lookup)
+
+
+def test_a_positional_only_argument_is_a_config_error_naming_it() -> None:
+    def lookup(city: str, /) -> str:
+        return city
+
+    with pytest.raises(ConfigError, match=r"tool 'lookup', argument 'city'.*keyword"):
+        tool(lookup)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("get weather", id="space"),
+        pytest.param("x" * 65, id="too-long"),
+        pytest.param("", id="empty"),
+        pytest.param("wetter.heute", id="dot"),
+    ],
+)
+def test_a_name_providers_refuse_is_a_config_error_naming_it(name) -> None:
+    def lookup(city: str) -> str:
+        return city
+
+    with pytest.raises(ConfigError, match="tool name") as caught:
+        tool(lookup, name=name)
+    assert repr(name) in str(caught.value)
+
+
+def test_a_name_of_64_characters_is_accepted() -> None:
+    def lookup(city: str) -> str:
+        return city
+
+    assert tool(lookup, name="x" * 64).name == "x" * 64
+
+
+def test_a_dict_with_non_str_keys_is_a_config_error_naming_the_argument() -> None:
+    with pytest.raises(ConfigError, match=r"tool 'probe', argument 'value'.*keys must be str"):
+        probe_for(dict[int, str])
+
+
+# -- checking the model's arguments ----------------------------------------------------------
+
+
+def test_check_gives_the_arguments_as_the_function_takes_them() -> None:
+    assert recorder([]).check(call("lookup", {"city": "Oslo", "days": 2})) == {
+        "city": "Oslo",
+        "days": 2,
+    }
+
+
+def test_a_missing_required_argument_is_a_problem_naming_it() -> None:
+    assert recorder([]).check(call("lookup", {"days": 2})) == "city: required"
+
+
+def test_an_unexpected_argument_is_a_problem_naming_it_and_the_known_ones() -> None:
+    problem = recorder([]).check(call("lookup", {"city": "Oslo", "mood": "sunny"}))
+    assert problem == "mood: unexpected argument (expected: city, days)"
+
+
+def test_the_scope_cannot_be_passed_by_the_model() -> None:
+    def whoami(greeting: str, scope: Scope) -> str:
+        return greeting
+
+    problem = tool(whoami).check(call("whoami", {"greeting": "hi", "scope": {}}))
+    assert str(problem).startswith("scope: unexpected argument")
+
+
+def test_a_bool_is_not_an_int() -> None:
+    assert probe_for(int).check(call(arguments={"value": True})) == (
+        "value: expected integer, got boolean true"
+    )
+
+
+def test_a_whole_float_is_accepted_as_an_int() -> None:
+    checked = probe_for(int).check(call(arguments={"value": 3.0}))
+    assert (checked, type(checked["value"])) == ({"value": 3}, int)
+
+
+def test_a_fractional_float_is_not_an_int() -> None:
+    assert probe_for(int).check(call(arguments={"value": 3.5})) == (
+        "value: expected integer, got number 3.5"
+    )
+
+
+def test_an_int_is_accepted_as_a_float() -> None:
+    checked = probe_for(float).check(call(arguments={"value": 2}))
+    assert (checked, type(checked["value"])) == ({"value": 2.0}, float)
+
+
+def test_a_string_is_not_a_number() -> None:
+    assert probe_for(float).check(call(arguments={"value": "2"})) == (
+        'value: expected number, got string "2"'
+    )
+
+
+def test_a_problem_in_a_list_names_the_item_index() -> None:
+    problem = probe_for(list[int]).check(call(arguments={"value": [1, "two", 3]}))
+    assert problem == 'value[1]: expected integer, got string "two"'
+
+
+def test_a_problem_in_an_attrs_object_names_the_field_path() -> None:
+    problem = probe_for(Box).check(call(arguments={"value": {"corner": {"x": "1"}, "label": "a"}}))
+    assert problem == 'value.corner.x: expected integer, got string "1"'
+
+
+def test_a_problem_in_a_dict_names_the_key() -> None:
+    problem = probe_for(dict[str, int]).check(call(arguments={"value": {"a": 1, "b": "2"}}))
+    assert problem == 'value.b: expected integer, got string "2"'
+
+
+def test_every_problem_is_listed() -> None:
+    problem = recorder([]).check(call("lookup", {"days": "2", "mood": 1}))
+    assert problem == (
+        'city: required; days: expected integer, got string "2"; mood: unexpected argument'
+        " (expected: city, days)"
+    )
+
+
+def test_a_literal_accepts_only_its_values() -> None:
+    assert probe_for(Literal["celsius", "kelvin"]).check(
+        call(arguments={"value": "fahrenheit"})
+    ) == ("value: expected one of ['celsius', 'kelvin'], got string \"fahrenheit\"")
+
+
+def test_an_optional_accepts_null() -> None:
+    assert probe_for(int | None).check(call(arguments={"value": None})) == {"value": None}
+
+
+def test_a_non_optional_rejects_null() -> None:
+    problem = probe_for(str).check(call(arguments={"value": None}))
+    assert str(problem).startswith("value: expected string, got null")
+
+
+def test_an_attrs_argument_is_converted_into_its_class() -> None:
+    checked = probe_for(Box).check(call(arguments={"value": {"corner": {"x": 1}, "label": "a"}}))
+    assert checked == {"value": Box(Point(1, 0), "a")}
+
+
+def test_an_attrs_class_missing_a_required_field_is_a_problem_naming_it() -> None:
+    problem = probe_for(Point).check(call(arguments={"value": {"y": 1}}))
+    assert problem == "value.x: required"
+
+
+def test_an_attrs_class_whose_validator_refuses_the_value_is_a_problem_not_a_crash() -> None:
+    problem = probe_for(Positive).check(call(arguments={"value": {"amount": -1}}))
+    assert str(problem).startswith("value")
+
+
+def test_undecodable_arguments_from_the_provider_are_a_problem() -> None:
+    invalid = {"raw": '{"city": "Os', "error": "not valid JSON: unterminated string"}
+    problem = recorder([]).check(call("lookup", {}, invalid_arguments=invalid))
+    assert problem == "the arguments are not valid JSON: unterminated string"
+
+
+# -- running ----------------------------------------------------------------------------------
+
+
+async def test_run_calls_the_tool_with_the_checked_arguments() -> None:
+    trace: list = []
+    await recorder(trace).run(call("lookup", {"city": "Oslo", "days": 2.0}))
+    assert trace == [("Oslo", 2)]
+
+
+async def test_run_gives_a_result_answering_the_call() -> None:
+    result = await recorder([]).run(call("lookup", {"city": "Oslo"}))
+    assert result == ToolResult("call-1", "Oslo:1")
+
+
+async def test_bad_arguments_give_an_invalid_arguments_result_naming_the_problem() -> None:
+    result = await recorder([]).run(call("lookup", {"city": 7}))
+    assert (
+        result.is_error,
+        result.error_class,
+        result.call_id,
+        "city: expected string, got integer 7" in result.content,
+    ) == (True, "invalid_arguments", "call-1", True)
+
+
+async def test_bad_arguments_never_reach_the_tool() -> None:
+    trace: list = []
+    await recorder(trace).run(call("lookup", {"city": 7}))
+    assert trace == []
+
+
+async def test_undecodable_arguments_give_an_invalid_arguments_result() -> None:
+    invalid = {"raw": "{oops", "error": "not valid JSON"}
+    result = await recorder([]).run(call("lookup", {}, invalid_arguments=invalid))
+    assert (result.is_error, result.error_class) == (True, "invalid_arguments")
+
+
+async def test_undecodable_arguments_never_reach_the_tool() -> None:
+    trace: list = []
+    invalid = {"raw": '{"city": "Oslo"', "error": "not valid JSON"}
+    await recorder(trace).run(call("lookup", {"city": "Oslo"}, invalid_arguments=invalid))
+    assert trace == []
+
+
+async def test_a_str_return_is_the_content_as_is() -> None:
+    @tool
+    def quote() -> str:
+        return '{"not": "re-encoded"}'
+
+    assert (await quote.run(call("quote"))).content == '{"not": "re-encoded"}'
+
+
+@pytest.mark.parametrize(
+    ("value", "decoded"),
+    [
+        pytest.param({"temp": 21, "sky": "clear"}, {"temp": 21, "sky": "clear"}, id="dict"),
+        pytest.param([1, "two", None], [1, "two", None], id="list"),
+        pytest.param(Box(Point(1, 2), "a"), {"corner": {"x": 1, "y": 2}, "label": "a"}, id="attrs"),
+        pytest.param(42, 42, id="int"),
+    ],
+)
+async def test_other_returns_are_json_encoded(value, decoded) -> None:
+    @tool
+    def report() -> Any:
+        return value
+
+    assert json.loads((await report.run(call("report"))).content) == decoded
+
+
+async def test_a_return_that_is_not_json_is_a_tool_error() -> None:
+    @tool
+    def report() -> Any:
+        return threading.Event()
+
+    result = await report.run(call("report"))
+    assert (result.is_error, result.error_class) == (True, "tool_error")
+
+
+async def test_a_raising_tool_gives_a_tool_error_with_the_exception_text() -> None:
+    @tool
+    def report() -> str:
+        raise LookupError("no such city: Atlantis")
+
+    result = await report.run(call("report"))
+    assert (
+        result.is_error,
+        result.error_class,
+        result.call_id,
+        "LookupError: no such city: Atlantis" in result.content,
+    ) == (True, "tool_error", "call-1", True)
+
+
+async def test_a_raising_async_tool_gives_a_tool_error() -> None:
+    @tool
+    async def report() -> str:
+        raise LookupError("no such city: Atlantis")
+
+    result = await report.run(call("report"))
+    assert (result.error_class, "no such city: Atlantis" in result.content) == ("tool_error", True)
+
+
+async def test_a_sync_tool_runs_in_a_worker_thread() -> None:
+    threads: list[int] = []
+
+    @tool
+    def where() -> str:
+        threads.append(threading.get_ident())
+        return "here"
+
+    await where.run(call("where"))
+    assert [thread != threading.get_ident() for thread in threads] == [True]
+
+
+async def test_an_async_tool_is_awaited() -> None:
+    @tool
+    async def where(city: str) -> dict:
+        return {"city": city}
+
+    assert (await where.run(call("where", {"city": "Oslo"}))).content == '{"city": "Oslo"}'
+
+
+async def test_a_scope_parameter_receives_the_scope_given() -> None:
+    seen: list[Scope] = []
+
+    @tool
+    def whoami(context: Scope) -> str:
+        seen.append(context)
+        return "me"
+
+    scope = Scope(current_user="ann").assign(team="blue")
+    await whoami.run(call("whoami"), scope)
+    assert seen == [scope]
+
+
+async def test_a_scope_parameter_receives_an_empty_scope_when_none_is_given() -> None:
+    seen: list[Scope] = []
+
+    @tool
+    async def whoami(scope: Scope) -> str:
+        seen.append(scope)
+        return "me"
+
+    await whoami.run(call("whoami"))
+    assert seen == [Scope()]
+
+
+async def test_the_function_receives_the_attrs_instance() -> None:
+    seen: list = []
+
+    @tool
+    def draw(box: Box) -> str:
+        seen.append(box)
+        return "drawn"
+
+    await draw.run(call("draw", {"box": {"corner": {"x": 1, "y": 2}, "label": "a"}}))
+    assert seen == [Box(Point(1, 2), "a")]
+
+
+async def test_execute_runs_already_checked_arguments() -> None:
+    trace: list = []
+    result = await recorder(trace).execute(call("lookup"), {"city": "Rome", "days": 4}, None)
+    assert (trace, result.content) == ([("Rome", 4)], "Rome:4")
+
+
+# -- laws ---------------------------------------------------------------------------------------
+
+
+def strategy_for(annotation: Any) -> st.SearchStrategy:
+    """Values that fit `annotation`'s schema, as the model would send them."""
+    simple = {
+        str: st.text(),
+        int: st.integers(),
+        float: st.floats(allow_nan=False, allow_infinity=False),
+        bool: st.booleans(),
+    }
+    if annotation in simple:
+        return simple[annotation]
+    if annotation is Point:
+        return st.fixed_dictionaries({"x": st.integers()}, optional={"y": st.integers()})
+    origin = getattr(annotation, "__origin__", None)
+    arguments = getattr(annotation, "__args__", ())
+    if origin is list:
+        return st.lists(strategy_for(arguments[0]), max_size=5)
+    if origin is dict:
+        return st.dictionaries(st.text(), strategy_for(arguments[1]), max_size=5)
+    if origin is Literal:
+        return st.sampled_from(arguments)
+    if type(None) in arguments:
+        (inner,) = (a for a in arguments if a is not type(None))
+        return st.none() | strategy_for(inner)
+    raise AssertionError(f"no strategy for {annotation!r}")
+
+
+def expected(annotation: Any, value: Any) -> Any:
+    """What `check` gives for `value`: attrs objects built, the rest unchanged."""
+    if annotation is Point:
+        return Point(**value)
+    origin = getattr(annotation, "__origin__", None)
+    if origin is list:
+        return [expected(annotation.__args__[0], item) for item in value]
+    return value
+
+
+FITTING = [
+    str,
+    int,
+    float,
+    bool,
+    list[int],
+    dict[str, float],
+    Literal["a", "b", "c"],
+    str | None,
+    list[str | None],
+    list[Point],
+]
+
+
+@pytest.mark.parametrize("annotation", FITTING, ids=repr)
+@settings(max_examples=50)
+@given(data=st.data())
+def test_values_that_fit_the_schema_are_accepted_unchanged(annotation, data) -> None:
+    value = data.draw(strategy_for(annotation))
+    assert probe_for(annotation).check(call(arguments={"value": value})) == {
+        "value": expected(annotation, value)
+    }
+
+
+@tool
+def everything(
+    name: str,
+    count: int,
+    ratio: float,
+    flag: bool,
+    tags: list[str],
+    scores: dict[str, int],
+    unit: Literal["c", "k"],
+    maybe: Point | None,
+    box: Box,
+    scope: Scope,
+    anything: Any = None,
+) -> str:
+    return name
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+ARGUMENT_NAMES = st.sampled_from([*everything.parameters["properties"], "scope"]) | st.text()
+
+
+@settings(max_examples=200)
+@given(st.dictionaries(ARGUMENT_NAMES, JSON, max_size=8))
+def test_check_never_raises_it_gives_a_problem_or_the_arguments(arguments) -> None:
+    checked = everything.check(call("everything", arguments))
+    assert isinstance(checked, str | dict)
