@@ -2,9 +2,10 @@
 
 The turn: an authenticated user asks about refunds. A parallel group retrieves documents
 and memory at the same time; a durable hook notes the account plan and a transient one
-today's date; the model's first answer leaks an internal ticket number, so a guardrail
-rejects it and the model tries again; the e-mail address in the answer is redacted while it
-streams, although it arrives split across chunks; the session commits the turn to a log.
+today's date; the model looks the user's latest return up with a tool; its first answer
+leaks an internal ticket number, so a guardrail rejects it and the model tries again; the
+e-mail address in the answer is redacted while it streams, although it arrives split across
+chunks; the session commits the turn to a log.
 """
 
 import os
@@ -26,12 +27,13 @@ from pipeline import (
     hook,
     parallel,
     regenerate,
+    tool,
 )
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.providers import model_from_string
 from pipeline.testing import FunctionModel
-from turns import Message, Scope, Text, Turn
+from turns import Message, Scope, Text, ToolCall, ToolResult, Turn
 
 from ._redact import redact
 
@@ -105,6 +107,13 @@ def no_internal_refs(turn: Turn) -> Cont[Turn] | Regenerate:
     return cont(turn)
 
 
+@tool
+async def find_return(scope: Scope) -> dict[str, str]:
+    """The signed-in user's latest return."""
+    await trio.sleep(0.010)
+    return {"user": str(scope.current_user), "order": "1182", "received": "2026-11-20"}
+
+
 class OfflineModel:
     """The demo's scripted model: the first answer leaks, the second one, told why, does not."""
 
@@ -112,8 +121,13 @@ class OfflineModel:
         self.requests: list[ModelRequest] = []
         self.model = FunctionModel(self._answer)
 
-    async def _answer(self, request: ModelRequest) -> AsyncIterator[str]:
+    async def _answer(self, request: ModelRequest) -> AsyncIterator[str | ToolCall]:
         self.requests.append(request)
+        if request.messages[-1].role != "tool":
+            # Each attempt first looks the user's return up, then answers.
+            await trio.sleep(0.005)
+            yield ToolCall(f"call_{len(self.requests)}", "find_return", {})
+            return
         retried = any(m.meta.get("feedback_for_attempt") for m in request.messages)
         for chunk in SECOND_ATTEMPT if retried else FIRST_ATTEMPT:
             await trio.sleep(0.005)
@@ -131,6 +145,7 @@ def build(model: Model | None = None) -> Pipeline:
             hook(remember_plan, durable=True),
             add_today,
         ],
+        tools=[find_return],
         transformers=[redact(EMAIL, replacement="[EMAIL]", name="redact_email")],
         post=[no_internal_refs],
     )
@@ -158,8 +173,18 @@ def _describe(event: ev.Event) -> tuple[str, str] | None:
             return f"  {name} injected ({kind}, {tokens} tok)", _clip(text, 44)
         case ev.Halted(hook=name, reason=reason):
             return f"halted by {name}", reason
-        case ev.ModelCalled(attempt=attempt):
+        case ev.ModelCalled(attempt=attempt, step=1):
             return f"model called (attempt {attempt})", ""
+        case ev.ModelCalled(attempt=attempt, step=step):
+            return f"model called again (attempt {attempt}, call {step})", "with the tool results"
+        case ev.ToolCallRequested(call=call):
+            return f"  model asks for tool {call.name}", _clip(repr(dict(call.arguments)), 44)
+        case ev.ToolStarted(call=call):
+            return f"  {call.name} started", "tool"
+        case ev.ToolBlocked(call=call, hook=name, reason=reason):
+            return f"  {call.name} blocked by {name}", reason
+        case ev.ToolFinished(call=call, elapsed=elapsed):
+            return f"  {call.name} -> result", f"{elapsed * 1e3:.1f} ms"
         case ev.TextDelta(text=text, attempt=attempt):
             return f"  text (attempt {attempt})", repr(text)
         case ev.ReplyReady(reply=reply):
@@ -178,6 +203,10 @@ def _clip(text: str, width: int) -> str:
 
 
 def _part_text(part: object) -> str:
+    if isinstance(part, ToolCall):
+        return f"[tool call] {part.name}({dict(part.arguments)})"
+    if isinstance(part, ToolResult):
+        return f"[tool result] {part.content}"
     return part.text if isinstance(part, Text) else repr(part)
 
 
@@ -230,9 +259,9 @@ async def demo(write: Callable[[str], None], model_spec: str | None = None) -> T
         result = events.result
     write("")
     if scripted.requests:
-        write(f"what the model was sent on attempt {len(scripted.requests)}")
+        write(f"what the model was sent on attempt {len(result.audit.attempts)}, last call")
         write("  (history untouched, then this turn's injections at the tail, then the")
-        write("  transient regeneration messages)")
+        write("  transient regeneration messages and this attempt's tool exchange)")
         for message in scripted.requests[-1].messages:
             for line in _message_lines(message):
                 write(line)

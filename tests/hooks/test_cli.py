@@ -50,6 +50,10 @@ def test_demo_shows_every_stage_of_the_turn(demo_output: str) -> None:
         "remember_plan injected (durable",
         "add_today injected (transient",
         "model called (attempt 1)",
+        "model asks for tool find_return",
+        "find_return started",
+        "find_return -> result",
+        "model called again (attempt 1, call 2)",
         "attempt 1 rejected by no_internal_refs",
         "model called (attempt 2)",
         "no_internal_refs -> cont",
@@ -100,12 +104,31 @@ def test_demo_logs_the_durable_parts_and_nothing_transient(demo_output: str) -> 
 
 
 def test_demo_shows_the_history_untouched_before_the_injections(demo_output: str) -> None:
-    sent = _section(demo_output, "what the model was sent on attempt 2")
+    sent = _section(demo_output, "what the model was sent on attempt 2, last call")
     roles = [line.split()[0] for line in sent[2:] if not line.startswith("   ")]
     # System, the history as it was, this turn's user message (injections first), then the
-    # rejected reply and its feedback, transient.
-    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    # rejected attempt's tool exchange, reply and feedback (transient), then this attempt's
+    # tool exchange.
+    assert roles == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+    ]
     assert sent[3].split(None, 1)[1] == "Hi!"
+
+
+def test_demo_commits_only_the_accepted_attempts_tool_exchange(demo_output: str) -> None:
+    committed = _section(demo_output, "committed to the conversation log")
+    roles = [line.split()[0] for line in committed if not line.startswith("   ")]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert sum("[tool call] find_return" in line for line in committed) == 1
 
 
 def test_demo_with_a_model_whose_key_is_missing_stays_offline() -> None:
