@@ -38,13 +38,18 @@ def server_dsn() -> str:
 
 def with_search_path(dsn: str, schema: str) -> str:
     """`dsn` with its connections' search_path set to `schema`."""
+    return with_params(dsn, options=f"-csearch_path={schema}")
+
+
+def with_params(dsn: str, **params: str) -> str:
+    """`dsn` (a URL or a key=value string) with more connection parameters."""
     if dsn.startswith(("postgresql://", "postgres://")):
         parts = urllib.parse.urlsplit(dsn)
-        query = [*urllib.parse.parse_qsl(parts.query), ("options", f"-csearch_path={schema}")]
+        query = [*urllib.parse.parse_qsl(parts.query), *params.items()]
         return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
     from psycopg.conninfo import make_conninfo
 
-    return make_conninfo(dsn, options=f"-csearch_path={schema}")
+    return make_conninfo(dsn, **params)
 
 
 @contextlib.contextmanager
