@@ -1,6 +1,7 @@
 """The ``turnplug`` command line."""
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -15,6 +16,23 @@ def _demo(args: argparse.Namespace) -> int:
 
     trio.run(demo, print, args.model)
     return 0
+
+
+def _log(args: argparse.Namespace) -> int:
+    from ._logview import show_log
+
+    trio.run(
+        functools.partial(
+            show_log, print, args.conversation, args.log, audit=args.audit, as_json=args.json
+        )
+    )
+    return 0
+
+
+def _conversation_id(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("a conversation id must not be empty")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
         " environment (otherwise the demo stays offline)",
     )
     demo.set_defaults(handler=_demo)
+    log = commands.add_parser(
+        "log",
+        help="show a conversation from a durable log",
+        description="Show a conversation's committed turns: roles, text, tool calls and"
+        " results, and which hook injected what. An unknown conversation shows as empty.",
+    )
+    log.add_argument("conversation", metavar="CONVERSATION", type=_conversation_id)
+    log.add_argument(
+        "--log",
+        required=True,
+        metavar="PATH_OR_DSN",
+        help="an SQLite log file, or a postgresql:// DSN",
+    )
+    log.add_argument("--audit", action="store_true", help="also show each turn's audit record")
+    log.add_argument("--json", action="store_true", help="print JSON, for machines")
+    log.set_defaults(handler=_log)
     return parser
 
 

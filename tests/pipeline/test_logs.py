@@ -1,6 +1,6 @@
 """pipeline.logs: one suite, run against MemoryLog, SQLiteLog and PostgresLog.
 
-The `log` fixture (tests/pipeline/conftest.py) is each kind of log in turn, on storage of its
+The `log` fixture (tests/conftest.py, tests/logs.py) is each kind of log in turn, on storage of its
 own; `durable` is each durable kind, for what only a database can show (reopening).
 """
 
@@ -26,7 +26,7 @@ from pipeline.logs import Log, LogEntry, MemoryLog, entry_from_dict, entry_to_di
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Text, ToolCall, ToolResult, Turn
 
-from .conftest import Backend, close
+from ..logs import Backend, close
 
 CONVERSATION = "conv-1"
 

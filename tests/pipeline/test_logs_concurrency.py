@@ -16,7 +16,7 @@ from pipeline import LogConflict, Pipeline, TurnResult
 from pipeline.testing import FunctionModel
 from turns import Context, Message
 
-from .conftest import Backend, close
+from ..logs import Backend, close
 
 ROOT = Path(__file__).resolve().parents[2]
 

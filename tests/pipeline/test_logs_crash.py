@@ -21,8 +21,8 @@ import trio
 
 from pipeline.logs import LogEntry
 
+from ..logs import Backend, close
 from ..postgres import with_params
-from .conftest import Backend, close
 from .crash_writer import CONVERSATION, turn_audit, turn_messages
 
 WRITER = Path(__file__).with_name("crash_writer.py")

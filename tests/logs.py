@@ -1,6 +1,6 @@
-"""Fixtures of the pipeline tests: the logs, each kind on storage of its own per test."""
+"""Each kind of log on storage of its own per test (the fixtures are in conftest.py)."""
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -36,7 +36,7 @@ async def close(log: Log) -> None:
         await aclose()
 
 
-def _backend(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+def make_backend(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if kind == "memory":
         memory = MemoryLog()
         return Backend(kind, "", lambda: memory)
@@ -45,25 +45,3 @@ def _backend(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backe
         return Backend(kind, path, lambda: SQLiteLog(path))
     dsn = request.getfixturevalue("postgres")
     return Backend(kind, dsn, lambda: PostgresLog(dsn))
-
-
-@pytest.fixture(params=LOGS)
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    """Each kind of log in turn."""
-    return _backend(request.param, request, tmp_path)
-
-
-@pytest.fixture(params=DURABLE_LOGS)
-def durable(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    """Each kind of durable log in turn."""
-    return _backend(request.param, request, tmp_path)
-
-
-@pytest.fixture
-async def log(backend: Backend) -> AsyncIterator[Log]:
-    """An open log of each kind, closed after the test."""
-    opened = backend.open()
-    try:
-        yield opened
-    finally:
-        await close(opened)
