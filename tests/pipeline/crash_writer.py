@@ -4,7 +4,8 @@ Run as ``python crash_writer.py KIND WHERE`` (KIND ``sqlite`` or ``postgres``, W
 or DSN), it is a fork server, so that the crash test can start many writers quickly: each
 ``fork`` line on stdin forks a writer (``child PID`` on stdout), each ``reap PID`` line waits
 for that writer to end (``reaped PID``). A writer commits turn after turn to one conversation
-and writes ``ack N`` once turn N's append has returned. All lines go to the same pipe, so the
+and writes ``ack N`` once turn N's append has returned (``failed``, after a traceback on
+stderr, if anything goes wrong). All lines go to the same pipe, so the
 acks of a writer always come before its ``reaped`` line.
 
 The turns are a pure function of their number: the test knows what each must hold.
@@ -86,6 +87,7 @@ def main() -> None:
                     trio.run(_commit_forever, kind, where)
                 except BaseException:
                     traceback.print_exc()
+                    _say("failed")
                 finally:
                     sys.stderr.flush()
                     os._exit(1)  # never return into the fork server's loop

@@ -27,11 +27,13 @@ from .crash_writer import CONVERSATION, turn_audit, turn_messages
 
 WRITER = Path(__file__).with_name("crash_writer.py")
 ROOT = Path(__file__).resolve().parents[2]
-# How many writers are killed, and how long each may live: (while it opens the log,
-# mid-loop), in seconds. A PostgreSQL writer takes longer to connect than an SQLite one takes
-# to open its file; its transactions are the server's, so fewer kills suffice there.
+# How many writers are killed (a PostgreSQL writer's transactions are the server's, so fewer
+# kills suffice there), and when, in seconds: one in four within EARLY of its start, while
+# it opens the log (a PostgreSQL writer takes longer to connect than an SQLite one takes to
+# open its file); the others within MID_LOOP of its first commit, however long that took.
 KILLS = {"sqlite": 40, "postgres": 20}
-WINDOWS = {"sqlite": (0.004, 0.04), "postgres": (0.03, 0.08)}
+EARLY = {"sqlite": 0.004, "postgres": 0.03}
+MID_LOOP = 0.01
 SEED = 20240607
 WRITER_APP = "turnplug-crash-writer"
 
@@ -41,15 +43,18 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs fork and 
 class ForkServer:
     """Drives crash_writer.py: start a writer, kill it, learn what it acknowledged."""
 
-    def __init__(self, kind: str, where: str, stderr) -> None:
+    def __init__(self, kind: str, where: str, stderr: Path) -> None:
+        self.stderr = stderr
+        self._stderr_file = stderr.open("w")
         self.process = subprocess.Popen(
             [sys.executable, str(WRITER), kind, where],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=stderr,
+            stderr=self._stderr_file,
             text=True,
         )
+        self.acked: list[int] = []  # what the current writer acknowledged
 
     def _send(self, line: str) -> None:
         assert self.process.stdin is not None
@@ -66,18 +71,26 @@ class ForkServer:
         self._send("fork")
         command, _, pid = self._read().partition(" ")
         assert command == "child"
+        self.acked = []
         return int(pid)
+
+    def _ack(self, line: str) -> None:
+        assert line != "failed", f"a writer failed:\n{self.stderr.read_text()}"
+        command, _, number = line.partition(" ")
+        assert command == "ack", line
+        self.acked.append(int(number))
+
+    def first_commit(self) -> None:
+        """Wait until the writer has committed a turn (so it is past opening the log)."""
+        self._ack(self._read())
 
     def kill(self, pid: int) -> list[int]:
         """SIGKILL the writer, wait for it to be gone, return the turns it acknowledged."""
         os.kill(pid, signal.SIGKILL)
         self._send(f"reap {pid}")
-        acked = []
         while (line := self._read()) != f"reaped {pid}":
-            command, _, number = line.partition(" ")
-            assert command == "ack", line
-            acked.append(int(number))
-        return acked
+            self._ack(line)
+        return self.acked
 
     def close(self) -> None:
         assert self.process.stdin is not None
@@ -85,6 +98,7 @@ class ForkServer:
         self.process.stdin.close()
         self.process.wait(timeout=30)
         self.process.stdout.close()
+        self._stderr_file.close()
 
 
 def wait_for_writers_to_leave(dsn: str) -> None:
@@ -133,21 +147,24 @@ def test_a_writer_killed_at_random_moments_leaves_every_turn_whole_or_absent(
         where = with_params(where, application_name=WRITER_APP)
     stderr_path = tmp_path / "writers.err"
     acked = 0  # turns the log holds so far, every acknowledged one included
-    with stderr_path.open("w") as stderr:
-        server = ForkServer(durable.kind, where, stderr)
-        try:
-            for _ in range(KILLS[durable.kind]):
-                pid = server.fork()
-                # Mostly mid-loop; one kill in four early, while the writer opens the log.
-                early, late = WINDOWS[durable.kind]
-                time.sleep(rng.uniform(0, early if rng.random() < 0.25 else late))
-                numbers = server.kill(pid)
-                # Each writer goes on from what the log held when the last one was killed.
-                assert numbers == list(range(acked, acked + len(numbers)))
-                acked = check(durable, acked + len(numbers))
-        finally:
-            server.close()
+    mid_loop = 0  # writers killed after their first commit
+    server = ForkServer(durable.kind, where, stderr_path)
+    try:
+        for _ in range(KILLS[durable.kind]):
+            pid = server.fork()
+            if rng.random() < 0.25:
+                time.sleep(rng.uniform(0, EARLY[durable.kind]))
+            else:
+                server.first_commit()
+                mid_loop += 1
+                time.sleep(rng.uniform(0, MID_LOOP))
+            numbers = server.kill(pid)
+            # Each writer goes on from what the log held when the last one was killed.
+            assert numbers == list(range(acked, acked + len(numbers)))
+            acked = check(durable, acked + len(numbers))
+    finally:
+        server.close()
 
     # No writer failed: each opened the log cleanly and committed from what it read.
     assert stderr_path.read_text() == ""
-    assert acked >= KILLS[durable.kind]  # the writers did commit, most of the time
+    assert acked >= mid_loop > 0  # the writers did commit
