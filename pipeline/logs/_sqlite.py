@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Literal, TypeAlias, final
 
+import trio
+
 from turns import Context, Message
 
 from .._audit import AuditRecord
@@ -52,11 +54,13 @@ class SQLiteLog:
     """A `Log` in one SQLite file: the embedded default, for one machine.
 
     Writes use WAL mode with ``synchronous=FULL``: a commit that returned survives a crash
-    of the process or of the machine. Each commit is one ``BEGIN IMMEDIATE`` transaction,
-    so the length check and the insert are atomic also against other processes using the
-    same file. Many sessions in one process share one `SQLiteLog`: it holds one connection,
-    used by one worker thread at a time (SQLite serializes writers anyway), so the event
-    loop never blocks on the database.
+    of the process or of the machine. Commits are written in ``BEGIN IMMEDIATE``
+    transactions, so each length check and its insert are atomic also against other
+    processes using the same file. Many sessions in one process share one `SQLiteLog`: it
+    holds one connection, used by one worker thread at a time (SQLite serializes writers
+    anyway), so the event loop never blocks on the database; commits that arrive while a
+    transaction is being written are written together in the next one (group commit: one
+    fsync for all of them, each checked as if alone).
 
     The tables (``turnplug_*``) are created, or migrated forward, on first use. Close the
     log with ``await log.aclose()`` or use it as ``async with SQLiteLog(path) as log``.
@@ -75,6 +79,8 @@ class SQLiteLog:
             raise ValueError(f"SQLiteLog(timeout=...) must be seconds > 0, got {timeout!r}")
         self._path = os.fspath(path)
         self._timeout = float(timeout)
+        self._queue: list[_Commit] = []
+        self._write_lock = trio.Lock()
         self._connections = Connections(
             size=1,
             connect=self._connect,
@@ -121,14 +127,59 @@ class SQLiteLog:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
         stored = self._encode(conversation_id, turn_ref, messages, audit)
-        outcome, length = await self._connections.run(
-            functools.partial(
-                _append, conversation_id, turn_ref, len(messages), *stored, expected_length
-            )
-        )
+        commit = _Commit((conversation_id, turn_ref, len(messages), *stored, expected_length))
+        outcome, length = await self._commit(commit)
         if outcome == "conflict":
             assert expected_length is not None
             raise conflict(conversation_id, turn_ref, length, expected_length)
+
+    async def _commit(self, commit: "_Commit") -> _Outcome:
+        """Group commit: one transaction (one fsync) for every commit waiting.
+
+        Commits queue; whoever holds the write lock takes the whole queue and writes it in
+        one transaction, each commit checked as if alone, in queue order. A commit taken
+        into a transaction is not abandoned: if its task is cancelled meanwhile, it waits
+        for the transaction and reports it (the cancellation comes at the next checkpoint).
+        A commit cancelled before it was taken is dropped and never written.
+        """
+        self._queue.append(commit)
+        try:
+            await self._write_lock.acquire()
+        except trio.Cancelled:
+            if not commit.taken:
+                self._queue.remove(commit)
+                raise
+            with trio.CancelScope(shield=True):
+                await commit.done.wait()
+            return commit.result()
+        try:
+            if not commit.taken:
+                await self._write(self._take())
+        finally:
+            self._write_lock.release()
+        return commit.result()
+
+    def _take(self) -> "list[_Commit]":
+        batch, self._queue = self._queue, []
+        for commit in batch:
+            commit.taken = True
+        return batch
+
+    async def _write(self, batch: "list[_Commit]") -> None:
+        try:
+            with trio.CancelScope(shield=True):  # taken: written whatever happens to us
+                outcomes = await self._connections.run(
+                    functools.partial(_append_batch, [commit.args for commit in batch])
+                )
+        except Exception as exc:
+            for commit in batch:
+                commit.error = exc
+        else:
+            for commit, outcome in zip(batch, outcomes, strict=True):
+                commit.outcome = outcome
+        finally:
+            for commit in batch:
+                commit.done.set()
 
     async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
         check_id(conversation_id)
@@ -190,6 +241,30 @@ class SQLiteLog:
         return LogError(f"{self!r}: {why}", log=repr(self))
 
 
+class _Commit:
+    """One `append` waiting to be written, and then what became of it."""
+
+    __slots__ = ("args", "done", "error", "outcome", "taken")
+
+    def __init__(self, args: tuple[str, str, int, str, str | None, int | None]) -> None:
+        self.args = args
+        self.taken = False  # in a transaction: it will be written or fail, not dropped
+        self.done = trio.Event()
+        self.outcome: _Outcome | None = None
+        self.error: Exception | None = None
+
+    def result(self) -> _Outcome:
+        if self.error is not None:
+            # Each waiter raises its own copy: one exception object, raised in several
+            # tasks, would collect all their tracebacks.
+            error = self.error
+            if isinstance(error, LogError):
+                raise LogError(str(error), log=error.log) from error.__cause__
+            raise error
+        assert self.outcome is not None
+        return self.outcome
+
+
 def _close(connection: sqlite3.Connection) -> None:
     # Closing a broken connection: there is nothing more to release.
     with contextlib.suppress(sqlite3.Error):
@@ -236,27 +311,21 @@ def _rollback(connection: sqlite3.Connection) -> None:
         connection.execute("ROLLBACK")
 
 
-def _append(
-    conversation_id: str,
-    turn_ref: str,
-    count: int,
-    messages: str,
-    audit: str | None,
-    expected_length: int | None,
+def _append_batch(
+    commits: list[tuple[str, str, int, str, str | None, int | None]],
     connection: sqlite3.Connection,
-) -> _Outcome:
+) -> list[_Outcome]:
     # IMMEDIATE takes the write lock now, before the reads: no other connection can commit
-    # between the length check and the insert.
+    # between a length check and its insert.
     connection.execute("BEGIN IMMEDIATE")
     try:
-        outcome = _append_locked(
-            connection, conversation_id, turn_ref, count, messages, audit, expected_length
-        )
-        connection.execute("COMMIT" if outcome[0] == "committed" else "ROLLBACK")
+        outcomes = [_append_locked(connection, *commit) for commit in commits]
+        wrote = any(outcome == "committed" for outcome, _ in outcomes)
+        connection.execute("COMMIT" if wrote else "ROLLBACK")
     except BaseException:
         _rollback(connection)
         raise
-    return outcome
+    return outcomes
 
 
 def _append_locked(

@@ -5,13 +5,14 @@ What every log does is in test_logs.py, which runs against SQLiteLog too.
 
 import datetime
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
-from pipeline import LogError
+from pipeline import LogConflict, LogError
 from pipeline.logs import SQLiteLog, _sqlite
 from turns import Context, Message, Text
 
@@ -236,3 +237,142 @@ async def test_meta_that_json_cannot_hold_is_a_log_error_and_commits_nothing(tmp
         assert await log.entries("c") == ()
 
     assert "'t1'" in str(excinfo.value)
+
+
+# -- group commit ---------------------------------------------------------------------------
+
+
+class GatedBatches:
+    """Wraps the transaction writer: records each transaction's commits and holds it until
+    the test opens the gate, so a test can act while a transaction is in flight."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.batches: list[list[str]] = []
+        self.gate = threading.Semaphore(0)
+        self.entered = threading.Semaphore(0)
+        write = _sqlite._append_batch
+
+        def gated(commits, connection):
+            self.batches.append([commit[1] for commit in commits])
+            self.entered.release()
+            self.gate.acquire()
+            return write(commits, connection)
+
+        monkeypatch.setattr(_sqlite, "_append_batch", gated)
+
+    async def wait_entered(self) -> None:
+        await trio.to_thread.run_sync(self.entered.acquire)
+
+
+async def test_commits_waiting_together_share_one_transaction(tmp_path, monkeypatch):
+    batches = GatedBatches(monkeypatch)
+
+    async with SQLiteLog(tmp_path / "log.db") as log, trio.open_nursery() as nursery:
+        nursery.start_soon(log.append, "a", "t1", exchange("q", "a"))
+        await batches.wait_entered()
+        for conversation in ("b", "c", "d"):
+            nursery.start_soon(log.append, conversation, "t1", exchange("q", "a"))
+        await trio.testing.wait_all_tasks_blocked()
+        batches.gate.release()  # a's transaction; then b, c and d's
+        await batches.wait_entered()
+        batches.gate.release()
+
+    assert batches.batches == [["t1"], ["t1", "t1", "t1"]]
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        for conversation in "abcd":
+            assert await log.load(conversation) == Context(messages=exchange("q", "a"))
+
+
+async def test_commits_of_one_conversation_in_one_transaction_are_checked_in_order(
+    tmp_path, monkeypatch
+):
+    batches = GatedBatches(monkeypatch)
+    results = {}
+
+    async def commit(ref: str, expected: int) -> None:
+        try:
+            await log.append("c", ref, exchange(ref, "a"), expected_length=expected)
+            results[ref] = "committed"
+        except LogConflict:
+            results[ref] = "conflict"
+
+    async with SQLiteLog(tmp_path / "log.db") as log, trio.open_nursery() as nursery:
+        nursery.start_soon(commit, "t0", 0)
+        await batches.wait_entered()
+        nursery.start_soon(commit, "t1", 2)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(commit, "t1-stale", 2)  # answered from the same length as t1
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(commit, "t1", 2)  # a retry of t1: a no-op
+        await trio.testing.wait_all_tasks_blocked()
+        batches.gate.release()
+        await batches.wait_entered()
+        batches.gate.release()
+
+    assert batches.batches == [["t0"], ["t1", "t1-stale", "t1"]]
+    assert results == {"t0": "committed", "t1": "committed", "t1-stale": "conflict"}
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        stored = await log.load("c")
+    assert stored == Context(messages=(*exchange("t0", "a"), *exchange("t1", "a")))
+
+
+async def test_cancelled_commits_are_written_once_taken_and_dropped_before(tmp_path, monkeypatch):
+    # b and c are taken into the second transaction, d queues behind it; then every task
+    # is cancelled. b and c are written and their appends return (the cancellation comes
+    # at their next checkpoint); d was never taken: it raises and is not written.
+    batches = GatedBatches(monkeypatch)
+    returned = []
+
+    async def commit(conversation: str) -> None:
+        await log.append(conversation, "t1", exchange("q", "a"))
+        returned.append(conversation)
+        await trio.sleep_forever()
+
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit, "a")
+            await batches.wait_entered()
+            nursery.start_soon(commit, "b")
+            nursery.start_soon(commit, "c")
+            await trio.testing.wait_all_tasks_blocked()
+            batches.gate.release()
+            await batches.wait_entered()  # b and c's transaction is in flight
+            nursery.start_soon(commit, "d")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+            batches.gate.release()
+        batches.gate.release()  # a later commit must not carry d along
+        await log.append("e", "t1", exchange("q", "a"))
+        stored = {c: [e.turn_ref for e in await log.entries(c)] for c in "abcd"}
+
+    assert batches.batches == [["t1"], ["t1", "t1"], ["t1"]]
+    assert sorted(returned) == ["a", "b", "c"]
+    assert stored == {"a": ["t1"], "b": ["t1"], "c": ["t1"], "d": []}
+
+
+async def test_a_failed_transaction_fails_each_of_its_commits_and_writes_none(tmp_path):
+    path = tmp_path / "log.db"
+    await committed(path, "t0")
+    holder = raw(path)
+    holder.execute("BEGIN IMMEDIATE")
+    errors = []
+
+    async def commit(conversation: str) -> None:
+        try:
+            await log.append(conversation, "t1", exchange("q", "a"))
+        except LogError as exc:
+            errors.append(exc)
+
+    try:
+        async with SQLiteLog(path, timeout=0.2) as log, trio.open_nursery() as nursery:
+            for conversation in "xyz":
+                nursery.start_soon(commit, conversation)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+    assert len(errors) == 3
+    assert len({id(error) for error in errors}) == 3  # each task raised its own
+    assert all("write lock" in str(error) for error in errors)
+    async with SQLiteLog(path) as log:
+        assert [await log.entries(c) for c in "xyz"] == [(), (), ()]
