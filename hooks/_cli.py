@@ -1,7 +1,6 @@
 """The ``turnplug`` command line."""
 
 import argparse
-import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -21,11 +20,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _log(args: argparse.Namespace) -> int:
     from ._logview import show_log
 
-    trio.run(
-        functools.partial(
-            show_log, print, args.conversation, args.log, audit=args.audit, as_json=args.json
-        )
-    )
+    trio.run(show_log, print, args.conversation, args.log, args.audit, args.json)
     return 0
 
 

@@ -40,7 +40,7 @@ def open_log(where: str) -> SQLiteLog | PostgresLog:
 
 
 async def show_log(
-    write: Write, conversation_id: str, where: str, *, audit: bool, as_json: bool
+    write: Write, conversation_id: str, where: str, audit: bool, as_json: bool
 ) -> None:
     """Write the conversation's committed turns (and their audit records, if asked)."""
     async with open_log(where) as log:
