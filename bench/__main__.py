@@ -12,11 +12,12 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from . import dispatch, parallel, providers, stream
+from . import dispatch, logs, parallel, providers, stream
 from ._harness import Row, fmt_time
 
 BENCHMARKS: dict[str, Callable[[bool], Awaitable[list[Row]]]] = {
     "dispatch": dispatch.run,
+    "logs": logs.run,
     "parallel": parallel.run,
     "providers": providers.run,
     "stream": stream.run,
@@ -31,11 +32,11 @@ def _table(name: str, rows: list[Row]) -> str:
         "|---|---:|---:|---:|---:|---|",
     ]
     for row in rows:
+        median = fmt_time(row.median) if row.median is not None else ""
+        spread = f"{row.spread:.0%}" if row.spread is not None else ""
         floor = fmt_time(row.floor) if row.floor is not None else ""
         ratio = f"{row.ratio:.2f}x" if row.ratio is not None else ""
-        lines.append(
-            f"| {row.workload} | {fmt_time(row.median)} | {row.spread:.0%} | {floor} | {ratio} | {row.note} |"
-        )
+        lines.append(f"| {row.workload} | {median} | {spread} | {floor} | {ratio} | {row.note} |")
     return "\n".join(lines)
 
 

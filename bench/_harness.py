@@ -66,11 +66,11 @@ def per_rep(fn: Callable[..., float], *samples: Sample) -> list[float]:
 
 @attrs.frozen
 class Row:
-    """One line of a benchmark's report."""
+    """One line of a benchmark's report (no median: the workload did not run; see the note)."""
 
     workload: str
-    median: float
-    spread: float
+    median: float | None
+    spread: float | None
     floor: float | None = None
     ratio: float | None = None
     note: str = ""

@@ -7,7 +7,6 @@ unless ``--debug`` is given.
 """
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -15,7 +14,7 @@ from collections.abc import Sequence
 
 import trio
 
-from pipeline import ConfigError, PipelineError
+from pipeline import ConfigError, LogError, PipelineError
 
 from . import config as _config
 
@@ -45,16 +44,19 @@ def _run(args: argparse.Namespace) -> int:
     from ._run import Console, run_turn
 
     loaded = _loaded(args.config)
-    turn = functools.partial(
-        run_turn,
-        loaded.pipeline,
-        args.message,
-        log=open_log(args.log),
-        conversation=args.conversation,
-        as_json=args.json,
-        show_events=args.events,
-        console=Console(sys.stdout, sys.stderr),
-    )
+
+    async def turn() -> int:
+        async with open_log(args.log) as log:
+            return await run_turn(
+                loaded.pipeline,
+                args.message,
+                log=log,
+                conversation=args.conversation,
+                as_json=args.json,
+                show_events=args.events,
+                console=Console(sys.stdout, sys.stderr),
+            )
+
     code: int = trio.run(turn)
     return code
 
@@ -70,15 +72,18 @@ def _chat(args: argparse.Namespace) -> int:
         console.note(
             f"turnplug chat: {args.config} — Ctrl-C cancels a turn, Ctrl-D ends the conversation"
         )
-    turns = functools.partial(
-        chat,
-        loaded.pipeline,
-        log=open_log(args.log),
-        conversation=args.conversation,
-        read_line=read_stdin,
-        console=console,
-        prompt="> " if interactive else "",
-    )
+
+    async def turns() -> int:
+        async with open_log(args.log) as log:
+            return await chat(
+                loaded.pipeline,
+                log=log,
+                conversation=args.conversation,
+                read_line=read_stdin,
+                console=console,
+                prompt="> " if interactive else "",
+            )
+
     code: int = trio.run(turns)
     return code
 
@@ -95,6 +100,19 @@ def _check(args: argparse.Namespace) -> int:
 def _schema(args: argparse.Namespace) -> int:
     print(json.dumps(_config.config_schema(), indent=2, ensure_ascii=False))
     return 0
+
+
+def _log(args: argparse.Namespace) -> int:
+    from ._logview import show_log
+
+    trio.run(show_log, print, args.conversation, args.log, args.audit, args.json)
+    return 0
+
+
+def _conversation_id(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("a conversation id must not be empty")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,6 +173,24 @@ def build_parser() -> argparse.ArgumentParser:
         "schema", parents=[common], help="print the JSON Schema of the config format"
     )
     schema.set_defaults(handler=_schema)
+
+    log = commands.add_parser(
+        "log",
+        parents=[common],
+        help="show a conversation from a durable log",
+        description="Show a conversation's committed turns: roles, text, tool calls and"
+        " results, and which hook injected what. An unknown conversation shows as empty.",
+    )
+    log.add_argument("conversation", metavar="CONVERSATION", type=_conversation_id)
+    log.add_argument(
+        "--log",
+        required=True,
+        metavar="PATH_OR_DSN",
+        help="an SQLite log file, or a postgresql:// DSN",
+    )
+    log.add_argument("--audit", action="store_true", help="also show each turn's audit record")
+    log.add_argument("--json", action="store_true", help="print JSON, for machines")
+    log.set_defaults(handler=_log)
     return parser
 
 
@@ -167,9 +203,9 @@ def _conversation_options(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument(
         "--log",
-        metavar="PATH",
-        help="the conversation log to load from and commit to (default: in memory, for"
-        " this command only)",
+        metavar="PATH_OR_DSN",
+        help="the conversation log to load from and commit to: an SQLite file (created when"
+        " missing) or a postgresql:// DSN (default: in memory, for this command only)",
     )
 
 
@@ -183,8 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"turnplug: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        # A bad config is the caller's to fix (2); a turn that failed did not complete (1).
-        return 2 if isinstance(exc, ConfigError) else 1
+        # A bad config, or a log that cannot be opened, is the caller's to fix (2); a turn
+        # that failed did not complete (1).
+        return 2 if isinstance(exc, ConfigError | LogError) else 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

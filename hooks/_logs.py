@@ -1,25 +1,34 @@
-"""The conversation log the command line's ``--log PATH`` names.
+"""The conversation log the command line's ``--log PATH_OR_DSN`` names.
 
-One function, so that the commands (`run`, `chat`, and later `log`) agree on what a path
-means. Without ``--log`` a command keeps its conversation in a `MemoryLog` for as long as
-it runs.
+One place, so that the commands (`run`, `chat`, `log`) agree on what a path means: a
+``postgresql://`` DSN is a `PostgresLog`, anything else the path of an SQLite file. Without
+``--log`` a command keeps its conversation in a `MemoryLog` for as long as it runs.
 """
 
-from pipeline import ConfigError
-from pipeline.logs import Log, MemoryLog
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from pipeline.logs import Log, MemoryLog, PostgresLog, SQLiteLog
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
-def open_log(path: str | None) -> Log:
-    """The log at `path`, or a fresh in-memory log when `path` is None.
+def durable_log(where: str) -> SQLiteLog | PostgresLog:
+    """The durable log `where` names (an SQLite file is created when missing).
 
     Raises:
-        ConfigError: `path` was given: durable logs on disk are not available yet (this is
-            where `SQLiteLog(path)` is returned once it is).
+        ConfigError: A malformed DSN, or psycopg is not installed.
     """
-    if path is None:
-        return MemoryLog()
-    raise ConfigError(
-        f"--log {path}: conversation logs on disk are not available in this version —"
-        " leave --log out to keep the conversation in memory for this command",
-        source=path,
-    )
+    if where.startswith(POSTGRES_SCHEMES):
+        return PostgresLog(where, max_connections=1)
+    return SQLiteLog(where)
+
+
+@asynccontextmanager
+async def open_log(where: str | None) -> AsyncIterator[Log]:
+    """The log `where` names, closed on exit; a fresh `MemoryLog` when `where` is None."""
+    if where is None:
+        yield MemoryLog()
+        return
+    async with durable_log(where) as log:
+        yield log

@@ -13,6 +13,7 @@ Halts, blocks, rejections and an exhausted regeneration bound are outcomes (data
     │   ├── InjectionOverflow            .hook, .tokens, .total, .reserve
     │   └── ContextOverflow              .tokens, .limit
     ├── LogConflict                      the conversation grew since this turn loaded it
+    ├── LogError                         the log's storage failed (sqlite3, psycopg); .log
     ├── RequestError                     invalid request caught locally (tool_choice vs active tools)
     ├── StepLimitExceeded                the tool loop reached max_steps model calls
     └── ProviderError                    .provider, .status, .request_id where known
@@ -149,6 +150,22 @@ class ContextOverflow(BudgetError):
 @final
 class LogConflict(PipelineError):
     """The conversation grew since this turn loaded it; nothing was committed."""
+
+
+@final
+class LogError(PipelineError):
+    """A durable log's storage failed: the database could not be opened, read or written.
+
+    The driver's own exception (`sqlite3.Error`, `psycopg.Error`) is ``__cause__``. A commit
+    that fails this way wrote nothing.
+
+    Attributes:
+        log: Which log, as its repr shows it (a path, or a DSN without its password).
+    """
+
+    def __init__(self, message: str, *, log: str) -> None:
+        super().__init__(message)
+        self.log = log
 
 
 @final

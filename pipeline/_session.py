@@ -303,10 +303,10 @@ def open_session(
     drain_timeout: float,
 ) -> AbstractAsyncContextManager[Session]:
     """Check the session's arguments now, then open it on ``async with``."""
-    if (
-        not isinstance(log, Log)
-        or isinstance(log, type)
-        or not (is_async_callable(log.load) and is_async_callable(log.append))
+    # A session needs only load and append (the protocol's `entries` is for inspection).
+    if isinstance(log, type) or not (
+        is_async_callable(getattr(log, "load", None))
+        and is_async_callable(getattr(log, "append", None))
     ):
         raise ConfigError(
             f"session(log=...) needs a Log instance with async load() and append(), got"

@@ -24,6 +24,9 @@ ALLOWED_IMPORTS = {
 }
 # Modules allowed to import cattrs: serialization stays at the edge (STYLE 5).
 CATTRS_MODULES = {"turns/serde.py", "hooks/config.py"}
+# Optional dependencies and the one module each may be imported from (lazily: the package
+# imports without them).
+OPTIONAL_IMPORTS = {"psycopg": {"pipeline/logs/_postgres.py"}}
 
 
 def _public_modules(package: str) -> list[str]:
@@ -133,6 +136,9 @@ def test_layering(path: Path) -> None:
         if top == "cattrs":
             if relative not in CATTRS_MODULES:
                 problems.append(f"{relative} imports cattrs: only {sorted(CATTRS_MODULES)} may")
+        elif top in OPTIONAL_IMPORTS:
+            if relative not in OPTIONAL_IMPORTS[top]:
+                problems.append(f"{relative} imports {top}: only {OPTIONAL_IMPORTS[top]} may")
         elif top not in ALLOWED_IMPORTS[package]:
             problems.append(f"{relative} imports {module}, outside the layering of {package}")
     assert problems == []

@@ -19,6 +19,8 @@ def test_bench_quick_runs_every_benchmark() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "## dispatch" in done.stdout
+    assert "## logs" in done.stdout
+    assert "SQLiteLog.append, 8 sessions" in done.stdout
     assert "## parallel" in done.stdout
     assert "## providers" in done.stdout
     assert "run(), per hook" in done.stdout

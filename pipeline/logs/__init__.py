@@ -4,13 +4,31 @@ A `Log` holds, per conversation, the messages of every committed turn, in order,
 turn's audit record beside them. A commit is all-or-nothing and idempotent per ``turn_ref``;
 with ``expected_length`` it is also optimistic: it happens only if the conversation still
 holds exactly that many messages, else `pipeline.LogConflict` and nothing is written.
+
+`MemoryLog` is for tests and examples; `SQLiteLog` is the embedded default (one file, one
+machine); `PostgresLog` serves several worker processes or machines (``pip install
+'turnplug[postgres]'``). Storage failures of the durable logs are `pipeline.LogError`.
+`entry_to_dict` and `entry_from_dict` give a log entry's JSON shape.
 """
 
+from ._codec import entry_from_dict, entry_to_dict
 from ._memory import MemoryLog
+from ._postgres import PostgresLog
 from ._protocol import Log, LogEntry
+from ._sqlite import SQLiteLog
 
-__all__ = ["Log", "LogEntry", "MemoryLog"]
+__all__ = [
+    "Log",
+    "LogEntry",
+    "MemoryLog",
+    "PostgresLog",
+    "SQLiteLog",
+    "entry_from_dict",
+    "entry_to_dict",
+]
 
 for _name in __all__:
-    globals()[_name].__module__ = __name__
-del _name
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith(f"{__name__}._"):
+        _obj.__module__ = __name__
+del _name, _obj

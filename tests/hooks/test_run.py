@@ -143,12 +143,26 @@ def test_without_a_model_the_scripted_model_answers_and_says_so(tmp_path: Path) 
     assert "scripted" in done.stderr
 
 
-def test_a_log_path_is_refused_until_durable_logs_exist(shop: Path) -> None:
-    done = turnplug("run", shop, "hi", "--log", shop.with_name("c.db"))
+def test_a_log_path_keeps_the_conversation_across_runs(shop: Path) -> None:
+    log = shop.with_name("conversations.db")
+    for message in ("How long do refunds take?", "And for returns?"):
+        done = turnplug("run", shop, message, "--log", log, "--conversation", "c1")
+        assert (done.returncode, done.stderr) == (0, "")
+
+    shown = turnplug("log", "c1", "--log", log, "--json")
+
+    assert shown.returncode == 0, shown.stderr
+    turns = json.loads(shown.stdout)["entries"]
+    users = [m for t in turns for m in t["messages"] if m["role"] == "user"]
+    assert len(turns) == 2
+    assert "And for returns?" in json.dumps(users[-1])
+
+
+def test_a_log_path_in_a_missing_directory_is_one_line_and_exit_2(shop: Path) -> None:
+    done = turnplug("run", shop, "hi", "--log", shop.with_name("no") / "such" / "c.db")
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.count("\n") == 1
-    assert "--log" in done.stderr
-    assert "not available" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_run_runs_the_example_from_the_repository_root() -> None:

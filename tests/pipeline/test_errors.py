@@ -15,6 +15,7 @@ from pipeline import (
     HookTimeout,
     InjectionOverflow,
     LogConflict,
+    LogError,
     PipelineError,
     ProviderConnectionError,
     ProviderError,
@@ -26,7 +27,8 @@ from pipeline import (
     StepLimitExceeded,
 )
 
-# The tree as DESIGN §3 draws it: every class with its base classes, in order.
+# The tree as DESIGN §3 draws it, plus LogError (docs/decisions.md): every class with its base
+# classes, in order.
 DESIGN_TREE: dict[type, tuple[type, ...]] = {
     PipelineError: (Exception,),
     ConfigError: (PipelineError,),
@@ -38,6 +40,7 @@ DESIGN_TREE: dict[type, tuple[type, ...]] = {
     InjectionOverflow: (BudgetError,),
     ContextOverflow: (BudgetError,),
     LogConflict: (PipelineError,),
+    LogError: (PipelineError,),
     RequestError: (PipelineError,),
     StepLimitExceeded: (PipelineError,),
     ProviderError: (PipelineError,),
@@ -62,6 +65,7 @@ EXAMPLES: dict[type, PipelineError] = {
     ),
     ContextOverflow: ContextOverflow("too big", tokens=9000, limit=8000),
     LogConflict: LogConflict("grew"),
+    LogError: LogError("disk full", log="SQLiteLog('chat.db')"),
     RequestError: RequestError("bad tool_choice"),
     StepLimitExceeded: StepLimitExceeded("too many steps"),
     ProviderError: ProviderError("failed", provider="openai", status=500, request_id="req-1"),
@@ -154,6 +158,10 @@ def test_context_overflow_carries_tokens_and_limit():
     error = EXAMPLES[ContextOverflow]
 
     assert (error.tokens, error.limit) == (9000, 8000)
+
+
+def test_log_error_carries_the_log():
+    assert EXAMPLES[LogError].log == "SQLiteLog('chat.db')"
 
 
 def test_provider_error_carries_provider_status_and_request_id():

@@ -1,14 +1,32 @@
-"""pipeline.logs: the Log protocol and MemoryLog (load, append, entries, conflicts)."""
+"""pipeline.logs: one suite, run against MemoryLog, SQLiteLog and PostgresLog.
+
+The `log` fixture (tests/conftest.py, tests/logs.py) is each kind of log in turn, on storage of its
+own; `durable` is each durable kind, for what only a database can show (reopening).
+"""
+
+import uuid
 
 import pytest
 import trio
-from hypothesis import given, settings
+import trio.testing
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import LogConflict, Pipeline, PipelineError
-from pipeline.logs import Log, LogEntry, MemoryLog
-from pipeline.testing import ScriptedModel
+from pipeline import (
+    AuditRecord,
+    LogConflict,
+    Pipeline,
+    PipelineError,
+    cont,
+    halt,
+    hook,
+    regenerate,
+)
+from pipeline.logs import Log, LogEntry, MemoryLog, entry_from_dict, entry_to_dict
+from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Text, ToolCall, ToolResult, Turn
+
+from ..logs import Backend, close
 
 CONVERSATION = "conv-1"
 
@@ -17,17 +35,44 @@ def exchange(question: str, answer: str) -> tuple[Message, ...]:
     return (Message.user(question), Message.assistant(answer))
 
 
-async def audit_of(text: str):
+async def audit_of(text: str) -> AuditRecord:
     """A real audit record: the one a completed turn produces."""
     result = await Pipeline(model=ScriptedModel(["ok"])).run(Turn.start(text))
     return result.audit
 
 
+async def rich_audit() -> AuditRecord:
+    """An audit record with every field filled: injections, hooks, attempts, a rejection
+    and a halt whose substitute reply is a message."""
+
+    async def note(turn):
+        return cont(turn.inject(Text("a note", meta={"k": [1, 2.5]})))
+
+    async def picky(turn):
+        if turn.reply.attempt == 1:
+            return regenerate("shorter")
+        return halt("enough", reply=Message.assistant("Sorry.", meta={"why": "policy"}))
+
+    pipe = Pipeline(
+        model=ScriptedModel(["a long answer", "short"]),
+        pre=[hook(note, durable=True)],
+        post=[picky],
+    )
+    result = await pipe.run(Turn.start("hi"))
+    audit = result.audit
+    assert audit.halt is not None
+    assert isinstance(audit.halt.reply, Message)
+    assert audit.injections
+    assert audit.rejections
+    assert audit.hooks
+    return audit
+
+
 # -- the protocol ---------------------------------------------------------------------------
 
 
-def test_memory_log_is_a_log():
-    assert isinstance(MemoryLog(), Log)
+async def test_every_log_is_a_log(log):
+    assert isinstance(log, Log)
 
 
 def test_an_object_without_append_is_not_a_log():
@@ -35,7 +80,21 @@ def test_an_object_without_append_is_not_a_log():
         async def load(self, conversation_id):
             return Context()
 
+        async def entries(self, conversation_id):
+            return ()
+
     assert not isinstance(ReadOnly(), Log)
+
+
+def test_an_object_without_entries_is_not_a_log():
+    class NoEntries:
+        async def load(self, conversation_id):
+            return Context()
+
+        async def append(self, conversation_id, turn_ref, messages, audit=None, **kw):
+            return None
+
+    assert not isinstance(NoEntries(), Log)
 
 
 def test_log_conflict_is_a_pipeline_error():
@@ -45,12 +104,11 @@ def test_log_conflict_is_a_pipeline_error():
 # -- load -----------------------------------------------------------------------------------
 
 
-async def test_loading_an_unknown_conversation_gives_an_empty_context():
-    assert await MemoryLog().load("never-seen") == Context()
+async def test_loading_an_unknown_conversation_gives_an_empty_context(log):
+    assert await log.load("never-seen") == Context()
 
 
-async def test_load_returns_what_was_appended_in_order():
-    log = MemoryLog()
+async def test_load_returns_what_was_appended_in_order(log):
     first, second = exchange("hi", "hello"), exchange("how are you?", "fine")
 
     await log.append(CONVERSATION, "turn-1", first)
@@ -59,36 +117,37 @@ async def test_load_returns_what_was_appended_in_order():
     assert await log.load(CONVERSATION) == Context(messages=(*first, *second))
 
 
-async def test_load_keeps_part_and_message_meta():
-    log = MemoryLog()
-    messages = (
-        Message.user(
-            [Text("note", meta={"injected_by": "memory"}), Text("hi")], meta={"client": "web"}
-        ),
-        Message.assistant(
-            [
-                Text("let me look", meta={"provider": {"signature": "abc"}}),
-                ToolCall("call_1", "search", {"q": "tea"}, meta={"cache": True}),
-            ]
-        ),
-        Message.tool(ToolResult("call_1", "found", meta={"source": "db"})),
-    )
+MESSAGES_WITH_META = (
+    Message.user(
+        [Text("note", meta={"injected_by": "memory"}), Text("hi ✓ \x00 \ud800")],
+        meta={"client": "web"},
+    ),
+    Message.assistant(
+        [
+            Text("let me look", meta={"provider": {"signature": "abc", "n": [1, 2.5, None]}}),
+            ToolCall("call_1", "search", {"q": "tea", "limit": 3}, meta={"cache": True}),
+        ]
+    ),
+    Message.tool(ToolResult("call_1", "found", meta={"source": "db"})),
+    Message.tool(ToolResult("call_2", "boom", is_error=True, error_class="tool_error")),
+)
 
-    await log.append(CONVERSATION, "turn-1", messages)
+
+async def test_load_keeps_part_and_message_meta(log):
+    await log.append(CONVERSATION, "turn-1", MESSAGES_WITH_META)
 
     loaded = await log.load(CONVERSATION)
-    assert loaded.messages == messages
-    assert [m.meta for m in loaded.messages] == [{"client": "web"}, {}, {}]
+    assert loaded.messages == MESSAGES_WITH_META
+    assert [m.meta for m in loaded.messages] == [{"client": "web"}, {}, {}, {}]
     assert [[p.meta for p in m.parts] for m in loaded.messages] == [
         [{"injected_by": "memory"}, {}],
-        [{"provider": {"signature": "abc"}}, {"cache": True}],
+        [{"provider": {"signature": "abc", "n": [1, 2.5, None]}}, {"cache": True}],
         [{"source": "db"}],
+        [{}],
     ]
 
 
-async def test_conversations_are_kept_apart():
-    log = MemoryLog()
-
+async def test_conversations_are_kept_apart(log):
     await log.append("a", "turn-1", exchange("to a", "from a"))
     await log.append("b", "turn-2", exchange("to b", "from b"))
 
@@ -96,8 +155,14 @@ async def test_conversations_are_kept_apart():
     assert await log.load("b") == Context(messages=exchange("to b", "from b"))
 
 
-async def test_append_keeps_its_own_copy_of_the_messages():
-    log = MemoryLog()
+async def test_the_same_turn_ref_in_two_conversations_is_two_commits(log):
+    await log.append("a", "turn-1", exchange("to a", "from a"))
+    await log.append("b", "turn-1", exchange("to b", "from b"))
+
+    assert await log.load("b") == Context(messages=exchange("to b", "from b"))
+
+
+async def test_append_keeps_its_own_copy_of_the_messages(log):
     messages = list(exchange("hi", "hello"))
 
     await log.append(CONVERSATION, "turn-1", messages)
@@ -106,29 +171,32 @@ async def test_append_keeps_its_own_copy_of_the_messages():
     assert await log.load(CONVERSATION) == Context(messages=exchange("hi", "hello"))
 
 
+async def test_an_empty_commit_is_recorded_and_adds_no_message(log):
+    await log.append(CONVERSATION, "turn-1", ())
+    await log.append(CONVERSATION, "turn-2", exchange("hi", "hello"), expected_length=0)
+
+    assert [e.turn_ref for e in await log.entries(CONVERSATION)] == ["turn-1", "turn-2"]
+    assert await log.load(CONVERSATION) == Context(messages=exchange("hi", "hello"))
+
+
 # -- idempotency per turn_ref ---------------------------------------------------------------
 
 
-async def test_appending_the_same_turn_ref_twice_commits_once():
-    log = MemoryLog()
-
+async def test_appending_the_same_turn_ref_twice_commits_once(log):
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
 
     assert await log.load(CONVERSATION) == Context(messages=exchange("hi", "hello"))
 
 
-async def test_a_repeated_turn_ref_keeps_the_first_commit_whatever_the_second_holds():
-    log = MemoryLog()
-
+async def test_a_repeated_turn_ref_keeps_the_first_commit_whatever_the_second_holds(log):
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
     await log.append(CONVERSATION, "turn-1", exchange("other", "text"))
 
     assert await log.load(CONVERSATION) == Context(messages=exchange("hi", "hello"))
 
 
-async def test_a_repeated_turn_ref_with_a_stale_expected_length_is_a_no_op_not_a_conflict():
-    log = MemoryLog()
+async def test_a_repeated_turn_ref_with_a_stale_expected_length_is_a_no_op_not_a_conflict(log):
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"), expected_length=0)
 
     # A retry of a commit that already happened: the length it expected is now stale.
@@ -140,8 +208,7 @@ async def test_a_repeated_turn_ref_with_a_stale_expected_length_is_a_no_op_not_a
 # -- expected_length ------------------------------------------------------------------------
 
 
-async def test_append_with_the_right_expected_length_commits():
-    log = MemoryLog()
+async def test_append_with_the_right_expected_length_commits(log):
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"), expected_length=0)
 
     await log.append(CONVERSATION, "turn-2", exchange("again", "sure"), expected_length=2)
@@ -152,9 +219,8 @@ async def test_append_with_the_right_expected_length_commits():
 
 @pytest.mark.parametrize("expected_length", [0, 1, 3])
 async def test_a_wrong_expected_length_raises_log_conflict_naming_the_conversation(
-    expected_length,
+    log, expected_length
 ):
-    log = MemoryLog()
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
 
     with pytest.raises(LogConflict) as excinfo:
@@ -163,10 +229,10 @@ async def test_a_wrong_expected_length_raises_log_conflict_naming_the_conversati
         )
 
     assert CONVERSATION in str(excinfo.value)
+    assert "holds 2 messages" in str(excinfo.value)
 
 
-async def test_a_conflict_writes_nothing():
-    log = MemoryLog()
+async def test_a_conflict_writes_nothing(log):
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
     before = await log.entries(CONVERSATION)
 
@@ -177,8 +243,17 @@ async def test_a_conflict_writes_nothing():
     assert await log.entries(CONVERSATION) == before
 
 
-async def test_a_conflicted_turn_ref_can_commit_later_with_the_right_length():
-    log = MemoryLog()
+async def test_a_conflict_on_an_unknown_conversation_writes_nothing(log):
+    with pytest.raises(LogConflict):
+        await log.append("fresh", "turn-1", exchange("hi", "hello"), expected_length=2)
+
+    assert await log.load("fresh") == Context()
+    assert await log.entries("fresh") == ()
+    await log.append("fresh", "turn-1", exchange("hi", "hello"), expected_length=0)
+    assert await log.load("fresh") == Context(messages=exchange("hi", "hello"))
+
+
+async def test_a_conflicted_turn_ref_can_commit_later_with_the_right_length(log):
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
     with pytest.raises(LogConflict):
         await log.append(CONVERSATION, "turn-2", exchange("late", "writer"), expected_length=0)
@@ -189,9 +264,7 @@ async def test_a_conflicted_turn_ref_can_commit_later_with_the_right_length():
     assert loaded.messages == (*exchange("hi", "hello"), *exchange("late", "writer"))
 
 
-async def test_expected_length_zero_on_an_unknown_conversation_commits():
-    log = MemoryLog()
-
+async def test_expected_length_zero_on_an_unknown_conversation_commits(log):
     await log.append("fresh", "turn-1", exchange("hi", "hello"), expected_length=0)
 
     assert await log.load("fresh") == Context(messages=exchange("hi", "hello"))
@@ -200,8 +273,7 @@ async def test_expected_length_zero_on_an_unknown_conversation_commits():
 # -- entries: the audit beside the messages -------------------------------------------------
 
 
-async def test_entries_keep_each_commit_with_its_audit_record():
-    log = MemoryLog()
+async def test_entries_keep_each_commit_with_its_audit_record(log):
     audit = await audit_of("hi")
 
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"), audit)
@@ -213,32 +285,259 @@ async def test_entries_keep_each_commit_with_its_audit_record():
     )
 
 
-async def test_entries_of_an_unknown_conversation_are_empty():
-    assert await MemoryLog().entries("never-seen") == ()
+async def test_entries_keep_an_audit_record_with_every_field_filled(log):
+    audit = await rich_audit()
+
+    await log.append(CONVERSATION, "turn-1", MESSAGES_WITH_META, audit)
+
+    assert await log.entries(CONVERSATION) == (LogEntry("turn-1", MESSAGES_WITH_META, audit),)
 
 
-# -- conversation ids -----------------------------------------------------------------------
+async def test_entries_of_an_unknown_conversation_are_empty(log):
+    assert await log.entries("never-seen") == ()
+
+
+# -- durability: what a new handle on the same storage sees ---------------------------------
+
+
+async def test_a_reopened_log_holds_exactly_what_was_committed(durable: Backend):
+    audit = await rich_audit()
+    first = durable.open()
+    try:
+        await first.append(CONVERSATION, "turn-1", MESSAGES_WITH_META, audit, expected_length=0)
+        await first.append(CONVERSATION, "turn-2", exchange("hi", "hello"), expected_length=4)
+    finally:
+        await close(first)
+
+    second = durable.open()
+    try:
+        loaded = await second.load(CONVERSATION)
+        entries = await second.entries(CONVERSATION)
+        with pytest.raises(LogConflict):
+            await second.append(CONVERSATION, "turn-3", exchange("x", "y"), expected_length=4)
+    finally:
+        await close(second)
+
+    assert loaded == Context(messages=(*MESSAGES_WITH_META, *exchange("hi", "hello")))
+    assert entries == (
+        LogEntry("turn-1", MESSAGES_WITH_META, audit),
+        LogEntry("turn-2", exchange("hi", "hello"), None),
+    )
+
+
+async def test_two_handles_on_one_storage_see_each_others_commits(durable: Backend):
+    a, b = durable.open(), durable.open()
+    try:
+        await a.append(CONVERSATION, "turn-1", exchange("from a", "ok"), expected_length=0)
+        seen_by_b = await b.load(CONVERSATION)
+        with pytest.raises(LogConflict):
+            await b.append(CONVERSATION, "turn-2", exchange("from b", "ok"), expected_length=0)
+        await b.append(CONVERSATION, "turn-1", exchange("from a", "ok"), expected_length=0)
+    finally:
+        await close(a)
+        await close(b)
+
+    assert seen_by_b == Context(messages=exchange("from a", "ok"))
+
+
+async def test_a_closed_durable_log_refuses_calls_naming_itself(durable: Backend):
+    log = durable.open()
+    await log.load(CONVERSATION)
+    await close(log)
+
+    with pytest.raises(RuntimeError, match="closed") as excinfo:
+        await log.load(CONVERSATION)
+
+    assert type(log).__name__ in str(excinfo.value)
+
+
+async def test_a_durable_log_is_an_async_context_manager_that_closes(durable: Backend):
+    async with durable.open() as log:  # type: ignore[attr-defined]
+        await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
+
+    with pytest.raises(RuntimeError, match="closed"):
+        await log.entries(CONVERSATION)
+
+
+# -- cancellation ---------------------------------------------------------------------------
+
+
+async def test_an_append_cancelled_before_it_starts_commits_nothing(log):
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
+
+    assert scope.cancelled_caught
+    assert await log.entries(CONVERSATION) == ()
+
+
+async def test_an_append_cancelled_while_it_runs_completes_and_says_so(log):
+    # A worker thread in the middle of a transaction is not abandoned: the commit finishes,
+    # append returns, and the cancellation arrives at the caller's next checkpoint. So
+    # "append returned" and "the turn is in the log" always agree.
+    returned = []
+
+    async def commit():
+        await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"), expected_length=0)
+        returned.append("turn-1")
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(commit)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+
+    assert returned == ["turn-1"]
+    assert [e.turn_ref for e in await log.entries(CONVERSATION)] == ["turn-1"]
+
+
+async def test_a_session_cancelled_during_its_commit_stays_in_step_with_the_log(log):
+    pipe = Pipeline(model=FunctionModel(lambda request: f"re: {request.messages[-1].text}"))
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.send, "first")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        # Had the session missed its own commit, this would be a LogConflict.
+        await session.send("second")
+
+    assert await log.load(CONVERSATION) == Context(
+        messages=(*exchange("first", "re: first"), *exchange("second", "re: second"))
+    )
+
+
+# -- bad arguments --------------------------------------------------------------------------
 
 
 BAD_IDS = [pytest.param("", id="empty"), pytest.param(None, id="none"), pytest.param(7, id="int")]
 
 
 @pytest.mark.parametrize("conversation_id", BAD_IDS)
-async def test_load_rejects_a_bad_conversation_id(conversation_id):
+async def test_load_rejects_a_bad_conversation_id(log, conversation_id):
     with pytest.raises(ValueError, match="conversation id"):
-        await MemoryLog().load(conversation_id)
+        await log.load(conversation_id)
 
 
 @pytest.mark.parametrize("conversation_id", BAD_IDS)
-async def test_append_rejects_a_bad_conversation_id(conversation_id):
+async def test_append_rejects_a_bad_conversation_id(log, conversation_id):
     with pytest.raises(ValueError, match="conversation id"):
-        await MemoryLog().append(conversation_id, "turn-1", exchange("hi", "hello"))
+        await log.append(conversation_id, "turn-1", exchange("hi", "hello"))
 
 
 @pytest.mark.parametrize("conversation_id", BAD_IDS)
-async def test_entries_rejects_a_bad_conversation_id(conversation_id):
+async def test_entries_rejects_a_bad_conversation_id(log, conversation_id):
     with pytest.raises(ValueError, match="conversation id"):
-        await MemoryLog().entries(conversation_id)
+        await log.entries(conversation_id)
+
+
+@pytest.mark.parametrize("turn_ref", ["", None, 3])
+async def test_append_rejects_a_bad_turn_ref(log, turn_ref):
+    with pytest.raises(ValueError, match="turn_ref"):
+        await log.append(CONVERSATION, turn_ref, exchange("hi", "hello"))
+
+
+async def test_append_rejects_something_that_is_not_a_message_naming_its_position(log):
+    with pytest.raises(TypeError, match=r"messages\[1\] is str") as excinfo:
+        await log.append(CONVERSATION, "turn-1", [Message.user("hi"), "hello"])
+
+    assert "Message.user" in str(excinfo.value)
+    assert await log.entries(CONVERSATION) == ()
+
+
+async def test_append_rejects_an_audit_that_is_not_an_audit_record(log):
+    with pytest.raises(TypeError, match="AuditRecord"):
+        await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"), {"outcome": "x"})
+
+
+@pytest.mark.parametrize("expected_length", [-1, 1.0, True, "2"])
+async def test_append_rejects_a_bad_expected_length(log, expected_length):
+    with pytest.raises(ValueError, match="expected_length"):
+        await log.append(
+            CONVERSATION, "turn-1", exchange("hi", "hello"), expected_length=expected_length
+        )
+
+
+# -- the JSON shape of an entry -------------------------------------------------------------
+
+
+async def test_an_entry_round_trips_through_its_dict():
+    entry = LogEntry("turn-1", MESSAGES_WITH_META, await rich_audit())
+
+    assert entry_from_dict(entry_to_dict(entry)) == entry
+
+
+async def test_an_entry_dict_names_its_fields_and_the_hook_records_fields():
+    data = entry_to_dict(LogEntry("turn-1", exchange("hi", "hello"), await rich_audit()))
+
+    assert sorted(data) == ["audit", "messages", "turn_ref"]
+    assert data["messages"][0] == {
+        "role": "user",
+        "parts": [{"type": "text", "text": "hi", "meta": {}}],
+        "meta": {},
+    }
+    assert sorted(data["audit"]["hooks"][0]) == [
+        "detail",
+        "elapsed",
+        "hook",
+        "position",
+        "shadow",
+        "stage",
+        "verdict",
+    ]
+    assert data["audit"]["halt"]["reply"]["role"] == "assistant"
+
+
+def test_an_entry_with_a_text_halt_reply_round_trips():
+    audit = AuditRecord("t", "halted", halt=halt("no", reply="Sorry."))
+
+    assert entry_from_dict(entry_to_dict(LogEntry("t", (), audit))).audit == audit
+
+
+@pytest.mark.parametrize(
+    ("data", "culprit"),
+    [
+        ({"turn_ref": "t", "messages": []}, "keys"),
+        ({"turn_ref": "t", "messages": [], "audit": None, "extra": 1}, "keys"),
+        ({"turn_ref": 1, "messages": [], "audit": None}, "turn_ref"),
+        ({"turn_ref": "t", "messages": {}, "audit": None}, "list"),
+        (
+            {
+                "turn_ref": "t",
+                "messages": [{"role": "user", "parts": [{"type": "image"}]}],
+                "audit": None,
+            },
+            "image",
+        ),
+        (
+            {
+                "turn_ref": "t",
+                "messages": [],
+                "audit": {"turn_ref": "t", "outcome": "completed", "x": 1},
+            },
+            "x",
+        ),
+        (
+            {
+                "turn_ref": "t",
+                "messages": [],
+                "audit": {"turn_ref": "t", "outcome": "halted", "halt": {"reason": "r"}},
+            },
+            "halt",
+        ),
+        (
+            {
+                "turn_ref": "t",
+                "messages": [],
+                "audit": {"turn_ref": "t", "outcome": "completed", "hooks": [{"hook": "h"}]},
+            },
+            r"hooks\[0\]",
+        ),
+    ],
+)
+def test_a_malformed_entry_dict_is_a_value_error_naming_the_culprit(data, culprit):
+    with pytest.raises(ValueError, match=culprit):
+        entry_from_dict(data)
 
 
 # -- the law: the log behaves like a list of commits per conversation -----------------------
@@ -254,33 +553,57 @@ appends = st.lists(
     max_size=25,
 )
 
+# Examples against a database are slower; they share the test's storage, each on
+# conversations of its own.
+EXAMPLES = {"memory": 200, "sqlite": 60, "postgres": 60}
 
-@settings(max_examples=200)
-@given(appends)
-def test_any_sequence_of_appends_loads_like_a_simple_model(steps):
-    async def main():
-        log = MemoryLog()
-        model: dict[str, list[tuple[str, tuple[Message, ...]]]] = {"a": [], "b": []}
-        for index, (conversation, turn_ref, count, expected) in enumerate(steps):
-            messages = tuple(Message.user(f"{turn_ref} #{index}.{n}") for n in range(count))
-            commits = model[conversation]
-            length = sum(len(m) for _, m in commits)
-            if any(ref == turn_ref for ref, _ in commits):
-                conflict = False  # already committed: a no-op
-            elif expected is not None and expected != length:
-                conflict = True
-            else:
-                conflict = False
-                commits.append((turn_ref, messages))
-            if conflict:
-                with pytest.raises(LogConflict):
-                    await log.append(conversation, turn_ref, messages, expected_length=expected)
-            else:
-                await log.append(conversation, turn_ref, messages, expected_length=expected)
-        for conversation, commits in model.items():
-            loaded = await log.load(conversation)
-            assert loaded == Context(messages=tuple(m for _, ms in commits for m in ms))
-            entries = await log.entries(conversation)
-            assert [(e.turn_ref, e.messages) for e in entries] == commits
 
-    trio.run(main)
+def test_any_sequence_of_appends_loads_like_a_simple_model(backend: Backend):
+    @settings(
+        max_examples=EXAMPLES[backend.kind],
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
+    @given(appends)
+    def law(steps):
+        trio.run(check, steps)
+
+    async def check(steps):
+        prefix = uuid.uuid4().hex
+        log = backend.open()
+        try:
+            await replay(log, prefix, steps)
+        finally:
+            await close(log)
+
+    law()
+
+
+async def replay(log: Log, prefix: str, steps) -> None:
+    model: dict[str, list[tuple[str, tuple[Message, ...]]]] = {"a": [], "b": []}
+    for index, (conversation, turn_ref, count, expected) in enumerate(steps):
+        messages = tuple(Message.user(f"{turn_ref} #{index}.{n}") for n in range(count))
+        commits = model[conversation]
+        length = sum(len(m) for _, m in commits)
+        if any(ref == turn_ref for ref, _ in commits):
+            conflict = False  # already committed: a no-op
+        elif expected is not None and expected != length:
+            conflict = True
+        else:
+            conflict = False
+            commits.append((turn_ref, messages))
+        target = f"{prefix}-{conversation}"
+        if conflict:
+            with pytest.raises(LogConflict):
+                await log.append(target, turn_ref, messages, expected_length=expected)
+        else:
+            await log.append(target, turn_ref, messages, expected_length=expected)
+    for conversation, commits in model.items():
+        target = f"{prefix}-{conversation}"
+        loaded = await log.load(target)
+        assert loaded == Context(messages=tuple(m for _, ms in commits for m in ms))
+        entries = await log.entries(target)
+        assert [(e.turn_ref, e.messages) for e in entries] == commits
+
+
+def test_memory_log_repr_counts_conversations():
+    assert repr(MemoryLog()) == "MemoryLog(0 conversations)"

@@ -1,0 +1,143 @@
+"""`turnplug log`: a conversation from a durable log, for people (or, with --json, machines).
+
+Each commit (a turn, or a background hook's output) is shown with its messages: who said what, tool calls and their results,
+and which hook injected which part (``meta["injected_by"]``). With ``--audit``, each turn's
+audit record follows: the injections, transient ones included, every attempt and rejection,
+a halt, and the hooks with their verdicts and timings.
+"""
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pipeline import INJECTED_BY, AuditRecord, LogError
+from pipeline.logs import LogEntry, PostgresLog, SQLiteLog, entry_to_dict
+from turns import Message, Text, ToolCall, ToolResult
+
+from ._logs import POSTGRES_SCHEMES, durable_log
+
+Write = Callable[[str], None]
+
+ROLE_WIDTH = 10
+
+
+def existing_log(where: str) -> SQLiteLog | PostgresLog:
+    """The log `where` names: a ``postgresql://`` DSN, or the path of an SQLite file.
+
+    Raises:
+        LogError: No SQLite file at that path (it is not created: this only reads).
+        ConfigError: A malformed DSN, or psycopg is not installed.
+    """
+    if not where.startswith(POSTGRES_SCHEMES) and not os.path.isfile(where):
+        raise LogError(
+            f"no log at {where!r}: the file does not exist — pass the path of an existing"
+            " SQLite log, or a postgresql:// DSN",
+            log=f"SQLiteLog({where!r})",
+        )
+    return durable_log(where)
+
+
+async def show_log(
+    write: Write, conversation_id: str, where: str, audit: bool, as_json: bool
+) -> None:
+    """Write the conversation's committed turns (and their audit records, if asked)."""
+    async with existing_log(where) as log:
+        entries = await log.entries(conversation_id)
+    if as_json:
+        write(json.dumps(_as_json(conversation_id, entries, audit), ensure_ascii=False, indent=2))
+        return
+    for line in render(conversation_id, entries, audit=audit):
+        write(line)
+
+
+def _as_json(conversation_id: str, entries: tuple[LogEntry, ...], audit: bool) -> Any:
+    shown = []
+    for entry in entries:
+        data = entry_to_dict(entry)
+        if not audit:
+            del data["audit"]
+        shown.append(data)
+    return {"conversation": conversation_id, "entries": shown}
+
+
+def render(conversation_id: str, entries: tuple[LogEntry, ...], *, audit: bool) -> Iterator[str]:
+    """The conversation as lines of text."""
+    if not entries:
+        yield f"conversation {conversation_id!r}: nothing committed"
+        return
+    messages = sum(len(entry.messages) for entry in entries)
+    commits = f"{len(entries)} commit{'s' if len(entries) != 1 else ''}"
+    yield f"conversation {conversation_id!r}: {commits}, {messages} messages"
+    for number, entry in enumerate(entries, 1):
+        yield ""
+        yield f"commit {number}  {entry.turn_ref}"
+        for message in entry.messages:
+            yield from _message(message)
+        if audit:
+            yield from _audit(entry.audit)
+
+
+def _message(message: Message) -> Iterator[str]:
+    label: str = message.role
+    for part in message.parts:
+        for line in _part(part):
+            yield f"  {label:<{ROLE_WIDTH}} {line}"
+            label = ""
+    if not message.parts:
+        yield f"  {label:<{ROLE_WIDTH}} (empty)"
+
+
+def _part(part: Text | ToolCall | ToolResult, *, provenance: bool = True) -> list[str]:
+    source = part.meta.get(INJECTED_BY) if provenance else None
+    prefix = f"[injected by {source}] " if source else ""
+    match part:
+        case Text(text=text):
+            first, *rest = text.split("\n") or [""]
+            return [prefix + first, *rest]
+        case ToolCall(id=call_id, name=name, arguments=arguments):
+            shown = json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True)
+            return [f"{prefix}-> {name}({shown})  [{call_id}]"]
+        case ToolResult(call_id=call_id, content=content, is_error=is_error):
+            error = f" error ({part.error_class or 'unspecified'})" if is_error else ""
+            first, *rest = content.split("\n")
+            return [f"{prefix}<- [{call_id}]{error} {first}", *rest]
+    raise TypeError(f"unknown part {part!r}")  # pragma: no cover - Part is a closed union
+
+
+def _audit(record: AuditRecord | None) -> Iterator[str]:
+    pad = " " * 4
+    if record is None:
+        yield "  audit: none recorded (committed without one, e.g. by a background hook)"
+        return
+    attempts = len(record.attempts)
+    yield f"  audit: {record.outcome}, {attempts} attempt{'s' if attempts != 1 else ''}"
+    for injection in record.injections:
+        durability = "durable" if injection.durable else "transient"
+        text = "; ".join(_one_line(part) for part in injection.parts)
+        yield f"{pad}injected by {injection.source} ({injection.stage}, {durability}): {text}"
+    rejected = {rejection.attempt: rejection for rejection in record.rejections}
+    for attempt in record.attempts:
+        usage = attempt.usage
+        line = (
+            f"{pad}attempt {attempt.attempt}: {attempt.steps} model call"
+            f"{'s' if attempt.steps != 1 else ''}, finish {attempt.finish_reason},"
+            f" {usage.input_tokens} in / {usage.output_tokens} out tokens"
+        )
+        if attempt.attempt in rejected:
+            rejection = rejected[attempt.attempt]
+            line += f"; rejected by {rejection.hook}: {rejection.feedback}"
+        yield line
+    if record.halt is not None:
+        yield f"{pad}halted by {record.halt.hook}: {record.halt.reason}"
+    for hook in record.hooks:
+        shadow = " (shadow)" if hook.shadow else ""
+        detail = f": {hook.detail}" if hook.detail else ""
+        yield (
+            f"{pad}hook {hook.hook} ({hook.stage} {hook.position}){shadow} -> {hook.verdict}"
+            f"{detail}, {hook.elapsed * 1000:.2f} ms"
+        )
+
+
+def _one_line(part: Text | ToolCall | ToolResult) -> str:
+    return " / ".join(_part(part, provenance=False))

@@ -1,0 +1,208 @@
+"""Log entries as JSON: what the durable logs store and what ``turnplug log --json`` prints.
+
+Messages and parts go through `turns.serde`. The audit record does too, except for two
+fields it cannot read back on its own: a halt's substitute reply (``str | Message``, a union
+the converter has no rule for) and the hook records (named tuples, written as objects here so
+that a reader sees field names, not positions).
+"""
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from turns import Message, serde
+
+from .._audit import AuditRecord, HookRecord
+from .._signals import Halt
+from ._protocol import LogEntry
+
+_HOOK_FIELDS = frozenset(HookRecord._fields)
+_HALT_FIELDS = frozenset(("reason", "reply", "hook"))
+_ENTRY_FIELDS = frozenset(("turn_ref", "messages", "audit"))
+
+
+def audit_to_dict(audit: AuditRecord) -> dict[str, Any]:
+    """An audit record as JSON-shaped data."""
+    data: dict[str, Any] = serde.to_dict(attrs.evolve(audit, hooks=(), halt=None))
+    data["hooks"] = [record._asdict() for record in audit.hooks]
+    data["halt"] = _halt_to_dict(audit.halt) if audit.halt is not None else None
+    return data
+
+
+def audit_from_dict(data: Any) -> AuditRecord:
+    """Read back what `audit_to_dict` wrote.
+
+    Raises:
+        ValueError: `data` does not describe an audit record; the message has the path.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"cannot read an AuditRecord from {type(data).__name__} data")
+    rest = dict(data)
+    hooks = rest.pop("hooks", [])
+    halt = rest.pop("halt", None)
+    audit = serde.from_dict(AuditRecord, rest)
+    return attrs.evolve(
+        audit,
+        hooks=tuple(_hook_from_dict(item, f"AuditRecord.hooks[{i}]") for i, item in _items(hooks)),
+        halt=_halt_from_dict(halt) if halt is not None else None,
+    )
+
+
+def entry_to_dict(entry: LogEntry) -> dict[str, Any]:
+    """A log entry as JSON-shaped data: ``turn_ref``, ``messages`` and ``audit`` (or None).
+
+    Messages and parts keep their ``meta``; ``json.dumps`` of the result is what
+    ``turnplug log --json`` prints for each entry.
+    """
+    return {
+        "turn_ref": entry.turn_ref,
+        "messages": [serde.to_dict(message) for message in entry.messages],
+        "audit": audit_to_dict(entry.audit) if entry.audit is not None else None,
+    }
+
+
+def entry_from_dict(data: Any) -> LogEntry:
+    """Read back what `entry_to_dict` wrote.
+
+    Raises:
+        ValueError: `data` does not describe a log entry; the message has the path.
+    """
+    if not isinstance(data, Mapping) or set(data) != _ENTRY_FIELDS:
+        found = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+        raise ValueError(
+            f"cannot read a LogEntry: expected an object with keys {sorted(_ENTRY_FIELDS)},"
+            f" got {found}"
+        )
+    turn_ref = data["turn_ref"]
+    if not isinstance(turn_ref, str):
+        raise ValueError(f"cannot read a LogEntry: turn_ref must be a string, got {turn_ref!r}")
+    audit = data["audit"]
+    return LogEntry(
+        turn_ref,
+        messages_from_data(data["messages"]),
+        audit_from_dict(audit) if audit is not None else None,
+    )
+
+
+# -- the stored text ------------------------------------------------------------------------
+
+
+def dumps(data: Any) -> str:
+    """Compact JSON that any UTF-8 store accepts.
+
+    Text stays readable (no ``\\u`` escapes) unless it holds a lone surrogate, which UTF-8
+    cannot encode; then everything non-ASCII is escaped, and still reads back exactly.
+    """
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text
+
+
+def messages_to_json(messages: Sequence[Message]) -> str:
+    return dumps([serde.to_dict(message) for message in messages])
+
+
+def messages_from_data(data: Any) -> tuple[Message, ...]:
+    if not isinstance(data, list):
+        raise ValueError(f"cannot read messages: expected a list, got {type(data).__name__}")
+    return tuple(serde.from_dict(Message, item) for item in data)
+
+
+def messages_from_json(text: str) -> tuple[Message, ...]:
+    return messages_from_data(json.loads(text))
+
+
+def audit_to_json(audit: AuditRecord | None) -> str | None:
+    return dumps(audit_to_dict(audit)) if audit is not None else None
+
+
+def audit_from_json(text: str | None) -> AuditRecord | None:
+    return audit_from_dict(json.loads(text)) if text is not None else None
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _items(value: Any) -> enumerate[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"cannot read AuditRecord.hooks: expected a list, got {value!r}")
+    return enumerate(value)
+
+
+def _halt_to_dict(halt: Halt) -> dict[str, Any]:
+    reply = serde.to_dict(halt.reply) if isinstance(halt.reply, Message) else halt.reply
+    return {"reason": halt.reason, "reply": reply, "hook": halt.hook}
+
+
+def _halt_from_dict(data: Any) -> Halt:
+    if not isinstance(data, Mapping) or set(data) != _HALT_FIELDS:
+        raise ValueError(
+            f"cannot read AuditRecord.halt: expected an object with keys"
+            f" {sorted(_HALT_FIELDS)}, got {data!r}"
+        )
+    reason, reply, hook = data["reason"], data["reply"], data["hook"]
+    if not isinstance(reason, str) or not (hook is None or isinstance(hook, str)):
+        raise ValueError(
+            f"cannot read AuditRecord.halt: reason and hook must be text, got {data!r}"
+        )
+    if isinstance(reply, Mapping):
+        reply = serde.from_dict(Message, reply)
+    elif not (reply is None or isinstance(reply, str)):
+        raise ValueError(
+            f"cannot read AuditRecord.halt.reply: expected text, a message or null, got {reply!r}"
+        )
+    return Halt(reason, reply, hook)
+
+
+def _hook_from_dict(data: Any, path: str) -> HookRecord:
+    required = set(HookRecord._fields[:5])  # the rest have defaults
+    if not isinstance(data, Mapping) or not required <= set(data) <= _HOOK_FIELDS:
+        raise ValueError(
+            f"cannot read {path}: expected an object with keys {list(HookRecord._fields)},"
+            f" got {data!r}"
+        )
+    record = HookRecord(**data)
+    texts = (record.hook, record.stage, record.position, record.verdict)
+    elapsed = record.elapsed
+    if (
+        not all(isinstance(text, str) for text in texts)
+        or isinstance(elapsed, bool)
+        or not isinstance(elapsed, int | float)
+        or not isinstance(record.shadow, bool)
+        or not (record.detail is None or isinstance(record.detail, str))
+    ):
+        raise ValueError(f"cannot read {path}: a field has the wrong type in {data!r}")
+    return record._replace(elapsed=float(elapsed))
+
+
+# -- reading stored rows --------------------------------------------------------------------
+
+
+class StoredDataError(Exception):
+    """A stored row cannot be read back (the logs turn it into `pipeline.LogError`)."""
+
+
+def read_messages(conversation_id: str, turn_ref: str, text: str) -> tuple[Message, ...]:
+    """The messages of one stored turn."""
+    try:
+        return messages_from_json(text)
+    except (TypeError, ValueError) as exc:
+        raise StoredDataError(
+            f"turn {turn_ref!r} of conversation {conversation_id!r} cannot be read: {exc}"
+        ) from exc
+
+
+def read_entry(conversation_id: str, turn_ref: str, messages: str, audit: str | None) -> LogEntry:
+    """One stored turn with its audit record."""
+    try:
+        return LogEntry(turn_ref, messages_from_json(messages), audit_from_json(audit))
+    except (TypeError, ValueError) as exc:
+        raise StoredDataError(
+            f"turn {turn_ref!r} of conversation {conversation_id!r} cannot be read: {exc}"
+        ) from exc

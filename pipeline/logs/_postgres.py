@@ -1,0 +1,334 @@
+"""`PostgresLog`: a log shared by several worker processes or machines, with psycopg 3.
+
+psycopg is an optional dependency (``pip install 'turnplug[postgres]'``), imported when a
+`PostgresLog` is built. Its sync API runs in trio worker threads (psycopg's async API is
+built on asyncio); see `._pool`.
+"""
+
+import contextlib
+import functools
+import re
+import zlib
+from collections.abc import Sequence
+from types import ModuleType, TracebackType
+from typing import TYPE_CHECKING, Any, LiteralString, final
+
+from turns import Context, Message
+
+from .._audit import AuditRecord
+from .._errors import ConfigError, LogError
+from . import _codec
+from ._pool import Connections
+from ._protocol import LogEntry, check_append, check_id, conflict
+
+if TYPE_CHECKING:
+    import psycopg
+
+# Forward migrations, as for SQLite: MIGRATIONS[n] takes a database from schema version n to
+# n + 1, in one transaction. Never edit a migration that has shipped: add the next one.
+MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
+    (
+        """
+        CREATE TABLE turnplug_conversations (
+            conversation_id text PRIMARY KEY,
+            length bigint NOT NULL,  -- messages committed so far
+            turns bigint NOT NULL    -- commits so far
+        )
+        """,
+        # JSON is kept as text, exactly as written: jsonb would reorder keys and refuse some
+        # strings (\u0000) that a message may hold. Cast to json to query it.
+        """
+        CREATE TABLE turnplug_turns (
+            conversation_id text NOT NULL,
+            position bigint NOT NULL,  -- the commit's place in its conversation, from 0
+            turn_ref text NOT NULL,
+            message_count integer NOT NULL,
+            messages text NOT NULL,    -- JSON array of turns.serde messages
+            audit text,                -- JSON audit record, or NULL
+            committed_at timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (conversation_id, position),
+            UNIQUE (conversation_id, turn_ref)
+        )
+        """,
+        # One commit is one call: one round trip, one transaction. The conversation's row is
+        # the lock that orders its commits; commits to other conversations do not wait.
+        """
+        CREATE FUNCTION turnplug_append(
+            p_conversation text, p_turn_ref text, p_count integer, p_messages text,
+            p_audit text, p_expected bigint, OUT o_outcome text, OUT o_length bigint
+        ) LANGUAGE plpgsql AS $$
+        DECLARE
+            v_turns bigint;
+        BEGIN
+            SELECT c.length, c.turns INTO o_length, v_turns FROM turnplug_conversations c
+                WHERE c.conversation_id = p_conversation FOR UPDATE;
+            IF NOT FOUND THEN
+                INSERT INTO turnplug_conversations (conversation_id, length, turns)
+                    VALUES (p_conversation, 0, 0) ON CONFLICT (conversation_id) DO NOTHING;
+                SELECT c.length, c.turns INTO o_length, v_turns FROM turnplug_conversations c
+                    WHERE c.conversation_id = p_conversation FOR UPDATE;
+            END IF;
+            IF EXISTS (SELECT 1 FROM turnplug_turns t
+                       WHERE t.conversation_id = p_conversation AND t.turn_ref = p_turn_ref) THEN
+                o_outcome := 'duplicate';
+                RETURN;
+            END IF;
+            IF p_expected IS NOT NULL AND p_expected <> o_length THEN
+                o_outcome := 'conflict';
+                RETURN;
+            END IF;
+            INSERT INTO turnplug_turns
+                (conversation_id, position, turn_ref, message_count, messages, audit)
+                VALUES (p_conversation, v_turns, p_turn_ref, p_count, p_messages, p_audit);
+            UPDATE turnplug_conversations c SET length = c.length + p_count, turns = c.turns + 1
+                WHERE c.conversation_id = p_conversation;
+            o_length := o_length + p_count;
+            o_outcome := 'committed';
+        END
+        $$
+        """,
+    ),
+)
+
+# Serializes migrations of workers starting at once (a transaction-scoped advisory lock).
+_MIGRATION_LOCK = zlib.crc32(b"turnplug schema migration")
+
+
+@final
+class PostgresLog:
+    """A `Log` in a PostgreSQL database, for several worker processes or machines.
+
+    A commit is one statement calling a function the schema defines: it locks the
+    conversation's row, checks the turn and the expected length, and inserts, all in one
+    transaction, so two workers answering the same conversation can never interleave turns
+    (the later one gets `pipeline.LogConflict`). The tables (``turnplug_*``) and the
+    function are created, or migrated forward, on first use, in the first schema of the
+    connection's ``search_path`` (set ``options=-csearch_path=...`` in the DSN to choose).
+
+    Close the log with ``await log.aclose()`` or use it as ``async with PostgresLog(dsn)
+    as log``. The DSN's password never appears in reprs or errors.
+
+    Args:
+        dsn: A libpq connection string or a ``postgresql://`` URL.
+        max_connections: How many database calls may run at once (each on its own
+            connection, opened on demand and kept).
+    """
+
+    def __init__(self, dsn: str, *, max_connections: int = 10) -> None:
+        self._psycopg = _import_psycopg()
+        if not isinstance(dsn, str) or not dsn:
+            raise ConfigError(f"PostgresLog(dsn) takes a connection string, got {dsn!r}")
+        if (
+            isinstance(max_connections, bool)
+            or not isinstance(max_connections, int)
+            or max_connections < 1
+        ):
+            raise ConfigError(
+                f"PostgresLog(max_connections=...) must be an int >= 1, got {max_connections!r}"
+            )
+        try:
+            params = self._psycopg.conninfo.conninfo_to_dict(dsn)
+        except self._psycopg.Error as exc:
+            # The driver's message may quote part of the DSN, password included: drop quotes.
+            why = re.sub(r'"[^"]*"', '"..."', str(exc)).strip()
+            raise ConfigError(
+                f"PostgresLog(dsn): not a valid connection string or postgresql:// URL ({why})"
+                " — check its syntax; in a URL, percent-encode spaces and reserved characters"
+            ) from None
+        self._dsn = dsn
+        self._name = _describe(params)
+        # Bound how long a connection attempt may hold a worker thread, unless the DSN says.
+        self._connect_options: dict[str, Any] = (
+            {} if "connect_timeout" in params else {"connect_timeout": 10}
+        )
+        self._migrated = False
+        self._connections: Connections[psycopg.Connection[Any]] = Connections(
+            size=max_connections,
+            connect=self._connect,
+            close=_close,
+            usable=lambda connection: not (connection.closed or connection.broken),
+            translate=self._translate,
+            name=repr(self),
+        )
+
+    def __repr__(self) -> str:
+        return f"PostgresLog({self._name!r})"
+
+    async def __aenter__(self) -> "PostgresLog":
+        # Connect now, so that a bad DSN or a newer schema fails here, not mid-turn.
+        await self._connections.run(lambda connection: None)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections; the log cannot be used afterwards."""
+        await self._connections.aclose()
+
+    async def load(self, conversation_id: str) -> Context:
+        check_id(conversation_id)
+        rows = await self._connections.run(functools.partial(_load, conversation_id))
+        return Context(messages=tuple(m for messages in rows for m in messages))
+
+    async def append(
+        self,
+        conversation_id: str,
+        turn_ref: str,
+        messages: Sequence[Message],
+        audit: AuditRecord | None = None,
+        *,
+        expected_length: int | None = None,
+    ) -> None:
+        messages = tuple(messages)
+        check_append(conversation_id, turn_ref, messages, audit, expected_length)
+        try:
+            stored = _codec.messages_to_json(messages), _codec.audit_to_json(audit)
+        except (TypeError, ValueError) as exc:
+            raise LogError(
+                f"{self!r} cannot store turn {turn_ref!r} of conversation"
+                f" {conversation_id!r}: {exc} — a durable log stores JSON values only, so"
+                " keep meta, arguments and assigns to str, numbers, bools, None, lists and"
+                " dicts",
+                log=repr(self),
+            ) from exc
+        outcome, length = await self._connections.run(
+            functools.partial(
+                _append, conversation_id, turn_ref, len(messages), *stored, expected_length
+            )
+        )
+        if outcome == "conflict":
+            assert expected_length is not None
+            raise conflict(conversation_id, turn_ref, length, expected_length)
+
+    async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
+        check_id(conversation_id)
+        return await self._connections.run(functools.partial(_entries, conversation_id))
+
+    # -- inside worker threads -------------------------------------------------------------
+
+    def _connect(self) -> "psycopg.Connection[Any]":
+        connection: psycopg.Connection[Any] = self._psycopg.connect(
+            self._dsn, autocommit=True, **self._connect_options
+        )
+        try:
+            if not self._migrated:
+                _migrate(connection, repr(self))
+                self._migrated = True
+        except BaseException:
+            _close(connection)
+            raise
+        return connection
+
+    # -- the seam -------------------------------------------------------------------------
+
+    def _translate(self, exc: Exception) -> LogError | None:
+        if isinstance(exc, _codec.StoredDataError):
+            why = f"{exc} — the row was changed by something other than turnplug"
+        elif isinstance(exc, self._psycopg.OperationalError) and "connection" in str(exc):
+            first = str(exc).strip().splitlines()[0]
+            why = (
+                f"cannot reach the database ({first}) — check that the server is running and"
+                " the DSN's host, port, user and database name"
+            )
+        elif isinstance(exc, self._psycopg.Error):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            why = f"PostgreSQL failed: {type(exc).__name__}: {first}"
+        else:
+            return None
+        return LogError(f"{self!r}: {why}", log=repr(self))
+
+
+def _import_psycopg() -> ModuleType:
+    try:
+        import psycopg
+    except ImportError:
+        raise ConfigError(
+            "PostgresLog needs psycopg 3, which is not installed — pip install 'turnplug[postgres]'"
+        ) from None
+    return psycopg
+
+
+def _describe(params: dict[str, Any]) -> str:
+    """The DSN as a URL without its password: what reprs and errors show."""
+    user = f"{params['user']}@" if params.get("user") else ""
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    port = f":{params['port']}" if params.get("port") else ""
+    database = f"/{params['dbname']}" if params.get("dbname") else ""
+    return f"postgresql://{user}{host}{port}{database}"
+
+
+def _close(connection: "psycopg.Connection[Any]") -> None:
+    # Closing a broken connection: there is nothing more to release.
+    with contextlib.suppress(Exception):
+        connection.close()
+
+
+def _migrate(connection: "psycopg.Connection[Any]", name: str) -> None:
+    latest = len(MIGRATIONS)
+    if _version(connection) == latest:
+        return  # the common case: no lock needed
+    with connection.transaction():
+        connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        connection.execute("CREATE TABLE IF NOT EXISTS turnplug_schema (version integer NOT NULL)")
+        version = _version(connection) or 0
+        if version > latest:
+            raise LogError(
+                f"{name}: the database has schema version {version}, newer than this"
+                f" turnplug knows ({latest}) — upgrade turnplug to use it",
+                log=name,
+            )
+        for statements in MIGRATIONS[version:]:
+            for statement in statements:
+                connection.execute(statement)
+        connection.execute("DELETE FROM turnplug_schema")
+        connection.execute("INSERT INTO turnplug_schema (version) VALUES (%s)", (latest,))
+
+
+def _version(connection: "psycopg.Connection[Any]") -> int | None:
+    row = connection.execute("SELECT to_regclass('turnplug_schema') IS NOT NULL").fetchone()
+    if row is None or not row[0]:
+        return None
+    row = connection.execute("SELECT max(version) FROM turnplug_schema").fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else None
+
+
+def _append(
+    conversation_id: str,
+    turn_ref: str,
+    count: int,
+    messages: str,
+    audit: str | None,
+    expected_length: int | None,
+    connection: "psycopg.Connection[Any]",
+) -> tuple[str, int]:
+    row = connection.execute(
+        "SELECT o_outcome, o_length FROM turnplug_append("
+        "%s::text, %s::text, %s::integer, %s::text, %s::text, %s::bigint)",
+        (conversation_id, turn_ref, count, messages, audit, expected_length),
+    ).fetchone()
+    assert row is not None
+    return str(row[0]), int(row[1])
+
+
+def _load(conversation_id: str, connection: "psycopg.Connection[Any]") -> list[tuple[Message, ...]]:
+    rows = connection.execute(
+        "SELECT turn_ref, messages FROM turnplug_turns WHERE conversation_id = %s"
+        " ORDER BY position",
+        (conversation_id,),
+    ).fetchall()
+    return [_codec.read_messages(conversation_id, turn_ref, text) for turn_ref, text in rows]
+
+
+def _entries(conversation_id: str, connection: "psycopg.Connection[Any]") -> tuple[LogEntry, ...]:
+    rows = connection.execute(
+        "SELECT turn_ref, messages, audit FROM turnplug_turns WHERE conversation_id = %s"
+        " ORDER BY position",
+        (conversation_id,),
+    ).fetchall()
+    return tuple(_codec.read_entry(conversation_id, *row) for row in rows)

@@ -1,0 +1,385 @@
+"""`SQLiteLog`: the embedded default, one file, stdlib `sqlite3` in worker threads."""
+
+import contextlib
+import functools
+import os
+import sqlite3
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Literal, TypeAlias, final
+
+import trio
+
+from turns import Context, Message
+
+from .._audit import AuditRecord
+from .._errors import LogError
+from . import _codec
+from ._pool import Connections
+from ._protocol import LogEntry, check_append, check_id, conflict
+
+_Outcome: TypeAlias = tuple[Literal["committed", "duplicate", "conflict"], int]
+
+# Forward migrations: MIGRATIONS[n] takes a database from schema version n to n + 1. A
+# database records its version in turnplug_schema; opening one runs what it lacks, in one
+# transaction. Never edit a migration that has shipped: add the next one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """
+        CREATE TABLE turnplug_conversations (
+            conversation_id TEXT PRIMARY KEY,
+            length INTEGER NOT NULL,  -- messages committed so far
+            turns INTEGER NOT NULL    -- commits so far
+        )
+        """,
+        """
+        CREATE TABLE turnplug_turns (
+            conversation_id TEXT NOT NULL,
+            position INTEGER NOT NULL,       -- the commit's place in its conversation, from 0
+            turn_ref TEXT NOT NULL,
+            message_count INTEGER NOT NULL,
+            messages TEXT NOT NULL,          -- JSON array of turns.serde messages
+            audit TEXT,                      -- JSON audit record, or NULL
+            committed_at TEXT NOT NULL,      -- UTC, ISO 8601
+            PRIMARY KEY (conversation_id, position),
+            UNIQUE (conversation_id, turn_ref)
+        )
+        """,
+    ),
+)
+
+
+@final
+class SQLiteLog:
+    """A `Log` in one SQLite file: the embedded default, for one machine.
+
+    Writes use WAL mode with ``synchronous=FULL``: a commit that returned survives a crash
+    of the process or of the machine. Commits are written in ``BEGIN IMMEDIATE``
+    transactions, so each length check and its insert are atomic also against other
+    processes using the same file. Many sessions in one process share one `SQLiteLog`: it
+    holds one connection, used by one worker thread at a time (SQLite serializes writers
+    anyway), so the event loop never blocks on the database; commits that arrive while a
+    transaction is being written are written together in the next one (group commit: one
+    fsync for all of them, each checked as if alone).
+
+    The tables (``turnplug_*``) are created, or migrated forward, on first use. Close the
+    log with ``await log.aclose()`` or use it as ``async with SQLiteLog(path) as log``.
+
+    Args:
+        path: The database file, created if missing (its directory must exist), or
+            ``":memory:"`` for a private in-memory database that lives as long as the log.
+        timeout: Seconds to wait for another process's write lock before a commit fails
+            with `pipeline.LogError`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 10.0) -> None:
+        if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+            raise TypeError(f"SQLiteLog(path) takes a file path, got {path!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"SQLiteLog(timeout=...) must be seconds > 0, got {timeout!r}")
+        self._path = os.fspath(path)
+        self._timeout = float(timeout)
+        self._queue: list[_Commit] = []
+        self._write_lock = trio.Lock()
+        self._connections = Connections(
+            size=1,
+            connect=self._connect,
+            close=_close,
+            usable=lambda connection: True,
+            translate=self._translate,
+            name=repr(self),
+        )
+
+    def __repr__(self) -> str:
+        return f"SQLiteLog({self._path!r})"
+
+    async def __aenter__(self) -> "SQLiteLog":
+        # Open now, so that a bad path or a newer schema fails here, not mid-turn.
+        await self._connections.run(lambda connection: None)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection; the log cannot be used afterwards."""
+        await self._connections.aclose()
+
+    async def load(self, conversation_id: str) -> Context:
+        check_id(conversation_id)
+        rows = await self._connections.run(functools.partial(_load, conversation_id))
+        return Context(messages=tuple(m for messages in rows for m in messages))
+
+    async def append(
+        self,
+        conversation_id: str,
+        turn_ref: str,
+        messages: Sequence[Message],
+        audit: AuditRecord | None = None,
+        *,
+        expected_length: int | None = None,
+    ) -> None:
+        messages = tuple(messages)
+        check_append(conversation_id, turn_ref, messages, audit, expected_length)
+        stored = self._encode(conversation_id, turn_ref, messages, audit)
+        commit = _Commit((conversation_id, turn_ref, len(messages), *stored, expected_length))
+        outcome, length = await self._commit(commit)
+        if outcome == "conflict":
+            assert expected_length is not None
+            raise conflict(conversation_id, turn_ref, length, expected_length)
+
+    async def _commit(self, commit: "_Commit") -> _Outcome:
+        """Group commit: one transaction (one fsync) for every commit waiting.
+
+        Commits queue; whoever holds the write lock takes the whole queue and writes it in
+        one transaction, each commit checked as if alone, in queue order. A commit taken
+        into a transaction is not abandoned: if its task is cancelled meanwhile, it waits
+        for the transaction and reports it (the cancellation comes at the next checkpoint).
+        A commit cancelled before it was taken is dropped and never written.
+        """
+        self._queue.append(commit)
+        try:
+            await self._write_lock.acquire()
+        except trio.Cancelled:
+            if not commit.taken:
+                self._queue.remove(commit)
+                raise
+            with trio.CancelScope(shield=True):
+                await commit.done.wait()
+            return commit.result()
+        try:
+            if not commit.taken:
+                await self._write(self._take())
+        finally:
+            self._write_lock.release()
+        return commit.result()
+
+    def _take(self) -> "list[_Commit]":
+        batch, self._queue = self._queue, []
+        for commit in batch:
+            commit.taken = True
+        return batch
+
+    async def _write(self, batch: "list[_Commit]") -> None:
+        try:
+            with trio.CancelScope(shield=True):  # taken: written whatever happens to us
+                outcomes = await self._connections.run(
+                    functools.partial(_append_batch, [commit.args for commit in batch])
+                )
+        except Exception as exc:
+            for commit in batch:
+                commit.error = exc
+        else:
+            for commit, outcome in zip(batch, outcomes, strict=True):
+                commit.outcome = outcome
+        finally:
+            for commit in batch:
+                commit.done.set()
+
+    async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
+        check_id(conversation_id)
+        return await self._connections.run(functools.partial(_entries, conversation_id))
+
+    # -- inside worker threads -------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=FULL")
+            _migrate(connection, repr(self))
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    # -- the seams ------------------------------------------------------------------------
+
+    def _encode(
+        self,
+        conversation_id: str,
+        turn_ref: str,
+        messages: tuple[Message, ...],
+        audit: AuditRecord | None,
+    ) -> tuple[str, str | None]:
+        try:
+            return _codec.messages_to_json(messages), _codec.audit_to_json(audit)
+        except (TypeError, ValueError) as exc:
+            raise LogError(
+                f"{self!r} cannot store turn {turn_ref!r} of conversation"
+                f" {conversation_id!r}: {exc} — a durable log stores JSON values only, so"
+                " keep meta, arguments and assigns to str, numbers, bools, None, lists and"
+                " dicts",
+                log=repr(self),
+            ) from exc
+
+    def _translate(self, exc: Exception) -> LogError | None:
+        if not isinstance(exc, sqlite3.Error | _codec.StoredDataError):
+            return None
+        text = str(exc)
+        if isinstance(exc, _codec.StoredDataError):
+            why = f"{text} — the file was changed by something other than turnplug"
+        elif "locked" in text or "busy" in text:
+            why = (
+                f"another connection held the database's write lock for more than"
+                f" {self._timeout:g} s ({text}); nothing was committed — retry, or give"
+                " SQLiteLog a longer timeout="
+            )
+        elif "unable to open" in text:
+            why = f"cannot open the file ({text}) — check that its directory exists and is writable"
+        elif "not a database" in text:
+            why = f"the file is not an SQLite database ({text}) — pick another path"
+        else:
+            why = f"SQLite failed: {type(exc).__name__}: {text}"
+        return LogError(f"{self!r}: {why}", log=repr(self))
+
+
+class _Commit:
+    """One `append` waiting to be written, and then what became of it."""
+
+    __slots__ = ("args", "done", "error", "outcome", "taken")
+
+    def __init__(self, args: tuple[str, str, int, str, str | None, int | None]) -> None:
+        self.args = args
+        self.taken = False  # in a transaction: it will be written or fail, not dropped
+        self.done = trio.Event()
+        self.outcome: _Outcome | None = None
+        self.error: Exception | None = None
+
+    def result(self) -> _Outcome:
+        if self.error is not None:
+            # Each waiter raises its own copy: one exception object, raised in several
+            # tasks, would collect all their tracebacks.
+            error = self.error
+            if isinstance(error, LogError):
+                raise LogError(str(error), log=error.log) from error.__cause__
+            raise error
+        assert self.outcome is not None
+        return self.outcome
+
+
+def _close(connection: sqlite3.Connection) -> None:
+    # Closing a broken connection: there is nothing more to release.
+    with contextlib.suppress(sqlite3.Error):
+        connection.close()
+
+
+def _migrate(connection: sqlite3.Connection, name: str) -> None:
+    latest = len(MIGRATIONS)
+    if _version(connection) == latest:
+        return  # the common case: no write lock needed
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        connection.execute("CREATE TABLE IF NOT EXISTS turnplug_schema (version INTEGER NOT NULL)")
+        version = _version(connection) or 0
+        if version > latest:
+            raise LogError(
+                f"{name}: the database has schema version {version}, newer than this"
+                f" turnplug knows ({latest}) — upgrade turnplug to use it",
+                log=name,
+            )
+        for statements in MIGRATIONS[version:]:
+            for statement in statements:
+                connection.execute(statement)
+        connection.execute("DELETE FROM turnplug_schema")
+        connection.execute("INSERT INTO turnplug_schema (version) VALUES (?)", (latest,))
+        connection.execute("COMMIT")
+    except BaseException:
+        _rollback(connection)
+        raise
+
+
+def _version(connection: sqlite3.Connection) -> int | None:
+    exists = connection.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'turnplug_schema'"
+    ).fetchone()
+    if exists is None:
+        return None
+    row = connection.execute("SELECT max(version) FROM turnplug_schema").fetchone()
+    return int(row[0]) if row[0] is not None else None
+
+
+def _rollback(connection: sqlite3.Connection) -> None:
+    if connection.in_transaction:
+        connection.execute("ROLLBACK")
+
+
+def _append_batch(
+    commits: list[tuple[str, str, int, str, str | None, int | None]],
+    connection: sqlite3.Connection,
+) -> list[_Outcome]:
+    # IMMEDIATE takes the write lock now, before the reads: no other connection can commit
+    # between a length check and its insert.
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        outcomes = [_append_locked(connection, *commit) for commit in commits]
+        wrote = any(outcome == "committed" for outcome, _ in outcomes)
+        connection.execute("COMMIT" if wrote else "ROLLBACK")
+    except BaseException:
+        _rollback(connection)
+        raise
+    return outcomes
+
+
+def _append_locked(
+    connection: sqlite3.Connection,
+    conversation_id: str,
+    turn_ref: str,
+    count: int,
+    messages: str,
+    audit: str | None,
+    expected_length: int | None,
+) -> _Outcome:
+    if connection.execute(
+        "SELECT 1 FROM turnplug_turns WHERE conversation_id = ? AND turn_ref = ?",
+        (conversation_id, turn_ref),
+    ).fetchone():
+        return "duplicate", 0
+    row = connection.execute(
+        "SELECT length, turns FROM turnplug_conversations WHERE conversation_id = ?",
+        (conversation_id,),
+    ).fetchone()
+    length, turns = row if row is not None else (0, 0)
+    if expected_length is not None and expected_length != length:
+        return "conflict", length
+    connection.execute(
+        "INSERT INTO turnplug_turns (conversation_id, position, turn_ref, message_count,"
+        " messages, audit, committed_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+        (conversation_id, turns, turn_ref, count, messages, audit),
+    )
+    if row is None:
+        connection.execute(
+            "INSERT INTO turnplug_conversations (conversation_id, length, turns) VALUES (?, ?, 1)",
+            (conversation_id, count),
+        )
+    else:
+        connection.execute(
+            "UPDATE turnplug_conversations SET length = ?, turns = ? WHERE conversation_id = ?",
+            (length + count, turns + 1, conversation_id),
+        )
+    return "committed", length + count
+
+
+def _load(conversation_id: str, connection: sqlite3.Connection) -> list[tuple[Message, ...]]:
+    rows = connection.execute(
+        "SELECT turn_ref, messages FROM turnplug_turns WHERE conversation_id = ? ORDER BY position",
+        (conversation_id,),
+    ).fetchall()
+    return [_codec.read_messages(conversation_id, turn_ref, text) for turn_ref, text in rows]
+
+
+def _entries(conversation_id: str, connection: sqlite3.Connection) -> tuple[LogEntry, ...]:
+    rows = connection.execute(
+        "SELECT turn_ref, messages, audit FROM turnplug_turns WHERE conversation_id = ?"
+        " ORDER BY position",
+        (conversation_id,),
+    ).fetchall()
+    return tuple(_codec.read_entry(conversation_id, *row) for row in rows)

@@ -1,0 +1,47 @@
+"""Each kind of log on storage of its own per test (the fixtures are in conftest.py)."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import pytest
+
+from pipeline.logs import Log, MemoryLog, PostgresLog, SQLiteLog
+
+LOGS = ("memory", "sqlite", "postgres")
+DURABLE_LOGS = ("sqlite", "postgres")
+
+
+@attrs.frozen
+class Backend:
+    """One kind of log on this test's own storage.
+
+    Attributes:
+        kind: ``"memory"``, ``"sqlite"`` or ``"postgres"``.
+        where: The SQLite path or the PostgreSQL DSN (empty for memory).
+        make: Opens a new handle on that storage (the same `MemoryLog` every time).
+    """
+
+    kind: str
+    where: str
+    make: Callable[[], Log]
+
+    def open(self) -> Log:
+        return self.make()
+
+
+async def close(log: Log) -> None:
+    aclose = getattr(log, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+def make_backend(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if kind == "memory":
+        memory = MemoryLog()
+        return Backend(kind, "", lambda: memory)
+    if kind == "sqlite":
+        path = str(tmp_path / "log.db")
+        return Backend(kind, path, lambda: SQLiteLog(path))
+    dsn = request.getfixturevalue("postgres")
+    return Backend(kind, dsn, lambda: PostgresLog(dsn))

@@ -1,0 +1,261 @@
+"""PostgresLog: what only PostgreSQL shows (the schema, migrations, connections, the seam).
+
+What every log does is in test_logs.py, which runs against PostgresLog too. Each test here
+works in a fresh schema of the test server (the `postgres` fixture, tests/postgres.py).
+"""
+
+import datetime
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import trio
+
+from pipeline import ConfigError, LogError
+from pipeline.logs import PostgresLog, _postgres
+from turns import Context, Message, Text
+
+from ..postgres import with_params
+
+
+def exchange(question: str, answer: str) -> tuple[Message, ...]:
+    return (Message.user(question), Message.assistant(answer))
+
+
+def admin(dsn: str):
+    import psycopg
+
+    return psycopg.connect(dsn, autocommit=True)
+
+
+async def committed(dsn: str, *turns: str) -> None:
+    async with PostgresLog(dsn) as log:
+        for turn in turns:
+            await log.append("c", turn, exchange(f"q {turn}", f"a {turn}"))
+
+
+# -- building one (no server needed) --------------------------------------------------------
+
+
+def test_repr_and_errors_never_show_the_password():
+    log = PostgresLog("postgresql://ada:s3cret-pw@db.internal:6543/chats")
+
+    assert repr(log) == "PostgresLog('postgresql://ada@db.internal:6543/chats')"
+
+
+def test_a_key_value_dsn_is_described_as_a_url_without_its_password():
+    log = PostgresLog("host=db.internal port=6543 dbname=chats user=ada password=s3cret-pw")
+
+    assert repr(log) == "PostgresLog('postgresql://ada@db.internal:6543/chats')"
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    ["postgresql://ada:s3cret pw@db/chats", "host='db password=s3cret-pw", "not a dsn"],
+)
+def test_a_malformed_dsn_is_a_config_error_that_does_not_echo_it(dsn):
+    with pytest.raises(ConfigError, match="not a valid connection string") as excinfo:
+        PostgresLog(dsn)
+
+    assert "s3cret" not in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "culprit"),
+    [
+        (("",), {}, "dsn"),
+        ((None,), {}, "dsn"),
+        (("postgresql://db/chats",), {"max_connections": 0}, "max_connections"),
+        (("postgresql://db/chats",), {"max_connections": True}, "max_connections"),
+    ],
+)
+def test_bad_arguments_fail_when_the_log_is_built(args, kwargs, culprit):
+    with pytest.raises(ConfigError, match=culprit):
+        PostgresLog(*args, **kwargs)
+
+
+def test_without_psycopg_the_package_imports_and_postgres_log_says_what_to_install():
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["psycopg"] = None  # as if it were not installed
+        from pipeline import ConfigError
+        from pipeline.logs import PostgresLog, SQLiteLog
+        try:
+            PostgresLog("postgresql://db/chats")
+        except ConfigError as exc:
+            print(exc)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'turnplug[postgres]'" in done.stdout
+
+
+# -- the schema -----------------------------------------------------------------------------
+
+
+async def test_the_tables_and_function_are_created_in_the_dsns_schema(postgres):
+    await committed(postgres, "t1")
+
+    with admin(postgres) as db:
+        schema = db.execute("SELECT current_schema()").fetchone()[0]
+        tables = db.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+            " ORDER BY table_name",
+            (schema,),
+        ).fetchall()
+        version = db.execute("SELECT version FROM turnplug_schema").fetchall()
+        rows = db.execute(
+            "SELECT conversation_id, position, turn_ref, message_count FROM turnplug_turns"
+        ).fetchall()
+    assert tables == [("turnplug_conversations",), ("turnplug_schema",), ("turnplug_turns",)]
+    assert version == [(len(_postgres.MIGRATIONS),)]
+    assert rows == [("c", 0, "t1", 2)]
+
+
+async def test_workers_starting_together_on_an_empty_database_migrate_it_once(postgres):
+    logs = [PostgresLog(postgres) for _ in range(4)]
+    try:
+        async with trio.open_nursery() as nursery:
+            for index, log in enumerate(logs):
+                nursery.start_soon(log.append, f"c{index}", "t1", exchange("q", "a"))
+    finally:
+        for log in logs:
+            await log.aclose()
+
+    with admin(postgres) as db:
+        assert db.execute("SELECT version FROM turnplug_schema").fetchall() == [(1,)]
+        assert db.execute("SELECT count(*) FROM turnplug_turns").fetchone() == (4,)
+
+
+EXTRA_MIGRATION = ("CREATE INDEX turnplug_turns_by_time ON turnplug_turns (committed_at)",)
+
+
+async def test_an_older_database_is_migrated_forward_keeping_its_turns(postgres, monkeypatch):
+    await committed(postgres, "t1")
+    monkeypatch.setattr(_postgres, "MIGRATIONS", (*_postgres.MIGRATIONS, EXTRA_MIGRATION))
+
+    async with PostgresLog(postgres) as log:
+        loaded = await log.load("c")
+
+    with admin(postgres) as db:
+        version = db.execute("SELECT version FROM turnplug_schema").fetchall()
+        index = db.execute("SELECT to_regclass('turnplug_turns_by_time') IS NOT NULL").fetchone()
+    assert (version, index) == ([(2,)], (True,))
+    assert loaded == Context(messages=exchange("q t1", "a t1"))
+
+
+async def test_a_failing_migration_changes_nothing(postgres, monkeypatch):
+    await committed(postgres, "t1")
+    broken = ("CREATE TABLE turnplug_extra (x text)", "CREATE INDEX nope ON missing (x)")
+    monkeypatch.setattr(_postgres, "MIGRATIONS", (*_postgres.MIGRATIONS, broken))
+
+    with pytest.raises(LogError, match="missing"):
+        async with PostgresLog(postgres):
+            pass
+
+    with admin(postgres) as db:
+        assert db.execute("SELECT version FROM turnplug_schema").fetchall() == [(1,)]
+        assert db.execute("SELECT to_regclass('turnplug_extra')").fetchone() == (None,)
+
+
+async def test_a_database_from_a_newer_turnplug_is_refused_with_both_versions(postgres):
+    await committed(postgres, "t1")
+    with admin(postgres) as db:
+        db.execute("UPDATE turnplug_schema SET version = 99")
+
+    with pytest.raises(LogError) as excinfo:
+        async with PostgresLog(postgres):
+            pass
+
+    message = str(excinfo.value)
+    assert "version 99" in message
+    assert "upgrade turnplug" in message
+
+
+# -- connections ----------------------------------------------------------------------------
+
+
+async def test_concurrent_calls_use_at_most_max_connections(postgres):
+    tagged = with_params(postgres, application_name="turnplug-cap")
+
+    async with PostgresLog(tagged, max_connections=3) as log:
+
+        async def commit(index: int) -> None:
+            await log.append(f"c{index}", "t1", exchange("q", "a"))
+
+        async with trio.open_nursery() as nursery:
+            for index in range(12):
+                nursery.start_soon(commit, index)
+        with admin(postgres) as db:
+            peak = db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'turnplug-cap'"
+            ).fetchone()[0]
+
+    assert 1 <= peak <= 3
+
+
+async def test_a_connection_the_server_dropped_fails_one_call_then_is_replaced(postgres):
+    tagged = with_params(postgres, application_name="turnplug-drop")
+    async with PostgresLog(tagged, max_connections=1) as log:
+        await log.append("c", "t1", exchange("q", "a"))
+        with admin(postgres) as db:
+            db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'turnplug-drop'"
+            )
+        with pytest.raises(LogError) as excinfo:
+            await log.load("c")
+        after = await log.load("c")
+
+    assert type(excinfo.value.__cause__).__module__.startswith("psycopg")
+    assert after == Context(messages=exchange("q", "a"))
+
+
+async def test_an_unreachable_server_is_a_log_error_without_the_password():
+    log = PostgresLog("postgresql://ada:s3cret-pw@127.0.0.1:1/chats?connect_timeout=2")
+    with pytest.raises(LogError, match="cannot reach the database") as excinfo:
+        await log.load("c")
+    await log.aclose()
+
+    assert "s3cret" not in str(excinfo.value)
+    assert excinfo.value.log == "PostgresLog('postgresql://ada@127.0.0.1:1/chats')"
+
+
+# -- stored data ----------------------------------------------------------------------------
+
+
+async def test_a_stored_row_that_cannot_be_read_is_a_log_error_naming_the_turn(postgres):
+    await committed(postgres, "t1", "t2")
+    with admin(postgres) as db:
+        db.execute("UPDATE turnplug_turns SET messages = 'not json' WHERE turn_ref = 't2'")
+
+    async with PostgresLog(postgres) as log:
+        with pytest.raises(LogError) as excinfo:
+            await log.entries("c")
+
+    assert "'t2'" in str(excinfo.value)
+
+
+async def test_meta_that_json_cannot_hold_is_a_log_error_and_commits_nothing(postgres):
+    async with PostgresLog(postgres) as log:
+        with pytest.raises(LogError, match="JSON values only"):
+            await log.append(
+                "c", "t1", [Message.user([Text("hi", meta={"d": datetime.date.today()})])]
+            )
+        assert await log.entries("c") == ()
+
+
+async def test_the_stored_json_is_queryable_as_json(postgres):
+    await committed(postgres, "t1")
+
+    with admin(postgres) as db:
+        roles = db.execute(
+            "SELECT json_array_elements(messages::json)->>'role' FROM turnplug_turns"
+        ).fetchall()
+    assert roles == [("user",), ("assistant",)]

@@ -1,0 +1,378 @@
+"""SQLiteLog: what only SQLite shows (WAL, the schema and its migrations, the error seam).
+
+What every log does is in test_logs.py, which runs against SQLiteLog too.
+"""
+
+import datetime
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from pipeline import LogConflict, LogError
+from pipeline.logs import SQLiteLog, _sqlite
+from turns import Context, Message, Text
+
+
+def exchange(question: str, answer: str) -> tuple[Message, ...]:
+    return (Message.user(question), Message.assistant(answer))
+
+
+def raw(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path, isolation_level=None)
+
+
+async def committed(path: Path, *turns: str) -> None:
+    async with SQLiteLog(path) as log:
+        for turn in turns:
+            await log.append("c", turn, exchange(f"q {turn}", f"a {turn}"))
+
+
+# -- the file -------------------------------------------------------------------------------
+
+
+async def test_the_database_is_in_wal_mode_at_the_latest_schema_version(tmp_path):
+    path = tmp_path / "log.db"
+    await committed(path, "t1")
+
+    with raw(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert db.execute("SELECT version FROM turnplug_schema").fetchall() == [
+            (len(_sqlite.MIGRATIONS),)
+        ]
+        rows = db.execute(
+            "SELECT conversation_id, position, turn_ref, message_count FROM turnplug_turns"
+        ).fetchall()
+    assert rows == [("c", 0, "t1", 2)]
+
+
+async def test_the_tables_live_beside_an_applications_own(tmp_path):
+    path = tmp_path / "app.db"
+    with raw(path) as db:
+        db.execute("CREATE TABLE users (name TEXT)")
+        db.execute("INSERT INTO users VALUES ('ada')")
+
+    await committed(path, "t1")
+
+    with raw(path) as db:
+        assert db.execute("SELECT name FROM users").fetchall() == [("ada",)]
+
+
+async def test_an_in_memory_log_works_for_the_life_of_the_log():
+    async with SQLiteLog(":memory:") as log:
+        await log.append("c", "t1", exchange("hi", "hello"), expected_length=0)
+        assert await log.load("c") == Context(messages=exchange("hi", "hello"))
+
+
+def test_repr_shows_the_path():
+    assert repr(SQLiteLog("chat.db")) == "SQLiteLog('chat.db')"
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error"),
+    [
+        ((3,), {}, TypeError),
+        (("",), {}, TypeError),
+        (("x.db",), {"timeout": 0}, ValueError),
+        (("x.db",), {"timeout": True}, ValueError),
+    ],
+)
+def test_bad_arguments_fail_when_the_log_is_built(args, kwargs, error):
+    with pytest.raises(error, match="SQLiteLog"):
+        SQLiteLog(*args, **kwargs)
+
+
+# -- migrations -----------------------------------------------------------------------------
+
+EXTRA_MIGRATION = ("CREATE INDEX turnplug_turns_by_time ON turnplug_turns (committed_at)",)
+
+
+async def test_an_older_database_is_migrated_forward_keeping_its_turns(tmp_path, monkeypatch):
+    path = tmp_path / "log.db"
+    await committed(path, "t1")
+    monkeypatch.setattr(_sqlite, "MIGRATIONS", (*_sqlite.MIGRATIONS, EXTRA_MIGRATION))
+
+    async with SQLiteLog(path) as log:
+        loaded = await log.load("c")
+
+    with raw(path) as db:
+        version = db.execute("SELECT version FROM turnplug_schema").fetchall()
+        index = db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND name = 'turnplug_turns_by_time'"
+        ).fetchall()
+    assert (version, index) == ([(2,)], [("turnplug_turns_by_time",)])
+    assert loaded == Context(messages=exchange("q t1", "a t1"))
+
+
+async def test_a_failing_migration_changes_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "log.db"
+    await committed(path, "t1")
+    broken = ("CREATE TABLE turnplug_extra (x TEXT)", "CREATE INDEX nope ON missing (x)")
+    monkeypatch.setattr(_sqlite, "MIGRATIONS", (*_sqlite.MIGRATIONS, broken))
+
+    with pytest.raises(LogError, match="missing"):
+        async with SQLiteLog(path):
+            pass
+
+    with raw(path) as db:
+        assert db.execute("SELECT version FROM turnplug_schema").fetchall() == [(1,)]
+        assert (
+            db.execute("SELECT name FROM sqlite_master WHERE name = 'turnplug_extra'").fetchall()
+            == []
+        )
+
+
+async def test_a_database_from_a_newer_turnplug_is_refused_with_both_versions(tmp_path):
+    path = tmp_path / "log.db"
+    await committed(path, "t1")
+    with raw(path) as db:
+        db.execute("UPDATE turnplug_schema SET version = 99")
+
+    with pytest.raises(LogError) as excinfo:
+        async with SQLiteLog(path):
+            pass
+
+    message = str(excinfo.value)
+    assert "version 99" in message
+    assert f"({len(_sqlite.MIGRATIONS)})" in message
+    assert "upgrade turnplug" in message
+    assert str(path) in message
+
+
+# -- the error seam -------------------------------------------------------------------------
+
+
+async def test_a_missing_directory_is_a_log_error_naming_the_path(tmp_path):
+    path = tmp_path / "no-such-dir" / "log.db"
+    log = SQLiteLog(path)
+
+    with pytest.raises(LogError, match="directory exists") as excinfo:
+        await log.load("c")
+
+    assert str(path) in str(excinfo.value)
+    assert excinfo.value.log == repr(log)
+    assert isinstance(excinfo.value.__cause__, sqlite3.Error)
+    await log.aclose()
+
+
+async def test_a_file_that_is_not_a_database_is_a_log_error(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("just some notes, " * 100)
+
+    with pytest.raises(LogError, match="not an SQLite database") as excinfo:
+        async with SQLiteLog(path):
+            pass
+
+    assert str(path) in str(excinfo.value)
+    assert path.read_text() == "just some notes, " * 100
+
+
+async def test_a_write_lock_held_too_long_is_a_log_error_and_commits_nothing(tmp_path):
+    path = tmp_path / "log.db"
+    await committed(path, "t1")
+    holder = raw(path)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        async with SQLiteLog(path, timeout=0.05) as log:
+            with pytest.raises(LogError, match="write lock") as excinfo:
+                await log.append("c", "t2", exchange("q", "a"))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+    assert "timeout=" in str(excinfo.value)
+    async with SQLiteLog(path) as log:
+        assert [e.turn_ref for e in await log.entries("c")] == ["t1"]
+
+
+async def test_a_commit_waiting_for_the_lock_does_not_block_the_event_loop(tmp_path):
+    # The commit waits in a worker thread for another connection's write lock. Only if the
+    # event loop keeps running can this task release that lock; otherwise the commit would
+    # fail after its timeout.
+    path = tmp_path / "log.db"
+    await committed(path, "t1")
+    holder = raw(path)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO turnplug_schema VALUES (1)")  # some write of its own
+    async with SQLiteLog(path, timeout=30) as log, trio.open_nursery() as nursery:
+        nursery.start_soon(log.append, "c", "t2", exchange("q", "a"), None)
+        await trio.testing.wait_all_tasks_blocked()
+        holder.execute("ROLLBACK")
+        holder.close()
+
+    async with SQLiteLog(path) as log:
+        assert [e.turn_ref for e in await log.entries("c")] == ["t1", "t2"]
+
+
+async def test_a_stored_row_that_cannot_be_read_is_a_log_error_naming_the_turn(tmp_path):
+    path = tmp_path / "log.db"
+    await committed(path, "t1", "t2")
+    with raw(path) as db:
+        db.execute("UPDATE turnplug_turns SET messages = '[{\"role\": 1}]' WHERE turn_ref = 't2'")
+
+    async with SQLiteLog(path) as log:
+        with pytest.raises(LogError) as excinfo:
+            await log.load("c")
+
+    message = str(excinfo.value)
+    assert "'t2'" in message
+    assert "'c'" in message
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        pytest.param({"when": datetime.date(2024, 1, 1)}, id="date"),
+        pytest.param({"ids": {1, 2}}, id="set"),
+        pytest.param({"score": float("nan")}, id="nan"),
+    ],
+)
+async def test_meta_that_json_cannot_hold_is_a_log_error_and_commits_nothing(tmp_path, meta):
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        with pytest.raises(LogError, match="JSON values only") as excinfo:
+            await log.append("c", "t1", [Message.user([Text("hi", meta=meta)])])
+        assert await log.entries("c") == ()
+
+    assert "'t1'" in str(excinfo.value)
+
+
+# -- group commit ---------------------------------------------------------------------------
+
+
+class GatedBatches:
+    """Wraps the transaction writer: records each transaction's commits and holds it until
+    the test opens the gate, so a test can act while a transaction is in flight."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.batches: list[list[str]] = []
+        self.gate = threading.Semaphore(0)
+        self.entered = threading.Semaphore(0)
+        write = _sqlite._append_batch
+
+        def gated(commits, connection):
+            self.batches.append([commit[1] for commit in commits])
+            self.entered.release()
+            self.gate.acquire()
+            return write(commits, connection)
+
+        monkeypatch.setattr(_sqlite, "_append_batch", gated)
+
+    async def wait_entered(self) -> None:
+        await trio.to_thread.run_sync(self.entered.acquire)
+
+
+async def test_commits_waiting_together_share_one_transaction(tmp_path, monkeypatch):
+    batches = GatedBatches(monkeypatch)
+
+    async with SQLiteLog(tmp_path / "log.db") as log, trio.open_nursery() as nursery:
+        nursery.start_soon(log.append, "a", "t1", exchange("q", "a"))
+        await batches.wait_entered()
+        for conversation in ("b", "c", "d"):
+            nursery.start_soon(log.append, conversation, "t1", exchange("q", "a"))
+        await trio.testing.wait_all_tasks_blocked()
+        batches.gate.release()  # a's transaction; then b, c and d's
+        await batches.wait_entered()
+        batches.gate.release()
+
+    assert batches.batches == [["t1"], ["t1", "t1", "t1"]]
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        for conversation in "abcd":
+            assert await log.load(conversation) == Context(messages=exchange("q", "a"))
+
+
+async def test_commits_of_one_conversation_in_one_transaction_are_checked_in_order(
+    tmp_path, monkeypatch
+):
+    batches = GatedBatches(monkeypatch)
+    results = {}
+
+    async def commit(ref: str, expected: int) -> None:
+        try:
+            await log.append("c", ref, exchange(ref, "a"), expected_length=expected)
+            results[ref] = "committed"
+        except LogConflict:
+            results[ref] = "conflict"
+
+    async with SQLiteLog(tmp_path / "log.db") as log, trio.open_nursery() as nursery:
+        nursery.start_soon(commit, "t0", 0)
+        await batches.wait_entered()
+        nursery.start_soon(commit, "t1", 2)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(commit, "t1-stale", 2)  # answered from the same length as t1
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(commit, "t1", 2)  # a retry of t1: a no-op
+        await trio.testing.wait_all_tasks_blocked()
+        batches.gate.release()
+        await batches.wait_entered()
+        batches.gate.release()
+
+    assert batches.batches == [["t0"], ["t1", "t1-stale", "t1"]]
+    assert results == {"t0": "committed", "t1": "committed", "t1-stale": "conflict"}
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        stored = await log.load("c")
+    assert stored == Context(messages=(*exchange("t0", "a"), *exchange("t1", "a")))
+
+
+async def test_cancelled_commits_are_written_once_taken_and_dropped_before(tmp_path, monkeypatch):
+    # b and c are taken into the second transaction, d queues behind it; then every task
+    # is cancelled. b and c are written and their appends return (the cancellation comes
+    # at their next checkpoint); d was never taken: it raises and is not written.
+    batches = GatedBatches(monkeypatch)
+    returned = []
+
+    async def commit(conversation: str) -> None:
+        await log.append(conversation, "t1", exchange("q", "a"))
+        returned.append(conversation)
+        await trio.sleep_forever()
+
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit, "a")
+            await batches.wait_entered()
+            nursery.start_soon(commit, "b")
+            nursery.start_soon(commit, "c")
+            await trio.testing.wait_all_tasks_blocked()
+            batches.gate.release()
+            await batches.wait_entered()  # b and c's transaction is in flight
+            nursery.start_soon(commit, "d")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+            batches.gate.release()
+        batches.gate.release()  # a later commit must not carry d along
+        await log.append("e", "t1", exchange("q", "a"))
+        stored = {c: [e.turn_ref for e in await log.entries(c)] for c in "abcd"}
+
+    assert batches.batches == [["t1"], ["t1", "t1"], ["t1"]]
+    assert sorted(returned) == ["a", "b", "c"]
+    assert stored == {"a": ["t1"], "b": ["t1"], "c": ["t1"], "d": []}
+
+
+async def test_a_failed_transaction_fails_each_of_its_commits_and_writes_none(tmp_path):
+    path = tmp_path / "log.db"
+    await committed(path, "t0")
+    holder = raw(path)
+    holder.execute("BEGIN IMMEDIATE")
+    errors = []
+
+    async def commit(conversation: str) -> None:
+        try:
+            await log.append(conversation, "t1", exchange("q", "a"))
+        except LogError as exc:
+            errors.append(exc)
+
+    try:
+        async with SQLiteLog(path, timeout=0.2) as log, trio.open_nursery() as nursery:
+            for conversation in "xyz":
+                nursery.start_soon(commit, conversation)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+    assert len(errors) == 3
+    assert len({id(error) for error in errors}) == 3  # each task raised its own
+    assert all("write lock" in str(error) for error in errors)
+    async with SQLiteLog(path) as log:
+        assert [await log.entries(c) for c in "xyz"] == [(), (), ()]
