@@ -2,6 +2,7 @@
 
 import json
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +25,56 @@ def _problems(data: Any, **options: Any) -> tuple[tuple[str, str], ...]:
 
 def test_the_valid_config_builds_every_entry_in_order() -> None:
     pipe = pipeline_from_dict(valid())
-    assert [type(entry).__name__ for entry in pipe.pre] == ["Hook", "Parallel", "Hook", "Hook"]
+    assert [type(entry).__name__ for entry in pipe.pre] == [
+        "Hook",
+        "Parallel",
+        "Hook",
+        "Hook",
+        "Hook",
+        "Hook",
+    ]
     assert [entry.name for entry in pipe.pre] == [
         "static",
-        "parallel(member, static)",
+        "parallel(member, static, search)",
         "hook",
         "second",
+        "inject_get_preferences",
+        "last_order",
     ]
     assert [getattr(t, "name", None) for t in pipe.transformers] == [
         "redact",
         "upper",
         "redact_secret",
+        "pii",
+        "citations",
     ]
-    assert [(h.name, h.background) for h in pipe.post] == [("check", False), ("later", True)]
+    assert [(h.name, h.background) for h in pipe.post] == [
+        ("check", False),
+        ("later", True),
+        ("deny", False),
+        ("max_length", False),
+        ("judge", False),
+        ("no_maybe", False),
+    ]
+    assert [t.name for t in pipe.tools] == [
+        "get_preferences",
+        "order_status",
+        "shipping_days",
+        "lookup_order",
+    ]
+    assert [(h.name, h.match) for h in pipe.before_tool] == [
+        ("no_refunds", re.compile("refund.*"))
+    ]
+    assert [(h.name, h.match) for h in pipe.after_tool] == [("shout", "get_preferences")]
     assert pipe.on_session_start[0].fn is support.start
     assert pipe.on_session_end[0].fn is support.end
-    assert (pipe.system, pipe.max_regenerations, pipe.hold_until_accepted) == (
-        "Be brief.",
-        1,
-        False,
-    )
+    assert (
+        pipe.system,
+        pipe.max_regenerations,
+        pipe.hold_until_accepted,
+        pipe.max_steps,
+        pipe.tool_concurrency,
+    ) == ("Be brief.", 1, False, 3, 2)
     assert (pipe.budget.context_tokens, pipe.budget.injection_reserve) == (4000, 400)
 
 
