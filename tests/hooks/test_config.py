@@ -62,9 +62,7 @@ def test_the_valid_config_builds_every_entry_in_order() -> None:
         "shipping_days",
         "lookup_order",
     ]
-    assert [(h.name, h.match) for h in pipe.before_tool] == [
-        ("no_refunds", re.compile("refund.*"))
-    ]
+    assert [(h.name, h.match) for h in pipe.before_tool] == [("no_refunds", re.compile("refund.*"))]
     assert [(h.name, h.match) for h in pipe.after_tool] == [("shout", "get_preferences")]
     assert pipe.on_session_start[0].fn is support.start
     assert pipe.on_session_end[0].fn is support.end
