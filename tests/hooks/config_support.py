@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import trio
 
 from pipeline import block, cont, tool
 from turns import Text, ToolCall, ToolResult, Turn
@@ -77,6 +78,25 @@ def lookup_order(order: str) -> str:
 @tool(name="shipping_days", description="Days until an order ships.")
 def days() -> int:
     return 2
+
+
+class Gauge:
+    """A tool measuring how many of its calls run at once."""
+
+    running = 0
+    most = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.running = cls.most = 0
+
+    @staticmethod
+    async def measure(n: int) -> int:
+        Gauge.running += 1
+        Gauge.most = max(Gauge.most, Gauge.running)
+        await trio.sleep(1)
+        Gauge.running -= 1
+        return n
 
 
 class Untyped:
