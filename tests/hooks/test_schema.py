@@ -1,6 +1,7 @@
 """The JSON Schema (`config_schema`, `turnplug schema`) agrees with the loader."""
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -154,3 +155,11 @@ def test_new_kinds_are_refused_outside_their_lists(validator: Any) -> None:
     retrieve = {"kind": "retrieve", "search": "m:f"}
     assert _errors(validator, {"pre": [retrieve]}) != []
     assert _errors(validator, {"pre": [{"kind": "parallel", "hooks": [retrieve]}]}) == []
+
+
+def test_the_toml_examples_of_the_config_docs_are_valid(validator: Any) -> None:
+    docs = (EXAMPLE.parents[1] / "docs" / "config.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```toml\n(.*?)```", docs, flags=re.DOTALL)
+    assert len(blocks) >= 3
+    for block in blocks:
+        assert _errors(validator, tomllib.loads(block)) == [], block
