@@ -80,6 +80,22 @@ def days() -> int:
     return 2
 
 
+def failing_lookup(user: str) -> str:
+    """A tool whose backend is down."""
+    raise RuntimeError("the preferences service is down")
+
+
+async def hanging_lookup(user: str) -> str:
+    """A tool that never answers."""
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+def broken_check(text: str) -> bool:
+    """A guardrail's check that raises."""
+    raise ValueError("the classifier is not loaded")
+
+
 class Gauge:
     """A tool measuring how many of its calls run at once."""
 

@@ -4,6 +4,7 @@ from typing import Any
 
 import attrs
 import pytest
+import trio
 
 from hooks.config import pipeline_from_dict
 from pipeline import StepLimitExceeded, cont
@@ -497,6 +498,65 @@ async def test_a_tool_call_skips_a_second_injection_it_does_not_need(
         second = await session.send("again")
     assert [i.source for i in first.turn.injections] == ["inject_prefs"]
     assert second.turn.injections == ()
+
+
+def _failing_tool_call(function: str, **entry: Any) -> Any:
+    return pipeline_from_dict(
+        {
+            "model": {"provider": "scripted", "replies": ["answered anyway"]},
+            "tools": [{"kind": "python", "ref": ref(function), "name": "prefs"}],
+            "pre": [{"kind": "tool_call", "tool": "prefs", "arguments": {"user": "ada"}, **entry}],
+        }
+    )
+
+
+async def test_a_tool_call_whose_tool_fails_injects_nothing_and_the_turn_goes_on() -> None:
+    events, result = await collect(_failing_tool_call("failing_lookup"), Turn.start("hi"))
+    assert (result.outcome, result.turn.injections) == ("completed", ())
+    failed = [e for e in events if isinstance(e, ev.HookFailed)]
+    assert [(e.hook, e.enforced) for e in failed] == [("inject_prefs", False)]
+    assert "the preferences service is down" in failed[0].error
+
+
+async def test_a_tool_call_told_to_halt_on_error_fails_the_turn() -> None:
+    from pipeline import HookFailed
+
+    with pytest.raises(HookFailed, match="inject_prefs"):
+        await _failing_tool_call("failing_lookup", on_error="halt").run(Turn.start("hi"))
+
+
+async def test_a_tool_call_timeout_bounds_a_tool_that_never_answers(autojump_clock: Any) -> None:
+    pipe = _failing_tool_call("hanging_lookup", timeout=2)
+    start = trio.current_time()
+    events, result = await collect(pipe, Turn.start("hi"))
+    assert trio.current_time() - start == pytest.approx(2)
+    assert (result.outcome, result.turn.injections) == ("completed", ())
+    assert [e.error.split(":")[0] for e in events if isinstance(e, ev.HookFailed)] == [
+        "HookTimeout"
+    ]
+
+
+async def test_a_turn_cancelled_while_its_tool_call_runs_commits_nothing(
+    autojump_clock: Any,
+) -> None:
+    log = MemoryLog()
+    pipe = _failing_tool_call("hanging_lookup")
+    async with pipe.session(log=log, conversation_id="c") as session:
+        with trio.move_on_after(5) as scope:
+            await session.send("hi")
+    assert scope.cancelled_caught
+    assert (await log.load("c")).messages == ()
+
+
+async def test_a_guardrail_whose_check_raises_fails_the_turn_unless_told_to_skip() -> None:
+    from pipeline import HookFailed
+
+    rail = {"kind": "guardrail", "check": ref("broken_check")}
+    with pytest.raises(HookFailed, match="the classifier is not loaded"):
+        await _post(rail, replies=["hello"]).run(Turn.start("q"))
+    skipping = _post(rail | {"on_error": "skip"}, replies=["hello"])
+    result = await skipping.run(Turn.start("q"))
+    assert result.outcome == "completed"
 
 
 def test_a_refresh_in_minutes_or_hours_is_a_ttl_in_seconds() -> None:
