@@ -17,7 +17,7 @@ problems raises them together (`raise_all`), so each is reported.
 import difflib
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, Literal, TypeAlias, final
 
@@ -701,7 +701,7 @@ class Guardrail(HookEntry):
         return self.wrap(guardrail(self.check.target, feedback=self.feedback))
 
 
-def _deny_problems(patterns: tuple[re.Pattern[str], ...]) -> Iterable[Invalid]:
+def _deny_problems(patterns: tuple[re.Pattern[str], ...]) -> Iterator[Invalid]:
     if not patterns:
         yield Invalid("deny needs at least one pattern", key="deny")
     for index, pattern in enumerate(patterns):
