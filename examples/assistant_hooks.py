@@ -13,8 +13,10 @@ from pathlib import Path
 
 import trio
 
-from pipeline import Cont, Regenerate, TurnResult, cont, regenerate
+from pipeline import TurnResult
 from turns import Text, Turn
+
+HOURS = {"Main Street": "Monday to Saturday, 9:00 to 18:00"}
 
 FAQ = {
     "refund": "Refunds are issued within 14 days of a return.",
@@ -35,12 +37,13 @@ async def load_profile(turn: Turn) -> list[Text]:
     return [Text(f"[profile] the customer is {customer}")]
 
 
-def no_guarantees(turn: Turn) -> Cont[Turn] | Regenerate:
-    """Post hook, a guardrail: the shop never promises guarantees."""
-    assert turn.reply is not None
-    if "guarantee" in turn.reply.text.lower():
-        return regenerate("Do not promise guarantees; state the policy instead.")
-    return cont(turn)
+def opening_hours(shop: str) -> str:
+    """A tool: the opening hours of one of our shops.
+
+    Args:
+        shop: The shop's street, e.g. "Main Street".
+    """
+    return HOURS.get(shop, f"no shop on {shop}; our shops: {', '.join(HOURS)}")
 
 
 async def main() -> TurnResult:

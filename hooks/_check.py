@@ -1,21 +1,35 @@
 """`turnplug check`: a config's pipeline as it was resolved, stage by stage.
 
 Every stage a turn meets, in order, and in it every hook with the path of its config entry,
-its kind, its durability, timeout and error policy (and `shadow` or `background` when set):
-what a reviewer needs to see before a config goes live.
+its kind, its durability, timeout and error policy (and `shadow` or `background` when set,
+what it runs and, for a tool hook, the tools it matches): what a reviewer needs to see
+before a config goes live. The tools are listed with the arguments they require.
 """
 
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline import Hook, Parallel
+import attrs
 
+from pipeline import Hook, Parallel, Tool
+
+from ._config_types import Ref
 from ._kinds import (
     AnthropicSpec,
     Config,
+    Guardrail,
+    Judge,
+    MaxLength,
+    ModelSpec,
     OpenAISpec,
     ParallelGroup,
+    Pii,
+    PythonTool,
+    Redact,
+    Retrieve,
     ScriptedSpec,
+    ToolCallEntry,
+    ToolHookEntry,
 )
 
 Row = tuple[str, str, str, str, str, str, str]
@@ -49,12 +63,36 @@ def describe(source: str, config: Config, pipe: Any) -> list[str]:
                 f" injection_reserve {config.budget.injection_reserve}",
             )
         )
+    sections.append(("model call", f"model    {_model(config.model)}"))
+    if config.tools or config.before_tool or config.after_tool:
+        sections += [
+            (
+                f"tools the model may call: at most {config.max_steps} model calls per attempt,"
+                f" {config.tool_concurrency} tool calls at a time",
+                _tools(config.tools, pipe.tools),
+            ),
+            (
+                "before each tool call, in order",
+                list(_hooks("before_tool", config.before_tool, pipe.before_tool)),
+            ),
+            (
+                "after each tool call, in order",
+                list(_hooks("after_tool", config.after_tool, pipe.after_tool)),
+            ),
+        ]
     sections += [
-        ("model call", f"model    {_model(config)}"),
         (
             "stream transformers, every chunk through each in order",
             [
-                (f"transformers[{i}]", _name(factory), entry.KIND, "", "", "", "")
+                (
+                    f"transformers[{i}]",
+                    _name(factory),
+                    entry.KIND,
+                    "",
+                    "",
+                    "",
+                    ", ".join(_details(entry)),
+                )
                 for i, (entry, factory) in enumerate(
                     zip(config.transformers, pipe.transformers, strict=True)
                 )
@@ -76,7 +114,7 @@ def describe(source: str, config: Config, pipe: Any) -> list[str]:
     for number, (title, body) in enumerate(sections, 1):
         lines.append(f"{number}. {title}")
         if isinstance(body, str):
-            lines.append(f"  {body}")
+            lines.extend(f"  {line}" for line in body.splitlines())
         elif not body:
             lines.append("  (none)")
         for row in body if isinstance(body, list) else ():
@@ -97,10 +135,7 @@ def _hooks(stage: str, entries: tuple[Any, ...], built: tuple[Any, ...]) -> Iter
 
 
 def _row(path: str, entry: Any, hook: Hook, indent: str) -> Row:
-    extra = []
-    ref = getattr(entry, "ref", None)
-    if ref is not None:
-        extra.append(ref.text)
+    extra = list(_details(entry))
     if hook.shadow:
         extra.append("shadow (verdicts recorded, not enforced)")
     if hook.background:
@@ -117,13 +152,52 @@ def _row(path: str, entry: Any, hook: Hook, indent: str) -> Row:
     )
 
 
+def _details(entry: Any) -> Iterator[str]:
+    """What an entry runs, beyond its name: its functions, its rule, its tool."""
+    for field in attrs.fields(type(entry)):
+        value = getattr(entry, field.name)
+        if isinstance(value, Ref):
+            yield value.text
+    match entry:
+        case Guardrail(deny=patterns) if patterns is not None:
+            yield "deny " + " ".join(_clip(repr(p.pattern), 40) for p in patterns)
+        case Redact(patterns=patterns):
+            yield " ".join(_clip(repr(p.pattern), 40) for p in patterns)
+        case Pii(kinds=kinds):
+            yield " ".join(kinds)
+        case MaxLength(chars=chars):
+            yield f"at most {chars} characters"
+        case Judge(model=model):
+            yield f"judged by {_model(model)}"
+        case Retrieve(k=k):
+            yield f"k {k}"
+        case ToolCallEntry(tool=name, frequency=frequency, refresh=refresh):
+            yield f"runs tool {name}, {frequency}"
+            if refresh is not None:
+                unit = next(unit for unit in refresh.ONE_OF if getattr(refresh, unit) is not None)
+                yield f"fresh for {getattr(refresh, unit):g} {unit}"
+        case ToolHookEntry(match=match):
+            yield "every tool" if match is None else f"match {match.shown}"
+
+
+def _tools(entries: tuple[PythonTool, ...], tools: tuple[Tool, ...]) -> str:
+    """One line per tool: its name, the arguments the model must give, its function."""
+    rows = []
+    for index, (entry, made) in enumerate(zip(entries, tools, strict=True)):
+        required = made.parameters.get("required") or ()
+        needs = f"requires {', '.join(required)}" if required else "no required arguments"
+        rows.append((f"tools[{index}]", made.name, needs, entry.ref.text))
+    widths = [max((len(row[column]) for row in rows), default=0) for column in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines) or "(none)"
+
+
 def _name(factory: Any) -> str:
     name = getattr(factory, "name", None)
     return name if isinstance(name, str) else getattr(factory, "__name__", type(factory).__name__)
 
 
-def _model(config: Config) -> str:
-    spec = config.model
+def _model(spec: ModelSpec | None) -> str:
     if spec is None:
         return "scripted (offline; no [model] table, so a fixed greeting answers)"
     if isinstance(spec, ScriptedSpec):

@@ -6,6 +6,7 @@ same types to write the JSON Schema. A check raises `Invalid` with the sentence 
 the loader adds the file name and the path of the value.
 """
 
+import difflib
 import importlib
 import inspect
 import json
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NewType, final
 
 import attrs
+
+from ._pii import KINDS as PII_KINDS
 
 
 class Invalid(ValueError):
@@ -80,6 +83,34 @@ Text = NewType("Text", str)
 
 ScriptReply = NewType("ScriptReply", tuple[str, ...])
 """A scripted reply: one string, or a list of the chunks it is streamed in."""
+
+ToolName = NewType("ToolName", str)
+"""A name providers accept for a tool: 1 to 64 letters, digits, ``_`` or ``-``."""
+
+PiiKind = NewType("PiiKind", str)
+"""A kind of personal data `hooks.pii` knows (``"email"``, ``"card"``, ...)."""
+
+Arguments = NewType("Arguments", dict[str, Any])
+"""A table of arguments for a tool, checked against the tool's schema when it is built."""
+
+
+@final
+@attrs.frozen
+class ToolMatch:
+    """Which tools a tool hook applies to: a tool's name, or a regex the whole name matches.
+
+    Attributes:
+        value: The name, or the compiled regex (`pipeline.hook`'s ``match=``).
+    """
+
+    value: str | re.Pattern[str]
+
+    @property
+    def shown(self) -> str:
+        """As `turnplug check` shows it: ``"lookup"`` or ``/look.*/``."""
+        if isinstance(self.value, str):
+            return json.dumps(self.value)
+        return f"/{self.value.pattern}/"
 
 
 def check_str(value: Any) -> str:
@@ -159,6 +190,50 @@ def check_pattern(value: Any) -> re.Pattern[str]:
         raise Invalid(f"invalid regular expression {json.dumps(value)}: {exc}{hint}") from None
 
 
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def check_tool_name(value: Any) -> str:
+    if not _TOOL_NAME.fullmatch(check_str(value)):
+        raise Invalid(
+            f"{json.dumps(value)} is not a name providers accept for a tool: use 1 to 64"
+            " letters, digits, '_' or '-'"
+        )
+    return value  # type: ignore[no-any-return]
+
+
+def check_pii_kind(value: Any) -> str:
+    if isinstance(value, str) and value in PII_KINDS:
+        return value
+    choices = ", ".join(json.dumps(kind) for kind in PII_KINDS)
+    close = difflib.get_close_matches(value, PII_KINDS, n=1) if isinstance(value, str) else []
+    hint = f" — did you mean {json.dumps(close[0])}?" if close else ""
+    raise Invalid(f"unknown pii kind {shown(value)}{hint} (expected one of {choices})")
+
+
+def check_arguments(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise Invalid(f"expected a table of arguments, got {shown(value)}")
+    return value
+
+
+def check_match(value: Any) -> ToolMatch:
+    """A tool's name, or ``{ regex = "..." }`` compiled now."""
+    if isinstance(value, str):
+        return ToolMatch(check_text(value))
+    if not isinstance(value, dict):
+        raise Invalid(f"expected a tool's name or a table with a regex, got {shown(value)}")
+    if "regex" not in value:
+        raise Invalid("required: the regex the whole tool name must match", key="regex")
+    extra = sorted(key for key in value if key != "regex")
+    if extra:
+        raise Invalid("unknown key; a match table accepts: regex", key=extra[0])
+    try:
+        return ToolMatch(check_pattern(value["regex"]))
+    except Invalid as exc:
+        raise Invalid(str(exc), key="regex") from None
+
+
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
@@ -174,7 +249,7 @@ class Ref:
         target: The callable it names.
     """
 
-    ARGUMENTS: ClassVar[tuple[str, ...]] = ()
+    ARGUMENTS: ClassVar[tuple[str, ...] | None] = ()
     SHAPE: ClassVar[str] = "a function"
 
     text: str
@@ -205,7 +280,8 @@ class Ref:
                 f"{json.dumps(text)} is {type(target).__name__} {_clip(repr(target))}, not"
                 f" callable: expected {cls.SHAPE}"
             )
-        _check_arguments(text, target, cls.ARGUMENTS, cls.SHAPE)
+        if cls.ARGUMENTS is not None:
+            _check_arguments(text, target, cls.ARGUMENTS, cls.SHAPE)
         return cls(text, target)
 
 
@@ -294,6 +370,50 @@ class CompactRef(Ref):
     SHAPE = "a compactor fn(history, target_tokens, tokenizer) returning the history"
 
 
+@final
+class GuardRef(Ref):
+    """A guardrail's check: ``fn(text)`` returning True, False or feedback text."""
+
+    ARGUMENTS = ("text",)
+    SHAPE = "a check fn(text) returning True, False or feedback text"
+
+
+@final
+class SearchRef(Ref):
+    """A retrieval search: ``fn(query, k)`` returning passages."""
+
+    ARGUMENTS = ("query", "k")
+    SHAPE = "a search fn(query, k) returning a list of passages (strings or parts)"
+
+
+@final
+class ToolRef(Ref):
+    """A tool's function, called with keyword arguments its annotations describe.
+
+    Its signature is checked by `pipeline.tool` when the tool is built, not here: any typed
+    parameters will do.
+    """
+
+    ARGUMENTS = None
+    SHAPE = "a typed function, or a pipeline.Tool"
+
+
+@final
+class BeforeToolRef(Ref):
+    """A before-tool hook: ``fn(call, turn)``."""
+
+    ARGUMENTS = ("call", "turn")
+    SHAPE = "a before-tool hook fn(call, turn) returning cont(call), block, ask or halt"
+
+
+@final
+class AfterToolRef(Ref):
+    """An after-tool hook: ``fn(call, result, turn)``."""
+
+    ARGUMENTS = ("call", "result", "turn")
+    SHAPE = "an after-tool hook fn(call, result, turn) returning cont(result) or halt"
+
+
 CHECKS: dict[Any, Callable[[Any], Any]] = {
     str: check_str,
     bool: check_bool,
@@ -304,5 +424,9 @@ CHECKS: dict[Any, Callable[[Any], Any]] = {
     Temperature: check_temperature,
     ScriptReply: check_reply,
     re.Pattern: check_pattern,
+    ToolName: check_tool_name,
+    PiiKind: check_pii_kind,
+    Arguments: check_arguments,
+    ToolMatch: check_match,
 }
 """The check of each value type; `Ref` subclasses check with their `resolve`."""

@@ -8,11 +8,16 @@ lists of a config accept the kinds of their union (`PreEntry`, `MemberEntry`,
 
 Adding a kind is local: one record here (with ``KIND`` and ``build``) and its name in the
 union of each list it may stand in. A new list is a field of `Config`, its union in
-`TAGGED` and its name in `STAGE_LISTS`.
+`TAGGED` and its name in `STAGE_LISTS`. A record whose keys are alternatives names them in
+``ONE_OF``, and one whose key needs others names them in ``REQUIRES`` (the schema says both
+too); its `build` calls `exactly_one` and `required_with`. A build that finds several
+problems raises them together (`raise_all`), so each is reported.
 """
 
+import difflib
+import json
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, Literal, TypeAlias, final
 
@@ -20,38 +25,56 @@ import attrs
 
 from pipeline import (
     Budget,
+    ConfigError,
     Cont,
     Hook,
     Model,
     ModelEvent,
     ModelRequest,
     Parallel,
+    Tool,
     TransformerFactory,
     cont,
     hook,
     parallel,
+    tool,
 )
 from pipeline.providers import AnthropicMessages, OpenAIChat, model_from_string
 from pipeline.testing import ScriptedModel
 from turns import Text as TextPart
 from turns import Turn
 
+from ._citations import citations
 from ._config_types import (
+    AfterToolRef,
+    Arguments,
+    BeforeToolRef,
     CompactRef,
     Count,
     EndRef,
     FactoryRef,
+    GuardRef,
     HookRef,
     Invalid,
+    PiiKind,
     Positive,
     ScriptReply,
+    SearchRef,
     Seconds,
     StartRef,
     Temperature,
     Text,
     TokenizerRef,
+    ToolMatch,
+    ToolName,
+    ToolRef,
 )
+from ._guardrails import deny, guardrail, judge, max_length
+from ._inject import retrieve
+from ._pii import KINDS as PII_KINDS
+from ._pii import pii
 from ._redact import redact
+from ._tool_call import inject_tool_call
 
 
 def doc(text: str, **more: Any) -> dict[str, Any]:
@@ -67,10 +90,61 @@ class Env:
     Attributes:
         environ: The environment variables (API keys are read from here).
         tools: The pipeline's tools by name, for entries that name one.
+        declared: The names of every tool the file declares, also those that failed to
+            build (already reported: an entry naming one is not reported again).
     """
 
     environ: Mapping[str, str]
-    tools: Mapping[str, Any] = attrs.field(factory=dict)
+    tools: Mapping[str, Tool] = attrs.field(factory=dict)
+    declared: frozenset[str] = frozenset()
+
+    def unknown_tool(self, name: str, key: str) -> Invalid:
+        """The problem of an entry naming a tool the file does not declare."""
+        close = difflib.get_close_matches(name, self.declared, n=1)
+        hint = f" — did you mean {json.dumps(close[0])}?" if close else ""
+        declared = ", ".join(sorted(self.declared)) or "none"
+        return Invalid(
+            f"no tool named {json.dumps(name)}{hint}; the tools declared in [[tools]]: {declared}",
+            key=key,
+        )
+
+
+def raise_all(problems: list[Invalid]) -> None:
+    """Raise the problems a build found: one as it is, several together."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ExceptionGroup("problems", problems)
+
+
+def within(key: str, exc: Invalid) -> Invalid:
+    """`exc`, found in the value of `key`, as a problem of the entry holding that value."""
+    return Invalid(str(exc), key=f"{key}.{exc.key}" if exc.key else key)
+
+
+def required_with(entry: Any) -> list[Invalid]:
+    """A problem for each key ``entry.REQUIRES`` asks for that is missing."""
+    needs: Mapping[str, tuple[str, ...]] = entry.REQUIRES
+    return [
+        Invalid(f"required when {key} is given", key=needed)
+        for key, keys in needs.items()
+        if getattr(entry, key) is not None
+        for needed in keys
+        if getattr(entry, needed) is None
+    ]
+
+
+def exactly_one(entry: Any) -> str:
+    """The one key of ``entry.ONE_OF`` that `entry` sets; `Invalid` unless exactly one."""
+    keys: tuple[str, ...] = entry.ONE_OF
+    given = [key for key in keys if getattr(entry, key) is not None]
+    if len(given) == 1:
+        return given[0]
+    if not given:
+        raise Invalid(f"required: one of {', '.join(keys[:-1])} or {keys[-1]}")
+    raise Invalid(
+        f"{', '.join(given[:-1])} and {given[-1]} cannot be given together: keep one of them"
+    )
 
 
 # -- hook entries -----------------------------------------------------------------------------
@@ -166,7 +240,24 @@ class Static(HookEntry):
         return self.wrap(static, "static")
 
 
-MemberEntry: TypeAlias = PythonHook | Static
+@final
+@attrs.frozen(kw_only=True)
+class Retrieve(HookEntry):
+    """Passages a search of yours finds for the user's message (`hooks.retrieve`)."""
+
+    KIND: ClassVar[str] = "retrieve"
+    search: SearchRef = attrs.field(
+        metadata=doc("The search, as 'module:attribute' of fn(query, k), sync or async.")
+    )
+    k: Positive = attrs.field(
+        default=Positive(4), metadata=doc("How many passages to ask for and keep at most.")
+    )
+
+    def build_member(self, env: Env) -> Hook:
+        return self.wrap(retrieve(self.search.target, k=self.k))
+
+
+MemberEntry: TypeAlias = PythonHook | Static | Retrieve
 """The kinds a parallel group may hold."""
 
 
@@ -184,14 +275,93 @@ class ParallelGroup:
     def build(self, env: Env) -> Parallel:
         if not self.hooks:
             raise Invalid("a parallel group needs at least one member", key="hooks")
-        return parallel(*(member.build_member(env) for member in self.hooks), name=self.name)
+        members: list[Hook] = []
+        problems: list[Invalid] = []
+        for index, member in enumerate(self.hooks):
+            try:
+                members.append(member.build_member(env))
+            except Invalid as exc:
+                problems.append(within(f"hooks[{index}]", exc))
+        raise_all(problems)
+        return parallel(*members, name=self.name)
 
 
-PreEntry: TypeAlias = PythonHook | Static | ParallelGroup
+@final
+@attrs.frozen(kw_only=True)
+class Ttl:
+    """How long an injected tool result stays fresh; exactly one of the units."""
+
+    KIND: ClassVar[str] = "ttl"
+    ONE_OF: ClassVar[tuple[str, ...]] = ("seconds", "minutes", "hours")
+    seconds: Seconds | None = attrs.field(
+        default=None, metadata=doc("Fresh for this many seconds.")
+    )
+    minutes: Seconds | None = attrs.field(
+        default=None, metadata=doc("Fresh for this many minutes.")
+    )
+    hours: Seconds | None = attrs.field(default=None, metadata=doc("Fresh for this many hours."))
+
+    def total(self) -> float:
+        """The time to live, in seconds."""
+        unit = exactly_one(self)
+        value: float = getattr(self, unit)
+        return value * {"seconds": 1, "minutes": 60, "hours": 3600}[unit]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ToolCallEntry(HookEntry):
+    """A synthetic tool call: runs a tool of ``[[tools]]`` and injects the call and its result.
+
+    Durable by default, and fails open (``on_error = "skip"``), as `hooks.inject_tool_call`.
+    """
+
+    KIND: ClassVar[str] = "tool_call"
+    tool: Text = attrs.field(metadata=doc("The name of a tool declared in [[tools]]."))
+    arguments: Arguments | None = attrs.field(
+        default=None, metadata=doc("The tool's arguments, checked against its schema.")
+    )
+    frequency: Literal["always", "if_changed"] = attrs.field(
+        default="always",
+        metadata=doc(
+            "'always' injects every turn; 'if_changed' skips when the last injected result is"
+            " the same."
+        ),
+    )
+    refresh: Ttl | None = attrs.field(
+        default=None,
+        metadata=doc("{ kind = 'ttl', minutes = N }: skip while the last injection is fresher."),
+    )
+
+    def build(self, env: Env) -> Hook:
+        problems: list[Invalid] = []
+        ttl = None
+        if self.refresh is not None:
+            try:
+                ttl = self.refresh.total()
+            except Invalid as exc:
+                problems.append(within("refresh", exc))
+        found = env.tools.get(self.tool)
+        if found is None and self.tool not in env.declared:
+            problems.append(env.unknown_tool(self.tool, "tool"))
+        try:
+            made = inject_tool_call(
+                # A declared tool that failed to build is reported already: name it.
+                found if found is not None else self.tool,
+                self.arguments,
+                frequency=self.frequency,
+                ttl=ttl,
+                durable=True if self.durable is None else self.durable,
+                name=self.name,
+            )
+        except ConfigError as exc:  # what the tool's schema refuses in the arguments
+            problems.append(Invalid(str(exc), key="arguments"))
+        raise_all(problems)
+        return self.wrap(made)
+
+
+PreEntry: TypeAlias = PythonHook | Static | ParallelGroup | ToolCallEntry
 """The kinds the ``pre`` list accepts."""
-
-PostEntry: TypeAlias = PythonPost
-"""The kinds the ``post`` list accepts."""
 
 
 @final
@@ -281,7 +451,52 @@ class Redact:
         )
 
 
-TransformerEntry: TypeAlias = PythonTransformer | Redact
+def _named(factory: Any, name: str) -> TransformerFactory:
+    return factory if factory.name == name else _Named(factory, name)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Pii:
+    """Redact personal data while the reply streams (`hooks.pii`)."""
+
+    KIND: ClassVar[str] = "pii"
+    kinds: tuple[PiiKind, ...] = attrs.field(
+        default=tuple(PiiKind(kind) for kind in PII_KINDS),
+        metadata=doc("The kinds of personal data to redact; by default all.", min_items=1),
+    )
+    replacement: str | None = attrs.field(
+        default=None,
+        metadata=doc(
+            "The text put in place of every match; by default one naming the kind ([EMAIL],"
+            " [CARD], ...)."
+        ),
+    )
+    name: str = attrs.field(
+        default="pii", metadata=doc("The name its annotations and errors go under.")
+    )
+
+    def build(self, env: Env) -> TransformerFactory:
+        if not self.kinds:
+            raise Invalid(f"choose at least one kind among {', '.join(PII_KINDS)}", key="kinds")
+        return _named(pii(self.kinds, replacement=self.replacement), self.name)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class CitationsEntry:
+    """Report the reply's ``[n]`` markers in ``Reply.annotations`` (`hooks.citations`)."""
+
+    KIND: ClassVar[str] = "citations"
+    name: str = attrs.field(
+        default="citations", metadata=doc("The name its annotations and errors go under.")
+    )
+
+    def build(self, env: Env) -> TransformerFactory:
+        return _named(citations(), self.name)
+
+
+TransformerEntry: TypeAlias = PythonTransformer | Redact | Pii | CitationsEntry
 """The kinds the ``transformers`` list accepts."""
 
 
@@ -445,6 +660,187 @@ ModelSpec: TypeAlias = ScriptedSpec | OpenAISpec | AnthropicSpec
 """The ``[model]`` table: a union on ``provider``."""
 
 
+# -- guardrails (post) ------------------------------------------------------------------------
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Guardrail(HookEntry):
+    """Reject replies in which a pattern is found, or that a check of yours refuses."""
+
+    KIND: ClassVar[str] = "guardrail"
+    ONE_OF: ClassVar[tuple[str, ...]] = ("deny", "check")
+    REQUIRES: ClassVar[Mapping[str, tuple[str, ...]]] = {"deny": ("feedback",)}
+    deny: tuple[re.Pattern[str], ...] | None = attrs.field(
+        default=None,
+        metadata=doc("Regexes searched in the reply; one found rejects it.", min_items=1),
+    )
+    check: GuardRef | None = attrs.field(
+        default=None,
+        metadata=doc("Or a check, 'module:attribute' of fn(text) -> True, False or feedback."),
+    )
+    feedback: Text | None = attrs.field(
+        default=None,
+        metadata=doc("What the model is told on a rejection (required with deny)."),
+    )
+
+    def build(self, env: Env) -> Hook:
+        problems: list[Invalid] = []
+        try:
+            exactly_one(self)
+        except Invalid as exc:
+            problems.append(exc)
+        if self.deny is not None:
+            problems.extend(_deny_problems(self.deny))
+        problems.extend(required_with(self))
+        raise_all(problems)
+        if self.deny is not None:
+            assert self.feedback is not None
+            return self.wrap(deny(*self.deny, feedback=self.feedback))
+        assert self.check is not None
+        return self.wrap(guardrail(self.check.target, feedback=self.feedback))
+
+
+def _deny_problems(patterns: tuple[re.Pattern[str], ...]) -> Iterator[Invalid]:
+    if not patterns:
+        yield Invalid("deny needs at least one pattern", key="deny")
+    for index, pattern in enumerate(patterns):
+        if pattern.search("") is not None:
+            yield Invalid(
+                f"{json.dumps(pattern.pattern)} matches the empty string, so it would reject"
+                " every reply — require at least one character",
+                key=f"deny[{index}]",
+            )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class MaxLength(HookEntry):
+    """Reject replies longer than a number of characters (`hooks.max_length`)."""
+
+    KIND: ClassVar[str] = "max_length"
+    chars: Positive = attrs.field(metadata=doc("The longest reply accepted, in characters."))
+    feedback: Text | None = attrs.field(
+        default=None,
+        metadata=doc("What the model is told; by default the reply's length and the limit."),
+    )
+
+    def build(self, env: Env) -> Hook:
+        return self.wrap(max_length(self.chars, feedback=self.feedback))
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Judge(HookEntry):
+    """A model of its own judges whether the reply follows a rule (`hooks.judge`)."""
+
+    KIND: ClassVar[str] = "judge"
+    model: ModelSpec = attrs.field(
+        metadata=doc("The judging model: a table of the same keys as [model].")
+    )
+    instruction: Text = attrs.field(metadata=doc("The rule the reply must follow."))
+    feedback: Text | None = attrs.field(
+        default=None,
+        metadata=doc("What the main model is told on a rejection; by default the judge's reason."),
+    )
+
+    def build(self, env: Env) -> Hook:
+        try:
+            model = self.model.build(env)
+        except Invalid as exc:
+            raise within("model", exc) from None
+        return self.wrap(judge(model, self.instruction, feedback=self.feedback))
+
+
+PostEntry: TypeAlias = PythonPost | Guardrail | MaxLength | Judge
+"""The kinds the ``post`` list accepts."""
+
+
+# -- tools and tool hooks ---------------------------------------------------------------------
+
+
+@final
+@attrs.frozen(kw_only=True)
+class PythonTool:
+    """A typed function the model may call (`pipeline.tool`)."""
+
+    KIND: ClassVar[str] = "python"
+    ref: ToolRef = attrs.field(
+        metadata=doc("The function (or a pipeline.Tool), as 'module:attribute'.")
+    )
+    name: ToolName | None = attrs.field(
+        default=None, metadata=doc("The name the model calls it by; the function's by default.")
+    )
+    description: Text | None = attrs.field(
+        default=None, metadata=doc("What it does, for the model; the docstring by default.")
+    )
+
+    def build(self, env: Env) -> Tool:
+        target = self.ref.target
+        try:
+            if isinstance(target, Tool):  # already described: rename or redescribe it only
+                if self.name is None and self.description is None:
+                    return target
+                return tool(
+                    target.fn,
+                    name=self.name or target.name,
+                    description=self.description or target.description,
+                )
+            return tool(target, name=self.name, description=self.description)
+        except ConfigError as exc:  # a signature the model cannot be told about
+            raise Invalid(str(exc), key="ref") from None
+
+
+ToolEntry: TypeAlias = PythonTool
+"""The kinds the ``tools`` list accepts."""
+
+
+@attrs.frozen(kw_only=True)
+class ToolHookEntry(HookEntry):
+    """What the entries of ``before_tool`` and ``after_tool`` share: ``match``."""
+
+    match: ToolMatch | None = attrs.field(
+        default=None,
+        metadata=doc(
+            "The tools it applies to: a tool's name, or { regex = '...' } matching the whole"
+            " name; every tool by default."
+        ),
+    )
+
+    def matched(self, env: Env) -> dict[str, Any]:
+        """The ``match=`` option; a tool named must be declared."""
+        if self.match is None:
+            return {}
+        value = self.match.value
+        if isinstance(value, str) and value not in env.declared:
+            raise env.unknown_tool(value, "match")
+        return {"match": value}
+
+
+@final
+@attrs.frozen(kw_only=True)
+class BeforeTool(ToolHookEntry):
+    """A hook run before each tool call it matches: ``fn(call, turn)``."""
+
+    KIND: ClassVar[str] = "python"
+    ref: BeforeToolRef = attrs.field(metadata=doc("The function, as 'module:attribute'."))
+
+    def build(self, env: Env) -> Hook:
+        return self.wrap(self.ref.target, **self.matched(env))
+
+
+@final
+@attrs.frozen(kw_only=True)
+class AfterTool(ToolHookEntry):
+    """A hook run after each tool call it matches: ``fn(call, result, turn)``."""
+
+    KIND: ClassVar[str] = "python"
+    ref: AfterToolRef = attrs.field(metadata=doc("The function, as 'module:attribute'."))
+
+    def build(self, env: Env) -> Hook:
+        return self.wrap(self.ref.target, **self.matched(env))
+
+
 # -- the whole file ---------------------------------------------------------------------------
 
 
@@ -491,6 +887,13 @@ class Config:
         default=False,
         metadata=doc("Hold each attempt's text until the post hooks accept it."),
     )
+    max_steps: Positive = attrs.field(
+        default=Positive(8),
+        metadata=doc("The most model calls of one attempt (each tool round is one more)."),
+    )
+    tool_concurrency: Positive = attrs.field(
+        default=Positive(4), metadata=doc("The most tool calls of one model call run at once.")
+    )
     budget: BudgetSpec | None = attrs.field(default=None, metadata=doc("Token limits."))
     tokenizer: TokenizerRef | None = attrs.field(
         default=None, metadata=doc("Counts tokens: 'module:attribute' of fn(text) -> int.")
@@ -501,6 +904,15 @@ class Config:
     )
     pre: tuple[PreEntry, ...] = attrs.field(
         default=(), metadata=doc("Pre-message hooks and parallel groups, in order.")
+    )
+    tools: tuple[ToolEntry, ...] = attrs.field(
+        default=(), metadata=doc("The tools the model may call.")
+    )
+    before_tool: tuple[BeforeTool, ...] = attrs.field(
+        default=(), metadata=doc("Hooks run before each tool call they match, in order.")
+    )
+    after_tool: tuple[AfterTool, ...] = attrs.field(
+        default=(), metadata=doc("Hooks run after each tool call they match, in order.")
     )
     transformers: tuple[TransformerEntry, ...] = attrs.field(
         default=(), metadata=doc("Stream transformers every text chunk passes through.")
@@ -517,21 +929,30 @@ class Config:
 
 
 TAGGED: tuple[tuple[Any, str], ...] = (
+    # A union is configured after the unions its records hold (a judge holds a model).
+    (ModelSpec, "provider"),
     (MemberEntry, "kind"),
     (PreEntry, "kind"),
+    (Ttl, "kind"),
+    (ToolEntry, "kind"),
+    (BeforeTool, "kind"),
+    (AfterTool, "kind"),
     (TransformerEntry, "kind"),
     (PostEntry, "kind"),
     (SessionStart, "kind"),
     (SessionEnd, "kind"),
-    (ModelSpec, "provider"),
 )
 """Every union of records (or single record) a table is tagged for, and its tag key."""
 
 STAGE_LISTS: tuple[str, ...] = (
     "pre",
+    "tools",
+    "before_tool",
+    "after_tool",
     "transformers",
     "post",
     "on_session_start",
     "on_session_end",
 )
-"""The keys of `Config` that hold entry lists, in the order a turn meets them."""
+"""The keys of `Config` that hold entry lists, in the order a turn meets them (the tools
+are built first, for the entries that name one)."""

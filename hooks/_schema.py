@@ -15,14 +15,19 @@ from typing import Any, Literal, get_args, get_origin
 import attrs
 
 from ._config_types import (
+    Arguments,
     Count,
+    PiiKind,
     Positive,
     Ref,
     ScriptReply,
     Seconds,
     Temperature,
     Text,
+    ToolMatch,
+    ToolName,
 )
+from ._pii import KINDS as PII_KINDS
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -41,6 +46,20 @@ _VALUES: dict[Any, dict[str, Any]] = {
         ]
     },
     re.Pattern: {"type": "string", "format": "regex"},
+    ToolName: {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+    PiiKind: {"enum": list(PII_KINDS)},
+    Arguments: {"type": "object"},
+    ToolMatch: {
+        "oneOf": [
+            {"type": "string", "pattern": r"\S"},
+            {
+                "type": "object",
+                "properties": {"regex": {"type": "string", "format": "regex"}},
+                "required": ["regex"],
+                "additionalProperties": False,
+            },
+        ]
+    },
 }
 
 _REF = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
@@ -126,4 +145,19 @@ class _Writer:
         if required:
             table["required"] = required
         table["additionalProperties"] = False
+        alternatives: tuple[str, ...] = getattr(cls, "ONE_OF", ())
+        if alternatives:
+            table["oneOf"] = [_given(key) for key in alternatives]
+        needs: dict[str, tuple[str, ...]] = getattr(cls, "REQUIRES", {})
+        if needs:
+            table["allOf"] = [
+                {"if": _given(key), "then": {"allOf": [_given(other) for other in keys]}}
+                for key, keys in needs.items()
+            ]
         return table
+
+
+def _given(key: str) -> dict[str, Any]:
+    """The key is given: present and not null (null stands for a key left out, as the
+    loader reads it)."""
+    return {"required": [key], "properties": {key: {"not": {"type": "null"}}}}

@@ -20,7 +20,7 @@ import re
 import sys
 import tomllib
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, final, get_args, get_origin
@@ -36,11 +36,11 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, override
 from cattrs.strategies import configure_tagged_union
 
-from pipeline import ConfigError, Pipeline
+from pipeline import ConfigError, Pipeline, Tool
 from pipeline.providers import model_from_string
 
-from ._config_types import CHECKS, Invalid, Ref, shown
-from ._kinds import STAGE_LISTS, TAGGED, Config, Env
+from ._config_types import CHECKS, Invalid, Ref, ToolRef, shown
+from ._kinds import STAGE_LISTS, TAGGED, Config, Env, MemberEntry
 from ._schema import schema_of
 
 __all__ = ["config_schema", "load_pipeline", "pipeline_from_dict"]
@@ -201,8 +201,16 @@ def _configure_entries(converter: cattrs.Converter, union: Any, tag: str) -> Non
 def _unknown_tag(tag: str, given: Any, known: Mapping[str, type], choices: str) -> str:
     if not isinstance(given, str):
         return f"expected one of {choices}, got {shown(given)}"
+    # Where a kind meant for another list belongs; said only in lists of entries (a
+    # `refresh` table's kind is no entry).
+    entries = tag == "kind" and any(name in _ALL_KINDS for name in known)
     elsewhere = [stage for stage, kinds in _KINDS_BY_STAGE.items() if given in kinds]
-    if tag == "kind" and elsewhere:
+    if entries and given in _MEMBER_KINDS and not elsewhere:
+        return (
+            f"kind {json.dumps(given)} is a member of a parallel group (expected one of"
+            f' {choices}); put it in the hooks of a kind = "parallel" entry'
+        )
+    if entries and elsewhere:
         lists = " or ".join(elsewhere)
         return (
             f"kind {json.dumps(given)} cannot stand here (expected one of {choices}); it goes"
@@ -220,6 +228,9 @@ _KINDS_BY_STAGE: dict[str, frozenset[str]] = {
     for stage in STAGE_LISTS
 }
 """The kinds each list of a config accepts, to say where a misplaced entry belongs."""
+
+_ALL_KINDS = frozenset().union(*_KINDS_BY_STAGE.values())
+_MEMBER_KINDS = frozenset(_tag_of(cls, "kind") for cls in _members(MemberEntry))
 
 _converter = _make_converter()
 
@@ -349,45 +360,63 @@ def _salvage(data: Mapping[str, Any]) -> tuple[Config, dict[str, list[int]]]:
 
 
 def _build(
-    config: Config, positions: Mapping[str, list[int]], env: Env
+    config: Config, positions: Mapping[str, list[int]], env: Env, data: Mapping[str, Any]
 ) -> tuple[dict[str, Any], list[_Problem]]:
-    """Build every entry; the keyword arguments of `Pipeline` and the problems met."""
+    """Build every entry; the keyword arguments of `Pipeline` and the problems met.
+
+    The tools are built first: entries that name a tool (``tool_call``, a tool hook's
+    ``match``) are checked against them.
+    """
     problems: list[_Problem] = []
 
     def attempt(path: str, build: Callable[[Env], Any]) -> Any:
         try:
             return build(env)
-        except Invalid as exc:
-            problems.append((_join(path, exc.key) if exc.key else path, str(exc)))
-        except ConfigError as exc:
-            problems.append((path, str(exc)))
+        except* Invalid as group:
+            for exc in _leaves(group):
+                problems.append((_join(path, exc.key) if exc.key else path, str(exc)))
+        except* ConfigError as group:
+            problems.extend((path, str(exc)) for exc in _leaves(group))
         return None
 
-    built: dict[str, Any] = {}
-    for stage in STAGE_LISTS:
+    def build_list(stage: str) -> list[Any]:
         entries = getattr(config, stage)
         where = positions.get(stage, range(len(entries)))
         built[stage] = [
             attempt(f"{stage}[{index}]", entry.build)
             for index, entry in zip(where, entries, strict=True)
         ]
-    names: dict[str, int] = {}
-    for index, factory in zip(
-        positions.get("transformers", range(len(config.transformers))),
-        built["transformers"],
-        strict=True,
-    ):
-        name = getattr(factory, "name", None)
-        if isinstance(name, str) and name in names:
-            problems.append(
-                (
-                    f"transformers[{index}].name",
-                    f"{json.dumps(name)} is also the name of transformers[{names[name]}]; their"
-                    " annotations would overwrite each other — give one another name",
-                )
-            )
-        elif isinstance(name, str):
-            names[name] = index
+        return list(zip(where, built[stage], strict=True))
+
+    built: dict[str, Any] = {}
+    tools = [(index, made) for index, made in build_list("tools") if made is not None]
+    env = attrs.evolve(
+        env,
+        tools={made.name: made for _, made in tools},
+        declared=frozenset(made.name for _, made in tools)
+        | _unbuilt_tools(data, {index for index, _ in tools}),
+    )
+    problems.extend(
+        _same_names(
+            "tools",
+            tools,
+            'the model calls tools by name — give one another name (name = "...")',
+        )
+    )
+    for stage in STAGE_LISTS:
+        if stage != "tools":
+            build_list(stage)
+    problems.extend(
+        _same_names(
+            "transformers",
+            zip(
+                positions.get("transformers", range(len(config.transformers))),
+                built["transformers"],
+                strict=True,
+            ),
+            "their annotations would overwrite each other — give one another name",
+        )
+    )
     if config.model is not None:
         built["model"] = attempt("model", config.model.build)
     if config.budget is not None:
@@ -397,6 +426,59 @@ def _build(
         if ref is not None:
             built[key] = ref.target
     return built, problems
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[Any]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+
+
+def _same_names(stage: str, built: Iterable[tuple[int, Any]], why: str) -> Iterator[_Problem]:
+    """A problem for each entry of `stage` named as an earlier one."""
+    names: dict[str, int] = {}
+    for index, made in built:
+        name = getattr(made, "name", None)
+        if not isinstance(name, str):
+            continue
+        if name in names:
+            yield (
+                f"{stage}[{index}].name",
+                f"{json.dumps(name)} is also the name of {stage}[{names[name]}]; {why}",
+            )
+        else:
+            names[name] = index
+
+
+def _unbuilt_tools(data: Mapping[str, Any], built: set[int]) -> frozenset[str]:
+    """The names of the tools the file declares that did not build (already reported).
+
+    A tool's name is its ``name``, else the name of what its ref names (as `pipeline.tool`
+    gives it), else what follows the ref's colon.
+    """
+    entries = data.get("tools")
+    names: set[str] = set()
+    for index, entry in enumerate(entries if isinstance(entries, list) else ()):
+        if index in built or not isinstance(entry, dict):
+            continue
+        name, ref = entry.get("name"), entry.get("ref")
+        if isinstance(name, str):
+            names.add(name)
+        elif isinstance(ref, str):
+            names.add(_tool_name(ref))
+    return frozenset(names)
+
+
+def _tool_name(ref: str) -> str:
+    attribute = ref.rpartition(":")[2].rpartition(".")[2]
+    try:
+        target = ToolRef.resolve(ref).target
+    except Invalid:  # already reported
+        return attribute
+    name = target.name if isinstance(target, Tool) else getattr(target, "__name__", None)
+    return name if isinstance(name, str) else attribute
 
 
 def _resolve(data: Any, source: str, environ: Mapping[str, str] | None) -> _Loaded:
@@ -413,7 +495,7 @@ def _resolve(data: Any, source: str, environ: Mapping[str, str] | None) -> _Load
     except Exception as exc:
         problems.extend(_problems(exc, ""))
         config, positions = _salvage(data)
-    built, more = _build(config, positions, Env(os.environ if environ is None else environ))
+    built, more = _build(config, positions, Env(os.environ if environ is None else environ), data)
     problems.extend(more)
     if not problems:
         if config.model is None:
@@ -423,6 +505,8 @@ def _resolve(data: Any, source: str, environ: Mapping[str, str] | None) -> _Load
                 system=config.system,
                 max_regenerations=config.max_regenerations,
                 hold_until_accepted=config.hold_until_accepted,
+                max_steps=config.max_steps,
+                tool_concurrency=config.tool_concurrency,
                 **built,
             )
         except ConfigError as exc:

@@ -163,7 +163,7 @@ async def test_tools_policy_blocks_asks_and_scrubs_before_the_model_reads_result
     assert "help@example.com" not in repr(result.audit)
 
 
-async def test_assistant_config_rejects_the_guarantee_and_redacts_the_split_address() -> None:
+async def test_assistant_config_injects_the_hours_rejects_a_guarantee_redacts_pii() -> None:
     # assistant_hooks.py loads assistant.toml with hooks.config.load_pipeline.
     result = await _load("assistant_hooks").main()
     assert result.outcome == "completed"
@@ -173,6 +173,12 @@ async def test_assistant_config_rejects_the_guarantee_and_redacts_the_split_addr
     )
     assert [(i.source, i.durable) for i in result.turn.injections] == [
         ("house_rules", False),
+        ("inject_opening_hours", True),
         ("search_faq", False),
         ("load_profile", True),
     ]
+    # The tool ran before the model was called; the model read its call and result.
+    call, answer = result.turn.injections[1].parts
+    assert (call.name, call.arguments) == ("opening_hours", {"shop": "Main Street"})
+    assert answer.content == "Monday to Saturday, 9:00 to 18:00"
+    assert [t.name for t in result.turn.context.tools] == ["opening_hours"]

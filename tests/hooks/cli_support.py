@@ -17,7 +17,7 @@ SHOP_HOOKS = textwrap.dedent(
 
     import trio
 
-    from pipeline import cont, halt, regenerate
+    from pipeline import block, cont, halt, regenerate
     from turns import Text
 
     NOT_CALLABLE = 3
@@ -48,6 +48,32 @@ SHOP_HOOKS = textwrap.dedent(
     def history(turn):
         print(f"history={len(turn.context.messages)}", file=sys.stderr, flush=True)
         return cont(turn)
+
+
+    def order_status(order: str, verbose: bool = False) -> str:
+        '''An order's status.'''
+        return f"order {order}: shipped"
+
+
+    def today() -> str:
+        '''Today's date.'''
+        return "2025-01-31"
+
+
+    def no_refunds(call, turn):
+        return block("refunds need a person")
+
+
+    def trim(call, result, turn):
+        return cont(result.with_content(result.content[:200]))
+
+
+    def polite(text):
+        return "please" in text.lower() or "Say please."
+
+
+    def search(query, k):
+        return [f"about {query}"][:k]
 
 
     async def maybe_slow(turn):

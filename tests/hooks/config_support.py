@@ -10,9 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import trio
 
-from pipeline import cont
-from turns import Text, Turn
+from pipeline import block, cont, tool
+from turns import Text, ToolCall, ToolResult, Turn
 
 HERE = "tests.hooks.config_support"
 NOT_CALLABLE = 42
@@ -49,6 +50,89 @@ def keep_history(history: Any, target_tokens: int, tokenizer: Any) -> Any:
     return history
 
 
+def no_maybe(text: str) -> bool | str:
+    """A guardrail's check: feedback text rejects."""
+    return "Say it plainly." if "maybe" in text.lower() else True
+
+
+def search(query: str, k: int) -> list[str]:
+    """A retrieval search: the query, then numbered passages."""
+    return [f"passage about {query!r}", *(f"passage {n}" for n in range(2, 10))][:k]
+
+
+def get_preferences(user: str, detail: bool = False) -> dict[str, str]:
+    """The user's preferences (a tool).
+
+    Args:
+        user: Whose preferences.
+        detail: Whether to add more.
+    """
+    return {"user": user, "language": "en"}
+
+
+def lookup_order(order: str) -> str:
+    """An order's status (a tool)."""
+    return f"order {order}: shipped, sent to help@example.com"
+
+
+@tool(name="shipping_days", description="Days until an order ships.")
+def days() -> int:
+    return 2
+
+
+def failing_lookup(user: str) -> str:
+    """A tool whose backend is down."""
+    raise RuntimeError("the preferences service is down")
+
+
+async def hanging_lookup(user: str) -> str:
+    """A tool that never answers."""
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+def broken_check(text: str) -> bool:
+    """A guardrail's check that raises."""
+    raise ValueError("the classifier is not loaded")
+
+
+class Gauge:
+    """A tool measuring how many of its calls run at once."""
+
+    running = 0
+    most = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.running = cls.most = 0
+
+    @staticmethod
+    async def measure(n: int) -> int:
+        Gauge.running += 1
+        Gauge.most = max(Gauge.most, Gauge.running)
+        await trio.sleep(1)
+        Gauge.running -= 1
+        return n
+
+
+class Untyped:
+    """Functions no model can be told about: no annotations."""
+
+    @staticmethod
+    def get_preferences(user):  # type: ignore[no-untyped-def]
+        return user
+
+
+def no_refunds(call: ToolCall, turn: Turn) -> Any:
+    """Before-tool hook: blocks every call it is matched to."""
+    return block(f"{call.name} is not allowed here")
+
+
+def shout(call: ToolCall, result: ToolResult, turn: Turn) -> Any:
+    """After-tool hook: the result, upper-cased."""
+    return cont(result.with_content(result.content.upper()))
+
+
 class Upper:
     """A transformer: upper-cases every chunk."""
 
@@ -78,19 +162,58 @@ def valid() -> dict[str, Any]:
                 "hooks": [
                     {"kind": "python", "ref": ref("member")},
                     {"kind": "static", "text": "A note."},
+                    {"kind": "retrieve", "search": ref("search"), "k": 2},
                 ],
             },
             {"kind": "python", "ref": ref("hook"), "timeout": 1, "on_error": "skip"},
             {"kind": "python", "ref": ref("hook"), "name": "second"},
+            {
+                "kind": "tool_call",
+                "tool": "get_preferences",
+                "arguments": {"user": "ada"},
+                "frequency": "if_changed",
+                "refresh": {"kind": "ttl", "minutes": 30},
+            },
+            {
+                "kind": "tool_call",
+                "tool": "lookup_order",
+                "arguments": {"order": "A7"},
+                "name": "last_order",
+                "durable": False,
+            },
+        ],
+        "max_steps": 3,
+        "tool_concurrency": 2,
+        "tools": [
+            {"kind": "python", "ref": ref("get_preferences")},
+            {"kind": "python", "ref": ref("lookup_order"), "name": "order_status"},
+            {"kind": "python", "ref": ref("days")},
+            {"kind": "python", "ref": ref("lookup_order")},
+        ],
+        "before_tool": [
+            {"kind": "python", "ref": ref("no_refunds"), "match": {"regex": "refund.*"}},
+        ],
+        "after_tool": [
+            {"kind": "python", "ref": ref("shout"), "match": "get_preferences"},
         ],
         "transformers": [
             {"kind": "redact", "patterns": [r"\d{4,}"]},
             {"kind": "python", "ref": ref("Upper"), "name": "upper"},
             {"kind": "redact", "patterns": ["secret"], "name": "redact_secret"},
+            {"kind": "pii", "kinds": ["email", "card"], "replacement": "[PII]"},
+            {"kind": "citations"},
         ],
         "post": [
             {"kind": "python", "ref": ref("hook"), "name": "check"},
             {"kind": "python", "ref": ref("hook"), "name": "later", "background": True},
+            {"kind": "guardrail", "deny": ["(?i)internal only"], "feedback": "No internals."},
+            {"kind": "max_length", "chars": 500},
+            {
+                "kind": "judge",
+                "model": {"provider": "scripted", "replies": ["PASS"]},
+                "instruction": "Be polite.",
+            },
+            {"kind": "guardrail", "check": ref("no_maybe"), "feedback": "Be plain."},
         ],
         "on_session_start": [{"kind": "python", "ref": ref("start")}],
         "on_session_end": [{"kind": "python", "ref": ref("end")}],
@@ -154,6 +277,31 @@ FAULTS = (
     Fault("on_session_start[0].ref", _set(("on_session_start", 0, "ref"), ref("end")), False),
     Fault("on_session_end[0].kind", _set(("on_session_end", 0, "kind"), "pythn")),
     Fault("tokenizer", _set(("tokenizer",), "count_words")),
+    Fault("max_steps", _set(("max_steps",), 0)),
+    Fault("tool_concurrency", _set(("tool_concurrency",), "4")),
+    Fault("pre[1].hooks[2].k", _set(("pre", 1, "hooks", 2, "k"), 0)),
+    Fault("pre[1].hooks[2].search", _set(("pre", 1, "hooks", 2, "search"), ref("hook")), False),
+    # A tool_call's arguments are checked against the tool it names (which has no fault).
+    Fault("pre[5].arguments", _set(("pre", 5, "arguments"), {"order": 7}), schema=False),
+    Fault("pre[4].refresh", _set(("pre", 4, "refresh"), {"kind": "ttl"})),
+    # A tool that does not build is reported once: the tool_call naming it says nothing more.
+    Fault("tools[0].ref", _set(("tools", 0, "ref"), ref("Untyped.get_preferences")), False),
+    Fault("tools[1].name", _set(("tools", 1, "name"), "order status")),
+    Fault("tools[2].kind", _set(("tools", 2, "kind"), "mcp")),
+    Fault("before_tool[0].match.regex", _set(("before_tool", 0, "match", "regex"), "refund(")),
+    Fault("before_tool[0].ref", _set(("before_tool", 0, "ref"), ref("shout")), schema=False),
+    Fault("after_tool[0].match", _set(("after_tool", 0, "match"), "get_prefs"), schema=False),
+    Fault("transformers[3].kinds[1]", _set(("transformers", 3, "kinds", 1), "credit_card")),
+    Fault("transformers[4].nmae", _set(("transformers", 4, "nmae"), "cites")),
+    Fault("post[2].deny[0]", _set(("post", 2, "deny", 0), "(?i)x?"), schema=False),
+    Fault("post[2].feedback", _delete(("post", 2, "feedback"))),
+    Fault("post[3].chars", _set(("post", 3, "chars"), 0)),
+    Fault(
+        "post[4].model.api_key_env",
+        _set(("post", 4, "model"), {"provider": "openai", "name": "m", "api_key_env": "NO_KEY_X"}),
+        schema=False,
+    ),
+    Fault("post[5]", _set(("post", 5, "deny"), ["maybe"])),
 )
 
 

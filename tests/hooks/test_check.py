@@ -125,10 +125,131 @@ def test_check_shows_the_model_and_the_bounds(tmp_path: Path) -> None:
     assert "sk-test" not in text
 
 
+TOOLS = """
+    max_steps = 5
+    tool_concurrency = 2
+
+    [[tools]]
+    kind = "python"
+    ref = "shop_hooks:order_status"
+
+    [[tools]]
+    kind = "python"
+    ref = "shop_hooks:today"
+    name = "clock"
+
+    [[pre]]
+    kind = "tool_call"
+    tool = "clock"
+    frequency = "if_changed"
+    refresh = { kind = "ttl", minutes = 30 }
+
+    [[pre]]
+    kind = "parallel"
+    hooks = [{ kind = "retrieve", search = "shop_hooks:search", k = 3 }]
+
+    [[before_tool]]
+    kind = "python"
+    ref = "shop_hooks:no_refunds"
+    match = { regex = 'refund_.*' }
+
+    [[after_tool]]
+    kind = "python"
+    ref = "shop_hooks:trim"
+    match = "order_status"
+
+    [[after_tool]]
+    kind = "python"
+    ref = "shop_hooks:trim"
+    name = "trim_all"
+
+    [[transformers]]
+    kind = "pii"
+    kinds = ["email", "card"]
+
+    [[transformers]]
+    kind = "citations"
+
+    [[post]]
+    kind = "guardrail"
+    deny = ['(?i)internal only']
+    feedback = "No internals."
+
+    [[post]]
+    kind = "guardrail"
+    check = "shop_hooks:polite"
+    on_error = "skip"
+
+    [[post]]
+    kind = "max_length"
+    chars = 400
+
+    [[post]]
+    kind = "judge"
+    instruction = "No prices."
+    model = { provider = "openai", name = "gpt-4o-mini", api_key_env = "JUDGE_KEY" }
+"""
+
+
+def test_check_lists_the_tools_with_their_required_arguments_and_the_tool_hooks(
+    tmp_path: Path,
+) -> None:
+    done = turnplug("check", write_config(tmp_path, TOOLS), env=environment(JUDGE_KEY="sk-j"))
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    lines = done.stdout.splitlines()
+    titles = [line.split(". ", 1)[1] for line in lines if line[:1].isdigit()]
+    assert titles[1:5] == [
+        "model call",
+        "tools the model may call: at most 5 model calls per attempt, 2 tool calls at a time",
+        "before each tool call, in order",
+        "after each tool call, in order",
+    ]
+    assert _row(lines, "tools[0]") == [
+        "tools[0]",
+        "order_status",
+        "requires",
+        "order",
+        "shop_hooks:order_status",
+    ]
+    assert _row(lines, "tools[1]") == [
+        "tools[1]",
+        "clock",
+        "no",
+        "required",
+        "arguments",
+        "shop_hooks:today",
+    ]
+    assert _row(lines, "before_tool[0]")[1:3] == ["no_refunds", "python"]
+    assert _row(lines, "before_tool[0]")[-3:] == ["shop_hooks:no_refunds,", "match", "/refund_.*/"]
+    assert _row(lines, "after_tool[0]")[-3:] == ["shop_hooks:trim,", "match", '"order_status"']
+    assert _row(lines, "after_tool[1]")[1] == "trim_all"
+    assert _row(lines, "after_tool[1]")[-2:] == ["every", "tool"]
+
+
+def test_check_shows_what_each_new_kind_runs(tmp_path: Path) -> None:
+    done = turnplug("check", write_config(tmp_path, TOOLS), env=environment(JUDGE_KEY="sk-j"))
+    lines = done.stdout.splitlines()
+    clock = " ".join(_row(lines, "pre[0]"))
+    assert clock.startswith("pre[0] inject_clock tool_call durable no timeout on_error skip")
+    assert clock.endswith("runs tool clock, if_changed, fresh for 30 minutes")
+    assert " ".join(_row(lines, "pre[1].hooks[0]")).endswith("shop_hooks:search, k 3")
+    assert _row(lines, "transformers[0]") == ["transformers[0]", "pii", "pii", "email", "card"]
+    assert _row(lines, "transformers[1]") == ["transformers[1]", "citations", "citations"]
+    assert " ".join(_row(lines, "post[0]")).endswith("deny '(?i)internal only'")
+    polite = " ".join(_row(lines, "post[1]"))
+    assert polite.startswith("post[1] polite guardrail transient no timeout on_error skip")
+    assert polite.endswith("shop_hooks:polite")
+    assert " ".join(_row(lines, "post[2]")).endswith("at most 400 characters")
+    judge = " ".join(_row(lines, "post[3]"))
+    assert judge.endswith("judged by openai gpt-4o-mini, key from JUDGE_KEY")
+    assert "sk-j" not in done.stdout
+
+
 def test_check_of_the_example_passes() -> None:
     done = turnplug("check", "examples/assistant.toml", cwd=ROOT)
     assert done.returncode == 0
-    assert "assistant_hooks:no_guarantees" in done.stdout
+    assert "assistant_hooks:opening_hours" in done.stdout
+    assert "no_guarantees" in done.stdout
 
 
 # -- every way a config can be wrong ----------------------------------------------------------
@@ -163,6 +284,17 @@ ERRORS = {
         '[model]\nprovider = "openai"\nname = "gpt-4o-mini"\n',
         "model.api_key_env",
         "OPENAI_API_KEY",
+    ),
+    "tool_call of an undeclared tool": (
+        '[[tools]]\nkind = "python"\nref = "shop_hooks:today"\n'
+        '[[pre]]\nkind = "tool_call"\ntool = "todya"\n',
+        "pre[0].tool",
+        '"today"',
+    ),
+    "guardrail without a rule": (
+        '[[post]]\nkind = "guardrail"\nfeedback = "No."\n',
+        "post[0]",
+        "deny or check",
     ),
 }
 

@@ -2,6 +2,7 @@
 
 import json
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +25,54 @@ def _problems(data: Any, **options: Any) -> tuple[tuple[str, str], ...]:
 
 def test_the_valid_config_builds_every_entry_in_order() -> None:
     pipe = pipeline_from_dict(valid())
-    assert [type(entry).__name__ for entry in pipe.pre] == ["Hook", "Parallel", "Hook", "Hook"]
+    assert [type(entry).__name__ for entry in pipe.pre] == [
+        "Hook",
+        "Parallel",
+        "Hook",
+        "Hook",
+        "Hook",
+        "Hook",
+    ]
     assert [entry.name for entry in pipe.pre] == [
         "static",
-        "parallel(member, static)",
+        "parallel(member, static, search)",
         "hook",
         "second",
+        "inject_get_preferences",
+        "last_order",
     ]
     assert [getattr(t, "name", None) for t in pipe.transformers] == [
         "redact",
         "upper",
         "redact_secret",
+        "pii",
+        "citations",
     ]
-    assert [(h.name, h.background) for h in pipe.post] == [("check", False), ("later", True)]
+    assert [(h.name, h.background) for h in pipe.post] == [
+        ("check", False),
+        ("later", True),
+        ("deny", False),
+        ("max_length", False),
+        ("judge", False),
+        ("no_maybe", False),
+    ]
+    assert [t.name for t in pipe.tools] == [
+        "get_preferences",
+        "order_status",
+        "shipping_days",
+        "lookup_order",
+    ]
+    assert [(h.name, h.match) for h in pipe.before_tool] == [("no_refunds", re.compile("refund.*"))]
+    assert [(h.name, h.match) for h in pipe.after_tool] == [("shout", "get_preferences")]
     assert pipe.on_session_start[0].fn is support.start
     assert pipe.on_session_end[0].fn is support.end
-    assert (pipe.system, pipe.max_regenerations, pipe.hold_until_accepted) == (
-        "Be brief.",
-        1,
-        False,
-    )
+    assert (
+        pipe.system,
+        pipe.max_regenerations,
+        pipe.hold_until_accepted,
+        pipe.max_steps,
+        pipe.tool_concurrency,
+    ) == ("Be brief.", 1, False, 3, 2)
     assert (pipe.budget.context_tokens, pipe.budget.injection_reserve) == (4000, 400)
 
 
@@ -196,6 +225,8 @@ def test_a_string_where_a_list_belongs_is_not_read_as_a_list_of_characters() -> 
         ("max_regenerations", 1.5, "whole number"),
         ("max_regenerations", True, "whole number"),
         ("hold_until_accepted", 1, "true or false"),
+        ("max_steps", 0, "whole number >= 1"),
+        ("tool_concurrency", 2.0, "whole number >= 1"),
     ],
 )
 def test_values_of_the_wrong_type_are_not_converted(key: str, value: Any, expected: str) -> None:
@@ -243,6 +274,8 @@ def test_a_ref_that_is_not_callable_says_what_it_is() -> None:
         ("on_session_start", "end", "(session_info)"),
         ("on_session_end", "start", "(session_info, reason)"),
         ("transformers", "hook", "fn()"),
+        ("before_tool", "shout", "(call, turn)"),
+        ("after_tool", "no_refunds", "(call, result, turn)"),
     ],
 )
 def test_a_ref_is_checked_against_the_arguments_of_its_stage(
@@ -364,3 +397,249 @@ def test_a_directory_is_not_a_config(tmp_path: Path) -> None:
     directory.mkdir()
     with pytest.raises(ConfigError, match="directory"):
         load_pipeline(directory)
+
+
+# -- guardrails -------------------------------------------------------------------------------
+
+
+def _post_problems(entry: dict[str, Any], **options: Any) -> list[tuple[str, str]]:
+    return list(_problems({"post": [{"kind": "python", "ref": ref("hook")}, entry]}, **options))
+
+
+def test_a_guardrail_needs_deny_or_check() -> None:
+    ((path, message),) = _post_problems({"kind": "guardrail", "feedback": "No."})
+    assert path == "post[1]"
+    assert "required: one of deny or check" in message
+
+
+def test_a_guardrail_takes_deny_or_check_not_both() -> None:
+    entry = {"kind": "guardrail", "deny": ["x"], "check": ref("no_maybe"), "feedback": "No."}
+    ((path, message),) = _post_problems(entry)
+    assert path == "post[1]"
+    assert "deny and check cannot be given together" in message
+
+
+def test_a_deny_guardrail_needs_feedback() -> None:
+    ((path, message),) = _post_problems({"kind": "guardrail", "deny": ["x"]})
+    assert path == "post[1].feedback"
+    assert "required when deny is given" in message
+
+
+def test_every_deny_pattern_that_matches_the_empty_string_is_named() -> None:
+    entry = {"kind": "guardrail", "deny": ["ok", "a*", "(x|)"], "feedback": "No."}
+    problems = _post_problems(entry)
+    assert [path for path, _ in problems] == ["post[1].deny[1]", "post[1].deny[2]"]
+    assert '"a*" matches the empty string' in problems[0][1]
+
+
+def test_a_deny_guardrail_needs_a_pattern() -> None:
+    problems = _post_problems({"kind": "guardrail", "deny": [], "feedback": "No."})
+    assert problems == [("post[1].deny", "deny needs at least one pattern")]
+
+
+def test_a_guardrail_check_is_called_with_the_text() -> None:
+    ((path, message),) = _post_problems({"kind": "guardrail", "check": ref("two_arguments")})
+    assert path == "post[1].check"
+    assert "(text)" in message
+
+
+@pytest.mark.parametrize(
+    ("entry", "path", "expected"),
+    [
+        ({"kind": "max_length"}, "post[1].chars", "required"),
+        ({"kind": "max_length", "chars": 1.5}, "post[1].chars", "whole number >= 1"),
+        ({"kind": "max_length", "chars": 9, "feedback": ""}, "post[1].feedback", "some text"),
+        (
+            {"kind": "judge", "model": {"provider": "scripted"}, "instruction": " "},
+            "post[1].instruction",
+            "some text",
+        ),
+        ({"kind": "judge", "instruction": "Be nice."}, "post[1].model", "required"),
+        (
+            {"kind": "judge", "instruction": "x", "model": {"provider": "gemini"}},
+            "post[1].model.provider",
+            '"anthropic", "openai", "scripted"',
+        ),
+    ],
+)
+def test_guardrail_values_are_checked(entry: dict[str, Any], path: str, expected: str) -> None:
+    ((where, message),) = _post_problems(entry)
+    assert where == path
+    assert expected in message
+
+
+def test_a_judge_model_without_its_key_names_the_variable_under_the_judge() -> None:
+    model = {"provider": "anthropic", "name": "claude-test"}
+    entry = {"kind": "judge", "model": model, "instruction": "Be nice."}
+    ((path, message),) = _post_problems(entry, environ={})
+    assert path == "post[1].model.api_key_env"
+    assert "ANTHROPIC_API_KEY" in message
+
+
+# -- pii and citations ------------------------------------------------------------------------
+
+
+def test_an_unknown_pii_kind_suggests_the_close_one_and_lists_them() -> None:
+    ((path, message),) = _problems({"transformers": [{"kind": "pii", "kinds": ["email", "phon"]}]})
+    assert path == "transformers[0].kinds[1]"
+    assert 'did you mean "phone"?' in message
+    for kind in ("email", "phone", "card", "ssn", "iban", "ipv4"):
+        assert f'"{kind}"' in message
+
+
+def test_pii_needs_a_kind() -> None:
+    ((path, _),) = _problems({"transformers": [{"kind": "pii", "kinds": []}]})
+    assert path == "transformers[0].kinds"
+
+
+def test_a_pii_and_a_citations_transformer_may_not_share_a_name() -> None:
+    data = {"transformers": [{"kind": "citations", "name": "x"}, {"kind": "pii", "name": "x"}]}
+    ((path, message),) = _problems(data)
+    assert path == "transformers[1].name"
+    assert "transformers[0]" in message
+
+
+# -- tools, tool calls and tool hooks ---------------------------------------------------------
+
+
+def _tools(**more: Any) -> dict[str, Any]:
+    return {
+        "tools": [
+            {"kind": "python", "ref": ref("get_preferences")},
+            {"kind": "python", "ref": ref("lookup_order")},
+        ],
+        **more,
+    }
+
+
+def test_a_tool_call_naming_no_declared_tool_lists_the_tools() -> None:
+    data = _tools(pre=[{"kind": "tool_call", "tool": "get_preference"}])
+    ((path, message),) = _problems(data)
+    assert path == "pre[0].tool"
+    assert 'no tool named "get_preference"' in message
+    assert 'did you mean "get_preferences"?' in message
+    assert "get_preferences, lookup_order" in message
+
+
+def test_a_tool_call_without_tools_says_none_are_declared() -> None:
+    ((path, message),) = _problems({"pre": [{"kind": "tool_call", "tool": "clock"}]})
+    assert path == "pre[0].tool"
+    assert "[[tools]]: none" in message
+
+
+def test_tool_call_arguments_are_checked_against_the_tools_schema() -> None:
+    data = _tools(
+        pre=[{"kind": "tool_call", "tool": "get_preferences", "arguments": {"detail": "yes"}}]
+    )
+    ((path, message),) = _problems(data)
+    assert path == "pre[0].arguments"
+    assert "user: required" in message
+    assert "detail: expected boolean" in message
+
+
+def test_tool_call_arguments_must_be_a_table() -> None:
+    data = _tools(pre=[{"kind": "tool_call", "tool": "get_preferences", "arguments": ["ada"]}])
+    ((path, message),) = _problems(data)
+    assert path == "pre[0].arguments"
+    assert "table of arguments" in message
+
+
+@pytest.mark.parametrize(
+    ("changes", "path", "expected"),
+    [
+        ({"frequency": "daily"}, "pre[0].frequency", '"always", "if_changed"'),
+        ({"refresh": {"kind": "ttl"}}, "pre[0].refresh", "one of seconds, minutes or hours"),
+        (
+            {"refresh": {"kind": "ttl", "minutes": 5, "hours": 1}},
+            "pre[0].refresh",
+            "minutes and hours cannot be given together",
+        ),
+        ({"refresh": {"kind": "ttl", "minutes": 0}}, "pre[0].refresh.minutes", "positive"),
+        ({"refresh": {"kind": "ttl", "days": 1}}, "pre[0].refresh.days", "unknown key"),
+        ({"refresh": {"minutes": 5}}, "pre[0].refresh.kind", 'one of "ttl"'),
+        ({"refresh": 60}, "pre[0].refresh", "60 (integer)"),
+    ],
+)
+def test_tool_call_options_are_checked(changes: dict[str, Any], path: str, expected: str) -> None:
+    entry = {"kind": "tool_call", "tool": "get_preferences", "arguments": {"user": "a"}}
+    ((where, message),) = _problems(_tools(pre=[entry | changes]))
+    assert where == path
+    assert expected in message
+
+
+def test_an_unknown_refresh_kind_is_not_sent_to_another_list() -> None:
+    entry = {"kind": "tool_call", "tool": "get_preferences", "refresh": {"kind": "static"}}
+    ((path, message),) = _problems(_tools(pre=[entry | {"arguments": {"user": "a"}}]))
+    assert path == "pre[0].refresh.kind"
+    assert 'unknown kind "static"' in message
+    assert "goes in" not in message
+
+
+def test_a_tool_whose_signature_cannot_be_described_is_reported_at_its_ref() -> None:
+    ((path, message),) = _problems({"tools": [{"kind": "python", "ref": ref("member")}]})
+    assert path == "tools[0].ref"
+    assert "'turn'" in message
+    assert "Turn" in message or "annotation" in message
+
+
+def test_a_tool_that_fails_is_reported_once_not_again_by_the_entries_naming_it() -> None:
+    data = _tools(
+        pre=[{"kind": "tool_call", "tool": "get_preferences", "arguments": {"user": "a"}}],
+        after_tool=[{"kind": "python", "ref": ref("shout"), "match": "get_preferences"}],
+    )
+    data["tools"][0]["ref"] = ref("Untyped.get_preferences")
+    ((path, message),) = _problems(data)
+    assert path == "tools[0].ref"
+    assert "'user' has no type annotation" in message
+
+
+def test_two_tools_of_one_name_are_refused_at_the_second() -> None:
+    data = _tools()
+    data["tools"][1]["name"] = "get_preferences"
+    ((path, message),) = _problems(data)
+    assert path == "tools[1].name"
+    assert "tools[0]" in message
+    assert "by name" in message
+
+
+def test_a_tool_name_providers_refuse_is_reported() -> None:
+    ((path, message),) = _problems(
+        {"tools": [{"kind": "python", "ref": ref("lookup_order"), "name": "look up"}]}
+    )
+    assert path == "tools[0].name"
+    assert "letters, digits" in message
+
+
+@pytest.mark.parametrize(
+    ("match", "path", "expected"),
+    [
+        ({"regex": "look(up"}, "before_tool[0].match.regex", "missing )"),
+        ({"regexp": "x"}, "before_tool[0].match.regex", "required"),
+        ({"regex": "x", "flags": "i"}, "before_tool[0].match.flags", "unknown key"),
+        (["lookup_order"], "before_tool[0].match", "tool's name or a table with a regex"),
+        ("lookup", "before_tool[0].match", 'did you mean "lookup_order"?'),
+    ],
+)
+def test_a_tool_hook_match_is_checked_when_loaded(match: Any, path: str, expected: str) -> None:
+    data = _tools(before_tool=[{"kind": "python", "ref": ref("no_refunds"), "match": match}])
+    ((where, message),) = _problems(data)
+    assert where == path
+    assert expected in message
+
+
+@pytest.mark.parametrize(
+    ("stage", "kind", "expected"),
+    [
+        ("pre", "retrieve", "parallel group"),
+        ("pre", "guardrail", "goes in post"),
+        ("post", "tool_call", "goes in pre"),
+        ("transformers", "judge", "goes in post"),
+        ("pre", "pii", "goes in transformers"),
+    ],
+)
+def test_a_new_kind_in_the_wrong_list_says_where_it_belongs(
+    stage: str, kind: str, expected: str
+) -> None:
+    ((path, message),) = _problems({stage: [{"kind": kind}]})
+    assert path == f"{stage}[0].kind"
+    assert expected in message

@@ -2,16 +2,21 @@
 
 from typing import Any
 
+import attrs
 import pytest
+import trio
 
 from hooks.config import pipeline_from_dict
-from pipeline import cont
+from pipeline import StepLimitExceeded, cont
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
+from pipeline.testing import ScriptedModel
 from tests.hooks import config_support as support
 from tests.hooks.config_support import ref
 from tests.providers import server as wire
-from turns import Turn
+from turns import ToolCall, Turn
+
+from ..pipeline.support import collect
 
 
 def _sent_texts(pipe: Any) -> list[list[str]]:
@@ -258,3 +263,450 @@ def test_model_values_are_checked(key: str, value: Any) -> None:
     with pytest.raises(ConfigError) as caught:
         pipeline_from_dict({"model": model}, environ={"OPENAI_API_KEY": "k"})
     assert [path for path, _ in caught.value.problems] == [f"model.{key}"]
+
+
+# -- post: guardrails -------------------------------------------------------------------------
+
+
+def _post(*entries: Any, replies: list[Any], environ: dict[str, str] | None = None) -> Any:
+    return pipeline_from_dict(
+        {"model": {"provider": "scripted", "replies": replies}, "post": list(entries)},
+        environ=environ,
+    )
+
+
+async def test_a_deny_guardrail_sends_back_a_reply_a_pattern_is_found_in() -> None:
+    pipe = _post(
+        {"kind": "guardrail", "deny": ["(?i)internal only"], "feedback": "No internals."},
+        replies=["This is INTERNAL ONLY: 42.", "It is 42."],
+    )
+    result = await pipe.run(Turn.start("q"))
+    assert [(r.attempt, r.hook, r.feedback) for r in result.rejections] == [
+        (1, "deny", "No internals.")
+    ]
+    assert result.reply is not None
+    assert result.reply.text == "It is 42."
+
+
+async def test_a_check_guardrail_rejects_with_the_feedback_its_check_returns() -> None:
+    pipe = _post(
+        {"kind": "guardrail", "check": ref("no_maybe"), "name": "plain"},
+        replies=["Maybe tomorrow.", "Tomorrow."],
+    )
+    result = await pipe.run(Turn.start("q"))
+    assert [(r.hook, r.feedback, r.text) for r in result.rejections] == [
+        ("plain", "Say it plainly.", "Maybe tomorrow.")
+    ]
+    # The model was sent back with its rejected reply and the feedback.
+    assert [m.text for m in pipe.model.requests[1].messages[-2:]] == [
+        "Maybe tomorrow.",
+        "Say it plainly.",
+    ]
+
+
+async def test_a_shadow_guardrail_records_its_verdict_without_enforcing_it() -> None:
+    pipe = _post(
+        {"kind": "guardrail", "deny": ["x"], "feedback": "No x.", "shadow": True},
+        replies=["x marks the spot"],
+    )
+    events, result = await collect(pipe, Turn.start("q"))
+    assert (result.outcome, result.rejections) == ("completed", ())
+    assert [e for e in events if isinstance(e, ev.ShadowVerdict)] == [
+        ev.ShadowVerdict(result.turn.turn_ref, "deny", "post", "regenerate", "No x.")
+    ]
+
+
+async def test_max_length_rejects_a_longer_reply_saying_how_long_it_was() -> None:
+    pipe = _post({"kind": "max_length", "chars": 10}, replies=["far too long a reply", "short"])
+    result = await pipe.run(Turn.start("q"))
+    ((rejection),) = result.rejections
+    assert rejection.hook == "max_length"
+    assert "20 characters" in rejection.feedback
+    assert "10" in rejection.feedback
+    assert result.reply is not None
+    assert result.reply.text == "short"
+
+
+async def test_a_judge_asks_its_own_model_and_rejects_with_its_reason() -> None:
+    pipe = _post(
+        {
+            "kind": "judge",
+            "instruction": "Never name a price.",
+            "model": {"provider": "scripted", "replies": ["FAIL: it names a price", "PASS"]},
+        },
+        replies=["It costs 5 euros.", "Ask the shop."],
+    )
+    result = await pipe.run(Turn.start("how much?"))
+    assert [(r.hook, r.feedback) for r in result.rejections] == [
+        ("judge", "A reviewer rejected the reply: it names a price")
+    ]
+    assert result.reply is not None
+    assert result.reply.text == "Ask the shop."
+
+
+async def test_a_judge_model_is_declared_like_the_model_table() -> None:
+    # The same keys as [model]: here an OpenAI-compatible server, over a loopback socket.
+    async with wire.running(wire.stream(wire.openai_text(["PASS"]))) as server:
+        pipe = _post(
+            {
+                "kind": "judge",
+                "instruction": "Be polite.",
+                "model": {
+                    "provider": "openai",
+                    "name": "judge-model",
+                    "base_url": f"{server.url}/v1",
+                    "api_key_env": "JUDGE_KEY",
+                    "temperature": 0,
+                },
+            },
+            replies=["Hello."],
+            environ={"JUDGE_KEY": "sk-judge"},
+        )
+        result = await pipe.run(Turn.start("hi"))
+    assert result.outcome == "completed"
+    (request,) = server.requests
+    assert (request.body["model"], request.body["temperature"]) == ("judge-model", 0)
+    assert request.headers["authorization"] == "Bearer sk-judge"
+    assert "Be polite." in request.body["messages"][0]["content"]
+
+
+# -- transformers: pii and citations ----------------------------------------------------------
+
+
+async def test_pii_redacts_the_kinds_it_is_given_even_split_across_chunks() -> None:
+    pipe = pipeline_from_dict(
+        {
+            "model": {
+                "provider": "scripted",
+                "replies": [["Mail ada@exa", "mple.com or call +44 20 7946 0958."]],
+            },
+            "transformers": [{"kind": "pii", "kinds": ["email"]}],
+        }
+    )
+    result = await pipe.run(Turn.start("q"))
+    assert result.reply is not None
+    assert result.reply.text == "Mail [EMAIL] or call +44 20 7946 0958."
+    assert result.reply.annotations == {"pii": {"redactions": 1}}
+
+
+async def test_pii_by_default_redacts_every_kind_with_the_replacement_given() -> None:
+    pipe = pipeline_from_dict(
+        {
+            "model": {"provider": "scripted", "replies": ["ada@example.com, 4111 1111 1111 1111"]},
+            "transformers": [{"kind": "pii", "replacement": "***", "name": "personal"}],
+        }
+    )
+    result = await pipe.run(Turn.start("q"))
+    assert result.reply is not None
+    assert result.reply.text == "***, ***"
+    assert result.reply.annotations == {"personal": {"redactions": 2}}
+
+
+async def test_citations_reports_the_markers_under_its_name() -> None:
+    pipe = pipeline_from_dict(
+        {
+            "model": {"provider": "scripted", "replies": [["See [1] and [", "12], then [1]."]]},
+            "transformers": [{"kind": "citations"}, {"kind": "citations", "name": "refs"}],
+        }
+    )
+    result = await pipe.run(Turn.start("q"))
+    assert result.reply is not None
+    assert result.reply.text == "See [1] and [12], then [1]."
+    assert result.reply.annotations == {"citations": (1, 12, 1), "refs": (1, 12, 1)}
+
+
+# -- pre: retrieval and synthetic tool calls --------------------------------------------------
+
+
+async def test_a_retrieve_member_injects_what_its_search_finds_up_to_k() -> None:
+    pipe = pipeline_from_dict(
+        {
+            "model": {"provider": "scripted", "replies": ["ok"]},
+            "pre": [
+                {
+                    "kind": "parallel",
+                    "hooks": [
+                        {"kind": "retrieve", "search": ref("search"), "k": 2},
+                        {"kind": "static", "text": "note", "name": "note"},
+                    ],
+                }
+            ],
+        }
+    )
+    result = await pipe.run(Turn.start("refunds"))
+    assert [(i.source, i.durable) for i in result.turn.injections] == [
+        ("search", False),
+        ("note", False),
+    ]
+    assert _sent_texts(pipe) == [["passage about 'refunds'", "passage 2", "note", "refunds"]]
+
+
+def _with_tool_call(**entry: Any) -> dict[str, Any]:
+    return {
+        "model": {"provider": "scripted", "replies": ["one", "two"]},
+        "tools": [{"kind": "python", "ref": ref("get_preferences"), "name": "prefs"}],
+        "pre": [{"kind": "tool_call", "tool": "prefs", "arguments": {"user": "ada"}, **entry}],
+    }
+
+
+async def test_a_tool_call_injects_the_call_and_result_before_the_user_message() -> None:
+    pipe = pipeline_from_dict(_with_tool_call())
+    result = await pipe.run(Turn.start("hi"))
+    (injection,) = result.turn.injections
+    assert (injection.source, injection.durable) == ("inject_prefs", True)
+    sent = pipe.model.requests[0].messages
+    assert [m.role for m in sent] == ["assistant", "tool", "user"]
+    (call,) = sent[0].parts
+    (answer,) = sent[1].parts
+    assert (call.name, call.arguments) == ("prefs", {"user": "ada"})
+    assert answer.content == '{"user": "ada", "language": "en"}'
+
+
+async def test_a_tool_call_is_durable_unless_told_and_always_injects_by_default() -> None:
+    log = MemoryLog()
+    pipe = pipeline_from_dict(_with_tool_call(name="prefs_now"))
+    async with pipe.session(log=log, conversation_id="c") as session:
+        await session.send("hi")
+        second = await session.send("again")
+    assert [i.source for i in second.turn.injections] == ["prefs_now"]
+    roles = [m.role for m in (await log.load("c")).messages]
+    assert roles == ["assistant", "tool", "user", "assistant"] * 2
+
+    transient = pipeline_from_dict(_with_tool_call(durable=False))
+    async with transient.session(log=(other := MemoryLog()), conversation_id="c") as session:
+        await session.send("hi")
+    assert [m.role for m in (await other.load("c")).messages] == ["user", "assistant"]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"frequency": "if_changed"},
+        {"refresh": {"kind": "ttl", "minutes": 30}},
+        {"refresh": {"kind": "ttl", "seconds": 600}},
+        {"refresh": {"kind": "ttl", "hours": 0.5}},
+    ],
+    ids=["if_changed", "minutes", "seconds", "hours"],
+)
+async def test_a_tool_call_skips_a_second_injection_it_does_not_need(
+    entry: dict[str, Any],
+) -> None:
+    # The preferences have not changed, and the last pair is seconds old.
+    pipe = pipeline_from_dict(_with_tool_call(**entry))
+    async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+        first = await session.send("hi")
+        second = await session.send("again")
+    assert [i.source for i in first.turn.injections] == ["inject_prefs"]
+    assert second.turn.injections == ()
+
+
+def _failing_tool_call(function: str, **entry: Any) -> Any:
+    return pipeline_from_dict(
+        {
+            "model": {"provider": "scripted", "replies": ["answered anyway"]},
+            "tools": [{"kind": "python", "ref": ref(function), "name": "prefs"}],
+            "pre": [{"kind": "tool_call", "tool": "prefs", "arguments": {"user": "ada"}, **entry}],
+        }
+    )
+
+
+async def test_a_tool_call_whose_tool_fails_injects_nothing_and_the_turn_goes_on() -> None:
+    events, result = await collect(_failing_tool_call("failing_lookup"), Turn.start("hi"))
+    assert (result.outcome, result.turn.injections) == ("completed", ())
+    failed = [e for e in events if isinstance(e, ev.HookFailed)]
+    assert [(e.hook, e.enforced) for e in failed] == [("inject_prefs", False)]
+    assert "the preferences service is down" in failed[0].error
+
+
+async def test_a_tool_call_told_to_halt_on_error_fails_the_turn() -> None:
+    from pipeline import HookFailed
+
+    with pytest.raises(HookFailed, match="inject_prefs"):
+        await _failing_tool_call("failing_lookup", on_error="halt").run(Turn.start("hi"))
+
+
+async def test_a_tool_call_timeout_bounds_a_tool_that_never_answers(autojump_clock: Any) -> None:
+    pipe = _failing_tool_call("hanging_lookup", timeout=2)
+    start = trio.current_time()
+    events, result = await collect(pipe, Turn.start("hi"))
+    assert trio.current_time() - start == pytest.approx(2)
+    assert (result.outcome, result.turn.injections) == ("completed", ())
+    assert [e.error.split(":")[0] for e in events if isinstance(e, ev.HookFailed)] == [
+        "HookTimeout"
+    ]
+
+
+async def test_a_turn_cancelled_while_its_tool_call_runs_commits_nothing(
+    autojump_clock: Any,
+) -> None:
+    log = MemoryLog()
+    pipe = _failing_tool_call("hanging_lookup")
+    async with pipe.session(log=log, conversation_id="c") as session:
+        with trio.move_on_after(5) as scope:
+            await session.send("hi")
+    assert scope.cancelled_caught
+    assert (await log.load("c")).messages == ()
+
+
+async def test_a_guardrail_whose_check_raises_fails_the_turn_unless_told_to_skip() -> None:
+    from pipeline import HookFailed
+
+    rail = {"kind": "guardrail", "check": ref("broken_check")}
+    with pytest.raises(HookFailed, match="the classifier is not loaded"):
+        await _post(rail, replies=["hello"]).run(Turn.start("q"))
+    skipping = _post(rail | {"on_error": "skip"}, replies=["hello"])
+    result = await skipping.run(Turn.start("q"))
+    assert result.outcome == "completed"
+
+
+def test_a_refresh_in_minutes_or_hours_is_a_ttl_in_seconds() -> None:
+    for unit, amount in (("seconds", 90), ("minutes", 1.5), ("hours", 0.025)):
+        pipe = pipeline_from_dict(_with_tool_call(refresh={"kind": "ttl", unit: amount}))
+        assert pipe.pre[0].fn.ttl == 90
+
+
+# -- tools and tool hooks ---------------------------------------------------------------------
+
+
+def _tools_config(**more: Any) -> dict[str, Any]:
+    return {
+        "tools": [
+            {"kind": "python", "ref": ref("get_preferences")},
+            {"kind": "python", "ref": ref("lookup_order"), "name": "order_status"},
+            {"kind": "python", "ref": ref("lookup_order"), "name": "refund_order"},
+        ],
+        **more,
+    }
+
+
+def _calling(pipe: Any, *calls: ToolCall, answer: str = "done") -> Any:
+    """`pipe` with a model that asks for `calls` at once, then answers."""
+    return attrs.evolve(pipe, model=ScriptedModel([list(calls), answer]))
+
+
+def test_tools_are_described_to_the_model_from_their_signatures() -> None:
+    pipe = pipeline_from_dict(
+        _tools_config()
+        | {"tools": [{"kind": "python", "ref": ref("get_preferences"), "description": "Prefs."}]}
+    )
+    (spec,) = [t.spec for t in pipe.tools]
+    assert (spec.name, spec.description) == ("get_preferences", "Prefs.")
+    assert spec.parameters["required"] == ["user"]
+    assert spec.parameters["properties"]["detail"] == {
+        "type": "boolean",
+        "description": "Whether to add more.",
+        "default": False,
+    }
+
+
+def test_a_ref_to_a_tool_is_used_as_it_is_or_renamed() -> None:
+    pipe = pipeline_from_dict({"tools": [{"kind": "python", "ref": ref("days")}]})
+    assert pipe.tools == (support.days,)
+    renamed = pipeline_from_dict(
+        {"tools": [{"kind": "python", "ref": ref("days"), "name": "ship_days"}]}
+    )
+    (made,) = renamed.tools
+    assert (made.name, made.description, made.fn) == (
+        "ship_days",
+        "Days until an order ships.",
+        support.days.fn,
+    )
+
+
+async def test_the_model_calls_a_declared_tool_and_reads_its_result() -> None:
+    pipe = _calling(
+        pipeline_from_dict(_tools_config()), ToolCall("c1", "order_status", {"order": "A7"})
+    )
+    result = await pipe.run(Turn.start("where is A7?"))
+    assert result.reply is not None
+    assert [m.role for m in result.reply.messages] == ["assistant", "tool", "assistant"]
+    assert result.reply.messages[1].parts[0].content == (
+        "order A7: shipped, sent to help@example.com"
+    )
+    assert [t.name for t in pipe.model.requests[0].tools] == [
+        "get_preferences",
+        "order_status",
+        "refund_order",
+    ]
+
+
+async def test_tool_hooks_run_for_the_tools_their_match_names() -> None:
+    pipe = _calling(
+        pipeline_from_dict(
+            _tools_config(
+                before_tool=[
+                    {"kind": "python", "ref": ref("no_refunds"), "match": {"regex": "refund_.*"}}
+                ],
+                after_tool=[{"kind": "python", "ref": ref("shout"), "match": "order_status"}],
+            )
+        ),
+        ToolCall("c1", "order_status", {"order": "A7"}),
+        ToolCall("c2", "refund_order", {"order": "A7"}),
+        ToolCall("c3", "get_preferences", {"user": "ada"}),
+    )
+    async with pipe.stream(Turn.start("refund A7")) as events:
+        blocked = [(e.hook, e.call.id) async for e in events if isinstance(e, ev.ToolBlocked)]
+    results = [m.parts[0] for m in events.result.reply.messages if m.role == "tool"]
+    assert [(r.call_id, r.content, r.error_class) for r in results] == [
+        ("c1", "ORDER A7: SHIPPED, SENT TO HELP@EXAMPLE.COM", None),
+        ("c2", "refund_order is not allowed here", "hook_blocked"),
+        ("c3", '{"user": "ada", "language": "en"}', None),
+    ]
+    assert blocked == [("no_refunds", "c2")]
+
+
+async def test_a_tool_hook_regex_must_match_the_whole_name() -> None:
+    # "order" is found inside "order_status" and "refund_order", but matches neither whole.
+    pipe = _calling(
+        pipeline_from_dict(
+            _tools_config(
+                before_tool=[
+                    {"kind": "python", "ref": ref("no_refunds"), "match": {"regex": "order"}}
+                ]
+            )
+        ),
+        ToolCall("c1", "order_status", {"order": "A7"}),
+    )
+    result = await pipe.run(Turn.start("where is A7?"))
+    assert result.reply is not None
+    assert result.reply.messages[1].parts[0].error_class is None
+
+
+async def test_a_tool_hook_without_match_runs_for_every_tool() -> None:
+    pipe = _calling(
+        pipeline_from_dict(_tools_config(after_tool=[{"kind": "python", "ref": ref("shout")}])),
+        ToolCall("c1", "order_status", {"order": "b1"}),
+        ToolCall("c2", "get_preferences", {"user": "ada"}),
+    )
+    result = await pipe.run(Turn.start("q"))
+    assert result.reply is not None
+    contents = [m.parts[0].content for m in result.reply.messages if m.role == "tool"]
+    assert contents == [
+        "ORDER B1: SHIPPED, SENT TO HELP@EXAMPLE.COM",
+        '{"USER": "ADA", "LANGUAGE": "EN"}',
+    ]
+
+
+async def test_max_steps_bounds_the_model_calls_of_an_attempt() -> None:
+    call = ToolCall("c1", "order_status", {"order": "A7"})
+    pipe = attrs.evolve(
+        pipeline_from_dict(_tools_config(max_steps=2)),
+        model=ScriptedModel([[call], [call], "never reached"]),
+    )
+    with pytest.raises(StepLimitExceeded):
+        await pipe.run(Turn.start("q"))
+    assert len(pipe.model.requests) == 2
+
+
+async def test_tool_concurrency_bounds_the_calls_running_at_once(autojump_clock: Any) -> None:
+    pipe = pipeline_from_dict(
+        {
+            "tools": [{"kind": "python", "ref": ref("Gauge.measure")}],
+            "tool_concurrency": 2,
+        }
+    )
+    calls = [ToolCall(f"c{n}", "measure", {"n": n}) for n in range(5)]
+    support.Gauge.reset()
+    result = await _calling(pipe, *calls).run(Turn.start("q"))
+    assert result.outcome == "completed"
+    assert support.Gauge.most == 2

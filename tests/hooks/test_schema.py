@@ -1,6 +1,7 @@
 """The JSON Schema (`config_schema`, `turnplug schema`) agrees with the loader."""
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -10,7 +11,9 @@ from typing import Any
 import jsonschema
 import pytest
 
+from hooks import pii
 from hooks.config import config_schema
+from pipeline import ConfigError
 from tests.hooks.config_support import FAULTS, Fault, broken, valid
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "assistant.toml"
@@ -81,3 +84,82 @@ def test_turnplug_schema_prints_it() -> None:
     )
     assert (done.returncode, done.stderr) == (0, "")
     assert json.loads(done.stdout) == config_schema()
+
+
+GUARDRAILS = [
+    ({"kind": "guardrail", "deny": ["x"], "feedback": "No."}, True),
+    ({"kind": "guardrail", "check": "m:f"}, True),
+    # null stands for a key left out, as the loader reads it.
+    ({"kind": "guardrail", "deny": None, "check": "m:f"}, True),
+    ({"kind": "guardrail", "feedback": "No."}, False),
+    ({"kind": "guardrail", "deny": ["x"], "check": "m:f", "feedback": "No."}, False),
+    ({"kind": "guardrail", "deny": ["x"]}, False),
+    ({"kind": "guardrail", "deny": ["x"], "feedback": None}, False),
+]
+
+
+@pytest.mark.parametrize(("entry", "accepted"), GUARDRAILS)
+def test_a_guardrail_takes_deny_with_feedback_or_check(
+    validator: Any, entry: dict[str, Any], accepted: bool
+) -> None:
+    assert (_errors(validator, {"post": [entry]}) == []) is accepted
+
+
+@pytest.mark.parametrize(
+    ("refresh", "accepted"),
+    [
+        ({"kind": "ttl", "minutes": 60}, True),
+        ({"kind": "ttl", "seconds": 1.5}, True),
+        ({"kind": "ttl", "hours": 2}, True),
+        ({"kind": "ttl"}, False),
+        ({"kind": "ttl", "minutes": 1, "seconds": 5}, False),
+        ({"kind": "ttl", "minutes": 0}, False),
+        ({"kind": "cron", "minutes": 5}, False),
+    ],
+)
+def test_a_refresh_is_a_ttl_in_one_unit(
+    validator: Any, refresh: dict[str, Any], accepted: bool
+) -> None:
+    entry = {"kind": "tool_call", "tool": "t", "refresh": refresh}
+    assert (_errors(validator, {"pre": [entry]}) == []) is accepted
+
+
+@pytest.mark.parametrize(
+    ("match", "accepted"),
+    [
+        ("lookup", True),
+        ({"regex": "look.*"}, True),
+        ({"regex": "("}, False),
+        ({}, False),
+        (3, False),
+    ],
+)
+def test_a_tool_hook_matches_a_name_or_a_regex(validator: Any, match: Any, accepted: bool) -> None:
+    entry = {"kind": "python", "ref": "m:f", "match": match}
+    assert (_errors(validator, {"after_tool": [entry]}) == []) is accepted
+
+
+def test_the_pii_kinds_are_those_pii_accepts(validator: Any) -> None:
+    kinds = ["email", "phone", "card", "ssn", "iban", "ipv4"]
+    assert _errors(validator, {"transformers": [{"kind": "pii", "kinds": kinds}]}) == []
+    for kind in kinds:
+        pii([kind])  # each one builds
+    assert _errors(validator, {"transformers": [{"kind": "pii", "kinds": ["passport"]}]}) != []
+    with pytest.raises(ConfigError):
+        pii(["passport"])
+
+
+def test_new_kinds_are_refused_outside_their_lists(validator: Any) -> None:
+    assert _errors(validator, {"pre": [{"kind": "max_length", "chars": 3}]}) != []
+    assert _errors(validator, {"post": [{"kind": "tool_call", "tool": "t"}]}) != []
+    retrieve = {"kind": "retrieve", "search": "m:f"}
+    assert _errors(validator, {"pre": [retrieve]}) != []
+    assert _errors(validator, {"pre": [{"kind": "parallel", "hooks": [retrieve]}]}) == []
+
+
+def test_the_toml_examples_of_the_config_docs_are_valid(validator: Any) -> None:
+    docs = (EXAMPLE.parents[1] / "docs" / "config.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```toml\n(.*?)```", docs, flags=re.DOTALL)
+    assert len(blocks) >= 3
+    for block in blocks:
+        assert _errors(validator, tomllib.loads(block)) == [], block
