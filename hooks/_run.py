@@ -115,6 +115,8 @@ def result_json(result: TurnResult, conversation: str) -> dict[str, Any]:
                 "stage": injection.stage,
                 "durable": injection.durable,
                 "text": " ".join(p.text for p in injection.parts if isinstance(p, Text)),
+                # Every part as serialized: a synthetic tool call has no text to show.
+                "parts": [to_dict(part) for part in injection.parts],
             }
             for injection in result.turn.injections
         ],

@@ -93,6 +93,15 @@ def test_run_json_is_the_result(shop: Path) -> None:
     assert result["committed"] == 2  # the user message (with the durable part) and the reply
 
 
+def test_run_json_shows_a_synthetic_tool_calls_parts() -> None:
+    root = Path(__file__).resolve().parents[2]
+    done = turnplug("run", root / "examples" / "assistant.toml", "hi", "--json")
+    assert done.returncode == 0, done.stderr
+    injections = json.loads(done.stdout)["injections"]
+    kinds = [[part["type"] for part in i["parts"]] for i in injections]
+    assert ["tool_call", "tool_result"] in kinds
+
+
 def test_run_json_of_a_halted_turn_names_the_hook(shop: Path) -> None:
     done = turnplug("run", shop, "a secret please", "--json")
     assert done.returncode == 1
