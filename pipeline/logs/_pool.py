@@ -13,12 +13,17 @@ cancellation is delivered at the next checkpoint. Database calls are short; conn
 lock timeouts bound them.
 """
 
+import functools
 from collections.abc import Callable
-from typing import Generic, TypeVar, final
+from types import TracebackType
+from typing import Any, ClassVar, Generic, Self, TypeVar, final
 
 import trio
 
+from turns import Context, Message
+
 from .._errors import LogError
+from ._protocol import LogEntry, check_id
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -98,3 +103,45 @@ class Connections(Generic[C]):
         if idle:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(lambda: [self._close(c) for c in idle])
+
+
+class DatabaseLog:
+    """What the database logs share: their lifecycle, `load` and `entries`.
+
+    A subclass sets `_connections` and names its driver's queries, each run in a worker
+    thread with a connection: ``_load_rows(conversation_id, connection)`` (each commit's
+    messages, in order) and ``_entry_rows(conversation_id, connection)``.
+    """
+
+    _connections: Connections[Any]
+    _load_rows: ClassVar[Callable[[str, Any], list[tuple[Message, ...]]]]
+    _entry_rows: ClassVar[Callable[[str, Any], tuple[LogEntry, ...]]]
+
+    async def __aenter__(self) -> Self:
+        # Connect now, so that a bad path or DSN, or a newer schema, fails here, not mid-turn.
+        await self._connections.run(lambda connection: None)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections; the log cannot be used afterwards."""
+        await self._connections.aclose()
+
+    async def load(self, conversation_id: str) -> Context:
+        check_id(conversation_id)
+        load = type(self)._load_rows
+        rows = await self._connections.run(functools.partial(load, conversation_id))
+        return Context(messages=tuple(m for messages in rows for m in messages))
+
+    async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
+        """Every commit of a conversation, in order, with its audit record."""
+        check_id(conversation_id)
+        entries = type(self)._entry_rows
+        return await self._connections.run(functools.partial(entries, conversation_id))

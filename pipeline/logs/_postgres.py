@@ -10,16 +10,16 @@ import functools
 import re
 import zlib
 from collections.abc import Sequence
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, LiteralString, final
 
-from turns import Context, Message
+from turns import Message
 
 from .._audit import AuditRecord
 from .._errors import ConfigError, LogError
 from . import _codec
-from ._pool import Connections
-from ._protocol import LogEntry, check_append, check_id, conflict
+from ._pool import Connections, DatabaseLog
+from ._protocol import LogEntry, check_append, conflict
 
 if TYPE_CHECKING:
     import psycopg
@@ -95,7 +95,7 @@ _MIGRATION_LOCK = zlib.crc32(b"turnplug schema migration")
 
 
 @final
-class PostgresLog:
+class PostgresLog(DatabaseLog):
     """A `Log` in a PostgreSQL database, for several worker processes or machines.
 
     A commit is one statement calling a function the schema defines: it locks the
@@ -154,28 +154,6 @@ class PostgresLog:
     def __repr__(self) -> str:
         return f"PostgresLog({self._name!r})"
 
-    async def __aenter__(self) -> "PostgresLog":
-        # Connect now, so that a bad DSN or a newer schema fails here, not mid-turn.
-        await self._connections.run(lambda connection: None)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the connections; the log cannot be used afterwards."""
-        await self._connections.aclose()
-
-    async def load(self, conversation_id: str) -> Context:
-        check_id(conversation_id)
-        rows = await self._connections.run(functools.partial(_load, conversation_id))
-        return Context(messages=tuple(m for messages in rows for m in messages))
-
     async def append(
         self,
         conversation_id: str,
@@ -205,10 +183,6 @@ class PostgresLog:
         if outcome == "conflict":
             assert expected_length is not None
             raise conflict(conversation_id, turn_ref, length, expected_length)
-
-    async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
-        check_id(conversation_id)
-        return await self._connections.run(functools.partial(_entries, conversation_id))
 
     # -- inside worker threads -------------------------------------------------------------
 
@@ -332,3 +306,8 @@ def _entries(conversation_id: str, connection: "psycopg.Connection[Any]") -> tup
         (conversation_id,),
     ).fetchall()
     return tuple(_codec.read_entry(conversation_id, *row) for row in rows)
+
+
+# The queries DatabaseLog runs for load() and entries().
+PostgresLog._load_rows = _load
+PostgresLog._entry_rows = _entries

@@ -5,18 +5,17 @@ import functools
 import os
 import sqlite3
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Literal, TypeAlias, final
 
 import trio
 
-from turns import Context, Message
+from turns import Message
 
 from .._audit import AuditRecord
 from .._errors import LogError
 from . import _codec
-from ._pool import Connections
-from ._protocol import LogEntry, check_append, check_id, conflict
+from ._pool import Connections, DatabaseLog
+from ._protocol import LogEntry, check_append, conflict
 
 _Outcome: TypeAlias = tuple[Literal["committed", "duplicate", "conflict"], int]
 
@@ -50,7 +49,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 
 
 @final
-class SQLiteLog:
+class SQLiteLog(DatabaseLog):
     """A `Log` in one SQLite file: the embedded default, for one machine.
 
     Writes use WAL mode with ``synchronous=FULL``: a commit that returned survives a crash
@@ -92,28 +91,6 @@ class SQLiteLog:
 
     def __repr__(self) -> str:
         return f"SQLiteLog({self._path!r})"
-
-    async def __aenter__(self) -> "SQLiteLog":
-        # Open now, so that a bad path or a newer schema fails here, not mid-turn.
-        await self._connections.run(lambda connection: None)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the connection; the log cannot be used afterwards."""
-        await self._connections.aclose()
-
-    async def load(self, conversation_id: str) -> Context:
-        check_id(conversation_id)
-        rows = await self._connections.run(functools.partial(_load, conversation_id))
-        return Context(messages=tuple(m for messages in rows for m in messages))
 
     async def append(
         self,
@@ -180,10 +157,6 @@ class SQLiteLog:
         finally:
             for commit in batch:
                 commit.done.set()
-
-    async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
-        check_id(conversation_id)
-        return await self._connections.run(functools.partial(_entries, conversation_id))
 
     # -- inside worker threads -------------------------------------------------------------
 
@@ -383,3 +356,8 @@ def _entries(conversation_id: str, connection: sqlite3.Connection) -> tuple[LogE
         (conversation_id,),
     ).fetchall()
     return tuple(_codec.read_entry(conversation_id, *row) for row in rows)
+
+
+# The queries DatabaseLog runs for load() and entries().
+SQLiteLog._load_rows = _load
+SQLiteLog._entry_rows = _entries
