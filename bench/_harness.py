@@ -74,6 +74,25 @@ class Row:
     floor: float | None = None
     ratio: float | None = None
     note: str = ""
+    target: str = ""
+    """The issue's target for this row, e.g. ``"<= 3x"``; empty when there is none."""
+    met: bool | None = None
+    """Whether the target was met in this run; None when there is no target."""
+    unit: str = "s"
+    """What `median` and `floor` count: seconds, ``"turns/s"`` or ``"bytes"``."""
+
+
+def fmt_value(value: float, unit: str) -> str:
+    """`value` in `unit` (seconds, ``"turns/s"``, ``"bytes"``), readable."""
+    if unit == "s":
+        return fmt_time(value)
+    if unit == "bytes":
+        if abs(value) >= 1024 * 1024:
+            return f"{value / (1024 * 1024):.1f} MiB"
+        if abs(value) >= 1024:
+            return f"{value / 1024:.1f} KiB"
+        return f"{value:.0f} B"
+    return f"{value:,.0f} {unit}"
 
 
 def fmt_time(seconds: float) -> str:
