@@ -13,7 +13,7 @@ from typing import TypeAlias, final
 
 from turns import ToolCall, Usage
 
-from ._budget import estimate_tokens, message_tokens, part_tokens
+from ._budget import CHARS_PER_TOKEN, estimate_tokens, message_tokens, part_tokens
 from ._errors import ProviderError
 from ._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
 
@@ -28,7 +28,8 @@ def _check_reply(reply: object, where: str) -> tuple[ScriptItem, ...]:
         return (reply,)
     if isinstance(reply, list | tuple):
         for item in reply:
-            if not isinstance(item, str | ToolCall):
+            # Plain chunks first: a reply of many chunks is checked once per model call.
+            if type(item) is not str and not isinstance(item, str | ToolCall):
                 raise TypeError(
                     f"{where}: a reply's items must be str chunks or ToolCall parts, got"
                     f" {type(item).__name__} {item!r}"
@@ -43,16 +44,26 @@ def _check_reply(reply: object, where: str) -> tuple[ScriptItem, ...]:
 async def _play(
     items: AsyncIterable[ScriptItem] | Sequence[ScriptItem], request: ModelRequest, where: str
 ) -> AsyncIterator[ModelEvent]:
+    # The per-chunk path of every offline turn: plain str chunks are counted inline
+    # (`estimate_tokens`, unrolled) and the other items take the general path.
     output = 0
     called = False
     if isinstance(items, AsyncIterable):
         async for item in items:
+            if type(item) is str:
+                output -= -len(item) // CHARS_PER_TOKEN
+                yield ModelText(item)
+                continue
             _check_reply([item], where)
             output += _item_tokens(item)
             called = called or isinstance(item, ToolCall)
             yield ModelToolCall(item) if isinstance(item, ToolCall) else ModelText(item)
     else:
         for item in items:
+            if type(item) is str:
+                output -= -len(item) // CHARS_PER_TOKEN
+                yield ModelText(item)
+                continue
             output += _item_tokens(item)
             called = called or isinstance(item, ToolCall)
             yield ModelToolCall(item) if isinstance(item, ToolCall) else ModelText(item)
