@@ -87,57 +87,64 @@ class Drive(Runner):
     # -- stages 1-3: pre hooks, parallel groups, the injection budget ------------------------
 
     async def pre_stage(self, turn: Turn) -> tuple[Turn, Halt | None]:
-        # The hottest loop of a turn: `call_ordered`, inlined for ordered hooks.
-        now = self.now
+        now, emit, records = self.now, self.emit, self.records
         for step in self.pipe._pre_plan:
-            if type(step) is Group:
-                outcome = await run_group(self, step, turn)
-            else:
-                hook = step.hook
-                if hook.when is not None and not self.passes(step, turn):
-                    continue
-                if self.emit is not None:
-                    self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
+            if step.plain:
+                # The hottest loop of a turn: an enforced async hook (no timeout, no
+                # `when=`) run and judged inline, its common verdict taken on the spot.
+                if emit is not None:
+                    emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
                 started = now()
                 try:
-                    if step.direct:
-                        result = await hook.fn(turn)
-                    else:
-                        result = await self.call(step, turn)
+                    result = await step.hook.fn(turn)
                 except Exception as exc:
                     self.fail(step, exc, now() - started)
                     continue
-                outcome = self.settle(step, turn, result, now() - started)
-            if type(outcome) is Halt:
-                return turn, outcome
-            turn = outcome
+                elapsed = now() - started
+                if type(result) is Cont:
+                    outcome = result.value
+                    # The turn came back with its request, context and correlation as
+                    # they were (injections may have changed): nothing to check.
+                    if (
+                        type(outcome) is Turn
+                        and outcome.request is turn.request
+                        and outcome.context is turn.context
+                        and outcome.turn_ref is turn.turn_ref
+                    ):
+                        # finished(), inlined.
+                        record = (
+                            step.name,
+                            step.stage,
+                            step.position,
+                            elapsed,
+                            "cont",
+                            False,
+                            None,
+                        )
+                        records.append(_new(HookRecord, record))
+                        if emit is not None:
+                            emit(
+                                ev.HookFinished(
+                                    self.turn_ref, step.name, step.stage, elapsed, "cont"
+                                )
+                            )
+                        if outcome.injections is not turn.injections:
+                            outcome = self.stamp(step, turn, outcome)
+                        turn = outcome
+                        continue
+                checked = self.settle_checked(step, turn, result, elapsed)
+            elif type(step) is Group:
+                checked = await run_group(self, step, turn)
+            else:
+                called = await self.call_ordered(step, turn)
+                if called is None:
+                    continue
+                checked = self.settle_checked(step, turn, *called)
+            # A pre-stage step is never judged as a post hook: no rejection comes back.
+            if type(checked) is Halt:
+                return turn, checked
+            turn = cast(Turn, checked)
         return turn, None
-
-    def settle(self, step: Step, turn: Turn, result: object, elapsed: float) -> Turn | Halt:
-        """Check an ordered hook's signal, record it, and give the turn that goes on."""
-        if type(result) is Cont:
-            outcome = result.value
-            # The common case, kept short: an enforced hook that returned the turn with its
-            # request, context and correlation as they were (injections may have changed).
-            if (
-                type(outcome) is Turn
-                and outcome.request is turn.request
-                and outcome.context is turn.context
-                and outcome.turn_ref is turn.turn_ref
-                and not step.hook.shadow
-            ):
-                # finished(), inlined: this is the hottest line of a turn.
-                record = (step.name, step.stage, step.position, elapsed, "cont", False, None)
-                self.records.append(_new(HookRecord, record))
-                if self.emit is not None:
-                    self.emit(
-                        ev.HookFinished(self.turn_ref, step.name, step.stage, elapsed, "cont")
-                    )
-                if outcome.injections is not turn.injections:
-                    return self.stamp(step, turn, outcome)
-                return outcome
-        # A pre-stage step is never judged as a post hook: no rejection comes back.
-        return cast(Turn | Halt, self.settle_checked(step, turn, result, elapsed))
 
     # -- stages 4-7: the model call, the post hooks, the regeneration loop --------------------
 

@@ -7,7 +7,7 @@ effective name (chain prefixes applied) and its position for error messages.
 
 import inspect
 from collections.abc import Iterable
-from typing import Any, TypeAlias, final
+from typing import Any, ClassVar, TypeAlias, final
 
 import attrs
 
@@ -33,6 +33,16 @@ class Step:
         ),
     )
     """Whether the drive loop may simply ``await hook.fn(...)``: async, no timeout."""
+    plain: bool = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(
+            lambda self: self.direct and self.hook.when is None and not self.hook.shadow,
+            takes_self=True,
+        ),
+    )
+    """Whether the drive loop may run and judge it inline: direct, enforced, no ``when=``."""
 
     @property
     def label(self) -> str:
@@ -49,6 +59,8 @@ class Group:
     name: str
     stage: str
     position: str
+    plain: ClassVar[bool] = False
+    """Never: a group is not one hook (see `Step.plain`)."""
 
 
 PreStep: TypeAlias = Step | Group
