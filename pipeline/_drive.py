@@ -4,7 +4,6 @@
 which is None when nobody listens, so that `run` builds no event at all.
 """
 
-from typing import cast
 
 import attrs
 import trio
@@ -18,7 +17,7 @@ from ._budget import estimate_tokens
 from ._errors import HookReturnError, RequestError
 from ._hooks import Hook
 from ._parallel import run_group
-from ._plan import Group, Step
+from ._plan import Group, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
 from ._runner import Runner, check_history, describe
@@ -87,9 +86,21 @@ class Drive(Runner):
     # -- stages 1-3: pre hooks, parallel groups, the injection budget ------------------------
 
     async def pre_stage(self, turn: Turn) -> tuple[Turn, Halt | None]:
+        turn, verdict = await self.ordered(self.pipe._pre_plan, turn)
+        # A pre-stage step is never judged as a post hook: no rejection comes back.
+        return turn, verdict if type(verdict) is Halt else None
+
+    async def ordered(
+        self, plan: tuple[PreStep, ...], turn: Turn
+    ) -> tuple[Turn, Turn | Halt | tuple[str, str]]:
+        """Run a stage's ordered hooks (and, before the model, parallel groups) in order.
+
+        Returns the turn as the hooks left it, and the verdict: that turn (accepted), a
+        halt, or (hook, feedback) for a post hook's rejection.
+        """
         now, emit, records = self.now, self.emit, self.records
-        for step in self.pipe._pre_plan:
-            if step.plain:
+        for step in plan:
+            if type(step) is Step and step.plain:
                 # The hottest loop of a turn: an enforced async hook (no timeout, no
                 # `when=`) run and judged inline, its common verdict taken on the spot.
                 if emit is not None:
@@ -103,12 +114,13 @@ class Drive(Runner):
                 elapsed = now() - started
                 if type(result) is Cont:
                     outcome = result.value
-                    # The turn came back with its request, context and correlation as
-                    # they were (injections may have changed): nothing to check.
+                    # The turn came back with its request, context, reply and correlation
+                    # as they were (injections may have changed): nothing to check.
                     if (
                         type(outcome) is Turn
                         and outcome.request is turn.request
                         and outcome.context is turn.context
+                        and outcome.reply is turn.reply
                         and outcome.turn_ref is turn.turn_ref
                     ):
                         # finished(), inlined.
@@ -140,11 +152,10 @@ class Drive(Runner):
                 if called is None:
                     continue
                 checked = self.settle_checked(step, turn, *called)
-            # A pre-stage step is never judged as a post hook: no rejection comes back.
-            if type(checked) is Halt:
+            if type(checked) is not Turn:
                 return turn, checked
-            turn = cast(Turn, checked)
-        return turn, None
+            turn = checked
+        return turn, turn
 
     # -- stages 4-7: the model call, the post hooks, the regeneration loop --------------------
 
@@ -160,7 +171,7 @@ class Drive(Runner):
             if type(reply) is Halt:
                 # A tool hook halted the turn: nothing of the attempt is kept.
                 return self.halted(turn, reply, attempt)
-            reached, verdict = await self.post_stage(attrs.evolve(turn, reply=reply))
+            reached, verdict = await self.ordered(pipe._post_plan, attrs.evolve(turn, reply=reply))
             if type(verdict) is Turn:
                 if held:
                     assert emit is not None
@@ -183,22 +194,6 @@ class Drive(Runner):
             extra = (*extra, *reply.messages, note)
             request = build_request(self, turn, extra)
         return self.finish("exhausted", turn, None, None)
-
-    async def post_stage(self, turn: Turn) -> tuple[Turn, Turn | Halt | tuple[str, str]]:
-        """Run the ordered post hooks.
-
-        Returns the turn as the hooks left it, and the verdict: that turn (accepted), a
-        halt, or (hook, feedback) for a rejection.
-        """
-        for step in self.pipe._post_plan:
-            called = await self.call_ordered(step, turn)
-            if called is None:
-                continue
-            outcome = self.settle_checked(step, turn, *called)
-            if type(outcome) is not Turn:
-                return turn, outcome
-            turn = outcome
-        return turn, turn
 
     def settle_checked(
         self, step: Step, turn: Turn, result: object, elapsed: float

@@ -7,7 +7,7 @@ effective name (chain prefixes applied) and its position for error messages.
 
 import inspect
 from collections.abc import Iterable
-from typing import Any, ClassVar, TypeAlias, final
+from typing import Any, TypeAlias, final
 
 import attrs
 
@@ -59,8 +59,6 @@ class Group:
     name: str
     stage: str
     position: str
-    plain: ClassVar[bool] = False
-    """Never: a group is not one hook (see `Step.plain`)."""
 
 
 PreStep: TypeAlias = Step | Group
