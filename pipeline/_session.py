@@ -15,7 +15,7 @@ from ._background import run_background
 from ._commit import injection_messages
 from ._drive import Drive
 from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
-from ._groups import only_cancelled, own_error, unwrapped
+from ._groups import only_cancelled, own_error, raise_single
 from ._hooks import is_async_callable
 from ._plan import Step
 from ._result import TurnResult
@@ -104,7 +104,10 @@ class Session:
         self._check_open("send")
         async with self._lock:
             turn = self._turn(message)
-            return await unwrapped(self._drive(None).run(turn))
+            try:
+                return await self._drive(None).run(turn)
+            except BaseExceptionGroup as group:
+                raise_single(group)
 
     @asynccontextmanager
     async def stream(self, message: str | Message) -> AsyncIterator["TurnEvents"]:
