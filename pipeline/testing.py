@@ -7,8 +7,15 @@ streamed lazily (so chunks can be spaced out in time).
 """
 
 import inspect
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Sequence,
+)
+from contextlib import AbstractAsyncContextManager
 from typing import TypeAlias, final
 
 from turns import ToolCall, Usage
@@ -43,7 +50,7 @@ def _check_reply(reply: object, where: str) -> tuple[ScriptItem, ...]:
 
 async def _play(
     items: AsyncIterable[ScriptItem] | Sequence[ScriptItem], request: ModelRequest, where: str
-) -> AsyncIterator[ModelEvent]:
+) -> AsyncGenerator[ModelEvent, None]:
     # The per-chunk path of every offline turn: plain str chunks are counted inline
     # (`estimate_tokens`, unrolled) and the other items take the general path.
     output = 0
@@ -71,6 +78,32 @@ async def _play(
     yield ModelFinish("tool_calls" if called else "stop", usage)
 
 
+@final
+class _Playback:
+    """What a testing model's ``stream(request)`` returns: one reply played, closed on exit.
+
+    A small class rather than ``@asynccontextmanager``: no generator of its own (trio
+    tracks every async generator) on a path every offline turn takes.
+    """
+
+    __slots__ = ("_events", "_request", "_start")
+
+    def __init__(
+        self,
+        start: Callable[[ModelRequest], Awaitable[AsyncGenerator[ModelEvent, None]]],
+        request: ModelRequest,
+    ) -> None:
+        self._start = start
+        self._request = request
+
+    async def __aenter__(self) -> AsyncIterator[ModelEvent]:
+        self._events = await self._start(self._request)
+        return self._events
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._events.aclose()
+
+
 def _item_tokens(item: ScriptItem) -> int:
     return estimate_tokens(item) if isinstance(item, str) else part_tokens(item, estimate_tokens)
 
@@ -96,8 +129,12 @@ class ScriptedModel:
     def __repr__(self) -> str:
         return f"ScriptedModel({len(self.replies)} replies, {len(self.requests)} played)"
 
-    @asynccontextmanager
-    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        return _Playback(self._start, request)
+
+    async def _start(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         self.requests.append(request)
         call = len(self.requests)
         if call > len(self.replies):
@@ -107,11 +144,7 @@ class ScriptedModel:
                 " steps call the model again)",
                 provider="scripted",
             )
-        events = _play(self.replies[call - 1], request, f"ScriptedModel reply {call}")
-        try:
-            yield events
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
+        return _play(self.replies[call - 1], request, f"ScriptedModel reply {call}")
 
 
 ReplyFunction: TypeAlias = Callable[
@@ -138,8 +171,12 @@ class FunctionModel:
     def __repr__(self) -> str:
         return f"FunctionModel({getattr(self.fn, '__qualname__', self.fn)!r})"
 
-    @asynccontextmanager
-    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        return _Playback(self._start, request)
+
+    async def _start(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         self.requests.append(request)
         where = f"FunctionModel {getattr(self.fn, '__qualname__', self.fn)}"
         reply = self.fn(request)
@@ -148,8 +185,4 @@ class FunctionModel:
         items: AsyncIterable[ScriptItem] | Sequence[ScriptItem] = (
             reply if isinstance(reply, AsyncIterable) else _check_reply(reply, where)
         )
-        events = _play(items, request, where)
-        try:
-            yield events
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
+        return _play(items, request, where)
