@@ -6,7 +6,6 @@ which is None when nobody listens, so that `run` builds no event at all.
 
 
 import attrs
-import trio
 
 from turns import Message, Reply, Text, Turn, Usage
 
@@ -20,7 +19,7 @@ from ._parallel import run_group
 from ._plan import Group, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import Runner, check_history, describe
+from ._runner import Runner, check_history, clock_reader, describe
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import Tool
@@ -36,9 +35,7 @@ class Drive(Runner):
     async def run(self, turn: Turn) -> TurnResult:
         """Drive `turn` through every stage and return its result."""
         self.turn_ref = turn.turn_ref
-        # The run's clock, read directly: trio's clock (so a MockClock drives hook timings in
-        # tests) without trio.current_time()'s lookups on every hook.
-        self.now = trio.lowlevel.current_clock().current_time
+        self.now = clock_reader()
         if self.emit is not None:
             self.emit(ev.TurnStarted(turn.turn_ref))
         turn = await self.prepare(turn)
