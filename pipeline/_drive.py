@@ -4,7 +4,6 @@
 which is None when nobody listens, so that `run` builds no event at all.
 """
 
-
 import attrs
 
 from turns import Message, Reply, Text, Turn, Usage
@@ -13,6 +12,7 @@ from . import events as ev
 from ._audit import AuditRecord, HookRecord, Rejection
 from ._background import run_all_background
 from ._budget import estimate_tokens
+from ._emit import hook_finished, hook_started
 from ._errors import HookReturnError, RequestError
 from ._hooks import Hook
 from ._parallel import run_group
@@ -64,7 +64,7 @@ class Drive(Runner):
         assert budget is not None
         step = Step(compact, compact.name, "compact", "1")
         if self.emit is not None:
-            self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
+            self.emit(hook_started(self.turn_ref, step.name, step.stage))
         started = self.now()
         try:
             result = await self.call(
@@ -101,7 +101,7 @@ class Drive(Runner):
                 # The hottest loop of a turn: an enforced async hook (no timeout, no
                 # `when=`) run and judged inline, its common verdict taken on the spot.
                 if emit is not None:
-                    emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
+                    emit(hook_started(self.turn_ref, step.name, step.stage))
                 started = now()
                 try:
                     result = await step.hook.fn(turn)
@@ -133,9 +133,7 @@ class Drive(Runner):
                         records.append(_new(HookRecord, record))
                         if emit is not None:
                             emit(
-                                ev.HookFinished(
-                                    self.turn_ref, step.name, step.stage, elapsed, "cont"
-                                )
+                                hook_finished(self.turn_ref, step.name, step.stage, elapsed, "cont")
                             )
                         if outcome.injections is not turn.injections:
                             outcome = self.stamp(step, turn, outcome)

@@ -18,6 +18,7 @@ from turns import Injection, Message, Part, Reply, Stage, Text, ToolCall, ToolRe
 from . import events as ev
 from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord
 from ._budget import parts_tokens
+from ._emit import hook_finished, hook_started
 from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
 from ._plan import Step
 from ._signals import Ask, Block, Cont, Halt, Regenerate, check_halt_reply
@@ -119,7 +120,7 @@ class Runner:
         if hook.when is not None and not self.passes(step, turn):
             return None
         if self.emit is not None:
-            self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
+            self.emit(hook_started(self.turn_ref, step.name, step.stage))
         started = self.now()
         try:
             result = await hook.fn(turn) if step.direct else await self.call(step, turn)
@@ -151,7 +152,7 @@ class Runner:
                 exc = error
             if self.emit is not None:
                 # The failure closes a HookStarted, like every hook failure.
-                self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
+                self.emit(hook_started(self.turn_ref, step.name, step.stage))
             self.fail(step, exc, 0.0, records)
             return False
         if not verdict:
@@ -205,7 +206,7 @@ class Runner:
             )
         )
         if self.emit is not None:
-            self.emit(ev.HookFinished(self.turn_ref, step.name, step.stage, elapsed, verdict))
+            self.emit(hook_finished(self.turn_ref, step.name, step.stage, elapsed, verdict))
 
     def shadow_verdict(
         self,
@@ -221,7 +222,7 @@ class Runner:
             HookRecord(step.name, step.stage, step.position, elapsed, verdict, True, reason)
         )
         if self.emit is not None:
-            self.emit(ev.HookFinished(self.turn_ref, step.name, step.stage, elapsed, verdict))
+            self.emit(hook_finished(self.turn_ref, step.name, step.stage, elapsed, verdict))
             self.emit(ev.ShadowVerdict(self.turn_ref, step.name, step.stage, verdict, reason))
 
     def fail(

@@ -14,6 +14,7 @@ from . import events as ev
 from ._background import run_background
 from ._commit import injection_messages
 from ._drive import Drive
+from ._emit import hook_started
 from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
 from ._groups import only_cancelled, own_error, raise_single
 from ._hooks import is_async_callable
@@ -252,7 +253,7 @@ class Session:
     async def _start(self) -> None:
         runner = _runner(self._pipe, self._events.append, "")
         for step in self._pipe._start_plan:
-            self._events.append(ev.HookStarted("", step.name, step.stage))
+            self._events.append(hook_started("", step.name, step.stage))
             started = runner.now()
             try:
                 result = await runner.call(step, self.info)
@@ -278,7 +279,7 @@ class Session:
         runner = _runner(self._pipe, self._events.append, "")
         with trio.CancelScope(shield=True):
             for step in self._pipe._end_plan:
-                self._events.append(ev.HookStarted("", step.name, step.stage))
+                self._events.append(hook_started("", step.name, step.stage))
                 started = runner.now()
                 try:
                     await runner.call(step, self.info, reason)
