@@ -408,6 +408,19 @@ class TurnEvents:
     scheduler; the consumer waits, and so checkpoints, once it has caught up with the turn.
     """
 
+    # Slots: the drive reads `_waiting` once per event, the consumer `_buffer` twice.
+    __slots__ = (
+        "_buffer",
+        "_done",
+        "_error",
+        "_exhausted",
+        "_lot",
+        "_raised",
+        "_result",
+        "_taken",
+        "_waiting",
+    )
+
     def __init__(self) -> None:
         self._buffer: deque[ev.Event] = deque()
         self._lot = trio.lowlevel.ParkingLot()
