@@ -2,42 +2,36 @@
 
 Each benchmark reports medians over interleaved repetitions after warm-up, the spread
 (interquartile range / median), and ratios against a floor measured in the same run.
-``--quick`` runs a few repetitions only: it checks the suite runs, its figures mean nothing.
+A full run rewrites ``bench/RESULTS.md`` (machine, versions, date, one table per benchmark);
+running some benchmarks by name replaces their tables there and keeps the others.
+``--quick`` runs a few repetitions only: it checks the suite runs, its figures mean nothing,
+and it leaves RESULTS.md alone.
 """
 
 import argparse
-import platform
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import trio
 
-from . import dispatch, logs, parallel, providers, stream
-from ._harness import Row, fmt_time
+from . import concurrency, dispatch, events, logs, parallel, providers, stream, tools, turn
+from ._harness import Row
+from ._results import machine, merge, table
 
 BENCHMARKS: dict[str, Callable[[bool], Awaitable[list[Row]]]] = {
     "dispatch": dispatch.run,
     "logs": logs.run,
     "parallel": parallel.run,
-    "providers": providers.run,
     "stream": stream.run,
+    "turn": turn.run,
+    "concurrency": concurrency.run,
+    "events": events.run,
+    "tools": tools.run,
+    "providers": providers.run,
 }
 
-
-def _table(name: str, rows: list[Row]) -> str:
-    lines = [
-        f"## {name}",
-        "",
-        "| workload | median | spread | floor | ratio | note |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for row in rows:
-        median = fmt_time(row.median) if row.median is not None else ""
-        spread = f"{row.spread:.0%}" if row.spread is not None else ""
-        floor = fmt_time(row.floor) if row.floor is not None else ""
-        ratio = f"{row.ratio:.2f}x" if row.ratio is not None else ""
-        lines.append(f"| {row.workload} | {median} | {spread} | {floor} | {ratio} | {row.note} |")
-    return "\n".join(lines)
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,17 +44,25 @@ def main(argv: list[str] | None = None) -> int:
         help=f"benchmarks to run: {', '.join(BENCHMARKS)} (default: all)",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="a few repetitions: checks the suite runs"
+        "--quick",
+        action="store_true",
+        help="a few repetitions: checks the suite runs (RESULTS.md is left alone)",
     )
     args = parser.parse_args(argv)
     names = args.names or list(BENCHMARKS)
     print(f"# turnplug benchmarks{' (quick: figures are not meaningful)' if args.quick else ''}")
     print()
-    print(f"Python {platform.python_version()} on {platform.machine()}, trio {trio.__version__}")
+    print(machine())
+    tables: dict[str, str] = {}
     for name in names:
         rows = trio.run(BENCHMARKS[name], args.quick)
+        tables[name] = table(name, rows)
         print()
-        print(_table(name, rows))
+        print(tables[name])
+    if not args.quick:
+        old = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else ""
+        RESULTS.write_text(merge(old, tables, list(BENCHMARKS)), encoding="utf-8")
+        print(f"\n(written to {RESULTS.name})")
     return 0
 
 

@@ -41,9 +41,19 @@ def spread(values: tuple[float, ...] | list[float]) -> float:
 
 
 async def measure(
-    operations: Mapping[str, Operation], *, repeats: int, inner: int, warmup: int = 2
+    operations: Mapping[str, Operation],
+    *,
+    repeats: int,
+    inner: int,
+    warmup: int = 2,
+    clock: Callable[[], float] = time.process_time,
 ) -> dict[str, Sample]:
-    """Time each operation `inner` times per repetition, interleaved; per-operation seconds."""
+    """Time each operation `inner` times per repetition, interleaved; per-operation seconds.
+
+    The default clock is this process's CPU time: on a shared machine, the time the process
+    spends preempted by others is not charged to whichever workload happened to be running.
+    Workloads that wait (sleeps) pass ``clock=time.perf_counter``.
+    """
     for _ in range(warmup):
         for operation in operations.values():
             for _ in range(inner):
@@ -52,10 +62,10 @@ async def measure(
     gc.collect()
     for _ in range(repeats):
         for name, operation in operations.items():
-            start = time.perf_counter()
+            start = clock()
             for _ in range(inner):
                 await operation()
-            times[name].append((time.perf_counter() - start) / inner)
+            times[name].append((clock() - start) / inner)
     return {name: Sample(name, tuple(values)) for name, values in times.items()}
 
 
@@ -74,6 +84,25 @@ class Row:
     floor: float | None = None
     ratio: float | None = None
     note: str = ""
+    target: str = ""
+    """The issue's target for this row, e.g. ``"<= 3x"``; empty when there is none."""
+    met: bool | None = None
+    """Whether the target was met in this run; None when there is no target."""
+    unit: str = "s"
+    """What `median` and `floor` count: seconds, ``"turns/s"`` or ``"bytes"``."""
+
+
+def fmt_value(value: float, unit: str) -> str:
+    """`value` in `unit` (seconds, ``"turns/s"``, ``"bytes"``), readable."""
+    if unit == "s":
+        return fmt_time(value)
+    if unit == "bytes":
+        if abs(value) >= 1024 * 1024:
+            return f"{value / (1024 * 1024):.1f} MiB"
+        if abs(value) >= 1024:
+            return f"{value / 1024:.1f} KiB"
+        return f"{value:.0f} B"
+    return f"{value:,.0f} {unit}"
 
 
 def fmt_time(seconds: float) -> str:

@@ -6,6 +6,7 @@ a turn with no hook, so the turn's fixed cost is not charged to the group.
 """
 
 import statistics
+import time
 
 import trio
 
@@ -17,6 +18,8 @@ from ._harness import Row, measure, per_rep, spread
 
 MEMBERS = 10
 SLEEP = 0.020
+LIMIT = 0.001
+"""The target: at most this much above the slowest member."""
 
 
 async def run(quick: bool) -> list[Row]:
@@ -54,6 +57,7 @@ async def run(quick: bool) -> list[Row]:
         repeats=repeats,
         inner=inner,
         warmup=1,
+        clock=time.perf_counter,  # the members wait: wall time is what a group costs
     )
     group_cost = per_rep(lambda g, e: g - e, samples["group"], samples["empty"])
     above = per_rep(
@@ -85,7 +89,8 @@ async def run(quick: bool) -> list[Row]:
             "group above slowest member",
             statistics.median(above),
             spread(above),
-            note="target <= 1 ms",
+            target="<= 1 ms",
+            met=statistics.median(above) <= LIMIT,
         ),
         Row(
             "plain nursery above slowest member",

@@ -21,6 +21,8 @@ from turns import Turn
 
 from ._harness import Row, measure, per_rep, spread
 
+STAGE_TARGET = 1.5
+REDACT_TARGET = 4.0
 EMAIL = r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
 WORDS = [
     "the",
@@ -164,15 +166,18 @@ async def run(quick: bool) -> list[Row]:
     rows = []
     for name in [*STAGES, "all"]:
         seam, floor = samples[f"seam {name}"], samples[f"floor {name}"]
-        ratios = per_rep(lambda s, f: s / f, seam, floor)
+        ratio = statistics.median(per_rep(lambda s, f: s / f, seam, floor))
+        staged = name != "all"
         rows.append(
             Row(
                 f"{name}: seam, per chunk",
                 per_chunk(seam.median),
                 seam.spread,
                 per_chunk(floor.median),
-                statistics.median(ratios),
-                "target <= 1.5x the plain generators" if name != "all" else "all three chained",
+                ratio,
+                "floor: plain generators" if staged else "all three chained",
+                target=f"<= {STAGE_TARGET:g}x" if staged else "",
+                met=ratio <= STAGE_TARGET if staged else None,
             )
         )
     redact_vs_identity = per_rep(
@@ -185,7 +190,9 @@ async def run(quick: bool) -> list[Row]:
             spread(redact_vs_identity),
             per_chunk(samples["seam identity"].median),
             statistics.median(redact_vs_identity),
-            "target <= 4x; chunks of 1-8 characters",
+            "chunks of 1-8 characters",
+            target=f"<= {REDACT_TARGET:g}x",
+            met=statistics.median(redact_vs_identity) <= REDACT_TARGET,
         )
     )
     pii_ratios = per_rep(lambda s, f: s / f, samples["seam pii"], samples["floor pii"])

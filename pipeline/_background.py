@@ -14,6 +14,7 @@ from turns import Injection, Turn
 
 from . import events as ev
 from ._audit import HookRecord
+from ._emit import hook_started
 from ._plan import Step
 from ._runner import Runner, describe, exc_text
 from ._signals import Cont
@@ -32,7 +33,7 @@ async def run_background(
                 raise TypeError(f"when= must return True or False, got {describe(runs)}")
         except Exception as exc:
             if emit is not None:
-                emit(ev.HookStarted(runner.turn_ref, step.name, step.stage))
+                emit(hook_started(runner.turn_ref, step.name, step.stage))
             _failed(runner, step, records, 0.0, f"when= predicate: {exc_text(exc)}")
             return ()
         if not runs:
@@ -41,7 +42,7 @@ async def run_background(
                 emit(ev.HookSkipped(runner.turn_ref, step.name, step.stage))
             return ()
     if emit is not None:
-        emit(ev.HookStarted(runner.turn_ref, step.name, step.stage))
+        emit(hook_started(runner.turn_ref, step.name, step.stage))
     started = runner.now()
     try:
         result = await runner.call(step, turn, threaded=True)

@@ -4,10 +4,7 @@
 which is None when nobody listens, so that `run` builds no event at all.
 """
 
-from typing import cast
-
 import attrs
-import trio
 
 from turns import Message, Reply, Text, Turn, Usage
 
@@ -15,13 +12,14 @@ from . import events as ev
 from ._audit import AuditRecord, HookRecord, Rejection
 from ._background import run_all_background
 from ._budget import estimate_tokens
+from ._emit import hook_finished, hook_started
 from ._errors import HookReturnError, RequestError
 from ._hooks import Hook
 from ._parallel import run_group
-from ._plan import Group, Step
+from ._plan import Group, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import Runner, check_history, describe
+from ._runner import Runner, check_history, clock_reader, describe
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool
@@ -37,9 +35,7 @@ class Drive(Runner):
     async def run(self, turn: Turn) -> TurnResult:
         """Drive `turn` through every stage and return its result."""
         self.turn_ref = turn.turn_ref
-        # The run's clock, read directly: trio's clock (so a MockClock drives hook timings in
-        # tests) without trio.current_time()'s lookups on every hook.
-        self.now = trio.lowlevel.current_clock().current_time
+        self.now = clock_reader()
         if self.emit is not None:
             self.emit(ev.TurnStarted(turn.turn_ref))
         # Hooks that run a pipeline tool themselves (a synthetic tool call) find it here.
@@ -73,7 +69,7 @@ class Drive(Runner):
         assert budget is not None
         step = Step(compact, compact.name, "compact", "1")
         if self.emit is not None:
-            self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
+            self.emit(hook_started(self.turn_ref, step.name, step.stage))
         started = self.now()
         try:
             result = await self.call(
@@ -92,57 +88,74 @@ class Drive(Runner):
     # -- stages 1-3: pre hooks, parallel groups, the injection budget ------------------------
 
     async def pre_stage(self, turn: Turn) -> tuple[Turn, Halt | None]:
-        # The hottest loop of a turn: `call_ordered`, inlined for ordered hooks.
-        now = self.now
-        for step in self.pipe._pre_plan:
-            if type(step) is Group:
-                outcome = await run_group(self, step, turn)
-            else:
-                hook = step.hook
-                if hook.when is not None and not self.passes(step, turn):
-                    continue
-                if self.emit is not None:
-                    self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
+        turn, verdict = await self.ordered(self.pipe._pre_plan, turn)
+        # A pre-stage step is never judged as a post hook: no rejection comes back.
+        return turn, verdict if type(verdict) is Halt else None
+
+    async def ordered(
+        self, plan: tuple[PreStep, ...], turn: Turn
+    ) -> tuple[Turn, Turn | Halt | tuple[str, str]]:
+        """Run a stage's ordered hooks (and, before the model, parallel groups) in order.
+
+        Returns the turn as the hooks left it, and the verdict: that turn (accepted), a
+        halt, or (hook, feedback) for a post hook's rejection.
+        """
+        now, emit, records = self.now, self.emit, self.records
+        for step in plan:
+            if type(step) is Step and step.plain:
+                # The hottest loop of a turn: an enforced async hook (no timeout, no
+                # `when=`) run and judged inline, its common verdict taken on the spot.
+                if emit is not None:
+                    emit(hook_started(self.turn_ref, step.name, step.stage))
                 started = now()
                 try:
-                    if step.direct:
-                        result = await hook.fn(turn)
-                    else:
-                        result = await self.call(step, turn)
+                    result = await step.hook.fn(turn)
                 except Exception as exc:
                     self.fail(step, exc, now() - started)
                     continue
-                outcome = self.settle(step, turn, result, now() - started)
-            if type(outcome) is Halt:
-                return turn, outcome
-            turn = outcome
-        return turn, None
-
-    def settle(self, step: Step, turn: Turn, result: object, elapsed: float) -> Turn | Halt:
-        """Check an ordered hook's signal, record it, and give the turn that goes on."""
-        if type(result) is Cont:
-            outcome = result.value
-            # The common case, kept short: an enforced hook that returned the turn with its
-            # request, context and correlation as they were (injections may have changed).
-            if (
-                type(outcome) is Turn
-                and outcome.request is turn.request
-                and outcome.context is turn.context
-                and outcome.turn_ref is turn.turn_ref
-                and not step.hook.shadow
-            ):
-                # finished(), inlined: this is the hottest line of a turn.
-                record = (step.name, step.stage, step.position, elapsed, "cont", False, None)
-                self.records.append(_new(HookRecord, record))
-                if self.emit is not None:
-                    self.emit(
-                        ev.HookFinished(self.turn_ref, step.name, step.stage, elapsed, "cont")
-                    )
-                if outcome.injections is not turn.injections:
-                    return self.stamp(step, turn, outcome)
-                return outcome
-        # A pre-stage step is never judged as a post hook: no rejection comes back.
-        return cast(Turn | Halt, self.settle_checked(step, turn, result, elapsed))
+                elapsed = now() - started
+                if type(result) is Cont:
+                    outcome = result.value
+                    # The turn came back with its request, context, reply and correlation
+                    # as they were (injections may have changed): nothing to check.
+                    if (
+                        type(outcome) is Turn
+                        and outcome.request is turn.request
+                        and outcome.context is turn.context
+                        and outcome.reply is turn.reply
+                        and outcome.turn_ref is turn.turn_ref
+                    ):
+                        # finished(), inlined.
+                        record = (
+                            step.name,
+                            step.stage,
+                            step.position,
+                            elapsed,
+                            "cont",
+                            False,
+                            None,
+                        )
+                        records.append(_new(HookRecord, record))
+                        if emit is not None:
+                            emit(
+                                hook_finished(self.turn_ref, step.name, step.stage, elapsed, "cont")
+                            )
+                        if outcome.injections is not turn.injections:
+                            outcome = self.stamp(step, turn, outcome)
+                        turn = outcome
+                        continue
+                checked = self.settle_checked(step, turn, result, elapsed)
+            elif type(step) is Group:
+                checked = await run_group(self, step, turn)
+            else:
+                called = await self.call_ordered(step, turn)
+                if called is None:
+                    continue
+                checked = self.settle_checked(step, turn, *called)
+            if type(checked) is not Turn:
+                return turn, checked
+            turn = checked
+        return turn, turn
 
     # -- stages 4-7: the model call, the post hooks, the regeneration loop --------------------
 
@@ -158,7 +171,7 @@ class Drive(Runner):
             if type(reply) is Halt:
                 # A tool hook halted the turn: nothing of the attempt is kept.
                 return self.halted(turn, reply, attempt)
-            reached, verdict = await self.post_stage(attrs.evolve(turn, reply=reply))
+            reached, verdict = await self.ordered(pipe._post_plan, attrs.evolve(turn, reply=reply))
             if type(verdict) is Turn:
                 if held:
                     assert emit is not None
@@ -181,22 +194,6 @@ class Drive(Runner):
             extra = (*extra, *reply.messages, note)
             request = build_request(self, turn, extra)
         return self.finish("exhausted", turn, None, None)
-
-    async def post_stage(self, turn: Turn) -> tuple[Turn, Turn | Halt | tuple[str, str]]:
-        """Run the ordered post hooks.
-
-        Returns the turn as the hooks left it, and the verdict: that turn (accepted), a
-        halt, or (hook, feedback) for a rejection.
-        """
-        for step in self.pipe._post_plan:
-            called = await self.call_ordered(step, turn)
-            if called is None:
-                continue
-            outcome = self.settle_checked(step, turn, *called)
-            if type(outcome) is not Turn:
-                return turn, outcome
-            turn = outcome
-        return turn, turn
 
     def settle_checked(
         self, step: Step, turn: Turn, result: object, elapsed: float

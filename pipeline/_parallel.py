@@ -4,8 +4,8 @@ import trio
 
 from turns import Part, Turn
 
-from . import events as ev
 from ._audit import HookRecord
+from ._emit import hook_started
 from ._errors import HookError
 from ._plan import Group, Step
 from ._runner import PART_TYPES, Runner
@@ -42,7 +42,7 @@ async def run_group(runner: Runner, group: Group, turn: Turn) -> Turn | Halt:
 async def _run_member(runner: Runner, member: _Member, turn: Turn, group: trio.CancelScope) -> None:
     step = member.step
     if runner.emit is not None:
-        runner.emit(ev.HookStarted(runner.turn_ref, step.name, step.stage))
+        runner.emit(hook_started(runner.turn_ref, step.name, step.stage))
     started = runner.now()
     try:
         if step.direct:

@@ -14,7 +14,7 @@ from . import events as ev
 from ._budget import Budget, Tokenizer, checked_tokenizer
 from ._drive import Drive
 from ._errors import ConfigError
-from ._groups import own_error, unwrapped
+from ._groups import own_error, raise_single
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
 from ._model import Model
 from ._plan import (
@@ -359,7 +359,10 @@ class Pipeline:
                 inside an ExceptionGroup.
         """
         _check_turn(turn)
-        return await unwrapped(Drive(self, None).run(turn))
+        try:
+            return await Drive(self, None).run(turn)
+        except BaseExceptionGroup as group:
+            raise_single(group)
 
     def stream(self, turn: Turn) -> AbstractAsyncContextManager["TurnEvents"]:
         """Run one turn, yielding its events as they happen.
@@ -420,6 +423,19 @@ class TurnEvents:
     consumer never slows the turn. Buffered events are handed over without a trip through the
     scheduler; the consumer waits, and so checkpoints, once it has caught up with the turn.
     """
+
+    # Slots: the drive reads `_waiting` once per event, the consumer `_buffer` twice.
+    __slots__ = (
+        "_buffer",
+        "_done",
+        "_error",
+        "_exhausted",
+        "_lot",
+        "_raised",
+        "_result",
+        "_taken",
+        "_waiting",
+    )
 
     def __init__(self) -> None:
         self._buffer: deque[ev.Event] = deque()
@@ -484,7 +500,10 @@ class TurnEvents:
 
     async def _drive(self, drive: Drive, turn: Turn) -> None:
         try:
-            self._result = await unwrapped(drive.run(turn))
+            try:
+                self._result = await drive.run(turn)
+            except BaseExceptionGroup as group:
+                raise_single(group)
         except Exception as exc:  # delivered to the consumer through the iteration
             self._error = exc
         finally:

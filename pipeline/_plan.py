@@ -33,6 +33,16 @@ class Step:
         ),
     )
     """Whether the drive loop may simply ``await hook.fn(...)``: async, no timeout."""
+    plain: bool = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(
+            lambda self: self.direct and self.hook.when is None and not self.hook.shadow,
+            takes_self=True,
+        ),
+    )
+    """Whether the drive loop may run and judge it inline: direct, enforced, no ``when=``."""
 
     @property
     def label(self) -> str:

@@ -7,6 +7,7 @@ from turns import Message, Part, Text, ToolCall, ToolSpec, Turn, render
 
 from . import events as ev
 from ._budget import json_text, message_tokens
+from ._emit import text_delta
 from ._errors import (
     ContextOverflow,
     HookError,
@@ -122,7 +123,7 @@ async def model_step(
                     if text:
                         chunks.append(text)
                         if deliver is not None:
-                            deliver(ev.TextDelta(runner.turn_ref, text, attempt))
+                            deliver(text_delta(runner.turn_ref, text, attempt))
                 elif kind is ModelToolCall and type(event.call) is ToolCall:  # type: ignore[union-attr]
                     calls.append(event.call)  # type: ignore[union-attr]
                 elif kind is ModelFinish:
@@ -156,7 +157,7 @@ async def model_step(
         if tail:
             chunks.append(tail)
             if deliver is not None:
-                deliver(ev.TextDelta(runner.turn_ref, tail, attempt))
+                deliver(text_delta(runner.turn_ref, tail, attempt))
     text = "".join(chunks)
     parts: tuple[Part, ...] = (Text(text), *calls) if text or not calls else tuple(calls)
     return Message("assistant", parts), finish

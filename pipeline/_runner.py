@@ -6,6 +6,7 @@ on it. `emit` is None when nobody listens, and then no event object is built.
 """
 
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -17,6 +18,7 @@ from turns import Injection, Message, Part, Reply, Stage, Text, ToolCall, ToolRe
 from . import events as ev
 from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord
 from ._budget import parts_tokens
+from ._emit import hook_finished, hook_started
 from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
 from ._plan import Step
 from ._signals import Ask, Block, Cont, Halt, Regenerate, check_halt_reply
@@ -118,7 +120,7 @@ class Runner:
         if hook.when is not None and not self.passes(step, turn):
             return None
         if self.emit is not None:
-            self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
+            self.emit(hook_started(self.turn_ref, step.name, step.stage))
         started = self.now()
         try:
             result = await hook.fn(turn) if step.direct else await self.call(step, turn)
@@ -173,7 +175,7 @@ class Runner:
                 exc = error
             if self.emit is not None:
                 # The failure closes a HookStarted, like every hook failure.
-                self.emit(ev.HookStarted(self.turn_ref, step.name, step.stage))
+                self.emit(hook_started(self.turn_ref, step.name, step.stage))
             self.fail(step, exc, 0.0, records)
             return None
         return verdict
@@ -221,7 +223,7 @@ class Runner:
             )
         )
         if self.emit is not None:
-            self.emit(ev.HookFinished(self.turn_ref, step.name, step.stage, elapsed, verdict))
+            self.emit(hook_finished(self.turn_ref, step.name, step.stage, elapsed, verdict))
 
     def shadow_verdict(
         self,
@@ -237,7 +239,7 @@ class Runner:
             HookRecord(step.name, step.stage, step.position, elapsed, verdict, True, reason)
         )
         if self.emit is not None:
-            self.emit(ev.HookFinished(self.turn_ref, step.name, step.stage, elapsed, verdict))
+            self.emit(hook_finished(self.turn_ref, step.name, step.stage, elapsed, verdict))
             self.emit(ev.ShadowVerdict(self.turn_ref, step.name, step.stage, verdict, reason))
 
     def fail(
@@ -371,6 +373,21 @@ _TOOL_HINTS: dict[str, tuple[str, type]] = {
     "before_tool": ("call", ToolCall),
     "after_tool": ("result", ToolResult),
 }
+
+
+def clock_reader() -> Callable[[], float]:
+    """How a turn reads trio's clock for hook timings: the clock itself, read directly.
+
+    A MockClock (tests) is read through its ``current_time``. Trio's default clock is
+    ``perf_counter()`` plus a fixed offset, so it is read as ``perf_counter`` itself: the
+    differences (the only use of these readings) are the same, without a Python-level call
+    twice per hook.
+    """
+    clock = trio.lowlevel.current_clock()
+    kind = type(clock)
+    if kind.__name__ == "SystemClock" and kind.__module__.startswith("trio."):
+        return time.perf_counter
+    return clock.current_time
 
 
 def _reason(signal: object) -> str | None:

@@ -14,8 +14,9 @@ from . import events as ev
 from ._background import run_background
 from ._commit import injection_messages
 from ._drive import Drive
+from ._emit import hook_started
 from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
-from ._groups import only_cancelled, own_error, unwrapped
+from ._groups import only_cancelled, own_error, raise_single
 from ._hooks import is_async_callable
 from ._plan import Step
 from ._result import TurnResult
@@ -104,7 +105,10 @@ class Session:
         self._check_open("send")
         async with self._lock:
             turn = self._turn(message)
-            return await unwrapped(self._drive(None).run(turn))
+            try:
+                return await self._drive(None).run(turn)
+            except BaseExceptionGroup as group:
+                raise_single(group)
 
     @asynccontextmanager
     async def stream(self, message: str | Message) -> AsyncIterator["TurnEvents"]:
@@ -249,7 +253,7 @@ class Session:
     async def _start(self) -> None:
         runner = _runner(self._pipe, self._events.append, "")
         for step in self._pipe._start_plan:
-            self._events.append(ev.HookStarted("", step.name, step.stage))
+            self._events.append(hook_started("", step.name, step.stage))
             started = runner.now()
             try:
                 result = await runner.call(step, self.info)
@@ -275,7 +279,7 @@ class Session:
         runner = _runner(self._pipe, self._events.append, "")
         with trio.CancelScope(shield=True):
             for step in self._pipe._end_plan:
-                self._events.append(ev.HookStarted("", step.name, step.stage))
+                self._events.append(hook_started("", step.name, step.stage))
                 started = runner.now()
                 try:
                     await runner.call(step, self.info, reason)

@@ -19,6 +19,7 @@ from turns import Message, Reply, RequestOptions, ToolCall, ToolResult, Turn, Us
 
 from . import events as ev
 from ._audit import AttemptRecord, HookRecord, ToolRecord
+from ._emit import hook_started
 from ._errors import HookError, HookFailed, HookReturnError, StepLimitExceeded
 from ._hooks import callable_name
 from ._model import ModelRequest
@@ -440,7 +441,7 @@ def _after_signal(runner: Runner, step: Step, result: ToolResult, value: object)
 async def _call(runner: Runner, step: Step, job: _Job, *args: Any) -> tuple[object, float] | None:
     """Run a tool hook: what it returned and how long it took; None when it failed open."""
     if runner.emit is not None:
-        runner.emit(ev.HookStarted(runner.turn_ref, step.name, step.stage))
+        runner.emit(hook_started(runner.turn_ref, step.name, step.stage))
     started = runner.now()
     try:
         result = await runner.call(step, *args)

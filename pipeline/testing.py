@@ -7,13 +7,20 @@ streamed lazily (so chunks can be spaced out in time).
 """
 
 import inspect
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Sequence,
+)
+from contextlib import AbstractAsyncContextManager
 from typing import TypeAlias, final
 
 from turns import ToolCall, Usage
 
-from ._budget import estimate_tokens, message_tokens, part_tokens
+from ._budget import CHARS_PER_TOKEN, estimate_tokens, message_tokens, part_tokens
 from ._errors import ProviderError
 from ._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
 
@@ -28,7 +35,8 @@ def _check_reply(reply: object, where: str) -> tuple[ScriptItem, ...]:
         return (reply,)
     if isinstance(reply, list | tuple):
         for item in reply:
-            if not isinstance(item, str | ToolCall):
+            # Plain chunks first: a reply of many chunks is checked once per model call.
+            if type(item) is not str and not isinstance(item, str | ToolCall):
                 raise TypeError(
                     f"{where}: a reply's items must be str chunks or ToolCall parts, got"
                     f" {type(item).__name__} {item!r}"
@@ -42,22 +50,58 @@ def _check_reply(reply: object, where: str) -> tuple[ScriptItem, ...]:
 
 async def _play(
     items: AsyncIterable[ScriptItem] | Sequence[ScriptItem], request: ModelRequest, where: str
-) -> AsyncIterator[ModelEvent]:
+) -> AsyncGenerator[ModelEvent, None]:
+    # The per-chunk path of every offline turn: plain str chunks are counted inline
+    # (`estimate_tokens`, unrolled) and the other items take the general path.
     output = 0
     called = False
     if isinstance(items, AsyncIterable):
         async for item in items:
+            if type(item) is str:
+                output -= -len(item) // CHARS_PER_TOKEN
+                yield ModelText(item)
+                continue
             _check_reply([item], where)
             output += _item_tokens(item)
             called = called or isinstance(item, ToolCall)
             yield ModelToolCall(item) if isinstance(item, ToolCall) else ModelText(item)
     else:
         for item in items:
+            if type(item) is str:
+                output -= -len(item) // CHARS_PER_TOKEN
+                yield ModelText(item)
+                continue
             output += _item_tokens(item)
             called = called or isinstance(item, ToolCall)
             yield ModelToolCall(item) if isinstance(item, ToolCall) else ModelText(item)
     usage = Usage(message_tokens(request.messages, estimate_tokens), output)
     yield ModelFinish("tool_calls" if called else "stop", usage)
+
+
+@final
+class _Playback:
+    """What a testing model's ``stream(request)`` returns: one reply played, closed on exit.
+
+    A small class rather than ``@asynccontextmanager``: no generator of its own (trio
+    tracks every async generator) on a path every offline turn takes.
+    """
+
+    __slots__ = ("_events", "_request", "_start")
+
+    def __init__(
+        self,
+        start: Callable[[ModelRequest], Awaitable[AsyncGenerator[ModelEvent, None]]],
+        request: ModelRequest,
+    ) -> None:
+        self._start = start
+        self._request = request
+
+    async def __aenter__(self) -> AsyncIterator[ModelEvent]:
+        self._events = await self._start(self._request)
+        return self._events
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._events.aclose()
 
 
 def _item_tokens(item: ScriptItem) -> int:
@@ -85,8 +129,12 @@ class ScriptedModel:
     def __repr__(self) -> str:
         return f"ScriptedModel({len(self.replies)} replies, {len(self.requests)} played)"
 
-    @asynccontextmanager
-    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        return _Playback(self._start, request)
+
+    async def _start(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         self.requests.append(request)
         call = len(self.requests)
         if call > len(self.replies):
@@ -96,11 +144,7 @@ class ScriptedModel:
                 " steps call the model again)",
                 provider="scripted",
             )
-        events = _play(self.replies[call - 1], request, f"ScriptedModel reply {call}")
-        try:
-            yield events
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
+        return _play(self.replies[call - 1], request, f"ScriptedModel reply {call}")
 
 
 ReplyFunction: TypeAlias = Callable[
@@ -127,8 +171,12 @@ class FunctionModel:
     def __repr__(self) -> str:
         return f"FunctionModel({getattr(self.fn, '__qualname__', self.fn)!r})"
 
-    @asynccontextmanager
-    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        return _Playback(self._start, request)
+
+    async def _start(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         self.requests.append(request)
         where = f"FunctionModel {getattr(self.fn, '__qualname__', self.fn)}"
         reply = self.fn(request)
@@ -137,8 +185,4 @@ class FunctionModel:
         items: AsyncIterable[ScriptItem] | Sequence[ScriptItem] = (
             reply if isinstance(reply, AsyncIterable) else _check_reply(reply, where)
         )
-        events = _play(items, request, where)
-        try:
-            yield events
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
+        return _play(items, request, where)
