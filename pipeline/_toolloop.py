@@ -9,7 +9,7 @@ order, or the turn stops (a hook's halt or failure) and none of it is kept.
 
 import inspect
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -264,20 +264,10 @@ async def _before(runner: Runner, job: _Job, turn: Turn) -> ToolCall | None:
     """Run the before-tool hooks on a call: the call to run, or None (blocked or halted)."""
     call = job.call
     for step in runner.pipe._before_plan:
-        if not _applies(runner, step, call.name, turn, job.records):
+        judged = await _judged(runner, step, job, turn, call.name, (call, turn), _before_signal)
+        if judged is None:
             continue
-        called = await _call(runner, step, job, call, turn)
-        if called is None:
-            continue
-        result, elapsed = called
-        try:
-            signal = _before_signal(runner, step, call, result)
-        except HookReturnError as error:
-            runner.fail(step, error, elapsed, job.records)
-            continue
-        if step.hook.shadow:
-            runner.shadow_verdict(step, elapsed, _verdict(signal), signal, job.records)
-            continue
+        signal, elapsed = judged
         if type(signal) is Cont:
             runner.finished(step, elapsed, "cont", records=job.records)
             if signal.value != call:
@@ -307,7 +297,8 @@ async def _before(runner: Runner, job: _Job, turn: Turn) -> ToolCall | None:
     return call
 
 
-def _before_signal(runner: Runner, step: Step, call: ToolCall, result: object) -> object:
+def _before_signal(runner: Runner, step: Step, args: tuple[Any, ...], result: object) -> object:
+    call: ToolCall = args[0]
     if type(result) is Cont:
         value = result.value
         if type(value) is not ToolCall:
@@ -388,24 +379,16 @@ async def _after(
     """Run the after-tool hooks on a result: the effective result, or None (halted)."""
     for step in runner.pipe._after_plan:
         try:
-            if not _applies(runner, step, call.name, turn, job.records):
-                continue
-            called = await _call(runner, step, job, call, result, turn)
-            if called is None:
-                continue
-            value, elapsed = called
-            try:
-                signal = _after_signal(runner, step, result, value)
-            except HookReturnError as error:
-                runner.fail(step, error, elapsed, job.records)
-                continue
+            judged = await _judged(
+                runner, step, job, turn, call.name, (call, result, turn), _after_signal
+            )
         except HookError:
             if enforce:
                 raise
             continue
-        if step.hook.shadow:
-            runner.shadow_verdict(step, elapsed, _verdict(signal), signal, job.records)
+        if judged is None:
             continue
+        signal, elapsed = judged
         if type(signal) is Halt:
             runner.finished(step, elapsed, "halt", signal.reason, job.records)
             if enforce:
@@ -420,7 +403,8 @@ async def _after(
     return result
 
 
-def _after_signal(runner: Runner, step: Step, result: ToolResult, value: object) -> object:
+def _after_signal(runner: Runner, step: Step, args: tuple[Any, ...], value: object) -> object:
+    result: ToolResult = args[1]
     if type(value) is Cont:
         rewritten = value.value
         if type(rewritten) is not ToolResult:
@@ -436,6 +420,37 @@ def _after_signal(runner: Runner, step: Step, result: ToolResult, value: object)
     if type(value) is Halt:
         return runner.halt_of(step, value)
     raise runner.wrong_return(step, value, "Cont(result) or Halt", group=False)
+
+
+async def _judged(
+    runner: Runner,
+    step: Step,
+    job: _Job,
+    turn: Turn,
+    name: str,
+    args: tuple[Any, ...],
+    judge: Callable[[Runner, Step, tuple[Any, ...], object], object],
+) -> tuple[object, float] | None:
+    """Run a tool hook on `args` if it applies to the tool `name`: its checked signal and time.
+
+    None when it did not apply, failed open, returned the wrong signal (recorded; raised when
+    enforced), or is a shadow (its verdict recorded, nothing enforced).
+    """
+    if not _applies(runner, step, name, turn, job.records):
+        return None
+    called = await _call(runner, step, job, *args)
+    if called is None:
+        return None
+    returned, elapsed = called
+    try:
+        signal = judge(runner, step, args, returned)
+    except HookReturnError as error:
+        runner.fail(step, error, elapsed, job.records)
+        return None
+    if step.hook.shadow:
+        runner.shadow_verdict(step, elapsed, _verdict(signal), signal, job.records)
+        return None
+    return signal, elapsed
 
 
 async def _call(runner: Runner, step: Step, job: _Job, *args: Any) -> tuple[object, float] | None:
