@@ -172,19 +172,7 @@ async def _sqlite(
 
     log = SQLiteLog(os.path.join(directory, "log.db"))
     try:
-        samples = await measure(
-            {
-                "blocking 1": blocking(one),
-                "threaded 1": threaded(one),
-                "log 1": lambda: one.commit_batch(log, "log"),
-                "blocking 8": blocking(eight),
-                "threaded 8": threaded(eight),
-                "log 8": lambda: eight.commit_batch(log, "log"),
-            },
-            repeats=repeats,
-            inner=1,
-            warmup=1,
-        )
+        samples = await _measure(log, one, eight, blocking, threaded, repeats)
     finally:
         await log.aclose()
         floor_db.close()
@@ -243,19 +231,7 @@ async def _postgres(
 
     log = PostgresLog(scoped, max_connections=SESSIONS)
     try:
-        samples = await measure(
-            {
-                "blocking 1": blocking(one),
-                "threaded 1": threaded(one),
-                "log 1": lambda: one.commit_batch(log, "log"),
-                "blocking 8": blocking(eight),
-                "threaded 8": threaded(eight),
-                "log 8": lambda: eight.commit_batch(log, "log"),
-            },
-            repeats=repeats,
-            inner=1,
-            warmup=1,
-        )
+        samples = await _measure(log, one, eight, blocking, threaded, repeats)
     finally:
         await log.aclose()
         pool.shutdown()
@@ -264,6 +240,30 @@ async def _postgres(
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
     return _rows("PostgresLog", "raw psycopg inserts", samples, one, eight)
+
+
+async def _measure(
+    log: SQLiteLog | PostgresLog,
+    one: "Workload",
+    eight: "Workload",
+    blocking: Callable[["Workload"], Callable[[], Awaitable[None]]],
+    threaded: Callable[["Workload"], Callable[[], Awaitable[None]]],
+    repeats: int,
+) -> dict[str, Sample]:
+    """Time the log against both floors, for 1 and 8 sessions, interleaved."""
+    return await measure(
+        {
+            "blocking 1": blocking(one),
+            "threaded 1": threaded(one),
+            "log 1": lambda: one.commit_batch(log, "log"),
+            "blocking 8": blocking(eight),
+            "threaded 8": threaded(eight),
+            "log 8": lambda: eight.commit_batch(log, "log"),
+        },
+        repeats=repeats,
+        inner=1,
+        warmup=1,
+    )
 
 
 def _with_search_path(dsn: str, schema: str) -> str:
