@@ -1,7 +1,7 @@
 """The value types of a config file, checked when the file is loaded.
 
-Each type here is what a field of an entry (`hooks._kinds`) is annotated with; `hooks.config`
-registers one structuring check per type with its converter, and `hooks._schema` reads the
+Each type here is what a field of an entry (`hooks.config._hooks`, `_transformers`, `_models`, `_tools`) is annotated with; `hooks.config`
+registers one structuring check per type with its converter, and `hooks.config._schema` reads the
 same types to write the JSON Schema. A check raises `Invalid` with the sentence a user reads;
 the loader adds the file name and the path of the value.
 """
@@ -17,7 +17,7 @@ from typing import Any, ClassVar, NewType, final
 
 import attrs
 
-from ._pii import KINDS as PII_KINDS
+from .._pii import KINDS as PII_KINDS
 
 
 class Invalid(ValueError):

@@ -39,11 +39,11 @@ from cattrs.strategies import configure_tagged_union
 from pipeline import ConfigError, Pipeline, Tool
 from pipeline.providers import model_from_string
 
-from ._config_types import CHECKS, Invalid, Ref, ToolRef, shown
-from ._kinds import STAGE_LISTS, TAGGED, Config, Env, MemberEntry
+from ._entry import Env
+from ._file import STAGE_LISTS, TAGGED, Config
+from ._hooks import MemberEntry
 from ._schema import schema_of
-
-__all__ = ["config_schema", "load_pipeline", "pipeline_from_dict"]
+from ._types import CHECKS, Invalid, Ref, ToolRef, shown
 
 _Problem = tuple[str, str]
 """The path of a value (``pre[2].ref``; ``""`` for the whole file) and what is wrong."""

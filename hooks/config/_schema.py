@@ -1,7 +1,7 @@
 """The JSON Schema of the config format, written from the entry records themselves.
 
 The loader (`hooks.config`) and this schema read the same attrs fields and the same value
-types (`hooks._config_types`), so the schema cannot drift from what loading accepts. Only
+types (`hooks.config._types`), so the schema cannot drift from what loading accepts. Only
 what needs the file to be loaded — that a reference imports and has the right signature,
 that a regex compiles, that an API key is set — is left to the loader.
 """
@@ -14,7 +14,8 @@ from typing import Any, Literal, get_args, get_origin
 
 import attrs
 
-from ._config_types import (
+from .._pii import KINDS as PII_KINDS
+from ._types import (
     Arguments,
     Count,
     PiiKind,
@@ -27,7 +28,6 @@ from ._config_types import (
     ToolMatch,
     ToolName,
 )
-from ._pii import KINDS as PII_KINDS
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 

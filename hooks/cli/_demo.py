@@ -14,6 +14,7 @@ from datetime import date
 
 import trio
 
+from hooks import redact
 from pipeline import (
     Cont,
     Halt,
@@ -29,13 +30,12 @@ from pipeline import (
     regenerate,
     tool,
 )
-from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.providers import model_from_string
 from pipeline.testing import FunctionModel
-from turns import Message, Scope, Text, ToolCall, ToolResult, Turn
+from turns import Message, Scope, Text, ToolCall, Turn
 
-from ._redact import redact
+from ._timeline import clip, describe, message_lines, part_text, row
 
 DOCS = {
     "refund": "Refunds are issued within 14 days of a return.",
@@ -151,75 +151,6 @@ def build(model: Model | None = None) -> Pipeline:
     )
 
 
-def _line(at: float, what: str, detail: str = "") -> str:
-    return f"  {at * 1e3:6.1f} ms  {what:<44} {detail}".rstrip()
-
-
-def _describe(event: ev.Event) -> tuple[str, str] | None:
-    match event:
-        case ev.TurnStarted():
-            return "turn started", f"turn_ref {event.turn_ref[:8]}"
-        case ev.HookStarted(hook=name, stage=stage):
-            return f"  {name} started", stage
-        case ev.HookFinished(hook=name, elapsed=elapsed, verdict=verdict):
-            return f"  {name} -> {verdict}", f"{elapsed * 1e3:.1f} ms"
-        case ev.HookSkipped(hook=name):
-            return f"  {name} skipped", "when= was false"
-        case ev.HookFailed(hook=name, error=error):
-            return f"  {name} FAILED", error
-        case ev.Injected(hook=name, parts=parts, durable=durable, tokens=tokens):
-            kind = "durable" if durable else "transient"
-            text = " ".join(part.text for part in parts if isinstance(part, Text))
-            return f"  {name} injected ({kind}, {tokens} tok)", _clip(text, 44)
-        case ev.Halted(hook=name, reason=reason):
-            return f"halted by {name}", reason
-        case ev.ModelCalled(attempt=attempt, step=1):
-            return f"model called (attempt {attempt})", ""
-        case ev.ModelCalled(attempt=attempt, step=step):
-            return f"model called again (attempt {attempt}, call {step})", "with the tool results"
-        case ev.ToolCallRequested(call=call):
-            return f"  model asks for tool {call.name}", _clip(repr(dict(call.arguments)), 44)
-        case ev.ToolStarted(call=call):
-            return f"  {call.name} started", "tool"
-        case ev.ToolBlocked(call=call, hook=name, reason=reason):
-            return f"  {call.name} blocked by {name}", reason
-        case ev.ToolFinished(call=call, elapsed=elapsed):
-            return f"  {call.name} -> result", f"{elapsed * 1e3:.1f} ms"
-        case ev.TextDelta(text=text, attempt=attempt):
-            return f"  text (attempt {attempt})", repr(text)
-        case ev.ReplyReady(reply=reply):
-            return "reply ready", f"{reply.finish_reason}, {reply.usage.output_tokens} tok out"
-        case ev.AttemptRejected(attempt=attempt, hook=name, feedback=feedback):
-            return f"attempt {attempt} rejected by {name}", feedback
-        case ev.Committed(messages=messages):
-            return "committed to the log", f"{len(messages)} messages"
-        case ev.TurnFinished(outcome=outcome):
-            return "turn finished", outcome
-    return None
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _part_text(part: object) -> str:
-    if isinstance(part, ToolCall):
-        return f"[tool call] {part.name}({dict(part.arguments)})"
-    if isinstance(part, ToolResult):
-        return f"[tool result] {part.content}"
-    return part.text if isinstance(part, Text) else repr(part)
-
-
-def _message_lines(message: Message, indent: str = "  ") -> list[str]:
-    lines = []
-    for index, part in enumerate(message.parts):
-        role = message.role if index == 0 else ""
-        source = part.meta.get("injected_by") if hasattr(part, "meta") else None
-        origin = f"  (from {source})" if source else ""
-        lines.append(f"{indent}{role:<9} {_clip(_part_text(part), 88)}{origin}")
-    return lines
-
-
 def choose_model(spec: str | None, write: Callable[[str], None]) -> Model | None:
     """The model `--model` names, or None (offline) when it needs a key that is not set."""
     if spec is None:
@@ -253,9 +184,9 @@ async def demo(write: Callable[[str], None], model_spec: str | None = None) -> T
         start = trio.current_time()
         async with session.stream(QUESTION) as events:
             async for event in events:
-                described = _describe(event)
+                described = describe(event)
                 if described is not None:
-                    write(_line(trio.current_time() - start, *described))
+                    write(row(trio.current_time() - start, *described))
         result = events.result
     write("")
     if scripted.requests:
@@ -263,26 +194,26 @@ async def demo(write: Callable[[str], None], model_spec: str | None = None) -> T
         write("  (history untouched, then this turn's injections at the tail, then the")
         write("  transient regeneration messages and this attempt's tool exchange)")
         for message in scripted.requests[-1].messages:
-            for line in _message_lines(message):
-                write(line)
+            for text in message_lines(message):
+                write(text)
         write("")
     if result.rejections:
         write("rejected attempts (shown to the model with the feedback; never logged)")
         for rejection in result.rejections:
             write(f"  attempt {rejection.attempt} by {rejection.hook}: {rejection.feedback}")
-            write(f"    {_clip(rejection.text, 88)}")
+            write(f"    {clip(rejection.text, 88)}")
         write("")
     committed = (await log.load("demo")).messages[len(HISTORY) :]
     write("committed to the conversation log by this turn")
     for message in committed:
-        for line in _message_lines(message):
-            write(line)
+        for text in message_lines(message):
+            write(text)
     write("")
     write("stayed transient (this turn only; kept in the audit record)")
     for injection in result.turn.injections:
         if not injection.durable:
-            text = " ".join(_part_text(part) for part in injection.parts)
-            write(f"  {injection.source:<14} {_clip(text, 72)}")
+            text = " ".join(part_text(part) for part in injection.parts)
+            write(f"  {injection.source:<14} {clip(text, 72)}")
     write("")
     write(f"outcome: {result.outcome}")
     if result.reply is not None:

@@ -16,7 +16,7 @@ import trio
 
 from pipeline import ConfigError, LogError, PipelineError
 
-from . import config as _config
+from ..config import _load as _config
 
 DEFAULT_CONVERSATION = "default"
 

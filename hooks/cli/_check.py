@@ -13,24 +13,12 @@ import attrs
 
 from pipeline import Hook, Parallel, Tool
 
-from ._config_types import Ref
-from ._kinds import (
-    AnthropicSpec,
-    Config,
-    Guardrail,
-    Judge,
-    MaxLength,
-    ModelSpec,
-    OpenAISpec,
-    ParallelGroup,
-    Pii,
-    PythonTool,
-    Redact,
-    Retrieve,
-    ScriptedSpec,
-    ToolCallEntry,
-    ToolHookEntry,
-)
+from ..config._file import Config
+from ..config._hooks import Guardrail, Judge, MaxLength, ParallelGroup, Retrieve, ToolCallEntry
+from ..config._models import AnthropicSpec, ModelSpec, OpenAISpec, ScriptedSpec
+from ..config._tools import PythonTool, ToolHookEntry
+from ..config._transformers import Pii, RedactEntry
+from ..config._types import Ref
 
 Row = tuple[str, str, str, str, str, str, str]
 """path, name, kind, durability, timeout, error policy, extra."""
@@ -161,7 +149,7 @@ def _details(entry: Any) -> Iterator[str]:
     match entry:
         case Guardrail(deny=patterns) if patterns is not None:
             yield "deny " + " ".join(_clip(repr(p.pattern), 40) for p in patterns)
-        case Redact(patterns=patterns):
+        case RedactEntry(patterns=patterns):
             yield " ".join(_clip(repr(p.pattern), 40) for p in patterns)
         case Pii(kinds=kinds):
             yield " ".join(kinds)

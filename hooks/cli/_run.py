@@ -25,7 +25,7 @@ from pipeline.logs import Log
 from turns import Text
 from turns.serde import to_dict
 
-from ._demo import _describe, _line
+from ._timeline import describe, row
 
 
 @final
@@ -67,9 +67,9 @@ async def run_turn(
                     if as_json:
                         console.write(json.dumps(event_json(event), ensure_ascii=False))
                     else:
-                        described = _describe(event)
+                        described = describe(event)
                         if described is not None:
-                            console.write(_line(trio.current_time() - start, *described))
+                            console.write(row(trio.current_time() - start, *described))
             result = events.result
         else:
             result = await session.send(message)

@@ -1,0 +1,11 @@
+"""The ``turnplug`` command: `main(argv)` is its entry point (the console script).
+
+One module per command (`_run` for ``run`` and ``chat``, `_demo`, `_check`, `_logview`),
+the timeline renderer they share in `_timeline`, and opening a log from ``--log`` in
+`_logs`. The commands import the pipeline and hooks only through their public names, and
+the config through `hooks.config`.
+"""
+
+from ._main import build_parser, main
+
+__all__ = ["build_parser", "main"]

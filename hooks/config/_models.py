@@ -1,0 +1,184 @@
+"""The ``[model]`` table: one record per provider."""
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, ClassVar, TypeAlias, final
+
+import attrs
+
+from pipeline import (
+    Model,
+    ModelEvent,
+    ModelRequest,
+)
+from pipeline.providers import AnthropicMessages, OpenAIChat, model_from_string
+from pipeline.testing import ScriptedModel
+
+from ._entry import Env, doc
+from ._types import (
+    Invalid,
+    Positive,
+    ScriptReply,
+    Seconds,
+    Temperature,
+    Text,
+)
+
+# -- the model --------------------------------------------------------------------------------
+
+
+@final
+class Shaped:
+    """A model whose requests get default options the turn did not set.
+
+    ``temperature`` and ``max_tokens`` of the ``[model]`` table are defaults for every
+    request; a hook that shapes the request (``turn.with_request``) still wins.
+    """
+
+    __slots__ = ("defaults", "model")
+
+    def __init__(self, model: Model, defaults: Mapping[str, Any]) -> None:
+        self.model = model
+        self.defaults = dict(defaults)
+
+    def __repr__(self) -> str:
+        given = ", ".join(f"{key}={value!r}" for key, value in self.defaults.items())
+        return f"{self.model!r} with {given}"
+
+    def stream(
+        self, request: ModelRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
+        options = request.options
+        unset = {k: v for k, v in self.defaults.items() if getattr(options, k) is None}
+        if unset:
+            request = attrs.evolve(request, options=attrs.evolve(options, **unset))
+        return self.model.stream(request)
+
+
+def _shaped(model: Model, **defaults: Any) -> Model:
+    given = {key: value for key, value in defaults.items() if value is not None}
+    return Shaped(model, given) if given else model
+
+
+def _key(env: Env, variable: str, provider: str) -> None:
+    if variable and not env.environ.get(variable):
+        raise Invalid(
+            f"the environment variable {variable} is not set — export it with your {provider}"
+            ' key, or name the variable that holds it (api_key_env = "" for a server that'
+            " needs no key)",
+            key="api_key_env",
+        )
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ScriptedSpec:
+    """The offline scripted model: each model call plays the next reply."""
+
+    PROVIDER: ClassVar[str] = "scripted"
+    replies: tuple[ScriptReply, ...] | None = attrs.field(
+        default=None,
+        metadata=doc(
+            "One reply per model call: a string, or a list of the chunks it streams in."
+            " Without it, a fixed greeting for every call."
+        ),
+    )
+
+    def build(self, env: Env) -> Model:
+        if self.replies is None:
+            return model_from_string("scripted")
+        return ScriptedModel([list(reply) for reply in self.replies])
+
+
+_OPENAI_BASE = "https://api.openai.com/v1"
+_ANTHROPIC_BASE = "https://api.anthropic.com"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class OpenAISpec:
+    """An OpenAI Chat Completions model (OpenAI, OpenRouter, vLLM, Ollama, llama.cpp)."""
+
+    PROVIDER: ClassVar[str] = "openai"
+    name: Text = attrs.field(metadata=doc("The model name sent in each request."))
+    base_url: str | None = attrs.field(
+        default=None,
+        metadata=doc(
+            "The API root, version included; defaults to OPENAI_BASE_URL when set, else"
+            f" {_OPENAI_BASE}."
+        ),
+    )
+    api_key_env: str = attrs.field(
+        default="OPENAI_API_KEY",
+        metadata=doc('The environment variable holding the key; "" sends no key.'),
+    )
+    max_tokens: Positive | None = attrs.field(
+        default=None, metadata=doc("The output token limit when a turn sets none.")
+    )
+    temperature: Temperature | None = attrs.field(
+        default=None, metadata=doc("The sampling temperature when a turn sets none.")
+    )
+    timeout: Seconds | None = attrs.field(
+        default=None, metadata=doc("The longest silence allowed between bytes, in seconds.")
+    )
+
+    def build(self, env: Env) -> Model:
+        _key(env, self.api_key_env, "OpenAI")
+        base_url = self.base_url or env.environ.get("OPENAI_BASE_URL") or _OPENAI_BASE
+        extra: dict[str, Any] = {} if self.timeout is None else {"timeout": self.timeout}
+        model = OpenAIChat(
+            self.name,
+            base_url=base_url,
+            api_key=env.environ.get(self.api_key_env) if self.api_key_env else None,
+            api_key_env=None,
+            **extra,
+        )
+        return _shaped(model, max_tokens=self.max_tokens, temperature=self.temperature)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class AnthropicSpec:
+    """An Anthropic Messages model."""
+
+    PROVIDER: ClassVar[str] = "anthropic"
+    name: Text = attrs.field(metadata=doc("The model name sent in each request."))
+    base_url: str | None = attrs.field(
+        default=None,
+        metadata=doc(
+            "The API root, without the version; defaults to ANTHROPIC_BASE_URL when set,"
+            f" else {_ANTHROPIC_BASE}."
+        ),
+    )
+    api_key_env: str = attrs.field(
+        default="ANTHROPIC_API_KEY",
+        metadata=doc('The environment variable holding the key; "" sends no key.'),
+    )
+    max_tokens: Positive = attrs.field(
+        default=Positive(1024),
+        metadata=doc("The output token limit when a turn sets none (the API requires one)."),
+    )
+    temperature: Temperature | None = attrs.field(
+        default=None, metadata=doc("The sampling temperature when a turn sets none.")
+    )
+    timeout: Seconds | None = attrs.field(
+        default=None, metadata=doc("The longest silence allowed between bytes, in seconds.")
+    )
+
+    def build(self, env: Env) -> Model:
+        _key(env, self.api_key_env, "Anthropic")
+        base_url = self.base_url or env.environ.get("ANTHROPIC_BASE_URL") or _ANTHROPIC_BASE
+        extra: dict[str, Any] = {} if self.timeout is None else {"timeout": self.timeout}
+        model = AnthropicMessages(
+            self.name,
+            base_url=base_url,
+            api_key=env.environ.get(self.api_key_env) if self.api_key_env else None,
+            api_key_env=None,
+            max_tokens=self.max_tokens,
+            **extra,
+        )
+        return _shaped(model, temperature=self.temperature)
+
+
+ModelSpec: TypeAlias = ScriptedSpec | OpenAISpec | AnthropicSpec
+"""The ``[model]`` table: a union on ``provider``."""

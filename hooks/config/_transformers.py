@@ -1,0 +1,134 @@
+"""The entries that build stream transformers."""
+
+import re
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeAlias, final
+
+import attrs
+
+from pipeline import (
+    TransformerFactory,
+)
+
+from .._citations import citations
+from .._pii import KINDS as PII_KINDS
+from .._pii import pii
+from .._redact import redact
+from ._entry import Env, doc
+from ._types import (
+    FactoryRef,
+    Invalid,
+    PiiKind,
+    Positive,
+)
+
+# -- stream transformers ----------------------------------------------------------------------
+
+
+@final
+class _Named:
+    """A transformer factory under the name its config entry gave it."""
+
+    __slots__ = ("factory", "name")
+
+    def __init__(self, factory: Callable[[], Any], name: str) -> None:
+        self.factory = factory
+        self.name = name
+
+    def __call__(self) -> Any:
+        return self.factory()
+
+    def __repr__(self) -> str:
+        return f"{self.name}={self.factory!r}"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class PythonTransformer:
+    """A transformer factory of your own: ``fn()`` returning ``feed``/``flush``."""
+
+    KIND: ClassVar[str] = "python"
+    ref: FactoryRef = attrs.field(metadata=doc("The factory, as 'module:attribute'."))
+    name: str | None = attrs.field(
+        default=None, metadata=doc("The name its annotations and errors go under.")
+    )
+
+    def build(self, env: Env) -> TransformerFactory:
+        factory = self.ref.target
+        return _Named(factory, self.name) if self.name is not None else factory
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RedactEntry:
+    """Replace every match of the patterns while the reply streams (`hooks.redact`)."""
+
+    KIND: ClassVar[str] = "redact"
+    patterns: tuple[re.Pattern[str], ...] = attrs.field(
+        metadata=doc("Regular expressions; a match is replaced.", min_items=1)
+    )
+    replacement: str = attrs.field(
+        default="[REDACTED]", metadata=doc("The literal text put in place of each match.")
+    )
+    max_match: Positive = attrs.field(
+        default=Positive(256), metadata=doc("The longest match redacted whatever the chunking.")
+    )
+    name: str = attrs.field(
+        default="redact", metadata=doc("The name its annotations and errors go under.")
+    )
+
+    def build(self, env: Env) -> TransformerFactory:
+        if not self.patterns:
+            raise Invalid("redact needs at least one pattern", key="patterns")
+        return redact(
+            self.patterns, replacement=self.replacement, max_match=self.max_match, name=self.name
+        )
+
+
+def _named(factory: Any, name: str) -> TransformerFactory:
+    return factory if factory.name == name else _Named(factory, name)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Pii:
+    """Redact personal data while the reply streams (`hooks.pii`)."""
+
+    KIND: ClassVar[str] = "pii"
+    kinds: tuple[PiiKind, ...] = attrs.field(
+        default=tuple(PiiKind(kind) for kind in PII_KINDS),
+        metadata=doc("The kinds of personal data to redact; by default all.", min_items=1),
+    )
+    replacement: str | None = attrs.field(
+        default=None,
+        metadata=doc(
+            "The text put in place of every match; by default one naming the kind ([EMAIL],"
+            " [CARD], ...)."
+        ),
+    )
+    name: str = attrs.field(
+        default="pii", metadata=doc("The name its annotations and errors go under.")
+    )
+
+    def build(self, env: Env) -> TransformerFactory:
+        if not self.kinds:
+            raise Invalid(f"choose at least one kind among {', '.join(PII_KINDS)}", key="kinds")
+        return _named(pii(self.kinds, replacement=self.replacement), self.name)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class CitationsEntry:
+    """Report the reply's ``[n]`` markers in ``Reply.annotations`` (`hooks.citations`)."""
+
+    KIND: ClassVar[str] = "citations"
+    name: str = attrs.field(
+        default="citations", metadata=doc("The name its annotations and errors go under.")
+    )
+
+    def build(self, env: Env) -> TransformerFactory:
+        return _named(citations(), self.name)
+
+
+TransformerEntry: TypeAlias = PythonTransformer | RedactEntry | Pii | CitationsEntry
+"""The kinds the ``transformers`` list accepts."""
