@@ -31,7 +31,6 @@ import anyio
 import anyio.lowlevel
 import attrs
 import httpx
-import sniffio
 
 from .._errors import (
     ConfigError,
@@ -433,11 +432,9 @@ async def _close_client(client: httpx.AsyncClient, endpoint: Endpoint) -> None:
         await client.aclose()
 
 
-def _loop_name() -> str:
-    try:
-        return sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return "no event loop"
+def _loop_name(token: anyio.lowlevel.EventLoopToken) -> str:
+    """``"trio"`` or ``"asyncio"``: the package of the loop behind `token`."""
+    return type(token.native_token).__module__.partition(".")[0]
 
 
 @final
@@ -457,7 +454,7 @@ class Pool:
     def __init__(self) -> None:
         self._client: httpx.AsyncClient | None = None
         self._endpoint: Endpoint | None = None
-        self._loop: object = None
+        self._loop: anyio.lowlevel.EventLoopToken | None = None
         self._loop_name = ""
         self._holds = 0
         self._closed = False
@@ -479,7 +476,7 @@ class Pool:
             self._client = _new_client(endpoint)
             self._endpoint = endpoint
             self._loop = anyio.lowlevel.current_token()
-            self._loop_name = _loop_name()
+            self._loop_name = _loop_name(self._loop)
         self._holds += 1
 
     async def release(self) -> None:
@@ -517,10 +514,10 @@ class Pool:
                 " as you use it",
                 provider=provider,
             )
-        if self._client is not None and anyio.lowlevel.current_token() != self._loop:
+        if self._client is not None and (here := anyio.lowlevel.current_token()) != self._loop:
             raise ProviderError(
                 f"{owner} was opened on another event loop ({self._loop_name}) and is used on"
-                f" this one ({_loop_name()}): its connections belong to the loop that opened"
+                f" this one ({_loop_name(here)}): its connections belong to the loop that opened"
                 " them — open the provider (`async with model`) inside the loop that uses it,"
                 " e.g. inside the function given to asyncio.run or trio.run",
                 provider=provider,
