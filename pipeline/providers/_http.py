@@ -53,6 +53,11 @@ RETRY_STATUSES = frozenset({408, 409, 429})
 
 BACKOFF_START = 0.5
 BACKOFF_CAP = 8.0
+DRAIN_SECONDS = 0.5
+"""How long a pooled call waits, after the provider's terminator, for the body's end (usually
+sent with it), so that its connection can serve the next call; a server that keeps the
+stream open longer gets its connection closed instead."""
+
 HINT_CAP = 60.0
 """A server's delay hint above this many seconds means "give up now", not "block the turn"."""
 
@@ -278,10 +283,12 @@ def endpoint_for(
 @final
 @attrs.frozen
 class OpenedStream:
-    """A 2xx streaming response: its request id and its events."""
+    """A 2xx streaming response: its request id, its events, and whether its connection
+    belongs to a pool (then it is worth reading the body to its end, to reuse it)."""
 
     request_id: str | None
     events: AsyncIterator[ServerSentEvent]
+    pooled: bool = False
 
 
 HTTPX_ERRORS = (httpx.HTTPError, httpx.InvalidURL, httpx.CookieConflict, httpx.StreamError)
@@ -656,17 +663,28 @@ async def open_stream(
     """
     content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     async with _client(endpoint, pool, owner or endpoint.provider) as client:
+        pooled = pool is not None and client is pool.client(endpoint, owner)
         response = await _send(client, endpoint, content)
         try:
             request_id = request_id_of(response.headers)
             _check_content_type(endpoint, response)
             events = _events(endpoint, response, request_id)
             try:
-                yield OpenedStream(request_id, events)
+                yield OpenedStream(request_id, events, pooled)
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
         finally:
             await response.aclose()
+
+
+async def _drain(events: AsyncIterator[ServerSentEvent]) -> None:
+    """Read the body to its end, briefly, so that the connection returns to the pool."""
+    with anyio.move_on_after(DRAIN_SECONDS):
+        try:
+            async for _ in events:
+                pass
+        except ProviderError:
+            pass  # the answer is complete: a fault after it costs the connection only
 
 
 class Parser(Protocol):
@@ -729,7 +747,10 @@ async def _model_events(
         for item in items:
             yield item
         if parser.done:
-            return  # open_stream closes the response: nothing after the terminator matters
+            # Nothing after the terminator matters; a pooled connection is worth its end.
+            if opened.pooled:
+                await _drain(opened.events)
+            return
     for item in parser.end():
         yield item
 
