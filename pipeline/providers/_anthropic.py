@@ -11,7 +11,14 @@ from turns import Message, Text, ToolCall, ToolResult, Usage
 
 from .._errors import RequestError
 from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
-from ._convert import decode_arguments, load_json, protocol_error, tokens, wire_fields
+from ._convert import (
+    INVALID_ARGUMENTS,
+    decode_arguments,
+    load_json,
+    protocol_error,
+    tokens,
+    wire_fields,
+)
 from ._http import (
     DEFAULT_TIMEOUT,
     Endpoint,
@@ -143,7 +150,8 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
                     "type": "tool_use",
                     "id": part.id,
                     "name": part.name,
-                    "input": dict(part.arguments),
+                    # Undecodable arguments go out as {} (their raw text stays in the meta).
+                    "input": {} if INVALID_ARGUMENTS in part.meta else dict(part.arguments),
                     **wire_fields(part.meta, META_KEY),
                 }
             )

@@ -42,6 +42,7 @@ from .._errors import (
     RateLimited,
 )
 from .._model import ModelEvent
+from ._convert import decode_json
 from ._sse import DEFAULT_MAX_LINE_BYTES, LineTooLong, ServerSentEvent, SSEDecoder
 
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
@@ -170,7 +171,7 @@ def error_detail(body: str) -> tuple[str | None, str | None]:
     ``{"message": ...}`` of older vLLM, and a string ``error``.
     """
     try:
-        data = json.loads(body)
+        data = decode_json(body)
     except ValueError:
         return None, None
     return _detail(data)
@@ -735,9 +736,9 @@ async def _model_events(
     async for event in opened.events:
         try:
             items = parser.feed(event)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            # A payload of the right JSON shape with wrong types inside: still a protocol
-            # error, never a bare Python one.
+        except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+            # A payload of the right JSON shape with wrong types inside (or nested too deep to
+            # handle): still a protocol error, never a bare Python one.
             raise ProviderProtocolError(
                 f"{provider} sent an event the parser could not read:"
                 f" {type(exc).__name__}: {exc} (data: {event.data[:200]!r})",

@@ -132,9 +132,11 @@ def _messages(message: Message) -> list[dict[str, Any]]:
 
 
 def _tool_call(call: ToolCall) -> dict[str, Any]:
-    invalid = call.meta.get(INVALID_ARGUMENTS)
-    if isinstance(invalid, Mapping) and isinstance(invalid.get("raw"), str):
-        arguments = invalid["raw"]  # echo what the model said, so its mistake stays visible
+    if isinstance(call.meta.get(INVALID_ARGUMENTS), Mapping):
+        # Never echo undecodable text: a gateway translating to another API (Anthropic's
+        # wants an object) rejects the whole request. The raw text stays in the meta, and the
+        # model reads it in its invalid_arguments result.
+        arguments = "{}"
     else:
         arguments = json.dumps(dict(call.arguments), ensure_ascii=False, separators=(",", ":"))
     return {
