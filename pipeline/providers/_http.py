@@ -216,7 +216,21 @@ def check_line_cap(_instance: object, _attribute: object, value: int) -> None:
 
 
 def strip_slash(base_url: str) -> str:
-    """A base URL without its trailing slash, so that paths join cleanly."""
+    """A base URL without its trailing slash, so that paths join cleanly; one httpx cannot
+    send to is refused when the provider is built, not at its first request."""
+    problem = None
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        problem = str(exc)
+    else:
+        if url.scheme not in ("http", "https") or not url.host:
+            problem = "it needs http:// or https:// and a host"
+    if problem is not None:
+        raise ValueError(
+            f"base_url {base_url!r} is not a URL requests can go to ({problem}) — e.g."
+            " 'https://api.openai.com/v1' or 'http://localhost:11434/v1'"
+        )
     return base_url.rstrip("/")
 
 
