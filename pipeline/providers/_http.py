@@ -486,11 +486,6 @@ class Pool:
         """Whether `close` was called."""
         return self._closed
 
-    @property
-    def is_open(self) -> bool:
-        """Whether a pooled client is open (the pool is held)."""
-        return self._client is not None
-
     def acquire(self, endpoint: Endpoint, owner: str) -> None:
         """Take a hold: open the pooled client if none is open. Pair it with `release`."""
         self._check(endpoint.provider, owner)
