@@ -1,5 +1,6 @@
 """The model seam: what the runtime sends a model and what it reads back."""
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, TypeAlias, final, runtime_checkable
@@ -70,3 +71,14 @@ class Model(Protocol):
     def stream(
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]: ...
+
+
+def hold_model(model: object) -> AbstractAsyncContextManager[object]:
+    """Keep `model`'s connections open for a block: its ``hold()`` when it has one (the
+    providers' connection pool), else nothing. Pipelines and sessions hold their model, so
+    their turns reuse connections and the block's end closes what it opened."""
+    hold = getattr(model, "hold", None)
+    if callable(hold):
+        held: AbstractAsyncContextManager[object] = hold()
+        return held
+    return contextlib.nullcontext()

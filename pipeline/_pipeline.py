@@ -16,7 +16,7 @@ from ._drive import Drive
 from ._errors import ConfigError
 from ._groups import own_error, raise_single
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
-from ._model import Model
+from ._model import Model, hold_model
 from ._plan import (
     Group,
     PreStep,
@@ -308,6 +308,26 @@ class Pipeline:
             lambda self: compile_tool_hooks("after_tool", self.after_tool), takes_self=True
         ),
     )
+
+    _holds: list[AbstractAsyncContextManager[object]] = attrs.field(
+        init=False, repr=False, eq=False, factory=list
+    )
+
+    async def __aenter__(self) -> "Pipeline":
+        """``async with pipe:`` keeps the model's connections open until the block ends.
+
+        Every turn run inside reuses them (a provider's connection pool); the end of the
+        block closes what it opened. Blocks may nest and overlap; a provider the caller
+        opened itself (``async with model``) stays open.
+        """
+        hold = hold_model(self.model)
+        await hold.__aenter__()
+        self._holds.append(hold)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        # Every hold of one model is alike: ending any one of them is ending this block's.
+        await self._holds.pop().__aexit__(None, None, None)
 
     @property
     def _post_plan(self) -> tuple[Step, ...]:

@@ -18,6 +18,7 @@ from ._emit import hook_started
 from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
 from ._groups import only_cancelled, own_error, raise_single
 from ._hooks import is_async_callable
+from ._model import hold_model
 from ._plan import Step
 from ._result import TurnResult
 from ._runner import Emit, Runner, describe, exc_text
@@ -331,7 +332,19 @@ def open_session(
         raise ConfigError(
             f"session(drain_timeout=...) must be a number of seconds >= 0, got {drain_timeout!r}"
         )
-    return _session(pipe, log, conversation_id, scope or Scope(), drain_timeout)
+    return _held_session(pipe, log, conversation_id, scope or Scope(), drain_timeout)
+
+
+@asynccontextmanager
+async def _held_session(
+    pipe: "Pipeline", log: Log, conversation_id: str, scope: Scope, drain_timeout: float
+) -> AsyncIterator[Session]:
+    # The model's connections live as long as the session: its turns reuse them.
+    async with (
+        hold_model(pipe.model),
+        _session(pipe, log, conversation_id, scope, drain_timeout) as session,
+    ):
+        yield session
 
 
 @asynccontextmanager

@@ -11,16 +11,26 @@ from turns import Message, Text, ToolCall, ToolResult, Usage
 
 from .._errors import RequestError
 from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
-from ._convert import decode_arguments, load_json, protocol_error, tokens, wire_fields
+from ._convert import (
+    INVALID_ARGUMENTS,
+    decode_arguments,
+    load_json,
+    protocol_error,
+    tokens,
+    wire_fields,
+)
 from ._http import (
     DEFAULT_TIMEOUT,
     Endpoint,
+    Pool,
+    PooledProvider,
+    check_line_cap,
     check_retries,
     endpoint_for,
     open_model_stream,
     strip_slash,
 )
-from ._sse import ServerSentEvent
+from ._sse import DEFAULT_MAX_LINE_BYTES, ServerSentEvent
 
 META_KEY = "anthropic"
 
@@ -140,7 +150,8 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
                     "type": "tool_use",
                     "id": part.id,
                     "name": part.name,
-                    "input": dict(part.arguments),
+                    # Undecodable arguments go out as {} (their raw text stays in the meta).
+                    "input": {} if INVALID_ARGUMENTS in part.meta else dict(part.arguments),
                     **wire_fields(part.meta, META_KEY),
                 }
             )
@@ -329,7 +340,7 @@ def _check_max_tokens(_instance: object, _attribute: object, value: int) -> None
 
 @final
 @attrs.frozen
-class AnthropicMessages:
+class AnthropicMessages(PooledProvider):
     """A model behind the Anthropic Messages API.
 
     Requests go to ``{base_url}/v1/messages``. The key is read when a request is made:
@@ -343,10 +354,12 @@ class AnthropicMessages:
         max_tokens: The output limit when the turn's `RequestOptions` sets none (the API
             requires one).
         timeout: Seconds, or an ``httpx.Timeout``; its read timeout is the longest silence
-            allowed between bytes (a total deadline is the caller's trio cancel scope).
+            allowed between bytes (a total deadline is the caller's cancel scope).
         max_retries: Retries of a failed request before its stream starts.
         transport: An httpx transport to send requests through; the caller owns it.
         api_key_env: The environment variable holding the key, or ``None``.
+        max_line_bytes: The longest event-stream line accepted (16 MiB); a longer one is a
+            `ProviderProtocolError` naming the cap, and memory stays bounded by it.
     """
 
     model: str
@@ -360,7 +373,11 @@ class AnthropicMessages:
     transport: httpx.AsyncBaseTransport | None = attrs.field(
         default=None, repr=False, eq=False, kw_only=True
     )
+    max_line_bytes: int = attrs.field(
+        default=DEFAULT_MAX_LINE_BYTES, validator=check_line_cap, kw_only=True
+    )
     api_key_env: str | None = attrs.field(default="ANTHROPIC_API_KEY", kw_only=True)
+    _pool: Pool = attrs.field(init=False, factory=Pool, repr=False, eq=False)
 
     @property
     def provider(self) -> str:
@@ -376,6 +393,8 @@ class AnthropicMessages:
             self._endpoint(),
             body,
             lambda request_id: AnthropicStreamParser(self.provider, request_id),
+            self._pool,
+            self._owner(),
         )
 
     def _endpoint(self) -> Endpoint:

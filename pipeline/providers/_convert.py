@@ -11,22 +11,37 @@ from .._errors import ProviderProtocolError
 # ``invalid_arguments`` error result.
 from .._tools import INVALID_ARGUMENTS as INVALID_ARGUMENTS
 
+_QUOTED = 200
+"""How much of undecodable arguments the model is shown back (all of it stays in the meta)."""
+
+
+def decode_json(data: str) -> Any:
+    """`json.loads`, with nesting too deep for the decoder a `ValueError` like any other
+    malformed JSON (Python's decoder recurses: 100,000 brackets raise `RecursionError`)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply to decode") from None
+
 
 def decode_arguments(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Decode a tool call's assembled argument text: (arguments, meta to add).
 
-    An empty text means no arguments. Text that is not a JSON object (a model's mistake, or
-    output cut by the token limit) is kept in the meta rather than raised: it is the model's
-    error to correct, not a broken stream.
+    An empty text means no arguments. Text that is not a JSON object (a model's mistake,
+    output cut by the token limit, nesting too deep to decode) is kept in the meta rather than
+    raised: it is the model's error to correct, not a broken stream. The error quotes the
+    start of the text, so that the model sees what it sent.
     """
     if not raw.strip():
         return {}, {}
+    quoted = raw[:_QUOTED] + ("..." if len(raw) > _QUOTED else "")
     try:
-        value = json.loads(raw)
+        value = decode_json(raw)
     except ValueError as exc:
-        return {}, {INVALID_ARGUMENTS: {"raw": raw, "error": f"not valid JSON: {exc}"}}
+        error = f"not valid JSON ({exc}): {quoted!r}"
+        return {}, {INVALID_ARGUMENTS: {"raw": raw, "error": error}}
     if not isinstance(value, dict):
-        error = f"expected a JSON object, got {type(value).__name__}"
+        error = f"expected a JSON object, got {type(value).__name__}: {quoted!r}"
         return {}, {INVALID_ARGUMENTS: {"raw": raw, "error": error}}
     return value, {}
 
@@ -45,7 +60,7 @@ def wire_fields(meta: Mapping[str, Any], key: str) -> dict[str, Any]:
 def load_json(data: str, *, provider: str, request_id: str | None) -> Any:
     """Decode one event's data; malformed JSON is a `ProviderProtocolError` quoting it."""
     try:
-        return json.loads(data)
+        return decode_json(data)
     except ValueError as exc:
         raise ProviderProtocolError(
             f"{provider} sent an event whose data is not valid JSON ({exc}): {data[:200]!r}",

@@ -6,8 +6,14 @@ answer does. Retries happen only before a stream starts: once a 2xx status has b
 whatever goes wrong goes straight to the caller, because the pipeline may already have passed
 tokens on.
 
-A total deadline is not ours to enforce: it is the caller's trio cancel scope, and its
-cancellation passes through untouched (`trio.Cancelled` is not an `Exception`).
+A total deadline is not ours to enforce: it is the caller's cancel scope (trio's or AnyIO's,
+on either loop), and its cancellation passes through untouched (neither loop's cancellation
+exception is an `Exception`). Nothing here is specific to one loop: sleeps are AnyIO's, and
+httpx runs on both.
+
+A provider owns a `Pool`: while it is held (``async with model``, `Pool.hold` for a pipeline,
+a session or the CLI) every call goes through one `httpx.AsyncClient`, so connections are
+kept alive and reused; unheld, each call opens a client of its own and closes it.
 """
 
 import email.utils
@@ -19,11 +25,12 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Protocol, final
+from typing import Any, Protocol, Self, final
 
+import anyio
+import anyio.lowlevel
 import attrs
 import httpx
-import trio
 
 from .._errors import (
     ConfigError,
@@ -35,7 +42,8 @@ from .._errors import (
     RateLimited,
 )
 from .._model import ModelEvent
-from ._sse import ServerSentEvent, SSEDecoder
+from ._convert import decode_json
+from ._sse import DEFAULT_MAX_LINE_BYTES, LineTooLong, ServerSentEvent, SSEDecoder
 
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 """Ten minutes of silence before a read fails (reasoning models can think that long before
@@ -46,6 +54,11 @@ RETRY_STATUSES = frozenset({408, 409, 429})
 
 BACKOFF_START = 0.5
 BACKOFF_CAP = 8.0
+DRAIN_SECONDS = 0.5
+"""How long a pooled call waits, after the provider's terminator, for the body's end (usually
+sent with it), so that its connection can serve the next call; a server that keeps the
+stream open longer gets its connection closed instead."""
+
 HINT_CAP = 60.0
 """A server's delay hint above this many seconds means "give up now", not "block the turn"."""
 
@@ -158,7 +171,7 @@ def error_detail(body: str) -> tuple[str | None, str | None]:
     ``{"message": ...}`` of older vLLM, and a string ``error``.
     """
     try:
-        data = json.loads(body)
+        data = decode_json(body)
     except ValueError:
         return None, None
     return _detail(data)
@@ -196,8 +209,28 @@ def check_retries(_instance: object, _attribute: object, value: int) -> None:
         raise ValueError(f"max_retries must be an int >= 0, got {value!r}")
 
 
+def check_line_cap(_instance: object, _attribute: object, value: int) -> None:
+    """Validate a provider's ``max_line_bytes=``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_line_bytes must be a positive int (bytes), got {value!r}")
+
+
 def strip_slash(base_url: str) -> str:
-    """A base URL without its trailing slash, so that paths join cleanly."""
+    """A base URL without its trailing slash, so that paths join cleanly; one httpx cannot
+    send to is refused when the provider is built, not at its first request."""
+    problem = None
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        problem = str(exc)
+    else:
+        if url.scheme not in ("http", "https") or not url.host:
+            problem = "it needs http:// or https:// and a host"
+    if problem is not None:
+        raise ValueError(
+            f"base_url {base_url!r} is not a URL requests can go to ({problem}) — e.g."
+            " 'https://api.openai.com/v1' or 'http://localhost:11434/v1'"
+        )
     return base_url.rstrip("/")
 
 
@@ -214,7 +247,8 @@ class Endpoint:
         timeout: httpx's timeouts; ``read`` is the longest silence allowed between bytes.
         max_retries: Retries allowed before the stream starts.
         transport: An injected httpx transport (owned by the caller), or ``None``.
-        missing_key: A hint added to a 401 when no key was sent.
+        missing_key: A hint added to an error status when no key was sent.
+        max_line_bytes: The longest event-stream line accepted.
     """
 
     provider: str
@@ -225,6 +259,7 @@ class Endpoint:
     max_retries: int
     transport: httpx.AsyncBaseTransport | None = None
     missing_key: str | None = None
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 
 
 def endpoint_for(
@@ -234,7 +269,7 @@ def endpoint_for(
 
     Args:
         model: The provider: its ``provider``, ``api_key``, ``api_key_env``, ``timeout``,
-            ``max_retries`` and ``transport`` are read.
+            ``max_retries``, ``transport`` and ``max_line_bytes`` are read.
         url: The request's URL.
         headers: The provider's own headers.
         auth: The headers that carry a key.
@@ -256,25 +291,57 @@ def endpoint_for(
         model.max_retries,
         model.transport,
         None if key else f"no API key was sent: {where}pass api_key=",
+        model.max_line_bytes,
     )
 
 
 @final
 @attrs.frozen
 class OpenedStream:
-    """A 2xx streaming response: its request id and its events."""
+    """A 2xx streaming response: its request id, its events, and whether its connection
+    belongs to a pool (then it is worth reading the body to its end, to reuse it)."""
 
     request_id: str | None
     events: AsyncIterator[ServerSentEvent]
+    pooled: bool = False
+
+
+HTTPX_ERRORS = (httpx.HTTPError, httpx.InvalidURL, httpx.CookieConflict, httpx.StreamError)
+"""Every exception httpx defines: the roots of its tree (a test checks none is missing)."""
+
+_LOCAL_HOSTS = frozenset({"localhost", "::1", "0.0.0.0"})
+_LOCAL_SERVERS: Mapping[int, str] = {
+    11434: "an Ollama server (start it with `ollama serve`)",
+    8000: "a vLLM server (start it with `vllm serve <model>`)",
+    8080: "a llama.cpp server (start it with `llama-server -m <model.gguf>`)",
+    1234: "LM Studio's local server (start it from LM Studio)",
+    4000: "a LiteLLM proxy (start it with `litellm --model <model>`)",
+}
+"""The local servers that listen on a port by default, for the hint of a refused connection."""
+
+
+def _local_server_hint(endpoint: Endpoint) -> str | None:
+    """What a refused connection to a local base URL most likely means, or ``None``."""
+    url = httpx.URL(endpoint.url)
+    host = url.host
+    if host not in _LOCAL_HOSTS and not host.startswith("127."):
+        return None
+    protocol = "Anthropic Messages" if endpoint.provider == "anthropic" else "OpenAI-compatible"
+    server = _LOCAL_SERVERS.get(url.port or 80, f"a local {protocol} server")
+    origin = f"{url.scheme}://{url.netloc.decode('ascii')}"
+    return (
+        f"{endpoint.provider}: nothing accepted a connection at {origin} ({endpoint.url}):"
+        f" expected {server} there — start it, or point base_url at the server you run"
+    )
 
 
 def translate(
-    exc: httpx.HTTPError, endpoint: Endpoint, *, streaming: bool, request_id: str | None = None
+    exc: Exception, endpoint: Endpoint, *, streaming: bool, request_id: str | None = None
 ) -> ProviderError:
     """The seam: map one httpx exception to the `ProviderError` tree.
 
     Args:
-        exc: What httpx raised.
+        exc: What httpx raised (any of `HTTPX_ERRORS`).
         endpoint: Where the request went.
         streaming: Whether a 2xx response had arrived: a connection cut then is a truncated
             stream (`ProviderProtocolError`), before it a connection failure.
@@ -295,7 +362,9 @@ def translate(
         else:
             message = f"{name}: {type(exc).__name__} {where} ({url}): {detail}"
         return ProviderTimeout(message, provider=name, request_id=request_id)
-    if streaming and isinstance(exc, httpx.RemoteProtocolError | httpx.DecodingError):
+    if isinstance(exc, httpx.DecodingError) or (
+        streaming and isinstance(exc, httpx.RemoteProtocolError)
+    ):
         return ProviderProtocolError(
             f"{name} stream from {url} was cut off or garbled: {detail}",
             provider=name,
@@ -309,12 +378,32 @@ def translate(
             provider=name,
             request_id=request_id,
         )
+    if isinstance(exc, httpx.ConnectError) and not streaming:
+        hint = _local_server_hint(endpoint)
+        if hint is not None:
+            return ProviderConnectionError(hint, provider=name, request_id=request_id)
     if isinstance(exc, httpx.TransportError):
         return ProviderConnectionError(
             f"{name}: could not talk to {url} ({where}): {type(exc).__name__}: {detail}",
             provider=name,
             request_id=request_id,
         )
+    if isinstance(exc, httpx.HTTPStatusError):
+        response = exc.response
+        return ProviderStatusError(
+            f"{name} answered HTTP {response.status_code} at {url}",
+            provider=name,
+            status=response.status_code,
+            request_id=request_id or request_id_of(response.headers),
+        )
+    if isinstance(exc, httpx.InvalidURL):
+        return ProviderError(
+            f"{name}: {url!r} is not a valid URL ({detail}) — check base_url",
+            provider=name,
+            request_id=request_id,
+        )
+    # TooManyRedirects (redirects are not followed), CookieConflict and the StreamError
+    # family (misuse of a response) would be bugs here: still an error of the tree.
     return ProviderError(
         f"{name}: {type(exc).__name__} {where} ({url}): {detail}",
         provider=name,
@@ -335,7 +424,8 @@ def status_error(
         message += f" (request id {request_id})"
     if attempts > 1:
         message += f" — after {attempts} attempts"
-    if status == 401 and endpoint.missing_key:
+    if endpoint.missing_key:
+        # Whatever the status: servers answer a missing key with 400, 403, 404 or even 500.
         message += f" — {endpoint.missing_key}"
     if status == 429:
         return RateLimited(
@@ -350,21 +440,130 @@ def status_error(
     )
 
 
-@asynccontextmanager
-async def _client(endpoint: Endpoint) -> AsyncIterator[httpx.AsyncClient]:
+def _new_client(endpoint: Endpoint) -> httpx.AsyncClient:
     if endpoint.transport is not None:
-        # The caller owns an injected transport: closing the client would close it too.
-        yield httpx.AsyncClient(
+        return httpx.AsyncClient(
             transport=endpoint.transport, timeout=endpoint.timeout, trust_env=False
         )
+    return httpx.AsyncClient(timeout=endpoint.timeout, verify=_ssl_context())
+
+
+async def _close_client(client: httpx.AsyncClient, endpoint: Endpoint) -> None:
+    # The caller owns an injected transport: closing the client would close it too.
+    if endpoint.transport is None:
+        await client.aclose()
+
+
+def _loop_name(token: anyio.lowlevel.EventLoopToken) -> str:
+    """``"trio"`` or ``"asyncio"``: the package of the loop behind `token`."""
+    return type(token.native_token).__module__.partition(".")[0]
+
+
+@final
+class Pool:
+    """A provider's connections and their lifetime.
+
+    Held (`hold`), the pool keeps one `httpx.AsyncClient`, created on the event loop of the
+    first hold: calls reuse its keep-alive connections. Holds nest and overlap (a user's
+    ``async with model``, a pipeline's, each session's); the client closes when the last
+    hold ends, and a later hold opens a new one. `close` ends the pool for good: any later
+    call is a `ProviderError`. A pool opened on one event loop refuses to serve another (its
+    sockets belong to the first), with an error rather than a hang.
+    """
+
+    __slots__ = ("_client", "_closed", "_endpoint", "_holds", "_loop", "_loop_name")
+
+    def __init__(self) -> None:
+        self._client: httpx.AsyncClient | None = None
+        self._endpoint: Endpoint | None = None
+        self._loop: anyio.lowlevel.EventLoopToken | None = None
+        self._loop_name = ""
+        self._holds = 0
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed
+
+    def acquire(self, endpoint: Endpoint, owner: str) -> None:
+        """Take a hold: open the pooled client if none is open. Pair it with `release`."""
+        self._check(endpoint.provider, owner)
+        if self._client is None:
+            self._client = _new_client(endpoint)
+            self._endpoint = endpoint
+            self._loop = anyio.lowlevel.current_token()
+            self._loop_name = _loop_name(self._loop)
+        self._holds += 1
+
+    async def release(self) -> None:
+        """End a hold; the last one closes the pooled client."""
+        self._holds = max(self._holds - 1, 0)
+        if self._holds == 0:
+            await self._shut()
+
+    async def close(self) -> None:
+        """Close the pooled client, whatever holds remain, and refuse every later call."""
+        self._closed = True
+        self._holds = 0
+        await self._shut()
+
+    def client(self, endpoint: Endpoint, owner: str) -> httpx.AsyncClient | None:
+        """The pooled client for one call, or ``None`` when unheld (a client per call)."""
+        self._check(endpoint.provider, owner)
+        return self._client
+
+    async def _shut(self) -> None:
+        client, endpoint = self._client, self._endpoint
+        self._client = self._endpoint = None
+        if client is not None and endpoint is not None:
+            if anyio.lowlevel.current_token() != self._loop:
+                # Its sockets belong to a loop that is not running here: closing them from
+                # this one could hang. They are dropped, as they would be at that loop's end.
+                return
+            await _close_client(client, endpoint)
+
+    def _check(self, provider: str, owner: str) -> None:
+        if self._closed:
+            raise ProviderError(
+                f"{owner} is closed (aclose() was called, or its `async with` block ended):"
+                " its connections are gone — create a new one, and keep it open for as long"
+                " as you use it",
+                provider=provider,
+            )
+        if self._client is not None and (here := anyio.lowlevel.current_token()) != self._loop:
+            raise ProviderError(
+                f"{owner} was opened on another event loop ({self._loop_name}) and is used on"
+                f" this one ({_loop_name(here)}): its connections belong to the loop that opened"
+                " them — open the provider (`async with model`) inside the loop that uses it,"
+                " e.g. inside the function given to asyncio.run or trio.run",
+                provider=provider,
+            )
+
+
+@asynccontextmanager
+async def _client(
+    endpoint: Endpoint, pool: Pool | None, owner: str
+) -> AsyncIterator[httpx.AsyncClient]:
+    pooled = pool.client(endpoint, owner) if pool is not None else None
+    if pooled is not None:
+        yield pooled  # the pool's: it outlives this call
         return
-    async with httpx.AsyncClient(timeout=endpoint.timeout, verify=_ssl_context()) as client:
+    client = _new_client(endpoint)
+    try:
         yield client
+    finally:
+        await _close_client(client, endpoint)
 
 
 async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -> httpx.Response:
     """POST until a 2xx status arrives, retrying what may heal; raise what does not."""
-    request = client.build_request("POST", endpoint.url, headers=endpoint.headers, content=content)
+    try:
+        request = client.build_request(
+            "POST", endpoint.url, headers=endpoint.headers, content=content
+        )
+    except HTTPX_ERRORS as exc:
+        raise translate(exc, endpoint, streaming=False) from exc
     attempts = endpoint.max_retries + 1
     for attempt in range(1, attempts + 1):
         last = attempt == attempts
@@ -374,13 +573,15 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
             # A request httpx refuses to send (a bad header) fails the same way every time.
             if last or isinstance(exc, httpx.LocalProtocolError):
                 raise translate(exc, endpoint, streaming=False) from exc
-            await trio.sleep(backoff(attempt - 1, random.random()))
+            await anyio.sleep(backoff(attempt - 1, random.random()))
             continue
+        except HTTPX_ERRORS as exc:
+            raise translate(exc, endpoint, streaming=False) from exc
         if response.is_success:
             return response
         try:
             body = (await response.aread()).decode("utf-8", "replace")
-        except httpx.HTTPError as exc:
+        except HTTPX_ERRORS as exc:
             raise translate(
                 exc, endpoint, streaming=False, request_id=request_id_of(response.headers)
             ) from exc
@@ -391,7 +592,7 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
             delay = retry_delay(attempt - 1, response.headers, random.random())
         if delay is None:
             raise status_error(endpoint, response.status_code, response.headers, body, attempt)
-        await trio.sleep(delay)
+        await anyio.sleep(delay)
     raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
 
@@ -411,7 +612,7 @@ def _check_content_type(endpoint: Endpoint, response: httpx.Response) -> None:
 async def _events(
     endpoint: Endpoint, response: httpx.Response, request_id: str | None
 ) -> AsyncIterator[ServerSentEvent]:
-    decoder = SSEDecoder()
+    decoder = SSEDecoder(endpoint.max_line_bytes)
     chunks = response.aiter_bytes()
     suspended = False  # whether httpx's byte generators are paused at a yield
     try:
@@ -421,14 +622,24 @@ async def _events(
             except StopAsyncIteration:
                 suspended = False
                 break
-            except httpx.HTTPError as exc:
+            except HTTPX_ERRORS as exc:
                 suspended = False
                 raise translate(exc, endpoint, streaming=True, request_id=request_id) from exc
             except BaseException:
                 suspended = False
                 raise
             suspended = True
-            for event in decoder.feed(chunk):
+            try:
+                events = decoder.feed(chunk)
+            except LineTooLong as exc:
+                raise ProviderProtocolError(
+                    f"{endpoint.provider} sent an event-stream line longer than"
+                    f" max_line_bytes={exc.limit} bytes ({endpoint.url}); raise the provider's"
+                    " max_line_bytes= if such lines are expected",
+                    provider=endpoint.provider,
+                    request_id=request_id,
+                ) from exc
+            for event in events:
                 yield event
         decoder.close()
     finally:
@@ -440,7 +651,7 @@ async def _abandon(response: httpx.Response, chunks: AsyncIterator[bytes]) -> No
     """Stop reading early: close the connection, then let httpx's generators finish.
 
     httpx reads the body through a chain of async generators. Left paused, they would be
-    finalized by the garbage collector, which trio reports as a ResourceWarning; after the
+    finalized by the garbage collector, which the loop reports as a ResourceWarning; after the
     close their next read fails at once, which ends them properly.
     """
     await response.aclose()
@@ -452,21 +663,38 @@ async def _abandon(response: httpx.Response, chunks: AsyncIterator[bytes]) -> No
 
 
 @asynccontextmanager
-async def open_stream(endpoint: Endpoint, body: Mapping[str, Any]) -> AsyncIterator[OpenedStream]:
-    """POST `body` as JSON and yield the response's SSE events; close everything on exit."""
+async def open_stream(
+    endpoint: Endpoint, body: Mapping[str, Any], pool: Pool | None = None, owner: str = ""
+) -> AsyncIterator[OpenedStream]:
+    """POST `body` as JSON and yield the response's SSE events; close everything on exit.
+
+    The request goes through `pool`'s client when it is held, else through a client of its
+    own. `owner` names the provider in the errors of a closed pool.
+    """
     content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-    async with _client(endpoint) as client:
+    async with _client(endpoint, pool, owner or endpoint.provider) as client:
+        pooled = pool is not None and client is pool.client(endpoint, owner)
         response = await _send(client, endpoint, content)
         try:
             request_id = request_id_of(response.headers)
             _check_content_type(endpoint, response)
             events = _events(endpoint, response, request_id)
             try:
-                yield OpenedStream(request_id, events)
+                yield OpenedStream(request_id, events, pooled)
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
         finally:
             await response.aclose()
+
+
+async def _drain(events: AsyncIterator[ServerSentEvent]) -> None:
+    """Read the body to its end, briefly, so that the connection returns to the pool."""
+    with anyio.move_on_after(DRAIN_SECONDS):
+        try:
+            async for _ in events:
+                pass
+        except ProviderError:
+            pass  # the answer is complete: a fault after it costs the connection only
 
 
 class Parser(Protocol):
@@ -488,7 +716,11 @@ class Parser(Protocol):
 
 @asynccontextmanager
 async def open_model_stream(
-    endpoint: Endpoint, body: Mapping[str, Any], parser: Callable[[str | None], Parser]
+    endpoint: Endpoint,
+    body: Mapping[str, Any],
+    parser: Callable[[str | None], Parser],
+    pool: Pool | None = None,
+    owner: str = "",
 ) -> AsyncIterator[AsyncIterator[ModelEvent]]:
     """The `Model.stream` of a provider: POST `body`, parse the stream with `parser`.
 
@@ -496,8 +728,10 @@ async def open_model_stream(
         endpoint: Where to send the request.
         body: The request body (the pure core built it).
         parser: Makes the stream's parser, given the response's request id.
+        pool: The provider's pool (its pooled client, when held).
+        owner: The provider as errors name it.
     """
-    async with open_stream(endpoint, body) as opened:
+    async with open_stream(endpoint, body, pool, owner) as opened:
         events = _model_events(opened, parser(opened.request_id), endpoint.provider)
         try:
             yield events
@@ -511,9 +745,9 @@ async def _model_events(
     async for event in opened.events:
         try:
             items = parser.feed(event)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            # A payload of the right JSON shape with wrong types inside: still a protocol
-            # error, never a bare Python one.
+        except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+            # A payload of the right JSON shape with wrong types inside (or nested too deep to
+            # handle): still a protocol error, never a bare Python one.
             raise ProviderProtocolError(
                 f"{provider} sent an event the parser could not read:"
                 f" {type(exc).__name__}: {exc} (data: {event.data[:200]!r})",
@@ -523,6 +757,58 @@ async def _model_events(
         for item in items:
             yield item
         if parser.done:
-            return  # open_stream closes the response: nothing after the terminator matters
+            # Nothing after the terminator matters; a pooled connection is worth its end.
+            if opened.pooled:
+                await _drain(opened.events)
+            return
     for item in parser.end():
         yield item
+
+
+class PooledProvider:
+    """The lifetime both providers share: ``async with model``, `aclose`, `hold`.
+
+    ``async with model:`` opens the provider's connection pool and `aclose` (or the end of
+    that block) closes it for good. `hold` keeps the pool open without owning the provider's
+    lifetime: a pipeline, a session and the CLI hold their model, so every turn of theirs
+    reuses one connection, and they close what they opened when they end.
+    """
+
+    _pool: Pool
+
+    @property
+    def provider(self) -> str:
+        """The provider's name in errors."""
+        raise NotImplementedError
+
+    def _endpoint(self) -> Endpoint:
+        raise NotImplementedError
+
+    def _owner(self) -> str:
+        return f"{type(self).__name__}({getattr(self, 'model', '')!r})"
+
+    @property
+    def closed(self) -> bool:
+        """Whether `aclose` was called (or an ``async with`` block of the provider ended)."""
+        return self._pool.closed
+
+    async def __aenter__(self) -> Self:
+        self._pool.acquire(self._endpoint(), self._owner())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the provider's connections; using it afterwards is a `ProviderError`."""
+        await self._pool.close()
+
+    @asynccontextmanager
+    async def hold(self) -> AsyncIterator[Self]:
+        """Keep the connection pool open for the block (holds nest and overlap); the last
+        hold to end closes the pool, and the provider stays usable."""
+        self._pool.acquire(self._endpoint(), self._owner())
+        try:
+            yield self
+        finally:
+            await self._pool.release()

@@ -30,12 +30,15 @@ from ._convert import (
 from ._http import (
     DEFAULT_TIMEOUT,
     Endpoint,
+    Pool,
+    PooledProvider,
+    check_line_cap,
     check_retries,
     endpoint_for,
     open_model_stream,
     strip_slash,
 )
-from ._sse import ServerSentEvent
+from ._sse import DEFAULT_MAX_LINE_BYTES, ServerSentEvent
 
 META_KEY = "openai"
 """Meta key holding extra wire fields: merged into the message or tool call they belong to,
@@ -129,9 +132,11 @@ def _messages(message: Message) -> list[dict[str, Any]]:
 
 
 def _tool_call(call: ToolCall) -> dict[str, Any]:
-    invalid = call.meta.get(INVALID_ARGUMENTS)
-    if isinstance(invalid, Mapping) and isinstance(invalid.get("raw"), str):
-        arguments = invalid["raw"]  # echo what the model said, so its mistake stays visible
+    if isinstance(call.meta.get(INVALID_ARGUMENTS), Mapping):
+        # Never echo undecodable text: a gateway translating to another API (Anthropic's
+        # wants an object) rejects the whole request. The raw text stays in the meta, and the
+        # model reads it in its invalid_arguments result.
+        arguments = "{}"
     else:
         arguments = json.dumps(dict(call.arguments), ensure_ascii=False, separators=(",", ":"))
     return {
@@ -312,7 +317,7 @@ class OpenAIStreamParser:
 
 @final
 @attrs.frozen
-class OpenAIChat:
+class OpenAIChat(PooledProvider):
     """A model behind the OpenAI Chat Completions API (OpenAI, OpenRouter, vLLM, Ollama,
     llama.cpp).
 
@@ -326,11 +331,13 @@ class OpenAIChat:
         base_url: The API root, version included.
         api_key: The key, or ``None`` to read `api_key_env`.
         timeout: Seconds, or an ``httpx.Timeout``; its read timeout is the longest silence
-            allowed between bytes (a total deadline is the caller's trio cancel scope).
+            allowed between bytes (a total deadline is the caller's cancel scope).
         max_retries: Retries of a failed request before its stream starts.
         transport: An httpx transport to send requests through (tests, proxies); the caller
             owns it.
         api_key_env: The environment variable holding the key, or ``None``.
+        max_line_bytes: The longest event-stream line accepted (16 MiB); a longer one is a
+            `ProviderProtocolError` naming the cap, and memory stays bounded by it.
         max_tokens_field: The body field `RequestOptions.max_tokens` goes to; ``None`` picks
             ``max_completion_tokens`` for api.openai.com and ``max_tokens`` elsewhere.
     """
@@ -345,8 +352,12 @@ class OpenAIChat:
     transport: httpx.AsyncBaseTransport | None = attrs.field(
         default=None, repr=False, eq=False, kw_only=True
     )
+    max_line_bytes: int = attrs.field(
+        default=DEFAULT_MAX_LINE_BYTES, validator=check_line_cap, kw_only=True
+    )
     api_key_env: str | None = attrs.field(default="OPENAI_API_KEY", kw_only=True)
     max_tokens_field: MaxTokensField | None = attrs.field(default=None, kw_only=True)
+    _pool: Pool = attrs.field(init=False, factory=Pool, repr=False, eq=False)
 
     @property
     def provider(self) -> str:
@@ -363,6 +374,8 @@ class OpenAIChat:
             self._endpoint(),
             body,
             lambda request_id: OpenAIStreamParser(self.provider, request_id),
+            self._pool,
+            self._owner(),
         )
 
     def _endpoint(self) -> Endpoint:

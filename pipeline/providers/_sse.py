@@ -5,6 +5,11 @@ It follows the WHATWG "event stream interpretation" rules. Lines are split on th
 network reads, and ``str.splitlines`` would also split on U+2028/U+2029, which are legal inside
 JSON strings and do occur in model output. A ``\\r`` ending one read and a ``\\n`` starting the
 next are one line end.
+
+Decoding is linear in the input: the bytes of an unfinished line are kept in one growing
+buffer and looked at again only once its line end arrives, so a line arriving in many reads
+costs what it would cost in one. A line longer than `max_line_bytes` is refused
+(`LineTooLong`) as soon as the buffer passes the cap: memory stays bounded by it.
 """
 
 import re
@@ -12,8 +17,31 @@ from typing import final
 
 import attrs
 
-_LINE_END = re.compile(rb"\r\n|\r|\n")
+_LINE_END = re.compile(r"\r\n|\r|\n")
 _BOM = "\ufeff"
+_CR = 0x0D
+_LF = 0x0A
+
+DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
+"""16 MiB: far above any event a model sends (a whole tool call's arguments fit in one), far
+below what would exhaust a server's memory."""
+
+
+class LineTooLong(ValueError):
+    """A line grew past the decoder's cap before its line end arrived.
+
+    Attributes:
+        limit: The cap, in bytes.
+        size: How many bytes of the line had arrived when it was refused.
+    """
+
+    def __init__(self, limit: int, size: int) -> None:
+        super().__init__(
+            f"an event-stream line is longer than max_line_bytes={limit} bytes"
+            f" ({size} bytes arrived without a line end)"
+        )
+        self.limit = limit
+        self.size = size
 
 
 @final
@@ -40,12 +68,26 @@ class SSEDecoder:
 
     An event still open (no blank line yet) when the stream ends is discarded, as the spec
     says: `close` reports nothing for it.
+
+    Args:
+        max_line_bytes: The longest line accepted, in bytes (line end excluded); a longer
+            one raises `LineTooLong`.
     """
 
-    __slots__ = ("_data", "_event", "_id", "_retry", "_skip_lf", "_started", "_tail")
+    __slots__ = (
+        "_data",
+        "_event",
+        "_id",
+        "_limit",
+        "_retry",
+        "_skip_lf",
+        "_started",
+        "_tail",
+    )
 
-    def __init__(self) -> None:
-        self._tail = b""
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self._limit = max_line_bytes
+        self._tail = bytearray()  # the unfinished line
         self._skip_lf = False
         self._started = False
         self._data: list[str] = []
@@ -54,47 +96,86 @@ class SSEDecoder:
         self._retry: int | None = None
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
-        """Decode one read of the body; return the events it completed, in order."""
+        """Decode one read of the body; return the events it completed, in order.
+
+        Raises:
+            LineTooLong: A line passed `max_line_bytes`.
+        """
         if not chunk:
             return []
         if self._skip_lf:
             self._skip_lf = False
-            if chunk[0] == 0x0A:  # the LF of a CRLF whose CR ended the previous read
+            if chunk[0] == _LF:  # the LF of a CRLF whose CR ended the previous read
                 chunk = chunk[1:]
-        buffer = self._tail + chunk if self._tail else chunk
-        if b"\r" in buffer:
-            lines = _LINE_END.split(buffer)
-            self._skip_lf = buffer.endswith(b"\r")
+                if not chunk:
+                    return []
+        has_cr = _CR in chunk
+        last = max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) if has_cr else chunk.rfind(b"\n")
+        tail = self._tail
+        if last < 0:  # still inside one line: keep it, look at it once its end arrives
+            tail += chunk
+            if len(tail) > self._limit:
+                self._refuse(len(tail))
+            return []
+        end = last + 1
+        rest = chunk[end:] if end < len(chunk) else b""
+        if tail:
+            # Complete the unfinished line in place: no copy of what arrived before.
+            tail += chunk[:end] if rest else chunk
+            head: bytes | bytearray = tail
+            self._tail = bytearray()
         else:
-            lines = buffer.split(b"\n")
-        self._tail = lines.pop()
+            head = chunk[:end] if rest else chunk
+        if rest:
+            self._tail += rest
+            if len(self._tail) > self._limit:
+                self._refuse(len(self._tail))
+        elif chunk[last] == _CR:
+            self._skip_lf = True
+        # Every line end is ASCII, so decoding the complete lines at once equals decoding
+        # them one by one; splitting the text on CR/LF only never touches U+2028/U+2029.
+        text = head.decode("utf-8", "replace")
+        lines = _LINE_END.split(text) if has_cr else text.split("\n")
+        lines.pop()  # the empty string after the last line end
+        if len(head) > self._limit:
+            longest = max(len(line.encode()) for line in lines)
+            if longest > self._limit:
+                self._refuse(longest)
+        if not self._started:
+            self._started = True
+            if lines[0].startswith(_BOM):
+                lines[0] = lines[0][1:]
         events: list[ServerSentEvent] = []
-        for raw in lines:
-            line = raw.decode("utf-8", "replace")
-            if not self._started:
-                self._started = True
-                if line.startswith(_BOM):
-                    line = line[1:]
-            self._line(line, events)
+        data = self._data
+        for line in lines:
+            if line.startswith("data:"):
+                # The hot path: nearly every line of a model's stream is a data line.
+                data.append(line[6:] if line[5:6] == " " else line[5:])
+            elif not line:
+                if data:
+                    events.append(
+                        ServerSentEvent(
+                            self._event or "message", "\n".join(data), self._id, self._retry
+                        )
+                    )
+                    data = self._data = []
+                self._event = ""
+            else:
+                self._field(line)
         return events
 
     def close(self) -> list[ServerSentEvent]:
         """Mark the end of the stream; an unterminated event is discarded."""
-        self._tail = b""
+        self._tail = bytearray()
         self._data = []
         return []
 
-    def _line(self, line: str, events: list[ServerSentEvent]) -> None:
-        if not line:
-            if self._data:
-                events.append(
-                    ServerSentEvent(
-                        self._event or "message", "\n".join(self._data), self._id, self._retry
-                    )
-                )
-            self._data = []
-            self._event = ""
-            return
+    def _refuse(self, size: int) -> None:
+        self._tail = bytearray()
+        self._data = []
+        raise LineTooLong(self._limit, size)
+
+    def _field(self, line: str) -> None:
         if line[0] == ":":
             return  # a comment: keep-alives such as ": OPENROUTER PROCESSING"
         name, colon, value = line.partition(":")

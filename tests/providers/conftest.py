@@ -12,3 +12,11 @@ async def server(nursery: trio.Nursery) -> ProtocolServer:
     served = ProtocolServer()
     await served.start(nursery)
     return served
+
+
+@pytest.fixture
+async def keep_alive_server(nursery: trio.Nursery) -> ProtocolServer:
+    """A keep-alive protocol server (connections serve request after request)."""
+    served = ProtocolServer(keep_alive=True)
+    await served.start(nursery)
+    return served

@@ -6,8 +6,11 @@ request it receives and answers each with the next scripted `Reply`: an OpenAI o
 event stream, or a fault (an error status with retry headers, a stream cut short, bytes one
 at a time, a server that goes silent).
 
-One request per connection (every answer says ``connection: close``), so each retry is a fresh
-connection, as it would be after a failure in the wild.
+By default one request per connection (every answer says ``connection: close``), so each
+retry is a fresh connection, as it would be after a failure in the wild. With
+``keep_alive=True`` it is an HTTP/1.1 keep-alive server: a connection serves request after
+request (each complete answer says ``connection: keep-alive``) until the client closes it, and
+`connections` counts the connections it accepted.
 
 Run it alone (the benchmark does): ``python -m tests.providers.server --openai-chunks 2000``
 serves the same recorded stream to every request and prints its port.
@@ -75,11 +78,22 @@ def _reason(status: int) -> str:
 class ProtocolServer:
     """Plays scripted replies, in order, one per request; records what it received."""
 
-    def __init__(self, replies: Iterable[Reply] = (), *, repeat: Reply | None = None) -> None:
+    def __init__(
+        self,
+        replies: Iterable[Reply] = (),
+        *,
+        repeat: Reply | None = None,
+        keep_alive: bool = False,
+    ) -> None:
         self.requests: list[Recorded] = []
         self.repeat = repeat
+        self.keep_alive = keep_alive
         self.port = 0
         self.hangups = 0
+        self.connections = 0
+        """Connections accepted so far."""
+        self.open_connections = 0
+        """Connections accepted and not yet closed by either side."""
         self._replies: deque[Reply] = deque(replies)
         self._hung_up = trio.Event()
 
@@ -112,27 +126,35 @@ class ProtocolServer:
         return Reply(599, (("content-type", "application/json"),), (body.encode(),), "length")
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        self.open_connections += 1
         try:
-            request = await _read_request(stream)
-            if request is None:
-                return
-            self.requests.append(request)
-            await self._write(stream, self._next())
+            while True:
+                request = await _read_request(stream)
+                if request is None:
+                    return
+                self.requests.append(request)
+                if not await self._write(stream, self._next()):
+                    return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._hangup()  # the client hung up while we were still writing
+        finally:
+            self.open_connections -= 1
 
     def _hangup(self) -> None:
         self.hangups += 1
         self._hung_up.set()
 
-    async def _write(self, stream: trio.SocketStream, reply: Reply) -> None:
+    async def _write(self, stream: trio.SocketStream, reply: Reply) -> bool:
+        """Write `reply`; whether the connection may serve another request."""
+        reuse = self.keep_alive and reply.framing != "close" and reply.complete and not reply.stall
         lines = [f"HTTP/1.1 {reply.status} {_reason(reply.status)}"]
         lines += [f"{name}: {value}" for name, value in reply.headers]
         if reply.framing == "chunked":
             lines.append("transfer-encoding: chunked")
         elif reply.framing == "length":
             lines.append(f"content-length: {sum(len(piece) for piece in reply.pieces)}")
-        lines.append("connection: close")
+        lines.append("connection: keep-alive" if reuse else "connection: close")
         await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         for piece in reply.pieces:
             data = b"%x\r\n%s\r\n" % (len(piece), piece) if reply.framing == "chunked" else piece
@@ -148,6 +170,7 @@ class ProtocolServer:
             while await stream.receive_some(65536):
                 pass
             self._hangup()
+        return reuse
 
 
 async def _read_request(stream: trio.SocketStream) -> Recorded | None:

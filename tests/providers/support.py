@@ -1,12 +1,20 @@
 """Helpers the provider tests share."""
 
-from typing import TypeVar
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import pytest
+import trio
+import trio.from_thread
+import trio.lowlevel
 
 from pipeline import Model, ModelEvent, ModelRequest, Pipeline, ProviderError
 from pipeline.logs import MemoryLog
 from turns import Message
+
+from .server import ProtocolServer, Reply
 
 E = TypeVar("E", bound=ProviderError)
 
@@ -42,3 +50,33 @@ async def fails_in_pipeline(model: Model, error: type[E]) -> E:
     assert (await log.load("c")).messages == earlier
     assert [entry.turn_ref for entry in await log.entries("c")] == ["earlier"]
     return caught.value
+
+
+@contextmanager
+def serving_in_thread(*replies: Reply, repeat: Reply | None = None) -> Iterator[ProtocolServer]:
+    """A keep-alive protocol server run by trio in a thread of its own.
+
+    For tests that run the same body on each event loop (``anyio.run(body, backend=...)``):
+    the server does not share the loop under test.
+    """
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def serve() -> None:
+        server = ProtocolServer(replies, repeat=repeat, keep_alive=True)
+        async with trio.open_nursery() as nursery:
+            await server.start(nursery)
+            box["server"] = server
+            box["token"] = trio.lowlevel.current_trio_token()
+            box["stop"] = nursery.cancel_scope.cancel
+            ready.set()
+
+    thread = threading.Thread(target=trio.run, args=(serve,), daemon=True)
+    thread.start()
+    assert ready.wait(10), "the protocol server did not start"
+    try:
+        yield box["server"]
+    finally:
+        stop: Callable[[], None] = box["stop"]
+        trio.from_thread.run_sync(stop, trio_token=box["token"])
+        thread.join(10)

@@ -137,10 +137,12 @@ def test_meta_fields_are_echoed_into_the_tool_call() -> None:
     }
 
 
-def test_invalid_arguments_are_echoed_as_the_model_sent_them() -> None:
+def test_invalid_arguments_go_out_as_an_empty_object_never_raw() -> None:
+    """Catches: the raw undecodable text echoed on the wire, which a gateway translating to
+    Anthropic rejects with a 400 for the whole request."""
     meta = {"invalid_arguments": {"raw": '{"path": ', "error": "..."}}
     sent = body(Message.assistant([ToolCall("c", "stat_file", {}, meta)]))
-    assert sent["messages"][0]["tool_calls"][0]["function"]["arguments"] == '{"path": '
+    assert sent["messages"][0]["tool_calls"][0]["function"]["arguments"] == "{}"
 
 
 def test_a_tool_call_in_a_user_message_is_a_request_error_naming_the_tool() -> None:

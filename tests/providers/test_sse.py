@@ -1,11 +1,19 @@
 """The byte-level SSE decoder (pipeline/providers/_sse.py)."""
 
 import itertools
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.providers._sse import ServerSentEvent, SSEDecoder
+from pipeline import ProviderProtocolError
+from pipeline.providers import AnthropicMessages, OpenAIChat
+from pipeline.providers._sse import LineTooLong, ServerSentEvent, SSEDecoder
+
+from . import server as wire
+from .server import ProtocolServer
+from .support import KEY, collect
 
 
 def decode(*reads: bytes) -> list[ServerSentEvent]:
@@ -98,3 +106,97 @@ def test_any_split_of_the_stream_into_reads_gives_the_same_events(cuts: set[int]
         ServerSentEvent("message", "[1,\n2]"),
         ServerSentEvent("message", "x", "9", 30),
     ]
+
+
+# --- The line cap -----------------------------------------------------------------------------
+
+
+def test_a_line_longer_than_the_cap_is_refused_naming_the_cap() -> None:
+    """Catches: no cap at all (a server that never ends its line grows memory without end)."""
+    decoder = SSEDecoder(max_line_bytes=1000)
+    with pytest.raises(LineTooLong, match="max_line_bytes=1000"):
+        decoder.feed(b"data: " + b"x" * 2000 + b"\n\n")
+
+
+def test_a_line_at_the_cap_is_accepted() -> None:
+    """Catches: an off-by-one that refuses a line of exactly the cap."""
+    line = b"data: " + b"x" * 994  # 1000 bytes without its line end
+    assert SSEDecoder(max_line_bytes=1000).feed(line + b"\n\n") == [
+        ServerSentEvent("message", "x" * 994)
+    ]
+
+
+def test_an_unfinished_line_is_refused_once_it_passes_the_cap() -> None:
+    """Catches: memory not bounded by the cap (the line buffered until its end, or until
+    the whole body arrived)."""
+    decoder = SSEDecoder(max_line_bytes=64 * 1024)
+    fed = 0
+
+    def feed_forever() -> None:
+        nonlocal fed
+        for _ in range(10_000):  # 40 MB if nothing stopped it
+            decoder.feed(b"y" * 4096)
+            fed += 4096
+
+    with pytest.raises(LineTooLong) as caught:
+        feed_forever()
+    assert fed <= 64 * 1024 < fed + 4096
+    assert caught.value.limit == 64 * 1024
+
+
+@pytest.mark.parametrize("name", ["openai", "anthropic"])
+async def test_a_provider_refuses_a_line_over_its_cap_with_a_protocol_error(
+    server: ProtocolServer, name: str
+) -> None:
+    """Catches: the cap not configurable on the provider, or raised as a bare ValueError."""
+    line = b"data: " + b"z" * 5000 + b"\n\n"
+    server.script(wire.stream([line[:3000], line[3000:]]))
+    model: Any = (
+        OpenAIChat("m", base_url=f"{server.url}/v1", api_key=KEY, max_line_bytes=4096)
+        if name == "openai"
+        else AnthropicMessages("m", base_url=server.url, api_key=KEY, max_line_bytes=4096)
+    )
+    with pytest.raises(ProviderProtocolError, match=r"max_line_bytes=4096 bytes"):
+        await collect(model)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "16MiB"])
+def test_a_bad_cap_is_refused_when_the_provider_is_built(bad: Any) -> None:
+    """Catches: a cap that would refuse every line, or none, accepted silently."""
+    with pytest.raises(ValueError, match="max_line_bytes must be a positive int"):
+        OpenAIChat("m", max_line_bytes=bad)
+
+
+# --- The split law on generated streams --------------------------------------------------------
+
+_VALUES = st.text(
+    alphabet=st.characters(
+        blacklist_categories=("Cs",), blacklist_characters="\r\n"
+    ),  # é, 😀, U+2028 and friends included
+    max_size=12,
+)
+_LINE = st.one_of(
+    st.builds(lambda v: f"data: {v}", _VALUES),
+    st.builds(lambda v: f"data:{v}", _VALUES),
+    st.builds(lambda v: f"event: {v}", _VALUES),
+    st.builds(lambda v: f"id: {v}", _VALUES),
+    st.builds(lambda v: f": {v}", _VALUES),
+    st.builds(lambda n: f"retry: {n}", st.integers(0, 10**6)),
+    st.just(""),
+)
+_END = st.sampled_from(["\n", "\r", "\r\n"])
+
+
+@given(
+    st.lists(st.tuples(_LINE, _END), max_size=25),
+    st.sets(st.integers(min_value=1, max_value=10_000)),
+)
+def test_decoding_does_not_depend_on_how_the_bytes_are_split(
+    lines: list[tuple[str, str]], cuts: set[int]
+) -> None:
+    """Law: the events are the same however the body is cut into reads — inside a CRLF,
+    inside a multi-byte UTF-8 character, anywhere. Catches: state lost between reads."""
+    body = "".join(line + end for line, end in lines).encode()
+    bounds = [0, *sorted(cut for cut in cuts if cut < len(body)), len(body)]
+    reads = [body[start:end] for start, end in itertools.pairwise(bounds)]
+    assert decode(*reads) == decode(body) == decode(*(body[i : i + 1] for i in range(len(body))))

@@ -1,0 +1,224 @@
+"""Hostile and unlucky input through the providers: JSON nested too deep, undecodable tool
+arguments on the next request, a missing key, a local server that is not running."""
+
+import json
+import socket
+from typing import Any
+
+import httpx
+import pytest
+
+from pipeline import (
+    ModelToolCall,
+    Pipeline,
+    ProviderConnectionError,
+    ProviderProtocolError,
+    ProviderStatusError,
+    tool,
+)
+from pipeline.providers import AnthropicMessages, OpenAIChat
+from pipeline.providers._http import Endpoint, translate
+from turns import Turn
+
+from . import server as wire
+from .server import ProtocolServer
+from .support import KEY, collect
+from .test_tool_turns import sent_results
+
+DEEP = 100_000
+DEEP_ARGUMENTS = '{"path": ' + "[" * DEEP + "]" * DEEP + "}"
+
+
+def openai(server: ProtocolServer, **changes: Any) -> OpenAIChat:
+    return OpenAIChat("gpt-test", base_url=f"{server.url}/v1", **{"api_key": KEY, **changes})
+
+
+def anthropic(server: ProtocolServer, **changes: Any) -> AnthropicMessages:
+    return AnthropicMessages("claude-test", base_url=server.url, **{"api_key": KEY, **changes})
+
+
+def make(provider: str, server: ProtocolServer, **changes: Any) -> Any:
+    return (openai if provider == "openai" else anthropic)(server, **changes)
+
+
+def tool_stream(provider: str, fragments: list[str]) -> wire.Reply:
+    if provider == "openai":
+        return wire.stream(wire.openai_tool_calls([("call_a", "lookup", fragments)]))
+    return wire.stream(
+        (
+            wire.anthropic_start(),
+            *wire.anthropic_tool_block(0, "call_a", "lookup", fragments),
+            *wire.anthropic_end("tool_use"),
+        )
+    )
+
+
+def text_stream(provider: str, text: str) -> wire.Reply:
+    if provider == "openai":
+        return wire.stream(wire.openai_text([text]))
+    return wire.stream(wire.anthropic_text([text]))
+
+
+# --- JSON nested 100,000 deep ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_stream_event_nested_too_deep_is_a_protocol_error(
+    server: ProtocolServer, provider: str
+) -> None:
+    """Catches: json.loads's RecursionError escaping the parser (the turn died with a bare
+    error instead of a ProviderProtocolError)."""
+    deep = "[" * DEEP + "]" * DEEP
+    name = "content_block_delta" if provider == "anthropic" else None
+    prefix = f"event: {name}\n" if name else ""
+    server.script(wire.stream([f"{prefix}data: {deep}\n\n".encode()]))
+    with pytest.raises(ProviderProtocolError, match="nested too deeply"):
+        await collect(make(provider, server))
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_tool_arguments_nested_too_deep_get_an_invalid_arguments_result(
+    server: ProtocolServer, provider: str
+) -> None:
+    """Catches: a RecursionError from decoding arguments killing the turn, instead of an
+    invalid_arguments result the model can correct."""
+    ran: list[Any] = []
+
+    @tool
+    def lookup(path: str) -> str:
+        ran.append(path)
+        return "found"
+
+    server.script(tool_stream(provider, [DEEP_ARGUMENTS]), text_stream(provider, "Sorry."))
+    result = await Pipeline(model=make(provider, server), tools=[lookup]).run(Turn.start("find it"))
+    assert (ran, result.reply.text) == ([], "Sorry.")
+    [(call_id, content, _)] = sent_results(provider, server.requests[1].body)
+    assert call_id == "call_a"
+    assert content.startswith(
+        "invalid arguments for tool 'lookup': the arguments are not valid JSON (nested too"
+        " deeply to decode)"
+    )
+    assert result.audit.tools[0].result.error_class == "invalid_arguments"
+
+
+# --- Undecodable arguments on the next request ----------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_undecodable_arguments_go_back_as_an_empty_object_and_the_model_reads_them(
+    server: ProtocolServer, provider: str
+) -> None:
+    """Catches: the raw text echoed in the assistant message of the next request (a gateway
+    translating to Anthropic rejects the whole request), or the raw text lost to the model."""
+
+    @tool
+    def lookup(path: str) -> str:
+        return "found"
+
+    raw = '{"path": "READ'
+    server.script(tool_stream(provider, [raw]), text_stream(provider, "Retrying."))
+    result = await Pipeline(model=make(provider, server), tools=[lookup]).run(Turn.start("find it"))
+    sent = server.requests[1].body
+    if provider == "openai":
+        [assistant] = [m for m in sent["messages"] if m["role"] == "assistant"]
+        assert assistant["tool_calls"][0]["function"]["arguments"] == "{}"
+    else:
+        [assistant] = [m for m in sent["messages"] if m["role"] == "assistant"]
+        [use] = [b for b in assistant["content"] if b["type"] == "tool_use"]
+        assert use["input"] == {}
+    assert "READ" not in json.dumps(assistant)
+    [(_, content, _)] = sent_results(provider, sent)
+    assert repr(raw) in content  # the model reads what it sent
+    assert result.audit.tools[0].call.meta["invalid_arguments"]["raw"] == raw
+
+
+async def test_a_parsed_call_keeps_the_whole_raw_text_in_its_meta(server: ProtocolServer) -> None:
+    """Catches: the meta keeping only the quoted start of long undecodable arguments."""
+    raw = '{"path": "' + "x" * 1000
+    server.script(tool_stream("openai", [raw]))
+    events = await collect(openai(server))
+    [call] = [e.call for e in events if isinstance(e, ModelToolCall)]
+    assert call.meta["invalid_arguments"]["raw"] == raw
+    assert len(call.meta["invalid_arguments"]["error"]) < 400
+
+
+# --- No key ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [400, 403, 404, 500])
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_any_error_status_to_a_request_without_a_key_says_no_key_was_sent(
+    server: ProtocolServer, provider: str, status: int
+) -> None:
+    """Catches: the missing-key hint given on 401 only (servers answer a missing key with
+    400, 403, 404 or a 500)."""
+    server.script(wire.json_error(status, {"error": {"message": "denied", "type": "x"}}))
+    model = make(provider, server, api_key=None, api_key_env=None, max_retries=0)
+    with pytest.raises(ProviderStatusError) as caught:
+        await collect(model)
+    assert caught.value.status == status
+    assert "no API key was sent" in str(caught.value)
+    assert "authorization" not in server.requests[0].headers
+    assert "x-api-key" not in server.requests[0].headers
+
+
+async def test_an_error_status_with_a_key_does_not_mention_keys(server: ProtocolServer) -> None:
+    """Catches: the hint given when a key was sent (it would mislead)."""
+    server.script(wire.json_error(500, {"error": {"message": "boom", "type": "x"}}))
+    with pytest.raises(ProviderStatusError) as caught:
+        await collect(openai(server, max_retries=0))
+    assert "API key" not in str(caught.value)
+
+
+# --- A local server that is not running -----------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_refused_connection_to_a_local_base_url_names_the_server_expected(
+    provider: str,
+) -> None:
+    """Catches: a bare 'ConnectError: All connection attempts failed' for a local server
+    (Ollama, vLLM, llama.cpp) that is simply not running."""
+    base = f"http://127.0.0.1:{_free_port()}"
+    model: Any = (
+        OpenAIChat("m", base_url=f"{base}/v1", api_key_env=None, max_retries=0)
+        if provider == "openai"
+        else AnthropicMessages("m", base_url=base, api_key=KEY, max_retries=0)
+    )
+    with pytest.raises(ProviderConnectionError) as caught:
+        await collect(model)
+    message = str(caught.value)
+    kind = "OpenAI-compatible" if provider == "openai" else "Anthropic Messages"
+    assert f"nothing accepted a connection at {base}" in message
+    assert f"expected a local {kind} server there" in message
+    assert "point base_url at the server you run" in message
+
+
+@pytest.mark.parametrize(
+    ("url", "server"),
+    [
+        ("http://localhost:11434/v1/chat/completions", "an Ollama server"),
+        ("http://127.0.0.1:8000/v1/chat/completions", "a vLLM server"),
+        ("http://[::1]:8080/v1/chat/completions", "a llama.cpp server"),
+    ],
+)
+def test_the_default_ports_of_local_servers_name_them(url: str, server: str) -> None:
+    """Catches: a hint that does not say which server usually listens there."""
+    endpoint = Endpoint("openai", url, {}, None, httpx.Timeout(5), 0)
+    error = translate(httpx.ConnectError("refused"), endpoint, streaming=False)
+    assert isinstance(error, ProviderConnectionError)
+    assert f"expected {server}" in str(error)
+
+
+def test_a_refused_connection_to_a_remote_host_gets_no_local_hint() -> None:
+    """Catches: the local-server hint given for api.openai.com."""
+    endpoint = Endpoint("openai", "https://api.openai.com/v1/x", {}, None, httpx.Timeout(5), 0)
+    error = translate(httpx.ConnectError("refused"), endpoint, streaming=False)
+    assert "expected" not in str(error)
+    assert "ConnectError: refused" in str(error)

@@ -1,0 +1,245 @@
+"""Connection pooling and the provider's lifetime (pipeline/providers/_http.py `Pool`).
+
+The server is a real HTTP/1.1 keep-alive server on 127.0.0.1 that counts the connections it
+accepts. The tests that must hold on both event loops run one body under
+``anyio.run(body, backend=...)`` for trio and for asyncio, against a server in a thread.
+"""
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+import trio
+
+from pipeline import ModelFinish, ModelText, Pipeline, ProviderError
+from pipeline.logs import MemoryLog
+from pipeline.providers import AnthropicMessages, OpenAIChat
+from turns import Turn
+
+from . import server as wire
+from .server import ProtocolServer
+from .support import KEY, collect, serving_in_thread
+
+BACKENDS = ["trio", "asyncio"]
+
+OPENAI_REPLY = wire.stream(wire.openai_text(["Hello", "!"]))
+ANTHROPIC_REPLY = wire.stream(wire.anthropic_text(["Hello", "!"]))
+
+
+def openai(url: str) -> OpenAIChat:
+    return OpenAIChat("gpt-test", base_url=f"{url}/v1", api_key=KEY)
+
+
+def anthropic(url: str) -> AnthropicMessages:
+    return AnthropicMessages("claude-test", base_url=url, api_key=KEY)
+
+
+PROVIDERS: dict[str, tuple[Callable[[str], Any], wire.Reply]] = {
+    "openai": (openai, OPENAI_REPLY),
+    "anthropic": (anthropic, ANTHROPIC_REPLY),
+}
+
+
+def texts(events: list[Any]) -> str:
+    return "".join(event.text for event in events if isinstance(event, ModelText))
+
+
+async def wait_closed(server: ProtocolServer) -> None:
+    """Until the client has closed every connection (the server sees EOF)."""
+    with anyio.fail_after(5):
+        # The counter belongs to the server's loop, in another thread: no event to wait on.
+        while server.open_connections:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+# --- One connection for many calls, on both loops ------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", PROVIDERS)
+def test_five_calls_through_an_open_provider_use_one_connection(backend: str, name: str) -> None:
+    """Catches: a client (so a TCP and TLS handshake) per model call instead of one pool per
+    provider, on either loop."""
+    make, reply = PROVIDERS[name]
+    with serving_in_thread(repeat=reply) as server:
+
+        async def body() -> list[str]:
+            async with make(server.url) as model:
+                said = [texts(await collect(model)) for _ in range(5)]
+            await wait_closed(server)
+            return said
+
+        said = anyio.run(body, backend=backend)
+    assert (said, len(server.requests), server.connections) == (["Hello!"] * 5, 5, 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_unopened_provider_opens_and_closes_a_connection_per_call(backend: str) -> None:
+    """Catches: an unheld provider that keeps connections nobody will close (the pool needs a
+    lifetime: `async with`, a pipeline or a session)."""
+    with serving_in_thread(repeat=OPENAI_REPLY) as server:
+
+        async def body() -> None:
+            model = openai(server.url)
+            for _ in range(3):
+                await collect(model)
+            await wait_closed(server)
+
+        anyio.run(body, backend=backend)
+    assert (len(server.requests), server.connections) == (3, 3)
+
+
+# --- Pipelines and sessions hold their model (trio: the runtime's loop) ---------------------
+
+
+async def test_five_turns_of_a_session_use_one_connection_closed_at_its_end(
+    keep_alive_server: ProtocolServer,
+) -> None:
+    """Catches: a session that does not hold its model's pool, or leaves it open after."""
+    server = keep_alive_server
+    server.repeat = OPENAI_REPLY
+    model = openai(server.url)
+    pipe = Pipeline(model=model)
+    async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+        results = [await session.send(f"turn {n}") for n in range(5)]
+        assert server.open_connections == 1
+    await wait_closed(server)
+    assert [r.reply.text for r in results] == ["Hello!"] * 5
+    assert (len(server.requests), server.connections, model.closed) == (5, 1, False)
+
+
+async def test_async_with_pipe_holds_the_model_and_closes_what_it_opened(
+    keep_alive_server: ProtocolServer,
+) -> None:
+    """Catches: `async with pipe:` missing, or closing the provider for good (a later block
+    or call must still work, on a fresh connection)."""
+    server = keep_alive_server
+    server.repeat = ANTHROPIC_REPLY
+    model = anthropic(server.url)
+    pipe = Pipeline(model=model)
+    async with pipe as entered:
+        assert entered is pipe
+        for n in range(5):
+            assert (await pipe.run(Turn.start(f"turn {n}"))).reply.text == "Hello!"
+    await wait_closed(server)
+    assert (len(server.requests), server.connections) == (5, 1)
+    async with pipe:
+        await pipe.run(Turn.start("again"))
+    await wait_closed(server)
+    assert (len(server.requests), server.connections, model.closed) == (6, 2, False)
+
+
+async def test_a_provider_the_caller_opened_outlives_the_sessions_inside(
+    keep_alive_server: ProtocolServer,
+) -> None:
+    """Catches: a session that closes a pool it did not open."""
+    server = keep_alive_server
+    server.repeat = OPENAI_REPLY
+    async with openai(server.url) as model:
+        pipe = Pipeline(model=model)
+        for conversation in ("a", "b"):
+            async with pipe.session(log=MemoryLog(), conversation_id=conversation) as session:
+                await session.send("hi")
+        assert server.open_connections == 1
+    await wait_closed(server)
+    assert (len(server.requests), server.connections, model.closed) == (2, 1, True)
+
+
+# --- A closed provider, another loop -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+async def test_a_closed_provider_is_a_clear_error(
+    keep_alive_server: ProtocolServer, name: str
+) -> None:
+    """Catches: a closed provider that silently reconnects, or fails with httpx's own
+    'client has been closed' RuntimeError."""
+    make, reply = PROVIDERS[name]
+    keep_alive_server.repeat = reply
+    async with make(keep_alive_server.url) as model:
+        await collect(model)
+    for attempt in (lambda: collect(model), model.__aenter__):
+        with pytest.raises(ProviderError, match=r"is closed .*create a new one") as caught:
+            await attempt()
+        assert type(caught.value) is ProviderError
+        assert f"{type(model).__name__}(" in str(caught.value)
+    assert len(keep_alive_server.requests) == 1
+    await model.aclose()  # closing again is harmless
+
+
+async def test_a_closed_provider_fails_the_turn_with_the_same_error(
+    keep_alive_server: ProtocolServer,
+) -> None:
+    """Catches: the runtime wrapping the closed-provider error into a vaguer one."""
+    model = openai(keep_alive_server.url)
+    await model.aclose()
+    with pytest.raises(ProviderError, match="is closed"):
+        await Pipeline(model=model).run(Turn.start("hi"))
+    assert keep_alive_server.requests == []
+
+
+def test_a_provider_opened_on_asyncio_and_used_on_trio_is_an_error_not_a_hang() -> None:
+    """Catches: a pooled connection of one loop awaited from another (a hang, or an error
+    from deep inside the socket layer)."""
+    with serving_in_thread(repeat=OPENAI_REPLY) as server:
+        model = openai(server.url)
+        loop = asyncio.new_event_loop()
+        try:
+
+            async def open_and_call() -> None:
+                await model.__aenter__()
+                await collect(model)
+
+            loop.run_until_complete(open_and_call())
+
+            async def elsewhere() -> None:
+                with trio.fail_after(5):
+                    await collect(model)
+
+            with pytest.raises(ProviderError) as caught:
+                trio.run(elsewhere)
+            loop.run_until_complete(model.aclose())
+        finally:
+            loop.close()
+    message = str(caught.value)
+    assert "opened on another event loop (asyncio)" in message
+    assert "this one (trio)" in message
+    assert (len(server.requests), server.connections) == (1, 1)
+
+
+def test_a_provider_opened_on_trio_and_used_on_asyncio_is_an_error() -> None:
+    """Catches: the loop check missing on the asyncio side."""
+    model = OpenAIChat("gpt-test", base_url="http://127.0.0.1:9/v1", api_key=KEY)
+
+    async def hold_open() -> None:
+        await model.__aenter__()  # the block never closes it: a mistake, not a crash
+
+    trio.run(hold_open)
+
+    async def use() -> list[Any]:
+        return await collect(model)
+
+    with pytest.raises(ProviderError, match=r"another event loop \(trio\).*this one \(asyncio\)"):
+        asyncio.run(use())
+    asyncio.run(model.aclose())
+    assert model.closed
+
+
+def test_finish_events_still_arrive_through_a_pooled_connection() -> None:
+    """Catches: a pooled response that is not read to its end (the next call on the same
+    connection would read its leftovers)."""
+    with serving_in_thread(
+        wire.stream(wire.openai_text(["one"], usage=(3, 1))),
+        wire.stream(wire.openai_text(["two"], usage=(4, 2))),
+    ) as server:
+
+        async def body() -> list[list[Any]]:
+            async with openai(server.url) as model:
+                return [await collect(model), await collect(model)]
+
+        first, second = anyio.run(body, backend="asyncio")
+    assert [texts(first), texts(second)] == ["one", "two"]
+    assert [type(first[-1]), type(second[-1])] == [ModelFinish, ModelFinish]
+    assert server.connections == 1
