@@ -190,19 +190,19 @@ def check_toolsets(entries: Any) -> tuple[Toolset, ...]:
     return toolsets
 
 
-def merge(
-    groups: Iterable[tuple[str, Iterable[Tool]]], raw: Mapping[str, str] | None = None
-) -> dict[str, Tool]:
-    """The tools of every group by final name; two of one name are a `ConfigError`.
+Offered = tuple[str, Iterable[tuple[Tool, str | None]]]
+"""An owner (``"the tools"``, ``"toolset 'x'"``) and its tools: each under its final name,
+with its own name (None when it is the same)."""
 
-    `groups` pairs an owner (``"tools"`` or ``"toolset 'x'"``) with its tools under their
-    final names; `raw` maps a final name to the tool's own name, for the message.
-    """
+
+def merge(groups: Iterable[Offered]) -> dict[str, Tool]:
+    """The tools of every group by final name; two of one name are a `ConfigError` naming
+    both."""
     found: dict[str, Tool] = {}
     owners: dict[str, str] = {}
     for owner, tools in groups:
-        for made in tools:
-            label = _label(owner, made.name, raw)
+        for made, own in tools:
+            label = f"tool {made.name if own is None else own!r} of {owner}"
             if made.name in found:
                 raise ConfigError(
                     f"{owners[made.name]} and {label} are both offered as {made.name!r}; the"
@@ -214,28 +214,14 @@ def merge(
     return found
 
 
-def _label(owner: str, name: str, raw: Mapping[str, str] | None) -> str:
-    own = (raw or {}).get(name)
-    if owner in ("tools", "pipeline"):
-        return f"tool {name!r} of the {owner}"
-    return f"tool {own!r} of {owner}" if own is not None else f"tool {name!r} of {owner}"
-
-
 def static_tools(tools: tuple[Tool, ...], toolsets: tuple[Toolset, ...]) -> dict[str, Tool]:
     """The tools a pipeline knows when it is built: its own and its local toolsets'."""
-    groups: list[tuple[str, Iterable[Tool]]] = [("tools", tools)]
-    raw: dict[str, str] = {}
+    groups: list[Offered] = [("the pipeline's tools", [(t, None) for t in tools])]
     for each in toolsets:
         if isinstance(each, LocalToolset):
-            finals = each.final_tools()
-            for made, own in zip(finals, _kept(each), strict=True):
-                raw[made.name] = own
-            groups.append((f"toolset {each.name!r}", finals))
-    return merge(groups, raw)
-
-
-def _kept(each: LocalToolset) -> list[str]:
-    return select(each.name, [t.name for t in each.tools], each.include, each.exclude)
+            kept = select(each.name, [t.name for t in each.tools], each.include, each.exclude)
+            groups.append((f"toolset {each.name!r}", zip(each.final_tools(), kept, strict=True)))
+    return merge(groups)
 
 
 def remote_toolsets(toolsets: tuple[Toolset, ...]) -> tuple[Toolset, ...]:
@@ -299,12 +285,13 @@ class Toolbox:
         return self.tools
 
     def _merged(self) -> dict[str, Tool]:
-        groups: list[tuple[str, Iterable[Tool]]] = [("pipeline", self.pipe._tool_map.values())]
-        raw: dict[str, str] = {}
+        groups: list[Offered] = [
+            ("the pipeline", [(t, None) for t in self.pipe._tool_map.values()])
+        ]
         for connection in self.connections:
-            groups.append((f"MCP toolset {connection.spec.name!r}", connection.tools.values()))
-            raw.update(connection.raw_names)
-        return merge(groups, raw)
+            named = [(t, connection.raw_names[final]) for final, t in connection.tools.items()]
+            groups.append((f"MCP toolset {connection.spec.name!r}", named))
+        return merge(groups)
 
     async def close(self) -> None:
         """Close every connection (shielded, bounded), then stop their tasks."""
