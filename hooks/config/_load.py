@@ -36,7 +36,7 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, override
 from cattrs.strategies import configure_tagged_union
 
-from pipeline import ConfigError, Pipeline, Tool
+from pipeline import ConfigError, LocalToolset, MCPToolset, Pipeline, Tool
 from pipeline.providers import model_from_string
 
 from ._entry import Env
@@ -390,11 +390,20 @@ def _build(
 
     built: dict[str, Any] = {}
     tools = [(index, made) for index, made in build_list("tools") if made is not None]
+    toolsets = [made for _, made in build_list("toolsets") if made is not None]
+    grouped = {
+        made.name: made
+        for each in toolsets
+        if isinstance(each, LocalToolset)
+        for made in each.final_tools()
+    }
     env = attrs.evolve(
         env,
-        tools={made.name: made for _, made in tools},
+        tools={made.name: made for _, made in tools} | grouped,
         declared=frozenset(made.name for _, made in tools)
+        | frozenset(grouped)
         | _unbuilt_tools(data, {index for index, _ in tools}),
+        remote=frozenset(each.name for each in toolsets if isinstance(each, MCPToolset)),
     )
     problems.extend(
         _same_names(
@@ -404,7 +413,7 @@ def _build(
         )
     )
     for stage in STAGE_LISTS:
-        if stage != "tools":
+        if stage not in ("tools", "toolsets"):
             build_list(stage)
     problems.extend(
         _same_names(
