@@ -25,7 +25,8 @@ from pipeline.testing import ScriptedModel
 from turns import ToolCall
 
 INSTALLED = (
-    Path(__file__).resolve().parent.parent / ".cache/mcp-servers/node_modules/.bin/mcp-server-memory"
+    Path(__file__).resolve().parent.parent
+    / ".cache/mcp-servers/node_modules/.bin/mcp-server-memory"
 )
 
 
@@ -35,7 +36,9 @@ def memory_toolset(memory_file: Path):
     if INSTALLED.exists():
         return mcp_toolset("memory", command=str(INSTALLED), env=env)
     npx = shutil.which("npx") or "npx"
-    return mcp_toolset("memory", command=npx, args=["-y", "@modelcontextprotocol/server-memory"], env=env)
+    return mcp_toolset(
+        "memory", command=npx, args=["-y", "@modelcontextprotocol/server-memory"], env=env
+    )
 
 
 def show(call, result, turn):
