@@ -1,6 +1,5 @@
 """The entries that build tools and tool hooks."""
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeAlias, final
@@ -22,6 +21,8 @@ from ._types import (
     AfterToolRef,
     BeforeToolRef,
     Invalid,
+    Seconds,
+    StrMap,
     Text,
     ToolMatch,
     ToolName,
@@ -111,7 +112,7 @@ class MCPToolsetEntry:
         default=None, metadata=doc("The program that runs the server over stdio.")
     )
     args: tuple[str, ...] = attrs.field(default=(), metadata=doc("The program's arguments."))
-    env: dict[str, str] | None = attrs.field(
+    env: StrMap | None = attrs.field(
         default=None,
         metadata=doc("Environment variables for the server; ${VARIABLE} reads one of yours."),
     )
@@ -119,14 +120,14 @@ class MCPToolsetEntry:
     url: Text | None = attrs.field(
         default=None, metadata=doc("The server's streamable HTTP endpoint (instead of command).")
     )
-    headers: dict[str, str] | None = attrs.field(
+    headers: StrMap | None = attrs.field(
         default=None,
         metadata=doc("HTTP headers for every request; ${VARIABLE} reads one of yours."),
     )
-    timeout: float | None = attrs.field(
+    timeout: Seconds | None = attrs.field(
         default=None, metadata=doc("Seconds for each call (30 by default).")
     )
-    connect_timeout: float | None = attrs.field(
+    connect_timeout: Seconds | None = attrs.field(
         default=None, metadata=doc("Seconds to start, initialize and list tools (60 by default).")
     )
     include: tuple[str, ...] | None = attrs.field(
@@ -141,13 +142,11 @@ class MCPToolsetEntry:
             raise Invalid("required: one of command or url", key="command")
         if self.command is not None and self.url is not None:
             raise Invalid("command and url cannot be given together: keep one of them", key="url")
-        options: dict[str, object] = {}
-        for key in ("timeout", "connect_timeout"):
-            value = getattr(self, key)
-            if value is not None:
-                if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-                    raise Invalid(f"must be a positive number of seconds, got {value!r}", key=key)
-                options[key] = value
+        options = {
+            key: getattr(self, key)
+            for key in ("timeout", "connect_timeout")
+            if getattr(self, key) is not None
+        }
         try:
             return mcp_toolset(
                 self.name,
@@ -159,7 +158,7 @@ class MCPToolsetEntry:
                 headers=_expand(self.headers, "headers", env),
                 include=self.include,
                 exclude=self.exclude,
-                **options,  # type: ignore[arg-type]
+                **options,
             )
         except ConfigError as exc:
             raise Invalid(str(exc).split(": ", 1)[-1]) from None

@@ -66,7 +66,10 @@ def test_check_connects_and_lists_the_tools_under_their_final_names(tmp_path: Pa
     [
         ('kind = "mcp"\nname = "m"', "toolsets[0].command: required: one of command or url"),
         ('kind = "mcp"\nname = "m"\nurl = "ftp://x"', "toolsets[0]: url must start with http"),
-        ('kind = "mcp"\nname = "m"\ncommand = "x"\ntimeout = -1', "toolsets[0].timeout: must be"),
+        (
+            'kind = "mcp"\nname = "m"\ncommand = "x"\ntimeout = -1',
+            "toolsets[0].timeout: expected a positive number of seconds",
+        ),
         ('kind = "mcp"\nname = "m"\ncommand = "x"\nport = 3', "toolsets[0].port: unknown key"),
         ('kind = "python"\nname = "p"', "toolsets[0].refs: required"),
     ],
@@ -130,3 +133,20 @@ async def test_memory_from_the_memory_server_is_injected_at_conversation_start(t
     assert graph["entities"][0]["name"] == "Ada"
     assert graph["entities"][0]["observations"] == ["likes tea"]
     assert server_processes() == []
+
+
+def test_the_schema_accepts_and_refuses_toolsets_as_the_loader_does():
+    """Catches: `turnplug schema` missing the toolset entries or their keys."""
+    import jsonschema
+
+    from hooks.config import config_schema, pipeline_from_dict
+
+    validator = jsonschema.Draft202012Validator(config_schema())
+    good = {
+        "toolsets": [{"kind": "mcp", "name": "m", "url": "http://h/mcp", "headers": {"A": "b"}}]
+    }
+    bad = {"toolsets": [{"kind": "mcp", "name": "m", "command": "x", "env": {"A": 1}}]}
+    assert list(validator.iter_errors(good)) == []
+    assert list(validator.iter_errors(bad)) != []
+    with pytest.raises(ConfigError, match=r"toolsets\[0\].env.A: expected a string"):
+        pipeline_from_dict(bad)
