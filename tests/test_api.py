@@ -19,14 +19,21 @@ PUBLIC_SUBMODULES = {
 # Third-party imports each package may use (the standard library is always allowed).
 ALLOWED_IMPORTS = {
     "turns": {"attrs", "cattrs"},
-    "pipeline": {"attrs", "trio", "httpx", "turns"},
+    "pipeline": {"anyio", "attrs", "trio", "httpx", "turns"},
     "hooks": {"attrs", "trio", "turns", "pipeline"},
 }
 # Modules allowed to import cattrs: serialization stays at the edge (STYLE 5).
 CATTRS_MODULES = {"turns/serde.py", "hooks/config/_load.py"}
 # Optional dependencies and the one module each may be imported from (lazily: the package
 # imports without them).
-OPTIONAL_IMPORTS = {"psycopg": {"pipeline/logs/_postgres.py"}}
+OPTIONAL_IMPORTS = {
+    "psycopg": {"pipeline/logs/_postgres.py"},
+    # The mcp extra: the SDK, its types, its HTTP client and its JSON Schema validator.
+    "mcp": {"pipeline/_mcp.py"},
+    "mcp_types": {"pipeline/_mcp.py"},
+    "httpx2": {"pipeline/_mcp.py"},
+    "jsonschema": {"pipeline/_mcp.py"},
+}
 
 
 def _public_modules(package: str) -> list[str]:
