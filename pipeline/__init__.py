@@ -38,8 +38,10 @@ from ._errors import (
     RateLimited,
     RequestError,
     StepLimitExceeded,
+    ToolsetError,
 )
 from ._hooks import Chain, Hook, OnError, Parallel, chain, hook, parallel
+from ._mcp import MCPToolset, mcp_toolset
 from ._model import Model, ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
 from ._pipeline import Compactor, Pipeline, TurnEvents
 from ._result import TurnResult
@@ -48,6 +50,7 @@ from ._session import Session, SessionInfo
 from ._signals import Ask, Block, Cont, Halt, Regenerate, Signal, ask, block, cont, halt, regenerate
 from ._toolloop import TOOL_HOOKS
 from ._tools import Tool, current_tools, tool
+from ._toolsets import LocalToolset, Toolset, toolset, toolset_tool_name
 
 __all__ = [
     "Ask",
@@ -71,8 +74,10 @@ __all__ = [
     "HookTimeout",
     "INJECTED_BY",
     "InjectionOverflow",
+    "LocalToolset",
     "LogConflict",
     "LogError",
+    "MCPToolset",
     "MESSAGE_OVERHEAD",
     "Model",
     "ModelEvent",
@@ -102,6 +107,8 @@ __all__ = [
     "Tokenizer",
     "Tool",
     "ToolRecord",
+    "Toolset",
+    "ToolsetError",
     "Transformer",
     "TransformerFactory",
     "TurnEvents",
@@ -114,6 +121,7 @@ __all__ = [
     "estimate_tokens",
     "halt",
     "hook",
+    "mcp_toolset",
     "message_tokens",
     "parallel",
     "part_tokens",
@@ -121,6 +129,8 @@ __all__ = [
     "per_chunk",
     "regenerate",
     "tool",
+    "toolset",
+    "toolset_tool_name",
 ]
 
 for _name in __all__:

@@ -4,6 +4,8 @@
 which is None when nobody listens, so that `run` builds no event at all.
 """
 
+from collections.abc import Mapping
+
 import attrs
 
 from turns import Message, Reply, Text, Turn, Usage
@@ -23,6 +25,7 @@ from ._runner import Runner, check_history, clock_reader, describe
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool
+from ._toolsets import turn_tools
 
 _new = tuple.__new__
 
@@ -38,8 +41,16 @@ class Drive(Runner):
         self.now = clock_reader()
         if self.emit is not None:
             self.emit(ev.TurnStarted(turn.turn_ref))
-        # Hooks that run a pipeline tool themselves (a synthetic tool call) find it here.
-        token = CURRENT_TOOLS.set(self.pipe._tool_map)
+        if self.pipe._remote:
+            # MCP toolsets: this turn's tools come from the servers' connections.
+            async with turn_tools(self.pipe, self.toolbox) as tools:
+                return await self.drive(turn, tools)
+        return await self.drive(turn, self.pipe._tool_map)
+
+    async def drive(self, turn: Turn, tools: Mapping[str, Tool]) -> TurnResult:
+        # Hooks that run a pipeline tool themselves (a synthetic tool call) find it here,
+        # and so does the tool loop.
+        token = CURRENT_TOOLS.set(tools)
         try:
             turn = await self.prepare(turn)
             turn, stop = await self.pre_stage(turn)
@@ -56,8 +67,9 @@ class Drive(Runner):
         pipe = self.pipe
         if pipe.system is not None and turn.context.system is None:
             turn = attrs.evolve(turn, context=attrs.evolve(turn.context, system=pipe.system))
-        if pipe.tools:
-            turn = _with_tools(turn, pipe.tools)
+        tools = CURRENT_TOOLS.get()
+        if tools:
+            turn = _with_tools(turn, tuple(tools.values()))
         self.tools = turn.context.tool_names
         if pipe._compact_hook is not None:
             turn = await self.compact(turn, pipe._compact_hook)

@@ -16,6 +16,7 @@ Halts, blocks, rejections and an exhausted regeneration bound are outcomes (data
     ├── LogError                         the log's storage failed (sqlite3, psycopg); .log
     ├── RequestError                     invalid request caught locally (tool_choice vs active tools)
     ├── StepLimitExceeded                the tool loop reached max_steps model calls
+    ├── ToolsetError                     a toolset's server could not be reached; .toolset
     └── ProviderError                    .provider, .status, .request_id where known
         ├── ProviderConnectionError
         ├── ProviderTimeout
@@ -166,6 +167,22 @@ class LogError(PipelineError):
     def __init__(self, message: str, *, log: str) -> None:
         super().__init__(message)
         self.log = log
+
+
+@final
+class ToolsetError(PipelineError):
+    """A toolset's server (an MCP server) could not be started, reached or listed.
+
+    Raised when the toolsets are opened (``async with pipe``, a session, a turn outside
+    both); a server failing during a turn gives that call a ``tool_error`` result instead.
+
+    Attributes:
+        toolset: The toolset's name.
+    """
+
+    def __init__(self, message: str, *, toolset: str) -> None:
+        super().__init__(message)
+        self.toolset = toolset
 
 
 @final

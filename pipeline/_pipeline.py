@@ -1,9 +1,10 @@
 """The pipeline: a frozen record of stages, validated when it is built."""
 
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, NoReturn, final
+from types import TracebackType
+from typing import Any, NoReturn, Self, final
 
 import attrs
 import trio
@@ -32,6 +33,7 @@ from ._result import TurnResult
 from ._seam import Stage, TransformerFactory, compile_transformers
 from ._session import Session, open_session
 from ._tools import Tool, tool
+from ._toolsets import Lifetime, Toolset, check_toolsets, remote_toolsets, static_tools
 from .logs import Log
 
 Compactor = Callable[[tuple[Message, ...], int, Tokenizer], Any]
@@ -179,6 +181,9 @@ class Pipeline:
             history before the pre hooks when a budget is set; the log is never rewritten.
         tools: The tools the model may call (`tool(fn)`, or typed functions); they fill the
             turn's ``context.tools`` when it has none.
+        toolsets: Named groups of tools (`toolset`, `mcp_toolset`), offered as
+            ``<toolset>_<tool>``. MCP servers are connected by ``async with pipe``, by a
+            session, or else by each turn for itself.
         before_tool: ``hook(call, turn) -> Cont(call) | Block | Ask | Halt``, for each call
             whose tool name the hook's ``match=`` accepts.
         after_tool: ``hook(call, result, turn) -> Cont(result) | Halt``, for each executed
@@ -217,6 +222,7 @@ class Pipeline:
         kw_only=True, default=None, validator=_check_callable_or_none
     )
     tools: tuple[Tool, ...] = attrs.field(kw_only=True, default=(), converter=_tools)
+    toolsets: tuple[Toolset, ...] = attrs.field(kw_only=True, default=(), converter=check_toolsets)
     before_tool: tuple[Hook | Parallel | Chain, ...] = attrs.field(
         kw_only=True, default=(), converter=_before_tool
     )
@@ -290,8 +296,17 @@ class Pipeline:
         init=False,
         repr=False,
         eq=False,
-        default=attrs.Factory(lambda self: {t.name: t for t in self.tools}, takes_self=True),
+        default=attrs.Factory(
+            lambda self: static_tools(self.tools, self.toolsets), takes_self=True
+        ),
     )
+    _remote: tuple[Toolset, ...] = attrs.field(
+        init=False,
+        repr=False,
+        eq=False,
+        default=attrs.Factory(lambda self: remote_toolsets(self.toolsets), takes_self=True),
+    )
+    _lifetime: Lifetime = attrs.field(init=False, repr=False, eq=False, factory=Lifetime)
     _before_plan: tuple[Step, ...] = attrs.field(
         init=False,
         repr=False,
@@ -352,19 +367,45 @@ class Pipeline:
             )
         self._check_needed_tools()
 
-    def _check_needed_tools(self) -> None:
-        """Every hook that names pipeline tools it runs (``fn.needs_tools``) has them."""
+    def _check_needed_tools(self, tools: Mapping[str, Tool] | None = None) -> None:
+        """Every hook that names pipeline tools it runs (``fn.needs_tools``) has them.
+
+        With MCP toolsets, whose tools are known once connected, the check runs again on
+        the connected tools (`tools`); until then a name not yet known is let through.
+        """
+        if tools is None:
+            tools = self._tool_map
+            if self._remote:
+                return
         steps: list[Step] = []
         for step in (*self._pre_plan, *self._post_plan, *self._background_plan):
             steps.extend(step.members if isinstance(step, Group) else (step,))
         for step in steps:
             needed = getattr(step.hook.fn, "needs_tools", ())
-            missing = [name for name in needed if name not in self._tool_map]
+            missing = [name for name in needed if name not in tools]
             if missing:
                 raise ConfigError(
                     f"hook {step.label} runs the tools {missing}, which are not among the"
-                    f" pipeline's tools {list(self._tool_map)} — add them to tools=[...]"
+                    f" pipeline's tools {list(tools)} — add them to tools=[...]"
                 )
+
+    async def __aenter__(self) -> Self:
+        """Connect the MCP servers of the toolsets, for every turn and session in the block.
+
+        Raises:
+            ToolsetError: A server could not be started, reached or listed.
+        """
+        await self._lifetime.enter(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close what ``async with pipe`` opened (also when the block is cancelled)."""
+        await self._lifetime.exit(exc)
 
     async def run(self, turn: Turn) -> TurnResult:
         """Run one turn through the pipeline (no log: nothing is committed).

@@ -26,6 +26,7 @@ from ._signals import Ask, Block, Cont, Halt, Regenerate, check_halt_reply
 if TYPE_CHECKING:
     from ._pipeline import Pipeline
     from ._result import TurnResult
+    from ._toolsets import Toolbox
 
 Emit: TypeAlias = Callable[[ev.Event], None]
 Commit: TypeAlias = Callable[["TurnResult"], Awaitable[tuple[str, tuple[Message, ...]]]]
@@ -51,6 +52,7 @@ class Runner:
         "shaped_by",
         "sizes",
         "spawn",
+        "toolbox",
         "tools",
         "turn_ref",
     )
@@ -67,6 +69,8 @@ class Runner:
         # Set by a session: how a completed turn is committed, and where background hooks go.
         self.commit: Commit | None = None
         self.spawn: Callable[[Turn], None] | None = None
+        # Set by a session that opened the MCP toolsets itself: where its turns find them.
+        self.toolbox: Toolbox | None = None
         # Set by a streamed session: waits for the consumer before committing.
         self.caught_up: Callable[[], Awaitable[None]] | None = None
         self.injected_tokens = 0

@@ -2,7 +2,7 @@
 
 import math
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Literal, TypeAlias, final
 
 import attrs
@@ -23,6 +23,7 @@ from ._plan import Step
 from ._result import TurnResult
 from ._runner import Emit, Runner, describe, exc_text
 from ._signals import Cont
+from ._toolsets import Toolbox, open_toolbox
 from .logs import Log
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class Session:
         self._idle = trio.Event()
         self._idle.set()
         self._events: list[ev.Event] = []
+        self._toolbox: Toolbox | None = None
 
     def __repr__(self) -> str:
         return f"<Session {self._conversation_id!r}, {self._turns} turns>"
@@ -149,6 +151,7 @@ class Session:
         drive = Drive(self._pipe, emit)
         drive.commit = self._commit
         drive.spawn = self._spawn
+        drive.toolbox = self._toolbox
         return drive
 
     async def _commit(self, result: TurnResult) -> tuple[str, tuple[Message, ...]]:
@@ -349,6 +352,20 @@ async def _held_session(
 
 @asynccontextmanager
 async def _session(
+    pipe: "Pipeline", log: Log, conversation_id: str, scope: Scope, drain_timeout: float
+) -> AsyncIterator[Session]:
+    async with AsyncExitStack() as stack:
+        toolbox = None
+        if pipe._remote and pipe._lifetime.toolbox is None:
+            # Outside `async with pipe`, the session connects the MCP servers for its turns.
+            toolbox = await stack.enter_async_context(open_toolbox(pipe))
+        async with _conversation(pipe, log, conversation_id, scope, drain_timeout) as session:
+            session._toolbox = toolbox
+            yield session
+
+
+@asynccontextmanager
+async def _conversation(
     pipe: "Pipeline", log: Log, conversation_id: str, scope: Scope, drain_timeout: float
 ) -> AsyncIterator[Session]:
     context = await log.load(conversation_id)

@@ -29,7 +29,7 @@ from ._request import annotations_of, check_context, model_step
 from ._runner import Runner, describe, exc_text
 from ._seam import Seam
 from ._signals import Ask, Block, Cont, Halt
-from ._tools import CANCELLED, HOOK_BLOCKED, UNKNOWN_TOOL, Tool, invalid_arguments
+from ._tools import CANCELLED, CURRENT_TOOLS, HOOK_BLOCKED, UNKNOWN_TOOL, Tool, invalid_arguments
 
 TOOL_HOOKS = "tool_hooks"
 """The `ToolResult.meta` key saying which hooks blocked or rewrote a call or its result, so
@@ -61,7 +61,7 @@ async def answer(
         calls = [part for part in message.parts if type(part) is ToolCall]
         # A pipeline without tools does not hide that the model asked for some: the calls
         # stay in the reply for the caller to run.
-        if not calls or not pipe._tool_map:
+        if not calls or not CURRENT_TOOLS.get():
             bound = pipe.max_regenerations + 1
             annotations = annotations_of(runner, seam)
             messages = (*exchange, message)
@@ -143,7 +143,7 @@ async def run_batch(
     step: int,
 ) -> tuple[ToolResult, ...] | Halt:
     """Run one model call's tool calls; their results in call order, or the halt."""
-    tools = runner.pipe._tool_map
+    tools = CURRENT_TOOLS.get()
     active = {spec.name: tools[spec.name] for spec in request.tools if spec.name in tools}
     jobs = [_Job(call) for call in calls]
     limiter = trio.CapacityLimiter(runner.pipe.tool_concurrency)

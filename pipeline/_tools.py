@@ -172,6 +172,25 @@ class _Union(_Shape):
         return _INVALID
 
 
+class _Checked(_Shape):
+    """Arguments described by a JSON Schema the tool brought (an MCP server's tool), checked
+    by a function that lists what is wrong with a value."""
+
+    def __init__(self, schema: Mapping[str, Any], problems_of: Callable[[Any], list[str]]) -> None:
+        self.schema = dict(schema)
+        self.problems_of = problems_of
+
+    def convert(self, value: Any, path: str, problems: _Problems) -> Any:
+        for problem in self.problems_of(value):
+            problems.add(path, problem)
+        return value
+
+
+class ToolFailure(Exception):
+    """Raised by a tool's function to fail the call with exactly this message (a server's
+    own error, a timeout): the result is a ``tool_error`` without the exception's type."""
+
+
 class _Object(_Shape):
     """A set of named fields: a tool's parameters, or an attrs class."""
 
@@ -354,7 +373,7 @@ class Tool:
     name: str
     description: str
     parameters: Mapping[str, Any] = attrs.field(repr=False)
-    _arguments: _Object = attrs.field(repr=False, eq=False, alias="arguments")
+    _arguments: _Shape = attrs.field(repr=False, eq=False, alias="arguments")
     _scope: str | None = attrs.field(repr=False, eq=False, alias="scope")
     is_async: bool = attrs.field(
         init=False,
@@ -410,6 +429,10 @@ class Tool:
             else:
                 value = await trio.to_thread.run_sync(_call_with, self.fn, arguments)
             content = encode_result(value)
+        except ToolFailure as exc:
+            return ToolResult(
+                call.id, f"tool {self.name!r} failed: {exc}", is_error=True, error_class=TOOL_ERROR
+            )
         except Exception as exc:
             return ToolResult(
                 call.id,
@@ -534,4 +557,26 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
         arguments.schema,
         arguments=arguments,
         scope=scope,
+    )
+
+
+def schema_tool(
+    fn: Callable[..., Any],
+    name: str,
+    description: str,
+    parameters: Mapping[str, Any],
+    problems_of: Callable[[Any], list[str]],
+) -> Tool:
+    """A `Tool` whose JSON Schema comes with it (from an MCP server), not from a signature.
+
+    `problems_of(arguments)` lists what is wrong with the model's arguments (empty when they
+    fit); `fn` is called with the arguments as keywords.
+    """
+    return Tool(
+        fn,
+        name,
+        description,
+        dict(parameters),
+        arguments=_Checked(parameters, problems_of),
+        scope=None,
     )

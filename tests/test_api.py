@@ -26,7 +26,14 @@ ALLOWED_IMPORTS = {
 CATTRS_MODULES = {"turns/serde.py", "hooks/config/_load.py"}
 # Optional dependencies and the one module each may be imported from (lazily: the package
 # imports without them).
-OPTIONAL_IMPORTS = {"psycopg": {"pipeline/logs/_postgres.py"}}
+OPTIONAL_IMPORTS = {
+    "psycopg": {"pipeline/logs/_postgres.py"},
+    # The mcp extra: the SDK, its types, its HTTP client and its JSON Schema validator.
+    "mcp": {"pipeline/_mcp.py"},
+    "mcp_types": {"pipeline/_mcp.py"},
+    "httpx2": {"pipeline/_mcp.py"},
+    "jsonschema": {"pipeline/_mcp.py"},
+}
 
 
 def _public_modules(package: str) -> list[str]:

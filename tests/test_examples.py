@@ -33,6 +33,7 @@ def test_every_example_is_tested() -> None:
         "06_session_log",
         "07_openai_compatible",
         "08_tools_policy",
+        "11_mcp_memory",
         "assistant_hooks",
     }
     assert {path.stem for path in EXAMPLES.glob("*.py")} == tested
@@ -161,6 +162,19 @@ async def test_tools_policy_blocks_asks_and_scrubs_before_the_model_reads_result
     assert results[0].content == "Welcome! Questions go to [EMAIL]."
     assert results[2].content == "permission denied: read config/secrets.toml?"
     assert "help@example.com" not in repr(result.audit)
+
+
+async def test_mcp_memory_reads_back_what_the_model_stored() -> None:
+    from tests.pipeline.mcp.servers import memory_server, server_processes
+
+    memory_server()  # installed (by .ci/run), or a skip without node
+    first, second = await _load("11_mcp_memory").main()
+    assert first.turn.injections[0].parts[1].content == '{\n  "entities": [],\n  "relations": []\n}'
+    stored = first.reply.messages[1].parts[0]
+    assert '"name": "Ada"' in stored.content
+    remembered = second.turn.injections[0].parts[1].content
+    assert "prefers tea" in remembered
+    assert server_processes() == []
 
 
 async def test_assistant_config_injects_the_hours_rejects_a_guarantee_redacts_pii() -> None:

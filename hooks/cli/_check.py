@@ -10,8 +10,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import attrs
+import trio
 
-from pipeline import Hook, Parallel, Tool
+from pipeline import (
+    Halt,
+    Hook,
+    LocalToolset,
+    MCPToolset,
+    Parallel,
+    Pipeline,
+    Tool,
+    current_tools,
+    halt,
+    hook,
+    toolset_tool_name,
+)
+from turns import Turn
 
 from ..config._file import Config
 from ..config._hooks import Guardrail, Judge, MaxLength, ParallelGroup, Retrieve, ToolCallEntry
@@ -206,3 +220,52 @@ def _model(spec: ModelSpec | None) -> str:
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def connected(pipe: Pipeline, *, offline: bool) -> list[str]:
+    """The toolsets' tools under their final names: MCP servers are connected (and closed)
+    to list theirs, unless `offline`."""
+    lines = ["", "toolsets, their tools as the model calls them"]
+    for each in pipe.toolsets:
+        if isinstance(each, LocalToolset):
+            names = [t.name for t in each.final_tools()]
+            lines.append(f"  {each.name}  local: {', '.join(names) or '(none)'}")
+        elif isinstance(each, MCPToolset):
+            lines.append(f"  {each.name}  MCP server {each.where}")
+    if offline or not any(isinstance(each, MCPToolset) for each in pipe.toolsets):
+        if offline:
+            lines.append("  (offline: MCP servers not connected, their tools not listed)")
+        return lines
+    for name, tools in trio.run(_list_remote, pipe):
+        lines.append(f"  {name}: {', '.join(tools) or '(no tools)'}")
+    return lines
+
+
+async def _list_remote(pipe: Pipeline) -> list[tuple[str, list[str]]]:
+    """Connect every MCP server once (a turn that stops at its first hook), list the tools
+    each serves under their final names, and close them."""
+    seen: dict[str, Tool] = {}
+
+    def grab(turn: Turn) -> Halt:
+        seen.update(current_tools())
+        return halt("listing the tools only")
+
+    probe = Pipeline(
+        model=pipe.model, tools=pipe.tools, toolsets=pipe.toolsets, pre=[hook(grab, name="list")]
+    )
+    await probe.run(Turn.start("list the tools"))
+    local = {t.name for t in pipe.tools} | {
+        t.name
+        for each in pipe.toolsets
+        if isinstance(each, LocalToolset)
+        for t in each.final_tools()
+    }
+    remote = sorted(set(seen) - local)
+    return [
+        (
+            each.name,
+            [n for n in remote if n.startswith(toolset_tool_name(each.name, ""))],
+        )
+        for each in pipe.toolsets
+        if isinstance(each, MCPToolset)
+    ]

@@ -89,11 +89,14 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ._check import describe
+    from ._check import connected, describe
 
-    loaded = _config._load(args.config)
+    loaded = _config._load(args.config, offline=args.offline)
     for line in describe(args.config, loaded.config, loaded.pipeline):
         print(line)
+    if loaded.config.toolsets:
+        for line in connected(loaded.pipeline, offline=args.offline):
+            print(line)
     return 0
 
 
@@ -167,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a config and print its pipeline, stage by stage",
     )
     check.add_argument("config", metavar="CONFIG", help="a .toml or .json pipeline config")
+    check.add_argument(
+        "--offline",
+        action="store_true",
+        help="do not connect to MCP servers, and let a missing API key or environment"
+        " variable pass (for CI without secrets)",
+    )
     check.set_defaults(handler=_check)
 
     schema = commands.add_parser(

@@ -16,6 +16,7 @@ from pipeline import (
     Hook,
     Tool,
     hook,
+    toolset_tool_name,
 )
 
 from ._types import (
@@ -39,11 +40,22 @@ class Env:
         tools: The pipeline's tools by name, for entries that name one.
         declared: The names of every tool the file declares, also those that failed to
             build (already reported: an entry naming one is not reported again).
+        remote: The names of the MCP toolsets, whose tools are known once connected.
+        offline: Checking without the environment's secrets (``turnplug check --offline``):
+            a missing API key or variable is not a problem.
     """
 
     environ: Mapping[str, str]
     tools: Mapping[str, Tool] = attrs.field(factory=dict)
     declared: frozenset[str] = frozenset()
+    remote: frozenset[str] = frozenset()
+    offline: bool = False
+
+    def known(self, name: str) -> bool:
+        """Whether a tool of this name is declared, or may be one of an MCP toolset's."""
+        return name in self.declared or any(
+            name.startswith(toolset_tool_name(each, "")) for each in self.remote
+        )
 
     def unknown_tool(self, name: str, key: str) -> Invalid:
         """The problem of an entry naming a tool the file does not declare."""
@@ -51,7 +63,8 @@ class Env:
         hint = f" — did you mean {json.dumps(close[0])}?" if close else ""
         declared = ", ".join(sorted(self.declared)) or "none"
         return Invalid(
-            f"no tool named {json.dumps(name)}{hint}; the tools declared in [[tools]]: {declared}",
+            f"no tool named {json.dumps(name)}{hint}; the tools declared in [[tools]] and"
+            f" [[toolsets]]: {declared}",
             key=key,
         )
 

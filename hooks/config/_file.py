@@ -25,7 +25,7 @@ from pipeline import (
 from ._entry import Env, doc
 from ._hooks import MemberEntry, PostEntry, PreEntry, SessionEnd, SessionStart, Ttl
 from ._models import ModelSpec
-from ._tools import AfterTool, BeforeTool, ToolEntry
+from ._tools import AfterTool, BeforeTool, ToolEntry, ToolsetEntry
 from ._transformers import TransformerEntry
 from ._types import (
     CompactRef,
@@ -102,6 +102,10 @@ class Config:
     tools: tuple[ToolEntry, ...] = attrs.field(
         default=(), metadata=doc("The tools the model may call.")
     )
+    toolsets: tuple[ToolsetEntry, ...] = attrs.field(
+        default=(),
+        metadata=doc("Named groups of tools (MCP servers, local tools), offered as <name>_<tool>."),
+    )
     before_tool: tuple[BeforeTool, ...] = attrs.field(
         default=(), metadata=doc("Hooks run before each tool call they match, in order.")
     )
@@ -129,6 +133,7 @@ TAGGED: tuple[tuple[Any, str], ...] = (
     (PreEntry, "kind"),
     (Ttl, "kind"),
     (ToolEntry, "kind"),
+    (ToolsetEntry, "kind"),
     (BeforeTool, "kind"),
     (AfterTool, "kind"),
     (TransformerEntry, "kind"),
@@ -141,6 +146,7 @@ TAGGED: tuple[tuple[Any, str], ...] = (
 STAGE_LISTS: tuple[str, ...] = (
     "pre",
     "tools",
+    "toolsets",
     "before_tool",
     "after_tool",
     "transformers",
@@ -149,4 +155,4 @@ STAGE_LISTS: tuple[str, ...] = (
     "on_session_end",
 )
 """The keys of `Config` that hold entry lists, in the order a turn meets them (the tools
-are built first, for the entries that name one)."""
+and toolsets are built first, for the entries that name a tool)."""

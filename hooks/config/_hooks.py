@@ -15,6 +15,7 @@ from pipeline import (
     Parallel,
     cont,
     parallel,
+    toolset_tool_name,
 )
 from turns import Text as TextPart
 from turns import Turn
@@ -170,7 +171,15 @@ class ToolCallEntry(HookEntry):
     """
 
     KIND: ClassVar[str] = "tool_call"
-    tool: Text = attrs.field(metadata=doc("The name of a tool declared in [[tools]]."))
+    tool: Text = attrs.field(
+        metadata=doc(
+            "A tool's name: verbatim, or within `toolset` (the final name is then"
+            " <toolset>_<tool>, sanitized)."
+        )
+    )
+    toolset: Text | None = attrs.field(
+        default=None, metadata=doc("The [[toolsets]] entry the tool belongs to.")
+    )
     arguments: Arguments | None = attrs.field(
         default=None, metadata=doc("The tool's arguments, checked against its schema.")
     )
@@ -194,13 +203,21 @@ class ToolCallEntry(HookEntry):
                 ttl = self.refresh.total()
             except Invalid as exc:
                 problems.append(within("refresh", exc))
-        found = env.tools.get(self.tool)
-        if found is None and self.tool not in env.declared:
-            problems.append(env.unknown_tool(self.tool, "tool"))
+        name = self.tool if self.toolset is None else toolset_tool_name(self.toolset, self.tool)
+        found = env.tools.get(name)
+        if self.toolset is not None and found is None and self.toolset not in env.remote:
+            problems.append(
+                Invalid(
+                    f"no toolset named {json.dumps(self.toolset)} in [[toolsets]]", key="toolset"
+                )
+            )
+        elif found is None and not env.known(name):
+            problems.append(env.unknown_tool(name, "tool"))
         try:
             made = inject_tool_call(
-                # A declared tool that failed to build is reported already: name it.
-                found if found is not None else self.tool,
+                # A declared tool that failed to build is reported already: name it. An MCP
+                # toolset's tool is checked once its server is connected.
+                found if found is not None else name,
                 self.arguments,
                 frequency=self.frequency,
                 ttl=ttl,

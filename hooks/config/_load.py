@@ -36,7 +36,7 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, override
 from cattrs.strategies import configure_tagged_union
 
-from pipeline import ConfigError, Pipeline, Tool
+from pipeline import ConfigError, LocalToolset, MCPToolset, Pipeline, Tool
 from pipeline.providers import model_from_string
 
 from ._entry import Env
@@ -390,11 +390,20 @@ def _build(
 
     built: dict[str, Any] = {}
     tools = [(index, made) for index, made in build_list("tools") if made is not None]
+    toolsets = [made for _, made in build_list("toolsets") if made is not None]
+    grouped = {
+        made.name: made
+        for each in toolsets
+        if isinstance(each, LocalToolset)
+        for made in each.final_tools()
+    }
     env = attrs.evolve(
         env,
-        tools={made.name: made for _, made in tools},
+        tools={made.name: made for _, made in tools} | grouped,
         declared=frozenset(made.name for _, made in tools)
+        | frozenset(grouped)
         | _unbuilt_tools(data, {index for index, _ in tools}),
+        remote=frozenset(each.name for each in toolsets if isinstance(each, MCPToolset)),
     )
     problems.extend(
         _same_names(
@@ -404,7 +413,7 @@ def _build(
         )
     )
     for stage in STAGE_LISTS:
-        if stage != "tools":
+        if stage not in ("tools", "toolsets"):
             build_list(stage)
     problems.extend(
         _same_names(
@@ -481,7 +490,9 @@ def _tool_name(ref: str) -> str:
     return name if isinstance(name, str) else attribute
 
 
-def _resolve(data: Any, source: str, environ: Mapping[str, str] | None) -> _Loaded:
+def _resolve(
+    data: Any, source: str, environ: Mapping[str, str] | None, offline: bool = False
+) -> _Loaded:
     if not isinstance(data, dict):
         raise ConfigError(
             f"{source}: expected a table of settings at the top level, got {shown(data)}",
@@ -495,7 +506,8 @@ def _resolve(data: Any, source: str, environ: Mapping[str, str] | None) -> _Load
     except Exception as exc:
         problems.extend(_problems(exc, ""))
         config, positions = _salvage(data)
-    built, more = _build(config, positions, Env(os.environ if environ is None else environ), data)
+    env = Env(os.environ if environ is None else environ, offline=offline)
+    built, more = _build(config, positions, env, data)
     problems.extend(more)
     if not problems:
         if config.model is None:
@@ -557,8 +569,14 @@ def _read(path: Path) -> Any:
         ) from exc
 
 
-def _load(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> _Loaded:
-    """Read, check and build the config at `path` (see `load_pipeline`)."""
+def _load(
+    path: str | os.PathLike[str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    offline: bool = False,
+) -> _Loaded:
+    """Read, check and build the config at `path` (see `load_pipeline`); `offline` lets a
+    missing API key or environment variable pass (``turnplug check --offline``)."""
     path = Path(path)
     data = _read(path)
     # References resolve next to the config file first, as a script's imports resolve next
@@ -566,7 +584,7 @@ def _load(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None
     directory = str(path.resolve().parent)
     if directory not in sys.path:
         sys.path.insert(0, directory)
-    return _resolve(data, str(path), environ)
+    return _resolve(data, str(path), environ, offline)
 
 
 def load_pipeline(

@@ -61,7 +61,7 @@ def _shaped(model: Model, **defaults: Any) -> Model:
 
 
 def _key(env: Env, variable: str, provider: str) -> None:
-    if variable and not env.environ.get(variable):
+    if variable and not env.environ.get(variable) and not env.offline:
         raise Invalid(
             f"the environment variable {variable} is not set — export it with your {provider}"
             ' key, or name the variable that holds it (api_key_env = "" for a server that'

@@ -23,6 +23,7 @@ from ._types import (
     Ref,
     ScriptReply,
     Seconds,
+    StrMap,
     Temperature,
     Text,
     ToolMatch,
@@ -49,6 +50,7 @@ _VALUES: dict[Any, dict[str, Any]] = {
     ToolName: {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
     PiiKind: {"enum": list(PII_KINDS)},
     Arguments: {"type": "object"},
+    StrMap: {"type": "object", "additionalProperties": {"type": "string"}},
     ToolMatch: {
         "oneOf": [
             {"type": "string", "pattern": r"\S"},

@@ -1,5 +1,7 @@
 """The entries that build tools and tool hooks."""
 
+import re
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeAlias, final
 
 import attrs
@@ -8,7 +10,10 @@ from pipeline import (
     ConfigError,
     Hook,
     Tool,
+    Toolset,
+    mcp_toolset,
     tool,
+    toolset,
 )
 
 from ._entry import Env, HookEntry, doc
@@ -16,6 +21,8 @@ from ._types import (
     AfterToolRef,
     BeforeToolRef,
     Invalid,
+    Seconds,
+    StrMap,
     Text,
     ToolMatch,
     ToolName,
@@ -61,6 +68,131 @@ ToolEntry: TypeAlias = PythonTool
 """The kinds the ``tools`` list accepts."""
 
 
+# -- toolsets ---------------------------------------------------------------------------------
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand(values: Mapping[str, str] | None, key: str, env: Env) -> dict[str, str] | None:
+    """`values` with each ``${VARIABLE}`` replaced from the environment (secrets stay there).
+
+    A variable that is not set is a problem naming the variable, never its value; with
+    ``turnplug check --offline`` it is left empty.
+    """
+    if values is None:
+        return None
+    missing: list[str] = []
+
+    def lookup(match: re.Match[str]) -> str:
+        name = match.group(1)
+        value = env.environ.get(name)
+        if value is None:
+            missing.append(name)
+            return ""
+        return value
+
+    expanded = {name: _VARIABLE.sub(lookup, value) for name, value in values.items()}
+    if missing and not env.offline:
+        raise Invalid(
+            f"the environment variable {', '.join(sorted(set(missing)))} is not set — export"
+            " it before starting (its value is read from the environment, never from the file)",
+            key=key,
+        )
+    return expanded
+
+
+@final
+@attrs.frozen(kw_only=True)
+class MCPToolsetEntry:
+    """An MCP server's tools (`pipeline.mcp_toolset`), offered as ``<name>_<tool>``."""
+
+    KIND: ClassVar[str] = "mcp"
+    name: Text = attrs.field(metadata=doc("The toolset's name, the prefix of its tools' names."))
+    command: Text | None = attrs.field(
+        default=None, metadata=doc("The program that runs the server over stdio.")
+    )
+    args: tuple[str, ...] = attrs.field(default=(), metadata=doc("The program's arguments."))
+    env: StrMap | None = attrs.field(
+        default=None,
+        metadata=doc("Environment variables for the server; ${VARIABLE} reads one of yours."),
+    )
+    cwd: Text | None = attrs.field(default=None, metadata=doc("The server's working directory."))
+    url: Text | None = attrs.field(
+        default=None, metadata=doc("The server's streamable HTTP endpoint (instead of command).")
+    )
+    headers: StrMap | None = attrs.field(
+        default=None,
+        metadata=doc("HTTP headers for every request; ${VARIABLE} reads one of yours."),
+    )
+    timeout: Seconds | None = attrs.field(
+        default=None, metadata=doc("Seconds for each call (30 by default).")
+    )
+    connect_timeout: Seconds | None = attrs.field(
+        default=None, metadata=doc("Seconds to start, initialize and list tools (60 by default).")
+    )
+    include: tuple[str, ...] | None = attrs.field(
+        default=None, metadata=doc("Only these tools (the server's names).")
+    )
+    exclude: tuple[str, ...] | None = attrs.field(
+        default=None, metadata=doc("Not these tools (the server's names).")
+    )
+
+    def build(self, env: Env) -> Toolset:
+        if self.command is None and self.url is None:
+            raise Invalid("required: one of command or url", key="command")
+        if self.command is not None and self.url is not None:
+            raise Invalid("command and url cannot be given together: keep one of them", key="url")
+        options = {
+            key: getattr(self, key)
+            for key in ("timeout", "connect_timeout")
+            if getattr(self, key) is not None
+        }
+        try:
+            return mcp_toolset(
+                self.name,
+                command=self.command,
+                args=self.args,
+                env=_expand(self.env, "env", env),
+                cwd=self.cwd,
+                url=self.url,
+                headers=_expand(self.headers, "headers", env),
+                include=self.include,
+                exclude=self.exclude,
+                **options,
+            )
+        except ConfigError as exc:
+            raise Invalid(str(exc).split(": ", 1)[-1]) from None
+
+
+@final
+@attrs.frozen(kw_only=True)
+class PythonToolsetEntry:
+    """Local tools grouped under a name (`pipeline.toolset`), offered as ``<name>_<tool>``."""
+
+    KIND: ClassVar[str] = "python"
+    name: Text = attrs.field(metadata=doc("The toolset's name, the prefix of its tools' names."))
+    refs: tuple[ToolRef, ...] = attrs.field(
+        metadata=doc("The tools' functions (or pipeline.Tools), as 'module:attribute'.")
+    )
+    include: tuple[str, ...] | None = attrs.field(default=None, metadata=doc("Only these tools."))
+    exclude: tuple[str, ...] | None = attrs.field(default=None, metadata=doc("Not these tools."))
+
+    def build(self, env: Env) -> Toolset:
+        try:
+            return toolset(
+                self.name,
+                [ref.target for ref in self.refs],
+                include=self.include,
+                exclude=self.exclude,
+            )
+        except ConfigError as exc:
+            raise Invalid(str(exc).split(": ", 1)[-1]) from None
+
+
+ToolsetEntry: TypeAlias = MCPToolsetEntry | PythonToolsetEntry
+"""The kinds the ``toolsets`` list accepts."""
+
+
 @attrs.frozen(kw_only=True)
 class ToolHookEntry(HookEntry):
     """What the entries of ``before_tool`` and ``after_tool`` share: ``match``."""
@@ -78,7 +210,7 @@ class ToolHookEntry(HookEntry):
         if self.match is None:
             return {}
         value = self.match.value
-        if isinstance(value, str) and value not in env.declared:
+        if isinstance(value, str) and not env.known(value):
             raise env.unknown_tool(value, "match")
         return {"match": value}
 

@@ -91,6 +91,9 @@ PiiKind = NewType("PiiKind", str)
 """A kind of personal data `hooks.pii` knows (``"email"``, ``"card"``, ...)."""
 
 Arguments = NewType("Arguments", dict[str, Any])
+
+StrMap = NewType("StrMap", dict[str, str])
+"""A table of strings (a server's environment variables, HTTP headers)."""
 """A table of arguments for a tool, checked against the tool's schema when it is built."""
 
 
@@ -215,6 +218,15 @@ def check_arguments(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise Invalid(f"expected a table of arguments, got {shown(value)}")
     return value
+
+
+def check_str_map(value: Any) -> StrMap:
+    if not isinstance(value, dict):
+        raise Invalid(f"expected a table of strings, got {shown(value)}")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise Invalid(f"expected a string, got {shown(item)}", key=key)
+    return StrMap(value)
 
 
 def check_match(value: Any) -> ToolMatch:
@@ -427,6 +439,7 @@ CHECKS: dict[Any, Callable[[Any], Any]] = {
     ToolName: check_tool_name,
     PiiKind: check_pii_kind,
     Arguments: check_arguments,
+    StrMap: check_str_map,
     ToolMatch: check_match,
 }
 """The check of each value type; `Ref` subclasses check with their `resolve`."""

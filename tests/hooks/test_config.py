@@ -524,7 +524,7 @@ def test_a_tool_call_naming_no_declared_tool_lists_the_tools() -> None:
 def test_a_tool_call_without_tools_says_none_are_declared() -> None:
     ((path, message),) = _problems({"pre": [{"kind": "tool_call", "tool": "clock"}]})
     assert path == "pre[0].tool"
-    assert "[[tools]]: none" in message
+    assert "[[tools]] and [[toolsets]]: none" in message
 
 
 def test_tool_call_arguments_are_checked_against_the_tools_schema() -> None:

@@ -25,9 +25,10 @@ from pipeline import (
     RateLimited,
     RequestError,
     StepLimitExceeded,
+    ToolsetError,
 )
 
-# The tree as DESIGN §3 draws it, plus LogError (docs/decisions.md): every class with its base
+# The tree as DESIGN §3 draws it, plus LogError and ToolsetError (docs/decisions.md): every class with its base
 # classes, in order.
 DESIGN_TREE: dict[type, tuple[type, ...]] = {
     PipelineError: (Exception,),
@@ -42,6 +43,7 @@ DESIGN_TREE: dict[type, tuple[type, ...]] = {
     LogConflict: (PipelineError,),
     LogError: (PipelineError,),
     RequestError: (PipelineError,),
+    ToolsetError: (PipelineError,),
     StepLimitExceeded: (PipelineError,),
     ProviderError: (PipelineError,),
     ProviderConnectionError: (ProviderError,),
@@ -67,6 +69,7 @@ EXAMPLES: dict[type, PipelineError] = {
     LogConflict: LogConflict("grew"),
     LogError: LogError("disk full", log="SQLiteLog('chat.db')"),
     RequestError: RequestError("bad tool_choice"),
+    ToolsetError: ToolsetError("MCP server 'memory' did not answer initialize", toolset="memory"),
     StepLimitExceeded: StepLimitExceeded("too many steps"),
     ProviderError: ProviderError("failed", provider="openai", status=500, request_id="req-1"),
     ProviderConnectionError: ProviderConnectionError("failed", provider="openai"),

@@ -1,0 +1,503 @@
+"""MCP toolsets: the tools of a Model Context Protocol server, through the official SDK.
+
+A `Connection` is one server's connection. A task of its owner's task group keeps it: that
+task enters the SDK's transport and `ClientSession` (async context managers that must be
+entered and exited by one task), initializes, lists the tools, and then waits until the
+connection is closed; the turns' tool calls go through the session from their own tasks.
+Every wait on the server is bounded by the toolset's ``timeout``: a server that hangs,
+crashes or disconnects gives that call a ``tool_error`` naming the server, marks the
+connection dead, and the next turn connects again. Closing stops the server process (the
+SDK's stdio transport closes its stdin, then terminates and kills its process group), also
+when the owner is cancelled.
+
+The SDK (extra ``turnplug[mcp]``) is imported when a server is first connected.
+"""
+
+import json
+import logging
+import math
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any, TextIO, final
+
+import anyio
+import anyio.abc
+import attrs
+
+from ._errors import ConfigError, ToolsetError
+from ._runner import exc_text
+from ._tools import Tool, ToolFailure, schema_tool
+from ._toolsets import Toolset, _names, check_toolset_name, select, toolset_tool_name
+
+if TYPE_CHECKING:
+    from mcp.client.session import ClientSession
+
+logger = logging.getLogger("turnplug.mcp")
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds an MCP server gets to answer one call."""
+DEFAULT_CONNECT_TIMEOUT = 60.0
+"""Seconds an MCP server gets to start, initialize and list its tools (``npx`` may first
+download the server)."""
+
+_STDERR_TAIL = 800
+
+
+def _hidden(values: Mapping[str, str] | None) -> str:
+    # Headers and environment values may hold secrets: a repr shows their names only.
+    return "None" if values is None else "{" + ", ".join(f"{k!r}: '***'" for k in values) + "}"
+
+
+@final
+@attrs.frozen
+class MCPToolset(Toolset):
+    """The tools of an MCP server, offered as ``<name>_<tool>`` (see `mcp_toolset`).
+
+    Attributes:
+        command: The program that runs the server over stdio (with `args`, `env`, `cwd`).
+        args: Its arguments.
+        env: Environment variables added to the server's (values are never shown).
+        cwd: The server's working directory.
+        url: The server's streamable HTTP endpoint (instead of a command).
+        headers: HTTP headers sent with every request (values are never shown).
+        timeout: Seconds the server gets to answer each call.
+        connect_timeout: Seconds it gets to start, initialize and list its tools.
+    """
+
+    command: str | None = attrs.field(default=None, kw_only=True)
+    args: tuple[str, ...] = attrs.field(default=(), kw_only=True)
+    env: Mapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=_hidden)
+    cwd: str | None = attrs.field(default=None, kw_only=True)
+    url: str | None = attrs.field(default=None, kw_only=True)
+    headers: Mapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=_hidden)
+    timeout: float = attrs.field(default=DEFAULT_TIMEOUT, kw_only=True)
+    connect_timeout: float = attrs.field(default=DEFAULT_CONNECT_TIMEOUT, kw_only=True)
+
+    @property
+    def where(self) -> str:
+        """How the server is reached, for messages (no secrets: no env, no headers)."""
+        if self.command is not None:
+            return "`" + " ".join([self.command, *self.args]) + "`"
+        return str(self.url)
+
+
+def _strings(value: Any, what: str, owner: str) -> Mapping[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ConfigError(f"{owner}: {what} must map names to strings")
+    return dict(value)
+
+
+def mcp_toolset(
+    name: str,
+    *,
+    command: str | None = None,
+    args: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    url: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    include: Iterable[str] | None = None,
+    exclude: Iterable[str] | None = None,
+) -> MCPToolset:
+    """An MCP server's tools as a toolset: the model calls them ``<name>_<tool>``.
+
+    Give `command` (a server started as a subprocess, spoken to over stdio) or `url` (a
+    streamable HTTP endpoint). The server is connected when the pipeline's toolsets are
+    opened (``async with pipe``, a session, or a turn outside both) and its tools listed
+    once per connection; `include` / `exclude` filter them by their own names.
+
+    Args:
+        name: The toolset's name, the prefix of its tools' names.
+        command: The server's program (with `args`, `env` added to a minimal environment,
+            and `cwd`).
+        args: The program's arguments.
+        env: Environment variables for the server (never shown in reprs or messages).
+        cwd: The server's working directory.
+        url: The server's streamable HTTP endpoint.
+        headers: HTTP headers for every request, such as an authorization (never shown).
+        timeout: Seconds for each call; a call still unanswered then is a ``tool_error``.
+        connect_timeout: Seconds for starting the server, initializing and listing.
+        include: Only these tools.
+        exclude: Not these tools.
+
+    Raises:
+        ConfigError: Neither or both of `command` and `url`, options of the other
+            transport, a bad timeout, or the ``mcp`` package missing.
+    """
+    owner = f"mcp_toolset({name!r})"
+    check_toolset_name(name, owner)
+    if (command is None) == (url is None):
+        raise ConfigError(
+            f"{owner}: give command (a server run as a subprocess) or url (a streamable HTTP"
+            " server), exactly one of them"
+        )
+    if command is not None:
+        if not isinstance(command, str) or not command.strip():
+            raise ConfigError(f"{owner}: command must be a program's name or path, got {command!r}")
+        if headers is not None:
+            raise ConfigError(f"{owner}: headers are for a url; a command gets env instead")
+    if url is not None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{owner}: url must start with http:// or https://, got {url!r}")
+        if tuple(args) or env is not None or cwd is not None:
+            raise ConfigError(f"{owner}: args, env and cwd are for a command, not a url")
+    if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+        raise ConfigError(f"{owner}: args must be a list of strings, got {args!r}")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ConfigError(f"{owner}: cwd must be a directory's path, got {cwd!r}")
+    for key, seconds in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or seconds <= 0
+        ):
+            raise ConfigError(
+                f"{owner}: {key} must be a positive number of seconds, got {seconds!r}"
+            )
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            f"{owner}: MCP toolsets need the mcp package — pip install 'turnplug[mcp]'"
+        ) from None
+    return MCPToolset(
+        name,
+        include=_names(include, "include", owner),
+        exclude=_names(exclude, "exclude", owner),
+        command=command,
+        args=tuple(args),
+        env=_strings(env, "env", owner),
+        cwd=cwd,
+        url=url,
+        headers=_strings(headers, "headers", owner),
+        timeout=float(timeout),
+        connect_timeout=float(connect_timeout),
+    )
+
+
+# -- results ----------------------------------------------------------------------------------
+
+
+def render_result(result: Any) -> str:
+    """A `CallToolResult` as the model reads it.
+
+    Text blocks are joined with newlines; structured content is JSON-encoded when the server
+    sent no text (the protocol asks servers that return structured content to send it as
+    text too, so the text is what the model reads); an image, an audio clip, a resource or a
+    link is described by a line in brackets, never dropped.
+    """
+    parts: list[str] = []
+    texts: list[str] = []
+    for block in result.content:
+        kind = getattr(block, "type", type(block).__name__)
+        if kind == "text":
+            texts.append(block.text)
+            parts.append(block.text)
+        elif kind in ("image", "audio"):
+            size = len(block.data) * 3 // 4
+            parts.append(f"[{kind}: {block.mime_type}, about {size} bytes, not shown]")
+        elif kind == "resource":
+            resource = block.resource
+            mime = f", {resource.mime_type}" if resource.mime_type else ""
+            text = getattr(resource, "text", None)
+            if text is not None:
+                parts.append(f"[resource {resource.uri}{mime}]\n{text}")
+            else:
+                size = len(resource.blob) * 3 // 4
+                parts.append(f"[resource {resource.uri}{mime}: about {size} bytes, not shown]")
+        elif kind == "resource_link":
+            parts.append(f"[resource link {block.uri}: {block.name}]")
+        else:
+            parts.append(f"[{kind} content, not shown]")
+    structured = result.structured_content
+    if structured is not None and not texts:
+        parts.append(json.dumps(structured, ensure_ascii=False))
+    return "\n".join(parts)
+
+
+def _validator(schema: Mapping[str, Any]) -> Callable[[Any], list[str]]:
+    """What is wrong with arguments for a tool of this input schema (jsonschema)."""
+    import jsonschema  # type: ignore[import-untyped]
+
+    try:
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
+        validator = cls(schema)
+    except Exception:
+        # A schema the validator cannot read: the server has the last word on arguments.
+        return lambda value: [] if isinstance(value, dict) else ["expected an object"]
+
+    def problems(value: Any) -> list[str]:
+        found = []
+        for error in sorted(validator.iter_errors(value), key=lambda e: list(e.path)):
+            path = ".".join(str(p) for p in error.path)
+            found.append(f"{path}: {error.message}" if path else error.message)
+        return found
+
+    return problems
+
+
+# -- the connection ---------------------------------------------------------------------------
+
+
+class _Startup(Exception):
+    pass
+
+
+@final
+class Connection:
+    """One MCP server's connection, kept by a task of its owner's task group."""
+
+    def __init__(self, spec: MCPToolset) -> None:
+        self.spec = spec
+        self.session: ClientSession | None = None
+        self.tools: dict[str, Tool] = {}
+        self.raw_names: dict[str, str] = {}
+        self.dead = True
+        self.error: str | None = None
+        self.connects = 0
+        self._stop = anyio.Event()
+        self._stopped = anyio.Event()
+        self._stopped.set()
+        self._lock = anyio.Lock()
+
+    @property
+    def label(self) -> str:
+        return f"MCP server {self.spec.name!r} ({self.spec.where})"
+
+    async def open(self, group: anyio.abc.TaskGroup) -> None:
+        """Connect, initialize and list the tools; `ToolsetError` when that fails."""
+        ready = anyio.Event()
+        failure: list[str] = []
+        self._stop = anyio.Event()
+        self._stopped = anyio.Event()
+        group.start_soon(self._keep, ready, failure)
+        await ready.wait()
+        if failure:
+            self.fail(failure[0])
+            raise ToolsetError(failure[0], toolset=self.spec.name)
+        self.dead = False
+        self.error = None
+        self.connects += 1
+
+    async def reconnect(self, group: anyio.abc.TaskGroup) -> None:
+        """Connect again after the connection died; a failure is kept in `error`."""
+        async with self._lock:
+            if not self.dead:
+                return  # another turn reconnected it
+            await self._halt()
+            try:
+                await self.open(group)
+            except ToolsetError as error:
+                logger.warning("reconnecting failed: %s", error)
+
+    def fail(self, why: str) -> None:
+        """Mark the connection dead; its calls fail with `why` until it reconnects."""
+        self.dead = True
+        self.error = why
+        self._stop.set()
+
+    async def close(self) -> None:
+        self.error = "the toolsets were closed"
+        self.dead = True
+        await self._halt()
+
+    async def _halt(self) -> None:
+        self._stop.set()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.spec.connect_timeout + 10):
+            await self._stopped.wait()
+
+    async def _keep(self, ready: anyio.Event, failure: list[str]) -> None:
+        """The task that owns the connection: open it, report, hold it until stopped."""
+        # The server's stderr, kept to explain a failed start (closed in `finally`).
+        errlog: TextIO = tempfile.TemporaryFile(  # noqa: SIM115
+            "w+", encoding="utf-8", errors="replace"
+        )
+        stage = "start"
+        try:
+            async with AsyncExitStack() as stack:
+                try:
+                    read, write = await self._transport(stack, errlog)
+                    from mcp.client.session import ClientSession
+
+                    session = await stack.enter_async_context(ClientSession(read, write))
+                    with anyio.move_on_after(self.spec.connect_timeout) as scope:
+                        stage = "initialize"
+                        await session.initialize()
+                        stage = "tools/list"
+                        listed = await _list_tools(session)
+                    if scope.cancelled_caught:
+                        raise _Startup(
+                            f"did not answer {stage} within its connect_timeout of"
+                            f" {self.spec.connect_timeout:g} s"
+                        )
+                    self._adopt(session, listed)
+                except Exception as exc:
+                    failure.append(self._startup_failure(stage, exc, errlog))
+                    return
+                finally:
+                    ready.set()
+                await self._stop.wait()
+        except Exception as exc:
+            # Closing the transport of a server that crashed can fail: nothing is left.
+            logger.debug("closing %s: %s", self.label, exc_text(exc))
+        finally:
+            self.session = None
+            errlog.close()
+            ready.set()
+            self._stopped.set()
+
+    async def _transport(self, stack: AsyncExitStack, errlog: TextIO) -> tuple[Any, Any]:
+        spec = self.spec
+        if spec.command is not None:
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
+            params = StdioServerParameters(
+                command=spec.command,
+                args=list(spec.args),
+                env=dict(spec.env) if spec.env is not None else None,
+                cwd=spec.cwd,
+            )
+            read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+            return read, write
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
+        assert spec.url is not None
+        client = await stack.enter_async_context(
+            httpx2.AsyncClient(
+                headers=dict(spec.headers or {}),
+                timeout=httpx2.Timeout(spec.timeout, read=max(spec.timeout, 300.0)),
+            )
+        )
+        read, write = await stack.enter_async_context(
+            streamable_http_client(spec.url, http_client=client)
+        )
+        return read, write
+
+    def _startup_failure(self, stage: str, exc: BaseException, errlog: TextIO) -> str:
+        cause = _leaf(exc)
+        if isinstance(cause, _Startup | ConfigError):
+            why = str(cause)
+        elif _closed(cause):
+            why = f"closed the connection during {stage} (did it exit?)"
+        elif stage == "start":
+            why = f"could not be started: {exc_text(cause)}"
+        else:
+            why = f"failed during {stage}: {exc_text(cause)}"
+        errlog.flush()
+        errlog.seek(0)
+        stderr = errlog.read()[-_STDERR_TAIL:].strip()
+        tail = f"; its stderr ends with: {stderr}" if stderr else ""
+        return f"{self.label} {why}{tail}"
+
+    def _adopt(self, session: "ClientSession", listed: list[Any]) -> None:
+        by_name = {item.name: item for item in listed}
+        kept = select(self.spec.name, by_name, self.spec.include, self.spec.exclude)
+        tools: dict[str, Tool] = {}
+        raw: dict[str, str] = {}
+        for own in kept:
+            item = by_name[own]
+            final = toolset_tool_name(self.spec.name, own)
+            if final in tools:
+                raise ConfigError(
+                    f"toolset {self.spec.name!r}: tools {raw[final]!r} and {own!r} are both"
+                    f" offered as {final!r}; exclude one of them (exclude = [...])"
+                )
+            schema = dict(item.input_schema or {"type": "object"})
+            tools[final] = schema_tool(
+                self._caller(own),
+                final,
+                item.description or item.title or "",
+                schema,
+                _validator(schema),
+            )
+            raw[final] = own
+        self.session = session
+        self.tools = tools
+        self.raw_names = raw
+
+    def _caller(self, own: str) -> Callable[..., Any]:
+        async def call(**arguments: Any) -> str:
+            return await self.call(own, arguments)
+
+        call.__name__ = call.__qualname__ = toolset_tool_name(self.spec.name, own)
+        return call
+
+    async def call(self, own: str, arguments: dict[str, Any]) -> str:
+        """Call the server's tool `own`; its result as text, or `ToolFailure`."""
+        session = self.session
+        name = self.spec.name
+        if session is None or self.dead:
+            raise ToolFailure(
+                f"MCP server {name!r} is not connected ({self.error}); it is connected again"
+                " on the next turn"
+            )
+        from mcp.shared.exceptions import MCPError
+
+        try:
+            with anyio.move_on_after(self.spec.timeout) as scope:
+                result = await session.call_tool(own, arguments)
+        except MCPError as exc:
+            if _closed(exc):
+                self.fail(f"it closed the connection during a call of {own!r}")
+                raise ToolFailure(
+                    f"MCP server {name!r} closed the connection during the call (did it"
+                    " crash?); it is connected again on the next turn"
+                ) from None
+            raise ToolFailure(
+                f"MCP server {name!r} refused the call: {exc.error.message}"
+            ) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+            self.fail(f"its connection broke during a call of {own!r}")
+            raise ToolFailure(
+                f"MCP server {name!r}'s connection broke during the call; it is connected"
+                " again on the next turn"
+            ) from None
+        except Exception as exc:
+            raise ToolFailure(f"MCP server {name!r}: {exc_text(exc)}") from None
+        if scope.cancelled_caught:
+            raise ToolFailure(
+                f"MCP server {name!r} did not answer within its timeout of {self.spec.timeout:g} s"
+            )
+        text = render_result(result)
+        if result.is_error:
+            raise ToolFailure(f"MCP server {name!r} reported an error: {text}")
+        return text
+
+
+async def _list_tools(session: "ClientSession") -> list[Any]:
+    """Every page of the server's tool list."""
+    from mcp_types import PaginatedRequestParams
+
+    listed = await session.list_tools()
+    tools = list(listed.tools)
+    while listed.next_cursor:
+        listed = await session.list_tools(params=PaginatedRequestParams(cursor=listed.next_cursor))
+        tools.extend(listed.tools)
+    return tools
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _closed(exc: BaseException) -> bool:
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CONNECTION_CLOSED
+
+    if isinstance(exc, MCPError):
+        return exc.code == CONNECTION_CLOSED
+    return isinstance(
+        exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream
+    )

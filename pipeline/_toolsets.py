@@ -1,0 +1,369 @@
+"""Toolsets: named groups of tools, local or served by an MCP server.
+
+A tool of toolset ``memory`` named ``read_graph`` is offered to the model as
+``memory_read_graph`` (`toolset_tool_name`): every provider accepts
+``^[a-zA-Z0-9_-]{1,64}$``, so other characters become ``_`` and a longer name keeps its
+first 55 characters, ``_`` and 8 hex digits of a hash of the whole unsanitized name. Two tools
+that still end up with one name are a `ConfigError` naming both, when the pipeline is built
+(local toolsets) or when the servers are connected (MCP toolsets, whose tools are known only
+then).
+
+The tools of a local toolset are fixed when the pipeline is built; those of an MCP toolset
+live in a `Toolbox`: the open connections of one owner (``async with pipe``, a session, or
+one turn run outside both), each kept by a task of the owner's task group.
+"""
+
+import hashlib
+import re
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any, final
+
+import anyio
+import anyio.abc
+import attrs
+
+from ._errors import ConfigError, ToolsetError
+from ._groups import own_error
+from ._tools import Tool, tool
+
+if TYPE_CHECKING:
+    from ._mcp import Connection
+    from ._pipeline import Pipeline
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_LIMIT = 64
+_HASHED = 8
+
+
+def toolset_tool_name(toolset: str, tool_name: str) -> str:
+    """The name the model calls the tool `tool_name` of the toolset `toolset` by.
+
+    ``f"{toolset}_{tool_name}"`` with every character outside ``[A-Za-z0-9_-]`` replaced by
+    ``_``; a result over 64 characters keeps its first 55, then ``_`` and the first 8 hex
+    digits of the SHA-256 of the unsanitized name, so long names stay distinct and stable.
+    """
+    raw = f"{toolset}_{tool_name}"
+    name = _UNSAFE.sub("_", raw)
+    if len(name) > _LIMIT:
+        digest = hashlib.sha256(raw.encode()).hexdigest()[:_HASHED]
+        name = f"{name[: _LIMIT - _HASHED - 1]}_{digest}"
+    return name
+
+
+def _names(value: Any, what: str, owner: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise ConfigError(f"{owner}: {what} must be a list of tool names, got {value!r}")
+    names = tuple(value)
+    if not all(isinstance(name, str) and name for name in names):
+        raise ConfigError(f"{owner}: {what} must be a list of tool names, got {list(names)!r}")
+    return names
+
+
+def check_toolset_name(name: Any, owner: str) -> str:
+    """`name`, if it can name a toolset (a non-empty string)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{owner}: the toolset's name must be a non-empty string, got {name!r}")
+    return name
+
+
+def select(
+    toolset: str,
+    available: Iterable[str],
+    include: tuple[str, ...] | None,
+    exclude: tuple[str, ...] | None,
+) -> list[str]:
+    """The tool names `include` / `exclude` keep, in the toolset's order.
+
+    Raises:
+        ConfigError: A name in `include` or `exclude` is not one of the toolset's tools.
+    """
+    names = list(available)
+    for what, given in (("include", include), ("exclude", exclude)):
+        unknown = [name for name in given or () if name not in names]
+        if unknown:
+            raise ConfigError(
+                f"toolset {toolset!r}: {what} names tools it does not have: {unknown}; its"
+                f" tools are {names}"
+            )
+    if include is not None:
+        names = [name for name in names if name in include]
+    return [name for name in names if name not in (exclude or ())]
+
+
+@attrs.frozen
+class Toolset:
+    """A named group of tools, offered to the model as ``<name>_<tool>``.
+
+    Build one with `toolset` (local tools) or `mcp_toolset` (an MCP server's tools).
+
+    Attributes:
+        name: The toolset's name, the prefix of its tools' names.
+        include: Only these tools (their own names, without the prefix); all by default.
+        exclude: Not these tools.
+    """
+
+    name: str
+    include: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
+    exclude: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
+
+
+@final
+@attrs.frozen
+class LocalToolset(Toolset):
+    """Local tools grouped under a name (see `toolset`).
+
+    Attributes:
+        tools: The tools, under their own names; the pipeline renames them.
+    """
+
+    tools: tuple[Tool, ...] = attrs.field(default=(), kw_only=True)
+
+    def final_tools(self) -> list[Tool]:
+        """The selected tools under their final names."""
+        by_name = {t.name: t for t in self.tools}
+        kept = select(self.name, by_name, self.include, self.exclude)
+        return [
+            attrs.evolve(by_name[name], name=toolset_tool_name(self.name, name)) for name in kept
+        ]
+
+
+def toolset(
+    name: str,
+    tools: Iterable[Any],
+    *,
+    include: Iterable[str] | None = None,
+    exclude: Iterable[str] | None = None,
+) -> LocalToolset:
+    """Group local tools under `name`: the model calls them ``<name>_<tool>``.
+
+    Args:
+        name: The toolset's name.
+        tools: `Tool`s or typed functions (wrapped with `tool`).
+        include: Only these tools (by their own names).
+        exclude: Not these tools.
+
+    Raises:
+        ConfigError: A bad name, a tool that cannot be described, two tools of one name, or
+            an `include` / `exclude` naming a tool the group does not have.
+    """
+    owner = f"toolset({name!r})"
+    check_toolset_name(name, owner)
+    if isinstance(tools, str | bytes) or not isinstance(tools, Iterable):
+        raise ConfigError(f"{owner}: tools must be a list of tools, got {tools!r}")
+    built: list[Tool] = []
+    for entry in tools:
+        made = entry if isinstance(entry, Tool) else tool(entry)
+        if any(t.name == made.name for t in built):
+            raise ConfigError(f"{owner}: a second tool named {made.name!r}")
+        built.append(made)
+    made_set = LocalToolset(
+        name,
+        include=_names(include, "include", owner),
+        exclude=_names(exclude, "exclude", owner),
+        tools=tuple(built),
+    )
+    made_set.final_tools()  # include / exclude naming tools it lacks: an error now
+    return made_set
+
+
+def check_toolsets(entries: Any) -> tuple[Toolset, ...]:
+    """The ``toolsets=`` of a pipeline, checked: toolsets with distinct names."""
+    if isinstance(entries, str | bytes) or not isinstance(entries, Iterable):
+        raise ConfigError(f"toolsets must be a list of toolsets, got {type(entries).__name__}")
+    toolsets = tuple(entries)
+    seen: set[str] = set()
+    for position, entry in enumerate(toolsets, 1):
+        if not isinstance(entry, Toolset):
+            raise ConfigError(
+                f"toolsets, position {position}: expected a toolset(...) or mcp_toolset(...),"
+                f" got {type(entry).__name__} {entry!r}"
+            )
+        if entry.name in seen:
+            raise ConfigError(
+                f"toolsets, position {position}: a second toolset named {entry.name!r}; give"
+                " one another name"
+            )
+        seen.add(entry.name)
+    return toolsets
+
+
+Offered = tuple[str, Iterable[tuple[Tool, str | None]]]
+"""An owner (``"the tools"``, ``"toolset 'x'"``) and its tools: each under its final name,
+with its own name (None when it is the same)."""
+
+
+def merge(groups: Iterable[Offered]) -> dict[str, Tool]:
+    """The tools of every group by final name; two of one name are a `ConfigError` naming
+    both."""
+    found: dict[str, Tool] = {}
+    owners: dict[str, str] = {}
+    for owner, tools in groups:
+        for made, own in tools:
+            label = f"tool {made.name if own is None else own!r} of {owner}"
+            if made.name in found:
+                raise ConfigError(
+                    f"{owners[made.name]} and {label} are both offered as {made.name!r}; the"
+                    " model calls tools by name — rename a toolset or exclude one of them"
+                    " (exclude = [...])"
+                )
+            found[made.name] = made
+            owners[made.name] = label
+    return found
+
+
+def static_tools(tools: tuple[Tool, ...], toolsets: tuple[Toolset, ...]) -> dict[str, Tool]:
+    """The tools a pipeline knows when it is built: its own and its local toolsets'."""
+    groups: list[Offered] = [("the pipeline's tools", [(t, None) for t in tools])]
+    for each in toolsets:
+        if isinstance(each, LocalToolset):
+            kept = select(each.name, [t.name for t in each.tools], each.include, each.exclude)
+            groups.append((f"toolset {each.name!r}", zip(each.final_tools(), kept, strict=True)))
+    return merge(groups)
+
+
+def remote_toolsets(toolsets: tuple[Toolset, ...]) -> tuple[Toolset, ...]:
+    """The toolsets whose tools come from a connection (not local)."""
+    return tuple(each for each in toolsets if not isinstance(each, LocalToolset))
+
+
+# -- open connections -------------------------------------------------------------------------
+
+
+@final
+class Toolbox:
+    """The open connections of one owner, and the tools they serve, by final name."""
+
+    def __init__(self, pipe: "Pipeline", group: anyio.abc.TaskGroup) -> None:
+        from ._mcp import Connection, MCPToolset
+
+        self.pipe = pipe
+        self.group = group
+        self.connections: list[Connection] = [
+            Connection(each) for each in pipe.toolsets if isinstance(each, MCPToolset)
+        ]
+        self.tools: Mapping[str, Tool] = pipe._tool_map
+        self.closed = False
+
+    async def open(self) -> None:
+        """Connect every server (concurrently); the first failure raises `ToolsetError`."""
+        failures: list[BaseException] = []
+
+        async def connect(connection: "Connection") -> None:
+            try:
+                await connection.open(self.group)
+            except ToolsetError as error:
+                failures.append(error)
+
+        async with anyio.create_task_group() as group:
+            for connection in self.connections:
+                group.start_soon(connect, connection)
+        if failures:
+            first = failures[0]
+            for other in failures[1:]:
+                first.add_note(f"also: {other}")
+            raise first
+        self.tools = self._merged()
+        self.pipe._check_needed_tools(self.tools)
+
+    async def refresh(self) -> Mapping[str, Tool]:
+        """This turn's tools: dead servers are reconnected first (a failure stays recorded
+        on the connection, whose calls then fail with it)."""
+        dead = [connection for connection in self.connections if connection.dead]
+        if dead:
+            async with anyio.create_task_group() as group:
+                for connection in dead:
+                    group.start_soon(connection.reconnect, self.group)
+            try:
+                self.tools = self._merged()
+            except ConfigError as error:
+                # A server that came back with a clashing tool list: its old list stays.
+                for connection in dead:
+                    connection.fail(str(error))
+        return self.tools
+
+    def _merged(self) -> dict[str, Tool]:
+        groups: list[Offered] = [
+            ("the pipeline", [(t, None) for t in self.pipe._tool_map.values()])
+        ]
+        for connection in self.connections:
+            named = [(t, connection.raw_names[final]) for final, t in connection.tools.items()]
+            groups.append((f"MCP toolset {connection.spec.name!r}", named))
+        return merge(groups)
+
+    async def close(self) -> None:
+        """Close every connection (shielded, bounded), then stop their tasks."""
+        self.closed = True
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as group:
+                for connection in self.connections:
+                    group.start_soon(connection.close)
+        self.group.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_toolbox(pipe: "Pipeline") -> AsyncIterator[Toolbox]:
+    """Connect the pipeline's MCP servers for the time of the block, and close them after."""
+    try:
+        async with anyio.create_task_group() as group:
+            box = Toolbox(pipe, group)
+            try:
+                await box.open()
+                yield box
+            finally:
+                await box.close()
+    except BaseExceptionGroup as caught:
+        # The connections' tasks never fail: what the group holds is the block's own error.
+        error = own_error(caught)
+        raise error from error.__cause__
+
+
+@asynccontextmanager
+async def turn_tools(
+    pipe: "Pipeline", toolbox: Toolbox | None
+) -> AsyncIterator[Mapping[str, Tool]]:
+    """The tools of one turn: from the toolbox of its session or of ``async with pipe``, or
+    from connections opened for this turn alone."""
+    box = toolbox if toolbox is not None else pipe._lifetime.toolbox
+    if box is not None and not box.closed:
+        yield await box.refresh()
+        return
+    async with open_toolbox(pipe) as opened:
+        yield opened.tools
+
+
+@final
+class Lifetime:
+    """What ``async with pipe`` opened: the toolbox, kept while the outermost block runs."""
+
+    def __init__(self) -> None:
+        self.toolbox: Toolbox | None = None
+        self._stack: AsyncExitStack | None = None
+        self._owner: object = None
+        self._depth = 0
+
+    async def enter(self, pipe: "Pipeline") -> None:
+        if not remote_toolsets(pipe.toolsets):
+            return
+        task = anyio.get_current_task().id
+        if self._stack is not None:
+            if task == self._owner:
+                self._depth += 1
+            return  # another task's block: it borrows the open connections
+        stack = AsyncExitStack()
+        self.toolbox = await stack.enter_async_context(open_toolbox(pipe))
+        self._stack, self._owner, self._depth = stack, task, 1
+
+    async def exit(self, exc: BaseException | None) -> None:
+        if self._stack is None or anyio.get_current_task().id != self._owner:
+            return
+        self._depth -= 1
+        if self._depth:
+            return
+        stack, self._stack, self.toolbox, self._owner = self._stack, None, None, None
+        if exc is None:
+            await stack.aclose()
+        else:
+            await stack.__aexit__(type(exc), exc, exc.__traceback__)

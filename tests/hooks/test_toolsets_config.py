@@ -1,0 +1,152 @@
+"""[[toolsets]] in a config, `tool_call` with a toolset, and `turnplug check` (--offline)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hooks.config import load_pipeline
+from pipeline import ConfigError
+from pipeline.logs import MemoryLog
+from tests.hooks.cli_support import environment, turnplug, write_config
+from tests.pipeline.mcp.servers import memory_server, server_processes
+
+TIME = f"""
+    [model]
+    provider = "openai"
+    name = "gpt-4o-mini"
+
+    [[toolsets]]
+    kind = "mcp"
+    name = "clock"
+    command = {json.dumps(sys.executable)}
+    args = ["-m", "mcp_server_time", "--local-timezone", "UTC"]
+    env = {{ CLOCK_TOKEN = "${{CLOCK_TOKEN}}" }}
+"""
+
+
+def test_check_offline_needs_neither_the_api_key_nor_the_servers(tmp_path: Path):
+    """Catches: CI without secrets unable to validate a config (issue of `check --offline`)."""
+    path = write_config(tmp_path, TIME)
+
+    done = turnplug("check", "--offline", path, env=environment())
+
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "  clock  MCP server" in done.stdout
+    assert "(offline: MCP servers not connected, their tools not listed)" in done.stdout
+
+
+def test_check_without_offline_reports_the_missing_key_and_variable(tmp_path: Path):
+    """Catches: --offline leniency leaking into the normal check."""
+    path = write_config(tmp_path, TIME)
+
+    done = turnplug("check", path, env=environment())
+
+    assert done.returncode == 2
+    assert "model.api_key_env: the environment variable OPENAI_API_KEY is not set" in done.stderr
+    assert "toolsets[0].env: the environment variable CLOCK_TOKEN is not set" in done.stderr
+
+
+def test_check_connects_and_lists_the_tools_under_their_final_names(tmp_path: Path):
+    """Catches: check reporting a config ok without the server ever answering."""
+    path = write_config(tmp_path, TIME)
+
+    done = turnplug(
+        "check", path, env=environment(OPENAI_API_KEY="sk-test", CLOCK_TOKEN="s3cret-value")
+    )
+
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "  clock: clock_convert_time, clock_get_current_time" in done.stdout
+    assert "s3cret-value" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ('kind = "mcp"\nname = "m"', "toolsets[0].command: required: one of command or url"),
+        ('kind = "mcp"\nname = "m"\nurl = "ftp://x"', "toolsets[0]: url must start with http"),
+        (
+            'kind = "mcp"\nname = "m"\ncommand = "x"\ntimeout = -1',
+            "toolsets[0].timeout: expected a positive number of seconds",
+        ),
+        ('kind = "mcp"\nname = "m"\ncommand = "x"\nport = 3', "toolsets[0].port: unknown key"),
+        ('kind = "python"\nname = "p"', "toolsets[0].refs: required"),
+    ],
+)
+def test_bad_toolset_entries_are_errors_with_their_paths(tmp_path: Path, entry, expected):
+    """Catches: a broken toolset entry reported without saying where it is."""
+    path = write_config(tmp_path, "[[toolsets]]\n" + entry + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    assert expected in str(caught.value)
+
+
+def test_a_tool_call_naming_an_unknown_toolset_is_an_error(tmp_path: Path):
+    """Catches: a typo in `toolset` surfacing only as a skipped injection mid-conversation."""
+    path = write_config(
+        tmp_path, '[[pre]]\nkind = "tool_call"\ntoolset = "memroy"\ntool = "read_graph"\n'
+    )
+    with pytest.raises(ConfigError, match=r'pre\[0\].toolset: no toolset named "memroy"'):
+        load_pipeline(path)
+
+
+async def test_memory_from_the_memory_server_is_injected_at_conversation_start(tmp_path: Path):
+    """Catches: tool_call with toolset + tool not running the MCP server's real tool."""
+    program = memory_server()
+    memory = tmp_path / "memory.jsonl"
+    entity = {
+        "type": "entity",
+        "name": "Ada",
+        "entityType": "person",
+        "observations": ["likes tea"],
+    }
+    memory.write_text(json.dumps(entity) + "\n")
+    path = write_config(
+        tmp_path,
+        f"""
+        [model]
+        provider = "scripted"
+        replies = ["Hello Ada."]
+
+        [[toolsets]]
+        kind = "mcp"
+        name = "memory"
+        command = {json.dumps(str(program))}
+        env = {{ MEMORY_FILE_PATH = {json.dumps(str(memory))} }}
+
+        [[pre]]
+        kind = "tool_call"
+        toolset = "memory"
+        tool = "read_graph"
+        frequency = "always"
+        """,
+    )
+    pipe = load_pipeline(path)
+
+    async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+        result = await session.send("hi")
+
+    call, answer = (part for injection in result.turn.injections for part in injection.parts)
+    assert call.name == "memory_read_graph"
+    graph = json.loads(answer.content)
+    assert graph["entities"][0]["name"] == "Ada"
+    assert graph["entities"][0]["observations"] == ["likes tea"]
+    assert server_processes() == []
+
+
+def test_the_schema_accepts_and_refuses_toolsets_as_the_loader_does():
+    """Catches: `turnplug schema` missing the toolset entries or their keys."""
+    import jsonschema
+
+    from hooks.config import config_schema, pipeline_from_dict
+
+    validator = jsonschema.Draft202012Validator(config_schema())
+    good = {
+        "toolsets": [{"kind": "mcp", "name": "m", "url": "http://h/mcp", "headers": {"A": "b"}}]
+    }
+    bad = {"toolsets": [{"kind": "mcp", "name": "m", "command": "x", "env": {"A": 1}}]}
+    assert list(validator.iter_errors(good)) == []
+    assert list(validator.iter_errors(bad)) != []
+    with pytest.raises(ConfigError, match=r"toolsets\[0\].env.A: expected a string"):
+        pipeline_from_dict(bad)

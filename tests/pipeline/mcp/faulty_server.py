@@ -1,0 +1,119 @@
+"""A small MCP server (the SDK's server API) that misbehaves on request, for the fault tests.
+
+``python faulty_server.py MODE [STATE_FILE]``:
+
+- ``tools``: ``echo`` answers, ``boom`` raises, ``hang`` never returns, ``crash`` exits the
+  process in the middle of the call, ``picture`` returns an image and a resource;
+- ``silent``: reads the requests and never answers one (not even ``initialize``);
+- ``changing``: offers ``alpha`` on its first start and ``beta`` on later ones (the starts
+  are counted in STATE_FILE);
+- ``colliding``: offers ``a.b`` and ``a_b``, one name once sanitized.
+"""
+
+import base64
+import os
+import sys
+import time
+from pathlib import Path
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import EmbeddedResource, ImageContent, TextResourceContents
+
+
+def tools_server() -> MCPServer:
+    server = MCPServer("faulty")
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Say the text back."""
+        return f"echo: {text}"
+
+    @server.tool()
+    def boom() -> str:
+        """Fail."""
+        raise ToolError("the boom tool always fails")
+
+    @server.tool()
+    def hang() -> str:
+        """Never answer."""
+        while True:
+            time.sleep(60)
+
+    @server.tool()
+    def crash() -> str:
+        """Exit the process mid-call."""
+        os._exit(3)
+
+    @server.tool(structured_output=False)
+    def picture() -> list[ImageContent | EmbeddedResource]:
+        """An image and a resource."""
+        return [
+            ImageContent(
+                type="image",
+                data=base64.b64encode(b"\x89PNG" + bytes(96)).decode(),
+                mime_type="image/png",
+            ),
+            EmbeddedResource(
+                type="resource",
+                resource=TextResourceContents(
+                    uri="memo://1", mime_type="text/plain", text="a memo"
+                ),
+            ),
+        ]
+
+    return server
+
+
+def changing_server(state: Path) -> MCPServer:
+    starts = int(state.read_text()) + 1 if state.exists() else 1
+    state.write_text(str(starts))
+    server = MCPServer("changing")
+    if starts == 1:
+
+        @server.tool()
+        def alpha() -> str:
+            """The first start's tool."""
+            return "alpha"
+
+    else:
+
+        @server.tool()
+        def beta() -> str:
+            """The later starts' tool."""
+            return "beta"
+
+    return server
+
+
+def colliding_server() -> MCPServer:
+    server = MCPServer("colliding")
+
+    def dotted() -> str:
+        return "dotted"
+
+    def underscored() -> str:
+        return "underscored"
+
+    server.tool(name="a.b")(dotted)
+    server.tool(name="a_b")(underscored)
+    return server
+
+
+def silent() -> None:
+    for _line in sys.stdin:
+        pass  # read everything, answer nothing
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "silent":
+        silent()
+    elif mode == "tools":
+        tools_server().run()
+    elif mode == "changing":
+        changing_server(Path(sys.argv[2])).run()
+    elif mode == "colliding":
+        colliding_server().run()
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")

@@ -1,0 +1,80 @@
+"""Where the tests find MCP servers, and how they check none is left running.
+
+The reference servers are real packages: ``mcp-server-time`` (PyPI, a dev dependency) and
+``@modelcontextprotocol/server-memory`` (npm). `.ci/run` installs the npm package into
+``.cache/mcp-servers`` before the tests; elsewhere a test that needs it installs it there
+once, or is skipped with the reason when ``node`` is missing — never under CI.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pipeline import MCPToolset, mcp_toolset
+
+ROOT = Path(__file__).resolve().parents[3]
+CACHE = ROOT / ".cache" / "mcp-servers"
+MEMORY_BIN = CACHE / "node_modules" / ".bin" / "mcp-server-memory"
+FAULTY = Path(__file__).with_name("faulty_server.py")
+
+
+def time_toolset(name: str = "time", **options: object) -> MCPToolset:
+    """The reference time server, answering in UTC."""
+    return mcp_toolset(
+        name,
+        command=sys.executable,
+        args=["-m", "mcp_server_time", "--local-timezone", "UTC"],
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def faulty_toolset(mode: str, *extra: str, name: str = "faulty", **options: object) -> MCPToolset:
+    """This directory's misbehaving server in `mode` (see faulty_server.py)."""
+    options.setdefault("connect_timeout", 60.0)
+    return mcp_toolset(
+        name,
+        command=sys.executable,
+        args=[str(FAULTY), mode, *extra],
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def memory_server() -> Path:
+    """The memory server's program: installed by .ci/run, or here once; a skip without node."""
+    if MEMORY_BIN.exists():
+        return MEMORY_BIN
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("node and npm are required under CI (.ci/run installs them)")
+        pytest.skip("node/npm are not installed: the npm memory server cannot run")
+    subprocess.run(
+        [
+            "npm",
+            "install",
+            "--silent",
+            "--prefix",
+            str(CACHE),
+            "@modelcontextprotocol/server-memory",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return MEMORY_BIN
+
+
+def server_processes() -> list[psutil.Process]:
+    """This test process's descendants that are still running (servers, npx, node)."""
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return alive

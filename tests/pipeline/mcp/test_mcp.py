@@ -1,0 +1,197 @@
+"""MCP toolsets against real servers: the reference time server and a misbehaving one.
+
+Every test ends by checking the process table: no server process outlives its owner.
+"""
+
+import json
+import time
+
+import pytest
+import trio
+
+from pipeline import Pipeline, ToolsetError, cont
+from pipeline.logs import MemoryLog
+from pipeline.testing import ScriptedModel
+from turns import ToolCall, Turn
+
+from .servers import faulty_toolset, server_processes, time_toolset
+
+
+async def test_a_turn_calls_the_time_server_through_tool_hooks():
+    """Catches: MCP tools bypassing tool hooks, or the model not getting the server's answer."""
+    trace = []
+
+    def before(call, turn):
+        trace.append(("before", call.name, dict(call.arguments)))
+        return cont(call.with_arguments({"timezone": "Europe/Paris"}))
+
+    def after(call, result, turn):
+        trace.append(("after", call.name))
+        return cont(result.with_content(result.content + "\n(checked)"))
+
+    model = ScriptedModel(
+        [[ToolCall("c1", "time_get_current_time", {"timezone": "Asia/Tokyo"})], "It is late."]
+    )
+    pipe = Pipeline(
+        model=model, toolsets=[time_toolset()], before_tool=[before], after_tool=[after]
+    )
+    async with pipe:
+        result = await pipe.run(Turn.start("What time is it in Paris?"))
+
+    assert trace == [
+        ("before", "time_get_current_time", {"timezone": "Asia/Tokyo"}),
+        ("after", "time_get_current_time"),
+    ]
+    assert {s.name for s in model.requests[0].tools} == {
+        "time_get_current_time",
+        "time_convert_time",
+    }
+    answer = result.reply.messages[1].parts[0]
+    text, note = answer.content.rsplit("\n", 1)
+    assert note == "(checked)"
+    assert json.loads(text)["timezone"] == "Europe/Paris"
+    assert model.requests[1].messages[-1].parts[0].content == answer.content
+    assert result.outcome == "completed"
+    assert server_processes() == []
+
+
+async def test_server_errors_hangs_and_bad_arguments_are_tool_errors_and_the_turn_goes_on():
+    """Catches: a raising or hanging server tool failing or hanging the whole turn."""
+    model = ScriptedModel(
+        [
+            [
+                ToolCall("c1", "faulty_echo", {"text": "hi"}),
+                ToolCall("c2", "faulty_boom", {}),
+                ToolCall("c3", "faulty_hang", {}),
+                ToolCall("c4", "faulty_echo", {"text": 3}),
+                ToolCall("c5", "faulty_picture", {}),
+            ],
+            "done",
+        ]
+    )
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("tools", timeout=1.5)])
+    async with pipe:
+        started = time.monotonic()
+        result = await pipe.run(Turn.start("go"))
+        elapsed = time.monotonic() - started
+
+    echo, boom, hang, bad, picture = (m.parts[0] for m in result.reply.messages[1:6])
+    assert echo.content == "echo: hi"
+    assert boom.error_class == "tool_error"
+    assert "MCP server 'faulty' reported an error" in boom.content
+    assert "the boom tool always fails" in boom.content
+    assert hang.error_class == "tool_error"
+    assert "MCP server 'faulty' did not answer within its timeout of 1.5 s" in hang.content
+    assert bad.error_class == "invalid_arguments"
+    assert "3 is not of type 'string'" in bad.content
+    assert picture.content.startswith("[image: image/png, about 102 bytes, not shown]")
+    assert "[resource memo://1, text/plain]\na memo" in picture.content
+    assert result.reply.message.text == "done"
+    assert elapsed < 10
+    assert server_processes() == []
+
+
+async def test_a_server_that_exits_mid_call_is_a_tool_error_and_is_reconnected_next_turn():
+    """Catches: a crashed server hanging the call, leaking, or staying dead for good."""
+    model = ScriptedModel(
+        [
+            [ToolCall("c1", "faulty_crash", {})],
+            "noted",
+            [ToolCall("c2", "faulty_echo", {"text": "back"})],
+            "ok",
+        ]
+    )
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("tools", timeout=20)])
+    async with pipe:
+        started = time.monotonic()
+        first = await pipe.run(Turn.start("crash"))
+        crashed_in = time.monotonic() - started
+        second = await pipe.run(Turn.start("again"))
+        connects = pipe._lifetime.toolbox.connections[0].connects
+
+    crashed = first.reply.messages[1].parts[0]
+    assert crashed.error_class == "tool_error"
+    assert "MCP server 'faulty' closed the connection during the call" in crashed.content
+    assert crashed_in < 10  # well within the call's timeout of 20 s
+    assert second.reply.messages[1].parts[0].content == "echo: back"
+    assert connects == 2
+    assert server_processes() == []
+
+
+async def test_a_server_that_never_answers_initialize_fails_the_open_naming_it():
+    """Catches: a silent server hanging the pipeline's start, or left running."""
+    pipe = Pipeline(
+        model=ScriptedModel(["hi"]), toolsets=[faulty_toolset("silent", connect_timeout=1.0)]
+    )
+    started = time.monotonic()
+    with pytest.raises(ToolsetError) as caught:
+        async with pipe:
+            pass
+
+    assert time.monotonic() - started < 12
+    assert caught.value.toolset == "faulty"
+    assert "MCP server 'faulty'" in str(caught.value)
+    assert "did not answer initialize within its connect_timeout of 1 s" in str(caught.value)
+    assert server_processes() == []
+
+
+async def test_a_tool_list_that_changes_between_connections_is_read_again(tmp_path):
+    """Catches: a tool list cached across connections, offering tools the server dropped."""
+    state = tmp_path / "starts"
+    model = ScriptedModel(["one", [ToolCall("c1", "changing_alpha", {})], "two"])
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("changing", str(state), name="changing")])
+
+    for text in ("first", "second"):
+        async with pipe.session(log=MemoryLog(), conversation_id=text) as session:
+            result = await session.send(text)
+
+    assert [s.name for s in model.requests[0].tools] == ["changing_alpha"]
+    assert [s.name for s in model.requests[1].tools] == ["changing_beta"]
+    gone = result.reply.messages[1].parts[0]
+    assert gone.error_class == "unknown_tool"
+    assert "changing_beta" in gone.content
+    assert server_processes() == []
+
+
+async def test_two_server_tools_with_one_final_name_fail_the_open_naming_both():
+    """Catches: one of two colliding tools silently shadowing the other."""
+    pipe = Pipeline(model=ScriptedModel(["hi"]), toolsets=[faulty_toolset("colliding", name="c")])
+    with pytest.raises(ToolsetError) as caught:
+        await pipe.run(Turn.start("hi"))
+
+    assert "tools 'a.b' and 'a_b' are both offered as 'c_a_b'" in str(caught.value)
+    assert server_processes() == []
+
+
+async def test_a_turn_outside_async_with_connects_for_itself_and_closes_after():
+    """Catches: pipe.run leaving the servers it started running."""
+    model = ScriptedModel([[ToolCall("c1", "faulty_echo", {"text": "once"})], "ok"])
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("tools")])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.reply.messages[1].parts[0].content == "echo: once"
+    assert server_processes() == []
+
+
+async def test_cancelling_a_turn_during_a_call_closes_the_server():
+    """Catches: a cancelled owner leaking the server process or hanging on it."""
+    model = ScriptedModel([[ToolCall("c1", "faulty_hang", {})], "never"])
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("tools", timeout=60)])
+    started = time.monotonic()
+    with trio.move_on_after(8) as scope:
+        async with pipe:
+            await pipe.run(Turn.start("hang"))
+
+    assert scope.cancelled_caught
+    assert time.monotonic() - started < 20
+    assert server_processes() == []
+
+
+async def test_an_error_in_the_block_comes_out_as_it_was_raised():
+    """Catches: the connections' task group wrapping the caller's error in a group."""
+    pipe = Pipeline(model=ScriptedModel(["hi"]), toolsets=[faulty_toolset("tools")])
+    with pytest.raises(KeyError):
+        async with pipe:
+            raise KeyError("mine")
+    assert server_processes() == []

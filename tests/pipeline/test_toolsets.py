@@ -1,0 +1,202 @@
+"""Toolsets: final names, local toolsets, and tool hooks on toolset tools."""
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hooks import inject_tool_call
+from pipeline import (
+    ConfigError,
+    Pipeline,
+    block,
+    cont,
+    hook,
+    mcp_toolset,
+    tool,
+    toolset,
+    toolset_tool_name,
+)
+from pipeline.testing import ScriptedModel
+from turns import ToolCall, ToolResult, Turn
+
+PROVIDER_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def forecast(city: str, days: int = 3) -> str:
+    """A forecast."""
+    return f"{days} sunny days in {city}"
+
+
+@given(st.text(min_size=1, max_size=80), st.text(min_size=1, max_size=80))
+def test_a_final_name_is_always_one_every_provider_accepts(toolset_name, tool_name):
+    """Catches: characters or lengths a provider refuses slipping into a tool's name."""
+    assert PROVIDER_NAME.fullmatch(toolset_tool_name(toolset_name, tool_name))
+
+
+@given(st.text(min_size=40, max_size=80), st.text(min_size=40, max_size=80))
+def test_long_names_that_differ_stay_distinct(first, second):
+    """Catches: truncation mapping two different long tools to one name."""
+    if first != second:
+        assert toolset_tool_name("s", first) != toolset_tool_name("s", second)
+
+
+def test_final_names_are_prefixed_sanitized_and_shortened_deterministically():
+    """Catches: an unstable hash (the model's history would name tools that vanish)."""
+    long = "x" * 70
+    assert toolset_tool_name("memory", "read_graph") == "memory_read_graph"
+    assert toolset_tool_name("my server", "get.time") == "my_server_get_time"
+    shortened = toolset_tool_name("memory", long)
+    assert len(shortened) == 64
+    assert shortened.startswith("memory_xxx")
+    assert shortened == toolset_tool_name("memory", long)
+    assert re.fullmatch(r"memory_x{48}_[0-9a-f]{8}", shortened)
+
+
+async def test_a_local_toolset_offers_its_tools_under_final_names():
+    """Catches: toolset tools offered or run under their own, unprefixed names."""
+    model = ScriptedModel([[ToolCall("c1", "weather_forecast", {"city": "Oslo"})], "done"])
+    pipe = Pipeline(model=model, toolsets=[toolset("weather", [weather, forecast])])
+
+    result = await pipe.run(Turn.start("forecast?"))
+
+    assert [spec.name for spec in model.requests[0].tools] == [
+        "weather_weather",
+        "weather_forecast",
+    ]
+    assert result.reply.messages[1].parts == (ToolResult("c1", "3 sunny days in Oslo"),)
+
+
+def test_include_and_exclude_filter_a_toolset():
+    """Catches: filters ignored, or a filter naming a missing tool silently doing nothing."""
+    kept = Pipeline(
+        model=ScriptedModel(["hi"]),
+        toolsets=[toolset("w", [weather, forecast], exclude=["weather"])],
+    )
+    assert list(kept._tool_map) == ["w_forecast"]
+    with pytest.raises(ConfigError, match=r"include names tools it does not have: \['wether'\]"):
+        toolset("w", [weather], include=["wether"])
+
+
+def test_two_tools_with_one_final_name_are_an_error_naming_both():
+    """Catches: a later tool silently replacing an earlier one of the same final name."""
+
+    @tool(name="a_b")
+    def first() -> str:
+        return "1"
+
+    @tool(name="b")
+    def second() -> str:
+        return "2"
+
+    with pytest.raises(ConfigError) as caught:
+        Pipeline(
+            model=ScriptedModel(["hi"]), toolsets=[toolset("x", [first]), toolset("x_a", [second])]
+        )
+    assert str(caught.value).startswith(
+        "tool 'a_b' of toolset 'x' and tool 'b' of toolset 'x_a' are both offered as 'x_a_b'"
+    )
+
+
+def test_toolsets_must_be_toolsets_with_distinct_names():
+    """Catches: a function or a duplicate toolset accepted and failing mid-turn."""
+    with pytest.raises(ConfigError, match="expected a toolset"):
+        Pipeline(model=ScriptedModel(["hi"]), toolsets=[weather])
+    with pytest.raises(ConfigError, match="a second toolset named 'w'"):
+        Pipeline(
+            model=ScriptedModel(["hi"]),
+            toolsets=[toolset("w", [weather]), toolset("w", [forecast])],
+        )
+
+
+async def test_tool_hooks_see_and_match_the_final_name():
+    """Catches: hooks matched against the tool's own name instead of the one the model used."""
+    seen = []
+
+    def watch(call, turn):
+        seen.append(call.name)
+        return cont(call)
+
+    def deny(call, turn):
+        return block("not today")
+
+    model = ScriptedModel(
+        [
+            [
+                ToolCall("c1", "w_weather", {"city": "Oslo"}),
+                ToolCall("c2", "w_forecast", {"city": "Rome"}),
+            ],
+            "ok",
+        ]
+    )
+    pipe = Pipeline(
+        model=model,
+        toolsets=[toolset("w", [weather, forecast])],
+        before_tool=[watch, hook(deny, match="w_forecast")],
+    )
+
+    result = await pipe.run(Turn.start("?"))
+
+    assert seen == ["w_weather", "w_forecast"]
+    results = [m.parts[0] for m in result.reply.messages[1:3]]
+    assert results[0].content == "sunny in Oslo"
+    assert (results[1].content, results[1].error_class) == ("not today", "hook_blocked")
+
+
+async def test_inject_tool_call_runs_a_toolset_tool_by_its_final_name():
+    """Catches: synthetic calls unable to find toolset tools among the pipeline's tools."""
+    model = ScriptedModel(["ok"])
+    pipe = Pipeline(
+        model=model,
+        toolsets=[toolset("w", [weather])],
+        pre=[inject_tool_call("w_weather", {"city": "Oslo"})],
+    )
+
+    await pipe.run(Turn.start("?"))
+
+    sent = model.requests[0].messages
+    assert [type(p).__name__ for m in sent for p in m.parts][:2] == ["ToolCall", "ToolResult"]
+    assert sent[0].parts[0].name == "w_weather"
+    assert sent[1].parts[0].content == "sunny in Oslo"
+
+
+def test_a_synthetic_call_of_a_tool_no_toolset_has_is_a_build_error():
+    """Catches: a typo in a toolset tool's name found only mid-turn."""
+    with pytest.raises(ConfigError, match="w_wether"):
+        Pipeline(
+            model=ScriptedModel(["ok"]),
+            toolsets=[toolset("w", [weather])],
+            pre=[inject_tool_call("w_wether")],
+        )
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, "give command .* or url"),
+        ({"command": "x", "url": "http://h/mcp"}, "exactly one"),
+        ({"url": "ftp://h"}, "must start with http"),
+        ({"command": "x", "headers": {"a": "b"}}, "headers are for a url"),
+        ({"url": "http://h/mcp", "env": {"a": "b"}}, "for a command, not a url"),
+        ({"command": "x", "timeout": 0}, "timeout must be a positive number"),
+    ],
+)
+def test_mcp_toolset_refuses_bad_options(options, expected):
+    """Catches: an MCP toolset that cannot connect accepted until the first turn."""
+    with pytest.raises(ConfigError, match=expected):
+        mcp_toolset("s", **options)
+
+
+def test_mcp_toolset_repr_hides_header_and_env_values():
+    """Catches: a secret header or environment value printed in a repr or a log line."""
+    made = mcp_toolset(
+        "s", url="http://127.0.0.1:1/mcp", headers={"Authorization": "Bearer s3cret"}
+    )
+    assert "s3cret" not in repr(made)
+    assert "Authorization" in repr(made)
