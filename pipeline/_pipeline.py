@@ -328,22 +328,6 @@ class Pipeline:
         init=False, repr=False, eq=False, factory=list
     )
 
-    async def __aenter__(self) -> "Pipeline":
-        """``async with pipe:`` keeps the model's connections open until the block ends.
-
-        Every turn run inside reuses them (a provider's connection pool); the end of the
-        block closes what it opened. Blocks may nest and overlap; a provider the caller
-        opened itself (``async with model``) stays open.
-        """
-        hold = hold_model(self.model)
-        await hold.__aenter__()
-        self._holds.append(hold)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        # Every hold of one model is alike: ending any one of them is ending this block's.
-        await self._holds.pop().__aexit__(None, None, None)
-
     @property
     def _post_plan(self) -> tuple[Step, ...]:
         return self._post_plans[0]
@@ -390,12 +374,24 @@ class Pipeline:
                 )
 
     async def __aenter__(self) -> Self:
-        """Connect the MCP servers of the toolsets, for every turn and session in the block.
+        """Hold the model's connections and connect the MCP servers of the toolsets, for
+        every turn and session in the block.
+
+        Every turn run inside reuses the provider's connection pool; the end of the block
+        closes what it opened. Blocks may nest and overlap; a provider the caller opened
+        itself (``async with model``) stays open.
 
         Raises:
             ToolsetError: A server could not be started, reached or listed.
         """
-        await self._lifetime.enter(self)
+        hold = hold_model(self.model)
+        await hold.__aenter__()
+        try:
+            await self._lifetime.enter(self)
+        except BaseException:
+            await hold.__aexit__(None, None, None)
+            raise
+        self._holds.append(hold)
         return self
 
     async def __aexit__(
@@ -405,7 +401,11 @@ class Pipeline:
         tb: TracebackType | None,
     ) -> None:
         """Close what ``async with pipe`` opened (also when the block is cancelled)."""
-        await self._lifetime.exit(exc)
+        try:
+            await self._lifetime.exit(exc)
+        finally:
+            # Every hold of one model is alike: ending any one of them is ending this block's.
+            await self._holds.pop().__aexit__(None, None, None)
 
     async def run(self, turn: Turn) -> TurnResult:
         """Run one turn through the pipeline (no log: nothing is committed).
