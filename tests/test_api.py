@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("turns", "pipeline", "hooks")
 PUBLIC_SUBMODULES = {
     "turns": {"serde"},
-    "pipeline": {"events", "logs", "providers", "testing"},
+    "pipeline": {"events", "logs", "otel", "providers", "testing"},
     "hooks": {"config"},
 }
 # Third-party imports each package may use (the standard library is always allowed).
@@ -26,7 +26,10 @@ ALLOWED_IMPORTS = {
 CATTRS_MODULES = {"turns/serde.py", "hooks/config.py"}
 # Optional dependencies and the one module each may be imported from (lazily: the package
 # imports without them).
-OPTIONAL_IMPORTS = {"psycopg": {"pipeline/logs/_postgres.py"}}
+OPTIONAL_IMPORTS = {
+    "psycopg": {"pipeline/logs/_postgres.py"},
+    "opentelemetry": {"pipeline/otel.py"},
+}
 
 
 def _public_modules(package: str) -> list[str]:
