@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnplug.pipeline")
 
+# A library's loggers stay silent until the application configures logging: without this,
+# Python's last-resort handler would print turnplug's warnings to stderr.
+logging.getLogger("turnplug").addHandler(logging.NullHandler())
+
 TOOL_CALL: ContextVar[str | None] = ContextVar("turnplug_tool_call", default=None)
 """The id of the tool call whose hooks the current task runs.
 
