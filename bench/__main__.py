@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-from . import concurrency, dispatch, events, logs, parallel, providers, stream, tools, turn
+from . import concurrency, dispatch, events, logs, otel, parallel, providers, stream, tools, turn
 from ._harness import Row
 from ._results import machine, merge, table
 
@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, Callable[[bool], Awaitable[list[Row]]]] = {
     "events": events.run,
     "tools": tools.run,
     "providers": providers.run,
+    "otel": otel.run,
 }
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
