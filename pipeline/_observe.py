@@ -85,10 +85,10 @@ class Watch:
     def emit(self, event: ev.Event) -> None:
         """Emit the turn's first event, then hand the runner its emitter for the rest."""
         now = self.runner.now
-        self.start = now()
-        emitter = self._emitter(now, self.start)
-        self.runner.emit = emitter
-        emitter(event)
+        start = self.start = now()
+        self.runner.emit = self._emitter(now, start)
+        # The first event is at 0.0 exactly: stamped by a clock stopped at the start.
+        self._emitter(lambda: start, start)(event)
 
     def _emitter(self, now: Callable[[], float], start: float) -> Callable[[ev.Event], None]:
         sink, tracer, debug = self.sink, self.tracer, self.debug
