@@ -15,7 +15,19 @@ from pathlib import Path
 
 import trio
 
-from . import concurrency, dispatch, events, logs, parallel, providers, sse, stream, tools, turn
+from . import (
+    concurrency,
+    dispatch,
+    events,
+    logs,
+    otel,
+    parallel,
+    providers,
+    sse,
+    stream,
+    tools,
+    turn,
+)
 from ._harness import Row
 from ._results import machine, merge, table
 
@@ -30,6 +42,7 @@ BENCHMARKS: dict[str, Callable[[bool], Awaitable[list[Row]]]] = {
     "tools": tools.run,
     "providers": providers.run,
     "sse": sse.run,
+    "otel": otel.run,
 }
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"

@@ -2,8 +2,9 @@
 
 Public submodules: `pipeline.events` (what a streamed turn reports), `pipeline.logs`
 (conversation logs), `pipeline.providers` (real models over HTTP: OpenAI Chat Completions,
-Anthropic Messages, `model_from_string`) and `pipeline.testing` (offline models). Everything
-else public is importable from here.
+Anthropic Messages, `model_from_string`), `pipeline.testing` (offline models) and
+`pipeline.otel` (OpenTelemetry tracing; needs the ``turnplug[otel]`` extra, so `pipeline` does
+not import it). Everything else public is importable from here.
 """
 
 from ._audit import AttemptRecord, AuditRecord, HookRecord, Rejection, ToolRecord

@@ -6,6 +6,7 @@ session; a failure, a timeout or a wrong return is recorded (a `HookFailed` even
 ``enforced=False`` and an audit entry), never raised — the turn it follows already stands.
 """
 
+import logging
 from collections.abc import Sequence
 
 import trio
@@ -18,6 +19,8 @@ from ._emit import hook_started
 from ._plan import Step
 from ._runner import Runner, describe, exc_text
 from ._signals import Cont
+
+log = logging.getLogger("turnplug.pipeline")
 
 
 async def run_background(
@@ -96,6 +99,7 @@ def _failed(
     runner: Runner, step: Step, records: list[HookRecord], elapsed: float, detail: str
 ) -> None:
     """Record a background hook's failure: an audit entry and an event, never raised."""
+    log.warning("background hook %r failed after turn %s: %s", step.name, runner.turn_ref, detail)
     records.append(
         HookRecord(step.name, step.stage, step.position, elapsed, "failed", False, detail)
     )

@@ -5,6 +5,7 @@ which is None when nobody listens, so that `run` builds no event at all.
 """
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -17,15 +18,19 @@ from ._budget import estimate_tokens
 from ._emit import hook_finished, hook_started
 from ._errors import HookReturnError, RequestError
 from ._hooks import Hook
+from ._observe import watch_turn
 from ._parallel import run_group
 from ._plan import Group, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import Runner, check_history, clock_reader, describe
+from ._runner import Emit, Runner, check_history, clock_reader, describe
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool
 from ._toolsets import turn_tools
+
+if TYPE_CHECKING:
+    from ._pipeline import Pipeline
 
 _new = tuple.__new__
 
@@ -33,7 +38,14 @@ _new = tuple.__new__
 class Drive(Runner):
     """One turn's run through a pipeline."""
 
-    __slots__ = ()
+    __slots__ = ("watch",)
+
+    def __init__(self, pipe: "Pipeline", emit: Emit | None) -> None:
+        super().__init__(pipe, emit)
+        # Built where the turn is set up, in the caller's context (a tracer's parent span).
+        self.watch = watch_turn(self, emit)
+        if self.watch is not None:
+            self.emit = self.watch.emit
 
     async def run(self, turn: Turn) -> TurnResult:
         """Drive `turn` through every stage and return its result."""
@@ -57,6 +69,10 @@ class Drive(Runner):
             if stop is not None:
                 return self.halted(turn, stop)
             return await self.respond(turn)
+        except BaseException as error:
+            if self.watch is not None:
+                self.watch.failed(error)
+            raise
         finally:
             CURRENT_TOOLS.reset(token)
 

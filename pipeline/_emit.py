@@ -6,7 +6,8 @@ field's slot up by name through ``object.__setattr__``; these builders fill the 
 their descriptors, which builds the same record (equal, same hash and repr) for about two
 thirds of the cost. They are only for events whose fields are all plain (no default,
 validator or converter): `_slot_setters` refuses any other, so a field given a validator
-later cannot be skipped silently.
+later cannot be skipped silently. The one exception is `Event.at`, which the turn's watch
+(`_observe.py`) sets when the event is emitted; the builders give it its default.
 """
 
 from collections.abc import Callable
@@ -14,15 +15,18 @@ from typing import Any
 
 import attrs
 
-from .events import HookFinished, HookStarted, TextDelta
+from .events import Event, HookFinished, HookStarted, TextDelta
 
 _new = object.__new__
+_set_at = Event.at.__set__  # type: ignore[attr-defined]
 
 
 def _slot_setters(cls: type) -> tuple[Callable[[object, Any], None], ...]:
     """The slot setters of `cls`'s fields, in field order."""
     setters = []
     for field in attrs.fields(cls):
+        if field.name == "at":
+            continue
         if (
             field.validator is not None
             or field.converter is not None
@@ -45,6 +49,7 @@ _delta = _slot_setters(TextDelta)
 def hook_started(turn_ref: str, hook: str, stage: str) -> HookStarted:
     """``HookStarted(turn_ref, hook, stage)``."""
     event = _new(HookStarted)
+    _set_at(event, 0.0)
     set_ref, set_hook, set_stage = _started
     set_ref(event, turn_ref)
     set_hook(event, hook)
@@ -57,6 +62,7 @@ def hook_finished(
 ) -> HookFinished:
     """``HookFinished(turn_ref, hook, stage, elapsed, verdict)``."""
     event = _new(HookFinished)
+    _set_at(event, 0.0)
     set_ref, set_hook, set_stage, set_elapsed, set_verdict = _finished
     set_ref(event, turn_ref)
     set_hook(event, hook)
@@ -69,6 +75,7 @@ def hook_finished(
 def text_delta(turn_ref: str, text: str, attempt: int) -> TextDelta:
     """``TextDelta(turn_ref, text, attempt)``."""
     event = _new(TextDelta)
+    _set_at(event, 0.0)
     set_ref, set_text, set_attempt = _delta
     set_ref(event, turn_ref)
     set_text(event, text)

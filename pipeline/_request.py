@@ -106,9 +106,19 @@ async def model_step(
     `deliver` receives the text events (the emitter, or a hold for an unaccepted attempt).
     Every model failure is a `ProviderError`.
     """
-    if runner.emit is not None:
-        runner.emit(ev.ModelCalled(runner.turn_ref, attempt, step))
     model = runner.pipe.model
+    if runner.emit is not None:
+        name, provider = describe_model(model)
+        runner.emit(
+            ev.ModelCalled(
+                runner.turn_ref,
+                attempt,
+                step,
+                model=name,
+                provider=provider,
+                options=request.options,
+            )
+        )
     chunks: list[str] = []
     calls: list[ToolCall] = []
     finish: ModelFinish | None = None
@@ -160,6 +170,8 @@ async def model_step(
                 deliver(text_delta(runner.turn_ref, tail, attempt))
     text = "".join(chunks)
     parts: tuple[Part, ...] = (Text(text), *calls) if text or not calls else tuple(calls)
+    if runner.emit is not None:
+        runner.emit(ev.ModelFinished(runner.turn_ref, attempt, step, finish.reason, finish.usage))
     return Message("assistant", parts), finish
 
 
@@ -185,6 +197,20 @@ def _spec_tokens(tools: tuple[ToolSpec, ...], count: Callable[[str], int]) -> in
     return sum(
         count(spec.name) + count(spec.description) + count(json_text(spec.parameters))
         for spec in tools
+    )
+
+
+def describe_model(model: object) -> tuple[str, str | None]:
+    """A model's name and its provider's, for events and traces.
+
+    A provider's ``model`` attribute (the name sent in requests) and ``provider``; a model
+    without them (an offline one, a user's own) is named by its class.
+    """
+    name = getattr(model, "model", None)
+    provider = getattr(model, "provider", None)
+    return (
+        name if isinstance(name, str) else type(model).__name__,
+        provider if isinstance(provider, str) else None,
     )
 
 

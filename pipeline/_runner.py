@@ -6,6 +6,7 @@ on it. `emit` is None when nobody listens, and then no event object is built.
 """
 
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -32,6 +33,11 @@ Emit: TypeAlias = Callable[[ev.Event], None]
 Commit: TypeAlias = Callable[["TurnResult"], Awaitable[tuple[str, tuple[Message, ...]]]]
 
 PART_TYPES = (Text, ToolCall, ToolResult)
+
+log = logging.getLogger("turnplug.pipeline")
+
+# Shadow verdicts an operator rolling out a guardrail needs to hear about.
+_REFUSALS = frozenset(("halt", "regenerate", "block", "ask"))
 
 
 class Runner:
@@ -239,6 +245,14 @@ class Runner:
     ) -> None:
         """Record what a shadow hook decided; nothing of it is enforced."""
         reason = _reason(outcome)
+        if verdict in _REFUSALS:
+            log.warning(
+                "shadow hook %r (%s) would have refused (%s): %s — not enforced",
+                step.name,
+                step.stage,
+                verdict,
+                reason,
+            )
         (self.records if records is None else records).append(
             HookRecord(step.name, step.stage, step.position, elapsed, verdict, True, reason)
         )
@@ -272,6 +286,14 @@ class Runner:
             self.emit(ev.HookFailed(self.turn_ref, step.name, step.stage, detail, enforced))
         if enforced:
             raise error
+        log.warning(
+            "%s hook %r (%s) failed and was not enforced; the turn goes on without it (nothing"
+            " it would have injected was added): %s",
+            "shadow" if hook.shadow else "fail-open (on_error='skip')",
+            step.name,
+            step.stage,
+            detail,
+        )
 
     # -- injections ---------------------------------------------------------------------------
 

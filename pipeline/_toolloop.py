@@ -23,6 +23,7 @@ from ._emit import hook_started
 from ._errors import HookError, HookFailed, HookReturnError, StepLimitExceeded
 from ._hooks import callable_name
 from ._model import ModelRequest
+from ._observe import TOOL_CALL
 from ._parallel import stop_group
 from ._plan import Step
 from ._request import annotations_of, check_context, model_step
@@ -181,6 +182,7 @@ async def _run_job(
     batch: trio.CancelScope,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    TOOL_CALL.set(job.requested.id)  # which call this task's hook events are about
     task_status.started()
     try:
         try:

@@ -1,14 +1,17 @@
 """Events: how a UI, a log or a tracer watches a turn.
 
-Every event is a frozen record carrying the `turn_ref` of its turn. They are produced only
-when someone listens (`Pipeline.stream`); `Pipeline.run` builds none.
+Every event is a frozen record carrying the `turn_ref` of its turn and `at`, the seconds since
+its turn started. They are produced only when someone listens (`Pipeline.stream`, or a tracer
+installed by `pipeline.otel.instrument`); `Pipeline.run` otherwise builds none.
+`timeline(events)` renders a list of them as the readable timeline ``turnplug demo`` prints.
 """
 
+from collections.abc import Iterable
 from typing import Literal, TypeAlias, final
 
 import attrs
 
-from turns import Message, Part, Reply, ToolCall, ToolResult
+from turns import Message, Part, Reply, RequestOptions, Text, ToolCall, ToolResult, Usage
 
 __all__ = [
     "AttemptRejected",
@@ -21,6 +24,7 @@ __all__ = [
     "HookStarted",
     "Injected",
     "ModelCalled",
+    "ModelFinished",
     "Outcome",
     "ReplyReady",
     "ShadowVerdict",
@@ -31,6 +35,7 @@ __all__ = [
     "ToolStarted",
     "TurnFinished",
     "TurnStarted",
+    "timeline",
 ]
 
 Outcome: TypeAlias = Literal["completed", "halted", "exhausted"]
@@ -38,9 +43,18 @@ Outcome: TypeAlias = Literal["completed", "halted", "exhausted"]
 
 @attrs.frozen
 class Event:
-    """Base of every event."""
+    """Base of every event.
+
+    Attributes:
+        turn_ref: The turn it belongs to.
+        at: Seconds since the turn started, by the turn's clock (trio's, so virtual time in
+            tests), set when the event is emitted. Events of a session outside any turn
+            (``session.events``: session hooks, background hooks) carry 0.0. Not part of an
+            event's equality: two runs of the same turn emit equal events.
+    """
 
     turn_ref: str
+    at: float = attrs.field(default=0.0, kw_only=True, eq=False, repr=False)
 
 
 @final
@@ -164,10 +178,41 @@ class ModelCalled(Event):
     Attributes:
         attempt: The attempt, from 1 (regenerations start new attempts).
         step: The model call within the attempt, from 1 (tool steps add calls).
+        model: The model's name (a provider's ``model``, else the model's class name).
+        provider: The provider's name (``"openai"``, ``"anthropic"``, ...), where the model
+            has one.
+        options: The request options of this call.
+
+    The last three describe the call; like `at`, they are not part of the event's equality.
     """
 
     attempt: int
     step: int
+    model: str | None = attrs.field(default=None, kw_only=True, eq=False)
+    provider: str | None = attrs.field(default=None, kw_only=True, eq=False)
+    options: RequestOptions | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
+
+
+@final
+@attrs.frozen
+class ModelFinished(Event):
+    """A model call ended: why it stopped and what it cost.
+
+    Emitted as soon as the call ends, also with ``hold_until_accepted`` (it carries no
+    text); the call's text is in its `TextDelta` events and, for the last call of an
+    attempt, in `ReplyReady`.
+
+    Attributes:
+        attempt: The attempt, from 1.
+        step: The model call within the attempt, from 1.
+        finish_reason: ``"stop"``, ``"length"``, ``"tool_calls"``, ... as the provider said.
+        usage: This call's token counts, where the provider reported them.
+    """
+
+    attempt: int
+    step: int
+    finish_reason: str | None
+    usage: Usage
 
 
 @final
@@ -288,6 +333,75 @@ class TurnFinished(Event):
     """The turn ended with `outcome`."""
 
     outcome: Outcome
+
+
+def timeline(events: Iterable[Event]) -> str:
+    """Render events as a readable timeline, one line per event worth showing.
+
+    Each line is ``<ms since the turn started>  <what>  <detail>``; the text of every
+    `TextDelta` is shown as delivered (after stream transformers). Events the timeline does
+    not show (`ModelFinished`, events of other kinds) add no line. An empty string when no
+    event adds one. Lines end with a newline, so timelines of successive batches of events
+    concatenate.
+
+    ``turnplug demo`` and ``turnplug run --events`` print it event by event.
+    """
+    lines = []
+    for event in events:
+        described = _describe(event)
+        if described is not None:
+            what, detail = described
+            lines.append(f"  {event.at * 1e3:6.1f} ms  {what:<44} {detail}".rstrip() + "\n")
+    return "".join(lines)
+
+
+def _describe(event: Event) -> tuple[str, str] | None:
+    match event:
+        case TurnStarted():
+            return "turn started", f"turn_ref {event.turn_ref[:8]}"
+        case HookStarted(hook=name, stage=stage):
+            return f"  {name} started", stage
+        case HookFinished(hook=name, elapsed=elapsed, verdict=verdict):
+            return f"  {name} -> {verdict}", f"{elapsed * 1e3:.1f} ms"
+        case HookSkipped(hook=name):
+            return f"  {name} skipped", "when= was false"
+        case HookFailed(hook=name, error=error):
+            return f"  {name} FAILED", error
+        case Injected(hook=name, parts=parts, durable=durable, tokens=tokens):
+            kind = "durable" if durable else "transient"
+            text = " ".join(part.text for part in parts if isinstance(part, Text))
+            return f"  {name} injected ({kind}, {tokens} tok)", _clip(text, 44)
+        case Halted(hook=name, reason=reason):
+            return f"halted by {name}", reason
+        case ShadowVerdict(hook=name, verdict=verdict, reason=reason):
+            return f"  {name} (shadow) would {verdict}", reason or ""
+        case ModelCalled(attempt=attempt, step=1):
+            return f"model called (attempt {attempt})", ""
+        case ModelCalled(attempt=attempt, step=step):
+            return f"model called again (attempt {attempt}, call {step})", "with the tool results"
+        case ToolCallRequested(call=call):
+            return f"  model asks for tool {call.name}", _clip(repr(dict(call.arguments)), 44)
+        case ToolStarted(call=call):
+            return f"  {call.name} started", "tool"
+        case ToolBlocked(call=call, hook=name, reason=reason):
+            return f"  {call.name} blocked by {name}", reason
+        case ToolFinished(call=call, elapsed=elapsed):
+            return f"  {call.name} -> result", f"{elapsed * 1e3:.1f} ms"
+        case TextDelta(text=text, attempt=attempt):
+            return f"  text (attempt {attempt})", repr(text)
+        case ReplyReady(reply=reply):
+            return "reply ready", f"{reply.finish_reason}, {reply.usage.output_tokens} tok out"
+        case AttemptRejected(attempt=attempt, hook=name, feedback=feedback):
+            return f"attempt {attempt} rejected by {name}", feedback
+        case Committed(messages=messages):
+            return "committed to the log", f"{len(messages)} messages"
+        case TurnFinished(outcome=outcome):
+            return "turn finished", outcome
+    return None
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 for _name in __all__:

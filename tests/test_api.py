@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("turns", "pipeline", "hooks")
 PUBLIC_SUBMODULES = {
     "turns": {"serde"},
-    "pipeline": {"events", "logs", "providers", "testing"},
+    "pipeline": {"events", "logs", "otel", "providers", "testing"},
     "hooks": {"cli", "config"},
 }
 # Third-party imports each package may use (the standard library is always allowed).
@@ -33,6 +33,7 @@ OPTIONAL_IMPORTS = {
     "mcp_types": {"pipeline/_mcp.py"},
     "httpx2": {"pipeline/_mcp.py"},
     "jsonschema": {"pipeline/_mcp.py"},
+    "opentelemetry": {"pipeline/otel.py"},
 }
 
 

@@ -34,6 +34,7 @@ def test_every_example_is_tested() -> None:
         "07_openai_compatible",
         "08_tools_policy",
         "11_mcp_memory",
+        "10_tracing",
         "assistant_hooks",
     }
     assert {path.stem for path in EXAMPLES.glob("*.py")} == tested
@@ -196,3 +197,25 @@ async def test_assistant_config_injects_the_hours_rejects_a_guarantee_redacts_pi
     assert (call.name, call.arguments) == ("opening_hours", {"shop": "Main Street"})
     assert answer.content == "Monday to Saturday, 9:00 to 18:00"
     assert [t.name for t in result.turn.context.tools] == ["opening_hours"]
+
+
+async def test_tracing_exports_the_turn_as_one_trace() -> None:
+    """Catches: the tracing example exporting nothing, or a broken span tree."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    result = await _load("10_tracing").traced_turn(exporter)
+    spans = exporter.get_finished_spans()
+    turn = next(span for span in spans if span.name == "turn")
+    children = sorted(
+        span.name for span in spans if span.parent and span.parent.span_id == turn.context.span_id
+    )
+    assert result.outcome == "completed"
+    assert children == [
+        "add_today",
+        "chat ScriptedModel",
+        "chat ScriptedModel",
+        "execute_tool order_status",
+        "retrieval",
+    ]
+    assert len({span.context.trace_id for span in spans}) == 1

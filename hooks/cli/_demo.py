@@ -30,12 +30,13 @@ from pipeline import (
     regenerate,
     tool,
 )
+from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.providers import model_from_string
 from pipeline.testing import FunctionModel
 from turns import Message, Scope, Text, ToolCall, Turn
 
-from ._timeline import clip, describe, message_lines, part_text, row
+from ._timeline import clip, message_lines, part_text
 
 DOCS = {
     "refund": "Refunds are issued within 14 days of a return.",
@@ -181,12 +182,10 @@ async def demo(write: Callable[[str], None], model_spec: str | None = None) -> T
     async with pipe.session(
         log=log, conversation_id="demo", scope=Scope(current_user="ada")
     ) as session:
-        start = trio.current_time()
         async with session.stream(QUESTION) as events:
             async for event in events:
-                described = describe(event)
-                if described is not None:
-                    write(row(trio.current_time() - start, *described))
+                if line := ev.timeline((event,)):
+                    write(line.rstrip("\n"))
         result = events.result
     write("")
     if scripted.requests:

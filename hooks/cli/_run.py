@@ -25,8 +25,6 @@ from pipeline.logs import Log
 from turns import Text
 from turns.serde import to_dict
 
-from ._timeline import describe, row
-
 
 @final
 class Console:
@@ -61,15 +59,12 @@ async def run_turn(
     """Send `message` in a session; print the outcome. Returns the exit code."""
     async with pipe.session(log=log, conversation_id=conversation) as session:
         if show_events:
-            start = trio.current_time()
             async with session.stream(message) as events:
                 async for event in events:
                     if as_json:
                         console.write(json.dumps(event_json(event), ensure_ascii=False))
-                    else:
-                        described = describe(event)
-                        if described is not None:
-                            console.write(row(trio.current_time() - start, *described))
+                    elif line := ev.timeline((event,)):
+                        console.write(line.rstrip("\n"))
             result = events.result
         else:
             result = await session.send(message)

@@ -1,5 +1,6 @@
 """The `Log` protocol every conversation log implements."""
 
+import logging
 from collections.abc import Sequence
 from typing import Protocol, final, runtime_checkable
 
@@ -9,6 +10,8 @@ from turns import Context, Message
 
 from .._audit import AuditRecord
 from .._errors import LogConflict
+
+log = logging.getLogger("turnplug.logs")
 
 
 @final
@@ -105,6 +108,14 @@ def check_append(
 
 def conflict(conversation_id: str, turn_ref: str, length: int, expected: int) -> LogConflict:
     """The error of a commit refused because the conversation grew (or shrank) meanwhile."""
+    log.warning(
+        "commit of turn %s refused: conversation %r holds %d messages, not the %d it was"
+        " answered from (another writer committed first)",
+        turn_ref,
+        conversation_id,
+        length,
+        expected,
+    )
     return LogConflict(
         f"conversation {conversation_id!r} holds {length} messages, not the"
         f" {expected} turn {turn_ref!r} was answered from: another writer"

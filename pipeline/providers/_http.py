@@ -19,6 +19,7 @@ kept alive and reused; unheld, each call opens a client of its own and closes it
 import email.utils
 import functools
 import json
+import logging
 import os
 import random
 import ssl
@@ -44,6 +45,8 @@ from .._errors import (
 from .._model import ModelEvent
 from ._convert import decode_json
 from ._sse import DEFAULT_MAX_LINE_BYTES, LineTooLong, ServerSentEvent, SSEDecoder
+
+log = logging.getLogger("turnplug.providers")
 
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 """Ten minutes of silence before a read fails (reasoning models can think that long before
@@ -573,6 +576,7 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
             # A request httpx refuses to send (a bad header) fails the same way every time.
             if last or isinstance(exc, httpx.LocalProtocolError):
                 raise translate(exc, endpoint, streaming=False) from exc
+            log.warning("%s: request %d failed (%s); retrying", endpoint.provider, attempt, exc)
             await anyio.sleep(backoff(attempt - 1, random.random()))
             continue
         except HTTPX_ERRORS as exc:
@@ -592,6 +596,14 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
             delay = retry_delay(attempt - 1, response.headers, random.random())
         if delay is None:
             raise status_error(endpoint, response.status_code, response.headers, body, attempt)
+        # The status and the delay only: never a header, so never a key.
+        log.warning(
+            "%s: request %d answered %d; retrying in %.2f s",
+            endpoint.provider,
+            attempt,
+            response.status_code,
+            delay,
+        )
         await anyio.sleep(delay)
     raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 

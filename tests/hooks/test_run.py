@@ -129,6 +129,10 @@ def test_run_events_json_is_one_object_per_line(shop: Path) -> None:
     assert done.returncode == 0
     *events, result = [json.loads(line) for line in done.stdout.splitlines()]
     assert events[0]["event"] == "TurnStarted"
+    assert events[0]["at"] == 0.0
+    # Every event carries its time since the turn started, in order.
+    times = [event.pop("at") for event in events]
+    assert times == sorted(times)
     assert events[-1] == {
         "event": "TurnFinished",
         "turn_ref": events[0]["turn_ref"],

@@ -1211,6 +1211,7 @@ async def test_a_two_hook_turn_reports_the_whole_event_trace_in_order() -> None:
         ("HookFinished", "auth"),
         ("ModelCalled", None),
         ("TextDelta", None),
+        ("ModelFinished", None),
         ("ReplyReady", None),
         ("TurnFinished", None),
     ]

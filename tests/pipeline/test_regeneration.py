@@ -75,7 +75,7 @@ def timeline(events) -> list[tuple[str, object]]:
     """Events as (type name, attempt) where they carry one, else (type name, hook or None)."""
     out: list[tuple[str, object]] = []
     for event in events:
-        if isinstance(event, ev.ModelCalled | ev.TextDelta | ev.AttemptRejected):
+        if isinstance(event, ev.ModelCalled | ev.ModelFinished | ev.TextDelta | ev.AttemptRejected):
             detail: object = event.attempt
         elif isinstance(event, ev.ReplyReady):
             detail = event.reply.attempt
@@ -488,6 +488,7 @@ async def test_a_turn_with_one_rejection_reports_the_whole_event_trace() -> None
         ("ModelCalled", 1),
         ("TextDelta", 1),
         ("TextDelta", 1),
+        ("ModelFinished", 1),
         ("ReplyReady", 1),
         ("HookStarted", "judge"),
         ("HookFinished", "judge"),
@@ -495,6 +496,7 @@ async def test_a_turn_with_one_rejection_reports_the_whole_event_trace() -> None
         ("ModelCalled", 2),
         ("TextDelta", 2),
         ("TextDelta", 2),
+        ("ModelFinished", 2),
         ("ReplyReady", 2),
         ("HookStarted", "judge"),
         ("HookFinished", "judge"),
@@ -533,12 +535,14 @@ async def test_an_exhausted_stream_rejects_every_attempt_and_finishes_exhausted(
         ("TurnStarted", None),
         ("ModelCalled", 1),
         ("TextDelta", 1),
+        ("ModelFinished", 1),
         ("ReplyReady", 1),
         ("HookStarted", "judge"),
         ("HookFinished", "judge"),
         ("AttemptRejected", 1),
         ("ModelCalled", 2),
         ("TextDelta", 2),
+        ("ModelFinished", 2),
         ("ReplyReady", 2),
         ("HookStarted", "judge"),
         ("HookFinished", "judge"),
@@ -554,10 +558,12 @@ async def test_held_text_of_an_accepted_attempt_follows_its_post_hooks() -> None
     assert timeline(events) == [
         ("TurnStarted", None),
         ("ModelCalled", 1),
+        ("ModelFinished", 1),
         ("HookStarted", "judge"),
         ("HookFinished", "judge"),
         ("AttemptRejected", 1),
         ("ModelCalled", 2),
+        ("ModelFinished", 2),
         ("HookStarted", "judge"),
         ("HookFinished", "judge"),
         ("HookStarted", "after"),

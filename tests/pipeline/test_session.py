@@ -261,14 +261,15 @@ async def test_stream_reports_the_commit_with_the_committed_messages():
         ev.ModelCalled,
         ev.TextDelta,
         ev.TextDelta,
+        ev.ModelFinished,
         ev.ReplyReady,
         ev.Committed,
         ev.TurnFinished,
     ]
-    assert seen[5] == ev.Committed(
+    assert seen[6] == ev.Committed(
         ref, CONVERSATION, (Message.user("hi"), Message.assistant("Hello"))
     )
-    assert await log.load(CONVERSATION) == Context(messages=seen[5].messages)
+    assert await log.load(CONVERSATION) == Context(messages=seen[6].messages)
 
 
 async def test_a_streamed_halted_turn_reports_no_commit():

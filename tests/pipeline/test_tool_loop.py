@@ -395,6 +395,7 @@ async def test_a_whole_turn_emits_its_events_in_order() -> None:
     assert [(type(e).__name__, getattr(e, "hook", None)) for e in events] == [
         ("TurnStarted", None),
         ("ModelCalled", None),
+        ("ModelFinished", None),
         ("ToolCallRequested", None),
         ("ToolCallRequested", None),
         ("HookStarted", "guard"),
@@ -409,6 +410,7 @@ async def test_a_whole_turn_emits_its_events_in_order() -> None:
         ("ToolFinished", None),
         ("ModelCalled", None),
         ("TextDelta", None),
+        ("ModelFinished", None),
         ("ReplyReady", None),
         ("TurnFinished", None),
     ]

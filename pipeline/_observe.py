@@ -1,0 +1,147 @@
+"""The one seam where a turn is watched: the time on its events, its debug log, its trace.
+
+A `Drive` asks `watch_turn` for a `Watch` when it is built — in the caller's context, so a
+tracer takes the caller's current span as the turn's parent there and then, with no context
+variable having to cross into the task that drives the turn. Every event of the turn is
+emitted through `Watch.emit`, which stamps the event's `at`, hands it to the tracer (when
+`pipeline.otel` is instrumented) and to the debug log (when ``turnplug.pipeline`` is enabled
+for DEBUG), then to the listener. With nobody listening, no tracer and DEBUG off there is no
+watch, and `Pipeline.run` builds no event at all.
+
+This module imports no OpenTelemetry: `pipeline.otel` plugs a tracer in through
+`set_tracing`.
+"""
+
+import logging
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Protocol
+
+from . import events as ev
+
+if TYPE_CHECKING:
+    from ._pipeline import Pipeline
+    from ._runner import Runner
+
+log = logging.getLogger("turnplug.pipeline")
+
+# A library's loggers stay silent until the application configures logging: without this,
+# Python's last-resort handler would print turnplug's warnings to stderr.
+logging.getLogger("turnplug").addHandler(logging.NullHandler())
+
+TOOL_CALL: ContextVar[str | None] = ContextVar("turnplug_tool_call", default=None)
+"""The id of the tool call whose hooks the current task runs.
+
+Each tool call of a batch is handled in a task of its own, which sets this first: a tracer
+reads it, in that same task, to tell which call a tool hook's events belong to."""
+
+
+class TurnTracer(Protocol):
+    """What `pipeline.otel` plugs in: it is told every event of one turn, and how it ended."""
+
+    def event(self, event: ev.Event) -> None: ...
+
+    def ended(self, error: BaseException, at: float) -> None: ...
+
+
+TracerFactory = Callable[["Pipeline"], TurnTracer | None]
+
+_tracing: list[TracerFactory] = []
+
+
+def set_tracing(factory: TracerFactory | None) -> None:
+    """Install (or, with None, remove) the factory that gives each new turn its tracer."""
+    _tracing.clear()
+    if factory is not None:
+        _tracing.append(factory)
+
+
+_set_at = ev.Event.at.__set__  # type: ignore[attr-defined]
+
+
+class Watch:
+    """One turn's watch: `emit` stamps and dispatches each event; `failed` ends the trace.
+
+    The first event (the turn's `TurnStarted`) fixes the turn's start on the turn's clock
+    and puts an emitter with that start and that clock bound into the runner's ``emit``, so
+    each later event costs one clock read and one slot write more than it would unwatched.
+    """
+
+    __slots__ = ("debug", "runner", "sink", "start", "tracer")
+
+    def __init__(
+        self,
+        runner: "Runner",
+        sink: Callable[[ev.Event], None] | None,
+        tracer: TurnTracer | None,
+        debug: bool,
+    ) -> None:
+        self.runner = runner
+        self.sink = sink
+        self.tracer = tracer
+        self.debug = debug
+        self.start: float | None = None
+
+    def emit(self, event: ev.Event) -> None:
+        """Emit the turn's first event, then hand the runner its emitter for the rest."""
+        now = self.runner.now
+        start = self.start = now()
+        self.runner.emit = self._emitter(now, start)
+        # The first event is at 0.0 exactly: stamped by a clock stopped at the start.
+        self._emitter(lambda: start, start)(event)
+
+    def _emitter(self, now: Callable[[], float], start: float) -> Callable[[ev.Event], None]:
+        sink, tracer, debug = self.sink, self.tracer, self.debug
+        if tracer is None and not debug and sink is not None:
+            # The common case: a listener, nothing else.
+            def emit(event: ev.Event) -> None:
+                _set_at(event, now() - start)
+                sink(event)
+
+            return emit
+
+        def dispatch(event: ev.Event) -> None:
+            _set_at(event, now() - start)
+            if tracer is not None:
+                tracer.event(event)
+            if debug and type(event) is not ev.TextDelta:
+                log.debug("turn %s: %s", event.turn_ref, _brief(event))
+            if sink is not None:
+                sink(event)
+
+        return dispatch
+
+    def failed(self, error: BaseException) -> None:
+        """The turn raised (or was cancelled) instead of finishing: end its trace."""
+        start = self.start
+        at = 0.0 if start is None else self.runner.now() - start
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("turn %s: ended by %s", self.runner.turn_ref, type(error).__name__)
+        if self.tracer is not None:
+            self.tracer.ended(error, at)
+
+
+def watch_turn(runner: "Runner", sink: Callable[[ev.Event], None] | None) -> Watch | None:
+    """The watch of a turn about to be driven, or None when nothing needs its events.
+
+    Called where the turn is set up, in the caller's context (see the module docstring).
+    """
+    tracer = _tracing[0](runner.pipe) if _tracing else None
+    debug = log.isEnabledFor(logging.DEBUG)
+    if sink is None and tracer is None and not debug:
+        return None
+    return Watch(runner, sink, tracer, debug)
+
+
+def _brief(event: ev.Event) -> str:
+    """An event for the debug log: its kind and what names it, never any content."""
+    fields = []
+    for name in ("hook", "stage", "verdict", "attempt", "step", "outcome", "model"):
+        value = getattr(event, name, None)
+        if value is not None:
+            fields.append(f"{name}={value}")
+    call = getattr(event, "call", None)
+    if call is not None:
+        fields.append(f"tool={call.name} call_id={call.id}")
+    fields.append(f"at={event.at * 1e3:.1f}ms")
+    return " ".join((type(event).__name__, *fields))

@@ -1,0 +1,634 @@
+"""pipeline.otel: each turn is one trace, checked with the real OpenTelemetry SDK."""
+
+import itertools
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import anyio
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NoOpTracerProvider, StatusCode
+
+from hooks import redact
+from pipeline import (
+    ConfigError,
+    Pipeline,
+    block,
+    chain,
+    cont,
+    halt,
+    hook,
+    otel,
+    parallel,
+    regenerate,
+    tool,
+)
+from pipeline.logs import MemoryLog
+from pipeline.testing import FunctionModel, ScriptedModel
+from turns import Text, ToolCall, Turn
+
+SECRET_REPLY = "the launch code is 7Hx9-Qw2Z-Lp4K, keep it"
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.instrument(tracer_provider=provider)
+    yield exporter
+    otel.uninstrument()
+
+
+@pytest.fixture
+def capturing() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.instrument(tracer_provider=provider, capture_content=True)
+    yield exporter
+    otel.uninstrument()
+
+
+def tree(spans: tuple[ReadableSpan, ...]) -> list[object]:
+    """The spans as nested [name, [children]], children in start order (a parallel group's
+    members, which start together, by name)."""
+    by_parent: dict[int | None, list[ReadableSpan]] = {}
+    for span in spans:
+        by_parent.setdefault(span.parent.span_id if span.parent else None, []).append(span)
+
+    def children(span: ReadableSpan | None) -> list[object]:
+        kids = by_parent.get(span.context.span_id if span else None, [])
+        if span is not None and span.attributes.get("turnplug.hook.kind") == "parallel":
+            kids = sorted(kids, key=lambda s: s.name)
+        else:
+            kids = sorted(kids, key=lambda s: (s.start_time, s.name))
+        return [[kid.name, children(kid)] if children(kid) else kid.name for kid in kids]
+
+    return children(None)
+
+
+def named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    return [span for span in spans if span.name == name]
+
+
+def everything(spans: tuple[ReadableSpan, ...]) -> str:
+    """Every name, attribute value and event attribute of `spans`, as one text."""
+    out = []
+    for span in spans:
+        out.append(span.name)
+        out.append(span.status.description or "")
+        out.extend(f"{key}={value}" for key, value in span.attributes.items())
+        for event in span.events:
+            out.append(event.name)
+            out.extend(f"{key}={value}" for key, value in (event.attributes or {}).items())
+    return "\n".join(out)
+
+
+@tool
+def lookup(order: str) -> str:
+    """An order's state."""
+    return f"order {order} shipped"
+
+
+def refuse_deletes(call, turn):
+    return block("deletes need a human") if call.arguments.get("order") == "delete" else cont(call)
+
+
+async def note(turn):
+    return cont(turn.inject("a note").with_request(temperature=0.2, max_tokens=64))
+
+
+async def docs(turn):
+    return [Text("doc")]
+
+
+async def memory(turn):
+    return [Text("memory")]
+
+
+async def first(turn):
+    return cont(turn)
+
+
+async def second(turn):
+    return cont(turn)
+
+
+def broken(turn):
+    raise ValueError("boom")
+
+
+def stop(turn):
+    return halt("not today")
+
+
+async def slow_member(turn):
+    return [Text("x")]
+
+
+def strict(turn):
+    return regenerate("be brief") if turn.reply.attempt == 1 else cont(turn)
+
+
+def full_pipeline() -> Pipeline:
+    return Pipeline(
+        model=ScriptedModel(
+            [
+                [
+                    ToolCall("c1", "lookup", {"order": "42"}),
+                    ToolCall("c2", "lookup", {"order": "delete"}),
+                ],
+                ["too ", "long"],
+                ["short"],
+            ]
+        ),
+        pre=[note, parallel(docs, memory, name="retrieval"), chain(first, second, name="policy")],
+        tools=[lookup],
+        before_tool=[refuse_deletes],
+        post=[strict],
+    )
+
+
+EXPECTED_TREE = [
+    [
+        "turn",
+        [
+            "note",
+            ["retrieval", ["docs", "memory"]],
+            ["policy", ["policy.first", "policy.second"]],
+            "chat ScriptedModel",
+            ["execute_tool lookup", ["refuse_deletes"]],
+            ["execute_tool lookup", ["refuse_deletes"]],
+            "chat ScriptedModel",
+            "strict",
+            "chat ScriptedModel",
+            "strict",
+        ],
+    ]
+]
+
+
+async def test_a_turn_is_one_trace_of_hook_chat_and_tool_spans(spans) -> None:
+    """Catches: spans missing, misnamed, or hung under the wrong parent (a group's members
+    not under the group, a chain's not under the chain, tool hooks not under their call)."""
+    await full_pipeline().run(Turn.start("where is my order?"))
+
+    finished = spans.get_finished_spans()
+    # Both tool calls start at once: order their spans by call id before comparing.
+    assert tree(finished) == EXPECTED_TREE
+    assert len({span.context.trace_id for span in finished}) == 1
+
+
+async def test_run_and_stream_produce_the_same_spans(spans) -> None:
+    """Catches: the traced path depending on whether someone listens to the events."""
+    await full_pipeline().run(Turn.start("hi"))
+    by_run = spans.get_finished_spans()
+    spans.clear()
+    async with full_pipeline().stream(Turn.start("hi")) as events:
+        async for _ in events:
+            pass
+    by_stream = spans.get_finished_spans()
+
+    def shape(finished):
+        return sorted(
+            (
+                span.name,
+                sorted((k, str(v)) for k, v in span.attributes.items() if k != "turnplug.turn_ref"),
+            )
+            for span in finished
+        )
+
+    assert tree(by_run) == tree(by_stream) == EXPECTED_TREE
+    assert shape(by_run) == shape(by_stream)
+
+
+async def test_hook_spans_carry_stage_verdict_durability_and_shadow(spans) -> None:
+    """Catches: hook attributes missing or wrong (a parallel member's parts not a cont)."""
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        pre=[hook(note, durable=True), hook(first, shadow=True), parallel(docs, name="g")],
+        post=[strict],
+    )
+    pipe = Pipeline(model=ScriptedModel(["no", "ok"]), pre=pipe.pre, post=[strict])
+    await pipe.run(Turn.start("hi"))
+
+    finished = spans.get_finished_spans()
+    described = {
+        (span.name, span.attributes["turnplug.hook.verdict"]): (
+            span.attributes["turnplug.hook.stage"],
+            span.attributes["turnplug.hook.durable"],
+            span.attributes["turnplug.hook.shadow"],
+        )
+        for span in finished
+        if "turnplug.hook.verdict" in span.attributes
+    }
+    assert described == {
+        ("note", "cont"): ("pre", True, False),
+        ("first", "cont"): ("pre", False, True),
+        ("docs", "cont"): ("pre", False, False),
+        ("strict", "regenerate"): ("post", False, False),
+        ("strict", "cont"): ("post", False, False),
+    }
+
+
+async def test_chat_spans_follow_the_genai_conventions(spans) -> None:
+    """Catches: a chat span without the model, the options that were set, the finish
+    reason or the usage."""
+    await full_pipeline().run(Turn.start("hi"))
+
+    first_call, *_ = sorted(
+        named(spans.get_finished_spans(), "chat ScriptedModel"), key=lambda s: s.start_time
+    )
+    attributes = dict(first_call.attributes)
+    assert attributes["gen_ai.usage.input_tokens"] > 0
+    del attributes["gen_ai.usage.input_tokens"]
+    assert attributes == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "ScriptedModel",
+        "gen_ai.request.temperature": 0.2,
+        "gen_ai.request.max_tokens": 64,
+        "gen_ai.response.finish_reasons": ("tool_calls",),
+        "gen_ai.usage.output_tokens": attributes["gen_ai.usage.output_tokens"],
+        "turnplug.attempt": 1,
+        "turnplug.step": 1,
+    }
+
+
+async def test_a_provider_model_names_its_provider(spans) -> None:
+    """Catches: gen_ai.provider.name / gen_ai.system missing for a real provider."""
+    from pipeline.providers import OpenAIChat
+
+    class Named:
+        model = "gpt-4o-mini"
+        provider = "openai"
+
+        def __init__(self):
+            self.inner = ScriptedModel(["hi"])
+
+        def stream(self, request):
+            return self.inner.stream(request)
+
+    assert OpenAIChat("gpt-4o-mini", api_key="sk-x").provider == "openai"
+    await Pipeline(model=Named()).run(Turn.start("hi"))
+
+    (chat,) = named(spans.get_finished_spans(), "chat gpt-4o-mini")
+    assert (chat.attributes["gen_ai.provider.name"], chat.attributes["gen_ai.system"]) == (
+        "openai",
+        "openai",
+    )
+
+
+async def test_tool_spans_and_a_blocked_call(spans) -> None:
+    """Catches: a blocked call traced as executed, or without its blocking hook and reason."""
+    ran = []
+
+    @tool
+    def lookup(order: str) -> str:
+        """An order's state."""
+        ran.append(order)
+        return "shipped"
+
+    pipe = Pipeline(
+        model=ScriptedModel(
+            [
+                [
+                    ToolCall("c1", "lookup", {"order": "42"}),
+                    ToolCall("c2", "lookup", {"order": "delete"}),
+                ],
+                "done",
+            ]
+        ),
+        tools=[lookup],
+        before_tool=[refuse_deletes],
+    )
+    await pipe.run(Turn.start("hi"))
+
+    tools = {
+        span.attributes["gen_ai.tool.call.id"]: span
+        for span in named(spans.get_finished_spans(), "execute_tool lookup")
+    }
+    assert ran == ["42"]
+    assert dict(tools["c1"].attributes) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "lookup",
+        "gen_ai.tool.call.id": "c1",
+        "gen_ai.tool.type": "function",
+        "turnplug.tool.executed": True,
+    }
+    assert dict(tools["c2"].attributes) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "lookup",
+        "gen_ai.tool.call.id": "c2",
+        "gen_ai.tool.type": "function",
+        "turnplug.tool.executed": False,
+        "turnplug.tool.blocked_by": "refuse_deletes",
+        "turnplug.tool.block_reason": "deletes need a human",
+    }
+    assert [(e.name, dict(e.attributes)) for e in tools["c2"].events] == [
+        (
+            "turnplug.block",
+            {
+                "turnplug.hook.name": "refuse_deletes",
+                "turnplug.block.reason": "deletes need a human",
+            },
+        )
+    ]
+
+
+async def test_rejections_injections_and_the_commit_are_span_events(spans) -> None:
+    """Catches: turn-level happenings lost from the trace."""
+    pipe = Pipeline(
+        model=ScriptedModel(["no", "ok"]), pre=[hook(note, durable=True)], post=[strict]
+    )
+    async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+        await session.send("hi")
+
+    (turn,) = named(spans.get_finished_spans(), "turn")
+    assert [(e.name, dict(e.attributes)) for e in turn.events] == [
+        (
+            "turnplug.injection",
+            {
+                "turnplug.hook.name": "note",
+                "turnplug.injection.durable": True,
+                "turnplug.injection.tokens": 2,
+                "turnplug.injection.stage": "pre",
+            },
+        ),
+        (
+            "turnplug.rejection",
+            {
+                "turnplug.attempt": 1,
+                "turnplug.hook.name": "strict",
+                "turnplug.rejection.feedback": "be brief",
+            },
+        ),
+        ("turnplug.commit", {"gen_ai.conversation.id": "c", "turnplug.commit.messages": 2}),
+    ]
+    assert turn.attributes["turnplug.turn.outcome"] == "completed"
+    assert turn.attributes["gen_ai.conversation.id"] == "c"
+
+
+async def test_a_halt_is_an_event_and_not_an_error(spans) -> None:
+    """Catches: a halt (an outcome) reported as a failure, or the model traced though it
+    was never called."""
+    pipe = Pipeline(model=ScriptedModel([]), pre=[stop])
+    result = await pipe.run(Turn.start("hi"))
+
+    finished = spans.get_finished_spans()
+    (turn,) = named(finished, "turn")
+    assert result.outcome == "halted"
+    assert tree(finished) == [["turn", ["stop"]]]
+    assert turn.status.status_code is StatusCode.UNSET
+    assert turn.attributes["turnplug.turn.outcome"] == "halted"
+    assert [(e.name, dict(e.attributes)) for e in turn.events] == [
+        ("turnplug.halt", {"turnplug.hook.name": "stop", "turnplug.halt.reason": "not today"})
+    ]
+
+
+async def test_a_failing_hook_sets_error_status_with_the_exception_type(spans) -> None:
+    """Catches: a failure traced as a success, or without the exception type."""
+
+    pipe = Pipeline(model=ScriptedModel(["ok"]), pre=[broken])
+    with pytest.raises(Exception, match="boom"):
+        await pipe.run(Turn.start("hi"))
+
+    finished = spans.get_finished_spans()
+    (turn,) = named(finished, "turn")
+    (span,) = named(finished, "broken")
+    assert (span.status.status_code, span.attributes["error.type"]) == (
+        StatusCode.ERROR,
+        "ValueError",
+    )
+    assert (turn.status.status_code, turn.attributes["error.type"]) == (
+        StatusCode.ERROR,
+        "HookFailed",
+    )
+    assert turn.attributes["turnplug.turn.outcome"] == "failed"
+    assert all(span.end_time is not None for span in finished)
+
+
+async def test_a_fail_open_hook_is_an_error_span_in_a_successful_turn(spans) -> None:
+    """Catches: a hook failing open hidden from the trace, or failing the whole turn span."""
+
+    await Pipeline(model=ScriptedModel(["ok"]), pre=[hook(broken, on_error="skip")]).run(
+        Turn.start("hi")
+    )
+
+    finished = spans.get_finished_spans()
+    (span,) = named(finished, "broken")
+    (turn,) = named(finished, "turn")
+    assert (
+        span.attributes["turnplug.hook.verdict"],
+        span.attributes["turnplug.hook.enforced"],
+    ) == ("fail", False)
+    assert span.status.status_code is StatusCode.ERROR
+    assert turn.status.status_code is StatusCode.UNSET
+
+
+async def test_a_provider_failure_fails_the_chat_span(spans) -> None:
+    """Catches: the chat span left open or reported fine when the model fails."""
+    await_ = ScriptedModel([])  # runs out at once: a ProviderError
+    with pytest.raises(Exception, match="ran out"):
+        await Pipeline(model=await_).run(Turn.start("hi"))
+
+    (chat,) = named(spans.get_finished_spans(), "chat ScriptedModel")
+    assert (chat.status.status_code, chat.attributes["error.type"]) == (
+        StatusCode.ERROR,
+        "ProviderError",
+    )
+
+
+async def test_a_cancelled_turn_ends_every_span(spans) -> None:
+    """Catches: spans of a cancelled turn never ended (never exported)."""
+    started = anyio.Event()
+
+    async def hang(request):
+        started.set()
+        await anyio.sleep_forever()
+        yield "never"
+
+    pipe = Pipeline(model=FunctionModel(hang), pre=[parallel(slow_member, name="g")])
+    with anyio.move_on_after(5):
+        async with anyio.create_task_group() as group:
+
+            async def run() -> None:
+                await pipe.run(Turn.start("hi"))
+
+            group.start_soon(run)
+            await started.wait()
+            group.cancel_scope.cancel()
+
+    finished = spans.get_finished_spans()
+    assert sorted(span.name for span in finished) == [
+        "chat FunctionModel",
+        "g",
+        "slow_member",
+        "turn",
+    ]
+    (turn,) = named(finished, "turn")
+    assert turn.attributes["turnplug.turn.outcome"] == "cancelled"
+    assert turn.status.status_code is StatusCode.UNSET
+
+
+async def test_the_callers_current_span_is_the_turns_parent(spans) -> None:
+    """Catches: each turn starting a trace of its own inside an application's request span."""
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.instrument(tracer_provider=provider)
+    tracer = provider.get_tracer("app")
+    with tracer.start_as_current_span("request") as request:
+        await Pipeline(model=ScriptedModel(["a"])).run(Turn.start("hi"))
+        async with Pipeline(model=ScriptedModel(["b"])).stream(Turn.start("hi")) as events:
+            async for _ in events:
+                pass
+
+    finished = exporter.get_finished_spans()
+    turns = named(finished, "turn")
+    assert len(turns) == 2
+    assert all(turn.parent.span_id == request.get_span_context().span_id for turn in turns)
+    assert {span.context.trace_id for span in finished} == {request.get_span_context().trace_id}
+
+
+async def test_a_thousand_concurrent_turns_are_a_thousand_separate_traces(spans) -> None:
+    """Catches: spans of concurrent turns crossing into each other's traces."""
+    pipe = Pipeline(
+        model=ScriptedModel(["a"] * 1000),
+        pre=[note, parallel(docs, memory, name="retrieval")],
+        post=[first],
+    )
+
+    async with anyio.create_task_group() as group:
+        for _ in range(1000):
+            group.start_soon(pipe.run, Turn.start("hi"))
+
+    traces: dict[int, list[ReadableSpan]] = {}
+    for span in spans.get_finished_spans():
+        traces.setdefault(span.context.trace_id, []).append(span)
+    assert len(traces) == 1000
+    for trace_spans in traces.values():
+        assert tree(tuple(trace_spans)) == [
+            ["turn", ["note", ["retrieval", ["docs", "memory"]], "chat ScriptedModel", "first"]]
+        ]
+
+
+async def test_without_capture_no_content_is_traced(spans) -> None:
+    """Catches: message text, tool arguments or tool results leaking into spans by default."""
+    await full_pipeline().run(Turn.start("where is my order?"))
+
+    text = everything(spans.get_finished_spans())
+    for content in ("where is my order", "too long", "shipped", '"42"', "a note", 'memory"'):
+        assert content not in text
+
+
+async def test_with_capture_the_transformed_content_is_traced(capturing) -> None:
+    """Catches: capture_content=True recording nothing, or the raw text."""
+    pipe = Pipeline(
+        model=ScriptedModel([["mail ada@", "example.com"]]), transformers=[redact(r"\S+@\S+")]
+    )
+    await pipe.run(Turn.start("hi"))
+
+    (chat,) = named(capturing.get_finished_spans(), "chat ScriptedModel")
+    assert json.loads(chat.attributes["gen_ai.output.messages"]) == [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": "mail [REDACTED]"}],
+            "finish_reason": "stop",
+        }
+    ]
+
+
+@settings(max_examples=40)
+@given(
+    secret=st.text(alphabet="ABCDEFGHJKLMNPQRSTUVWXYZ23456789", min_size=12, max_size=40),
+    cuts=st.lists(st.integers(min_value=0, max_value=80), max_size=8),
+)
+def test_a_redacted_secret_never_reaches_a_span(secret: str, cuts: list[int]) -> None:
+    """Catches: raw model text (before the redaction) recorded with capture on, at any
+    chunk boundaries."""
+    text = f"my key is SECRET-{secret}-END, and a tool said RESULT-{secret}-END"
+    bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    chunks = [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+    @tool
+    def fetch() -> str:
+        """Fetch."""
+        return f"RESULT-{secret}-END"
+
+    def scrub(call, result, turn):
+        return cont(result.with_content("[scrubbed]"))
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.instrument(tracer_provider=provider, capture_content=True)
+    try:
+        pipe = Pipeline(
+            model=ScriptedModel([[ToolCall("c1", "fetch", {})], chunks]),
+            tools=[fetch],
+            after_tool=[scrub],
+            transformers=[redact(r"(SECRET|RESULT)-[A-Z0-9]+-END")],
+        )
+        trio.run(pipe.run, Turn.start("go"))
+    finally:
+        otel.uninstrument()
+
+    traced = everything(exporter.get_finished_spans())
+    assert "[REDACTED]" in traced
+    assert "[scrubbed]" in traced
+    for start in range(len(secret) - 5):
+        assert secret[start : start + 6] not in traced
+
+
+async def test_instrument_rejects_what_is_not_a_tracer_provider() -> None:
+    """Catches: a wrong argument accepted and failing later, mid-turn."""
+    with pytest.raises(ConfigError, match=r"TracerProvider.*got str"):
+        otel.instrument(tracer_provider="console")
+    with pytest.raises(ConfigError, match="capture_content"):
+        otel.instrument(capture_content="yes")
+
+
+async def test_uninstrument_stops_tracing(spans) -> None:
+    """Catches: uninstrument() leaving the tracer in place."""
+    otel.uninstrument()
+    await Pipeline(model=ScriptedModel(["a"])).run(Turn.start("hi"))
+    assert spans.get_finished_spans() == ()
+
+
+async def test_a_no_op_provider_builds_no_trace() -> None:
+    """Catches: the instrumented path failing with the API's no-op provider."""
+    otel.instrument(tracer_provider=NoOpTracerProvider())
+    try:
+        result = await Pipeline(model=ScriptedModel(["a"]), pre=[note]).run(Turn.start("hi"))
+    finally:
+        otel.uninstrument()
+    assert result.reply.text == "a"
+
+
+def test_the_capture_variable_turns_capture_on(monkeypatch) -> None:
+    """Catches: OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT ignored."""
+    monkeypatch.setenv(otel.CAPTURE_CONTENT_ENV, "true")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.instrument(tracer_provider=provider)
+    try:
+        trio.run(Pipeline(model=ScriptedModel(["visible"])).run, Turn.start("hi"))
+    finally:
+        otel.uninstrument()
+    assert "visible" in everything(exporter.get_finished_spans())
+
+
+def test_importing_pipeline_does_not_import_opentelemetry() -> None:
+    """Catches: the optional dependency becoming a required one."""
+    code = "import sys, pipeline, pipeline.events; print(any(m.startswith('opentelemetry') for m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

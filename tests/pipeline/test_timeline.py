@@ -1,0 +1,112 @@
+"""pipeline.events.timeline and the time every event carries."""
+
+import anyio
+import trio.testing
+
+from pipeline import Pipeline, halt, regenerate, tool
+from pipeline import events as ev
+from pipeline.testing import ScriptedModel
+from turns import ToolCall, Turn, Usage
+
+
+@tool
+async def lookup(order: str) -> str:
+    """An order's state."""
+    await anyio.sleep(0.010)
+    return "shipped"
+
+
+async def guard(turn):
+    await anyio.sleep(0.005)
+    assert turn.reply is not None
+    if turn.reply.attempt == 1:
+        return regenerate("no ticket numbers")
+    return halt("still unsure")
+
+
+def pipeline() -> Pipeline:
+    return Pipeline(
+        model=ScriptedModel(
+            [[ToolCall("c1", "lookup", {"order": "42"})], ["Ticket RF-1"], ["Sorry"]]
+        ),
+        tools=[lookup],
+        post=[guard],
+    )
+
+
+async def streamed(pipe: Pipeline) -> list[ev.Event]:
+    async with pipe.stream(Turn.start("where is 42?", turn_ref="0123456789abcdef")) as events:
+        return [event async for event in events]
+
+
+async def test_the_timeline_of_a_turn_with_a_tool_call_a_rejection_and_a_halt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Catches: a timeline line missing, out of order, at the wrong time or misworded."""
+    text = ev.timeline(await streamed(pipeline()))
+
+    assert (
+        text
+        == (
+            "     0.0 ms  turn started                                 turn_ref 01234567\n"
+            "     0.0 ms  model called (attempt 1)\n"
+            "     0.0 ms    model asks for tool lookup                 {'order': '42'}\n"
+            "     0.0 ms    lookup started                             tool\n"
+            "    10.0 ms    lookup -> result                           10.0 ms\n"
+            "    10.0 ms  model called again (attempt 1, call 2)       with the tool results\n"
+            "    10.0 ms    text (attempt 1)                           'Ticket RF-1'\n"
+            "    10.0 ms  reply ready                                  stop, 9 tok out\n"  # the attempt's two calls: 6 + 3
+            "    10.0 ms    guard started                              post\n"
+            "    15.0 ms    guard -> regenerate                        5.0 ms\n"
+            "    15.0 ms  attempt 1 rejected by guard                  no ticket numbers\n"
+            "    15.0 ms  model called (attempt 2)\n"
+            "    15.0 ms    text (attempt 2)                           'Sorry'\n"
+            "    15.0 ms  reply ready                                  stop, 2 tok out\n"
+            "    15.0 ms    guard started                              post\n"
+            "    20.0 ms    guard -> halt                              5.0 ms\n"
+            "    20.0 ms  halted by guard                              still unsure\n"
+            "    20.0 ms  turn finished                                halted\n"
+        )
+    )
+
+
+async def test_every_event_carries_its_time_since_the_turn_started(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Catches: events without a time, or times that do not follow the turn's clock."""
+    events = await streamed(pipeline())
+
+    assert [(type(e).__name__, round(e.at * 1e3, 3)) for e in events] == [
+        ("TurnStarted", 0.0),
+        ("ModelCalled", 0.0),
+        ("ModelFinished", 0.0),
+        ("ToolCallRequested", 0.0),
+        ("ToolStarted", 0.0),
+        ("ToolFinished", 10.0),
+        ("ModelCalled", 10.0),
+        ("TextDelta", 10.0),
+        ("ModelFinished", 10.0),
+        ("ReplyReady", 10.0),
+        ("HookStarted", 10.0),
+        ("HookFinished", 15.0),
+        ("AttemptRejected", 15.0),
+        ("ModelCalled", 15.0),
+        ("TextDelta", 15.0),
+        ("ModelFinished", 15.0),
+        ("ReplyReady", 15.0),
+        ("HookStarted", 15.0),
+        ("HookFinished", 20.0),
+        ("Halted", 20.0),
+        ("TurnFinished", 20.0),
+    ]
+
+
+async def test_the_time_is_not_part_of_an_events_equality() -> None:
+    """Catches: two runs of the same turn emitting unequal events because of the clock."""
+    assert ev.TurnFinished("t", "completed", at=1.0) == ev.TurnFinished("t", "completed", at=2.0)
+
+
+def test_an_empty_or_unshown_batch_renders_nothing() -> None:
+    """Catches: blank lines for events the timeline does not show."""
+    assert ev.timeline([]) == ""
+    assert ev.timeline([ev.ModelFinished("t", 1, 1, "stop", Usage())]) == ""

@@ -1,0 +1,68 @@
+"""What the providers tell the logs and the traces: retries at WARNING, and never a key."""
+
+import logging
+
+import pytest
+import trio
+import trio.testing
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from pipeline import Pipeline, otel
+from pipeline.providers import OpenAIChat
+from turns import Turn
+
+from . import server as wire
+from .server import ProtocolServer
+from .support import KEY
+
+RATE_LIMITED = {"error": {"message": "Rate limit reached", "type": "requests"}}
+
+
+def openai(server: ProtocolServer) -> OpenAIChat:
+    return OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
+
+
+async def test_a_retry_is_a_warning_with_status_attempt_and_delay_and_no_key(
+    server: ProtocolServer, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Catches: retries invisible to an operator, or a key written to the log."""
+    server.script(
+        wire.json_error(429, RATE_LIMITED, [("retry-after", "3")]),
+        wire.stream(wire.openai_text(["ok"])),
+    )
+    with caplog.at_level(logging.WARNING, logger="turnplug"):
+        result = await Pipeline(model=openai(server)).run(Turn.start("hi"))
+
+    assert result.reply is not None
+    assert result.reply.text == "ok"
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("turnplug.providers", "WARNING", "openai: request 1 answered 429; retrying in 3.00 s")
+    ]
+    assert KEY not in caplog.text
+
+
+async def test_a_traced_provider_turn_names_the_provider_and_never_the_key(
+    server: ProtocolServer,
+) -> None:
+    """Catches: the API key reaching a span, even with content capture on."""
+    server.script(wire.stream(wire.openai_text(["Hello", " there"], usage=(9, 3))))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.instrument(tracer_provider=provider, capture_content=True)
+    try:
+        await Pipeline(model=openai(server)).run(Turn.start("hi"))
+    finally:
+        otel.uninstrument()
+
+    spans = exporter.get_finished_spans()
+    (chat,) = [span for span in spans if span.name == "chat gpt-test"]
+    assert (
+        chat.attributes["gen_ai.provider.name"],
+        chat.attributes["gen_ai.usage.input_tokens"],
+        chat.attributes["gen_ai.usage.output_tokens"],
+    ) == ("openai", 9, 3)
+    for span in spans:
+        assert KEY not in repr(dict(span.attributes)) + repr(span.events) + span.name
