@@ -11,6 +11,7 @@ import hmac
 import importlib.resources
 import inspect
 import json
+import logging
 import re
 import secrets
 from collections import deque
@@ -62,6 +63,7 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 MIB = 1 << 20
+_logger = logging.getLogger("turnplug.serve")
 CONVERSATION_HEADER = "x-conversation-id"
 _REDACTED = "[REDACTED]"
 
@@ -495,6 +497,37 @@ class Gateway:
                 "message": request.message.text,
             }
         )
+        try:
+            return await self._run(turn, request, conversation, on_text, expected)
+        except Exception as exc:
+            error = exc if isinstance(exc, WireError) else failure_error(exc)
+            if error.status >= 500:
+                _logger.warning(
+                    "turn %s failed (HTTP %d): %s",
+                    turn.turn_ref,
+                    error.status,
+                    self.scrub(_text(exc)),
+                )
+            self.feed.publish(
+                {
+                    "event": "GatewayError",
+                    "turn_ref": turn.turn_ref,
+                    "status": error.status,
+                    "type": error.type,
+                    "message": error.message,
+                }
+            )
+            raise error from exc
+
+    async def _run(
+        self,
+        turn: Turn,
+        request: ChatRequest,
+        conversation: str | None,
+        on_text: Callable[[str], Awaitable[None]] | None,
+        expected: int | None,
+    ) -> tuple[TurnResult, list[str]]:
+        log = self.settings.log
         pieces: list[str] = []
         with anyio.fail_after(self.settings.turn_timeout):
             async with self.pipe.stream(turn) as events:
@@ -524,6 +557,11 @@ class Gateway:
                 )
                 self.publish(ev.Committed(turn.turn_ref, conversation, messages))
         return result, pieces
+
+
+def _text(exc: BaseException) -> str:
+    cause = f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+    return f"{type(exc).__name__}: {exc}{cause}"
 
 
 def _set(options: Any) -> dict[str, Any]:
@@ -609,6 +647,7 @@ class _Endpoint:
 
         result: TurnResult | None = None
         pieces: list[str] = []
+        failure: WireError | None = None
         async with anyio.create_task_group() as group:
             # A client that hangs up cancels its turn: nothing of it is committed.
             group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
@@ -617,22 +656,15 @@ class _Endpoint:
                     request, conversation, on_text if request.stream else None
                 )
             except Exception as exc:
-                group.cancel_scope.cancel()
-                error = exc if isinstance(exc, WireError) else failure_error(exc)
-                gateway.feed.publish(
-                    {
-                        "event": "GatewayError",
-                        "status": error.status,
-                        "type": error.type,
-                        "message": error.message,
-                    }
-                )
-                if started:
-                    await _frame(send, gateway.scrub_frame(error.body()), more=False)
-                else:
-                    await gateway.reply_error(send, error)
-                return
+                failure = exc if isinstance(exc, WireError) else failure_error(exc)
+            # Answer outside the cancelled scope, or the answer itself would be cancelled.
             group.cancel_scope.cancel()
+        if failure is not None:
+            if started:
+                await _frame(send, gateway.scrub_frame(failure.body()), more=False)
+            else:
+                await gateway.reply_error(send, failure)
+            return
         if result is None:
             return  # the client went away; the turn was cancelled
         reply = result.reply
