@@ -20,13 +20,18 @@ PUBLIC_SUBMODULES = {
 ALLOWED_IMPORTS = {
     "turns": {"attrs", "cattrs"},
     "pipeline": {"attrs", "trio", "httpx", "turns"},
-    "hooks": {"attrs", "trio", "turns", "pipeline"},
+    "hooks": {"attrs", "trio", "anyio", "turns", "pipeline"},
 }
 # Modules allowed to import cattrs: serialization stays at the edge (STYLE 5).
 CATTRS_MODULES = {"turns/serde.py", "hooks/config/_load.py"}
 # Optional dependencies and the one module each may be imported from (lazily: the package
 # imports without them).
 OPTIONAL_IMPORTS = {"psycopg": {"pipeline/logs/_postgres.py"}}
+# The HTTP stack of `turnplug serve`, kept to the gateway's modules.
+OPTIONAL_IMPORTS |= {
+    "starlette": {"hooks/cli/_gateway.py"},
+    "hypercorn": {"hooks/cli/_serve.py"},
+}
 
 
 def _public_modules(package: str) -> list[str]:
