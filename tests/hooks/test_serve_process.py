@@ -1,6 +1,5 @@
 """`turnplug serve` as a real process: the console script on a free loopback port."""
 
-import json
 import os
 import re
 import signal
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from pipeline.logs import PostgresLog
