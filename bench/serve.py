@@ -18,7 +18,6 @@ errors and gateway throughput >= 50% of the upstream's own.
 import argparse
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -145,7 +144,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(upstream: str, gateway: str, levels: tuple[tuple[int, int], ...], pid: int) -> list[str]:
+async def measure(
+    upstream: str, gateway: str, levels: tuple[tuple[int, int], ...], pid: int
+) -> list[str]:
     rows = []
     for clients, turns in levels:
         await load(upstream, clients, min(turns, 10))  # warm-up, both ways
@@ -180,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as folder:
             gateway_process, gateway = start_gateway(upstream, Path(folder))
             try:
-                rows = trio.run(measure, upstream, gateway, QUICK if args.quick else LEVELS, gateway_process.pid)
+                rows = trio.run(
+                    measure, upstream, gateway, QUICK if args.quick else LEVELS, gateway_process.pid
+                )
             finally:
                 gateway_process.terminate()
                 gateway_process.wait(30)
