@@ -20,7 +20,7 @@ PUBLIC_SUBMODULES = {
 ALLOWED_IMPORTS = {
     "turns": {"attrs", "cattrs"},
     "pipeline": {"anyio", "attrs", "trio", "httpx", "turns"},
-    "hooks": {"attrs", "trio", "turns", "pipeline"},
+    "hooks": {"anyio", "attrs", "trio", "turns", "pipeline"},
 }
 # Modules allowed to import cattrs: serialization stays at the edge (STYLE 5).
 CATTRS_MODULES = {"turns/serde.py", "hooks/config/_load.py"}
@@ -34,6 +34,11 @@ OPTIONAL_IMPORTS = {
     "httpx2": {"pipeline/_mcp.py"},
     "jsonschema": {"pipeline/_mcp.py"},
     "opentelemetry": {"pipeline/otel.py"},
+}
+# The HTTP stack of `turnplug serve`, kept to the gateway's modules.
+OPTIONAL_IMPORTS |= {
+    "starlette": {"hooks/cli/_gateway.py"},
+    "hypercorn": {"hooks/cli/_serve.py"},
 }
 
 

@@ -112,6 +112,12 @@ def _log(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from . import _serve
+
+    return _serve.run(args, _loaded(args.config))
+
+
 def _conversation_id(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("a conversation id must not be empty")
@@ -200,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--audit", action="store_true", help="also show each turn's audit record")
     log.add_argument("--json", action="store_true", help="print JSON, for machines")
     log.set_defaults(handler=_log)
+
+    from ._serve import add_parser as add_serve
+
+    add_serve(commands, common, handler=_serve)
     return parser
 
 

@@ -1,0 +1,753 @@
+"""The ASGI application of `turnplug serve`: a pipeline behind the OpenAI Chat Completions API.
+
+Routes: ``POST /v1/chat/completions`` (one turn per request, streamed or not), ``GET
+/v1/models``, ``GET /healthz``, the live page at ``/`` and its feed of turn events at
+``GET /v1/turnplug/events``. Starlette (on AnyIO, so on trio and on asyncio) does the
+routing; the completion endpoint is a plain ASGI callable so that it decides its status
+only once it knows the turn's fate. What each outcome maps to is in ``docs/serve.md``.
+"""
+
+import hmac
+import importlib.resources
+import inspect
+import json
+import logging
+import re
+import secrets
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any, final
+
+import anyio
+import attrs
+from anyio.streams.memory import MemoryObjectSendStream
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from pipeline import (
+    Block,
+    BudgetError,
+    Chain,
+    Cont,
+    Halt,
+    Hook,
+    LogConflict,
+    Pipeline,
+    PipelineError,
+    ProviderError,
+    ProviderTimeout,
+    RateLimited,
+    RequestError,
+    TurnResult,
+)
+from pipeline import events as ev
+from pipeline.logs import Log
+from turns import Reply, ToolCall, Turn
+from turns.serde import to_dict
+
+from ._wire import (
+    DONE,
+    ChatRequest,
+    Completion,
+    WireError,
+    parse_request,
+    split_text,
+    sse,
+)
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+MIB = 1 << 20
+_logger = logging.getLogger("turnplug.serve")
+CONVERSATION_HEADER = "x-conversation-id"
+_REDACTED = "[REDACTED]"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Settings:
+    """How a gateway runs.
+
+    Attributes:
+        model: The model name the gateway reports (``/v1/models``, every response).
+        api_key: The bearer key clients must send; None serves without authentication.
+        log: Where conversations live (``X-Conversation-Id``); None: stateless only.
+        max_body: The largest request body accepted, in bytes.
+        turn_timeout: The longest a turn may take, in seconds.
+        secrets: Values that must never leave the gateway (the upstream key, the gateway
+            key): scrubbed from every error and page event as a last line of defence.
+        recent: How many page events are kept for a page that opens later.
+    """
+
+    model: str
+    api_key: str | None
+    log: Log | None = None
+    max_body: int = MIB
+    turn_timeout: float = 300.0
+    secrets: tuple[str, ...] = ()
+    recent: int = 500
+
+
+# -- the page's feed --------------------------------------------------------------------------
+
+
+@final
+class Feed:
+    """Turn events for the live page: the recent ones kept, new ones sent to every watcher.
+
+    A watcher that falls behind by a whole buffer is dropped (its page reconnects), so a
+    slow browser never slows a turn.
+    """
+
+    def __init__(self, recent: int, scrub: Callable[[str], str]) -> None:
+        self._recent: deque[bytes] = deque(maxlen=recent)
+        self._watchers: set[MemoryObjectSendStream[bytes]] = set()
+        self._scrub = scrub
+
+    def publish(self, data: Mapping[str, Any]) -> None:
+        frame = sse(self._scrub(json.dumps(data, ensure_ascii=False, default=str)))
+        self._recent.append(frame)
+        for watcher in list(self._watchers):
+            try:
+                watcher.send_nowait(frame)
+            except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._watchers.discard(watcher)
+                watcher.close()
+
+    @asynccontextmanager
+    async def watch(self) -> AsyncIterator[AsyncIterator[bytes]]:
+        send, receive = anyio.create_memory_object_stream[bytes](1000)
+        for frame in self._recent:
+            send.send_nowait(frame)
+        self._watchers.add(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            self._watchers.discard(send)
+            send.close()
+
+
+def page_event(event: ev.Event) -> dict[str, Any] | None:
+    """An event as the page receives it: what a log could hold, nothing more.
+
+    Text deltas are left out (the accepted reply comes whole in ``ReplyReady``); every other
+    event goes with all of its fields, whatever they are, so fields added to events later
+    reach the page without a change here.
+    """
+    if type(event) is ev.TextDelta:
+        return None
+    data: dict[str, Any] = {"event": type(event).__name__}
+    for field in attrs.fields(type(event)):
+        value = getattr(event, field.name)
+        if isinstance(value, Reply):
+            data["text"] = value.text
+            data["finish_reason"] = value.finish_reason
+            data["attempt"] = value.attempt
+            data["usage"] = to_dict(value.usage)
+            continue
+        data[field.name] = _plain(value)
+    return data
+
+
+def _plain(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return to_dict(value)
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    return value
+
+
+# -- outcomes to HTTP -------------------------------------------------------------------------
+
+
+def outcome_error(result: TurnResult) -> WireError | None:
+    """The error a turn that did not complete is answered with; None when it completed."""
+    if result.outcome == "halted" and result.halt is not None:
+        extra = {"hook": result.halt.hook}
+        if result.reply is not None:
+            extra["reply"] = result.reply.text
+        return WireError(
+            422,
+            f"the turn was halted by hook {result.halt.hook!r}: {result.halt.reason}",
+            type="turn_halted",
+            code="halted",
+            extra=extra,
+        )
+    if result.outcome == "exhausted":
+        last = result.rejections[-1]
+        return WireError(
+            422,
+            f"no acceptable reply: {len(result.rejections)} attempts were rejected, the last by"
+            f" hook {last.hook!r}: {last.feedback}",
+            type="regeneration_exhausted",
+            code="exhausted",
+            extra={"hook": last.hook},
+        )
+    return None
+
+
+def failure_error(exc: BaseException) -> WireError:
+    """The error a failed turn is answered with (see docs/serve.md for the table)."""
+    name = type(exc).__name__
+    if isinstance(exc, LogConflict):
+        return WireError(
+            409,
+            "the conversation grew while this turn ran (another request committed first);"
+            " nothing of this turn was committed — reload the conversation and send again",
+            type="conversation_conflict",
+            code="conflict",
+        )
+    if isinstance(exc, RateLimited):
+        return WireError(
+            429,
+            "the upstream model is rate limited; retry later",
+            type="upstream_error",
+            code="rate_limited",
+        )
+    if isinstance(exc, ProviderTimeout):
+        return WireError(
+            504,
+            "the upstream model did not answer in time",
+            type="upstream_error",
+            code="upstream_timeout",
+        )
+    if isinstance(exc, ProviderError):
+        # The upstream's own message is not passed on: some quote the (masked) key.
+        status = f" (HTTP {exc.status})" if getattr(exc, "status", None) else ""
+        return WireError(
+            502,
+            f"the upstream model failed: {name}{status}",
+            type="upstream_error",
+            code="upstream_failed",
+        )
+    if isinstance(exc, TimeoutError):
+        return WireError(
+            504,
+            "the turn did not finish within the gateway's turn timeout",
+            type="turn_timeout",
+            code="timeout",
+        )
+    if isinstance(exc, RequestError | BudgetError):
+        return WireError(400, f"{name}: {exc}", code="invalid_turn")
+    if isinstance(exc, PipelineError):
+        return WireError(
+            500,
+            f"the pipeline failed: {name}: {exc}",
+            type="pipeline_error",
+            code="pipeline_failed",
+        )
+    return WireError(500, f"internal error: {name}", type="server_error", code="internal")
+
+
+# -- client tools: the pipeline's before-tool hooks still apply -------------------------------
+
+
+def _matches(hook: Hook, name: str) -> bool:
+    match = hook.match
+    if match is None:
+        return True
+    if isinstance(match, str):
+        return match == name
+    if isinstance(match, re.Pattern):
+        return match.fullmatch(name) is not None
+    return bool(match(name))
+
+
+def _tool_hooks(entries: Any) -> list[Hook]:
+    hooks: list[Hook] = []
+    for entry in entries:
+        if isinstance(entry, Chain):
+            hooks.extend(_tool_hooks(entry.members))
+        elif isinstance(entry, Hook):
+            hooks.append(entry)
+    return hooks
+
+
+async def police_calls(
+    pipe: Pipeline, turn: Turn, calls: list[ToolCall], emit: Callable[[ev.Event], None]
+) -> WireError | None:
+    """Run the pipeline's before-tool hooks on tool calls the client is to run.
+
+    The gateway does not run a client's tools, but its tool policy still decides whether the
+    client may be asked to: a `Block` (or an `Ask` the pipeline cannot grant) refuses the
+    whole reply, a `Halt` halts the turn. Shadow hooks are only reported.
+    """
+    for call in calls:
+        for hook in _tool_hooks(pipe.before_tool):
+            if not _matches(hook, call.name):
+                continue
+            signal = hook.fn(call, turn)
+            if inspect.isawaitable(signal):
+                signal = await signal
+            if hook.shadow or type(signal) is Cont:
+                continue
+            if type(signal) is Halt:
+                emit(ev.Halted(turn.turn_ref, hook.name, signal.reason))
+                return WireError(
+                    422,
+                    f"the turn was halted by hook {hook.name!r}: {signal.reason}",
+                    type="turn_halted",
+                    code="halted",
+                    extra={"hook": hook.name},
+                )
+            reason = signal.reason if type(signal) is Block else getattr(signal, "question", "")
+            if (
+                type(signal) is not Block
+                and pipe.permission is not None
+                and await pipe.permission(call, reason, turn)
+            ):
+                continue
+            emit(ev.ToolBlocked(turn.turn_ref, call, hook.name, reason))
+            return WireError(
+                403,
+                f"the model asked the client to run tool {call.name!r}, which hook"
+                f" {hook.name!r} blocked: {reason}",
+                type="tool_blocked",
+                param="tools",
+                code="tool_blocked",
+                extra={"hook": hook.name, "tool": call.name},
+            )
+    return None
+
+
+# -- the gateway ------------------------------------------------------------------------------
+
+
+@final
+class Gateway:
+    """A pipeline served as an OpenAI-compatible API; `app` is the ASGI application."""
+
+    def __init__(self, pipe: Pipeline, settings: Settings) -> None:
+        # Text reaches a client only once nothing can take it back: held until the post
+        # hooks accept it when any hook could still reject or halt the attempt.
+        self.holds = bool(pipe.post or pipe.before_tool or pipe.after_tool)
+        self.pipe = attrs.evolve(pipe, hold_until_accepted=True) if self.holds else pipe
+        self.settings = settings
+        self._secrets = tuple(s for s in settings.secrets if s)
+        self.feed = Feed(settings.recent, self.scrub)
+        self.in_flight = 0
+        routes = [
+            Route("/", self.page, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/turnplug/events", self.events, methods=["GET"]),
+            Route("/v1/chat/completions", _Endpoint(self), methods=["POST"]),
+        ]
+        self.router = Starlette(routes=routes)
+        self.app = self._guard
+
+    def scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, _REDACTED)
+        return text
+
+    def scrub_frame(self, body: Mapping[str, Any]) -> bytes:
+        return sse(self.scrub(json.dumps(body, ensure_ascii=False)))
+
+    # -- the outer layer: JSON errors, authentication, body size -------------------------------
+
+    async def _guard(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.router(scope, receive, send)
+            return
+        path = scope["path"]
+        if path.startswith("/v1/") and not self._authorized(scope):
+            await self.reply_error(
+                send,
+                WireError(
+                    401,
+                    "a valid API key is required: send 'Authorization: Bearer <key>' with the"
+                    " key the gateway was started with",
+                    code="invalid_api_key",
+                ),
+                headers=[(b"www-authenticate", b"Bearer")],
+            )
+            return
+        routes = {"/", "/healthz", "/v1/models", "/v1/turnplug/events", "/v1/chat/completions"}
+        if path not in routes:
+            await self.reply_error(
+                send, WireError(404, f"no route {scope['method']} {path}", code="not_found")
+            )
+            return
+        await self.router(scope, receive, _json_405(send, self))
+
+    def _authorized(self, scope: Scope) -> bool:
+        key = self.settings.api_key
+        if key is None:
+            return True
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                given = value
+                break
+        scheme, _, token = given.partition(b" ")
+        # Compared in constant time, whatever the length or content of what was sent.
+        return hmac.compare_digest(token.strip(), key.encode()) and scheme.lower() == b"bearer"
+
+    async def reply_error(
+        self, send: Send, error: WireError, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        body = self.scrub(json.dumps(error.body(), ensure_ascii=False)).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": error.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    *(headers or []),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    # -- small routes ----------------------------------------------------------------------------
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "in_flight": self.in_flight})
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.settings.model,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "turnplug",
+                    }
+                ],
+            }
+        )
+
+    async def page(self, request: Request) -> Response:
+        html = importlib.resources.files(__package__).joinpath("_page.html").read_text("utf-8")
+        return HTMLResponse(html, headers={"cache-control": "no-store"})
+
+    async def events(self, request: Request) -> Response:
+        async def frames() -> AsyncIterator[bytes]:
+            yield b": turnplug events\n\n"
+            async with self.feed.watch() as watched:
+                async for frame in watched:
+                    yield frame
+
+        return StreamingResponse(
+            frames(), media_type="text/event-stream", headers={"cache-control": "no-store"}
+        )
+
+    # -- one turn --------------------------------------------------------------------------------
+
+    def publish(self, event: ev.Event) -> None:
+        data = page_event(event)
+        if data is not None:
+            self.feed.publish(data)
+
+    async def turn(
+        self,
+        request: ChatRequest,
+        conversation: str | None,
+        on_text: Callable[[str], Awaitable[None]] | None,
+    ) -> tuple[TurnResult, list[str]]:
+        """Run one turn; commit it to the conversation when there is one.
+
+        `on_text` receives text as it may be shown (accepted, transformed); when it is None,
+        text is collected and returned with the result.
+
+        Raises:
+            WireError: The turn did not complete, or a client tool call was refused.
+            PipelineError, TimeoutError: The turn failed.
+        """
+        log = self.settings.log
+        context = request.context()
+        expected = None
+        if conversation is not None:
+            assert log is not None
+            stored = await log.load(conversation)
+            expected = len(stored.messages)
+            # The log holds the conversation: only the request's last message is new.
+            context = attrs.evolve(
+                stored,
+                system=request.system if request.system is not None else stored.system,
+                tools=request.tools or stored.tools,
+            )
+        if context.tools and self.pipe.tools:
+            raise WireError(
+                400,
+                "this gateway's pipeline runs its own tools; it does not accept tools from the"
+                " client — leave 'tools' out of the request",
+                param="tools",
+                code="unsupported_parameter",
+            )
+        turn = Turn.start(request.message, context=context).with_request(**_set(request.options))
+        self.feed.publish(
+            {
+                "event": "GatewayRequest",
+                "turn_ref": turn.turn_ref,
+                "conversation_id": conversation,
+                "stream": request.stream,
+                "message": request.message.text,
+            }
+        )
+        try:
+            return await self._run(turn, request, conversation, on_text, expected)
+        except Exception as exc:
+            error = exc if isinstance(exc, WireError) else failure_error(exc)
+            if error.status >= 500:
+                _logger.warning(
+                    "turn %s failed (HTTP %d): %s",
+                    turn.turn_ref,
+                    error.status,
+                    self.scrub(_text(exc)),
+                )
+            self.feed.publish(
+                {
+                    "event": "GatewayError",
+                    "turn_ref": turn.turn_ref,
+                    "status": error.status,
+                    "type": error.type,
+                    "message": error.message,
+                }
+            )
+            raise error from exc
+
+    async def _run(
+        self,
+        turn: Turn,
+        request: ChatRequest,
+        conversation: str | None,
+        on_text: Callable[[str], Awaitable[None]] | None,
+        expected: int | None,
+    ) -> tuple[TurnResult, list[str]]:
+        log = self.settings.log
+        pieces: list[str] = []
+        with anyio.fail_after(self.settings.turn_timeout):
+            async with self.pipe.stream(turn) as events:
+                async for event in events:
+                    if type(event) is ev.TextDelta:
+                        if on_text is not None and not self.holds and conversation is None:
+                            await on_text(event.text)
+                        else:
+                            pieces.append(event.text)
+                    else:
+                        self.publish(event)
+            result = events.result
+            error = outcome_error(result)
+            if error is None:
+                assert result.reply is not None
+                calls = [p for p in result.reply.message.parts if type(p) is ToolCall]
+                if calls and not self.pipe.tools:
+                    error = await police_calls(self.pipe, result.turn, calls, self.publish)
+            if error is not None:
+                raise error
+            if conversation is not None:
+                assert log is not None
+                assert result.reply is not None
+                messages = result.log_messages
+                await log.append(
+                    conversation, turn.turn_ref, messages, result.audit, expected_length=expected
+                )
+                self.publish(ev.Committed(turn.turn_ref, conversation, messages))
+        return result, pieces
+
+
+def _text(exc: BaseException) -> str:
+    cause = f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+    return f"{type(exc).__name__}: {exc}{cause}"
+
+
+def _set(options: Any) -> dict[str, Any]:
+    return {
+        name: getattr(options, name)
+        for name in ("temperature", "max_tokens", "tool_choice")
+        if getattr(options, name) is not None
+    }
+
+
+def _json_405(send: Send, gateway: Gateway) -> Send:
+    """`send`, with Starlette's plain-text 405 turned into an OpenAI-style JSON error."""
+    replaced = False
+
+    async def wrapped(message: MutableMapping[str, Any]) -> None:
+        nonlocal replaced
+        if message["type"] == "http.response.start" and message["status"] == 405:
+            replaced = True
+            await gateway.reply_error(
+                send, WireError(405, "method not allowed on this route", code="method_not_allowed")
+            )
+            return
+        if replaced:
+            return
+        await send(message)
+
+    return wrapped
+
+
+@final
+class _Endpoint:
+    """``POST /v1/chat/completions`` as a plain ASGI callable (see the module docstring)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gateway = self.gateway
+        try:
+            body = await _read_body(scope, receive, gateway.settings.max_body)
+            request = parse_request(body)
+            conversation = _header(scope, CONVERSATION_HEADER)
+            if conversation is not None and gateway.settings.log is None:
+                raise WireError(
+                    400,
+                    "X-Conversation-Id needs a conversation log: start the gateway with --log"
+                    " PATH_OR_DSN, or leave the header out to send the whole conversation",
+                    param="X-Conversation-Id",
+                    code="no_log",
+                )
+            if conversation is not None and not conversation.strip():
+                raise WireError(
+                    400, "X-Conversation-Id must not be empty", param="X-Conversation-Id"
+                )
+        except WireError as error:
+            await gateway.reply_error(send, error)
+            return
+        gateway.in_flight += 1
+        try:
+            await self._answer(scope, receive, send, request, conversation)
+        finally:
+            gateway.in_flight -= 1
+
+    async def _answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request: ChatRequest,
+        conversation: str | None,
+    ) -> None:
+        gateway = self.gateway
+        completion = Completion(f"chatcmpl-{secrets.token_hex(12)}", gateway.settings.model)
+        started = False
+
+        async def on_text(text: str) -> None:
+            nonlocal started
+            if not started:
+                started = True
+                await _start_stream(send)
+                await _frame(send, sse(completion.first()))
+            await _frame(send, sse(completion.text(text)))
+
+        result: TurnResult | None = None
+        pieces: list[str] = []
+        failure: WireError | None = None
+        async with anyio.create_task_group() as group:
+            # A client that hangs up cancels its turn: nothing of it is committed.
+            group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
+            try:
+                result, pieces = await gateway.turn(
+                    request, conversation, on_text if request.stream else None
+                )
+            except Exception as exc:
+                failure = exc if isinstance(exc, WireError) else failure_error(exc)
+            # Answer outside the cancelled scope, or the answer itself would be cancelled.
+            group.cancel_scope.cancel()
+        if failure is not None:
+            if started:
+                await _frame(send, gateway.scrub_frame(failure.body()), more=False)
+            else:
+                await gateway.reply_error(send, failure)
+            return
+        if result is None:
+            return  # the client went away; the turn was cancelled
+        reply = result.reply
+        assert reply is not None
+        if not request.stream:
+            body = json.dumps(completion.whole(reply), ensure_ascii=False).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        if not started:
+            await _start_stream(send)
+            frames = [sse(completion.first())]
+            frames += [sse(completion.text(piece)) for piece in split_text(reply.text, pieces)]
+        else:
+            frames = []
+        frames += [sse(chunk) for chunk in completion.ending(reply, request.include_usage)]
+        frames.append(DONE)
+        await _frame(send, b"".join(frames), more=False)
+
+
+async def _start_stream(send: Send) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"text/event-stream; charset=utf-8"),
+                (b"cache-control", b"no-cache"),
+            ],
+        }
+    )
+
+
+async def _frame(send: Send, data: bytes, more: bool = True) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    wanted = name.encode()
+    for key, value in scope["headers"]:
+        if key == wanted:
+            return str(value.decode("latin-1"))
+    return None
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The request body; 413 as soon as it is known to exceed `limit`, without reading on."""
+    declared = _header(scope, "content-length")
+    too_big = WireError(
+        413,
+        f"the request body exceeds the gateway's limit of {limit} bytes — send less"
+        " conversation (or start the gateway with a larger --max-body)",
+        code="request_too_large",
+    )
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise WireError(400, "the client went away before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)

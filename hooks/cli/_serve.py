@@ -1,0 +1,250 @@
+"""`turnplug serve`: a config's pipeline as an OpenAI-compatible HTTP gateway.
+
+The gateway (`_gateway.Gateway`, a Starlette application) is served by Hypercorn's trio
+worker, because the command line runs on trio; Hypercorn also serves on asyncio, and
+Starlette runs on either through AnyIO (docs/serve.md says why this stack). SIGTERM (or
+Ctrl-C) stops accepting connections, lets the turns in flight finish within the drain
+timeout, and exits 0.
+"""
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any, final
+
+import attrs
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from pipeline import ConfigError, Pipeline
+from pipeline.logs import Log, PostgresLog, SQLiteLog
+
+from ._gateway import MIB, Gateway, Settings
+from ._logs import POSTGRES_SCHEMES
+
+DEFAULT_KEY_ENV = "TURNPLUG_GATEWAY_KEY"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Options:
+    """What `turnplug serve` was asked for (its command-line options)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log: str | None = None
+    api_key: str | None = None
+    max_body: int = MIB
+    turn_timeout: float = 300.0
+    drain_timeout: float = 30.0
+
+
+def gateway_key(no_auth: bool, variable: str, environ: dict[str, str] | Any) -> str | None:
+    """The key clients must send, from `variable`; None with ``--no-auth``.
+
+    Raises:
+        ConfigError: No key and no ``--no-auth``: the gateway refuses to start open.
+    """
+    if no_auth:
+        return None
+    key = environ.get(variable, "")
+    if not key:
+        raise ConfigError(
+            f"the gateway needs a key: set {variable} to the bearer key clients must send (or"
+            " name another variable with --api-key-env NAME), or pass --no-auth to serve"
+            " without authentication on a trusted network"
+        )
+    return str(key)
+
+
+@asynccontextmanager
+async def _open_log(where: str | None) -> AsyncIterator[Log | None]:
+    if where is None:
+        yield None
+        return
+    log: SQLiteLog | PostgresLog = (
+        PostgresLog(where) if where.startswith(POSTGRES_SCHEMES) else SQLiteLog(where)
+    )
+    async with log:
+        yield log
+
+
+async def serve(
+    pipe: Pipeline,
+    options: Options,
+    *,
+    model: str,
+    secrets: tuple[str, ...],
+    say: Callable[[str], None],
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `pipe` until SIGTERM or SIGINT, then drain and return."""
+    async with _open_log(options.log) as log:
+        gateway = Gateway(
+            pipe,
+            Settings(
+                model=model,
+                api_key=options.api_key,
+                log=log,
+                max_body=options.max_body,
+                turn_timeout=options.turn_timeout,
+                secrets=secrets,
+            ),
+        )
+        config = HypercornConfig()
+        config.bind = [f"{options.host}:{options.port}"]
+        config.graceful_timeout = options.drain_timeout
+        config.accesslog = None
+        config.errorlog = None
+        # One client may stream for as long as its turn takes.
+        config.keep_alive_timeout = 75
+        stopping = trio.Event()
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+
+            async def on_signal() -> None:
+                async for signum in signals:
+                    say(
+                        f"turnplug serve: {signal.Signals(signum).name}: no new connections;"
+                        f" finishing {gateway.in_flight} turns in flight (up to"
+                        f" {options.drain_timeout:g} s)"
+                    )
+                    stopping.set()
+                    return
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(on_signal)
+                binds = await nursery.start(
+                    partial(hypercorn_serve, gateway.app, config, shutdown_trigger=stopping.wait),  # type: ignore[arg-type]
+                )
+                address = binds[0]
+                offline = (
+                    " — the offline scripted model, no provider is called"
+                    if model == "scripted"
+                    else ""
+                )
+                say(f"turnplug serve: listening on {address} (model {model}{offline})")
+                say(f"turnplug serve: live page {address}/ ; API {address}/v1")
+                task_status.started(address)
+                await stopping.wait()
+                # hypercorn_serve returns once the connections are drained; then stop.
+                nursery.cancel_scope.deadline = trio.current_time() + options.drain_timeout + 5
+            say("turnplug serve: stopped")
+
+
+def run(args: Any, loaded: Any) -> int:
+    """The ``serve`` subcommand (called by `hooks.cli._main` with the loaded config)."""
+    key = gateway_key(args.no_auth, args.api_key_env, os.environ)
+    spec = loaded.config.model
+    model = str(getattr(spec, "name", None) or "scripted")
+    upstream_env = getattr(spec, "api_key_env", "") or ""
+    secrets = tuple(s for s in (os.environ.get(upstream_env) if upstream_env else None, key) if s)
+    if args.no_auth:
+        _say("turnplug serve: note: --no-auth: anyone who can reach this address may use it")
+    options = Options(
+        host=args.host,
+        port=args.port,
+        log=args.log,
+        api_key=key,
+        max_body=args.max_body,
+        turn_timeout=args.turn_timeout,
+        drain_timeout=args.drain_timeout,
+    )
+    trio.run(partial(serve, loaded.pipeline, options, model=model, secrets=secrets, say=_say))
+    return 0
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+EXAMPLE = """\
+example:
+  export TURNPLUG_GATEWAY_KEY=$(python -c 'import secrets; print(secrets.token_urlsafe())')
+  turnplug serve assistant.toml --port 8000 --log conversations.db
+
+  then point any OpenAI client at it:
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=KEY)
+    client.chat.completions.create(model="gateway", messages=[{"role": "user", "content": "hi"}])
+
+  and open http://127.0.0.1:8000/ to watch the turns. See docs/serve.md.
+"""
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_parser(
+    commands: Any, common: argparse.ArgumentParser, *, handler: Callable[..., int]
+) -> None:
+    """The ``serve`` subcommand's options, registered on the ``turnplug`` parser."""
+    serve = commands.add_parser(
+        "serve",
+        parents=[common],
+        help="serve a config's pipeline as an OpenAI-compatible API, with a live page",
+        description="Serve CONFIG's pipeline as an OpenAI-compatible HTTP API: POST"
+        " /v1/chat/completions (streaming and not), GET /v1/models, GET /healthz, and a live"
+        " page of turn timelines at /. Each request is one turn; clients send the bearer key"
+        f" from {DEFAULT_KEY_ENV} unless --no-auth.",
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("config", metavar="CONFIG", help="a .toml or .json pipeline config")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)"
+    )
+    serve.add_argument(
+        "--port", type=int, default=8000, help="the port (default: 8000; 0 picks a free one)"
+    )
+    serve.add_argument(
+        "--log",
+        metavar="PATH_OR_DSN",
+        help="the conversation log for requests with an X-Conversation-Id header: an SQLite"
+        " file or a postgresql:// DSN (several gateways may share one PostgreSQL log)",
+    )
+    serve.add_argument(
+        "--no-auth", action="store_true", help="serve without a key (trusted networks only)"
+    )
+    serve.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        default=DEFAULT_KEY_ENV,
+        help=f"the environment variable holding the key clients must send (default: {DEFAULT_KEY_ENV})",
+    )
+    serve.add_argument(
+        "--max-body",
+        type=_positive(int),
+        default=MIB,
+        metavar="BYTES",
+        help=f"the largest request body accepted (default: {MIB}, 1 MiB); larger gets 413",
+    )
+    serve.add_argument(
+        "--turn-timeout",
+        type=_positive(float),
+        default=300.0,
+        metavar="SECONDS",
+        help="the longest one turn may take before the client gets 504 (default: 300)",
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        type=_positive(float),
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long turns in flight may take to finish (default: 30)",
+    )
+    serve.set_defaults(handler=handler)

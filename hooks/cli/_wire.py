@@ -1,0 +1,461 @@
+"""The OpenAI Chat Completions wire format, both ways, for `turnplug serve`.
+
+A pure core: `parse_request` reads a request body into a `ChatRequest` (or raises a
+`WireError` that names the offending field, as the OpenAI API's own 400s do), and the
+builders write a reply as a completion object, as stream chunks, or an error body. No I/O.
+"""
+
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, final
+
+import attrs
+
+from turns import (
+    Context,
+    Message,
+    Part,
+    Reply,
+    RequestOptions,
+    Text,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+)
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+TOOL_CHOICES = ("none", "auto", "required")
+
+# Provider finish reasons that mean the same as an OpenAI one.
+_FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+}
+
+
+@final
+class WireError(Exception):
+    """A request the gateway refuses, as an HTTP status and an OpenAI-style error body.
+
+    Attributes:
+        status: The HTTP status.
+        message: What was wrong and how to fix it.
+        type: The error type (``invalid_request_error``, ``turn_halted``, ...).
+        param: The request field at fault, when one is.
+        code: A short machine-readable code.
+        extra: More fields for the error object (a halting hook's substitute reply).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.extra = dict(extra or {})
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code, **self.extra)
+
+
+def error_body(
+    message: str, type: str, param: str | None = None, code: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """An OpenAI-style error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code, **extra}}
+
+
+@final
+@attrs.frozen
+class ChatRequest:
+    """One chat completion request, read and checked.
+
+    Attributes:
+        model: The model name the client asked for (the gateway answers with its own).
+        history: The messages before the last one.
+        system: The leading system (or developer) messages' text, if any.
+        message: The last message, the user's: the turn's message.
+        tools: The tools the client declared; their calls are returned to the client.
+        options: temperature, max_tokens and tool_choice as the client set them.
+        stream: Whether the client asked for a stream of chunks.
+        include_usage: ``stream_options.include_usage``.
+    """
+
+    model: str
+    history: tuple[Message, ...]
+    system: str | None
+    message: Message
+    tools: tuple[ToolSpec, ...]
+    options: RequestOptions
+    stream: bool
+    include_usage: bool
+
+    def context(self) -> Context:
+        """The conversation the request carries, as the turn's context."""
+        return Context(messages=self.history, system=self.system, tools=self.tools)
+
+
+def _bad(message: str, param: str | None, code: str = "invalid_value") -> WireError:
+    return WireError(400, message, param=param, code=code)
+
+
+def parse_request(body: bytes) -> ChatRequest:
+    """Read a ``POST /v1/chat/completions`` body.
+
+    Raises:
+        WireError: 400 for a body that is not a JSON object, or a field of the wrong type or
+            value; the error's ``param`` names the field (``messages[2].content``).
+    """
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(
+            f"the request body is not valid JSON: {exc} — send a JSON object with 'model' and"
+            " 'messages'",
+            None,
+            "invalid_json",
+        )
+    if not isinstance(data, dict):
+        raise _bad(
+            f"the request body must be a JSON object, got {type(data).__name__}",
+            None,
+            "invalid_json",
+        )
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad(
+            "'model' is required and must be a non-empty string",
+            "model",
+            "missing_required_parameter" if model is None else "invalid_type",
+        )
+    raw = data.get("messages")
+    if raw is None:
+        raise _bad(
+            "'messages' is required: a non-empty array of {role, content} objects",
+            "messages",
+            "missing_required_parameter",
+        )
+    if not isinstance(raw, list) or not raw:
+        raise _bad(
+            "'messages' must be a non-empty array of message objects", "messages", "invalid_type"
+        )
+    messages = [_message(item, f"messages[{i}]") for i, item in enumerate(raw)]
+    system_parts: list[str] = []
+    while messages and messages[0].role == "system" and len(messages) > 1:
+        system_parts.append(messages.pop(0).text)
+    last = messages[-1]
+    if last.role != "user":
+        raise _bad(
+            f"the last message must be the user's (role 'user'), got role {last.role!r} —"
+            " each request is one turn on the user's latest message",
+            f"messages[{len(raw) - 1}].role",
+        )
+    n = data.get("n", 1)
+    if n not in (1, None):
+        raise _bad(
+            "'n' must be 1: the gateway answers one choice per request", "n", "unsupported_value"
+        )
+    stream = _optional(data, "stream", bool, False)
+    stream_options = data.get("stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not isinstance(stream_options, dict):
+            raise _bad("'stream_options' must be an object", "stream_options", "invalid_type")
+        include_usage = _optional(stream_options, "include_usage", bool, False, "stream_options.")
+    return ChatRequest(
+        model=model,
+        history=tuple(messages[:-1]),
+        system="\n\n".join(system_parts) if system_parts else None,
+        message=last,
+        tools=_tools(data.get("tools")),
+        options=_options(data),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _optional(data: Mapping[str, Any], key: str, kind: type, default: Any, prefix: str = "") -> Any:
+    value = data.get(key)
+    if value is None:
+        return default
+    if type(value) is not kind and not (kind is float and type(value) is int):
+        raise _bad(
+            f"'{prefix}{key}' must be a {kind.__name__}, got {type(value).__name__}",
+            prefix + key,
+            "invalid_type",
+        )
+    return value
+
+
+def _options(data: Mapping[str, Any]) -> RequestOptions:
+    temperature = _optional(data, "temperature", float, None)
+    if temperature is not None and not 0 <= temperature <= 2:
+        raise _bad(f"'temperature' must be between 0 and 2, got {temperature}", "temperature")
+    max_tokens = _optional(data, "max_completion_tokens", int, None)
+    if max_tokens is None:
+        max_tokens = _optional(data, "max_tokens", int, None)
+    if max_tokens is not None and max_tokens < 1:
+        raise _bad(f"'max_tokens' must be at least 1, got {max_tokens}", "max_tokens")
+    choice = data.get("tool_choice")
+    tool_choice: str | None
+    if choice is None or choice in TOOL_CHOICES:
+        tool_choice = choice
+    elif (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("function"), dict)
+        and isinstance(choice["function"].get("name"), str)
+    ):
+        tool_choice = choice["function"]["name"]
+    else:
+        raise _bad(
+            "'tool_choice' must be 'none', 'auto', 'required' or"
+            ' {"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
+    return RequestOptions(temperature=temperature, max_tokens=max_tokens, tool_choice=tool_choice)
+
+
+def _tools(raw: Any) -> tuple[ToolSpec, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise _bad("'tools' must be an array of function tools", "tools", "invalid_type")
+    specs = []
+    for i, item in enumerate(raw):
+        where = f"tools[{i}]"
+        function = item.get("function") if isinstance(item, dict) else None
+        if (
+            not isinstance(item, dict)
+            or item.get("type") != "function"
+            or not isinstance(function, dict)
+        ):
+            raise _bad(f'\'{where}\' must be {{"type": "function", "function": {{...}}}}', where)
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise _bad(f"'{where}.function.name' is required", f"{where}.function.name")
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict):
+            raise _bad(
+                f"'{where}.function.parameters' must be a JSON Schema object",
+                f"{where}.function.parameters",
+            )
+        description = function.get("description") or ""
+        if not isinstance(description, str):
+            raise _bad(
+                f"'{where}.function.description' must be a string", f"{where}.function.description"
+            )
+        specs.append(ToolSpec(name, description, parameters))
+    return tuple(specs)
+
+
+def _message(item: Any, where: str) -> Message:
+    if not isinstance(item, dict):
+        raise _bad(f"'{where}' must be an object with 'role' and 'content'", where, "invalid_type")
+    role = item.get("role")
+    if role not in ROLES:
+        raise _bad(f"'{where}.role' must be one of {list(ROLES)}, got {role!r}", f"{where}.role")
+    text = _content(item.get("content"), f"{where}.content", role)
+    if role in ("system", "developer"):
+        return Message.system(text)
+    if role == "user":
+        if not text:
+            raise _bad(f"'{where}.content' must not be empty", f"{where}.content")
+        return Message.user(text)
+    if role == "tool":
+        call_id = item.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise _bad(
+                f"'{where}.tool_call_id' is required for a tool message", f"{where}.tool_call_id"
+            )
+        return Message.tool(ToolResult(call_id, text))
+    parts: list[Part] = [Text(text)] if text else []
+    for j, call in enumerate(item.get("tool_calls") or ()):
+        parts.append(_tool_call(call, f"{where}.tool_calls[{j}]"))
+    return Message.assistant(tuple(parts))
+
+
+def _content(content: Any, where: str, role: str) -> str:
+    if content is None:
+        if role in ("assistant",):
+            return ""
+        raise _bad(f"'{where}' is required", where, "missing_required_parameter")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for k, part in enumerate(content):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise _bad(
+                    f'\'{where}[{k}]\' must be a text part {{"type": "text", "text": ...}};'
+                    f" the gateway does not accept {kind!r} parts",
+                    f"{where}[{k}]",
+                )
+            texts.append(part["text"])
+        return "".join(texts)
+    raise _bad(
+        f"'{where}' must be a string or an array of text parts, got {type(content).__name__}",
+        where,
+        "invalid_type",
+    )
+
+
+def _tool_call(call: Any, where: str) -> ToolCall:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(call, dict) or not isinstance(function, dict):
+        raise _bad(f"'{where}' must be a function tool call", where)
+    call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments", "")
+    if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
+        raise _bad(
+            f"'{where}' needs a string 'id', 'function.name' and 'function.arguments'", where
+        )
+    try:
+        parsed = json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError as exc:
+        raise _bad(
+            f"'{where}.function.arguments' is not valid JSON: {exc}", f"{where}.function.arguments"
+        )
+    if not isinstance(parsed, dict):
+        raise _bad(
+            f"'{where}.function.arguments' must encode a JSON object", f"{where}.function.arguments"
+        )
+    return ToolCall(call_id, name, parsed)
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+def finish_reason(reply: Reply) -> str:
+    """The OpenAI finish reason of a reply (unknown provider reasons pass through)."""
+    if any(type(part) is ToolCall for part in reply.message.parts):
+        return "tool_calls"
+    reason = reply.finish_reason or "stop"
+    return _FINISH.get(reason, reason)
+
+
+def tool_calls(message: Message) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": part.id,
+            "type": "function",
+            "function": {
+                "name": part.name,
+                "arguments": json.dumps(dict(part.arguments), ensure_ascii=False),
+            },
+        }
+        for part in message.parts
+        if type(part) is ToolCall
+    ]
+
+
+def usage(reply: Reply) -> dict[str, int]:
+    used = reply.usage
+    return {
+        "prompt_tokens": used.input_tokens,
+        "completion_tokens": used.output_tokens,
+        "total_tokens": used.input_tokens + used.output_tokens,
+    }
+
+
+@final
+@attrs.frozen
+class Completion:
+    """What the responses of one request share: its id, creation time and model name."""
+
+    id: str
+    model: str
+    created: int = attrs.field(factory=lambda: int(time.time()))
+
+    def whole(self, reply: Reply) -> dict[str, Any]:
+        """The non-streaming response: a ``chat.completion`` object."""
+        calls = tool_calls(reply.message)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": reply.message.text if not calls or reply.message.text else None,
+        }
+        if calls:
+            message["tool_calls"] = calls
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": finish_reason(reply),
+                }
+            ],
+            "usage": usage(reply),
+        }
+
+    def chunk(self, delta: Mapping[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {"index": 0, "delta": dict(delta), "logprobs": None, "finish_reason": finish}
+            ],
+        }
+
+    def first(self) -> dict[str, Any]:
+        return self.chunk({"role": "assistant", "content": ""})
+
+    def text(self, text: str) -> dict[str, Any]:
+        return self.chunk({"content": text})
+
+    def ending(self, reply: Reply, include_usage: bool) -> Iterator[dict[str, Any]]:
+        """The chunks after the text: tool calls, the finish reason, the usage."""
+        calls = tool_calls(reply.message)
+        if calls:
+            yield self.chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]})
+        yield self.chunk({}, finish_reason(reply))
+        if include_usage:
+            yield {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": usage(reply),
+            }
+
+
+def sse(data: Mapping[str, Any] | str) -> bytes:
+    """One server-sent event carrying `data` (JSON-encoded unless already a string)."""
+    text = (
+        data
+        if isinstance(data, str)
+        else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    )
+    return b"data: " + text.encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def split_text(reply_text: str, pieces: Sequence[str]) -> list[str]:
+    """The accepted text as chunks: the streamed pieces when they add up to it, else whole."""
+    return list(pieces) if "".join(pieces) == reply_text else ([reply_text] if reply_text else [])

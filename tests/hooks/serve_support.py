@@ -1,0 +1,107 @@
+"""A gateway served for real on 127.0.0.1 (Hypercorn's trio worker, a free port) in the
+test's own nursery, and clients for it: the official OpenAI SDK and raw httpx."""
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import attrs
+import httpx
+import openai
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from hooks.cli._gateway import Gateway, Settings
+from pipeline import Pipeline
+
+KEY = "gw-test-key-5c1d0e"
+MODEL = "test-model"
+
+
+@attrs.define
+class Served:
+    url: str
+    gateway: Gateway
+    clients: list[openai.AsyncOpenAI] = attrs.Factory(list)
+
+    @property
+    def base(self) -> str:
+        return self.url + "/v1"
+
+    def sdk(self, key: str = KEY) -> openai.AsyncOpenAI:
+        client = openai.AsyncOpenAI(base_url=self.base, api_key=key, max_retries=0, timeout=30)
+        self.clients.append(client)  # closed when the gateway stops
+        return client
+
+    async def sdk_stream(self, key: str = KEY, **request: Any) -> list[Any]:
+        """A streamed request through the SDK's synchronous client, in a worker thread.
+
+        (The SDK's async streams leave async generators for the garbage collector under
+        trio; its sync client consumes the same wire format.)
+        """
+
+        def consume() -> list[Any]:
+            client = openai.OpenAI(base_url=self.base, api_key=key, max_retries=0, timeout=30)
+            with client, client.chat.completions.create(stream=True, **request) as stream:
+                return list(stream)
+
+        return await trio.to_thread.run_sync(consume)
+
+    def http(self, key: str | None = KEY) -> httpx.AsyncClient:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30)
+
+
+@asynccontextmanager
+async def served(pipe: Pipeline, **settings: Any) -> AsyncIterator[Served]:
+    """`pipe` behind a gateway on a free loopback port, for the duration of the block."""
+    settings = {"model": MODEL, "api_key": KEY} | settings
+    gateway = Gateway(pipe, Settings(**settings))
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.errorlog = "-"
+    config.graceful_timeout = 5
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(serve, gateway.app, config, shutdown_trigger=stop.wait))
+        result = Served(binds[0], gateway)
+        try:
+            yield result
+        finally:
+            for client in result.clients:
+                await client.close()
+            stop.set()
+
+
+def user(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+def sse_data(body: str) -> list[str]:
+    """The ``data:`` payloads of an event stream, in order."""
+    return [line[6:] for line in body.split("\n") if line.startswith("data: ")]
+
+
+async def watch_feed(served: Served, into: list[dict[str, Any]], *, task_status: Any) -> None:
+    """Collect the page's event feed into `into` (run it in a nursery; cancel to stop)."""
+    async with served.http() as client, client.stream("GET", "/v1/turnplug/events") as response:
+        assert response.status_code == 200
+        task_status.started()
+        buffer = ""
+        async for text in response.aiter_text():
+            buffer += text
+            while "\n\n" in buffer:
+                frame, buffer = buffer.split("\n\n", 1)
+                for data in sse_data(frame + "\n"):
+                    into.append(json.loads(data))
+
+
+def openai_error(body: bytes | str) -> dict[str, Any]:
+    """The error object of an OpenAI-style error body, checked for its four fields."""
+    error = json.loads(body)["error"]
+    assert set(error) >= {"message", "type", "param", "code"}, error
+    return error

@@ -1,0 +1,536 @@
+"""`turnplug serve`'s gateway, in process: served for real on loopback, spoken to with the
+official OpenAI SDK and, for malformed requests, raw httpx."""
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import trio
+
+from hooks import deny
+from pipeline import Pipeline, block, cont, halt, hook
+from pipeline.logs import SQLiteLog
+from pipeline.providers import OpenAIChat
+from pipeline.testing import FunctionModel, ScriptedModel
+from tests.providers.server import json_error, openai_text, running, stream
+from turns import ToolCall
+
+from .serve_support import KEY, MODEL, openai_error, served, sse_data, user, watch_feed
+
+
+def texts(replies: list[Any]) -> Pipeline:
+    return Pipeline(model=ScriptedModel(replies))
+
+
+# -- the happy paths, as the SDK sees them ---------------------------------------------------
+
+
+async def test_a_turn_answers_as_a_chat_completion() -> None:
+    """Catches: a response the SDK cannot parse, or one missing finish_reason or usage."""
+    async with served(texts([["Hel", "lo!"]])) as gw:
+        reply = await gw.sdk().chat.completions.create(model="any", messages=user("hi"))
+    assert reply.object == "chat.completion"
+    assert reply.model == MODEL
+    assert reply.choices[0].message.content == "Hello!"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens > 0
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+async def test_a_streamed_turn_arrives_in_chunks_and_ends_with_done() -> None:
+    """Catches: a stream without [DONE], without its finish chunk, or with its usage lost."""
+    async with served(texts([["Hel", "lo", "!"], "again"])) as gw:
+        chunks = await gw.sdk_stream(
+            model="any", messages=user("hi"), stream_options={"include_usage": True}
+        )
+        async with gw.http() as client:
+            raw = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": user("hi"), "stream": True},
+            )
+    content = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    assert content == ["Hel", "lo", "!"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens > 0
+    assert len({c.id for c in chunks}) == 1
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    assert sse_data(raw.text)[-1] == "[DONE]"
+
+
+async def test_the_request_history_and_system_reach_the_model() -> None:
+    """Catches: a stateless request whose earlier messages or system prompt are dropped."""
+    model = ScriptedModel(["ok"])
+    async with served(Pipeline(model=model)) as gw:
+        await gw.sdk().chat.completions.create(
+            model="m",
+            messages=[
+                {"role": "system", "content": "Be terse."},
+                {"role": "user", "content": "one"},
+                {"role": "assistant", "content": "first answer"},
+                {"role": "user", "content": [{"type": "text", "text": "two"}]},
+            ],
+            temperature=0.5,
+            max_tokens=40,
+        )
+    request = model.requests[0]
+    assert [(m.role, m.text) for m in request.messages] == [
+        ("system", "Be terse."),
+        ("user", "one"),
+        ("assistant", "first answer"),
+        ("user", "two"),
+    ]
+    assert (request.options.temperature, request.options.max_tokens) == (0.5, 40)
+
+
+async def test_client_tool_calls_come_back_as_the_sdk_expects() -> None:
+    """Catches: tool calls lost, or returned with object arguments instead of a JSON string."""
+    call = ToolCall("call_1", "get_weather", {"city": "Oslo"})
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    model = ScriptedModel([[call], [call]])
+    async with served(Pipeline(model=model)) as gw:
+        sdk = gw.sdk()
+        reply = await sdk.chat.completions.create(
+            model="m", messages=user("weather?"), tools=[weather]
+        )
+        chunks = await gw.sdk_stream(model="m", messages=user("weather?"), tools=[weather])
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls is not None
+    [got] = choice.message.tool_calls
+    assert (got.id, got.type, got.function.name) == ("call_1", "function", "get_weather")
+    assert json.loads(got.function.arguments) == {"city": "Oslo"}
+    assert [t.name for t in model.requests[0].tools] == ["get_weather"]
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.index, d.id, d.function.name) for d in deltas] == [(0, "call_1", "get_weather")]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+async def test_models_and_healthz() -> None:
+    """Catches: /v1/models not naming the configured model; /healthz behind the key."""
+    async with served(texts(["x"])) as gw:
+        models = await gw.sdk().models.list()
+        async with gw.http(key=None) as client:
+            health = await client.get("/healthz")
+    assert [m.id for m in models.data] == [MODEL]
+    assert health.status_code == 200
+    assert health.json()["status"] == "ok"
+
+
+# -- guardrails: held until accepted ---------------------------------------------------------
+
+
+def guarded(replies: list[Any], **extra: Any) -> Pipeline:
+    return Pipeline(
+        model=ScriptedModel(replies),
+        post=[deny(r"(?i)internal use only", feedback="Do not reveal internal material.")],
+        **extra,
+    )
+
+
+async def test_a_streaming_client_never_receives_rejected_text() -> None:
+    """Catches: text of an attempt a guardrail rejected reaching the client or the page."""
+    feed: list[dict[str, Any]] = []
+    async with served(guarded([["INTERNAL ", "USE ONLY plan"], ["The ", "public plan"]])) as gw:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(watch_feed, gw, feed)
+            async with gw.http() as client:
+                raw = await client.post(
+                    "/v1/chat/completions",
+                    json={"model": "m", "messages": user("plan?"), "stream": True},
+                )
+            await trio.sleep(0.2)
+            nursery.cancel_scope.cancel()
+    assert raw.status_code == 200
+    assert "INTERNAL" not in raw.text
+    content = "".join(
+        json.loads(d)["choices"][0]["delta"].get("content") or ""
+        for d in sse_data(raw.text)
+        if d != "[DONE]" and json.loads(d)["choices"]
+    )
+    assert content == "The public plan"
+    assert "INTERNAL" not in json.dumps(feed)
+    rejected = [e for e in feed if e["event"] == "AttemptRejected"]
+    assert [(e["attempt"], e["feedback"]) for e in rejected] == [
+        (1, "Do not reveal internal material.")
+    ]
+    assert [e["text"] for e in feed if e["event"] == "ReplyReady"] == ["The public plan"]
+
+
+async def test_an_exhausted_regeneration_is_422() -> None:
+    """Catches: an exhausted turn answered 200, or answered with the rejected text."""
+    async with served(guarded(["internal use only"] * 3, max_regenerations=2)) as gw:
+        with pytest.raises(openai.UnprocessableEntityError) as caught:
+            await gw.sdk_stream(model="m", messages=user("x"))
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert error["type"] == "regeneration_exhausted"
+    assert "3 attempts" in error["message"]
+    assert "internal use only" not in json.dumps(error).lower().replace("internal material", "")
+
+
+async def test_a_halted_turn_is_422_naming_the_hook() -> None:
+    """Catches: a halt answered as an empty success."""
+
+    def gate(turn: Any) -> Any:
+        return halt("account suspended")
+
+    async with (
+        served(Pipeline(model=ScriptedModel(["never"]), pre=[hook(gate, name="gate")])) as gw,
+        gw.http() as client,
+    ):
+        response = await client.post(
+            "/v1/chat/completions", json={"model": "m", "messages": user("x")}
+        )
+    assert response.status_code == 422
+    error = openai_error(response.content)
+    assert (error["type"], error["hook"]) == ("turn_halted", "gate")
+    assert "account suspended" in error["message"]
+
+
+async def test_a_blocked_client_tool_call_is_403_and_not_returned() -> None:
+    """Catches: the pipeline's tool policy bypassed for tools the client runs."""
+
+    def no_deletes(call: ToolCall, turn: Any) -> Any:
+        return block("deleting is not allowed") if call.name == "delete_all" else cont(call)
+
+    pipe = Pipeline(
+        model=ScriptedModel([[ToolCall("c1", "delete_all", {})]]),
+        before_tool=[hook(no_deletes, name="no_deletes")],
+    )
+    tools = [{"type": "function", "function": {"name": "delete_all"}}]
+    async with served(pipe) as gw, gw.http() as client:
+        response = await client.post(
+            "/v1/chat/completions", json={"model": "m", "messages": user("x"), "tools": tools}
+        )
+    assert response.status_code == 403
+    error = openai_error(response.content)
+    assert (error["type"], error["hook"], error["tool"]) == (
+        "tool_blocked",
+        "no_deletes",
+        "delete_all",
+    )
+    assert "c1" not in response.text
+
+
+# -- the upstream failing --------------------------------------------------------------------
+
+UPSTREAM_KEY = "sk-upstream-9f8e7d6c5b4a"
+
+
+async def test_an_upstream_error_is_502_and_never_shows_the_key() -> None:
+    """Catches: the provider's error (which may quote the key) passed through to the client."""
+    failure = json_error(
+        401, {"error": {"message": f"Incorrect API key provided: {UPSTREAM_KEY}", "type": "x"}}
+    )
+    async with running(failure, failure) as upstream:
+        model = OpenAIChat("up", base_url=upstream.url + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
+        async with served(Pipeline(model=model), secrets=(UPSTREAM_KEY, KEY)) as gw:
+            async with gw.http() as client:
+                plain = await client.post(
+                    "/v1/chat/completions", json={"model": "m", "messages": user("x")}
+                )
+                streamed = await client.post(
+                    "/v1/chat/completions",
+                    json={"model": "m", "messages": user("x"), "stream": True},
+                )
+                page = await client.get("/")
+    for response in (plain, streamed):
+        assert response.status_code == 502
+        assert openai_error(response.content)["type"] == "upstream_error"
+    for text in (plain.text, streamed.text, page.text):
+        assert UPSTREAM_KEY not in text
+        assert KEY not in text
+    assert upstream.requests[0].headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
+
+
+async def test_an_upstream_stream_reaches_the_client_through_the_pipeline() -> None:
+    """Catches: the gateway not speaking to a real OpenAI-protocol upstream."""
+    async with running(stream(openai_text(["up", "stream"]))) as upstream:
+        model = OpenAIChat("up", base_url=upstream.url + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
+        async with served(Pipeline(model=model)) as gw:
+            reply = await gw.sdk().chat.completions.create(model="m", messages=user("x"))
+    assert reply.choices[0].message.content == "upstream"
+    assert upstream.requests[0].body["messages"][-1]["content"] == "x"
+
+
+async def test_a_turn_past_its_timeout_is_504() -> None:
+    """Catches: a hung hook holding the client forever."""
+
+    async def hangs(turn: Any) -> Any:
+        await trio.sleep_forever()
+
+    async with served(Pipeline(model=ScriptedModel(["x"]), pre=[hangs]), turn_timeout=0.3) as gw:
+        async with gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions", json={"model": "m", "messages": user("x")}
+            )
+    assert response.status_code == 504
+    assert openai_error(response.content)["type"] == "turn_timeout"
+
+
+# -- malformed requests, auth, size ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        (b"{not json", None, "invalid_json"),
+        (b"[1, 2]", None, "invalid_json"),
+        (b'{"model": "m"}', "messages", "missing_required_parameter"),
+        (b'{"model": "m", "messages": "hi"}', "messages", "invalid_type"),
+        (b'{"model": "m", "messages": []}', "messages", "invalid_type"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}]}',
+            "model",
+            "missing_required_parameter",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}',
+            "messages[0].role",
+            "invalid_value",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": 5}]}',
+            "messages[0].content",
+            "invalid_type",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}',
+            "temperature",
+            "invalid_type",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
+            "stream",
+            "invalid_type",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": {}}',
+            "tools",
+            "invalid_type",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}',
+            "messages[1].role",
+            "invalid_value",
+        ),
+    ],
+)
+async def test_a_malformed_request_is_400_naming_the_field(
+    body: bytes, param: str | None, code: str
+) -> None:
+    """Catches: a malformed request answered 500, or a 400 that does not say what is wrong."""
+    model = ScriptedModel([])
+    async with served(Pipeline(model=model)) as gw, gw.http() as client:
+        response = await client.post(
+            "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+    assert model.requests == []
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong-key", f"Basic {KEY}", f"Bearer {KEY}x"])
+async def test_a_missing_or_wrong_key_is_401(header: str | None) -> None:
+    """Catches: a gateway that serves without its key, or accepts a near miss."""
+    model = ScriptedModel([])
+    async with served(Pipeline(model=model)) as gw:
+        headers = {"authorization": header} if header else {}
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            chat = await client.post(
+                "/v1/chat/completions", json={"model": "m", "messages": user("x")}, headers=headers
+            )
+            models = await client.get("/v1/models", headers=headers)
+            feed = await client.get("/v1/turnplug/events", headers=headers)
+    assert [chat.status_code, models.status_code, feed.status_code] == [401, 401, 401]
+    assert openai_error(chat.content)["code"] == "invalid_api_key"
+    assert model.requests == []
+
+
+async def test_without_a_key_the_sdk_gets_an_authentication_error() -> None:
+    """Catches: a 401 the SDK does not recognise."""
+    async with served(texts(["x"])) as gw:
+        with pytest.raises(openai.AuthenticationError):
+            await gw.sdk(key="nope").chat.completions.create(model="m", messages=user("x"))
+
+
+async def test_no_auth_serves_without_a_key() -> None:
+    """Catches: --no-auth still demanding a key."""
+    async with served(texts(["open"]), api_key=None) as gw, gw.http(key=None) as client:
+        response = await client.post(
+            "/v1/chat/completions", json={"model": "m", "messages": user("x")}
+        )
+    assert response.json()["choices"][0]["message"]["content"] == "open"
+
+
+async def test_a_body_over_the_limit_is_413_declared_or_streamed() -> None:
+    """Catches: an oversized body read whole into memory before it is refused."""
+    model = ScriptedModel([])
+    big = json.dumps({"model": "m", "messages": user("x" * 5000)}).encode()
+
+    def chunks() -> Any:
+        """100 kB in 1 kB pieces, with no length declared."""
+        yield big[:1000]
+        for _ in range(99):
+            yield b" " * 1000
+
+    def send_chunked(url: str) -> httpx.Response:
+        with httpx.Client(headers={"authorization": f"Bearer {KEY}"}) as client:
+            return client.post(url + "/v1/chat/completions", content=chunks())
+
+    async with served(Pipeline(model=model), max_body=2000) as gw, gw.http() as client:
+        declared = await client.post("/v1/chat/completions", content=big)
+        streamed = await trio.to_thread.run_sync(send_chunked, gw.url)
+    assert declared.status_code == 413
+    assert streamed.status_code == 413
+    assert openai_error(declared.content)["code"] == "request_too_large"
+    assert model.requests == []
+
+
+async def test_unknown_routes_and_methods_get_json_errors() -> None:
+    """Catches: plain-text 404/405 pages that OpenAI clients cannot parse."""
+    async with served(texts(["x"])) as gw, gw.http() as client:
+        missing = await client.get("/v1/nothing")
+        wrong = await client.get("/v1/chat/completions")
+    assert (missing.status_code, openai_error(missing.content)["code"]) == (404, "not_found")
+    assert (wrong.status_code, openai_error(wrong.content)["code"]) == (405, "method_not_allowed")
+
+
+# -- conversations ---------------------------------------------------------------------------
+
+
+async def test_a_conversation_continues_from_the_log(tmp_path: Path) -> None:
+    """Catches: a conversation id that does not load the history, or commits nothing."""
+    model = ScriptedModel(["first answer", "second answer"])
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with served(Pipeline(model=model), log=log) as gw:
+            sdk = gw.sdk()
+            headers = {"X-Conversation-Id": "c1"}
+            await sdk.chat.completions.create(
+                model="m", messages=user("one"), extra_headers=headers
+            )
+            await sdk.chat.completions.create(
+                model="m", messages=user("two"), extra_headers=headers
+            )
+        stored = await log.load("c1")
+    assert [(m.role, m.text) for m in stored.messages] == [
+        ("user", "one"),
+        ("assistant", "first answer"),
+        ("user", "two"),
+        ("assistant", "second answer"),
+    ]
+    assert [m.text for m in model.requests[1].messages] == ["one", "first answer", "two"]
+
+
+async def test_two_racing_turns_on_one_conversation_give_one_409(tmp_path: Path) -> None:
+    """Catches: a lost update — both racing turns committed, or both refused."""
+    both_loaded = trio.Event()
+    arrived = 0
+
+    async def answer(request: Any) -> str:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 2:
+            both_loaded.set()
+        await both_loaded.wait()
+        return "answer"
+
+    statuses: list[int] = []
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with served(Pipeline(model=FunctionModel(answer)), log=log) as gw:
+            async with gw.http() as client:
+
+                async def send(text: str) -> None:
+                    response = await client.post(
+                        "/v1/chat/completions",
+                        json={"model": "m", "messages": user(text)},
+                        headers={"X-Conversation-Id": "race"},
+                    )
+                    statuses.append(response.status_code)
+                    if response.status_code == 409:
+                        assert openai_error(response.content)["type"] == "conversation_conflict"
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(send, "a")
+                    nursery.start_soon(send, "b")
+        stored = await log.load("race")
+    assert sorted(statuses) == [200, 409]
+    assert len(stored.messages) == 2
+
+
+async def test_a_failed_turn_commits_nothing(tmp_path: Path) -> None:
+    """Catches: a halted or exhausted conversation turn leaving messages in the log."""
+    pipe = guarded(["internal use only"] * 3)
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with served(pipe, log=log) as gw, gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": user("x"), "stream": True},
+                headers={"X-Conversation-Id": "c"},
+            )
+        stored = await log.load("c")
+    assert response.status_code == 422
+    assert stored.messages == ()
+
+
+async def test_a_conversation_id_without_a_log_is_400() -> None:
+    """Catches: a conversation silently treated as stateless."""
+    async with served(texts(["x"])) as gw, gw.http() as client:
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": user("x")},
+            headers={"X-Conversation-Id": "c"},
+        )
+    assert response.status_code == 400
+    assert openai_error(response.content)["param"] == "X-Conversation-Id"
+
+
+# -- the page's feed -------------------------------------------------------------------------
+
+
+async def test_the_feed_carries_a_turns_hooks_and_its_reply() -> None:
+    """Catches: a page feed missing hook verdicts, or an event type it cannot show."""
+
+    def note(turn: Any) -> Any:
+        return cont(turn.inject("today is Monday"))
+
+    feed: list[dict[str, Any]] = []
+    pipe = Pipeline(model=ScriptedModel(["hello"]), pre=[hook(note, name="note")])
+    async with served(pipe) as gw, trio.open_nursery() as nursery:
+        await nursery.start(watch_feed, gw, feed)
+        await gw.sdk().chat.completions.create(model="m", messages=user("hi"))
+        await trio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    names = [e["event"] for e in feed]
+    assert names[0] == "GatewayRequest"
+    assert names[1:] == [
+        "TurnStarted",
+        "HookStarted",
+        "HookFinished",
+        "Injected",
+        "ModelCalled",
+        "ReplyReady",
+        "TurnFinished",
+    ]
+    finished = feed[names.index("HookFinished")]
+    assert (finished["hook"], finished["verdict"]) == ("note", "cont")
+    assert feed[names.index("Injected")]["parts"][0]["text"] == "today is Monday"
+    assert len({e["turn_ref"] for e in feed}) == 1
+    assert re.fullmatch(r"[0-9a-f]+", feed[0]["turn_ref"])

@@ -1,0 +1,247 @@
+"""`turnplug serve` as a real process: the console script on a free loopback port."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from pipeline.logs import PostgresLog
+
+KEY = "proc-gateway-key-77aa"
+UPSTREAM_KEY = "sk-never-shown-31337"
+SCRIPT = Path(sys.executable).parent / "turnplug"
+
+
+def write_config(folder: Path, *, slow: float = 0.0) -> Path:
+    """A config with a pre hook that takes `slow` seconds (to hold a turn in flight)."""
+    (folder / "slow_hooks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import trio
+            from pipeline import cont
+
+            async def pause(turn):
+                await trio.sleep({slow})
+                return cont(turn)
+            """
+        )
+    )
+    config = folder / "gateway.toml"
+    config.write_text(
+        textwrap.dedent(
+            """
+            [[pre]]
+            kind = "python"
+            ref = "slow_hooks:pause"
+            """
+        )
+    )
+    return config
+
+
+@contextmanager
+def gateway(
+    config: Path, *extra: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    environ = (
+        os.environ | {"TURNPLUG_GATEWAY_KEY": KEY, "OPENAI_API_KEY": UPSTREAM_KEY} | (env or {})
+    )
+    process = subprocess.Popen(
+        [str(SCRIPT), "serve", str(config), "--port", "0", *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+    )
+    assert process.stderr is not None
+    url = None
+    lines = []
+    deadline = time.monotonic() + 30
+    while url is None and time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        found = re.search(r"listening on (http://\S+)", line)
+        if found:
+            url = found.group(1)
+    assert url is not None, "".join(lines)
+    try:
+        yield process, url
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+        process.stderr.close()
+
+
+def post(url: str, text: str, conversation: str | None = None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {KEY}"}
+    if conversation:
+        headers["x-conversation-id"] = conversation
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": text}]},
+        headers=headers,
+        timeout=30,
+    )
+
+
+def test_sigterm_finishes_the_turn_in_flight_and_exits_0(tmp_path: Path) -> None:
+    """Catches: SIGTERM dropping a turn in flight, or the process exiting non-zero."""
+    config = write_config(tmp_path, slow=1.5)
+    with gateway(config) as (process, url):
+        answers: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: answers.append(post(url, "hi")))
+        sender.start()
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/healthz").json()["in_flight"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        sender.join(20)
+        code = process.wait(20)
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert code == 0
+    assert [a.status_code for a in answers] == [200]
+    assert answers[0].json()["choices"][0]["message"]["content"]
+    assert "finishing 1 turns in flight" in said
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/healthz")
+
+
+def test_the_gateway_refuses_to_start_without_a_key(tmp_path: Path) -> None:
+    """Catches: a gateway that silently serves open when its key variable is unset."""
+    config = write_config(tmp_path)
+    environ = {k: v for k, v in os.environ.items() if k != "TURNPLUG_GATEWAY_KEY"}
+    done = subprocess.run(
+        [str(SCRIPT), "serve", str(config), "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert "TURNPLUG_GATEWAY_KEY" in done.stderr
+    assert "--no-auth" in done.stderr
+
+
+def test_the_upstream_key_appears_nowhere_a_client_can_see(tmp_path: Path) -> None:
+    """Catches: the upstream or gateway key echoed in a response, the page, its feed or stderr."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        textwrap.dedent(
+            """
+            [model]
+            provider = "openai"
+            name = "up"
+            base_url = "http://127.0.0.1:9/v1"
+
+            [[post]]
+            kind = "guardrail"
+            deny = ["never matches this"]
+            feedback = "no"
+            """
+        )
+    )
+    seen: list[str] = []
+    with gateway(config, "--turn-timeout", "20") as (process, url):
+        headers = {"authorization": f"Bearer {KEY}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+            for response in (
+                client.post(
+                    "/v1/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                ),
+                client.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "m",
+                        "messages": [{"role": "user", "content": "x"}],
+                        "stream": True,
+                    },
+                ),
+                client.post("/v1/chat/completions", content=b"{bad"),
+                client.get("/v1/models"),
+                client.get("/"),
+                client.get("/healthz"),
+                httpx.post(
+                    url + "/v1/chat/completions", json={}, headers={"authorization": "Bearer wrong"}
+                ),
+            ):
+                seen.append(f"{response.status_code} {response.headers} {response.text}")
+            with client.stream("GET", "/v1/turnplug/events") as feed:
+                buffered = ""
+                for text in feed.iter_text():
+                    buffered += text
+                    if buffered.count("GatewayError") >= 2:
+                        break
+            seen.append(buffered)
+        process.send_signal(signal.SIGTERM)
+        process.wait(20)
+        assert process.stderr is not None
+        seen.append(process.stderr.read())
+    everything = "\n".join(seen)
+    assert "502" in everything  # the upstream (nothing listens on port 9) failed
+    assert UPSTREAM_KEY not in everything
+    assert KEY not in everything
+
+
+def test_two_gateways_share_one_postgres_conversation(tmp_path: Path, postgres: str) -> None:
+    """Catches: turns lost or doubled across gateway processes, or a race both commit."""
+    fast = write_config(tmp_path)
+    slow_dir = tmp_path / "slow"
+    slow_dir.mkdir()
+    slow = write_config(slow_dir, slow=1.0)
+    acknowledged: list[str] = []
+    with (
+        gateway(fast, "--log", postgres) as (_, first),
+        gateway(fast, "--log", postgres) as (_, second),
+    ):
+        for index in range(6):
+            url = (first, second)[index % 2]
+            response = post(url, f"turn {index}", conversation="shared")
+            assert response.status_code == 200, response.text
+            acknowledged.append(f"turn {index}")
+    with (
+        gateway(slow, "--log", postgres) as (_, first),
+        gateway(slow, "--log", postgres) as (_, second),
+    ):
+        statuses: list[int] = []
+        threads = [
+            threading.Thread(
+                target=lambda u=u, t=t: statuses.append(
+                    post(u, t, conversation="shared").status_code
+                )
+            )
+            for u, t in ((first, "race a"), (second, "race b"))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert sorted(statuses) == [200, 409]
+
+    import trio
+
+    async def load() -> Any:
+        async with PostgresLog(postgres) as log:
+            return await log.load("shared")
+
+    stored = trio.run(load)
+    users = [m.text for m in stored.messages if m.role == "user"]
+    assert users[:6] == acknowledged
+    assert len(users) == 7
+    assert users[6] in ("race a", "race b")
+    assert len(stored.messages) == 14
