@@ -643,3 +643,30 @@ def test_a_new_kind_in_the_wrong_list_says_where_it_belongs(
     ((path, message),) = _problems({stage: [{"kind": kind}]})
     assert path == f"{stage}[0].kind"
     assert expected in message
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("deep.json", '{"system": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+        ("deep.toml", "system = " + "[" * 100_000 + "]" * 100_000 + "\n"),
+        (
+            "deep_arguments.toml",
+            '[[pre]]\nkind = "tool_call"\ntool = "t"\narguments = '
+            + "{ a = " * 2_000
+            + "1"
+            + " }" * 2_000
+            + "\n",
+        ),
+    ],
+)
+def test_a_config_nested_too_deeply_is_a_config_error_naming_the_file(
+    tmp_path: Path, name: str, content: str
+) -> None:
+    """Catches: a config nested 100,000 deep escaping as a raw RecursionError (exit 1)."""
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    assert str(caught.value).startswith(f"{path}: nested too deeply")
+    assert caught.value.problems
