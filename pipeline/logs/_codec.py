@@ -192,7 +192,7 @@ def read_messages(conversation_id: str, turn_ref: str, text: str) -> tuple[Messa
     """The messages of one stored turn."""
     try:
         return messages_from_json(text)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise StoredDataError(
             f"turn {turn_ref!r} of conversation {conversation_id!r} cannot be read: {exc}"
         ) from exc
@@ -202,7 +202,7 @@ def read_entry(conversation_id: str, turn_ref: str, messages: str, audit: str | 
     """One stored turn with its audit record."""
     try:
         return LogEntry(turn_ref, messages_from_json(messages), audit_from_json(audit))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise StoredDataError(
             f"turn {turn_ref!r} of conversation {conversation_id!r} cannot be read: {exc}"
         ) from exc

@@ -8,7 +8,7 @@ import trio
 from turns import Context, Message
 
 from .._audit import AuditRecord
-from ._protocol import LogEntry, check_append, check_id, conflict
+from ._protocol import LogEntry, check_append, check_depth, check_id, conflict
 
 
 @final
@@ -42,6 +42,7 @@ class MemoryLog:
     ) -> None:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
+        check_depth(self, conversation_id, turn_ref, messages, audit)
         await trio.lowlevel.checkpoint_if_cancelled()
         entry = LogEntry(turn_ref, messages, audit)
         entries = self._entries.setdefault(conversation_id, [])

@@ -19,7 +19,7 @@ from .._audit import AuditRecord
 from .._errors import ConfigError, LogError
 from . import _codec
 from ._pool import Connections, DatabaseLog
-from ._protocol import LogEntry, check_append, conflict
+from ._protocol import LogEntry, check_append, check_depth, conflict
 
 if TYPE_CHECKING:
     import psycopg
@@ -165,9 +165,10 @@ class PostgresLog(DatabaseLog):
     ) -> None:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
+        check_depth(self, conversation_id, turn_ref, messages, audit)
         try:
             stored = _codec.messages_to_json(messages), _codec.audit_to_json(audit)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise LogError(
                 f"{self!r} cannot store turn {turn_ref!r} of conversation"
                 f" {conversation_id!r}: {exc} — a durable log stores JSON values only, so"

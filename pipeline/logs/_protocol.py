@@ -1,14 +1,21 @@
 """The `Log` protocol every conversation log implements."""
 
-from collections.abc import Sequence
-from typing import Protocol, final, runtime_checkable
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol, final, runtime_checkable
 
 import attrs
 
-from turns import Context, Message
+from turns import Context, Message, Part, ToolCall
 
 from .._audit import AuditRecord
-from .._errors import LogConflict
+from .._errors import LogConflict, LogError
+
+MAX_DEPTH = 100
+"""How deeply a value in a commit (``meta``, tool arguments) may nest.
+
+JSON readers and writers recurse once per level, so a deeper value would be written and then
+fail to read back, or fail to write with a `RecursionError`. Every log refuses it alike.
+"""
 
 
 @final
@@ -101,6 +108,77 @@ def check_append(
             f"append({turn_ref!r}): expected_length must be an int >= 0 or None, got"
             f" {expected_length!r}"
         )
+
+
+def check_depth(
+    log: object,
+    conversation_id: str,
+    turn_ref: str,
+    messages: tuple[Message, ...],
+    audit: AuditRecord | None,
+) -> None:
+    """Raise `LogError` if a value in the commit nests deeper than `MAX_DEPTH` levels.
+
+    Every log calls this, so that the three agree: a commit a durable log could not store
+    and read back is refused by the memory log too, and nothing is written.
+    """
+    for path, value in _values(messages, audit):
+        if _too_deep(value):
+            raise LogError(
+                f"{log!r} cannot store turn {turn_ref!r} of conversation {conversation_id!r}:"
+                f" {path} is nested more than {MAX_DEPTH} levels deep, more than a log can"
+                " store and read back; nothing was committed — refuse such arguments in a"
+                " before_tool hook, or keep meta shallower",
+                log=repr(log),
+            )
+
+
+def _values(
+    messages: tuple[Message, ...], audit: AuditRecord | None
+) -> Iterator[tuple[str, object]]:
+    """Every opaque value of a commit, with its path."""
+    for index, message in enumerate(messages):
+        yield from _message_values(f"messages[{index}]", message)
+    if audit is None:
+        return
+    for index, injection in enumerate(audit.injections):
+        for position, part in enumerate(injection.parts):
+            yield from _part_values(f"audit.injections[{index}].parts[{position}]", part)
+    for index, record in enumerate(audit.tools):
+        yield from _part_values(f"audit.tools[{index}].requested", record.requested)
+        yield from _part_values(f"audit.tools[{index}].call", record.call)
+        yield from _part_values(f"audit.tools[{index}].result", record.result)
+    if audit.halt is not None and isinstance(audit.halt.reply, Message):
+        yield from _message_values("audit.halt.reply", audit.halt.reply)
+
+
+def _message_values(path: str, message: Message) -> Iterator[tuple[str, object]]:
+    yield f"{path}.meta", message.meta
+    for position, part in enumerate(message.parts):
+        yield from _part_values(f"{path}.parts[{position}]", part)
+
+
+def _part_values(path: str, part: Part) -> Iterator[tuple[str, object]]:
+    yield f"{path}.meta", part.meta
+    if isinstance(part, ToolCall):
+        yield f"{path}.arguments", part.arguments
+
+
+def _too_deep(value: object) -> bool:
+    # A loop, not recursion: the point is to measure values too deep to recurse through.
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 def conflict(conversation_id: str, turn_ref: str, length: int, expected: int) -> LogConflict:

@@ -15,7 +15,7 @@ from .._audit import AuditRecord
 from .._errors import LogError
 from . import _codec
 from ._pool import Connections, DatabaseLog
-from ._protocol import LogEntry, check_append, conflict
+from ._protocol import LogEntry, check_append, check_depth, conflict
 
 _Outcome: TypeAlias = tuple[Literal["committed", "duplicate", "conflict"], int]
 
@@ -103,6 +103,7 @@ class SQLiteLog(DatabaseLog):
     ) -> None:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
+        check_depth(self, conversation_id, turn_ref, messages, audit)
         stored = self._encode(conversation_id, turn_ref, messages, audit)
         commit = _Commit((conversation_id, turn_ref, len(messages), *stored, expected_length))
         outcome, length = await self._commit(commit)
@@ -184,7 +185,7 @@ class SQLiteLog(DatabaseLog):
     ) -> tuple[str, str | None]:
         try:
             return _codec.messages_to_json(messages), _codec.audit_to_json(audit)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise LogError(
                 f"{self!r} cannot store turn {turn_ref!r} of conversation"
                 f" {conversation_id!r}: {exc} — a durable log stores JSON values only, so"
