@@ -212,3 +212,47 @@ def test_demo_whose_reader_goes_away_exits_quietly() -> None:
     assert first.startswith("turnplug demo")
     assert "Traceback" not in errors
     assert (errors, code) == ("", 0)
+
+
+# Loaded by the interpreter at start-up (PYTHONPATH): it holds the import of `pipeline` open
+# until interrupted, so that Ctrl-C surely arrives while the library is loading.
+SLOW_IMPORT = """
+import importlib.abc
+import sys
+import time
+
+
+class SlowPipeline(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "pipeline":
+            sys.meta_path.remove(self)
+            print("importing pipeline", flush=True)
+            time.sleep(30)
+        return None
+
+
+sys.meta_path.insert(0, SlowPipeline())
+"""
+
+
+def test_ctrl_c_while_the_library_loads_exits_130_silently(tmp_path: Path) -> None:
+    """Catches: a Ctrl-C in the first second of `turnplug run` (while imports load) printing
+    a KeyboardInterrupt traceback instead of exiting 130 like a Ctrl-C later does."""
+    import signal
+
+    (tmp_path / "sitecustomize.py").write_text(SLOW_IMPORT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    with subprocess.Popen(
+        [TURNPLUG, "run", "missing.toml", "hi"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as process:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "importing pipeline\n"
+        process.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        out, err = process.communicate(timeout=30)
+    assert (process.returncode, err, out) == (130, "", "")
