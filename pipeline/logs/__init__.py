@@ -16,10 +16,11 @@ deeper than `MAX_DEPTH` levels.
 from ._codec import entry_from_dict, entry_to_dict
 from ._memory import MemoryLog
 from ._postgres import PostgresLog
-from ._protocol import MAX_DEPTH, Log, LogEntry
+from ._protocol import MAX_DEPTH, ConversationInfo, Log, LogEntry
 from ._sqlite import SQLiteLog
 
 __all__ = [
+    "ConversationInfo",
     "Log",
     "LogEntry",
     "MAX_DEPTH",

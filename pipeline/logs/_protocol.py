@@ -1,6 +1,7 @@
 """The `Log` protocol every conversation log implements."""
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Protocol, final, runtime_checkable
 
 import attrs
@@ -27,11 +28,32 @@ class LogEntry:
         turn_ref: The committed turn (or ``turn_ref:hook`` for a background hook's commit).
         messages: What was committed, in order.
         audit: The turn's audit record, when one was given.
+        committed_at: When the log committed it (UTC), where the log knows. It is left out
+            of equality: two entries are equal when they hold the same commit.
     """
 
     turn_ref: str
     messages: tuple[Message, ...]
     audit: AuditRecord | None = None
+    committed_at: datetime | None = attrs.field(default=None, eq=False)
+
+
+@final
+@attrs.frozen
+class ConversationInfo:
+    """One conversation a log holds, as `conversations()` lists it.
+
+    Attributes:
+        conversation_id: Its id.
+        turns: How many commits it holds.
+        messages: How many messages those commits hold.
+        last_committed_at: When its latest commit was made (UTC).
+    """
+
+    conversation_id: str
+    turns: int
+    messages: int
+    last_committed_at: datetime
 
 
 @runtime_checkable
@@ -69,6 +91,12 @@ class Log(Protocol):
         Empty when the conversation does not exist. This is what ``turnplug log`` shows.
         """
         ...
+
+
+def by_recency(infos: Iterable[ConversationInfo]) -> tuple[ConversationInfo, ...]:
+    """Conversations with the most recently committed first (ties by id)."""
+    ordered = sorted(infos, key=lambda info: info.conversation_id)
+    return tuple(sorted(ordered, key=lambda info: info.last_committed_at, reverse=True))
 
 
 def check_id(conversation_id: object) -> None:

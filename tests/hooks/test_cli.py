@@ -153,7 +153,7 @@ def test_demo_with_a_malformed_model_spec_is_a_usage_error() -> None:
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("args", [[], ["nope"]])
+@pytest.mark.parametrize("args", [["nope"], ["run"]])
 def test_usage_errors_exit_2_with_one_clear_line(args: list[str]) -> None:
     done = _turnplug(*args)
     assert done.returncode == 2
@@ -256,3 +256,23 @@ def test_ctrl_c_while_the_library_loads_exits_130_silently(tmp_path: Path) -> No
         process.send_signal(signal.SIGINT)  # what Ctrl-C sends
         out, err = process.communicate(timeout=30)
     assert (process.returncode, err, out) == (130, "", "")
+
+
+def test_version_prints_the_installed_version() -> None:
+    """Catches: `turnplug --version` being an unknown option."""
+    import importlib.metadata
+
+    done = _turnplug("--version")
+    assert (done.returncode, done.stdout) == (
+        0,
+        f"turnplug {importlib.metadata.version('turnplug')}\n",
+    )
+
+
+def test_no_arguments_prints_the_whole_help() -> None:
+    """Catches: `turnplug` alone answering only "the following arguments are required"."""
+    done = _turnplug()
+    assert done.returncode == 2
+    for command in ("demo", "run", "chat", "check", "schema", "log"):
+        assert f"\n    {command} " in done.stderr
+    assert "--version" in done.stderr

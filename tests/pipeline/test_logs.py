@@ -470,7 +470,7 @@ async def test_an_entry_round_trips_through_its_dict():
 async def test_an_entry_dict_names_its_fields_and_the_hook_records_fields():
     data = entry_to_dict(LogEntry("turn-1", exchange("hi", "hello"), await rich_audit()))
 
-    assert sorted(data) == ["audit", "messages", "turn_ref"]
+    assert sorted(data) == ["audit", "committed_at", "messages", "turn_ref"]
     assert data["messages"][0] == {
         "role": "user",
         "parts": [{"type": "text", "text": "hi", "meta": {}}],
@@ -651,3 +651,19 @@ async def test_a_value_as_deep_as_a_log_allows_round_trips(log):
     await log.append(CONVERSATION, "t-1", messages)
     assert (await log.load(CONVERSATION)).messages == messages
     assert (await log.entries(CONVERSATION))[0].messages == messages
+
+
+async def test_conversations_lists_each_with_its_turns_messages_and_last_commit(log):
+    """Catches: no way to list a log's conversations, and entries without commit times."""
+    await log.append("a", "t-1", exchange("q", "a"))
+    await log.append("a", "t-2", exchange("q", "a"))
+    await trio.sleep(0.01)
+    await log.append("b", "t-1", (Message.user("q"),))
+
+    listed = await log.conversations()
+
+    assert [(c.conversation_id, c.turns, c.messages) for c in listed] == [("b", 1, 1), ("a", 2, 4)]
+    entries = await log.entries("a")
+    assert entries[0].committed_at is not None
+    assert entries[0].committed_at <= entries[1].committed_at == listed[1].last_committed_at
+    assert listed[1].last_committed_at < listed[0].last_committed_at
