@@ -10,7 +10,7 @@ from ._markers import durable, transient
 from ._pii import pii
 from ._redact import Redact, RedactStream, redact
 from ._summary import DROPPED_TURNS, RUNNING_SUMMARY, drop_oldest, running_summary
-from ._tool_call import INJECTED_AT, InjectToolCall, inject_tool_call
+from ._tool_call import INJECTED_AT, RENEWED_AT, InjectToolCall, inject_tool_call
 
 __all__ = [
     "CitationStream",
@@ -18,6 +18,7 @@ __all__ = [
     "DROPPED_TURNS",
     "INJECTED_AT",
     "InjectToolCall",
+    "RENEWED_AT",
     "RUNNING_SUMMARY",
     "Redact",
     "RedactStream",
