@@ -83,6 +83,7 @@ def _chat(args: argparse.Namespace) -> int:
                 read_line=read_stdin,
                 console=console,
                 prompt="> " if interactive else "",
+                live=args.live,
             )
 
     code: int = trio.run(turns)
@@ -162,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("config", metavar="CONFIG", help="a .toml or .json pipeline config")
     _conversation_options(chat)
+    chat.add_argument(
+        "--live",
+        action="store_true",
+        help="show text as the model streams it, even an attempt a guardrail then rejects"
+        " (by default each answer is shown once the post hooks accepted it)",
+    )
     chat.set_defaults(handler=_chat)
 
     check = commands.add_parser(
