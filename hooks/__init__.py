@@ -9,6 +9,7 @@ from ._inject import inject_text, retrieve
 from ._markers import durable, transient
 from ._pii import pii
 from ._redact import Redact, RedactStream, redact
+from ._scrub import SCRUB_BLOCKED, scrub_input, scrub_output, scrub_tool_results
 from ._summary import DROPPED_TURNS, RUNNING_SUMMARY, drop_oldest, running_summary
 from ._tool_call import INJECTED_AT, RENEWED_AT, InjectToolCall, inject_tool_call
 
@@ -22,6 +23,7 @@ __all__ = [
     "RUNNING_SUMMARY",
     "Redact",
     "RedactStream",
+    "SCRUB_BLOCKED",
     "citations",
     "deny",
     "drop_oldest",
@@ -35,6 +37,9 @@ __all__ = [
     "redact",
     "retrieve",
     "running_summary",
+    "scrub_input",
+    "scrub_output",
+    "scrub_tool_results",
     "transient",
 ]
 
