@@ -53,19 +53,22 @@ def _mask(found: re.Match[str]) -> str:
     return "*" * (len(text) - shown) + text[len(text) - shown :]
 
 
+def _digest(detector: Redact) -> Callable[[re.Match[str]], str]:
+    def digest(found: re.Match[str]) -> str:
+        text = found.group()
+        code = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        return f"[{_label(detector, text)}:{code}]"
+
+    return digest
+
+
 def _scrubber(detector: Redact, strategy: str) -> Callable[[str], str]:
     """Whole-text scrubbing for a strategy other than ``"block"``."""
     if strategy == "redact":
         return detector.redact_text
     if strategy == "mask":
         return detector.with_replacement(_mask).redact_text
-
-    def digest(found: re.Match[str]) -> str:
-        text = found.group()
-        code = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        return f"[{_label(detector, text)}:{code}]"
-
-    return detector.with_replacement(digest).redact_text
+    return detector.with_replacement(_digest(detector)).redact_text
 
 
 def _check(where: str, detector: object, strategy: object) -> None:
@@ -216,9 +219,4 @@ def scrub_output(detector: Redact, *, strategy: Strategy = "redact") -> Redact:
         return detector
     if strategy == "mask":
         return detector.with_replacement(_mask)
-    text_scrub = _scrubber(detector, "hash")
-
-    def digest(found: re.Match[str]) -> str:
-        return text_scrub(found.group())
-
-    return detector.with_replacement(digest)
+    return detector.with_replacement(_digest(detector))

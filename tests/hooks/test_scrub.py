@@ -209,3 +209,13 @@ async def test_config_scrub_kinds_scrub_input_and_tool_results(tmp_path: Path) -
         "Ada: [ADDRESS]"
     )
     assert hook_after.match == "lookup_customer"
+
+
+@pytest.mark.parametrize("strategy", ["mask", "hash"])
+def test_a_match_that_needs_its_context_is_still_replaced(strategy) -> None:
+    """Catches: a hashed or masked match computed from the match alone, which a pattern
+    needing its context (a lookbehind) no longer finds, so the raw value went through."""
+    detector = redact(r"(?<=pin )\d{4}", replacement="[PIN]")
+    stream = scrub_output(detector, strategy=strategy)()
+    out = stream.feed("my pin 1234 ok") + stream.flush()
+    assert "123" not in out
