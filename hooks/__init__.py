@@ -9,8 +9,9 @@ from ._inject import inject_text, retrieve
 from ._markers import durable, transient
 from ._pii import pii
 from ._redact import Redact, RedactStream, redact
+from ._scrub import SCRUB_BLOCKED, scrub_input, scrub_output, scrub_tool_results
 from ._summary import DROPPED_TURNS, RUNNING_SUMMARY, drop_oldest, running_summary
-from ._tool_call import INJECTED_AT, InjectToolCall, inject_tool_call
+from ._tool_call import INJECTED_AT, RENEWED_AT, InjectToolCall, inject_tool_call
 
 __all__ = [
     "CitationStream",
@@ -18,9 +19,11 @@ __all__ = [
     "DROPPED_TURNS",
     "INJECTED_AT",
     "InjectToolCall",
+    "RENEWED_AT",
     "RUNNING_SUMMARY",
     "Redact",
     "RedactStream",
+    "SCRUB_BLOCKED",
     "citations",
     "deny",
     "drop_oldest",
@@ -34,6 +37,9 @@ __all__ = [
     "redact",
     "retrieve",
     "running_summary",
+    "scrub_input",
+    "scrub_output",
+    "scrub_tool_results",
     "transient",
 ]
 

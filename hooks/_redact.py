@@ -548,11 +548,12 @@ class RedactStream:
 class Redact:
     """The factory `redact` returns; each call gives a fresh `RedactStream`."""
 
-    __slots__ = ("_compiled", "name")
+    __slots__ = ("_compiled", "max_match", "name")
 
-    def __init__(self, compiled: _Compiled, name: str) -> None:
+    def __init__(self, compiled: _Compiled, name: str, max_match: int = 256) -> None:
         self._compiled = compiled
         self.name = name
+        self.max_match = max_match
 
     def __call__(self) -> RedactStream:
         return RedactStream(self._compiled)
@@ -560,6 +561,18 @@ class Redact:
     def redact_text(self, text: str) -> str:
         """The redaction of a whole text at once: what the stream must add up to."""
         return self._compiled.replace(text, 0, len(text))[0]
+
+    def with_replacement(self, replacement: "Replacement") -> "Redact":
+        """A factory finding the same matches (patterns and validator) that puts
+        `replacement` in their place: text, or a function ``match -> str``."""
+        compiled = self._compiled
+        return redact(
+            compiled.patterns,
+            replacement=replacement,
+            max_match=self.max_match,
+            name=self.name,
+            validate=compiled.validate,
+        )
 
     def __repr__(self) -> str:
         compiled = self._compiled
@@ -663,4 +676,4 @@ def redact(
         )
     if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
         raise ConfigError(f"redact(max_match=...) must be a positive int, got {max_match!r}")
-    return Redact(_Compiled(tuple(compiled), replacement, max_match, validate), name)
+    return Redact(_Compiled(tuple(compiled), replacement, max_match, validate), name, max_match)

@@ -5,6 +5,9 @@ in the form it understands best, without spending a model call. The pair is rend
 assistant tool-call message and its tool message right before the user message, and is
 durable by default, so later turns can read it from the log. The time of the injection
 rides in the pair's ``meta``, so the ``ttl`` and ``if_changed`` checks work on the log alone.
+So does a renewal: when the ``ttl`` has run out and a re-fetch finds the value unchanged
+(``if_changed``), nothing is injected, and the time of that check is recorded in the user
+message's ``meta`` (`RENEWED_AT`), which the log keeps; the pair counts as fresh from then.
 """
 
 import datetime
@@ -13,6 +16,8 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
+
+import attrs
 
 from pipeline import (
     INJECTED_BY,
@@ -29,6 +34,12 @@ from turns import Message, ToolCall, ToolResult, Turn
 INJECTED_AT = "injected_at"
 """The `meta` key of a synthetic tool call and its result: when it was injected, in seconds
 since the epoch (the hook's clock)."""
+
+RENEWED_AT = "renewed_at"
+"""The `meta` key of a user message recording renewals: a mapping from an `inject_tool_call`
+hook's name to when it re-fetched its tool after the ``ttl`` ran out and found the result
+unchanged (seconds since the epoch, the hook's clock). The hook's last pair counts as fresh
+from the latest such time, so the tool is not run again until the ``ttl`` runs out anew."""
 
 Frequency = Literal["always", "if_changed"]
 
@@ -69,7 +80,7 @@ class InjectToolCall:
         now = self.clock()
         last = self._last_pair(turn.context.messages)
         if self.ttl is not None and last is not None:
-            at = last[0].meta.get(INJECTED_AT)
+            at = last[2]
             if isinstance(at, int | float) and now - at < self.ttl:
                 return cont(turn)
         call = ToolCall(_call_id(self.tool_name, turn.turn_ref), tool.name, self.arguments)
@@ -78,7 +89,7 @@ class InjectToolCall:
             raise RuntimeError(f"tool {tool.name!r} failed, nothing injected: {result.content}")
         unchanged = last is not None and last[1] is not None and last[1].content == result.content
         if self.frequency == "if_changed" and unchanged:
-            return cont(turn)
+            return cont(self._renewed(turn, now) if self.ttl is not None else turn)
         stamp = {INJECTED_AT: now}
         return cont(
             turn.inject(
@@ -87,17 +98,35 @@ class InjectToolCall:
             )
         )
 
-    def _last_pair(self, history: tuple[Message, ...]) -> tuple[ToolCall, ToolResult | None] | None:
-        """The last call this hook injected in `history`, and its result."""
+    def _last_pair(
+        self, history: tuple[Message, ...]
+    ) -> tuple[ToolCall, ToolResult | None, object] | None:
+        """The last call this hook injected in `history`, its result, and since when it is
+        fresh: its latest renewal after it, else its injection time."""
+        renewed: object = None
         for index in range(len(history) - 1, -1, -1):
-            for part in history[index].parts:
+            message = history[index]
+            if renewed is None:
+                renewals = message.meta.get(RENEWED_AT)
+                if isinstance(renewals, Mapping):
+                    renewed = renewals.get(self.name)
+            for part in message.parts:
                 if (
                     type(part) is ToolCall
                     and part.name == self.tool_name
                     and part.meta.get(INJECTED_BY) == self.name
                 ):
-                    return part, _result_of(part.id, history[index + 1 :])
+                    fresh_since = renewed if renewed is not None else part.meta.get(INJECTED_AT)
+                    return part, _result_of(part.id, history[index + 1 :]), fresh_since
         return None
+
+    def _renewed(self, turn: Turn, now: float) -> Turn:
+        """`turn` with this renewal recorded in its user message's meta (committed with it)."""
+        message = turn.user_message
+        renewals = message.meta.get(RENEWED_AT)
+        recorded = {**(renewals if isinstance(renewals, Mapping) else {}), self.name: now}
+        meta = {**message.meta, RENEWED_AT: recorded}
+        return attrs.evolve(turn, user_message=attrs.evolve(message, meta=meta))
 
 
 def _result_of(call_id: str, messages: tuple[Message, ...]) -> ToolResult | None:
@@ -132,7 +161,10 @@ def inject_tool_call(
             `Tool`, else on every run.
         frequency: ``"always"``, or ``"if_changed"``: skip when the last pair this hook
             injected (found in the history) carries the same result.
-        ttl: Seconds (or a timedelta): skip while the last pair is fresher than this.
+        ttl: Seconds (or a timedelta): skip while the last pair is fresher than this. With
+            ``frequency="if_changed"``, a re-fetch after it ran out that finds the same
+            result renews the pair: the time is recorded in the user message's ``meta``
+            (`RENEWED_AT`), and the hook skips again until the ttl runs out anew.
         durable: Whether the pair joins the log (the default; ``ttl`` and ``if_changed``
             read the log, so they need it).
         name: The hook's name; ``inject_<tool>`` by default. The pair's parts carry it in

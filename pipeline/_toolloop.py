@@ -88,6 +88,8 @@ async def answer(
         outcome = await run_batch(runner, turn, calls, request, attempt, step)
         if type(outcome) is Halt:
             return outcome
+        if emit is not None:
+            emit(ev.ToolStepFinished(runner.turn_ref, attempt, step, outcome))
         answers = tuple(Message.tool(result) for result in outcome)
         exchange = (*exchange, message, *answers)
         messages = (*request.messages, message, *answers)

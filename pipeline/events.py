@@ -33,6 +33,7 @@ __all__ = [
     "ToolCallRequested",
     "ToolFinished",
     "ToolStarted",
+    "ToolStepFinished",
     "TurnFinished",
     "TurnStarted",
     "timeline",
@@ -284,6 +285,29 @@ class ToolFinished(Event):
     call: ToolCall
     result: ToolResult
     elapsed: float
+
+
+@final
+@attrs.frozen
+class ToolStepFinished(Event):
+    """Every tool call of one model call has its result: the step settled, as one unit.
+
+    `ToolStarted` and `ToolFinished` are live progress, in completion order; this event is
+    the atomic surface. It comes once per tool step, after the whole batch settled and
+    before the model is called with the results, and never for a batch a hook halted or a
+    failure ended (none of that batch is kept). A consumer that must not show a partial
+    batch waits for it.
+
+    Attributes:
+        attempt: The attempt, from 1.
+        step: The model call within the attempt that asked for the tools, from 1.
+        results: The effective results (after every after-tool rewrite), in call order:
+            what the model reads next.
+    """
+
+    attempt: int
+    step: int
+    results: tuple[ToolResult, ...]
 
 
 @final

@@ -52,3 +52,27 @@ def test_readme_config_command_prints_what_the_readme_shows() -> None:
     )
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == shown.group(1)
+
+
+def test_the_docs_stand_on_their_own_and_the_license_is_shipped() -> None:
+    """Catches: docs citing "DESIGN §N" (a document that is not in the repository), no
+    LICENSE file although pyproject.toml declares MIT, a README silent on how long the tests
+    take and on what `python -m bench` rewrites, and no word on type-checking an app
+    against an editable install."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert "DESIGN" not in text, page.name
+        assert "shared/" not in text, page.name
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'license = "MIT"' in pyproject
+    assert 'license-files = ["LICENSE"]' in pyproject
+    license_text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert license_text.startswith("MIT License\n")
+    assert "the turnplug authors" in license_text
+    intro = README.split("turnplug runs one LLM conversation turn", 1)[0]
+    assert re.search(r"take about [\w ]+ minutes", intro)
+    assert "python -m bench` runs them" in intro
+    assert "rewrites `bench/RESULTS.md`" in intro
+    assert "editable_mode=strict" in README
+    assert "py.typed" in README

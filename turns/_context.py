@@ -125,3 +125,19 @@ def narrow_tools(current: Iterable[str], wanted: Iterable[str]) -> tuple[str, ..
     """The names of `current` that are also in `wanted`, in `current`'s order."""
     keep = frozenset(wanted)
     return tuple(name for name in current if name in keep)
+
+
+def merge_extra(current: Mapping[str, Any], changes: object) -> Mapping[str, Any]:
+    """`current` updated by `changes`, key by key; a key changed to ``None`` is removed.
+
+    Raises:
+        TypeError: `changes` is not a mapping.
+    """
+    if not isinstance(changes, Mapping):
+        raise TypeError(
+            f"extra must be a mapping of provider options, got {type(changes).__name__}"
+            f" {changes!r} — e.g. turn.with_request(extra={{'seed': 7}}); set a key to None to"
+            " remove it"
+        )
+    merged = {**current, **changes}
+    return {key: value for key, value in merged.items() if value is not None}

@@ -6,7 +6,7 @@ from typing import Any, Literal, Self, TypeAlias, final
 
 import attrs
 
-from ._context import Context, RequestOptions, Scope, _messages, narrow_tools
+from ._context import Context, RequestOptions, Scope, _messages, merge_extra, narrow_tools
 from ._message import Message, _parts
 from ._parts import EMPTY, Part, Text, ToolCall, ToolResult
 
@@ -182,11 +182,16 @@ class Turn:
         return attrs.evolve(self, injections=(*self.injections, Injection(stamped)))
 
     def with_request(self, **changes: Any) -> Self:
-        """Return a turn with changed `RequestOptions`.
+        """Return a turn with changed `RequestOptions`; each field composes by its own rule.
 
+        ``temperature``, ``max_tokens`` and ``tool_choice``: the last writer wins.
         ``active_tools`` only narrows: it is intersected with the tools currently active (all
-        of the context's tools when none were narrowed yet).
+        of the context's tools when none were narrowed yet). ``extra`` shallow-merges into
+        the current mapping: a later hook wins per key, and a key set to ``None`` is removed,
+        so two hooks that each add a provider option both take effect.
         """
+        if "extra" in changes:
+            changes["extra"] = merge_extra(self.request.extra, changes["extra"])
         if "active_tools" in changes and changes["active_tools"] is not None:
             wanted = changes["active_tools"]
             if isinstance(wanted, str):

@@ -1,4 +1,5 @@
-"""The ``turnplug`` command: `main(argv)` is its entry point (the console script).
+"""The ``turnplug`` command: `main(argv)` runs it (the console script calls it through the
+top-level `_turnplug` module, which catches a Ctrl-C while this package loads).
 
 One module per command (`_run` for ``run`` and ``chat``, `_demo`, `_check`, `_logview`),
 the timeline renderer they share in `_timeline`, and opening a log from ``--log`` in

@@ -29,7 +29,7 @@ from turns import Turn
 
 from ..config._file import Config
 from ..config._hooks import Guardrail, Judge, MaxLength, ParallelGroup, Retrieve, ToolCallEntry
-from ..config._models import AnthropicSpec, ModelSpec, OpenAISpec, ScriptedSpec
+from ..config._models import AnthropicSpec, ModelSpec, OpenAISpec, PythonModelSpec, ScriptedSpec
 from ..config._tools import PythonTool, ToolHookEntry
 from ..config._transformers import Pii, RedactEntry
 from ..config._types import Ref
@@ -206,6 +206,8 @@ def _model(spec: ModelSpec | None) -> str:
         if spec.replies is None:
             return "scripted (offline): a fixed greeting for every call"
         return f"scripted (offline): {len(spec.replies)} replies, one per model call"
+    if isinstance(spec, PythonModelSpec):
+        return f"python: the model {spec.ref.text} builds"
     assert isinstance(spec, OpenAISpec | AnthropicSpec)
     details = [f"{spec.PROVIDER} {spec.name}"]
     if spec.base_url:

@@ -1,18 +1,21 @@
 """`turnplug log`: a conversation from a durable log, for people (or, with --json, machines).
 
-Each commit (a turn, or a background hook's output) is shown with its messages: who said what, tool calls and their results,
-and which hook injected which part (``meta["injected_by"]``). With ``--audit``, each turn's
-audit record follows: the injections, transient ones included, every attempt and rejection,
-a halt, and the hooks with their verdicts and timings.
+Each commit (a turn, or a background hook's output) is shown with its commit time and its
+messages: who said what, tool calls and their results, and which hook injected which part
+(``meta["injected_by"]``). With ``--audit``, each turn's audit record follows: the
+injections, transient ones included, every attempt (rejected ones too) with the tool calls it
+ran, a halt, and the hooks with their verdicts and timings. Without a conversation, the
+log's conversations are listed, the most recently committed first.
 """
 
 import json
 import os
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 from pipeline import INJECTED_BY, AuditRecord, LogError
-from pipeline.logs import LogEntry, PostgresLog, SQLiteLog, entry_to_dict
+from pipeline.logs import ConversationInfo, LogEntry, PostgresLog, SQLiteLog, entry_to_dict
 from turns import Message, Text, ToolCall, ToolResult
 
 from ._logs import POSTGRES_SCHEMES, durable_log
@@ -39,11 +42,22 @@ def existing_log(where: str) -> SQLiteLog | PostgresLog:
 
 
 async def show_log(
-    write: Write, conversation_id: str, where: str, audit: bool, as_json: bool
+    write: Write, conversation_id: str | None, where: str, audit: bool, as_json: bool
 ) -> None:
-    """Write the conversation's committed turns (and their audit records, if asked)."""
+    """Write the conversation's committed turns (and their audit records, if asked), or
+    the log's conversations when `conversation_id` is None."""
     async with existing_log(where) as log:
-        entries = await log.entries(conversation_id)
+        if conversation_id is None:
+            conversations = await log.conversations()
+        else:
+            entries = await log.entries(conversation_id)
+    if conversation_id is None:
+        if as_json:
+            write(json.dumps({"conversations": [_info(c) for c in conversations]}, indent=2))
+        else:
+            for line in listing(where, conversations):
+                write(line)
+        return
     if as_json:
         write(json.dumps(_as_json(conversation_id, entries, audit), ensure_ascii=False, indent=2))
         return
@@ -61,6 +75,35 @@ def _as_json(conversation_id: str, entries: tuple[LogEntry, ...], audit: bool) -
     return {"conversation": conversation_id, "entries": shown}
 
 
+def _info(info: ConversationInfo) -> dict[str, Any]:
+    return {
+        "conversation_id": info.conversation_id,
+        "turns": info.turns,
+        "messages": info.messages,
+        "last_committed_at": info.last_committed_at.isoformat(),
+    }
+
+
+def listing(where: str, conversations: tuple[ConversationInfo, ...]) -> Iterator[str]:
+    """The conversations of a log as a table, the most recently committed first."""
+    if not conversations:
+        yield f"{where}: no conversations"
+        return
+    count = len(conversations)
+    yield f"{where}: {count} conversation{'s' if count != 1 else ''}"
+    width = max(len("CONVERSATION"), *(len(c.conversation_id) for c in conversations))
+    yield f"  {'CONVERSATION':<{width}}  TURNS  LAST COMMIT"
+    for info in conversations:
+        yield f"  {info.conversation_id:<{width}}  {info.turns:>5}  {when(info.last_committed_at)}"
+
+
+def when(moment: datetime | None) -> str:
+    """A commit time as people read it, in UTC to the second."""
+    if moment is None:
+        return "time unknown"
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def render(conversation_id: str, entries: tuple[LogEntry, ...], *, audit: bool) -> Iterator[str]:
     """The conversation as lines of text."""
     if not entries:
@@ -71,7 +114,7 @@ def render(conversation_id: str, entries: tuple[LogEntry, ...], *, audit: bool) 
     yield f"conversation {conversation_id!r}: {commits}, {messages} messages"
     for number, entry in enumerate(entries, 1):
         yield ""
-        yield f"commit {number}  {entry.turn_ref}"
+        yield f"commit {number}  {entry.turn_ref}  committed {when(entry.committed_at)}"
         for message in entry.messages:
             yield from _message(message)
         if audit:
@@ -128,6 +171,12 @@ def _audit(record: AuditRecord | None) -> Iterator[str]:
             rejection = rejected[attempt.attempt]
             line += f"; rejected by {rejection.hook}: {rejection.feedback}"
         yield line
+        for run in record.tools:
+            if run.attempt == attempt.attempt:
+                shown = " / ".join(
+                    _part(run.call, provenance=False) + _part(run.result, provenance=False)
+                )
+                yield f"{pad}  call {run.step}: {shown}"
     if record.halt is not None:
         yield f"{pad}halted by {record.halt.hook}: {record.halt.reason}"
     for hook in record.hooks:

@@ -7,6 +7,7 @@ unless ``--debug`` is given.
 """
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
@@ -82,6 +83,7 @@ def _chat(args: argparse.Namespace) -> int:
                 read_line=read_stdin,
                 console=console,
                 prompt="> " if interactive else "",
+                live=args.live,
             )
 
     code: int = trio.run(turns)
@@ -130,12 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one LLM conversation turn as a pipeline of plain functions.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"turnplug {_version()}")
     # `turnplug run ... --debug` works too: each subcommand accepts the flag.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Not required: `turnplug` alone prints the whole help (see `main`), not a usage error.
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = commands.add_parser(
         "demo", parents=[common], help="run a full offline turn and show every stage"
     )
@@ -168,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("config", metavar="CONFIG", help="a .toml or .json pipeline config")
     _conversation_options(chat)
+    chat.add_argument(
+        "--live",
+        action="store_true",
+        help="show text as the model streams it, even an attempt a guardrail then rejects"
+        " (by default each answer is shown once the post hooks accepted it)",
+    )
     chat.set_defaults(handler=_chat)
 
     check = commands.add_parser(
@@ -192,11 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     log = commands.add_parser(
         "log",
         parents=[common],
-        help="show a conversation from a durable log",
-        description="Show a conversation's committed turns: roles, text, tool calls and"
-        " results, and which hook injected what. An unknown conversation shows as empty.",
+        help="show a conversation from a durable log, or list its conversations",
+        description="Show a conversation's committed turns with their commit times: roles,"
+        " text, tool calls and results, and which hook injected what. An unknown"
+        " conversation shows as empty. Without CONVERSATION, list the log's conversations"
+        " (id, turns, last commit time), the most recently committed first.",
     )
-    log.add_argument("conversation", metavar="CONVERSATION", type=_conversation_id)
+    log.add_argument("conversation", metavar="CONVERSATION", type=_conversation_id, nargs="?")
     log.add_argument(
         "--log",
         required=True,
@@ -211,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve(commands, common, handler=_serve)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("turnplug")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "(not installed)"
 
 
 def _conversation_options(command: argparse.ArgumentParser) -> None:
@@ -232,6 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``turnplug`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        # Nothing to do: show what there is to do, on stderr with the usage-error code, so
+        # that a script calling `turnplug` with no command still fails.
+        parser.print_help(sys.stderr)
+        return 2
     try:
         code: int = args.handler(args)
     except PipelineError as exc:

@@ -3,8 +3,10 @@
 Both run their turns in a session over the log ``--log`` names (in memory without it), so
 that a conversation continues from what the log holds. `run` sends one message and prints
 the answer (or, with ``--json``, the result as JSON; with ``--events``, every event as it
-happens). `chat` reads messages line by line and streams each answer; Ctrl-C cancels the
-turn in progress (nothing of it is committed) and Ctrl-D ends the conversation.
+happens). `chat` reads messages line by line and shows each answer once the post hooks
+accepted it (with ``--live``, as it streams, rejected attempts included); Ctrl-C cancels the
+turn in progress (nothing of it is committed) and Ctrl-D ends the conversation. A scripted
+model that runs out of replies ends the chat (exit 1): every later message would fail too.
 
 Standard output carries answers (and JSON); notes about a turn — a rejection, a halt, a
 cancellation — go to standard error, so that piping the answers somewhere stays clean.
@@ -19,7 +21,7 @@ from typing import Any, TextIO, final
 import attrs
 import trio
 
-from pipeline import PipelineError, TurnResult
+from pipeline import PipelineError, ProviderError, TurnResult
 from pipeline import events as ev
 from pipeline.logs import Log
 from turns import Text
@@ -148,12 +150,19 @@ async def chat(
     read_line: Callable[[], Awaitable[str]],
     console: Console,
     prompt: str = "",
+    live: bool = False,
 ) -> int:
     """Answer each line `read_line` returns until it returns ``""`` (end of input).
 
-    SIGINT (Ctrl-C) cancels the turn in progress; between turns it only reminds how to
-    leave. Returns the exit code: 0, as leaving a conversation is not a failure.
+    Text is held until the post hooks accept the reply, so a guardrail's rejected attempt
+    is never shown; with `live`, it is shown as it streams and a rejection is noted after
+    it. SIGINT (Ctrl-C) cancels the turn in progress; between turns it only reminds how to
+    leave. Returns the exit code: 0, as leaving a conversation is not a failure; 1 when a
+    scripted model ran out of replies, which ends the conversation.
     """
+    if not live and not pipe.hold_until_accepted:
+        pipe = attrs.evolve(pipe, hold_until_accepted=True)
+    code = 0
     turn: list[trio.CancelScope] = []  # the scope of the turn in progress, if any
 
     async def watch(signals: Any) -> None:
@@ -189,13 +198,22 @@ async def chat(
                     except PipelineError as exc:
                         console.write("")
                         console.note(f"turnplug: error: {type(exc).__name__}: {exc}")
+                        if isinstance(exc, ProviderError) and exc.provider == "scripted":
+                            # Its replies are spent: every later message would fail alike.
+                            console.note(
+                                "(the scripted model has no more replies: the conversation"
+                                " ends — give it more replies, or configure a real model)"
+                            )
+                            code = 1
                     finally:
                         turn.clear()
+                if code:
+                    break
                 if scope.cancelled_caught:
                     console.write("")
                     console.note("(turn cancelled: nothing was committed)")
             nursery.cancel_scope.cancel()
-    return 0
+    return code
 
 
 async def _chat_turn(session: Any, message: str, console: Console) -> None:

@@ -25,7 +25,8 @@ from pipeline import (
 from ._entry import Env, doc
 from ._hooks import MemberEntry, PostEntry, PreEntry, SessionEnd, SessionStart, Ttl
 from ._models import ModelSpec
-from ._tools import AfterTool, BeforeTool, ToolEntry, ToolsetEntry
+from ._scrub import AfterToolEntry
+from ._tools import BeforeTool, ToolEntry, ToolsetEntry
 from ._transformers import TransformerEntry
 from ._types import (
     CompactRef,
@@ -109,7 +110,7 @@ class Config:
     before_tool: tuple[BeforeTool, ...] = attrs.field(
         default=(), metadata=doc("Hooks run before each tool call they match, in order.")
     )
-    after_tool: tuple[AfterTool, ...] = attrs.field(
+    after_tool: tuple[AfterToolEntry, ...] = attrs.field(
         default=(), metadata=doc("Hooks run after each tool call they match, in order.")
     )
     transformers: tuple[TransformerEntry, ...] = attrs.field(
@@ -135,7 +136,7 @@ TAGGED: tuple[tuple[Any, str], ...] = (
     (ToolEntry, "kind"),
     (ToolsetEntry, "kind"),
     (BeforeTool, "kind"),
-    (AfterTool, "kind"),
+    (AfterToolEntry, "kind"),
     (TransformerEntry, "kind"),
     (PostEntry, "kind"),
     (SessionStart, "kind"),

@@ -25,6 +25,7 @@ from .._inject import retrieve
 from .._tool_call import inject_tool_call
 from ._entry import Env, HookEntry, doc, exactly_one, raise_all, required_with, within
 from ._models import ModelSpec
+from ._scrub import ScrubInput
 from ._types import (
     Arguments,
     EndRef,
@@ -230,7 +231,7 @@ class ToolCallEntry(HookEntry):
         return self.wrap(made)
 
 
-PreEntry: TypeAlias = PythonHook | Static | ParallelGroup | ToolCallEntry
+PreEntry: TypeAlias = PythonHook | Static | ParallelGroup | ToolCallEntry | ScrubInput
 """The kinds the ``pre`` list accepts."""
 
 

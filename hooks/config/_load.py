@@ -499,6 +499,15 @@ def _resolve(
             source=source,
             problems=(("", f"expected a table of settings at the top level, got {shown(data)}"),),
         )
+    try:
+        return _resolve_checked(data, source, environ, offline)
+    except RecursionError:
+        raise _too_deep(source) from None
+
+
+def _resolve_checked(
+    data: dict[str, Any], source: str, environ: Mapping[str, str] | None, offline: bool
+) -> _Loaded:
     problems: list[_Problem] = []
     positions: dict[str, list[int]] = {}
     try:
@@ -544,6 +553,11 @@ def _error(source: str, problems: list[_Problem]) -> ConfigError:
 def _read(path: Path) -> Any:
     source = str(path)
     suffix = path.suffix.lower()
+    if path.is_dir():
+        raise ConfigError(
+            f"{source}: is a directory, not a config file — pass the .toml or .json file in it",
+            source=source,
+        )
     if suffix not in (".toml", ".json"):
         raise ConfigError(
             f"{source}: unknown config format {suffix or '(no extension)'!r} — expected a"
@@ -555,7 +569,10 @@ def _read(path: Path) -> Any:
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such file", source=source) from None
     except IsADirectoryError:
-        raise ConfigError(f"{source}: is a directory, not a config file", source=source) from None
+        raise ConfigError(
+            f"{source}: is a directory, not a config file — pass the .toml or .json file in it",
+            source=source,
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{source}: cannot read it: {exc}", source=source) from exc
     try:
@@ -567,6 +584,18 @@ def _read(path: Path) -> Any:
             f"{source}: JSON syntax error: {exc.msg} (at line {exc.lineno}, column {exc.colno})",
             source=source,
         ) from exc
+    except RecursionError:
+        raise _too_deep(source) from None
+
+
+def _too_deep(source: str) -> ConfigError:
+    # The parsers (and the checks after them) recurse once per level of nesting; a config
+    # nested hundreds deep is a mistake or an attack, never a pipeline.
+    message = (
+        "nested too deeply to read (hundreds of tables or lists inside each other) — a"
+        " config's values nest a few levels at most; check what wrote the file"
+    )
+    return ConfigError(f"{source}: {message}", source=source, problems=(("", message),))
 
 
 def _load(

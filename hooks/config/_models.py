@@ -17,6 +17,7 @@ from pipeline.testing import ScriptedModel
 from ._entry import Env, doc
 from ._types import (
     Invalid,
+    ModelRef,
     Positive,
     ScriptReply,
     Seconds,
@@ -180,5 +181,35 @@ class AnthropicSpec:
         return _shaped(model, temperature=self.temperature)
 
 
-ModelSpec: TypeAlias = ScriptedSpec | OpenAISpec | AnthropicSpec
+@final
+@attrs.frozen(kw_only=True)
+class PythonModelSpec:
+    """A model built by a function of yours: a `FunctionModel`, a fake, your own client."""
+
+    PROVIDER: ClassVar[str] = "python"
+    ref: ModelRef = attrs.field(
+        metadata=doc(
+            "'module:attribute' naming a function called with no arguments, once per load,"
+            " that returns the model (an object with stream(request))."
+        )
+    )
+
+    def build(self, env: Env) -> Model:
+        try:
+            model = self.ref.target()
+        except Exception as exc:
+            raise Invalid(
+                f"{self.ref.text!r} raised {type(exc).__name__}: {exc}", key="ref"
+            ) from exc
+        if not callable(getattr(model, "stream", None)):
+            raise Invalid(
+                f"{self.ref.text!r} returned {type(model).__name__} {model!r}, not a model:"
+                " expected an object with stream(request), e.g."
+                " pipeline.testing.FunctionModel(answer)",
+                key="ref",
+            )
+        return model  # type: ignore[no-any-return]
+
+
+ModelSpec: TypeAlias = ScriptedSpec | OpenAISpec | AnthropicSpec | PythonModelSpec
 """The ``[model]`` table: a union on ``provider``."""

@@ -351,6 +351,13 @@ class FactoryRef(Ref):
 
 
 @final
+class ModelRef(Ref):
+    """A model factory: called with nothing, returns a model (an object with ``stream``)."""
+
+    SHAPE = "a model factory fn() returning a model, e.g. pipeline.testing.FunctionModel(...)"
+
+
+@final
 class StartRef(Ref):
     """An ``on_session_start`` hook: ``fn(session_info)``."""
 

@@ -7,19 +7,23 @@ holds exactly that many messages, else `pipeline.LogConflict` and nothing is wri
 
 `MemoryLog` is for tests and examples; `SQLiteLog` is the embedded default (one file, one
 machine); `PostgresLog` serves several worker processes or machines (``pip install
-'turnplug[postgres]'``). Storage failures of the durable logs are `pipeline.LogError`.
+'turnplug[postgres]'``). Storage failures of the durable logs are `pipeline.LogError`, and
+every log refuses alike (`pipeline.LogError`, nothing written) a commit holding a value nested
+deeper than `MAX_DEPTH` levels.
 `entry_to_dict` and `entry_from_dict` give a log entry's JSON shape.
 """
 
 from ._codec import entry_from_dict, entry_to_dict
 from ._memory import MemoryLog
 from ._postgres import PostgresLog
-from ._protocol import Log, LogEntry
+from ._protocol import MAX_DEPTH, ConversationInfo, Log, LogEntry
 from ._sqlite import SQLiteLog
 
 __all__ = [
+    "ConversationInfo",
     "Log",
     "LogEntry",
+    "MAX_DEPTH",
     "MemoryLog",
     "PostgresLog",
     "SQLiteLog",

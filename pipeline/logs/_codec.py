@@ -8,6 +8,7 @@ that a reader sees field names, not positions).
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -20,7 +21,7 @@ from ._protocol import LogEntry
 
 _HOOK_FIELDS = frozenset(HookRecord._fields)
 _HALT_FIELDS = frozenset(("reason", "reply", "hook"))
-_ENTRY_FIELDS = frozenset(("turn_ref", "messages", "audit"))
+_ENTRY_FIELDS = frozenset(("turn_ref", "messages", "audit", "committed_at"))
 
 
 def audit_to_dict(audit: AuditRecord) -> dict[str, Any]:
@@ -51,15 +52,18 @@ def audit_from_dict(data: Any) -> AuditRecord:
 
 
 def entry_to_dict(entry: LogEntry) -> dict[str, Any]:
-    """A log entry as JSON-shaped data: ``turn_ref``, ``messages`` and ``audit`` (or None).
+    """A log entry as JSON-shaped data: ``turn_ref``, ``messages``, ``audit`` (or None) and
+    ``committed_at`` (ISO 8601, or None).
 
     Messages and parts keep their ``meta``; ``json.dumps`` of the result is what
     ``turnplug log --json`` prints for each entry.
     """
+    committed_at = entry.committed_at
     return {
         "turn_ref": entry.turn_ref,
         "messages": [serde.to_dict(message) for message in entry.messages],
         "audit": audit_to_dict(entry.audit) if entry.audit is not None else None,
+        "committed_at": committed_at.isoformat() if committed_at is not None else None,
     }
 
 
@@ -69,7 +73,8 @@ def entry_from_dict(data: Any) -> LogEntry:
     Raises:
         ValueError: `data` does not describe a log entry; the message has the path.
     """
-    if not isinstance(data, Mapping) or set(data) != _ENTRY_FIELDS:
+    # Entries written before commit times were kept have no ``committed_at``.
+    if not isinstance(data, Mapping) or set(data) | {"committed_at"} != _ENTRY_FIELDS:
         found = sorted(data) if isinstance(data, Mapping) else type(data).__name__
         raise ValueError(
             f"cannot read a LogEntry: expected an object with keys {sorted(_ENTRY_FIELDS)},"
@@ -78,11 +83,17 @@ def entry_from_dict(data: Any) -> LogEntry:
     turn_ref = data["turn_ref"]
     if not isinstance(turn_ref, str):
         raise ValueError(f"cannot read a LogEntry: turn_ref must be a string, got {turn_ref!r}")
-    audit = data["audit"]
+    audit, committed_at = data["audit"], data.get("committed_at")
+    if not (committed_at is None or isinstance(committed_at, str)):
+        raise ValueError(
+            f"cannot read a LogEntry: committed_at must be an ISO 8601 string or null,"
+            f" got {committed_at!r}"
+        )
     return LogEntry(
         turn_ref,
         messages_from_data(data["messages"]),
         audit_from_dict(audit) if audit is not None else None,
+        datetime.fromisoformat(committed_at) if committed_at is not None else None,
     )
 
 
@@ -192,17 +203,25 @@ def read_messages(conversation_id: str, turn_ref: str, text: str) -> tuple[Messa
     """The messages of one stored turn."""
     try:
         return messages_from_json(text)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise StoredDataError(
             f"turn {turn_ref!r} of conversation {conversation_id!r} cannot be read: {exc}"
         ) from exc
 
 
-def read_entry(conversation_id: str, turn_ref: str, messages: str, audit: str | None) -> LogEntry:
-    """One stored turn with its audit record."""
+def read_entry(
+    conversation_id: str,
+    turn_ref: str,
+    messages: str,
+    audit: str | None,
+    committed_at: datetime | None = None,
+) -> LogEntry:
+    """One stored turn with its audit record and commit time."""
     try:
-        return LogEntry(turn_ref, messages_from_json(messages), audit_from_json(audit))
-    except (TypeError, ValueError) as exc:
+        return LogEntry(
+            turn_ref, messages_from_json(messages), audit_from_json(audit), committed_at
+        )
+    except (TypeError, ValueError, RecursionError) as exc:
         raise StoredDataError(
             f"turn {turn_ref!r} of conversation {conversation_id!r} cannot be read: {exc}"
         ) from exc

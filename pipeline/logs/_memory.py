@@ -1,6 +1,7 @@
 """`MemoryLog`: a log in a dict, for tests, examples and single-process tools."""
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import final
 
 import trio
@@ -8,7 +9,15 @@ import trio
 from turns import Context, Message
 
 from .._audit import AuditRecord
-from ._protocol import LogEntry, check_append, check_id, conflict
+from ._protocol import (
+    ConversationInfo,
+    LogEntry,
+    by_recency,
+    check_append,
+    check_depth,
+    check_id,
+    conflict,
+)
 
 
 @final
@@ -42,8 +51,9 @@ class MemoryLog:
     ) -> None:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
+        check_depth(self, conversation_id, turn_ref, messages, audit)
         await trio.lowlevel.checkpoint_if_cancelled()
-        entry = LogEntry(turn_ref, messages, audit)
+        entry = LogEntry(turn_ref, messages, audit, datetime.now(UTC))
         entries = self._entries.setdefault(conversation_id, [])
         if any(existing.turn_ref == turn_ref for existing in entries):
             return
@@ -57,3 +67,18 @@ class MemoryLog:
         """Every commit of a conversation, in order, with its audit record."""
         check_id(conversation_id)
         return tuple(self._entries.get(conversation_id, ()))
+
+    async def conversations(self) -> tuple[ConversationInfo, ...]:
+        """Every conversation with at least one commit, the most recently committed first."""
+        return by_recency(
+            [
+                ConversationInfo(
+                    conversation_id,
+                    len(entries),
+                    self._lengths[conversation_id],
+                    entries[-1].committed_at or datetime.now(UTC),
+                )
+                for conversation_id, entries in self._entries.items()
+                if entries
+            ]
+        )

@@ -23,7 +23,7 @@ import trio
 from turns import Context, Message
 
 from .._errors import LogError
-from ._protocol import LogEntry, check_id
+from ._protocol import ConversationInfo, LogEntry, check_id
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -110,12 +110,14 @@ class DatabaseLog:
 
     A subclass sets `_connections` and names its driver's queries, each run in a worker
     thread with a connection: ``_load_rows(conversation_id, connection)`` (each commit's
-    messages, in order) and ``_entry_rows(conversation_id, connection)``.
+    messages, in order), ``_entry_rows(conversation_id, connection)`` and
+    ``_conversation_rows(connection)``.
     """
 
     _connections: Connections[Any]
     _load_rows: ClassVar[Callable[[str, Any], list[tuple[Message, ...]]]]
     _entry_rows: ClassVar[Callable[[str, Any], tuple[LogEntry, ...]]]
+    _conversation_rows: ClassVar[Callable[[Any], tuple[ConversationInfo, ...]]]
 
     async def __aenter__(self) -> Self:
         # Connect now, so that a bad path or DSN, or a newer schema, fails here, not mid-turn.
@@ -145,3 +147,7 @@ class DatabaseLog:
         check_id(conversation_id)
         entries = type(self)._entry_rows
         return await self._connections.run(functools.partial(entries, conversation_id))
+
+    async def conversations(self) -> tuple[ConversationInfo, ...]:
+        """Every conversation with at least one commit, the most recently committed first."""
+        return await self._connections.run(type(self)._conversation_rows)

@@ -19,7 +19,7 @@ from .._audit import AuditRecord
 from .._errors import ConfigError, LogError
 from . import _codec
 from ._pool import Connections, DatabaseLog
-from ._protocol import LogEntry, check_append, conflict
+from ._protocol import ConversationInfo, LogEntry, by_recency, check_append, check_depth, conflict
 
 if TYPE_CHECKING:
     import psycopg
@@ -165,9 +165,10 @@ class PostgresLog(DatabaseLog):
     ) -> None:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
+        check_depth(self, conversation_id, turn_ref, messages, audit)
         try:
             stored = _codec.messages_to_json(messages), _codec.audit_to_json(audit)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise LogError(
                 f"{self!r} cannot store turn {turn_ref!r} of conversation"
                 f" {conversation_id!r}: {exc} — a durable log stores JSON values only, so"
@@ -301,13 +302,23 @@ def _load(conversation_id: str, connection: "psycopg.Connection[Any]") -> list[t
 
 def _entries(conversation_id: str, connection: "psycopg.Connection[Any]") -> tuple[LogEntry, ...]:
     rows = connection.execute(
-        "SELECT turn_ref, messages, audit FROM turnplug_turns WHERE conversation_id = %s"
-        " ORDER BY position",
+        "SELECT turn_ref, messages, audit, committed_at FROM turnplug_turns"
+        " WHERE conversation_id = %s ORDER BY position",
         (conversation_id,),
     ).fetchall()
     return tuple(_codec.read_entry(conversation_id, *row) for row in rows)
 
 
-# The queries DatabaseLog runs for load() and entries().
+def _conversations(connection: "psycopg.Connection[Any]") -> tuple[ConversationInfo, ...]:
+    rows = connection.execute(
+        "SELECT c.conversation_id, c.turns, c.length, max(t.committed_at)"
+        " FROM turnplug_conversations AS c JOIN turnplug_turns AS t USING (conversation_id)"
+        " GROUP BY c.conversation_id, c.turns, c.length"
+    ).fetchall()
+    return by_recency([ConversationInfo(*row) for row in rows])
+
+
+# The queries DatabaseLog runs for load(), entries() and conversations().
 PostgresLog._load_rows = _load
 PostgresLog._entry_rows = _entries
+PostgresLog._conversation_rows = _conversations

@@ -1,17 +1,25 @@
 """The `Log` protocol every conversation log implements."""
 
 import logging
-from collections.abc import Sequence
-from typing import Protocol, final, runtime_checkable
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol, final, runtime_checkable
 
 import attrs
 
-from turns import Context, Message
+from turns import Context, Message, Part, ToolCall
 
 from .._audit import AuditRecord
-from .._errors import LogConflict
+from .._errors import LogConflict, LogError
 
-log = logging.getLogger("turnplug.logs")
+MAX_DEPTH = 100
+"""How deeply a value in a commit (``meta``, tool arguments) may nest.
+
+JSON readers and writers recurse once per level, so a deeper value would be written and then
+fail to read back, or fail to write with a `RecursionError`. Every log refuses it alike.
+"""
+
+logger = logging.getLogger("turnplug.logs")
 
 
 @final
@@ -23,11 +31,32 @@ class LogEntry:
         turn_ref: The committed turn (or ``turn_ref:hook`` for a background hook's commit).
         messages: What was committed, in order.
         audit: The turn's audit record, when one was given.
+        committed_at: When the log committed it (UTC), where the log knows. It is left out
+            of equality: two entries are equal when they hold the same commit.
     """
 
     turn_ref: str
     messages: tuple[Message, ...]
     audit: AuditRecord | None = None
+    committed_at: datetime | None = attrs.field(default=None, eq=False)
+
+
+@final
+@attrs.frozen
+class ConversationInfo:
+    """One conversation a log holds, as `conversations()` lists it.
+
+    Attributes:
+        conversation_id: Its id.
+        turns: How many commits it holds.
+        messages: How many messages those commits hold.
+        last_committed_at: When its latest commit was made (UTC).
+    """
+
+    conversation_id: str
+    turns: int
+    messages: int
+    last_committed_at: datetime
 
 
 @runtime_checkable
@@ -65,6 +94,12 @@ class Log(Protocol):
         Empty when the conversation does not exist. This is what ``turnplug log`` shows.
         """
         ...
+
+
+def by_recency(infos: Iterable[ConversationInfo]) -> tuple[ConversationInfo, ...]:
+    """Conversations with the most recently committed first (ties by id)."""
+    ordered = sorted(infos, key=lambda info: info.conversation_id)
+    return tuple(sorted(ordered, key=lambda info: info.last_committed_at, reverse=True))
 
 
 def check_id(conversation_id: object) -> None:
@@ -106,9 +141,80 @@ def check_append(
         )
 
 
+def check_depth(
+    log: object,
+    conversation_id: str,
+    turn_ref: str,
+    messages: tuple[Message, ...],
+    audit: AuditRecord | None,
+) -> None:
+    """Raise `LogError` if a value in the commit nests deeper than `MAX_DEPTH` levels.
+
+    Every log calls this, so that the three agree: a commit a durable log could not store
+    and read back is refused by the memory log too, and nothing is written.
+    """
+    for path, value in _values(messages, audit):
+        if _too_deep(value):
+            raise LogError(
+                f"{log!r} cannot store turn {turn_ref!r} of conversation {conversation_id!r}:"
+                f" {path} is nested more than {MAX_DEPTH} levels deep, more than a log can"
+                " store and read back; nothing was committed — refuse such arguments in a"
+                " before_tool hook, or keep meta shallower",
+                log=repr(log),
+            )
+
+
+def _values(
+    messages: tuple[Message, ...], audit: AuditRecord | None
+) -> Iterator[tuple[str, object]]:
+    """Every opaque value of a commit, with its path."""
+    for index, message in enumerate(messages):
+        yield from _message_values(f"messages[{index}]", message)
+    if audit is None:
+        return
+    for index, injection in enumerate(audit.injections):
+        for position, part in enumerate(injection.parts):
+            yield from _part_values(f"audit.injections[{index}].parts[{position}]", part)
+    for index, record in enumerate(audit.tools):
+        yield from _part_values(f"audit.tools[{index}].requested", record.requested)
+        yield from _part_values(f"audit.tools[{index}].call", record.call)
+        yield from _part_values(f"audit.tools[{index}].result", record.result)
+    if audit.halt is not None and isinstance(audit.halt.reply, Message):
+        yield from _message_values("audit.halt.reply", audit.halt.reply)
+
+
+def _message_values(path: str, message: Message) -> Iterator[tuple[str, object]]:
+    yield f"{path}.meta", message.meta
+    for position, part in enumerate(message.parts):
+        yield from _part_values(f"{path}.parts[{position}]", part)
+
+
+def _part_values(path: str, part: Part) -> Iterator[tuple[str, object]]:
+    yield f"{path}.meta", part.meta
+    if isinstance(part, ToolCall):
+        yield f"{path}.arguments", part.arguments
+
+
+def _too_deep(value: object) -> bool:
+    # A loop, not recursion: the point is to measure values too deep to recurse through.
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
+
+
 def conflict(conversation_id: str, turn_ref: str, length: int, expected: int) -> LogConflict:
     """The error of a commit refused because the conversation grew (or shrank) meanwhile."""
-    log.warning(
+    logger.warning(
         "commit of turn %s refused: conversation %r holds %d messages, not the %d it was"
         " answered from (another writer committed first)",
         turn_ref,

@@ -5,6 +5,7 @@ import functools
 import os
 import sqlite3
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Literal, TypeAlias, final
 
 import trio
@@ -15,7 +16,7 @@ from .._audit import AuditRecord
 from .._errors import LogError
 from . import _codec
 from ._pool import Connections, DatabaseLog
-from ._protocol import LogEntry, check_append, conflict
+from ._protocol import ConversationInfo, LogEntry, by_recency, check_append, check_depth, conflict
 
 _Outcome: TypeAlias = tuple[Literal["committed", "duplicate", "conflict"], int]
 
@@ -103,6 +104,7 @@ class SQLiteLog(DatabaseLog):
     ) -> None:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
+        check_depth(self, conversation_id, turn_ref, messages, audit)
         stored = self._encode(conversation_id, turn_ref, messages, audit)
         commit = _Commit((conversation_id, turn_ref, len(messages), *stored, expected_length))
         outcome, length = await self._commit(commit)
@@ -184,7 +186,7 @@ class SQLiteLog(DatabaseLog):
     ) -> tuple[str, str | None]:
         try:
             return _codec.messages_to_json(messages), _codec.audit_to_json(audit)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise LogError(
                 f"{self!r} cannot store turn {turn_ref!r} of conversation"
                 f" {conversation_id!r}: {exc} — a durable log stores JSON values only, so"
@@ -351,13 +353,33 @@ def _load(conversation_id: str, connection: sqlite3.Connection) -> list[tuple[Me
 
 def _entries(conversation_id: str, connection: sqlite3.Connection) -> tuple[LogEntry, ...]:
     rows = connection.execute(
-        "SELECT turn_ref, messages, audit FROM turnplug_turns WHERE conversation_id = ?"
-        " ORDER BY position",
+        "SELECT turn_ref, messages, audit, committed_at FROM turnplug_turns"
+        " WHERE conversation_id = ? ORDER BY position",
         (conversation_id,),
     ).fetchall()
-    return tuple(_codec.read_entry(conversation_id, *row) for row in rows)
+    return tuple(
+        _codec.read_entry(conversation_id, turn_ref, messages, audit, _when(committed_at))
+        for turn_ref, messages, audit, committed_at in rows
+    )
 
 
-# The queries DatabaseLog runs for load() and entries().
+def _conversations(connection: sqlite3.Connection) -> tuple[ConversationInfo, ...]:
+    rows = connection.execute(
+        "SELECT c.conversation_id, c.turns, c.length, max(t.committed_at)"
+        " FROM turnplug_conversations AS c JOIN turnplug_turns AS t USING (conversation_id)"
+        " GROUP BY c.conversation_id"
+    ).fetchall()
+    return by_recency(
+        [ConversationInfo(id_, turns, length, _when(last)) for id_, turns, length, last in rows]
+    )
+
+
+def _when(text: str) -> datetime:
+    # Written by strftime('%Y-%m-%dT%H:%M:%fZ'): UTC, which fromisoformat reads from 3.11.
+    return datetime.fromisoformat(text)
+
+
+# The queries DatabaseLog runs for load(), entries() and conversations().
 SQLiteLog._load_rows = _load
 SQLiteLog._entry_rows = _entries
+SQLiteLog._conversation_rows = _conversations

@@ -384,3 +384,21 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "Traceback" in done.stderr
     assert "ConfigError" in done.stderr
+
+
+def test_check_of_a_deeply_nested_config_exits_2_naming_the_file(tmp_path: Path) -> None:
+    """Catches: `turnplug check` on a config nested 100,000 deep printing a RecursionError
+    and exiting 1 instead of a config error (exit 2)."""
+    path = tmp_path / "deep.json"
+    path.write_text('{"system": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    done = turnplug("check", path)
+    assert done.returncode == 2, done.stderr
+    assert f"{path}: nested too deeply" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_check_of_a_directory_says_it_is_a_directory(tmp_path: Path) -> None:
+    """Catches: `turnplug check DIR` answering "unknown config format '(no extension)'"."""
+    done = turnplug("check", tmp_path)
+    assert done.returncode == 2
+    assert f"{tmp_path}: is a directory, not a config file" in done.stderr

@@ -153,7 +153,7 @@ def test_demo_with_a_malformed_model_spec_is_a_usage_error() -> None:
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("args", [[], ["nope"]])
+@pytest.mark.parametrize("args", [["nope"], ["run"]])
 def test_usage_errors_exit_2_with_one_clear_line(args: list[str]) -> None:
     done = _turnplug(*args)
     assert done.returncode == 2
@@ -212,3 +212,67 @@ def test_demo_whose_reader_goes_away_exits_quietly() -> None:
     assert first.startswith("turnplug demo")
     assert "Traceback" not in errors
     assert (errors, code) == ("", 0)
+
+
+# Loaded by the interpreter at start-up (PYTHONPATH): it holds the import of `pipeline` open
+# until interrupted, so that Ctrl-C surely arrives while the library is loading.
+SLOW_IMPORT = """
+import importlib.abc
+import sys
+import time
+
+
+class SlowPipeline(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "pipeline":
+            sys.meta_path.remove(self)
+            print("importing pipeline", flush=True)
+            time.sleep(30)
+        return None
+
+
+sys.meta_path.insert(0, SlowPipeline())
+"""
+
+
+def test_ctrl_c_while_the_library_loads_exits_130_silently(tmp_path: Path) -> None:
+    """Catches: a Ctrl-C in the first second of `turnplug run` (while imports load) printing
+    a KeyboardInterrupt traceback instead of exiting 130 like a Ctrl-C later does."""
+    import signal
+
+    (tmp_path / "sitecustomize.py").write_text(SLOW_IMPORT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    with subprocess.Popen(
+        [TURNPLUG, "run", "missing.toml", "hi"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as process:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "importing pipeline\n"
+        process.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        out, err = process.communicate(timeout=30)
+    assert (process.returncode, err, out) == (130, "", "")
+
+
+def test_version_prints_the_installed_version() -> None:
+    """Catches: `turnplug --version` being an unknown option."""
+    import importlib.metadata
+
+    done = _turnplug("--version")
+    assert (done.returncode, done.stdout) == (
+        0,
+        f"turnplug {importlib.metadata.version('turnplug')}\n",
+    )
+
+
+def test_no_arguments_prints_the_whole_help() -> None:
+    """Catches: `turnplug` alone answering only "the following arguments are required"."""
+    done = _turnplug()
+    assert done.returncode == 2
+    for command in ("demo", "run", "chat", "check", "schema", "log"):
+        assert f"\n    {command} " in done.stderr
+    assert "--version" in done.stderr

@@ -307,7 +307,7 @@ def test_a_bad_model_provider_lists_the_providers() -> None:
     ((path, message),) = _problems({"model": {"provider": "openia", "name": "x"}})
     assert path == "model.provider"
     assert '"openai"' in message
-    for provider in ("anthropic", "openai", "scripted"):
+    for provider in ("anthropic", "openai", "python", "scripted"):
         assert provider in message
 
 
@@ -458,7 +458,7 @@ def test_a_guardrail_check_is_called_with_the_text() -> None:
         (
             {"kind": "judge", "instruction": "x", "model": {"provider": "gemini"}},
             "post[1].model.provider",
-            '"anthropic", "openai", "scripted"',
+            '"anthropic", "openai", "python", "scripted"',
         ),
     ],
 )
@@ -643,3 +643,51 @@ def test_a_new_kind_in_the_wrong_list_says_where_it_belongs(
     ((path, message),) = _problems({stage: [{"kind": kind}]})
     assert path == f"{stage}[0].kind"
     assert expected in message
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("deep.json", '{"system": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+        ("deep.toml", "system = " + "[" * 100_000 + "]" * 100_000 + "\n"),
+        (
+            "deep_arguments.toml",
+            '[[pre]]\nkind = "tool_call"\ntool = "t"\narguments = '
+            + "{ a = " * 2_000
+            + "1"
+            + " }" * 2_000
+            + "\n",
+        ),
+    ],
+)
+def test_a_config_nested_too_deeply_is_a_config_error_naming_the_file(
+    tmp_path: Path, name: str, content: str
+) -> None:
+    """Catches: a config nested 100,000 deep escaping as a raw RecursionError (exit 1)."""
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    assert str(caught.value).startswith(f"{path}: nested too deeply")
+    assert caught.value.problems
+
+
+def test_a_python_model_is_built_by_the_function_its_ref_names(tmp_path: Path) -> None:
+    """Catches: no way to declare a model that holds a whole conversation offline (a
+    `FunctionModel`) in a config: only scripted replies, which run out."""
+    (tmp_path / "my_models.py").write_text(
+        "from pipeline.testing import FunctionModel\n\n\n"
+        "def echo():\n    return FunctionModel(lambda request: request.messages[-1].text)\n\n\n"
+        "def broken():\n    return 42\n"
+    )
+    good = tmp_path / "good.toml"
+    good.write_text('[model]\nprovider = "python"\nref = "my_models:echo"\n')
+    pipe = load_pipeline(good)
+    from pipeline.testing import FunctionModel
+
+    assert isinstance(pipe.model, FunctionModel)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\nprovider = "python"\nref = "my_models:broken"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(bad)
+    assert "model.ref: 'my_models:broken' returned int 42, not a model" in str(caught.value)

@@ -5,14 +5,16 @@ synthetic tool call, a rejected first attempt, and a background hook's durable s
 """
 
 import json
+import re
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import trio
 
-from pipeline import Pipeline, cont, hook, regenerate
+from pipeline import Pipeline, cont, hook, regenerate, tool
 from pipeline.logs import LogEntry, SQLiteLog, entry_from_dict
 from pipeline.testing import ScriptedModel
 from turns import Text, ToolCall, ToolResult
@@ -21,6 +23,7 @@ from ..logs import Backend, close
 
 TURNPLUG = str(Path(sys.executable).with_name("turnplug"))
 CONVERSATION = "support-42"
+COMMIT_TIME = re.compile(r"committed (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC$")
 
 
 def turnplug(*args: str) -> subprocess.CompletedProcess[str]:
@@ -92,10 +95,13 @@ def test_log_shows_roles_text_tool_calls_and_who_injected_what(written):
 
     assert (done.returncode, done.stderr) == (0, "")
     ref = entries[0].turn_ref
-    assert done.stdout.splitlines() == [
+    lines = done.stdout.splitlines()
+    for index in (2, 10):
+        lines[index] = COMMIT_TIME.sub("committed <time>", lines[index])
+    assert lines == [
         "conversation 'support-42': 2 commits, 5 messages",
         "",
-        f"commit 1  {ref}",
+        f"commit 1  {ref}  committed <time>",
         '  assistant  [injected by prefs] -> get_preferences({"user": "ada"})  [call_1]',
         '  tool       [injected by prefs] <- [call_1] {"language": "en"}',
         "  user       [injected by remember_plan] Plan: Pro.",
@@ -103,7 +109,7 @@ def test_log_shows_roles_text_tool_calls_and_who_injected_what(written):
         "  assistant  Refunds take 14 days.",
         "             Ask me anything.",
         "",
-        f"commit 2  {ref}:summary",
+        f"commit 2  {ref}:summary  committed <time>",
         "  user       [injected by summary] Summary: refunds.",
     ]
 
@@ -152,7 +158,9 @@ def test_log_json_is_every_entry_as_entry_to_dict_writes_it(written, audit):
     if audit:
         assert tuple(entry_from_dict(item) for item in data["entries"]) == entries
     else:
-        assert [sorted(item) for item in data["entries"]] == [["messages", "turn_ref"]] * 2
+        assert [sorted(item) for item in data["entries"]] == [
+            ["committed_at", "messages", "turn_ref"]
+        ] * 2
         shown = tuple(entry_from_dict({**item, "audit": None}) for item in data["entries"])
         assert shown == tuple(LogEntry(e.turn_ref, e.messages) for e in entries)
 
@@ -239,3 +247,87 @@ def test_log_needs_the_log_option():
 async def _empty_log(path: Path) -> None:
     async with SQLiteLog(path):
         pass
+
+
+def test_log_shows_when_each_turn_was_committed(written):
+    """Catches: `turnplug log` showing no commit time for a turn."""
+    where, _ = written
+    before = datetime.now(UTC) - timedelta(minutes=5)
+
+    done = turnplug("log", CONVERSATION, "--log", where)
+
+    commits = [line for line in done.stdout.splitlines() if line.startswith("commit ")]
+    times = [COMMIT_TIME.search(line) for line in commits]
+    assert len(times) == 2
+    assert all(match is not None for match in times), commits
+    for match in times:
+        assert match is not None
+        moment = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+        assert before <= moment <= datetime.now(UTC)
+
+
+async def test_log_without_a_conversation_lists_the_conversations(durable: Backend):
+    """Catches: `turnplug log --log PATH` without a conversation being a usage error instead
+    of listing the conversations (id, turns, last commit time)."""
+    pipe = Pipeline(model=ScriptedModel(["one", "two", "three"]))
+    log = durable.open()
+    try:
+        for conversation, messages in (("older", ["a", "b"]), ("newer", ["c"])):
+            async with pipe.session(log=log, conversation_id=conversation) as session:
+                for text in messages:
+                    await session.send(text)
+            await trio.sleep(0.01)  # distinct commit times, to order by
+    finally:
+        await close(log)
+
+    done = await trio.to_thread.run_sync(turnplug, "log", "--log", durable.where)
+    machine = await trio.to_thread.run_sync(turnplug, "log", "--log", durable.where, "--json")
+
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"{durable.where}: 2 conversations"
+    assert lines[1] == "  CONVERSATION  TURNS  LAST COMMIT"
+    rows = [re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$", "<time>", line) for line in lines[2:]]
+    assert rows == ["  newer             1  <time>", "  older             2  <time>"]
+    listed = json.loads(machine.stdout)["conversations"]
+    assert [(c["conversation_id"], c["turns"], c["messages"]) for c in listed] == [
+        ("newer", 1, 2),
+        ("older", 2, 4),
+    ]
+    assert listed[0]["last_committed_at"] > listed[1]["last_committed_at"]
+
+
+async def test_log_audit_shows_the_tool_runs_of_rejected_attempts_too(durable: Backend):
+    """Catches: `turnplug log --audit` showing no tool runs, so a rejected attempt's tool
+    calls (which never reach the committed messages) were nowhere to be seen."""
+
+    @tool
+    def stock(item: str) -> str:
+        """How many are in stock."""
+        return f"{item}: 3"
+
+    def no_numbers(turn):
+        if any(ch.isdigit() for ch in turn.reply.text):
+            return regenerate("No numbers.")
+        return cont(turn)
+
+    model = ScriptedModel(
+        [[ToolCall("c1", "stock", {"item": "mug"})], "3 mugs.", "A few mugs are left."]
+    )
+    pipe = Pipeline(model=model, tools=[stock], post=[no_numbers])
+    log = durable.open()
+    try:
+        async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+            await session.send("Any mugs?")
+    finally:
+        await close(log)
+
+    done = await trio.to_thread.run_sync(
+        turnplug, "log", CONVERSATION, "--log", durable.where, "--audit"
+    )
+
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("    attempt 1:"))
+    assert lines[start + 1] == '      call 1: -> stock({"item": "mug"})  [c1] / <- [c1] mug: 3'
+    assert lines[start + 2].startswith("    attempt 2: 1 model call,")
+    assert lines[start].endswith("no_numbers: No numbers.")

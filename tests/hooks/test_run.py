@@ -204,16 +204,23 @@ CHAT = """
 """
 
 
-def _chat(config: Path, lines: str) -> subprocess.CompletedProcess[str]:
+def _chat(
+    config: Path,
+    lines: str,
+    *options: str,
+    stderr: int = subprocess.STDOUT,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [TURNPLUG, "chat", str(config)],
+        [TURNPLUG, "chat", str(config), *options],
         input=lines,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=stderr,
         text=True,
         timeout=60,
         check=False,
         env=environment(),
+        cwd=cwd,
     )
 
 
@@ -231,13 +238,80 @@ def test_chat_with_input_closed_exits_at_once(tmp_path: Path) -> None:
 
 
 def test_a_failed_turn_in_chat_is_reported_and_the_chat_goes_on(tmp_path: Path) -> None:
-    config = write_config(tmp_path, '[model]\nprovider = "scripted"\nreplies = ["only one"]\n')
-    done = _chat(config, "one\ntwo\n")
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = ["first", "second"]\n\n[[pre]]\n'
+        'kind = "python"\nref = "shop_hooks:maybe_broken"\n',
+    )
+    (tmp_path / "shop_hooks.py").write_text(
+        "from pipeline import cont\n\n\ndef maybe_broken(turn):\n"
+        "    if 'break' in turn.user_message.text:\n"
+        "        raise RuntimeError('the database is down')\n"
+        "    return cont(turn)\n"
+    )
+    done = _chat(config, "one\nbreak\ntwo\n")
     assert done.returncode == 0
     lines = done.stdout.splitlines()
-    assert lines[0] == "only one"
-    assert "ran out of replies" in lines[-1]
+    assert lines[0] == "first"
+    assert "the database is down" in done.stdout
+    assert lines[-1] == "second"
     assert "Traceback" not in done.stdout
+
+
+def test_a_scripted_model_that_runs_out_in_chat_says_so_once_and_ends_it(tmp_path: Path) -> None:
+    """Catches: a scripted model that ran out failing every later message of the chat, one
+    error each, and the chat still exiting 0."""
+    config = write_config(tmp_path, '[model]\nprovider = "scripted"\nreplies = ["only one"]\n')
+    done = _chat(config, "one\ntwo\nthree\nfour\n", stderr=subprocess.PIPE)
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == ["only one", ""]
+    assert done.stderr.count("ran out of replies") == 1
+    assert "the conversation ends" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_example_config_holds_a_whole_conversation_offline() -> None:
+    """Catches: `turnplug chat examples/assistant.toml` (the README's suggestion) failing
+    on the second message with "ScriptedModel ran out of replies"."""
+    root = Path(__file__).resolve().parents[2]
+    questions = "How long do refunds take?\nWhen are you open?\nDo gift cards expire?\nhi\n"
+    done = _chat(Path("examples/assistant.toml"), questions, stderr=subprocess.PIPE, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "Refunds are issued within 14 days of a return. Questions? Write to [EMAIL].",
+        "Our Main Street shop is open Monday to Saturday, 9:00 to 18:00.",
+        "Gift cards never expire. Questions? Write to [EMAIL].",
+        "I can tell you about refunds, shipping, gift cards and our opening hours."
+        " What would you like to know?",
+    ]
+    assert "error" not in done.stderr
+
+
+GUARDED = """
+    [model]
+    provider = "scripted"
+    replies = ["We guarantee it!", "Refunds take 14 days."]
+
+    [[post]]
+    kind = "guardrail"
+    name = "no_guarantees"
+    deny = ["(?i)guarantee"]
+    feedback = "No guarantees."
+"""
+
+
+def test_chat_shows_only_accepted_text_by_default(tmp_path: Path) -> None:
+    """Catches: `chat` printing "We guarantee it!" and then "(attempt 1 rejected...)": a
+    guardrail's rejected text reached the user."""
+    done = _chat(write_config(tmp_path, GUARDED), "refund?\n", stderr=subprocess.PIPE)
+    assert (done.returncode, done.stdout) == (0, "Refunds take 14 days.\n")
+    assert "attempt 1 rejected by 'no_guarantees'" in done.stderr
+
+
+def test_chat_live_shows_text_as_it_streams_rejected_attempts_included(tmp_path: Path) -> None:
+    """Catches: `--live` missing, or not streaming the attempts as they come."""
+    done = _chat(write_config(tmp_path, GUARDED), "refund?\n", "--live", stderr=subprocess.PIPE)
+    assert (done.returncode, done.stdout) == (0, "We guarantee it!\nRefunds take 14 days.\n")
 
 
 def test_ctrl_c_cancels_the_turn_in_progress_and_commits_nothing(tmp_path: Path) -> None:

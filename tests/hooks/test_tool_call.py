@@ -1,6 +1,7 @@
 """inject_tool_call: a real tool's call and result injected before the user message."""
 
 import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -296,3 +297,50 @@ async def test_two_hooks_on_one_tool_each_find_their_own_last_pair() -> None:
     # last pair is 70 s old, although bob's (a pair of the same tool) is 20 s old.
     assert injected == [True, True, True]
     assert prefs.runs == 5
+
+
+async def test_a_ttl_refresh_that_finds_the_same_value_renews_freshness_across_restarts(
+    tmp_path: Path,
+) -> None:
+    """Catches: after the ttl ran out, a re-fetch finding the value unchanged injected
+    nothing and left no trace, so the tool ran again on every later turn (fetched at 0, 100
+    and 130 s with a 60 s ttl). Each turn here is a new process's pipeline on a reopened
+    SQLite log, so the renewal must come from the log alone."""
+    from hooks import RENEWED_AT
+    from pipeline.logs import SQLiteLog
+
+    prefs, clock = Preferences(), Clock()
+    path = tmp_path / "log.db"
+    injected = []
+    for at in (0.0, 100.0, 130.0, 159.9, 160.0):
+        clock.now = at
+        pipe = pipe_for(prefs, ScriptedModel(["ok"]), ttl=60, frequency="if_changed", clock=clock)
+        async with SQLiteLog(path) as log, pipe.session(log=log, conversation_id="c") as s:
+            result = await s.send("hi")
+        injected.append(bool(result.turn.injections))
+
+    # 0: injected. 100: stale, re-fetched, unchanged: renewed. 130 and 159.9: fresh since
+    # 100, the tool does not run. 160: stale again, re-fetched, unchanged: renewed.
+    assert (injected, prefs.runs) == ([True, False, False, False, False], 3)
+    async with SQLiteLog(path) as log:
+        users = [m for m in (await log.load("c")).messages if m.role == "user"]
+    assert [m.meta.get(RENEWED_AT) for m in users] == [
+        None,
+        {"inject_get_preferences": 100.0},
+        None,
+        None,
+        {"inject_get_preferences": 160.0},
+    ]
+
+
+async def test_a_renewal_does_not_hide_a_changed_value_once_the_ttl_runs_out() -> None:
+    """Catches: a renewal that kept the old value fresh forever, or re-injected it."""
+    prefs, clock = Preferences(), Clock()
+    pipe = pipe_for(prefs, ScriptedModel(["ok"] * 4), ttl=60, frequency="if_changed", clock=clock)
+
+    injected, _ = await send_turns(
+        pipe, clock, [0.0, 100.0, 150.0, 161.0], prefs, ["en", "en", "fr", "fr"]
+    )
+
+    # 150: the renewal at 100 is fresh, so the change is not seen yet; 161: stale, changed.
+    assert injected == [True, False, False, True]

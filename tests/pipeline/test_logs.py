@@ -470,7 +470,7 @@ async def test_an_entry_round_trips_through_its_dict():
 async def test_an_entry_dict_names_its_fields_and_the_hook_records_fields():
     data = entry_to_dict(LogEntry("turn-1", exchange("hi", "hello"), await rich_audit()))
 
-    assert sorted(data) == ["audit", "messages", "turn_ref"]
+    assert sorted(data) == ["audit", "committed_at", "messages", "turn_ref"]
     assert data["messages"][0] == {
         "role": "user",
         "parts": [{"type": "text", "text": "hi", "meta": {}}],
@@ -607,3 +607,63 @@ async def replay(log: Log, prefix: str, steps) -> None:
 
 def test_memory_log_repr_counts_conversations():
     assert repr(MemoryLog()) == "MemoryLog(0 conversations)"
+
+
+def nested(depth: int) -> dict:
+    """A JSON object `depth` levels deep: {"a": {"a": ... {} ...}}."""
+    value: dict = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+async def test_a_turn_with_arguments_too_deep_to_store_is_refused_alike_by_every_log(log):
+    """Catches: SQLiteLog and PostgresLog raising a raw RecursionError out of session.send
+    for tool arguments 400+ levels deep while MemoryLog stored them."""
+    from pipeline import LogError, tool
+
+    @tool
+    def lookup(query: dict) -> str:
+        """Look something up."""
+        return "found"
+
+    model = ScriptedModel([[ToolCall("1", "lookup", {"query": nested(450)})], "done"])
+    pipe = Pipeline(model=model, tools=[lookup])
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        with pytest.raises(LogError) as caught:
+            await session.send("look it up")
+    message = str(caught.value)
+    assert repr(CONVERSATION) in message
+    assert "nested more than 100 levels deep" in message
+    assert "messages[1].parts[0].arguments" in message
+    assert (await log.load(CONVERSATION)).messages == ()
+
+
+async def test_a_value_as_deep_as_a_log_allows_round_trips(log):
+    """Catches: a limit set above what the codec can read back (a commit that is written
+    and then cannot be loaded)."""
+    from pipeline.logs import MAX_DEPTH
+
+    messages = (
+        Message.user("deep"),
+        Message.assistant([ToolCall("1", "t", nested(MAX_DEPTH))], meta={"m": nested(50)}),
+    )
+    await log.append(CONVERSATION, "t-1", messages)
+    assert (await log.load(CONVERSATION)).messages == messages
+    assert (await log.entries(CONVERSATION))[0].messages == messages
+
+
+async def test_conversations_lists_each_with_its_turns_messages_and_last_commit(log):
+    """Catches: no way to list a log's conversations, and entries without commit times."""
+    await log.append("a", "t-1", exchange("q", "a"))
+    await log.append("a", "t-2", exchange("q", "a"))
+    await trio.sleep(0.01)
+    await log.append("b", "t-1", (Message.user("q"),))
+
+    listed = await log.conversations()
+
+    assert [(c.conversation_id, c.turns, c.messages) for c in listed] == [("b", 1, 1), ("a", 2, 4)]
+    entries = await log.entries("a")
+    assert entries[0].committed_at is not None
+    assert entries[0].committed_at <= entries[1].committed_at == listed[1].last_committed_at
+    assert listed[1].last_committed_at < listed[0].last_committed_at

@@ -1319,3 +1319,17 @@ async def test_cancelling_run_while_a_sync_hook_blocks_in_a_thread_propagates(
         release.set()
 
     assert scope.cancelled_caught
+
+
+async def test_two_hooks_shaping_extra_both_reach_the_model_request():
+    """Catches: the second hook's `with_request(extra=...)` dropping the first hook's keys."""
+
+    def seeded(turn):
+        return cont(turn.with_request(extra={"seed": 7, "user": "ada"}))
+
+    def nucleus(turn):
+        return cont(turn.with_request(extra={"top_p": 0.5, "user": None}))
+
+    model = ScriptedModel(["ok"])
+    await Pipeline(model=model, pre=[seeded, nucleus]).run(Turn.start("hi"))
+    assert dict(model.requests[0].options.extra) == {"seed": 7, "top_p": 0.5}

@@ -408,6 +408,7 @@ async def test_a_whole_turn_emits_its_events_in_order() -> None:
         ("HookFinished", "guard"),
         ("ToolBlocked", "guard"),
         ("ToolFinished", None),
+        ("ToolStepFinished", None),
         ("ModelCalled", None),
         ("TextDelta", None),
         ("ModelFinished", None),
@@ -1422,3 +1423,55 @@ async def test_cancelling_the_turn_while_a_tool_runs_commits_nothing(autojump_cl
             await session.send("weather?")
 
     assert await log.load(CONVERSATION) == Context()
+
+
+# -- ToolStepFinished: the settled step, atomically -----------------------------------------
+
+
+async def test_a_settled_step_is_one_event_with_its_results_in_call_order(autojump_clock) -> None:
+    """Catches: no single event for a settled tool step, so a consumer that must not show a
+    partial batch had to rebuild it from ToolFinished events in completion order."""
+    slow_first = lookup_tool(delays={"a": 3, "b": 1, "c": 2})
+    pipe, _ = pipe_with(
+        [calls("a", "b", "c"), [call("c4", "d")], "done"], slow_first, tool_concurrency=3
+    )
+
+    events, _ = await collect(pipe, start())
+
+    finished = [e.call.id for e in of_type(events, ev.ToolFinished)]
+    assert finished[:3] == ["c2", "c3", "c1"]  # completion order
+    steps = of_type(events, ev.ToolStepFinished)
+    assert [(e.attempt, e.step, [(r.call_id, r.content) for r in e.results]) for e in steps] == [
+        (1, 1, [("c1", "lookup(a)"), ("c2", "lookup(b)"), ("c3", "lookup(c)")]),
+        (1, 2, [("c4", "lookup(d)")]),
+    ]
+    kinds = [type(e) for e in events]
+    first_step = kinds.index(ev.ToolStepFinished)
+    assert ev.ToolFinished not in kinds[first_step + 1 : kinds.index(ev.ModelCalled, first_step)]
+
+
+async def test_a_step_carries_the_effective_results_after_rewrites_and_blocks() -> None:
+    """Catches: the step event carrying raw results a hook rewrote, or missing blocked calls."""
+    guard = before("guard", lambda c: block("no") if c.arguments["city"] == "b" else cont(c))
+    scrub = after("scrub", lambda r: cont(r.with_content("clean")))
+    pipe, _ = pipe_with([calls("a", "b"), "ok"], before_tool=[guard], after_tool=[scrub])
+
+    events, _ = await collect(pipe, start())
+
+    (step,) = of_type(events, ev.ToolStepFinished)
+    assert [(r.call_id, r.content, r.error_class) for r in step.results] == [
+        ("c1", "clean", None),
+        ("c2", "no", "hook_blocked"),
+    ]
+
+
+async def test_a_halted_step_emits_no_step_event() -> None:
+    """Catches: a ToolStepFinished for a batch that a tool hook halted (nothing of it kept)."""
+    stop = after("stop", lambda r: halt("enough") if r.call_id == "c2" else cont(r))
+    pipe, _ = pipe_with([calls("a", "b"), "never"], after_tool=[stop])
+
+    events, result = await collect(pipe, start())
+
+    assert result.outcome == "halted"
+    assert of_type(events, ev.ToolFinished) != []
+    assert of_type(events, ev.ToolStepFinished) == []

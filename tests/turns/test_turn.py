@@ -316,3 +316,43 @@ def test_start_rejects_a_turn_ref_that_is_not_a_non_empty_string(turn_ref: objec
 def test_start_rejects_a_context_or_scope_of_the_wrong_type(keyword: str, value: object) -> None:
     with pytest.raises(TypeError, match=keyword):
         Turn.start("hi", **{keyword: value})  # type: ignore[arg-type]
+
+
+# -- request shaping: extra shallow-merges ------------------------------------------------
+
+_EXTRA_KEYS = st.sampled_from(["seed", "top_p", "user", "logprobs"])
+_EXTRA_VALUES = st.none() | st.integers() | st.text(max_size=3)
+
+
+@given(st.lists(st.dictionaries(_EXTRA_KEYS, _EXTRA_VALUES, max_size=4), max_size=6))
+def test_extra_merges_per_key_with_the_last_writer_winning_and_none_removing(writes):
+    """Catches: `with_request(extra=...)` replacing the whole mapping, so a second hook
+    silently dropped the first hook's keys. Law: applying writes one by one leaves, per key,
+    the last value written to it, and no key whose last value was None."""
+    turn = Turn.start("hi")
+    for extra in writes:
+        turn = turn.with_request(extra=extra)
+    expected: dict = {}
+    for extra in writes:
+        for key, value in extra.items():
+            expected[key] = value
+    assert dict(turn.request.extra) == {k: v for k, v in expected.items() if v is not None}
+
+
+@given(
+    st.dictionaries(_EXTRA_KEYS, _EXTRA_VALUES, max_size=4),
+    st.dictionaries(_EXTRA_KEYS, _EXTRA_VALUES, max_size=4),
+    st.dictionaries(_EXTRA_KEYS, _EXTRA_VALUES, max_size=4),
+)
+def test_merging_extra_is_associative(a, b, c):
+    """Catches: a merge whose result depends on how writes are grouped (e.g. a chain of
+    hooks versus the same hooks listed one by one)."""
+    one_by_one = Turn.start("hi").with_request(extra=a).with_request(extra=b).with_request(extra=c)
+    grouped = Turn.start("hi").with_request(extra=a).with_request(extra={**b, **c})
+    assert one_by_one.request.extra == grouped.request.extra
+
+
+def test_extra_that_is_not_a_mapping_is_a_type_error_saying_what_to_pass():
+    """Catches: `extra=["seed"]` being stored as is and failing in the provider."""
+    with pytest.raises(TypeError, match=r"extra must be a mapping.*got list"):
+        Turn.start("hi").with_request(extra=["seed"])

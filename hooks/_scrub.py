@@ -1,0 +1,222 @@
+"""Scrubbing personal data where it comes in: the user's message and tool results.
+
+`redact` and `pii` are stream transformers: they protect what the model writes. The same
+detectors (a `Redact` factory, which `redact(...)` and `pii(...)` return) also scrub what
+reaches the model from elsewhere:
+
+- `scrub_input` is a pre hook that rewrites the user's message before anything else reads
+  it: the later hooks, the model, the events, the audit record and the log all see the
+  scrubbed text (put it first in ``pre``).
+- `scrub_tool_results` is an after-tool hook that rewrites each result before the model,
+  the events, the audit record and the log see it (after-tool rewrites are all they see).
+- `scrub_output` gives the stream transformer for the model's own text with the same
+  strategies.
+
+A strategy says what happens to a match: ``"redact"`` puts the detector's replacement in
+its place (``[EMAIL]``); ``"mask"`` keeps its last four characters (``************4242``);
+``"hash"`` puts a stable digest in its place (``[EMAIL:5f1e0c2a9b]``: equal values give
+equal digests, so a conversation can still tell two addresses apart); ``"block"`` refuses
+the whole message (the turn halts, nothing is committed) or the whole tool result (the
+model reads an error result instead).
+"""
+
+import hashlib
+import re
+from collections.abc import Callable
+from typing import Literal
+
+import attrs
+
+from pipeline import ConfigError, Cont, Halt, Hook, cont, halt, hook
+from turns import Text, ToolCall, ToolResult, Turn
+
+from ._redact import Redact
+
+Strategy = Literal["redact", "mask", "hash", "block"]
+_STRATEGIES: tuple[Strategy, ...] = ("redact", "mask", "hash", "block")
+
+SCRUB_BLOCKED = "blocked_personal_data"
+"""The ``error_class`` of a tool result withheld by ``scrub_tool_results(strategy="block")``."""
+
+
+def _label(detector: Redact, found: str) -> str:
+    """What the detector calls a match: its replacement without brackets (``EMAIL``)."""
+    replaced = detector.redact_text(found)
+    if replaced == found:  # a pattern that only matches in context: name the detector
+        return detector.name.upper()
+    return replaced.strip("[]<>") or detector.name.upper()
+
+
+def _mask(found: re.Match[str]) -> str:
+    text = found.group()
+    shown = 4 if len(text) > 8 else 0
+    return "*" * (len(text) - shown) + text[len(text) - shown :]
+
+
+def _digest(detector: Redact) -> Callable[[re.Match[str]], str]:
+    def digest(found: re.Match[str]) -> str:
+        text = found.group()
+        code = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        return f"[{_label(detector, text)}:{code}]"
+
+    return digest
+
+
+def _scrubber(detector: Redact, strategy: str) -> Callable[[str], str]:
+    """Whole-text scrubbing for a strategy other than ``"block"``."""
+    if strategy == "redact":
+        return detector.redact_text
+    if strategy == "mask":
+        return detector.with_replacement(_mask).redact_text
+    return detector.with_replacement(_digest(detector)).redact_text
+
+
+def _check(where: str, detector: object, strategy: object) -> None:
+    if not isinstance(detector, Redact):
+        raise ConfigError(
+            f"{where}: expected a detector built by hooks.pii(...) or hooks.redact(...), got"
+            f" {type(detector).__name__} {detector!r}"
+        )
+    if strategy not in _STRATEGIES:
+        raise ConfigError(
+            f"{where}: strategy must be one of {', '.join(map(repr, _STRATEGIES))}, got"
+            f" {strategy!r}"
+        )
+
+
+def _found(detector: Redact, text: str) -> list[str]:
+    """The names of what the detector finds in `text`, each once, in order of appearance."""
+    names: list[str] = []
+
+    def note(found: re.Match[str]) -> str:
+        name = _label(detector, found.group())
+        if name not in names:
+            names.append(name)
+        return ""
+
+    detector.with_replacement(note).redact_text(text)
+    return names
+
+
+def scrub_input(
+    detector: Redact,
+    *,
+    strategy: Strategy = "redact",
+    reply: str | None = None,
+    name: str | None = None,
+) -> Hook:
+    """A pre hook that scrubs the user's message with `detector` before anything reads it.
+
+    Put it first in ``pre``: the hooks after it, the model, the events, the audit record and
+    the log see only the scrubbed message.
+
+    Args:
+        detector: What to look for: ``pii(...)`` or ``redact(...)``.
+        strategy: ``"redact"``, ``"mask"``, ``"hash"``, or ``"block"``: halt the turn
+            (nothing is committed) when the message holds anything the detector finds.
+        reply: With ``"block"``, the answer the user gets; by default one saying what was
+            found and asking to send the message again without it.
+        name: The hook's name; ``scrub_input`` by default.
+
+    Raises:
+        ConfigError: `detector` is not a `Redact`, or the strategy is unknown.
+    """
+    _check("scrub_input", detector, strategy)
+    scrub = None if strategy == "block" else _scrubber(detector, strategy)
+
+    def scrub_message(turn: Turn) -> Cont[Turn] | Halt:
+        message = turn.user_message
+        if scrub is None:
+            found = _found(detector, message.text)
+            if not found:
+                return cont(turn)
+            kinds = ", ".join(found)
+            return halt(
+                f"the message holds personal data ({kinds})",
+                reply=reply
+                if reply is not None
+                else f"Your message seems to hold personal data ({kinds}). Please send it"
+                " again without it.",
+            )
+        parts = tuple(
+            attrs.evolve(part, text=scrub(part.text)) if isinstance(part, Text) else part
+            for part in message.parts
+        )
+        if parts == message.parts:
+            return cont(turn)
+        return cont(attrs.evolve(turn, user_message=attrs.evolve(message, parts=parts)))
+
+    return hook(scrub_message, name=name if name is not None else "scrub_input")
+
+
+def scrub_tool_results(
+    detector: Redact,
+    *,
+    strategy: Strategy = "redact",
+    match: str | re.Pattern[str] | Callable[[str], bool] | None = None,
+    name: str | None = None,
+) -> Hook:
+    """An after-tool hook that scrubs each tool result with `detector`.
+
+    The model, the events (`ToolFinished`, `ToolStepFinished`), the audit record and the log
+    see only the scrubbed result. Error results are scrubbed too.
+
+    Args:
+        detector: What to look for: ``pii(...)`` or ``redact(...)``.
+        strategy: ``"redact"``, ``"mask"``, ``"hash"``, or ``"block"``: the model gets an
+            error result (``error_class="blocked_personal_data"``) saying what was found
+            instead of the result.
+        match: The tools it applies to (as `pipeline.hook`'s ``match``); every tool by
+            default.
+        name: The hook's name; ``scrub_tool_results`` by default.
+
+    Raises:
+        ConfigError: `detector` is not a `Redact`, or the strategy is unknown.
+    """
+    _check("scrub_tool_results", detector, strategy)
+    scrub = None if strategy == "block" else _scrubber(detector, strategy)
+
+    def scrub_result(call: ToolCall, result: ToolResult, turn: Turn) -> Cont[ToolResult]:
+        if scrub is not None:
+            content = scrub(result.content)
+            return cont(result if content == result.content else result.with_content(content))
+        found = _found(detector, result.content)
+        if not found:
+            return cont(result)
+        return cont(
+            ToolResult(
+                result.call_id,
+                f"the result of {call.name} was withheld: it holds personal data"
+                f" ({', '.join(found)})",
+                is_error=True,
+                error_class=SCRUB_BLOCKED,
+                meta=result.meta,
+            )
+        )
+
+    return hook(scrub_result, name=name if name is not None else "scrub_tool_results", match=match)
+
+
+def scrub_output(detector: Redact, *, strategy: Strategy = "redact") -> Redact:
+    """The stream transformer factory scrubbing the model's text with a strategy.
+
+    ``"redact"`` returns `detector` itself; ``"mask"`` and ``"hash"`` the same detector
+    with that replacement. ``"block"`` is not a transformer's to decide: a reply that holds
+    personal data should be regenerated, with ``guardrail(lambda text:
+    detector.redact_text(text) == text, feedback=...)``.
+
+    Raises:
+        ConfigError: `detector` is not a `Redact`, or the strategy is ``"block"`` or unknown.
+    """
+    _check("scrub_output", detector, strategy)
+    if strategy == "block":
+        raise ConfigError(
+            "scrub_output: 'block' cannot apply to text already streaming — reject such a"
+            " reply with a guardrail instead: guardrail(lambda text: detector.redact_text(text)"
+            " == text, feedback='Do not repeat personal data.')"
+        )
+    if strategy == "redact":
+        return detector
+    if strategy == "mask":
+        return detector.with_replacement(_mask)
+    return detector.with_replacement(_digest(detector))
