@@ -494,9 +494,14 @@ class _Compiled:
         scan: _Scan | None = None
         if len(scans) == 1:
             scan = scans[0]
+            if scan.spaced and scan.first is None:
+                return self._replace_spaced(scan, text, pos, end, pieces, count)
             found = scan.next(text, pos, validate)
         elif ahead:
             found, scan = ahead[0]
+            assert scan is not None
+            if scan.spaced and scan.first is None:
+                return self._replace_spaced(scan, text, pos, end, pieces, count)
             if found is not None and found.start() < pos:
                 found = scan.next(text, pos, validate)
         else:
@@ -515,6 +520,58 @@ class _Compiled:
                 return "".join(pieces), pos, count
             assert scan is not None
             found = scan.next(text, pos, validate)
+        if not count:
+            return text[pos:end], end, 0
+        pieces.append(text[pos:end])
+        return "".join(pieces), end, count
+
+    def _replace_spaced(
+        self, scan: _Scan, text: str, pos: int, end: int, pieces: list[str], count: int
+    ) -> tuple[str, int, int]:
+        """The end of `replace` when one pattern is left whose matches hold a required
+        character and no space (an e-mail address): `_Scan.next` inlined, since it runs once
+        per match. `pieces` and `count` are what `replace` has done so far.
+        """
+        required = scan.required
+        assert required is not None
+        replacement, labels, validate = self.replacement, self.labels, self.validate
+        find, rfind, search = text.find, text.rfind, scan.pattern.search
+        run_start = scan.run_start
+        cursor = pos  # where the search goes on; `pos`: where the output has got to
+        while True:
+            at = find(required, cursor)
+            if at < 0:
+                break
+            start = cursor
+            if at > cursor:
+                space = rfind(" ", cursor, at)
+                if space >= 0:
+                    start = space + 1
+                else:
+                    assert run_start is not None
+                    run = run_start.match(text, cursor, at)
+                    if run is not None:
+                        start = run.end()
+            found = search(text, start)
+            if found is None:
+                break
+            begin = found.start()
+            if begin >= end:
+                break
+            if validate is not None and not validate(found):
+                cursor = begin + 1
+                continue
+            pieces.append(text[pos:begin])
+            if replacement is not None:
+                pieces.append(replacement)
+            elif labels is not None:
+                pieces.append(labels[found.re])
+            else:
+                pieces.append(self.computed(found))
+            count += 1
+            pos = cursor = found.end()
+            if pos >= end:
+                return "".join(pieces), pos, count
         if not count:
             return text[pos:end], end, 0
         pieces.append(text[pos:end])
