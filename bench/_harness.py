@@ -89,7 +89,7 @@ class Row:
     met: bool | None = None
     """Whether the target was met in this run; None when there is no target."""
     unit: str = "s"
-    """What `median` and `floor` count: seconds, ``"turns/s"`` or ``"bytes"``."""
+    """What `median` and `floor` count: seconds, ``"turns/s"``, ``"MB/s"`` or ``"bytes"``."""
 
 
 def fmt_value(value: float, unit: str) -> str:
@@ -102,6 +102,10 @@ def fmt_value(value: float, unit: str) -> str:
         if abs(value) >= 1024:
             return f"{value / 1024:.1f} KiB"
         return f"{value:.0f} B"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "MB/s":
+        return f"{value:,.1f} MB/s"
     return f"{value:,.0f} {unit}"
 
 

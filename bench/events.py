@@ -27,7 +27,7 @@ async def run(quick: bool) -> list[Row]:
                 pass
 
     async def plain() -> None:
-        await ref.floor(turn)
+        await ref.plain()
 
     samples = await measure(
         {"floor": plain, "run": without, "stream": consumed}, repeats=repeats, inner=inner
@@ -57,6 +57,6 @@ async def run(quick: bool) -> list[Row]:
             spread(over_floor),
             samples["floor"].median,
             statistics.median(over_floor),
-            note="floor column: the plain trio function of the turn benchmark",
+            note="floor column: the plain turn of the turn benchmark",
         ),
     ]

@@ -1,28 +1,26 @@
-"""Commit throughput of the durable logs, for 1 and 8 concurrent sessions.
+"""A committed turn: `SQLiteLog.append` against the same rows written with `sqlite3` directly.
 
 A commit is what a session does after each turn: `append` of the turn's messages (a user
-message and a reply) with its audit record and the expected length. With 8 sessions, 8 trio
-tasks commit to 8 conversations through one shared log.
-
-The floors, measured in the same run on the same kind of storage with the same settings,
-insert the same rows (the JSON a log stores, prepared beforehand) into a table without
-constraints with the driver alone: sqlite3, one transaction per row, through one connection
-(SQLite has one writer at a time); psycopg autocommit INSERTs, one round trip per row, one
-connection per writer. Each floor is measured twice: blocking the caller (the driver's own
-speed), and as a trio program must call a blocking driver without stalling its event loop,
-each insert handed to a worker thread with ``trio.to_thread.run_sync``. The logs do the
-latter, so that is the floor their ratio is taken against; the note gives the ratio to the
-blocking floor too. Reported per turn, with turns per second.
+message and a reply) with its audit record and the expected length. The floor writes the same
+rows with the driver alone, in tables of the same shape and indexes, with the same durability
+settings (WAL, ``synchronous=FULL``), one transaction per turn: the turn row and the
+conversation's row, the JSON encoded from plain dicts of the same content with `json.dumps`,
+the transaction handed to a worker thread with the loop's own call (as an async program must
+call a blocking driver). Both are timed per turn in wall time (what a caller waits: bound by
+the fsync) and in CPU time (this process, all threads).
 
 PostgreSQL runs when ``TURNPLUG_BENCH_POSTGRES_DSN`` (or ``TURNPLUG_TEST_POSTGRES_DSN``)
-names a server; the benchmark works in a schema of its own and drops it.
+names a server, in wall time (the server's CPU is not this process's); the benchmark works in
+a schema of its own and drops it.
 """
 
+import json
 import os
 import secrets
 import sqlite3
 import statistics
 import tempfile
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +35,11 @@ from pipeline.testing import FunctionModel
 from turns import Message, Text, Turn
 
 from ._harness import Row, Sample, measure, per_rep, spread
+from ._loops import to_thread
+
+LOOPS = ("trio",)  # the log runs on trio; the floor is written for asyncio too
+CPU_TARGET = 2.0
+WALL_TARGET = 1.1
 
 SESSIONS = 8
 QUESTION = "How long do refunds take for an order that was shipped abroad last week? " * 3
@@ -108,12 +111,12 @@ class Workload:
                 nursery.start_soon(self.commit, log, conversation)
 
 
-async def run(quick: bool) -> list[Row]:
+async def run(quick: bool, loop: str) -> list[Row]:
     repeats, turns = (2, 8) if quick else (11, 160)
     messages, audit = await a_turn()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as directory:
-        rows += await _sqlite(directory, messages, audit, repeats, turns)
+        rows += await _sqlite(directory, messages, audit, repeats, turns, loop)
     dsn = os.environ.get("TURNPLUG_BENCH_POSTGRES_DSN") or os.environ.get(
         "TURNPLUG_TEST_POSTGRES_DSN"
     )
@@ -127,56 +130,109 @@ async def run(quick: bool) -> list[Row]:
 # -- SQLite ---------------------------------------------------------------------------------
 
 
+FLOOR_SCHEMA = (
+    "CREATE TABLE conversations (conversation_id TEXT PRIMARY KEY, length INTEGER NOT NULL,"
+    " turns INTEGER NOT NULL)",
+    "CREATE TABLE turns (conversation_id TEXT NOT NULL, position INTEGER NOT NULL,"
+    " turn_ref TEXT NOT NULL, message_count INTEGER NOT NULL, messages TEXT NOT NULL,"
+    " audit TEXT, committed_at TEXT NOT NULL, PRIMARY KEY (conversation_id, position),"
+    " UNIQUE (conversation_id, turn_ref))",
+)
+FLOOR_TURN = "INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"
+FLOOR_CONVERSATION = (
+    "INSERT INTO conversations VALUES (?, ?, 1) ON CONFLICT (conversation_id)"
+    " DO UPDATE SET length = length + excluded.length, turns = turns + 1"
+)
+
+
 async def _sqlite(
     directory: str,
     messages: tuple[Message, ...],
     audit: AuditRecord,
     repeats: int,
     turns: int,
+    loop: str,
 ) -> list[Row]:
     floor_db = sqlite3.connect(
         os.path.join(directory, "floor.db"), isolation_level=None, check_same_thread=False
     )
     floor_db.execute("PRAGMA journal_mode=WAL")
     floor_db.execute("PRAGMA synchronous=FULL")  # as SQLiteLog
-    floor_db.execute(FLOOR_TABLE)
-    one = Workload(messages, audit, 1, turns)
-    eight = Workload(messages, audit, SESSIONS, turns // SESSIONS)
-    lock = trio.Lock()  # one connection: one insert at a time, as SQLite writes anyway
+    for statement in FLOOR_SCHEMA:
+        floor_db.execute(statement)
+    # The turn's content as plain data: what a program without turnplug would hold.
+    plain_messages = json.loads(messages_to_json(messages))
+    plain_audit = json.loads(audit_to_json(audit) or "null")
+    batch = 0
 
-    def insert(row: tuple[Any, ...]) -> None:
+    def write(conversation: str, position: int, encoded: tuple[str, str]) -> None:
         floor_db.execute("BEGIN IMMEDIATE")
-        floor_db.execute(FLOOR_INSERT_SQLITE, row)
+        floor_db.execute(
+            FLOOR_TURN, (conversation, position, f"ref-{position}", len(plain_messages), *encoded)
+        )
+        floor_db.execute(FLOOR_CONVERSATION, (conversation, len(plain_messages)))
         floor_db.execute("COMMIT")
 
-    def blocking(workload: Workload) -> Callable[[], Awaitable[None]]:
-        async def floor() -> None:
-            for conversation in workload.next_batch("floor"):
-                for row in workload.rows(conversation):
-                    insert(row)
-
-        return floor
-
-    async def insert_rows(rows: list[tuple[Any, ...]]) -> None:
-        for row in rows:
-            async with lock:
-                await trio.to_thread.run_sync(insert, row)
-
-    def threaded(workload: Workload) -> Callable[[], Awaitable[None]]:
-        async def floor() -> None:
-            async with trio.open_nursery() as nursery:
-                for conversation in workload.next_batch("floor"):
-                    nursery.start_soon(insert_rows, workload.rows(conversation))
-
-        return floor
+    async def floor() -> None:
+        nonlocal batch
+        batch += 1
+        conversation = f"floor-{batch}"
+        for position in range(turns):
+            encoded = (json.dumps(plain_messages), json.dumps(plain_audit))
+            await to_thread(loop, write, conversation, position, encoded)
 
     log = SQLiteLog(os.path.join(directory, "log.db"))
+
+    async def commit() -> None:
+        nonlocal batch
+        batch += 1
+        conversation = f"log-{batch}"
+        length = 0
+        for position in range(turns):
+            await log.append(
+                conversation, f"ref-{position}", messages, audit, expected_length=length
+            )
+            length += len(messages)
+
     try:
-        samples = await _measure(log, one, eight, blocking, threaded, repeats)
+        wall = await measure(
+            {"floor": floor, "log": commit},
+            repeats=repeats,
+            inner=1,
+            warmup=1,
+            clock=time.perf_counter,
+        )
+        cpu = await measure({"floor": floor, "log": commit}, repeats=repeats, inner=1, warmup=0)
     finally:
         await log.aclose()
         floor_db.close()
-    return _rows("SQLiteLog", "raw sqlite3 inserts", samples, one, eight)
+    rows = []
+    for clock, samples, target in (("wall", wall, WALL_TARGET), ("CPU", cpu, CPU_TARGET)):
+        floor_turn = [t / turns for t in samples["floor"].times]
+        log_turn = [t / turns for t in samples["log"].times]
+        ratios = per_rep(lambda g, f: g / f, samples["log"], samples["floor"])
+        ratio = statistics.median(ratios)
+        rows.append(
+            Row(
+                f"floor: raw sqlite3, one transaction per turn, {clock} time per turn",
+                statistics.median(floor_turn),
+                spread(floor_turn),
+                note=f"{1 / statistics.median(floor_turn):,.0f} turns/s" if clock == "wall" else "",
+            )
+        )
+        rows.append(
+            Row(
+                f"SQLiteLog.append, {clock} time per turn",
+                statistics.median(log_turn),
+                spread(ratios),
+                statistics.median(floor_turn),
+                ratio,
+                note=f"{1 / statistics.median(log_turn):,.0f} turns/s" if clock == "wall" else "",
+                target=f"<= {target:g}x",
+                met=ratio <= target,
+            )
+        )
+    return rows
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------
@@ -263,6 +319,7 @@ async def _measure(
         repeats=repeats,
         inner=1,
         warmup=1,
+        clock=time.perf_counter,  # the server's CPU is not this process's
     )
 
 

@@ -15,7 +15,9 @@ from typing import Final
 
 from pipeline import ConfigError
 
-from ._redact import Redact, redact
+from ._redact import Redact, _Compiled, redact
+
+_MAX_MATCH = 256  # redact's default: every kind's matches are shorter
 
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -130,20 +132,21 @@ def pii(
         if kind in chosen:
             for pattern in _PATTERNS[kind]:
                 kind_of[re.compile(pattern)] = kind
+    checks = {pattern: _CHECKS.get(kind) for pattern, kind in kind_of.items()}
+    labels = {pattern: f"[{kind.upper()}]" for pattern, kind in kind_of.items()}
 
     def valid(match: re.Match[str]) -> bool:
-        check = _CHECKS.get(kind_of[match.re])
+        check = checks[match.re]
         return check is None or check(match.group())
 
     def label(match: re.Match[str]) -> str:
-        return f"[{kind_of[match.re].upper()}]"
+        return labels[match.re]
 
-    return redact(
-        tuple(kind_of),
-        replacement=label if replacement is None else replacement,
-        validate=valid,
-        name="pii",
-    )
+    if replacement is None:
+        # The label depends on the pattern alone: `redact` looks it up instead of calling.
+        compiled = _Compiled(tuple(kind_of), label, _MAX_MATCH, valid, labels)
+        return Redact(compiled, "pii")
+    return redact(tuple(kind_of), replacement=replacement, validate=valid, name="pii")
 
 
 def _kinds(kinds: object) -> frozenset[str]:

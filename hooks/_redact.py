@@ -26,7 +26,7 @@ The law, checked by a property test: for any split of a text into chunks, the ou
 
 import importlib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias, final
 
 from pipeline import ConfigError
@@ -197,6 +197,135 @@ def _alphabet(pattern: re.Pattern[str], state: dict[str, int]) -> tuple[str, boo
     return (f"(?{scoped}:{body})" if scoped else f"(?:{body})"), words
 
 
+def _first_chars(items: Iterable[tuple[Any, Any]]) -> tuple[set[str], bool] | None:
+    """The class bodies a match of the parsed items can start with, and whether they can
+    match nothing at all; None when that is not easy to see (the search then tries every
+    position).
+    """
+    bodies: set[str] = set()
+    for op, av in items:
+        name = str(op)
+        if name in ("AT", "ASSERT", "ASSERT_NOT"):
+            continue  # zero-width: the first character is consumed after it
+        if name == "LITERAL":
+            bodies.add(_escape(av))
+            return bodies, False
+        if name == "IN":
+            if any(str(item_op) == "NEGATE" for item_op, _ in av):
+                return None
+            try:
+                bodies.add("".join(_class_item(o, a) for o, a in av))
+            except _Unbounded:
+                return None
+            return bodies, False
+        if name == "SUBPATTERN":
+            if av[1] & re.IGNORECASE or av[2] & re.IGNORECASE:
+                return None
+            found = _first_chars(av[3])
+        elif name == "BRANCH":
+            found = bodies, False
+            for branch in av[1]:
+                inner = _first_chars(branch)
+                if inner is None:
+                    return None
+                bodies |= inner[0]
+                found = bodies, found[1] or inner[1]
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            inner = _first_chars(av[2])
+            found = None if inner is None else (inner[0], inner[1] or av[0] == 0)
+        else:
+            return None
+        if found is None:
+            return None
+        bodies |= found[0]
+        if not found[1]:
+            return bodies, False
+    return bodies, True
+
+
+# Characters ordinary prose is made of: a first-character class holding none of them is rare
+# enough in text to be worth looking for on its own.
+_PROSE = "etaoinsrhldcumfpgwybvk "
+
+
+@final
+class _Scan:
+    """How one pattern is searched for, from what its analysis proves.
+
+    A match starts with a character of its first-character class (`first`), contains its
+    required character (`required`), and consists of characters of its alphabet, so that no
+    match starts before the last character outside the alphabet ahead of the next required
+    character (`run_start` finds it, scanning backwards in C). Each shortcut skips only
+    positions where the pattern cannot match: the search finds what ``pattern.search``
+    finds, in time proportional to the stretches where a match is possible.
+    """
+
+    __slots__ = ("first", "pattern", "required", "run_start", "spaced")
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern = pattern
+        self.required: str | None = None
+        self.run_start: re.Pattern[str] | None = None
+        self.spaced = False  # the space is outside the alphabet: a match never holds one
+        required = _required_char(pattern)
+        if required is not None:
+            try:
+                alphabet, _words = _alphabet(pattern, {"behind": 0, "ignorecase": 0, "words": 0})
+                self.run_start = re.compile(rf"(?s:.*)(?!{alphabet})(?s:.)")
+                self.spaced = re.fullmatch(alphabet, " ") is None
+                self.required = required
+            except (_Unbounded, re.error, RecursionError):
+                pass
+        self.first: re.Pattern[str] | None = None
+        parsed = sre_parse.parse(pattern.pattern, pattern.flags)
+        try:
+            first = _first_chars(parsed)
+        except RecursionError:
+            first = None
+        if first is not None and first[0] and not first[1]:
+            flags = parsed.state.flags & (re.IGNORECASE | re.ASCII)
+            try:
+                candidate = re.compile(f"[{''.join(sorted(first[0]))}]", flags)
+            except re.error:
+                candidate = None
+            if candidate is not None and candidate.search(_PROSE) is None:
+                self.first = candidate
+
+    def next(self, text: str, pos: int, validate: Validator | None) -> re.Match[str] | None:
+        """The leftmost match from `pos` that `validate` accepts, as ``pattern.search``."""
+        pattern = self.pattern
+        required = self.required
+        first = self.first
+        while True:
+            start = pos
+            if required is not None:
+                at = text.find(required, pos)
+                if at < 0:
+                    return None
+                if at > pos:
+                    # A match holding the character at `at` starts after the last character
+                    # before it that no match can hold (a space, mostly: found fastest).
+                    space = text.rfind(" ", pos, at) if self.spaced else -1
+                    if space >= 0:
+                        start = space + 1
+                    else:
+                        assert self.run_start is not None
+                        run = self.run_start.match(text, pos, at)
+                        if run is not None:
+                            start = run.end()
+            if first is not None:
+                candidate = first.search(text, start)
+                if candidate is None:
+                    return None
+                start = candidate.start()
+            found = pattern.search(text, start)
+            if found is None:
+                return None
+            if validate is None or validate(found):
+                return found
+            pos = found.start() + 1
+
+
 @final
 class _Compiled:
     """The analysed patterns a `Redact` factory shares with its instances."""
@@ -206,11 +335,13 @@ class _Compiled:
         "behind",
         "crossing",
         "full",
+        "labels",
         "masks",
         "member",
         "patterns",
         "replacement",
         "required",
+        "scans",
         "separators",
         "single_required",
         "space",
@@ -226,8 +357,13 @@ class _Compiled:
         replacement: Replacement,
         window: int,
         validate: Validator | None = None,
+        labels: Mapping[re.Pattern[str], str] | None = None,
     ) -> None:
         self.patterns = patterns
+        # A literal replacement per pattern, for a computed `replacement` that depends on the
+        # pattern alone (`pii`'s labels): looked up rather than called.
+        self.labels = labels
+        self.scans = tuple(_Scan(pattern) for pattern in patterns)
         # A literal replacement is used as is; a computed one is called per match.
         self.replacement = replacement if isinstance(replacement, str) else None
         self.substitute = None if isinstance(replacement, str) else replacement
@@ -297,26 +433,6 @@ class _Compiled:
             return True
         return any(char in text for char in required)
 
-    def search(self, text: str, pos: int) -> re.Match[str] | None:
-        """The leftmost valid match of any pattern from `pos`; on a tie, the first pattern's.
-
-        A match the validator refuses is passed over as if the pattern did not match there:
-        the search goes on from the next character.
-        """
-        patterns = self.patterns
-        validate = self.validate
-        if len(patterns) == 1 and validate is None:
-            return patterns[0].search(text, pos)
-        best: re.Match[str] | None = None
-        for pattern in patterns:
-            found = pattern.search(text, pos)
-            while found is not None and (best is None or found.start() < best.start()):
-                if validate is None or validate(found):
-                    best = found
-                    break
-                found = pattern.search(text, found.start() + 1)
-        return best
-
     def replace(self, text: str, pos: int, end: int) -> tuple[str, int, int]:
         """Redact matches starting in ``text[pos:end]``.
 
@@ -324,22 +440,140 @@ class _Compiled:
         number of matches replaced.
 
         Matches are searched in all of `text` (so lookarounds see their surroundings), but
-        only those starting before `end` are decided.
+        only those starting before `end` are decided. The leftmost valid match of any pattern
+        wins, and on a tie the first pattern's; a match the validator refuses is passed over
+        as if its pattern did not match there.
+
+        Each pattern's next match is remembered until the text redacted so far passes its
+        start, so a pattern is searched again only when a match of another one overlapped
+        its own, and one that does not match again is never searched again: the time is
+        linear in the length of the text, whatever the number of matches.
         """
-        found = self.search(text, pos)
-        if found is None or found.start() >= end:
-            return text[pos:end], end, 0
-        pieces: list[str] = []
+        scans = self.scans
+        validate = self.validate
         replacement = self.replacement
+        labels = self.labels
+        pieces: list[str] = []
         count = 0
+        ahead: list[list[Any]] = []
+        if len(scans) > 1:
+            # [next match, scan] of the patterns that may match again, in pattern order.
+            ahead = [[scan.next(text, pos, validate), scan] for scan in scans]
+            ahead = [entry for entry in ahead if entry[0] is not None]
+        while len(ahead) > 1:
+            best: re.Match[str] | None = None
+            spent = False
+            for entry in ahead:
+                found = entry[0]
+                if found.start() < pos:
+                    # Overlapped by the last match: search again from where it ended.
+                    found = entry[0] = entry[1].next(text, pos, validate)
+                    if found is None:
+                        spent = True
+                        continue
+                # Strictly left of the best: on a tie, the pattern listed first wins.
+                if best is None or found.start() < best.start():
+                    best = found
+            if spent:
+                ahead = [entry for entry in ahead if entry[0] is not None]
+            if best is None or best.start() >= end:
+                ahead = []
+                break
+            pieces.append(text[pos : best.start()])
+            if replacement is not None:
+                pieces.append(replacement)
+            elif labels is not None:
+                pieces.append(labels[best.re])
+            else:
+                pieces.append(self.computed(best))
+            count += 1
+            pos = best.end()
+            if pos >= end:
+                return "".join(pieces), pos, count
+        # One pattern left to search (or only one given): the same, without the comparisons.
+        scan: _Scan | None = None
+        if len(scans) == 1:
+            scan = scans[0]
+            if scan.spaced and scan.first is None:
+                return self._replace_spaced(scan, text, pos, end, pieces, count)
+            found = scan.next(text, pos, validate)
+        elif ahead:
+            found, scan = ahead[0]
+            assert scan is not None
+            if scan.spaced and scan.first is None:
+                return self._replace_spaced(scan, text, pos, end, pieces, count)
+            if found is not None and found.start() < pos:
+                found = scan.next(text, pos, validate)
+        else:
+            found = None
         while found is not None and found.start() < end:
             pieces.append(text[pos : found.start()])
-            pieces.append(replacement if replacement is not None else self.computed(found))
+            if replacement is not None:
+                pieces.append(replacement)
+            elif labels is not None:
+                pieces.append(labels[found.re])
+            else:
+                pieces.append(self.computed(found))
             count += 1
             pos = found.end()
             if pos >= end:
                 return "".join(pieces), pos, count
-            found = self.search(text, pos)
+            assert scan is not None
+            found = scan.next(text, pos, validate)
+        if not count:
+            return text[pos:end], end, 0
+        pieces.append(text[pos:end])
+        return "".join(pieces), end, count
+
+    def _replace_spaced(
+        self, scan: _Scan, text: str, pos: int, end: int, pieces: list[str], count: int
+    ) -> tuple[str, int, int]:
+        """The end of `replace` when one pattern is left whose matches hold a required
+        character and no space (an e-mail address): `_Scan.next` inlined, since it runs once
+        per match. `pieces` and `count` are what `replace` has done so far.
+        """
+        required = scan.required
+        assert required is not None
+        replacement, labels, validate = self.replacement, self.labels, self.validate
+        find, rfind, search = text.find, text.rfind, scan.pattern.search
+        run_start = scan.run_start
+        cursor = pos  # where the search goes on; `pos`: where the output has got to
+        while True:
+            at = find(required, cursor)
+            if at < 0:
+                break
+            start = cursor
+            if at > cursor:
+                space = rfind(" ", cursor, at)
+                if space >= 0:
+                    start = space + 1
+                else:
+                    assert run_start is not None
+                    run = run_start.match(text, cursor, at)
+                    if run is not None:
+                        start = run.end()
+            found = search(text, start)
+            if found is None:
+                break
+            begin = found.start()
+            if begin >= end:
+                break
+            if validate is not None and not validate(found):
+                cursor = begin + 1
+                continue
+            pieces.append(text[pos:begin])
+            if replacement is not None:
+                pieces.append(replacement)
+            elif labels is not None:
+                pieces.append(labels[found.re])
+            else:
+                pieces.append(self.computed(found))
+            count += 1
+            pos = cursor = found.end()
+            if pos >= end:
+                return "".join(pieces), pos, count
+        if not count:
+            return text[pos:end], end, 0
         pieces.append(text[pos:end])
         return "".join(pieces), end, count
 

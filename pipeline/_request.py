@@ -18,7 +18,7 @@ from ._errors import (
 )
 from ._model import ModelFinish, ModelRequest, ModelText, ModelToolCall
 from ._runner import Runner, describe, exc_text
-from ._seam import Seam
+from ._seam import PIECE, Seam
 
 _CHOICE_KEYWORDS = frozenset(("auto", "none", "required"))
 
@@ -129,7 +129,9 @@ async def model_step(
                 if kind is ModelText and type(event.text) is str:  # type: ignore[union-attr]
                     text = event.text  # type: ignore[union-attr]
                     if seam is not None:
-                        text = seam.feed(text)
+                        text = (
+                            seam.feed(text) if len(text) <= PIECE else await seam.feed_pieces(text)
+                        )
                     if text:
                         chunks.append(text)
                         if deliver is not None:

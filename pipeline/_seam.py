@@ -9,6 +9,8 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, final, runtime_checkable
 
+import anyio.lowlevel
+
 from ._errors import ConfigError, HookFailed, HookReturnError
 from ._hooks import callable_name
 
@@ -32,6 +34,14 @@ class Transformer(Protocol):
 
 TransformerFactory = Callable[[], Transformer]
 """A zero-argument callable returning a fresh `Transformer`."""
+
+PIECE = 64 * 1024
+"""The longest text handed to a transformer in one call.
+
+A longer chunk is fed in pieces of this size with a checkpoint between them, so that one
+huge chunk does not hold the event loop (other turns, timeouts, cancellation) while it is
+transformed: a transformer must accept any split of its text anyway.
+"""
 
 
 @final
@@ -193,6 +203,14 @@ class Seam:
         except Exception as exc:
             raise self._failed(index, "feed()", exc) from exc
         return text
+
+    async def feed_pieces(self, text: str) -> str:
+        """`feed` for a chunk longer than `PIECE`: in pieces, yielding to the loop between."""
+        released: list[str] = []
+        for start in range(0, len(text), PIECE):
+            released.append(self.feed(text[start : start + PIECE]))
+            await anyio.lowlevel.checkpoint()
+        return "".join(released)
 
     def flush(self) -> str:
         """Release everything held, each transformer's tail fed through the ones after it."""

@@ -48,18 +48,59 @@ def _check_reply(reply: object, where: str) -> tuple[ScriptItem, ...]:
     )
 
 
+_new = object.__new__
+_set_text = ModelText.text.__set__  # type: ignore[attr-defined]
+
+
+def _text(chunk: str) -> ModelText:
+    """``ModelText(chunk)``, its slot filled directly: built once per chunk of every reply."""
+    event = _new(ModelText)
+    _set_text(event, chunk)
+    return event
+
+
+@final
+class _Events:
+    """A reply's events, built once, and what its playback reports at the end."""
+
+    __slots__ = ("called", "events", "output")
+
+    def __init__(self, items: Sequence[ScriptItem]) -> None:
+        output = 0
+        events: list[ModelEvent] = []
+        for item in items:
+            if type(item) is str:
+                output -= -len(item) // CHARS_PER_TOKEN
+                events.append(_text(item))
+                continue
+            output += _item_tokens(item)
+            events.append(ModelToolCall(item) if isinstance(item, ToolCall) else ModelText(item))
+        self.events = tuple(events)
+        self.output = output
+        self.called = any(isinstance(item, ToolCall) for item in items)
+
+
+async def _replay(events: _Events, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
+    # The per-chunk path of a scripted turn: the events were built with the script.
+    for event in events.events:
+        yield event
+    usage = Usage(message_tokens(request.messages, estimate_tokens), events.output)
+    yield ModelFinish("tool_calls" if events.called else "stop", usage)
+
+
 async def _play(
     items: AsyncIterable[ScriptItem] | Sequence[ScriptItem], request: ModelRequest, where: str
 ) -> AsyncGenerator[ModelEvent, None]:
-    # The per-chunk path of every offline turn: plain str chunks are counted inline
+    # The per-chunk path of every computed offline turn: plain str chunks are counted inline
     # (`estimate_tokens`, unrolled) and the other items take the general path.
     output = 0
     called = False
+    text = _text
     if isinstance(items, AsyncIterable):
         async for item in items:
             if type(item) is str:
                 output -= -len(item) // CHARS_PER_TOKEN
-                yield ModelText(item)
+                yield text(item)
                 continue
             _check_reply([item], where)
             output += _item_tokens(item)
@@ -69,7 +110,7 @@ async def _play(
         for item in items:
             if type(item) is str:
                 output -= -len(item) // CHARS_PER_TOKEN
-                yield ModelText(item)
+                yield text(item)
                 continue
             output += _item_tokens(item)
             called = called or isinstance(item, ToolCall)
@@ -104,6 +145,10 @@ class _Playback:
         await self._events.aclose()
 
 
+_PLAYED = 64  # replies a FunctionModel keeps built
+_SEQ = (list, tuple)
+
+
 def _item_tokens(item: ScriptItem) -> int:
     return estimate_tokens(item) if isinstance(item, str) else part_tokens(item, estimate_tokens)
 
@@ -125,6 +170,8 @@ class ScriptedModel:
             for index, reply in enumerate(replies, 1)
         )
         self.requests: list[ModelRequest] = []
+        self._events = tuple(_Events(reply) for reply in self.replies)
+        self._script = self.replies  # what `_events` was built from
 
     def __repr__(self) -> str:
         return f"ScriptedModel({len(self.replies)} replies, {len(self.requests)} played)"
@@ -144,7 +191,14 @@ class ScriptedModel:
                 " steps call the model again)",
                 provider="scripted",
             )
-        return _play(self.replies[call - 1], request, f"ScriptedModel reply {call}")
+        if self.replies is not self._script:  # the script was replaced: build it again
+            self.replies = tuple(
+                _check_reply(reply, f"ScriptedModel reply {index}")
+                for index, reply in enumerate(self.replies, 1)
+            )
+            self._events = tuple(_Events(reply) for reply in self.replies)
+            self._script = self.replies
+        return _replay(self._events[call - 1], request)
 
 
 ReplyFunction: TypeAlias = Callable[
@@ -167,6 +221,9 @@ class FunctionModel:
             raise TypeError(f"FunctionModel takes a function request -> reply, got {fn!r}")
         self.fn = fn
         self.requests: list[ModelRequest] = []
+        # The events of the replies played lately, by their items: a function that returns
+        # the same reply again (most do, in tests) replays it without building it again.
+        self._played: dict[tuple[ScriptItem, ...], _Events] = {}
 
     def __repr__(self) -> str:
         return f"FunctionModel({getattr(self.fn, '__qualname__', self.fn)!r})"
@@ -182,7 +239,18 @@ class FunctionModel:
         reply = self.fn(request)
         if inspect.isawaitable(reply):
             reply = await reply
-        items: AsyncIterable[ScriptItem] | Sequence[ScriptItem] = (
-            reply if isinstance(reply, AsyncIterable) else _check_reply(reply, where)
-        )
-        return _play(items, request, where)
+        if isinstance(reply, AsyncIterable):
+            return _play(reply, request, where)
+        # A reply equal to one played lately was checked then (equal items: same kinds).
+        key = (reply,) if type(reply) is str else tuple(reply) if type(reply) in _SEQ else None
+        try:
+            events = self._played.get(key) if key is not None else None
+        except TypeError:  # a tool call with unhashable arguments: built every time
+            key = events = None
+        if events is None:
+            events = _Events(_check_reply(reply, where))
+            if key is not None:
+                if len(self._played) >= _PLAYED:
+                    self._played.clear()
+                self._played[key] = events
+        return _replay(events, request)

@@ -26,14 +26,33 @@ def test_bench_quick_runs_every_benchmark() -> None:
     assert done.returncode == 0, done.stderr
     assert "## dispatch" in done.stdout
     assert "## logs" in done.stdout
-    assert "SQLiteLog.append, 8 sessions" in done.stdout
+    assert "SQLiteLog.append, wall time per turn" in done.stdout
+    assert "SQLiteLog.append, CPU time per turn" in done.stdout
     assert "## parallel" in done.stdout
     assert "## providers" in done.stdout
     assert "run(), per hook" in done.stdout
-    for name in ("turn", "concurrency", "events", "tools"):
+    for name in ("turn", "concurrency", "events", "tools", "inject", "redaction", "playback"):
         assert f"## {name}" in done.stdout
+    assert "asyncio: pii, " in done.stdout  # the workloads without the runtime run on both loops
+    assert "Pipeline.stream with a consumer: " in done.stdout
     # A quick run's figures mean nothing: it must not replace the recorded results.
     assert (RESULTS.read_bytes() if RESULTS.exists() else None) == before
+
+
+def test_check_fails_when_a_target_is_missed() -> None:
+    """Catches: --check exiting 0 whatever the figures, so a missed target never shows."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--check", "playback"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    missed = "✗" in done.stdout
+    assert done.returncode == (1 if missed else 0), done.stdout + done.stderr
+    assert ("target(s) missed" in done.stdout) == missed
 
 
 def test_bench_rejects_an_unknown_benchmark() -> None:

@@ -1,11 +1,13 @@
 """Stage 6, the stream-transformer seam: every text chunk passes through it before anyone sees it."""
 
 import re
+import time
 from collections.abc import Callable
 
+import anyio
 import pytest
 
-from hooks import redact
+from hooks import pii, redact
 from pipeline import (
     ConfigError,
     HookFailed,
@@ -698,3 +700,38 @@ async def test_each_model_call_of_a_tool_loop_is_redacted_and_flushed_into_its_o
     # What the model is sent back is the transformed text too.
     assert model.requests[1].messages[-2].text == "Mail [REDACTED]"
     assert result.reply.annotations["redact"] == {"redactions": 2}
+
+
+# -- a huge chunk ---------------------------------------------------------------------------
+
+
+async def test_a_huge_chunk_is_transformed_without_holding_the_event_loop():
+    """Catches: a 20 MB chunk redacted in one transformer call, which stops every other task
+    of the loop (other turns, timeouts, cancellation) for as long as the redaction takes.
+
+    A ticker task sleeps 1 ms at a time while the turn runs; the longest gap between its
+    ticks is how long the loop was held. The bound is generous (a loaded machine preempts the
+    process now and then); redacting the chunk in one call takes several times as long.
+    """
+    line = "please write to jo.doe@example.com today, "
+    copies = 20_000_000 // len(line)
+    pipe = Pipeline(model=ScriptedModel([line * copies]), transformers=[pii()])
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while True:
+            await anyio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(tick)
+        await anyio.sleep(0.01)
+        result = await pipe.run(start())
+        group.cancel_scope.cancel()
+    assert result.reply.text == "please write to [EMAIL] today, " * copies
+    assert result.reply.annotations["pii"] == {"redactions": copies}
+    assert len(gaps) > 10
+    assert max(gaps) < 0.25, f"the loop was held for {max(gaps):.3f} s"
