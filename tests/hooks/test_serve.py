@@ -526,6 +526,7 @@ async def test_the_feed_carries_a_turns_hooks_and_its_reply() -> None:
         "HookFinished",
         "Injected",
         "ModelCalled",
+        "ModelFinished",
         "ReplyReady",
         "TurnFinished",
     ]

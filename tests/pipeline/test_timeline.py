@@ -83,6 +83,7 @@ async def test_every_event_carries_its_time_since_the_turn_started(
         ("ToolCallRequested", 0.0),
         ("ToolStarted", 0.0),
         ("ToolFinished", 10.0),
+        ("ToolStepFinished", 10.0),
         ("ModelCalled", 10.0),
         ("TextDelta", 10.0),
         ("ModelFinished", 10.0),
