@@ -14,9 +14,10 @@ from turns import Injection, Turn
 
 from . import events as ev
 from ._audit import HookRecord
+from ._describe import describe, exc_text
 from ._emit import hook_started
 from ._plan import Step
-from ._runner import Runner, describe, exc_text
+from ._runner import Runner
 from ._signals import Cont
 
 

@@ -12,6 +12,7 @@ from . import events as ev
 from ._audit import AuditRecord, HookRecord, Rejection
 from ._background import run_all_background
 from ._budget import estimate_tokens
+from ._describe import describe
 from ._emit import hook_finished, hook_started
 from ._errors import HookReturnError, RequestError
 from ._hooks import Hook
@@ -19,7 +20,7 @@ from ._parallel import run_group
 from ._plan import Group, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import Runner, check_history, clock_reader, describe
+from ._runner import Runner, check_history, clock_reader
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool

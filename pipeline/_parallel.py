@@ -5,10 +5,12 @@ import trio
 from turns import Part, Turn
 
 from ._audit import HookRecord
+from ._describe import PART_TYPES
 from ._emit import hook_started
 from ._errors import HookError
+from ._excgroups import first_failure
 from ._plan import Group, Step
-from ._runner import PART_TYPES, Runner
+from ._runner import Runner
 from ._signals import Halt
 
 
@@ -107,10 +109,7 @@ def _merge(runner: Runner, group: Group, turn: Turn, members: list[_Member]) -> 
         runner.records.extend(member.records)
     failures = [member.failure for member in members if member.failure is not None]
     if failures:
-        first = failures[0]
-        for other in failures[1:]:
-            first.add_note(f"{group.name!r} also failed: {other}")
-        raise first
+        raise first_failure(failures, lambda other: f"{group.name!r} also failed: {other}")
     for member in members:
         if type(member.outcome) is Halt:
             return member.outcome

@@ -14,7 +14,7 @@ from . import events as ev
 from ._budget import Budget, Tokenizer, checked_tokenizer
 from ._drive import Drive
 from ._errors import ConfigError
-from ._groups import own_error, raise_single
+from ._excgroups import own_error, raise_single
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
 from ._model import Model
 from ._plan import (
@@ -29,7 +29,7 @@ from ._plan import (
     normalize_entries,
 )
 from ._result import TurnResult
-from ._seam import Stage, TransformerFactory, compile_transformers
+from ._seam import CompiledTransformer, TransformerFactory, compile_transformers
 from ._session import Session, open_session
 from ._tools import Tool, tool
 from .logs import Log
@@ -253,7 +253,7 @@ class Pipeline:
         ),
     )
 
-    _transformers: tuple[Stage, ...] = attrs.field(
+    _transformers: tuple[CompiledTransformer, ...] = attrs.field(
         init=False,
         repr=False,
         eq=False,

@@ -7,6 +7,7 @@ from turns import Message, Part, Text, ToolCall, ToolSpec, Turn, render
 
 from . import events as ev
 from ._budget import json_text, message_tokens
+from ._describe import describe, exc_text
 from ._emit import text_delta
 from ._errors import (
     ContextOverflow,
@@ -17,7 +18,7 @@ from ._errors import (
     RequestError,
 )
 from ._model import ModelFinish, ModelRequest, ModelText, ModelToolCall
-from ._runner import Runner, describe, exc_text
+from ._runner import Runner
 from ._seam import Seam
 
 _CHOICE_KEYWORDS = frozenset(("auto", "none", "required"))
@@ -72,29 +73,35 @@ def _check_choice(choice: object, names: list[str], shaped_by: Mapping[str, str]
         )
         if field in shaped_by
     )
+    # The hook named as the culprit: the one that set the choice, unless the choice is
+    # fine and the narrowing left nothing to choose from.
+    hook = shaped_by.get("tool_choice", shaped_by.get("active_tools"))
     if not isinstance(choice, str):
         raise RequestError(
             f"tool_choice must be 'auto', 'none', 'required' or a tool's name, got"
-            f" {describe(choice)}{origin}"
+            f" {describe(choice)}{origin}",
+            hook=hook,
         )
     if choice == "required" and not names:
         raise RequestError(
             "tool_choice='required' but no tool is active this turn: the model could not"
-            f" comply{origin} — add tools, or drop tool_choice"
+            f" comply{origin} — add tools, or drop tool_choice",
+            hook=shaped_by.get("active_tools", hook),
         )
     if choice not in _CHOICE_KEYWORDS and choice not in names:
         raise RequestError(
             f"tool_choice={choice!r} names a tool that is not active this turn; the active"
             f" tools are {names}{origin} — name one of them, or use 'auto', 'none' or"
-            " 'required'"
+            " 'required'",
+            hook=hook,
         )
 
 
-async def model_step(
+async def call_model(
     runner: Runner,
     request: ModelRequest,
     attempt: int,
-    step: int,
+    call_index: int,
     seam: Seam | None,
     deliver: Callable[[ev.Event], None] | None,
 ) -> tuple[Message, ModelFinish]:
@@ -107,7 +114,7 @@ async def model_step(
     Every model failure is a `ProviderError`.
     """
     if runner.emit is not None:
-        runner.emit(ev.ModelCalled(runner.turn_ref, attempt, step))
+        runner.emit(ev.ModelCalled(runner.turn_ref, attempt, call_index))
     model = runner.pipe.model
     chunks: list[str] = []
     calls: list[ToolCall] = []

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import attrs
 import trio
 
-from turns import Injection, Message, Part, Reply, Stage, Text, ToolCall, ToolResult, Turn
+from turns import Injection, Message, Part, Stage, Turn
 
 from . import events as ev
 from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord
 from ._budget import parts_tokens
+from ._describe import describe, exc_text, wrong_return_hint
 from ._emit import hook_finished, hook_started
 from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
 from ._plan import Step
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
 
 Emit: TypeAlias = Callable[[ev.Event], None]
 Commit: TypeAlias = Callable[["TurnResult"], Awaitable[tuple[str, tuple[Message, ...]]]]
-
-PART_TYPES = (Text, ToolCall, ToolResult)
 
 
 class Runner:
@@ -200,7 +199,7 @@ class Runner:
         """The error for a hook that returned something its stage does not allow."""
         return HookReturnError(
             f"expected hook {step.label} to return {expected}, got {describe(result)}"
-            f"{_hint(result, group=group, stage=step.stage)}",
+            f"{wrong_return_hint(result, group=group, stage=step.stage)}",
             hook=step.name,
             stage=step.stage,
         )
@@ -368,12 +367,6 @@ class Runner:
 
 _new = tuple.__new__
 
-# What a tool hook continues with, by stage: for the likely fix in a wrong-return message.
-_TOOL_HINTS: dict[str, tuple[str, type]] = {
-    "before_tool": ("call", ToolCall),
-    "after_tool": ("result", ToolResult),
-}
-
 
 def clock_reader() -> Callable[[], float]:
     """How a turn reads trio's clock for hook timings: the clock itself, read directly.
@@ -407,58 +400,6 @@ async def _settle(result: Any) -> Any:
     if type(result) is Cont or type(result) is Halt or not inspect.isawaitable(result):
         return result
     return await result
-
-
-def exc_text(exc: BaseException | None) -> str:
-    """``Type: message`` for an exception."""
-    if exc is None:
-        return ""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def describe(value: object) -> str:
-    """A short description of a value for error messages: its type and a clipped repr."""
-    if value is None:
-        return "None"
-    text = repr(value)
-    if len(text) > 80:
-        text = text[:77] + "..."
-    return text if isinstance(value, type) else f"{type(value).__name__} {text}"
-
-
-def _hint(result: object, *, group: bool, stage: str = "pre") -> str:
-    if stage in _TOOL_HINTS:
-        value, kind = _TOOL_HINTS[stage]
-        if result is None:
-            return f" — did you forget `return cont({value})`?"
-        if type(result) is kind:
-            return f" — wrap it: `return cont({value})`"
-        if type(result) is Cont:
-            return f" — Cont must carry the {kind.__name__}: `return cont({value})`"
-        return ""
-    if group and (result is None or type(result) in (Turn, Cont)):
-        return (
-            " — parallel members are append-only: return the parts to add, e.g."
-            " `return [Text(...)]`, or [] to add nothing"
-        )
-    if result is None:
-        return " — did you forget `return cont(turn)`?"
-    if type(result) is Turn:
-        return " — wrap it: `return cont(turn)`"
-    if type(result) is Reply:
-        return " — return the turn, not its reply: `return cont(turn)`"
-    if type(result) is Cont:
-        return " — Cont must carry the Turn: `return cont(turn)`"
-    if type(result) is Regenerate:
-        return " — regenerate() is for post hooks, which see the reply"
-    if type(result) in (Block, Ask):
-        return f" — {type(result).__name__.lower()}() is for before_tool hooks"
-    if isinstance(result, str | list) or type(result) in PART_TYPES:
-        if group:
-            return " — return a list of parts: `return [Text(...)]`"
-        return " — to add content, inject it: `return cont(turn.inject(...))`"
-    return ""
 
 
 def check_history(step: Step, messages: object) -> tuple[Message, ...]:

@@ -13,14 +13,15 @@ from turns import Context, Message, Scope, Turn
 from . import events as ev
 from ._background import run_background
 from ._commit import injection_messages
+from ._describe import describe, exc_text
 from ._drive import Drive
 from ._emit import hook_started
 from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
-from ._groups import only_cancelled, own_error, raise_single
+from ._excgroups import only_cancelled, own_error, raise_single
 from ._hooks import is_async_callable
 from ._plan import Step
 from ._result import TurnResult
-from ._runner import Emit, Runner, describe, exc_text
+from ._runner import Emit, Runner
 from ._signals import Cont
 from .logs import Log
 

@@ -19,14 +19,16 @@ from turns import Message, Reply, RequestOptions, ToolCall, ToolResult, Turn, Us
 
 from . import events as ev
 from ._audit import AttemptRecord, HookRecord, ToolRecord
+from ._describe import describe, exc_text
 from ._emit import hook_started
 from ._errors import HookError, HookFailed, HookReturnError, StepLimitExceeded
+from ._excgroups import first_failure
 from ._hooks import callable_name
 from ._model import ModelRequest
 from ._parallel import stop_group
 from ._plan import Step
-from ._request import annotations_of, check_context, model_step
-from ._runner import Runner, describe, exc_text
+from ._request import annotations_of, call_model, check_context
+from ._runner import Runner
 from ._seam import Seam
 from ._signals import Ask, Block, Cont, Halt
 from ._tools import CANCELLED, HOOK_BLOCKED, UNKNOWN_TOOL, Tool, invalid_arguments
@@ -55,9 +57,9 @@ async def answer(
     seam = Seam(pipe._transformers) if pipe._transformers else None
     exchange: tuple[Message, ...] = ()
     usage = Usage()
-    for step in range(1, pipe.max_steps + 1):
-        message, finish = await model_step(runner, request, attempt, step, seam, deliver)
-        usage = finish.usage if step == 1 else usage + finish.usage
+    for call_index in range(1, pipe.max_steps + 1):
+        message, finish = await call_model(runner, request, attempt, call_index, seam, deliver)
+        usage = finish.usage if call_index == 1 else usage + finish.usage
         calls = [part for part in message.parts if type(part) is ToolCall]
         # A pipeline without tools does not hide that the model asked for some: the calls
         # stay in the reply for the caller to run.
@@ -70,21 +72,25 @@ async def answer(
                 if annotations
                 else Reply(message, messages, attempt, finish.reason, usage, max_attempts=bound)
             )
-            runner.attempts.append(AttemptRecord(attempt, step, message.text, finish.reason, usage))
+            runner.attempts.append(
+                AttemptRecord(attempt, call_index, message.text, finish.reason, usage)
+            )
             if deliver is not None:
                 deliver(ev.ReplyReady(runner.turn_ref, reply))
             return reply
-        if step == pipe.max_steps:
+        if call_index == pipe.max_steps:
             raise StepLimitExceeded(
                 f"the model still asked for tools ({', '.join(c.name for c in calls)}) on"
-                f" model call {step} of attempt {attempt}, the last one max_steps={step}"
+                f" model call {call_index} of attempt {attempt}, the last one max_steps={call_index}"
                 " allows, without a final answer; raise max_steps, or check what the tools"
-                " return"
+                " return",
+                attempt=attempt,
+                max_steps=pipe.max_steps,
             )
         if emit is not None:
             for call in calls:
-                emit(ev.ToolCallRequested(runner.turn_ref, call, attempt, step))
-        outcome = await run_batch(runner, turn, calls, request, attempt, step)
+                emit(ev.ToolCallRequested(runner.turn_ref, call, attempt, call_index))
+        outcome = await run_batch(runner, turn, calls, request, attempt, call_index)
         if type(outcome) is Halt:
             return outcome
         answers = tuple(Message.tool(result) for result in outcome)
@@ -92,7 +98,7 @@ async def answer(
         messages = (*request.messages, message, *answers)
         check_context(runner, messages, request.tools)
         request = ModelRequest(messages, request.tools, _after_tools(request.options))
-    raise AssertionError("unreachable: the last step returns or raises")
+    raise AssertionError("unreachable: the last model call returns or raises")
 
 
 def _after_tools(options: RequestOptions) -> RequestOptions:
@@ -140,7 +146,7 @@ async def run_batch(
     calls: list[ToolCall],
     request: ModelRequest,
     attempt: int,
-    step: int,
+    call_index: int,
 ) -> tuple[ToolResult, ...] | Halt:
     """Run one model call's tool calls; their results in call order, or the halt."""
     tools = runner.pipe._tool_map
@@ -157,13 +163,14 @@ async def run_batch(
         runner.records.extend(job.records)
     failures = [job.failure for job in jobs if job.failure is not None]
     if failures:
-        first = failures[0]
-        for other in failures[1:]:
-            first.add_note(f"another tool call's hook also failed: {other}")
-        raise first
+        raise first_failure(
+            failures, lambda other: f"another tool call's hook also failed: {other}"
+        )
     for job in jobs:
         if job.result is not None:
-            runner.calls.append(ToolRecord(attempt, step, job.requested, job.call, job.result))
+            runner.calls.append(
+                ToolRecord(attempt, call_index, job.requested, job.call, job.result)
+            )
     for job in jobs:
         if job.halt is not None:
             return job.halt

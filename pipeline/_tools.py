@@ -21,9 +21,9 @@ import trio
 
 from turns import Scope, ToolCall, ToolResult, ToolSpec
 
+from ._describe import describe, exc_text
 from ._errors import ConfigError
 from ._hooks import callable_name, is_async_callable
-from ._runner import describe, exc_text
 
 INVALID_ARGUMENTS = "invalid_arguments"
 """`ToolResult.error_class` of a call whose arguments do not fit the tool's schema; also the

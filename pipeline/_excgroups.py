@@ -1,9 +1,23 @@
-"""Unwrapping what trio's nurseries collect: callers see one exception, never a group."""
+"""Unwrapping what trio's nurseries collect: callers see one exception, never a group.
 
-from collections.abc import Sequence
-from typing import NoReturn
+Also the one rule for several failures at once (group members, a batch's tool calls, a
+nursery's tasks): the first wins, the others ride along as notes on it.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TypeVar
 
 import trio
+
+E = TypeVar("E", bound=BaseException)
+
+
+def first_failure(failures: Sequence[E], note: Callable[[E], str]) -> E:
+    """The failure that wins — the first — with `note(other)` added to it for each other one."""
+    first = failures[0]
+    for other in failures[1:]:
+        first.add_note(note(other))
+    return first
 
 
 def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
@@ -23,10 +37,7 @@ def single(group: BaseExceptionGroup[BaseException]) -> BaseException:
     failures = [exc for exc in leaves if not isinstance(exc, trio.Cancelled)]
     if not failures:
         return leaves[0]
-    first = failures[0]
-    for other in failures[1:]:
-        first.add_note(f"also failed: {type(other).__name__}: {other}")
-    return first
+    return first_failure(failures, lambda other: f"also failed: {type(other).__name__}: {other}")
 
 
 def own_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
