@@ -8,7 +8,7 @@ session; a failure, a timeout or a wrong return is recorded (a `HookFailed` even
 
 from collections.abc import Sequence
 
-import trio
+import anyio
 
 from turns import Injection, Turn
 
@@ -85,9 +85,9 @@ async def run_all_background(
     async def one(index: int) -> None:
         injected[index] = await run_background(runner, steps[index], turn, records[index])
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as hooks:
         for index in range(len(steps)):
-            nursery.start_soon(one, index)
+            hooks.start_soon(one, index)
     for step_records in records:
         runner.records.extend(step_records)
     return tuple(injection for step_injected in injected for injection in step_injected)

@@ -16,11 +16,12 @@ from ._describe import describe
 from ._emit import hook_finished, hook_started
 from ._errors import HookReturnError, RequestError
 from ._hooks import Hook
+from ._loop import clock_reader, current_loop
 from ._parallel import run_group
 from ._plan import Group, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import Runner, check_history, clock_reader
+from ._runner import Runner, check_history
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool
@@ -36,7 +37,7 @@ class Drive(Runner):
     async def run(self, turn: Turn) -> TurnResult:
         """Drive `turn` through every stage and return its result."""
         self.turn_ref = turn.turn_ref
-        self.now = clock_reader()
+        self.now = clock_reader(current_loop("a turn (Pipeline.run, Pipeline.stream, send)"))
         if self.emit is not None:
             self.emit(ev.TurnStarted(turn.turn_ref))
         # Hooks that run a pipeline tool themselves (a synthetic tool call) find it here.

@@ -5,8 +5,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, NoReturn, final
 
+import anyio
 import attrs
-import trio
 
 from turns import Message, Scope, Turn
 
@@ -16,6 +16,7 @@ from ._drive import Drive
 from ._errors import ConfigError
 from ._excgroups import own_error, raise_single
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
+from ._loop import Lot
 from ._model import Model
 from ._plan import (
     Group,
@@ -400,12 +401,12 @@ async def stream_turn(
     """Drive `turn` in a task of its own while the caller iterates `events`."""
     error: BaseException | None = None
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(events._drive, drive, turn)
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(events._drive, drive, turn)
             try:
                 yield events
             finally:
-                nursery.cancel_scope.cancel()
+                task_group.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         error = own_error(group)
     if error is not None:
@@ -439,8 +440,8 @@ class TurnEvents:
 
     def __init__(self) -> None:
         self._buffer: deque[ev.Event] = deque()
-        self._lot = trio.lowlevel.ParkingLot()
-        self._taken = trio.lowlevel.ParkingLot()
+        self._lot = Lot()
+        self._taken = Lot()
         self._waiting = False
         self._done = False
         self._result: TurnResult | None = None

@@ -6,12 +6,11 @@ on it. `emit` is None when nobody listens, and then no event object is built.
 """
 
 import inspect
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+import anyio
 import attrs
-import trio
 
 from turns import Injection, Message, Part, Stage, Turn
 
@@ -76,7 +75,7 @@ class Runner:
         self.tools: tuple[str, ...] = ()
         # Which hook last narrowed active_tools or set tool_choice, for RequestError messages.
         self.shaped_by: dict[str, str] = {}
-        self.now: Callable[[], float] = trio.current_time
+        self.now: Callable[[], float] = anyio.current_time
 
     # -- calling ------------------------------------------------------------------------------
 
@@ -93,13 +92,13 @@ class Runner:
             if hook.is_async:
                 return await hook.fn(*args)
             if threaded:
-                return await _settle(await trio.to_thread.run_sync(hook.fn, *args))
+                return await _settle(await anyio.to_thread.run_sync(hook.fn, *args))
             return await _settle(hook.fn(*args))
-        with trio.move_on_after(hook.timeout) as scope:
+        with anyio.move_on_after(hook.timeout) as scope:
             if hook.is_async:
                 return await hook.fn(*args)
             return await _settle(
-                await trio.to_thread.run_sync(hook.fn, *args, abandon_on_cancel=True)
+                await anyio.to_thread.run_sync(hook.fn, *args, abandon_on_cancel=True)
             )
         assert scope.cancelled_caught
         raise HookTimeout(
@@ -366,21 +365,6 @@ class Runner:
 
 
 _new = tuple.__new__
-
-
-def clock_reader() -> Callable[[], float]:
-    """How a turn reads trio's clock for hook timings: the clock itself, read directly.
-
-    A MockClock (tests) is read through its ``current_time``. Trio's default clock is
-    ``perf_counter()`` plus a fixed offset, so it is read as ``perf_counter`` itself: the
-    differences (the only use of these readings) are the same, without a Python-level call
-    twice per hook.
-    """
-    clock = trio.lowlevel.current_clock()
-    kind = type(clock)
-    if kind.__name__ == "SystemClock" and kind.__module__.startswith("trio."):
-        return time.perf_counter
-    return clock.current_time
 
 
 def _reason(signal: object) -> str | None:

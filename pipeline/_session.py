@@ -5,8 +5,9 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Literal, TypeAlias, final
 
+import anyio
+import anyio.abc
 import attrs
-import trio
 
 from turns import Context, Message, Scope, Turn
 
@@ -19,6 +20,7 @@ from ._emit import hook_started
 from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
 from ._excgroups import only_cancelled, own_error, raise_single
 from ._hooks import is_async_callable
+from ._loop import current_loop
 from ._plan import Step
 from ._result import TurnResult
 from ._runner import Emit, Runner
@@ -52,7 +54,7 @@ class Session:
     """One open conversation. Get one from `Pipeline.session`; do not build it directly.
 
     Turns run one at a time; each completed turn is committed to the log before the next
-    starts. Background post hooks run in the session's nursery, and their durable output is
+    starts. Background post hooks run in the session's task group, and their durable output is
     committed when they finish.
     """
 
@@ -63,7 +65,7 @@ class Session:
         conversation_id: str,
         scope: Scope,
         context: Context,
-        nursery: trio.Nursery,
+        task_group: anyio.abc.TaskGroup,
     ) -> None:
         self._pipe = pipe
         self._log = log
@@ -74,12 +76,12 @@ class Session:
         # so a commit by anyone else since the load is a LogConflict.
         self._length = len(context.messages)
         self._turns = 0
-        self._nursery = nursery
-        self._lock = trio.Lock()
+        self._task_group = task_group
+        self._lock = anyio.Lock()
         self._running = 0  # background hooks still running
         self._cut_short = "cut short: the session was cancelled; nothing of it was committed"
         self._closed = False
-        self._idle = trio.Event()
+        self._idle = anyio.Event()
         self._idle.set()
         self._events: list[ev.Event] = []
 
@@ -132,7 +134,7 @@ class Session:
                 f" pipe.session(...) to {method} more turns"
             )
         owner = self._lock.statistics().owner
-        if owner is not None and owner is trio.lowlevel.current_task():
+        if owner is not None and owner == anyio.get_current_task():
             raise RuntimeError(
                 f"session {self._conversation_id!r} runs one turn at a time: this task is"
                 f" still inside a turn of it (a session.stream block); {method} after it ends"
@@ -185,8 +187,8 @@ class Session:
         for step in self._pipe._background_plan:
             self._running += 1
             if self._idle.is_set():
-                self._idle = trio.Event()
-            self._nursery.start_soon(self._background, step, turn)
+                self._idle = anyio.Event()
+            self._task_group.start_soon(self._background, step, turn)
 
     async def _background(self, step: Step, turn: Turn) -> None:
         returned = False
@@ -215,7 +217,7 @@ class Session:
                             False,
                         )
                     )
-        except trio.Cancelled:
+        except anyio.get_cancelled_exc_class():
             # Reported here, by the task itself, whatever cancelled it: the session's own
             # cancellation can reach this task before the session's exit path runs.
             self._events.append(
@@ -235,8 +237,8 @@ class Session:
 
     async def _drain(self, timeout: float) -> None:
         """Wait up to `timeout` for background hooks; cancel and report what is left."""
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(timeout):
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(timeout):
                 await self._idle.wait()
         if self._running:
             self._abandon(
@@ -247,7 +249,7 @@ class Session:
     def _abandon(self, why: str) -> None:
         """Cancel the background hooks still running; each reports itself with `why`."""
         self._cut_short = why
-        self._nursery.cancel_scope.cancel()
+        self._task_group.cancel_scope.cancel()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -278,7 +280,7 @@ class Session:
         bounds it (give one to any end hook that does I/O).
         """
         runner = _runner(self._pipe, self._events.append, "")
-        with trio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
             for step in self._pipe._end_plan:
                 self._events.append(hook_started("", step.name, step.stage))
                 started = runner.now()
@@ -296,7 +298,7 @@ class Session:
 def _runner(pipe: "Pipeline", emit: Emit, turn_ref: str) -> Runner:
     runner = Runner(pipe, emit)
     runner.turn_ref = turn_ref
-    runner.now = trio.current_time
+    runner.now = anyio.current_time
     return runner
 
 
@@ -339,12 +341,13 @@ def open_session(
 async def _session(
     pipe: "Pipeline", log: Log, conversation_id: str, scope: Scope, drain_timeout: float
 ) -> AsyncIterator[Session]:
+    current_loop("pipe.session(...)")
     context = await log.load(conversation_id)
     reason: Reason = "error"
     session: Session | None = None
     try:
-        async with trio.open_nursery() as nursery:
-            session = Session(pipe, log, conversation_id, scope, context, nursery)
+        async with anyio.create_task_group() as task_group:
+            session = Session(pipe, log, conversation_id, scope, context, task_group)
             await session._start()
             try:
                 yield session
@@ -355,7 +358,7 @@ async def _session(
                 reason = "closed"
             finally:
                 if reason == "cancelled":
-                    nursery.cancel_scope.cancel()
+                    task_group.cancel_scope.cancel()
                 else:
                     await session._drain(drain_timeout)
     except BaseException as exc:

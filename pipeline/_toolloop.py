@@ -12,8 +12,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import anyio
+import anyio.abc
 import attrs
-import trio
 
 from turns import Message, Reply, RequestOptions, ToolCall, ToolResult, Turn, Usage
 
@@ -152,13 +153,13 @@ async def run_batch(
     tools = runner.pipe._tool_map
     active = {spec.name: tools[spec.name] for spec in request.tools if spec.name in tools}
     jobs = [_Job(call) for call in calls]
-    limiter = trio.CapacityLimiter(runner.pipe.tool_concurrency)
-    async with trio.open_nursery() as nursery:
+    limiter = anyio.CapacityLimiter(runner.pipe.tool_concurrency)
+    async with anyio.create_task_group() as batch:
         for job in jobs:
             await limiter.acquire_on_behalf_of(job)
-            # start(), not start_soon(): trio runs newly started tasks in any order, and
-            # calls start in call order.
-            await nursery.start(_run_job, runner, turn, job, active, limiter, nursery.cancel_scope)
+            # start(), not start_soon(): a loop may run newly started tasks in any order,
+            # and calls start in call order.
+            await batch.start(_run_job, runner, turn, job, active, limiter, batch.cancel_scope)
     for job in jobs:
         runner.records.extend(job.records)
     failures = [job.failure for job in jobs if job.failure is not None]
@@ -184,9 +185,9 @@ async def _run_job(
     turn: Turn,
     job: _Job,
     active: Mapping[str, Tool],
-    limiter: trio.CapacityLimiter,
-    batch: trio.CancelScope,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    limiter: anyio.CapacityLimiter,
+    batch: anyio.CancelScope,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     task_status.started()
     try:
@@ -236,13 +237,13 @@ async def _handle(runner: Runner, turn: Turn, job: _Job, active: Mapping[str, To
         runner.emit(ev.ToolStarted(runner.turn_ref, call))
     try:
         result = await tool.execute(call, arguments, turn.scope)
-    except trio.Cancelled:
+    except anyio.get_cancelled_exc_class():
         # After-tool hooks see every executed call, a cancelled one too (to release what
         # the call held, say); shielded and bounded, and nothing they say is kept.
         cancelled = ToolResult(
             call.id, "the call was cancelled", is_error=True, error_class=CANCELLED
         )
-        with trio.CancelScope(shield=True), trio.move_on_after(CANCELLED_GRACE):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CANCELLED_GRACE):
             await _after(runner, job, call, cancelled, turn, enforce=False)
         raise
     final = await _after(runner, job, call, result, turn, enforce=True)

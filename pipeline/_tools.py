@@ -16,8 +16,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, final, overload
 
+import anyio
 import attrs
-import trio
 
 from turns import Scope, ToolCall, ToolResult, ToolSpec
 
@@ -408,7 +408,7 @@ class Tool:
             if self.is_async:
                 value = await self.fn(**arguments)
             else:
-                value = await trio.to_thread.run_sync(_call_with, self.fn, arguments)
+                value = await anyio.to_thread.run_sync(_call_with, self.fn, arguments)
             content = encode_result(value)
         except Exception as exc:
             return ToolResult(

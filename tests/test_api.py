@@ -19,8 +19,8 @@ PUBLIC_SUBMODULES = {
 # Third-party imports each package may use (the standard library is always allowed).
 ALLOWED_IMPORTS = {
     "turns": {"attrs", "cattrs"},
-    "pipeline": {"attrs", "trio", "httpx", "turns"},
-    "hooks": {"attrs", "trio", "turns", "pipeline"},
+    "pipeline": {"anyio", "attrs", "sniffio", "trio", "httpx", "turns"},
+    "hooks": {"anyio", "attrs", "trio", "turns", "pipeline"},
 }
 # Modules allowed to import cattrs: serialization stays at the edge (STYLE 5).
 CATTRS_MODULES = {"turns/serde.py", "hooks/config/_load.py"}

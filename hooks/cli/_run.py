@@ -16,8 +16,8 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO, final
 
+import anyio
 import attrs
-import trio
 
 from pipeline import PipelineError, TurnResult
 from pipeline import events as ev
@@ -61,7 +61,7 @@ async def run_turn(
     """Send `message` in a session; print the outcome. Returns the exit code."""
     async with pipe.session(log=log, conversation_id=conversation) as session:
         if show_events:
-            start = trio.current_time()
+            start = anyio.current_time()
             async with session.stream(message) as events:
                 async for event in events:
                     if as_json:
@@ -69,7 +69,7 @@ async def run_turn(
                     else:
                         described = describe(event)
                         if described is not None:
-                            console.write(row(trio.current_time() - start, *described))
+                            console.write(row(anyio.current_time() - start, *described))
             result = events.result
         else:
             result = await session.send(message)
@@ -159,7 +159,7 @@ async def chat(
     SIGINT (Ctrl-C) cancels the turn in progress; between turns it only reminds how to
     leave. Returns the exit code: 0, as leaving a conversation is not a failure.
     """
-    turn: list[trio.CancelScope] = []  # the scope of the turn in progress, if any
+    turn: list[anyio.CancelScope] = []  # the scope of the turn in progress, if any
 
     async def watch(signals: Any) -> None:
         async for _ in signals:
@@ -170,12 +170,12 @@ async def chat(
                 if prompt:
                     console.write(prompt, end="")
 
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
+    with anyio.open_signal_receiver(signal.SIGINT) as signals:
         async with (
             pipe.session(log=log, conversation_id=conversation) as session,
-            trio.open_nursery() as nursery,
+            anyio.create_task_group() as tasks,
         ):
-            nursery.start_soon(watch, signals)
+            tasks.start_soon(watch, signals)
             while True:
                 if prompt:
                     console.write(prompt, end="")
@@ -187,7 +187,7 @@ async def chat(
                 message = line.strip()
                 if not message:
                     continue
-                with trio.CancelScope() as scope:
+                with anyio.CancelScope() as scope:
                     turn.append(scope)
                     try:
                         await _chat_turn(session, message, console)
@@ -199,7 +199,7 @@ async def chat(
                 if scope.cancelled_caught:
                     console.write("")
                     console.note("(turn cancelled: nothing was committed)")
-            nursery.cancel_scope.cancel()
+            tasks.cancel_scope.cancel()
     return 0
 
 
@@ -230,4 +230,4 @@ async def _chat_turn(session: Any, message: str, console: Console) -> None:
 
 async def read_stdin() -> str:
     """One line of standard input, read in a worker thread; ``""`` at end of input."""
-    return await trio.to_thread.run_sync(sys.stdin.readline)
+    return await anyio.to_thread.run_sync(sys.stdin.readline)

@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from typing import final
 
-import trio
+import anyio.lowlevel
 
 from turns import Context, Message
 
@@ -42,7 +42,7 @@ class MemoryLog:
     ) -> None:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await anyio.lowlevel.checkpoint_if_cancelled()
         entry = LogEntry(turn_ref, messages, audit)
         entries = self._entries.setdefault(conversation_id, [])
         if any(existing.turn_ref == turn_ref for existing in entries):
