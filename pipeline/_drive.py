@@ -41,7 +41,7 @@ class Drive(Runner):
         if self.emit is not None:
             self.emit(ev.TurnStarted(turn.turn_ref))
         # Hooks that run a pipeline tool themselves (a synthetic tool call) find it here.
-        token = CURRENT_TOOLS.set(self.pipe._tool_map)
+        token = CURRENT_TOOLS.set(self.plan.tool_map)
         try:
             turn = await self.prepare(turn)
             turn, stop = await self.pre_stage(turn)
@@ -55,19 +55,19 @@ class Drive(Runner):
 
     async def prepare(self, turn: Turn) -> Turn:
         """Fill the context from the pipeline's defaults and compact the history."""
-        pipe = self.pipe
-        if pipe.system is not None and turn.context.system is None:
-            turn = attrs.evolve(turn, context=attrs.evolve(turn.context, system=pipe.system))
-        if pipe.tools:
-            turn = _with_tools(turn, pipe.tools)
+        plan = self.plan
+        if plan.system is not None and turn.context.system is None:
+            turn = attrs.evolve(turn, context=attrs.evolve(turn.context, system=plan.system))
+        if plan.tools:
+            turn = _with_tools(turn, plan.tools)
         self.tools = turn.context.tool_names
-        if pipe._compact_hook is not None:
-            turn = await self.compact(turn, pipe._compact_hook)
+        if plan.compact is not None:
+            turn = await self.compact(turn, plan.compact)
         return turn
 
     async def compact(self, turn: Turn, compact: Hook) -> Turn:
         """Apply ``compact=`` to the history: a per-turn view, recorded like a hook."""
-        budget = self.pipe.budget
+        budget = self.plan.budget
         assert budget is not None
         step = Step(compact, compact.name, "compact", "1")
         if self.emit is not None:
@@ -78,7 +78,7 @@ class Drive(Runner):
                 step,
                 turn.context.messages,
                 budget.history_target,
-                self.pipe.tokenizer or estimate_tokens,
+                self.plan.tokenizer or estimate_tokens,
             )
             messages = check_history(step, result)
         except Exception as exc:
@@ -90,7 +90,7 @@ class Drive(Runner):
     # -- stages 1-3: pre hooks, parallel groups, the injection budget ------------------------
 
     async def pre_stage(self, turn: Turn) -> tuple[Turn, Halt | None]:
-        turn, verdict = await self.ordered(self.pipe._pre_plan, turn)
+        turn, verdict = await self.ordered(self.plan.pre, turn)
         # A pre-stage step is never judged as a post hook: no rejection comes back.
         return turn, verdict if type(verdict) is Halt else None
 
@@ -163,17 +163,17 @@ class Drive(Runner):
 
     async def respond(self, turn: Turn) -> TurnResult:
         """Ask the model, judge its reply, and ask again within the bound until accepted."""
-        pipe = self.pipe
+        plan = self.plan
         emit = self.emit
-        held: list[ev.Event] | None = [] if pipe.hold_until_accepted and emit is not None else None
+        held: list[ev.Event] | None = [] if plan.hold_until_accepted and emit is not None else None
         extra: tuple[Message, ...] = ()
         request = build_request(self, turn)
-        for attempt in range(1, pipe.max_regenerations + 2):
+        for attempt in range(1, plan.max_regenerations + 2):
             reply = await answer(self, turn, request, attempt, held)
             if type(reply) is Halt:
                 # A tool hook halted the turn: nothing of the attempt is kept.
                 return self.halted(turn, reply, attempt)
-            reached, verdict = await self.ordered(pipe._post_plan, attrs.evolve(turn, reply=reply))
+            reached, verdict = await self.ordered(plan.post, attrs.evolve(turn, reply=reply))
             if type(verdict) is Turn:
                 if held:
                     assert emit is not None
@@ -267,7 +267,7 @@ class Drive(Runner):
             conversation_id, messages = await self.commit(result)
             if self.emit is not None:
                 self.emit(ev.Committed(self.turn_ref, conversation_id, messages))
-        background = self.pipe._background_plan
+        background = self.plan.background
         if background:
             if self.spawn is not None:
                 self.spawn(turn)

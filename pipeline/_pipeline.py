@@ -1,37 +1,24 @@
 """The pipeline: a frozen record of stages, validated when it is built."""
 
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, NoReturn, final
+from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, final
 
-import anyio
 import attrs
 
 from turns import Message, Scope, Turn
 
-from . import events as ev
-from ._budget import Budget, Tokenizer, checked_tokenizer
+from ._budget import Budget, Tokenizer
 from ._drive import Drive
 from ._errors import ConfigError
-from ._excgroups import own_error, raise_single
+from ._excgroups import raise_single
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
-from ._loop import Lot
 from ._model import Model
-from ._plan import (
-    Group,
-    PreStep,
-    Step,
-    check_arity,
-    compile_lifecycle,
-    compile_post,
-    compile_pre,
-    compile_tool_hooks,
-    normalize_entries,
-)
+from ._plan import Group, Plan, Step, check_arity, compile_plan, normalize_entries
 from ._result import TurnResult
-from ._seam import CompiledTransformer, TransformerFactory, compile_transformers
+from ._seam import TransformerFactory
 from ._session import Session, open_session
+from ._stream import TurnEvents, stream_turn
 from ._tools import Tool, tool
 from .logs import Log
 
@@ -156,6 +143,29 @@ def _check_callable_or_none(_instance: object, attribute: Any, value: Any) -> No
         raise ConfigError(f"Pipeline({attribute.name}=...) must be callable or None, got {value!r}")
 
 
+def _compile(pipe: "Pipeline") -> Plan:
+    return compile_plan(
+        model=pipe.model,
+        pre=pipe.pre,
+        post=pipe.post,
+        before_tool=pipe.before_tool,
+        after_tool=pipe.after_tool,
+        on_session_start=pipe.on_session_start,
+        on_session_end=pipe.on_session_end,
+        transformers=pipe.transformers,
+        tools=pipe.tools,
+        compact=pipe.compact,
+        system=pipe.system,
+        budget=pipe.budget,
+        tokenizer=pipe.tokenizer,
+        permission=pipe.permission,
+        max_steps=pipe.max_steps,
+        tool_concurrency=pipe.tool_concurrency,
+        max_regenerations=pipe.max_regenerations,
+        hold_until_accepted=pipe.hold_until_accepted,
+    )
+
+
 @final
 @attrs.frozen
 class Pipeline:
@@ -231,98 +241,19 @@ class Pipeline:
     tool_concurrency: int = attrs.field(kw_only=True, default=4, validator=_check_positive)
     max_regenerations: int = attrs.field(kw_only=True, default=2, validator=_check_bound)
     hold_until_accepted: bool = attrs.field(kw_only=True, default=False, validator=_check_flag)
-    _pre_plan: tuple[PreStep, ...] = attrs.field(
+    _plan: Plan = attrs.field(
         init=False,
         repr=False,
         eq=False,
-        default=attrs.Factory(lambda self: compile_pre(self.pre), takes_self=True),
+        default=attrs.Factory(lambda self: _compile(self), takes_self=True),
     )
-    _count: Tokenizer = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(lambda self: checked_tokenizer(self.tokenizer), takes_self=True),
-    )
-    _compact_hook: Hook | None = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            # Not callable: left to the validator, which names `compact=` in its error.
-            lambda self: as_hook(self.compact) if callable(self.compact) else None,
-            takes_self=True,
-        ),
-    )
-
-    _transformers: tuple[CompiledTransformer, ...] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            lambda self: compile_transformers(self.transformers), takes_self=True
-        ),
-    )
-    _post_plans: tuple[tuple[Step, ...], tuple[Step, ...]] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(lambda self: compile_post(self.post), takes_self=True),
-    )
-    _start_plan: tuple[Step, ...] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            lambda self: compile_lifecycle("session_start", self.on_session_start),
-            takes_self=True,
-        ),
-    )
-    _end_plan: tuple[Step, ...] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            lambda self: compile_lifecycle("session_end", self.on_session_end),
-            takes_self=True,
-        ),
-    )
-
-    _tool_map: dict[str, Tool] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(lambda self: {t.name: t for t in self.tools}, takes_self=True),
-    )
-    _before_plan: tuple[Step, ...] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            lambda self: compile_tool_hooks("before_tool", self.before_tool), takes_self=True
-        ),
-    )
-    _after_plan: tuple[Step, ...] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            lambda self: compile_tool_hooks("after_tool", self.after_tool), takes_self=True
-        ),
-    )
-
-    @property
-    def _post_plan(self) -> tuple[Step, ...]:
-        return self._post_plans[0]
-
-    @property
-    def _background_plan(self) -> tuple[Step, ...]:
-        return self._post_plans[1]
 
     def __attrs_post_init__(self) -> None:
-        if self._compact_hook is not None:
+        compact = self._plan.compact
+        if compact is not None:
             check_arity(
-                self._compact_hook,
-                f"Pipeline(compact={self._compact_hook.name})",
+                compact,
+                f"Pipeline(compact={compact.name})",
                 "history, target_tokens, tokenizer",
                 3,
             )
@@ -335,16 +266,17 @@ class Pipeline:
 
     def _check_needed_tools(self) -> None:
         """Every hook that names pipeline tools it runs (``fn.needs_tools``) has them."""
+        plan = self._plan
         steps: list[Step] = []
-        for step in (*self._pre_plan, *self._post_plan, *self._background_plan):
+        for step in (*plan.pre, *plan.post, *plan.background):
             steps.extend(step.members if isinstance(step, Group) else (step,))
         for step in steps:
             needed = getattr(step.hook.fn, "needs_tools", ())
-            missing = [name for name in needed if name not in self._tool_map]
+            missing = [name for name in needed if name not in plan.tool_map]
             if missing:
                 raise ConfigError(
                     f"hook {step.label} runs the tools {missing}, which are not among the"
-                    f" pipeline's tools {list(self._tool_map)} — add them to tools=[...]"
+                    f" pipeline's tools {list(plan.tool_map)} — add them to tools=[...]"
                 )
 
     async def run(self, turn: Turn) -> TurnResult:
@@ -361,7 +293,7 @@ class Pipeline:
         """
         _check_turn(turn)
         try:
-            return await Drive(self, None).run(turn)
+            return await Drive(self._plan, None).run(turn)
         except BaseExceptionGroup as group:
             raise_single(group)
 
@@ -375,7 +307,7 @@ class Pipeline:
         """
         _check_turn(turn)
         events = TurnEvents()
-        return stream_turn(Drive(self, events._emit), turn, events)
+        return stream_turn(Drive(self._plan, events._emit), turn, events)
 
     def session(
         self,
@@ -391,125 +323,7 @@ class Pipeline:
         commits every completed turn. On exit it waits up to `drain_timeout` seconds for
         background post hooks, then runs ``on_session_end`` hooks, whatever the exit.
         """
-        return open_session(self, log, conversation_id, scope, drain_timeout)
-
-
-@asynccontextmanager
-async def stream_turn(
-    drive: Drive, turn: Turn, events: "TurnEvents"
-) -> AsyncIterator["TurnEvents"]:
-    """Drive `turn` in a task of its own while the caller iterates `events`."""
-    error: BaseException | None = None
-    try:
-        async with anyio.create_task_group() as task_group:
-            task_group.start_soon(events._drive, drive, turn)
-            try:
-                yield events
-            finally:
-                task_group.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        error = own_error(group)
-    if error is not None:
-        raise error
-    if events._error is not None and not events._raised:
-        events._raised = True
-        raise events._error
-
-
-@final
-class TurnEvents:
-    """The async iterator of a streamed turn's events; `result` once it is exhausted.
-
-    Events are buffered without bound (a turn produces a bounded number of them), so a slow
-    consumer never slows the turn. Buffered events are handed over without a trip through the
-    scheduler; the consumer waits, and so checkpoints, once it has caught up with the turn.
-    """
-
-    # Slots: the drive reads `_waiting` once per event, the consumer `_buffer` twice.
-    __slots__ = (
-        "_buffer",
-        "_done",
-        "_error",
-        "_exhausted",
-        "_lot",
-        "_raised",
-        "_result",
-        "_taken",
-        "_waiting",
-    )
-
-    def __init__(self) -> None:
-        self._buffer: deque[ev.Event] = deque()
-        self._lot = Lot()
-        self._taken = Lot()
-        self._waiting = False
-        self._done = False
-        self._result: TurnResult | None = None
-        self._error: Exception | None = None
-        self._raised = False
-        self._exhausted = False
-
-    @property
-    def result(self) -> TurnResult:
-        """The turn's result; available once every event was consumed."""
-        if self._error is not None:
-            raise RuntimeError(
-                f"the turn failed with {type(self._error).__name__}, so it has no result"
-            ) from self._error
-        if self._result is None or not self._exhausted:
-            raise RuntimeError(
-                "the turn has not finished: iterate the events to the end before reading"
-                " events.result"
-            )
-        return self._result
-
-    def __aiter__(self) -> "TurnEvents":
-        return self
-
-    async def __anext__(self) -> ev.Event:
-        while not self._buffer:
-            if self._done:
-                self._end()
-            self._waiting = True
-            try:
-                await self._lot.park()
-            finally:
-                self._waiting = False
-        event = self._buffer.popleft()
-        if not self._buffer and self._taken:
-            self._taken.unpark_all()
-        return event
-
-    async def _caught_up(self) -> None:
-        """Wait until the consumer has taken every event emitted so far."""
-        while self._buffer:
-            await self._taken.park()
-
-    def _emit(self, event: ev.Event) -> None:
-        self._buffer.append(event)
-        if self._waiting:
-            # Wake the consumer once; until it runs, later events only join the buffer.
-            self._waiting = False
-            self._lot.unpark_all()
-
-    def _end(self) -> NoReturn:
-        self._exhausted = True
-        if self._error is not None and not self._raised:
-            self._raised = True
-            raise self._error from self._error.__cause__
-        raise StopAsyncIteration
-
-    async def _drive(self, drive: Drive, turn: Turn) -> None:
-        try:
-            try:
-                self._result = await drive.run(turn)
-            except BaseExceptionGroup as group:
-                raise_single(group)
-        except Exception as exc:  # delivered to the consumer through the iteration
-            self._error = exc
-        finally:
-            self._done = True
-            self._lot.unpark_all()
+        return open_session(self._plan, log, conversation_id, scope, drain_timeout)
 
 
 def _check_turn(turn: object) -> None:

@@ -49,10 +49,10 @@ def check_context(
     runner: Runner, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]
 ) -> None:
     """Raise `ContextOverflow` when a request would not fit the budget's context."""
-    budget = runner.pipe.budget
+    budget = runner.plan.budget
     if budget is None:
         return
-    count = runner.pipe._count
+    count = runner.plan.count
     tokens = message_tokens(messages, count) + _spec_tokens(tools, count)
     if tokens > budget.context_tokens:
         raise ContextOverflow(
@@ -115,7 +115,7 @@ async def call_model(
     """
     if runner.emit is not None:
         runner.emit(ev.ModelCalled(runner.turn_ref, attempt, call_index))
-    model = runner.pipe.model
+    model = runner.plan.model
     chunks: list[str] = []
     calls: list[ToolCall] = []
     finish: ModelFinish | None = None

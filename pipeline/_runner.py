@@ -20,11 +20,10 @@ from ._budget import parts_tokens
 from ._describe import describe, exc_text, wrong_return_hint
 from ._emit import hook_finished, hook_started
 from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
-from ._plan import Step
+from ._plan import Plan, Step
 from ._signals import Ask, Block, Cont, Halt, Regenerate, check_halt_reply
 
 if TYPE_CHECKING:
-    from ._pipeline import Pipeline
     from ._result import TurnResult
 
 Emit: TypeAlias = Callable[[ev.Event], None]
@@ -43,7 +42,7 @@ class Runner:
         "injected_tokens",
         "late",
         "now",
-        "pipe",
+        "plan",
         "records",
         "rejections",
         "shaped_by",
@@ -53,8 +52,8 @@ class Runner:
         "turn_ref",
     )
 
-    def __init__(self, pipe: "Pipeline", emit: Emit | None) -> None:
-        self.pipe = pipe
+    def __init__(self, plan: Plan, emit: Emit | None) -> None:
+        self.plan = plan
         self.emit = emit
         self.records: list[HookRecord] = []
         self.attempts: list[AttemptRecord] = []
@@ -309,17 +308,17 @@ class Runner:
         self, step: Step, fresh: Sequence[Injection], gone: Sequence[Injection] = ()
     ) -> None:
         """Count a hook's new injections against the budget, then announce them."""
-        pipe = self.pipe
+        plan = self.plan
         # A custom tokenizer counts whether or not anyone listens, so that one failing on
         # some text fails run() and stream() alike.
-        if pipe.budget is None and self.emit is None and pipe.tokenizer is None:
+        if plan.budget is None and self.emit is None and plan.tokenizer is None:
             return
-        sizes = [parts_tokens(injection.parts, pipe._count) for injection in fresh]
+        sizes = [parts_tokens(injection.parts, plan.count) for injection in fresh]
         tokens = sum(sizes)
         self.injected_tokens += tokens - sum(self.sizes.pop(id(i), 0) for i in gone)
         self.sizes.update(zip(map(id, fresh), sizes, strict=True))
-        if pipe.budget is not None and self.injected_tokens > pipe.budget.injection_reserve:
-            reserve = pipe.budget.injection_reserve
+        if plan.budget is not None and self.injected_tokens > plan.budget.injection_reserve:
+            reserve = plan.budget.injection_reserve
             raise InjectionOverflow(
                 f"hook {step.label} injected {tokens} tokens, bringing the turn's injections"
                 f" to {self.injected_tokens} tokens, over the reserve of {reserve}: shrink what"
@@ -338,7 +337,7 @@ class Runner:
         """Emit one `Injected` event per injection `step` added."""
         assert self.emit is not None
         if sizes is None:
-            sizes = [parts_tokens(injection.parts, self.pipe._count) for injection in fresh]
+            sizes = [parts_tokens(injection.parts, self.plan.count) for injection in fresh]
         for injection, size in zip(fresh, sizes, strict=True):
             self.emit(
                 ev.Injected(
@@ -357,8 +356,8 @@ class Runner:
             Injection(member_parts, member.name, member.hook.durable, "pre")
             for member, member_parts in parts
         ]
-        pipe = self.pipe
-        if pipe.budget is not None or self.emit is not None or pipe.tokenizer is not None:
+        plan = self.plan
+        if plan.budget is not None or self.emit is not None or plan.tokenizer is not None:
             for (member, _), injection in zip(parts, injections, strict=True):
                 self.charge(member, (injection,))
         return attrs.evolve(turn, injections=(*turn.injections, *injections))

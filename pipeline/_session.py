@@ -3,7 +3,7 @@
 import math
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Literal, TypeAlias, final
+from typing import Literal, TypeAlias, final
 
 import anyio
 import anyio.abc
@@ -21,14 +21,12 @@ from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
 from ._excgroups import only_cancelled, own_error, raise_single
 from ._hooks import is_async_callable
 from ._loop import current_loop
-from ._plan import Step
+from ._plan import Plan, Step
 from ._result import TurnResult
 from ._runner import Emit, Runner
 from ._signals import Cont
+from ._stream import TurnEvents, stream_turn
 from .logs import Log
-
-if TYPE_CHECKING:
-    from ._pipeline import Pipeline, TurnEvents
 
 Reason: TypeAlias = Literal["closed", "error", "cancelled"]
 
@@ -60,14 +58,14 @@ class Session:
 
     def __init__(
         self,
-        pipe: "Pipeline",
+        plan: Plan,
         log: Log,
         conversation_id: str,
         scope: Scope,
         context: Context,
         task_group: anyio.abc.TaskGroup,
     ) -> None:
-        self._pipe = pipe
+        self._plan = plan
         self._log = log
         self._conversation_id = conversation_id
         self._scope = scope
@@ -116,8 +114,6 @@ class Session:
     @asynccontextmanager
     async def stream(self, message: str | Message) -> AsyncIterator["TurnEvents"]:
         """`send`, streamed: ``async with session.stream(text) as events``."""
-        from ._pipeline import TurnEvents, stream_turn
-
         self._check_open("stream")
         async with self._lock:
             events = TurnEvents()
@@ -131,7 +127,7 @@ class Session:
         if self._closed:
             raise RuntimeError(
                 f"session {self._conversation_id!r} is closed; open a new one with"
-                f" pipe.session(...) to {method} more turns"
+                f" plan.session(...) to {method} more turns"
             )
         owner = self._lock.statistics().owner
         if owner is not None and owner == anyio.get_current_task():
@@ -148,7 +144,7 @@ class Session:
         return turn
 
     def _drive(self, emit: Emit | None) -> Drive:
-        drive = Drive(self._pipe, emit)
+        drive = Drive(self._plan, emit)
         drive.commit = self._commit
         drive.spawn = self._spawn
         return drive
@@ -184,7 +180,7 @@ class Session:
     # -- background hooks ---------------------------------------------------------------------
 
     def _spawn(self, turn: Turn) -> None:
-        for step in self._pipe._background_plan:
+        for step in self._plan.background:
             self._running += 1
             if self._idle.is_set():
                 self._idle = anyio.Event()
@@ -193,7 +189,7 @@ class Session:
     async def _background(self, step: Step, turn: Turn) -> None:
         returned = False
         try:
-            runner = _runner(self._pipe, self._events.append, turn.turn_ref)
+            runner = _runner(self._plan, self._events.append, turn.turn_ref)
             fresh = await run_background(runner, step, turn, [])
             returned = True
             messages = injection_messages(fresh)
@@ -254,8 +250,8 @@ class Session:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def _start(self) -> None:
-        runner = _runner(self._pipe, self._events.append, "")
-        for step in self._pipe._start_plan:
+        runner = _runner(self._plan, self._events.append, "")
+        for step in self._plan.session_start:
             self._events.append(hook_started("", step.name, step.stage))
             started = runner.now()
             try:
@@ -279,9 +275,9 @@ class Session:
         Shielded so that a cancelled session still cleans up; a hook's own ``timeout=``
         bounds it (give one to any end hook that does I/O).
         """
-        runner = _runner(self._pipe, self._events.append, "")
+        runner = _runner(self._plan, self._events.append, "")
         with anyio.CancelScope(shield=True):
-            for step in self._pipe._end_plan:
+            for step in self._plan.session_end:
                 self._events.append(hook_started("", step.name, step.stage))
                 started = runner.now()
                 try:
@@ -295,15 +291,15 @@ class Session:
                 runner.finished(step, runner.now() - started, "ok")
 
 
-def _runner(pipe: "Pipeline", emit: Emit, turn_ref: str) -> Runner:
-    runner = Runner(pipe, emit)
+def _runner(plan: Plan, emit: Emit, turn_ref: str) -> Runner:
+    runner = Runner(plan, emit)
     runner.turn_ref = turn_ref
     runner.now = anyio.current_time
     return runner
 
 
 def open_session(
-    pipe: "Pipeline",
+    plan: Plan,
     log: Log,
     conversation_id: str,
     scope: Scope | None,
@@ -334,20 +330,20 @@ def open_session(
         raise ConfigError(
             f"session(drain_timeout=...) must be a number of seconds >= 0, got {drain_timeout!r}"
         )
-    return _session(pipe, log, conversation_id, scope or Scope(), drain_timeout)
+    return _session(plan, log, conversation_id, scope or Scope(), drain_timeout)
 
 
 @asynccontextmanager
 async def _session(
-    pipe: "Pipeline", log: Log, conversation_id: str, scope: Scope, drain_timeout: float
+    plan: Plan, log: Log, conversation_id: str, scope: Scope, drain_timeout: float
 ) -> AsyncIterator[Session]:
-    current_loop("pipe.session(...)")
+    current_loop("plan.session(...)")
     context = await log.load(conversation_id)
     reason: Reason = "error"
     session: Session | None = None
     try:
         async with anyio.create_task_group() as task_group:
-            session = Session(pipe, log, conversation_id, scope, context, task_group)
+            session = Session(plan, log, conversation_id, scope, context, task_group)
             await session._start()
             try:
                 yield session

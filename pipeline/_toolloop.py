@@ -52,20 +52,20 @@ async def answer(
     Raises:
         StepLimitExceeded: The model still asked for tools on its ``max_steps``-th call.
     """
-    pipe = runner.pipe
+    plan = runner.plan
     emit = runner.emit
     deliver = held.append if held is not None and emit is not None else emit
-    seam = Seam(pipe._transformers) if pipe._transformers else None
+    seam = Seam(plan.transformers) if plan.transformers else None
     exchange: tuple[Message, ...] = ()
     usage = Usage()
-    for call_index in range(1, pipe.max_steps + 1):
+    for call_index in range(1, plan.max_steps + 1):
         message, finish = await call_model(runner, request, attempt, call_index, seam, deliver)
         usage = finish.usage if call_index == 1 else usage + finish.usage
         calls = [part for part in message.parts if type(part) is ToolCall]
         # A pipeline without tools does not hide that the model asked for some: the calls
         # stay in the reply for the caller to run.
-        if not calls or not pipe._tool_map:
-            bound = pipe.max_regenerations + 1
+        if not calls or not plan.tool_map:
+            bound = plan.max_regenerations + 1
             annotations = annotations_of(runner, seam)
             messages = (*exchange, message)
             reply = (
@@ -79,14 +79,14 @@ async def answer(
             if deliver is not None:
                 deliver(ev.ReplyReady(runner.turn_ref, reply))
             return reply
-        if call_index == pipe.max_steps:
+        if call_index == plan.max_steps:
             raise StepLimitExceeded(
                 f"the model still asked for tools ({', '.join(c.name for c in calls)}) on"
                 f" model call {call_index} of attempt {attempt}, the last one max_steps={call_index}"
                 " allows, without a final answer; raise max_steps, or check what the tools"
                 " return",
                 attempt=attempt,
-                max_steps=pipe.max_steps,
+                max_steps=plan.max_steps,
             )
         if emit is not None:
             for call in calls:
@@ -150,10 +150,10 @@ async def run_batch(
     call_index: int,
 ) -> tuple[ToolResult, ...] | Halt:
     """Run one model call's tool calls; their results in call order, or the halt."""
-    tools = runner.pipe._tool_map
+    tools = runner.plan.tool_map
     active = {spec.name: tools[spec.name] for spec in request.tools if spec.name in tools}
     jobs = [_Job(call) for call in calls]
-    limiter = anyio.CapacityLimiter(runner.pipe.tool_concurrency)
+    limiter = anyio.CapacityLimiter(runner.plan.tool_concurrency)
     async with anyio.create_task_group() as batch:
         for job in jobs:
             await limiter.acquire_on_behalf_of(job)
@@ -271,7 +271,7 @@ def _settle(runner: Runner, job: _Job, result: ToolResult, started: float) -> No
 async def _before(runner: Runner, job: _Job, turn: Turn) -> ToolCall | None:
     """Run the before-tool hooks on a call: the call to run, or None (blocked or halted)."""
     call = job.call
-    for step in runner.pipe._before_plan:
+    for step in runner.plan.before_tool:
         judged = await _judged(runner, step, job, turn, call.name, (call, turn), _before_signal)
         if judged is None:
             continue
@@ -343,7 +343,7 @@ async def _ask(
     runner: Runner, step: Step, call: ToolCall, question: str, turn: Turn
 ) -> tuple[bool, str]:
     """Ask the pipeline's permission callback; (allowed, what to record and tell the model)."""
-    permission = runner.pipe.permission
+    permission = runner.plan.permission
     if permission is None:
         return False, (
             f"not run: the call needs permission ({question}) and the pipeline has no"
@@ -385,7 +385,7 @@ async def _after(
     runner: Runner, job: _Job, call: ToolCall, result: ToolResult, turn: Turn, *, enforce: bool
 ) -> ToolResult | None:
     """Run the after-tool hooks on a result: the effective result, or None (halted)."""
-    for step in runner.pipe._after_plan:
+    for step in runner.plan.after_tool:
         try:
             judged = await _judged(
                 runner, step, job, turn, call.name, (call, result, turn), _after_signal
