@@ -42,24 +42,25 @@ async def run_background(
             if emit is not None:
                 emit(ev.HookSkipped(runner.turn_ref, step.name, step.stage))
             return ()
-    if emit is not None:
-        emit(hook_started(runner.turn_ref, step.name, step.stage))
-    started = runner.now()
-    try:
-        result = await runner.call(step, turn, threaded=True)
-        if type(result) is not Cont or type(result.value) is not Turn:
-            raise runner.wrong_return(
-                step,
-                result,
-                "Cont(turn) — a background hook runs after the commit, so it cannot halt or"
-                " regenerate",
-                group=False,
-            )
-    except Exception as exc:
+
+    def failed(step: Step, exc: Exception, elapsed: float, _: list[HookRecord] | None) -> None:
         detail = exc_text(exc.__cause__ if exc.__cause__ is not None else exc)
-        _failed(runner, step, records, runner.now() - started, detail)
+        _failed(runner, step, records, elapsed, detail)
+
+    called = await runner.timed(step, turn, threaded=True, failed=failed)
+    if called is None:
         return ()
-    runner.finished(step, runner.now() - started, "cont", records=records)
+    result, elapsed = called
+    if type(result) is not Cont or type(result.value) is not Turn:
+        error = runner.wrong_return(
+            step,
+            result,
+            "Cont(turn) — a background hook runs after the commit, so it cannot halt or regenerate",
+            group=False,
+        )
+        _failed(runner, step, records, elapsed, exc_text(error))
+        return ()
+    runner.finished(step, elapsed, "cont", records=records)
     known = {id(injection) for injection in turn.injections}
     fresh = tuple(
         Injection(injection.parts, step.name, step.hook.durable, "post")

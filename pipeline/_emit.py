@@ -16,7 +16,7 @@ import attrs
 
 from .events import HookFinished, HookStarted, TextDelta
 
-_new = object.__new__
+_bare = object.__new__
 
 
 def _slot_setters(cls: type) -> tuple[Callable[[object, Any], None], ...]:
@@ -44,7 +44,7 @@ _delta = _slot_setters(TextDelta)
 
 def hook_started(turn_ref: str, hook: str, stage: str) -> HookStarted:
     """``HookStarted(turn_ref, hook, stage)``."""
-    event = _new(HookStarted)
+    event = _bare(HookStarted)
     set_ref, set_hook, set_stage = _started
     set_ref(event, turn_ref)
     set_hook(event, hook)
@@ -56,7 +56,7 @@ def hook_finished(
     turn_ref: str, hook: str, stage: str, elapsed: float, verdict: str
 ) -> HookFinished:
     """``HookFinished(turn_ref, hook, stage, elapsed, verdict)``."""
-    event = _new(HookFinished)
+    event = _bare(HookFinished)
     set_ref, set_hook, set_stage, set_elapsed, set_verdict = _finished
     set_ref(event, turn_ref)
     set_hook(event, hook)
@@ -68,7 +68,7 @@ def hook_finished(
 
 def text_delta(turn_ref: str, text: str, attempt: int) -> TextDelta:
     """``TextDelta(turn_ref, text, attempt)``."""
-    event = _new(TextDelta)
+    event = _bare(TextDelta)
     set_ref, set_text, set_attempt = _delta
     set_ref(event, turn_ref)
     set_text(event, text)

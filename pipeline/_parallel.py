@@ -7,7 +7,6 @@ from turns import Part, Turn
 
 from ._audit import HookRecord
 from ._describe import PART_TYPES
-from ._emit import hook_started
 from ._errors import HookError
 from ._excgroups import first_failure
 from ._plan import Group, Step
@@ -46,22 +45,20 @@ async def _run_member(
     runner: Runner, member: _Member, turn: Turn, group: anyio.CancelScope
 ) -> None:
     step = member.step
-    if runner.emit is not None:
-        runner.emit(hook_started(runner.turn_ref, step.name, step.stage))
     started = runner.now()
     try:
-        if step.direct:
-            result = await step.hook.fn(turn)
-        else:
-            result = await runner.call(step, turn, threaded=True)
+        called = await runner.timed(step, turn, records=member.records, threaded=True)
     except anyio.get_cancelled_exc_class():
         runner.finished(step, runner.now() - started, "cancelled", records=member.records)
         raise
-    except Exception as exc:
-        if _failed(runner, member, exc, runner.now() - started):
-            await stop_group(group)
+    except HookError as error:
+        # Enforced: recorded by `timed`, and it stops the group.
+        member.failure = error
+        await stop_group(group)
         return
-    elapsed = runner.now() - started
+    if called is None:
+        return
+    result, elapsed = called
     outcome: tuple[Part, ...] | Halt
     try:
         if type(result) is Halt:

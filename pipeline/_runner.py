@@ -6,8 +6,8 @@ on it. `emit` is None when nobody listens, and then no event object is built.
 """
 
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 import anyio
 import attrs
@@ -15,7 +15,7 @@ import attrs
 from turns import Injection, Message, Part, Stage, Turn
 
 from . import events as ev
-from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord
+from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord, new_record
 from ._budget import parts_tokens
 from ._describe import describe, exc_text, wrong_return_hint
 from ._emit import hook_finished, hook_started
@@ -23,11 +23,8 @@ from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, Inject
 from ._plan import Plan, Step
 from ._signals import Ask, Block, Cont, Halt, Regenerate, check_halt_reply
 
-if TYPE_CHECKING:
-    from ._result import TurnResult
-
 Emit: TypeAlias = Callable[[ev.Event], None]
-Commit: TypeAlias = Callable[["TurnResult"], Awaitable[tuple[str, tuple[Message, ...]]]]
+Failed: TypeAlias = Callable[[Step, Exception, float, "list[HookRecord] | None"], None]
 
 
 class Runner:
@@ -36,8 +33,6 @@ class Runner:
     __slots__ = (
         "attempts",
         "calls",
-        "caught_up",
-        "commit",
         "emit",
         "injected_tokens",
         "late",
@@ -47,7 +42,6 @@ class Runner:
         "rejections",
         "shaped_by",
         "sizes",
-        "spawn",
         "tools",
         "turn_ref",
     )
@@ -61,11 +55,6 @@ class Runner:
         self.calls: list[ToolRecord] = []
         # Injections of background hooks awaited by run(): in the audit, not on the turn.
         self.late: tuple[Injection, ...] = ()
-        # Set by a session: how a completed turn is committed, and where background hooks go.
-        self.commit: Commit | None = None
-        self.spawn: Callable[[Turn], None] | None = None
-        # Set by a streamed session: waits for the consumer before committing.
-        self.caught_up: Callable[[], Awaitable[None]] | None = None
         self.injected_tokens = 0
         # Token size of every injection on the turn, by identity, so that an injection a later
         # hook removes or rewrites is taken off the running total.
@@ -107,22 +96,29 @@ class Runner:
             timeout=hook.timeout,
         )
 
-    async def call_ordered(self, step: Step, turn: Turn) -> tuple[object, float] | None:
-        """Run an ordered hook on `turn`: what it returned and how long it took.
+    async def timed(
+        self,
+        step: Step,
+        *args: Any,
+        records: list[HookRecord] | None = None,
+        threaded: bool = False,
+        failed: Failed | None = None,
+    ) -> tuple[object, float] | None:
+        """Emit `HookStarted`, call the hook, and time it: what it returned and how long it took.
 
-        None when it did not run (``when=`` was false) or failed open; an enforced failure
-        is raised.
+        The one way a hook is run (the drive's inlined hot path aside). None when it raised:
+        the failure is recorded by `failed` (`fail` by default: raised when enforced).
         """
-        hook = step.hook
-        if hook.when is not None and not self.passes(step, turn):
-            return None
         if self.emit is not None:
             self.emit(hook_started(self.turn_ref, step.name, step.stage))
         started = self.now()
         try:
-            result = await hook.fn(turn) if step.direct else await self.call(step, turn)
+            if step.direct:
+                result = await step.hook.fn(*args)
+            else:
+                result = await self.call(step, *args, threaded=threaded)
         except Exception as exc:
-            self.fail(step, exc, self.now() - started)
+            (self.fail if failed is None else failed)(step, exc, self.now() - started, records)
             return None
         return result, self.now() - started
 
@@ -213,9 +209,9 @@ class Runner:
         records: list[HookRecord] | None = None,
     ) -> None:
         """Record a hook that returned (or was cancelled) and close its HookStarted."""
-        # tuple.__new__ skips the named tuple's Python-level __new__: this runs once per hook.
+        # new_record skips the named tuple's Python-level __new__: this runs once per hook.
         (self.records if records is None else records).append(
-            _new(
+            new_record(
                 HookRecord, (step.name, step.stage, step.position, elapsed, verdict, False, detail)
             )
         )
@@ -361,9 +357,6 @@ class Runner:
             for (member, _), injection in zip(parts, injections, strict=True):
                 self.charge(member, (injection,))
         return attrs.evolve(turn, injections=(*turn.injections, *injections))
-
-
-_new = tuple.__new__
 
 
 def _reason(signal: object) -> str | None:

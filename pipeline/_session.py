@@ -1,7 +1,7 @@
 """Sessions: one conversation, its log, its lifecycle hooks and its background work."""
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Literal, TypeAlias, final
 
@@ -12,11 +12,11 @@ import attrs
 from turns import Context, Message, Scope, Turn
 
 from . import events as ev
+from ._audit import HookRecord
 from ._background import run_background
 from ._commit import injection_messages
 from ._describe import describe, exc_text
-from ._drive import Drive
-from ._emit import hook_started
+from ._drive import Drive, TurnHost
 from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
 from ._excgroups import only_cancelled, own_error, raise_single
 from ._hooks import is_async_callable
@@ -118,8 +118,7 @@ class Session:
         async with self._lock:
             events = TurnEvents()
             turn = self._turn(message)
-            drive = self._drive(events._emit)
-            drive.caught_up = events._caught_up
+            drive = self._drive(events._emit, events._caught_up)
             async with stream_turn(drive, turn, events) as stream:
                 yield stream
 
@@ -143,11 +142,10 @@ class Session:
         self._turns += 1
         return turn
 
-    def _drive(self, emit: Emit | None) -> Drive:
-        drive = Drive(self._plan, emit)
-        drive.commit = self._commit
-        drive.spawn = self._spawn
-        return drive
+    def _drive(
+        self, emit: Emit | None, caught_up: Callable[[], Awaitable[None]] | None = None
+    ) -> Drive:
+        return Drive(self._plan, emit, TurnHost(self._commit, self._spawn), caught_up)
 
     async def _commit(self, result: TurnResult) -> tuple[str, tuple[Message, ...]]:
         messages = result.log_messages
@@ -252,21 +250,20 @@ class Session:
     async def _start(self) -> None:
         runner = _runner(self._plan, self._events.append, "")
         for step in self._plan.session_start:
-            self._events.append(hook_started("", step.name, step.stage))
-            started = runner.now()
-            try:
-                result = await runner.call(step, self.info)
-                if type(result) is not Cont or not isinstance(result.value, Scope):
-                    raise HookReturnError(
-                        f"expected hook {step.label} to return Cont(scope), got"
-                        f" {describe(result)} — return cont(info.scope) to leave it as it is",
-                        hook=step.name,
-                        stage=step.stage,
-                    )
-            except Exception as exc:
-                runner.fail(step, exc, runner.now() - started)
+            called = await runner.timed(step, self.info)
+            if called is None:
                 continue
-            runner.finished(step, runner.now() - started, "cont")
+            result, elapsed = called
+            if type(result) is not Cont or not isinstance(result.value, Scope):
+                error = HookReturnError(
+                    f"expected hook {step.label} to return Cont(scope), got"
+                    f" {describe(result)} — return cont(info.scope) to leave it as it is",
+                    hook=step.name,
+                    stage=step.stage,
+                )
+                runner.fail(step, error, elapsed)
+                continue
+            runner.finished(step, elapsed, "cont")
             self._scope = result.value
 
     async def _end(self, reason: Reason) -> None:
@@ -278,17 +275,16 @@ class Session:
         runner = _runner(self._plan, self._events.append, "")
         with anyio.CancelScope(shield=True):
             for step in self._plan.session_end:
-                self._events.append(hook_started("", step.name, step.stage))
-                started = runner.now()
-                try:
-                    await runner.call(step, self.info, reason)
-                except Exception as exc:
-                    error = exc.__cause__ if isinstance(exc, HookFailed) else exc
-                    self._events.append(
-                        ev.HookFailed("", step.name, step.stage, exc_text(error), False)
-                    )
-                    continue
-                runner.finished(step, runner.now() - started, "ok")
+                called = await runner.timed(step, self.info, reason, failed=self._end_failed)
+                if called is not None:
+                    runner.finished(step, called[1], "ok")
+
+    def _end_failed(
+        self, step: Step, exc: Exception, _elapsed: float, _records: list[HookRecord] | None
+    ) -> None:
+        """An end hook's failure: an event, never raised (the session is closing anyway)."""
+        error = exc.__cause__ if isinstance(exc, HookFailed) else exc
+        self._events.append(ev.HookFailed("", step.name, step.stage, exc_text(error), False))
 
 
 def _runner(plan: Plan, emit: Emit, turn_ref: str) -> Runner:
