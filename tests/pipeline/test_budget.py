@@ -2,6 +2,7 @@
 
 import math
 
+import anyio
 import hypothesis.strategies as st
 import pytest
 import trio
@@ -51,7 +52,7 @@ def member(name, text, *, delay=0):
     """A parallel member that adds `text` after `delay` seconds."""
 
     async def run(turn):
-        await trio.sleep(delay)
+        await anyio.sleep(delay)
         return [Text(text)]
 
     return hook(run, name=name)
@@ -430,7 +431,7 @@ async def test_a_tokenizer_that_fails_mid_turn_is_a_budget_error_naming_it():
 
 async def test_compaction_is_recorded_in_the_audit_and_the_events(autojump_clock):
     async def keep_last(history, target, tokenizer):
-        await trio.sleep(2)
+        await anyio.sleep(2)
         return history[-1:]
 
     pipe = build(budget=Budget(1000, 10), compact=keep_last)

@@ -6,6 +6,7 @@ own; `durable` is each durable kind, for what only a database can show (reopenin
 
 import uuid
 
+import anyio
 import pytest
 import trio
 import trio.testing
@@ -363,7 +364,7 @@ async def test_a_durable_log_is_an_async_context_manager_that_closes(durable: Ba
 
 
 async def test_an_append_cancelled_before_it_starts_commits_nothing(log):
-    with trio.CancelScope() as scope:
+    with anyio.CancelScope() as scope:
         scope.cancel()
         await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
 
@@ -380,11 +381,11 @@ async def test_an_append_cancelled_while_it_runs_completes_and_says_so(log):
     async def commit():
         await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"), expected_length=0)
         returned.append("turn-1")
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(commit)
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
 
     assert returned == ["turn-1"]
@@ -395,9 +396,9 @@ async def test_a_session_cancelled_during_its_commit_stays_in_step_with_the_log(
     pipe = Pipeline(model=FunctionModel(lambda request: f"re: {request.messages[-1].text}"))
 
     async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(session.send, "first")
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
         # Had the session missed its own commit, this would be a LogConflict.
         await session.send("second")

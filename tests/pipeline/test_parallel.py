@@ -2,6 +2,7 @@
 
 import threading
 
+import anyio
 import hypothesis.strategies as st
 import pytest
 import trio
@@ -35,7 +36,7 @@ def member(name, *, delay=0, parts=None, trace=None, seen=None, **options):
         if seen is not None:
             seen[name] = turn
         if delay:
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
         if trace is not None:
             trace.append(name)
         return [Text(name)] if parts is None else parts
@@ -48,7 +49,7 @@ def halter(name, *, delay=0, trace=None, **options):
 
     async def run(turn):
         if delay:
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
         if trace is not None:
             trace.append(name)
         return halt(f"{name} says no")
@@ -61,7 +62,7 @@ def failer(name, *, delay=0, trace=None, error=None, **options):
 
     async def run(turn):
         if delay:
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
         if trace is not None:
             trace.append(name)
         raise error if error is not None else ValueError(f"{name} broke")
@@ -111,9 +112,9 @@ async def test_group_takes_as_long_as_its_slowest_member(autojump_clock):
     pipe = pipe_with(
         parallel(member("a", delay=1), member("b", delay=3), member("c", delay=2)),
     )
-    started = trio.current_time()
+    started = anyio.current_time()
     await pipe.run(Turn.start("hi"))
-    assert trio.current_time() - started == 3
+    assert anyio.current_time() - started == 3
 
 
 @settings(deadline=None, max_examples=40)
@@ -495,7 +496,7 @@ async def test_a_sync_member_still_running_when_a_sibling_halts_is_waited_for():
         return [Text("late")]
 
     async def gate(turn):
-        await trio.to_thread.run_sync(started.wait, BARRIER_TIMEOUT)
+        await anyio.to_thread.run_sync(started.wait, BARRIER_TIMEOUT)
         return halt("no")
 
     result = await pipe_with(parallel(lookup, hook(gate, name="gate"))).run(Turn.start("hi"))

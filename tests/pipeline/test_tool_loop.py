@@ -2,9 +2,9 @@
 
 import re
 
+import anyio
 import attrs
 import pytest
-import trio
 
 from pipeline import (
     TOOL_HOOKS,
@@ -59,7 +59,7 @@ def lookup_tool(trace: list | None = None, *, name: str = "lookup", delays=None,
         if trace is not None:
             trace.append(f"{name}:{city}")
         if delays:
-            await trio.sleep(delays.get(city, 0))
+            await anyio.sleep(delays.get(city, 0))
         return result if result is not None else f"{name}({city})"
 
     return tool(run, name=name)
@@ -630,7 +630,7 @@ async def test_an_async_permission_callback_is_awaited() -> None:
     trace: list[str] = []
 
     async def permission(c, question, turn):
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         return c.arguments["city"] == "a"
 
     pipe, _ = pipe_with(
@@ -673,7 +673,7 @@ def stopper(name: str = "stopper", *, city: str = "a", delay: float = 0, **optio
         if c.arguments["city"] != city:
             return cont(c)
         if delay:
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
         return halt(f"{name} stopped {city}")
 
     return hook(run, name=name, **options)
@@ -732,8 +732,8 @@ async def test_a_before_tool_halt_cancels_a_call_in_flight(autojump_clock) -> No
 
     async def slow(city: str) -> str:
         try:
-            await trio.sleep(10)
-        except trio.Cancelled:
+            await anyio.sleep(10)
+        except anyio.get_cancelled_exc_class():
             trace.append("cancelled")
             raise
         return "late"
@@ -1144,7 +1144,7 @@ async def test_at_most_tool_concurrency_calls_run_at_once(autojump_clock) -> Non
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
-        await trio.sleep(1)
+        await anyio.sleep(1)
         running -= 1
         return city
 
@@ -1405,7 +1405,7 @@ async def test_cancelling_the_turn_while_a_tool_runs_leaves_no_task_behind(autoj
     pipe, _ = pipe_with([calls("a"), "done"], lookup_tool(delays={"a": 100}))
     before_turn = live_tasks()
 
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         await pipe.run(start())
 
     assert (scope.cancelled_caught, live_tasks()) == (True, before_turn)
@@ -1416,7 +1416,7 @@ async def test_cancelling_the_turn_while_a_tool_runs_commits_nothing(autojump_cl
     log = MemoryLog()
 
     async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
-        with trio.move_on_after(5):
+        with anyio.move_on_after(5):
             await session.send("weather?")
 
     assert await log.load(CONVERSATION) == Context()
