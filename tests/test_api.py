@@ -26,7 +26,11 @@ ALLOWED_IMPORTS = {
 CATTRS_MODULES = {"turns/serde.py", "hooks/config/_load.py"}
 # Optional dependencies and the one module each may be imported from (lazily: the package
 # imports without them).
-OPTIONAL_IMPORTS = {"psycopg": {"pipeline/logs/_postgres.py"}}
+OPTIONAL_IMPORTS = {
+    "psycopg": {"pipeline/logs/_postgres.py"},
+    "opentelemetry": {"pipeline/otel.py"},
+    "mcp": {"pipeline/_mcp.py"},
+}
 
 
 def _public_modules(package: str) -> list[str]:
