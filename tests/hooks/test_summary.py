@@ -514,3 +514,13 @@ async def test_a_predicate_that_raises_fails_the_turn():
     with pytest.raises(HookFailed) as info:
         await pipe.run(Turn.start("hi", context=Context(messages=history(1, 2, 3))))
     assert info.value.hook == "drop_oldest"
+
+
+async def test_an_empty_summary_names_the_model_and_what_to_check():
+    """Catches: a failure that does not say which model answered nothing, nor what happens
+    to the turns it should have summarized."""
+    model = ScriptedModel(["  "])
+    with pytest.raises(ValueError, match="no text") as excinfo:
+        await running_summary(model, every=1)(answered(1, []))
+    assert repr(model) in str(excinfo.value)
+    assert "next summary covers these turns" in str(excinfo.value)

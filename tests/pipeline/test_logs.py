@@ -233,6 +233,18 @@ async def test_a_wrong_expected_length_raises_log_conflict_naming_the_conversati
     assert "holds 2 messages" in str(excinfo.value)
 
 
+async def test_a_log_conflict_carries_the_conversation_and_both_lengths(log):
+    """Catches: a conflict whose culprit is only in its message, so a caller that retries or
+    reports it has to parse text."""
+    await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
+
+    with pytest.raises(LogConflict) as excinfo:
+        await log.append(CONVERSATION, "turn-2", exchange("late", "writer"), expected_length=0)
+
+    error = excinfo.value
+    assert (error.conversation_id, error.expected, error.actual) == (CONVERSATION, 0, 2)
+
+
 async def test_a_conflict_writes_nothing(log):
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
     before = await log.entries(CONVERSATION)

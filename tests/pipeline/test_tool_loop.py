@@ -1101,6 +1101,15 @@ async def test_a_model_that_keeps_calling_tools_stops_after_max_steps_model_call
     assert len(model.requests) == max_steps
 
 
+async def test_step_limit_exceeded_carries_the_attempt_and_max_steps() -> None:
+    """Catches: the bound and the attempt it was hit on only in the message text."""
+    pipe = Pipeline(model=always_calling(), tools=[lookup_tool()], max_steps=3)
+
+    with pytest.raises(StepLimitExceeded) as excinfo:
+        await pipe.run(start())
+    assert (excinfo.value.attempt, excinfo.value.max_steps) == (1, 3)
+
+
 async def test_the_tool_calls_of_the_last_allowed_model_call_do_not_run() -> None:
     trace: list[str] = []
     pipe = Pipeline(model=always_calling(), tools=[lookup_tool(trace)], max_steps=2)
@@ -1206,6 +1215,37 @@ async def test_required_tool_choice_with_every_tool_narrowed_away_names_the_narr
 
     with pytest.raises(RequestError, match="'narrow'"):
         await pipe.run(start().with_request(tool_choice="required"))
+
+
+@pytest.mark.parametrize(
+    ("shapers", "choice", "culprit"),
+    [
+        ([("narrow", {"active_tools": []})], "required", "narrow"),
+        ([("choose", {"tool_choice": "missing"})], None, "choose"),
+        (
+            [("narrow", {"active_tools": []}), ("force", {"tool_choice": "required"})],
+            None,
+            "narrow",
+        ),
+        (
+            [("narrow", {"active_tools": ["lookup"]}), ("choose", {"tool_choice": "x"})],
+            None,
+            "choose",
+        ),
+        ([], "missing", None),
+    ],
+)
+async def test_a_request_error_carries_the_hook_that_shaped_the_request(
+    shapers, choice, culprit
+) -> None:
+    """Catches: RequestError naming its culprit only in the message; blaming the hook that
+    set a satisfiable choice when another narrowed every tool away."""
+    pipe, _ = pipe_with(["done"], pre=[shaping(name, **options) for name, options in shapers])
+    turn = start() if choice is None else start().with_request(tool_choice=choice)
+
+    with pytest.raises(RequestError) as excinfo:
+        await pipe.run(turn)
+    assert excinfo.value.hook == culprit
 
 
 async def test_an_impossible_tool_choice_reaches_no_model() -> None:

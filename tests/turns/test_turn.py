@@ -316,3 +316,11 @@ def test_start_rejects_a_turn_ref_that_is_not_a_non_empty_string(turn_ref: objec
 def test_start_rejects_a_context_or_scope_of_the_wrong_type(keyword: str, value: object) -> None:
     with pytest.raises(TypeError, match=keyword):
         Turn.start("hi", **{keyword: value})  # type: ignore[arg-type]
+
+
+def test_inject_without_parts_says_what_to_pass() -> None:
+    """Catches: a refusal that does not show a call that works, nor how to add nothing."""
+    with pytest.raises(ValueError, match=r"Turn\.inject needs at least one part") as excinfo:
+        Turn.start("hi").inject()
+    assert "e.g. turn.inject(" in str(excinfo.value)
+    assert "to add nothing" in str(excinfo.value)
