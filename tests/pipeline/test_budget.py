@@ -467,3 +467,9 @@ async def test_a_tokenizer_failing_on_injected_text_fails_run_and_stream_alike(m
     )
     with pytest.raises(BudgetError, match="picky"):
         await drive(mode, pipe, Turn.start("hi"))
+
+
+@pytest.mark.parametrize("context_tokens", [0, -5, True])
+def test_budget_rejects_a_context_size_that_is_not_a_positive_int(context_tokens):
+    with pytest.raises(ConfigError, match=r"Budget\.context_tokens must be a positive int"):
+        Budget(context_tokens, 10)

@@ -1314,3 +1314,16 @@ async def test_cancelling_run_while_a_sync_hook_blocks_in_a_thread_propagates(
         release.set()
 
     assert scope.cancelled_caught
+
+
+def pipe_with_pre(*pre, **options):
+    return Pipeline(model=ScriptedModel(["ok"]), pre=list(pre), **options)
+
+
+async def test_a_when_returning_a_non_bool_fails_an_enforced_hook():
+    def fn(turn):
+        return cont(turn)
+
+    pipe = pipe_with_pre(hook(fn, name="gated", when=lambda turn: "yes"))
+    with pytest.raises(HookReturnError, match=r"'gated'.*True or False"):
+        await pipe.run(Turn.start("hi"))

@@ -392,3 +392,30 @@ async def test_a_consumers_exception_group_propagates_intact(autojump_clock, con
     assert group.message == "mine"
     assert len(group.exceptions) == 2
     assert (group.exceptions[0] is first, group.exceptions[1] is second) == (True, True)
+
+
+async def test_shadow_skip_and_failed_open_hooks_audit_alike_in_run_and_stream(autojump_clock):
+    def broken(turn):
+        raise ValueError("x")
+
+    def stop(turn):
+        return halt("would stop")
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok", "ok"]),
+        pre=[
+            hook(broken, name="broken", on_error="skip"),
+            hook(stop, name="watch", shadow=True),
+            hook(broken, name="never", when=lambda turn: False),
+        ],
+    )
+    ran = await pipe.run(Turn.start("hi", turn_ref="same"))
+    async with pipe.stream(Turn.start("hi", turn_ref="same")) as events:
+        async for _ in events:
+            pass
+    assert events.result.audit == ran.audit
+    assert [(r.hook, r.verdict) for r in ran.audit.hooks] == [
+        ("broken", "failed"),
+        ("watch", "halt"),
+        ("never", "skipped"),
+    ]

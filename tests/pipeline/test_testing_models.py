@@ -189,3 +189,10 @@ async def test_function_model_streams_an_async_generator_lazily(autojump_clock):
 
     assert arrivals == [(0.0, "one "), (1.0, "two "), (3.0, "three")]
     assert events.result.reply.text == "one two three"
+
+
+async def test_a_scripted_model_out_of_replies_says_it_is_the_scripted_provider():
+    pipe = Pipeline(model=ScriptedModel([]))
+    with pytest.raises(ProviderError) as info:
+        await pipe.run(Turn.start("hi"))
+    assert info.value.provider == "scripted"
