@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, Protocol
 
 import sniffio
 import trio
@@ -64,34 +64,19 @@ def clock_reader(loop: Loop) -> Callable[[], float]:
     return clock.current_time
 
 
-class Lot:
-    """Tasks waiting for something to change, woken all at once (trio's ParkingLot, on both).
+class Lot(Protocol):
+    """Tasks waiting for something to change, woken all at once (trio's ParkingLot API)."""
 
-    The loop is looked up on the first wait, so a Lot may be built outside any loop.
-    """
+    def __bool__(self) -> bool: ...
 
-    __slots__ = ("_lot",)
+    async def park(self) -> None: ...
 
-    def __init__(self) -> None:
-        self._lot: trio.lowlevel.ParkingLot | _FutureLot | None = None
+    def unpark_all(self) -> object: ...
 
-    def __bool__(self) -> bool:
-        return bool(self._lot)
 
-    async def park(self) -> None:
-        """Wait until `unpark_all` is called (a cancellation point)."""
-        lot = self._lot
-        if lot is None:
-            if current_loop("waiting on a turn's events") == "trio":
-                lot = self._lot = trio.lowlevel.ParkingLot()
-            else:
-                lot = self._lot = _FutureLot()
-        await lot.park()
-
-    def unpark_all(self) -> None:
-        """Wake every waiting task."""
-        if self._lot is not None:
-            self._lot.unpark_all()
+def new_lot(loop: Loop) -> Lot:
+    """A `Lot` for `loop`: trio's own ParkingLot, or one built on asyncio futures."""
+    return trio.lowlevel.ParkingLot() if loop == "trio" else _FutureLot()
 
 
 class _FutureLot:

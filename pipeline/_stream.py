@@ -16,7 +16,7 @@ from turns import Turn
 from . import events as ev
 from ._drive import Drive
 from ._excgroups import own_error, raise_single
-from ._loop import Lot
+from ._loop import Lot, current_loop, new_lot
 from ._result import TurnResult
 
 
@@ -26,6 +26,8 @@ async def stream_turn(
 ) -> AsyncIterator["TurnEvents"]:
     """Drive `turn` in a task of its own while the caller iterates `events`."""
     error: BaseException | None = None
+    loop = current_loop("a streamed turn (Pipeline.stream, session.stream)")
+    events._lot, events._taken = new_lot(loop), new_lot(loop)
     try:
         async with anyio.create_task_group() as task_group:
             task_group.start_soon(events._drive, drive, turn)
@@ -66,8 +68,9 @@ class TurnEvents:
 
     def __init__(self) -> None:
         self._buffer: deque[ev.Event] = deque()
-        self._lot = Lot()
-        self._taken = Lot()
+        # The loop's own wake-ups, set when the turn starts (the loop is known then).
+        self._lot: Lot = _NOT_STARTED
+        self._taken: Lot = _NOT_STARTED
         self._waiting = False
         self._done = False
         self._result: TurnResult | None = None
@@ -136,3 +139,19 @@ class TurnEvents:
         finally:
             self._done = True
             self._lot.unpark_all()
+
+
+class _NotStarted:
+    """The lots of a TurnEvents whose turn has not started: nothing waits, nothing wakes."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    async def park(self) -> None:
+        raise RuntimeError("a turn's events are read inside `async with pipe.stream(...)`")
+
+    def unpark_all(self) -> None:
+        pass
+
+
+_NOT_STARTED = _NotStarted()

@@ -9,12 +9,14 @@ end", not milliseconds apart.
 """
 
 import asyncio
+import contextvars
 import sqlite3
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import sniffio
 
 from hooks import retrieve
 from pipeline import (
@@ -126,19 +128,58 @@ def test_hooks_tools_models_and_search_may_use_asyncio_itself() -> None:
     assert trace == ["noted", "after sunny in Oslo"]
 
 
-def test_a_turn_driven_by_hand_is_refused_not_hung() -> None:
-    """Catches: a coroutine driven by something that is neither asyncio nor trio hanging or
-    failing deep inside with an obscure error."""
-    pipe = Pipeline(model=hello())
-    coroutine = pipe.run(Turn.start("x"))
-
+def _by_hand(coroutine) -> RuntimeError:
+    """Drive `coroutine` one step by hand, as no event loop would: the error it raises."""
     with pytest.raises(RuntimeError) as excinfo:
         coroutine.send(None)
+    coroutine.close()
+    return excinfo.value
 
-    message = str(excinfo.value)
-    assert "trio or asyncio" in message
-    assert "no event loop" in message
-    assert "asyncio.run" in message
+
+async def _open_session(pipe: Pipeline) -> None:
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+        pass
+
+
+async def _stream(pipe: Pipeline) -> None:
+    async with pipe.stream(Turn.start("x")) as events:
+        async for _ in events:
+            pass
+
+
+@pytest.mark.parametrize(
+    ("what", "start"),
+    [
+        ("a turn", lambda pipe, path: pipe.run(Turn.start("x"))),
+        ("a streamed turn", lambda pipe, path: _stream(pipe)),
+        ("pipe.session", lambda pipe, path: _open_session(pipe)),
+        ("SQLiteLog", lambda pipe, path: SQLiteLog(path).load(CONVERSATION)),
+    ],
+    ids=["run", "stream", "session", "sqlite"],
+)
+def test_a_coroutine_driven_by_hand_is_refused_not_hung(what, start, tmp_path: Path) -> None:
+    """Catches: a turnplug coroutine driven by something that is neither asyncio nor trio
+    hanging, or failing deep inside with an obscure error."""
+    error = _by_hand(start(Pipeline(model=hello()), tmp_path / "log.db"))
+
+    message = str(error)
+    assert message.startswith(what), message
+    assert "must run under trio or asyncio, but it was awaited with no event loop" in message
+    assert "asyncio.run(...)" in message
+
+
+def test_a_turn_under_another_event_loop_is_refused_naming_it() -> None:
+    """Catches: a turn awaited under another loop (here one that says it is curio) running
+    into trio's or asyncio's internals instead of a clear error."""
+    pipe = Pipeline(model=hello())
+
+    def under_curio() -> RuntimeError:
+        sniffio.current_async_library_cvar.set("curio")
+        return _by_hand(pipe.run(Turn.start("x")))
+
+    error = contextvars.copy_context().run(under_curio)
+
+    assert "awaited with the curio event loop running" in str(error)
 
 
 # -- timeouts ---------------------------------------------------------------------------------
