@@ -897,7 +897,10 @@ def redact(
             )
         compiled.append(regex)
     if not compiled:
-        raise ConfigError("redact() needs at least one pattern")
+        raise ConfigError(
+            "redact() needs at least one pattern, got none — pass the text to hide as"
+            r" strings or compiled regexes, e.g. redact(r\"\d{3}-\d{4}\")"
+        )
     if not isinstance(replacement, str) and (
         not callable(replacement) or isinstance(replacement, bytes | bytearray)
     ):

@@ -108,7 +108,11 @@ def running_summary(model: Model, *, every: int = 10) -> Hook:
             )
         ).strip()
         if not summary:
-            raise ValueError("the summary model answered with no text; nothing was written")
+            raise ValueError(
+                f"the summary model {model!r} answered with no text; nothing was written and"
+                " the next summary covers these turns too — check that the model answers the"
+                " summary prompt (its system prompt and max tokens)"
+            )
         marker = {"turns": count, "through": _fingerprint(turn.user_message, reply.messages)}
         return cont(turn.inject(Text(_HEADING + summary, meta={RUNNING_SUMMARY: marker})))
 

@@ -44,11 +44,12 @@ from ._errors import (
 from ._hooks import Chain, Hook, OnError, Parallel, chain, hook, parallel
 from ._mcp import MCPToolset, mcp_toolset
 from ._model import Model, ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
-from ._pipeline import Compactor, Pipeline, TurnEvents
+from ._pipeline import Compactor, Pipeline
 from ._result import TurnResult
 from ._seam import PerChunk, Transformer, TransformerFactory, per_chunk
 from ._session import Session, SessionInfo
 from ._signals import Ask, Block, Cont, Halt, Regenerate, Signal, ask, block, cont, halt, regenerate
+from ._stream import TurnEvents
 from ._toolloop import TOOL_HOOKS
 from ._tools import Tool, current_tools, tool
 from ._toolsets import LocalToolset, Toolset, toolset, toolset_tool_name

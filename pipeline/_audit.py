@@ -37,6 +37,11 @@ class HookRecord(NamedTuple):
     detail: str | None = None
 
 
+new_record = tuple.__new__
+"""``new_record(HookRecord, (all seven fields))``: a record without the named tuple's
+Python-level ``__new__``, for the paths that build one per hook."""
+
+
 @final
 @attrs.frozen
 class AttemptRecord:

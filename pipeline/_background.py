@@ -9,15 +9,16 @@ session; a failure, a timeout or a wrong return is recorded (a `HookFailed` even
 import logging
 from collections.abc import Sequence
 
-import trio
+import anyio
 
 from turns import Injection, Turn
 
 from . import events as ev
 from ._audit import HookRecord
+from ._describe import describe, exc_text
 from ._emit import hook_started
 from ._plan import Step
-from ._runner import Runner, describe, exc_text
+from ._runner import Runner
 from ._signals import Cont
 
 log = logging.getLogger("turnplug.pipeline")
@@ -44,24 +45,25 @@ async def run_background(
             if emit is not None:
                 emit(ev.HookSkipped(runner.turn_ref, step.name, step.stage))
             return ()
-    if emit is not None:
-        emit(hook_started(runner.turn_ref, step.name, step.stage))
-    started = runner.now()
-    try:
-        result = await runner.call(step, turn, threaded=True)
-        if type(result) is not Cont or type(result.value) is not Turn:
-            raise runner.wrong_return(
-                step,
-                result,
-                "Cont(turn) — a background hook runs after the commit, so it cannot halt or"
-                " regenerate",
-                group=False,
-            )
-    except Exception as exc:
+
+    def failed(step: Step, exc: Exception, elapsed: float, _: list[HookRecord] | None) -> None:
         detail = exc_text(exc.__cause__ if exc.__cause__ is not None else exc)
-        _failed(runner, step, records, runner.now() - started, detail)
+        _failed(runner, step, records, elapsed, detail)
+
+    called = await runner.timed(step, turn, threaded=True, failed=failed)
+    if called is None:
         return ()
-    runner.finished(step, runner.now() - started, "cont", records=records)
+    result, elapsed = called
+    if type(result) is not Cont or type(result.value) is not Turn:
+        error = runner.wrong_return(
+            step,
+            result,
+            "Cont(turn) — a background hook runs after the commit, so it cannot halt or regenerate",
+            group=False,
+        )
+        _failed(runner, step, records, elapsed, exc_text(error))
+        return ()
+    runner.finished(step, elapsed, "cont", records=records)
     known = {id(injection) for injection in turn.injections}
     fresh = tuple(
         Injection(injection.parts, step.name, step.hook.durable, "post")
@@ -87,9 +89,9 @@ async def run_all_background(
     async def one(index: int) -> None:
         injected[index] = await run_background(runner, steps[index], turn, records[index])
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as hooks:
         for index in range(len(steps)):
-            nursery.start_soon(one, index)
+            hooks.start_soon(one, index)
     for step_records in records:
         runner.records.extend(step_records)
     return tuple(injection for step_injected in injected for injection in step_injected)

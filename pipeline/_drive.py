@@ -4,44 +4,102 @@
 which is None when nobody listens, so that `run` builds no event at all.
 """
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import TypeAlias, final
 
 import attrs
 
 from turns import Message, Reply, Text, Turn, Usage
 
 from . import events as ev
-from ._audit import AuditRecord, HookRecord, Rejection
+from ._audit import AuditRecord, HookRecord, Rejection, new_record
 from ._background import run_all_background
 from ._budget import estimate_tokens
+from ._describe import describe
 from ._emit import hook_finished, hook_started
 from ._errors import HookReturnError, RequestError
 from ._hooks import Hook
+from ._loop import clock_reader, current_loop
 from ._observe import watch_turn
 from ._parallel import run_group
-from ._plan import Group, PreStep, Step
+from ._plan import Group, Plan, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import Emit, Runner, check_history, clock_reader, describe
+from ._runner import Emit, Runner, check_history
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool
-from ._toolsets import turn_tools
 
-if TYPE_CHECKING:
-    from ._pipeline import Pipeline
 
-_new = tuple.__new__
+@final
+@attrs.frozen
+class TurnHost:
+    """What a session does for the turns it runs: the drive's one way out to a session.
+
+    A turn run without a session (`Pipeline.run`, `Pipeline.stream`) has no host: nothing is
+    committed and background hooks are awaited before the result is returned.
+    """
+
+    commit: Callable[[TurnResult], Awaitable[tuple[str, tuple[Message, ...]]]]
+    """Append a completed turn to the log: the conversation id and the messages committed."""
+    spawn: Callable[[Turn], None]
+    """Start a committed turn's background hooks in the session's task group."""
+
+
+@final
+@attrs.frozen
+class Accepted:
+    """A stage's verdict: every hook let the turn through; `turn` is as they left it."""
+
+    turn: Turn
+
+
+@final
+@attrs.frozen
+class Halted:
+    """A stage's verdict: a hook halted; `turn` is as the hooks before it left it."""
+
+    turn: Turn
+    halt: Halt
+
+
+@final
+@attrs.frozen
+class Rejected:
+    """A stage's verdict: a post hook sent the model back (``regenerate(feedback)``)."""
+
+    turn: Turn
+    hook: str
+    feedback: str
+
+
+Verdict: TypeAlias = Accepted | Halted | Rejected
+
+OpenTools: TypeAlias = Callable[[], AbstractAsyncContextManager[Mapping[str, Tool]]]
+"""Opens a turn's tools where they are connected (MCP toolsets) and closes them after it."""
 
 
 class Drive(Runner):
     """One turn's run through a pipeline."""
 
-    __slots__ = ("watch",)
+    __slots__ = ("caught_up", "host", "open_tools", "watch")
 
-    def __init__(self, pipe: "Pipeline", emit: Emit | None) -> None:
-        super().__init__(pipe, emit)
+    def __init__(
+        self,
+        plan: Plan,
+        emit: Emit | None,
+        host: TurnHost | None = None,
+        caught_up: Callable[[], Awaitable[None]] | None = None,
+        open_tools: OpenTools | None = None,
+    ) -> None:
+        super().__init__(plan, emit)
+        self.host = host
+        # A streamed session's turn waits for its consumer before committing.
+        self.caught_up = caught_up
+        # MCP toolsets: the turn's tools come from the servers' connections, which the
+        # session or the pipeline running the turn opened (None: the plan's own tools).
+        self.open_tools = open_tools
         # Built where the turn is set up, in the caller's context (a tracer's parent span).
         self.watch = watch_turn(self, emit)
         if self.watch is not None:
@@ -50,14 +108,13 @@ class Drive(Runner):
     async def run(self, turn: Turn) -> TurnResult:
         """Drive `turn` through every stage and return its result."""
         self.turn_ref = turn.turn_ref
-        self.now = clock_reader()
+        self.now = clock_reader(current_loop("a turn (Pipeline.run, Pipeline.stream, send)"))
         if self.emit is not None:
             self.emit(ev.TurnStarted(turn.turn_ref))
-        if self.pipe._remote:
-            # MCP toolsets: this turn's tools come from the servers' connections.
-            async with turn_tools(self.pipe, self.toolbox) as tools:
+        if self.open_tools is not None:
+            async with self.open_tools() as tools:
                 return await self.drive(turn, tools)
-        return await self.drive(turn, self.pipe._tool_map)
+        return await self.drive(turn, self.plan.tool_map)
 
     async def drive(self, turn: Turn, tools: Mapping[str, Tool]) -> TurnResult:
         # Hooks that run a pipeline tool themselves (a synthetic tool call) find it here,
@@ -65,10 +122,13 @@ class Drive(Runner):
         token = CURRENT_TOOLS.set(tools)
         try:
             turn = await self.prepare(turn)
-            turn, stop = await self.pre_stage(turn)
-            if stop is not None:
-                return self.halted(turn, stop)
-            return await self.respond(turn)
+            match await self.ordered(self.plan.pre, turn):
+                case Accepted(turn=accepted):
+                    return await self.respond(accepted)
+                case Halted(turn=reached, halt=stop):
+                    return self.halted(reached, stop)
+                case Rejected():
+                    raise AssertionError("a pre hook is never judged as a post hook")
         except BaseException as error:
             if self.watch is not None:
                 self.watch.failed(error)
@@ -80,59 +140,50 @@ class Drive(Runner):
 
     async def prepare(self, turn: Turn) -> Turn:
         """Fill the context from the pipeline's defaults and compact the history."""
-        pipe = self.pipe
-        if pipe.system is not None and turn.context.system is None:
-            turn = attrs.evolve(turn, context=attrs.evolve(turn.context, system=pipe.system))
+        plan = self.plan
+        if plan.system is not None and turn.context.system is None:
+            turn = attrs.evolve(turn, context=attrs.evolve(turn.context, system=plan.system))
         tools = CURRENT_TOOLS.get()
         if tools:
             turn = _with_tools(turn, tuple(tools.values()))
         self.tools = turn.context.tool_names
-        if pipe._compact_hook is not None:
-            turn = await self.compact(turn, pipe._compact_hook)
+        if plan.compact is not None:
+            turn = await self.compact(turn, plan.compact)
         return turn
 
     async def compact(self, turn: Turn, compact: Hook) -> Turn:
         """Apply ``compact=`` to the history: a per-turn view, recorded like a hook."""
-        budget = self.pipe.budget
+        budget = self.plan.budget
         assert budget is not None
         step = Step(compact, compact.name, "compact", "1")
-        if self.emit is not None:
-            self.emit(hook_started(self.turn_ref, step.name, step.stage))
-        started = self.now()
-        try:
-            result = await self.call(
-                step,
-                turn.context.messages,
-                budget.history_target,
-                self.pipe.tokenizer or estimate_tokens,
-            )
-            messages = check_history(step, result)
-        except Exception as exc:
-            self.fail(step, exc, self.now() - started)
+        count = self.plan.tokenizer or estimate_tokens
+        called = await self.timed(step, turn.context.messages, budget.history_target, count)
+        if called is None:
             return turn
-        self.finished(step, self.now() - started, "cont")
+        result, elapsed = called
+        try:
+            messages = check_history(step, result)
+        except HookReturnError as error:
+            self.fail(step, error, elapsed)
+            return turn
+        self.finished(step, elapsed, "cont")
         return attrs.evolve(turn, context=attrs.evolve(turn.context, messages=messages))
 
     # -- stages 1-3: pre hooks, parallel groups, the injection budget ------------------------
 
-    async def pre_stage(self, turn: Turn) -> tuple[Turn, Halt | None]:
-        turn, verdict = await self.ordered(self.pipe._pre_plan, turn)
-        # A pre-stage step is never judged as a post hook: no rejection comes back.
-        return turn, verdict if type(verdict) is Halt else None
+    async def ordered(self, steps: tuple[PreStep, ...], turn: Turn) -> Verdict:
+        """Run a stage's hooks (and, before the model, parallel groups) in order: its verdict.
 
-    async def ordered(
-        self, plan: tuple[PreStep, ...], turn: Turn
-    ) -> tuple[Turn, Turn | Halt | tuple[str, str]]:
-        """Run a stage's ordered hooks (and, before the model, parallel groups) in order.
-
-        Returns the turn as the hooks left it, and the verdict: that turn (accepted), a
-        halt, or (hook, feedback) for a post hook's rejection.
+        The drive's stage loop: `ordered_step_by_step` with its hottest case inlined. A plain
+        step (an enforced async hook without timeout or ``when=``) that continues with the
+        turn's request, context, reply and correlation unchanged is run, recorded and
+        announced here, without a call per hook; every other step and signal goes through
+        `run_step` and `settle`, as in the reference loop. A test runs both loops over every
+        verdict and compares their records and events.
         """
         now, emit, records = self.now, self.emit, self.records
-        for step in plan:
+        for step in steps:
             if type(step) is Step and step.plain:
-                # The hottest loop of a turn: an enforced async hook (no timeout, no
-                # `when=`) run and judged inline, its common verdict taken on the spot.
                 if emit is not None:
                     emit(hook_started(self.turn_ref, step.name, step.stage))
                 started = now()
@@ -163,7 +214,7 @@ class Drive(Runner):
                             False,
                             None,
                         )
-                        records.append(_new(HookRecord, record))
+                        records.append(new_record(HookRecord, record))
                         if emit is not None:
                             emit(
                                 hook_finished(self.turn_ref, step.name, step.stage, elapsed, "cont")
@@ -172,64 +223,86 @@ class Drive(Runner):
                             outcome = self.stamp(step, turn, outcome)
                         turn = outcome
                         continue
-                checked = self.settle_checked(step, turn, result, elapsed)
-            elif type(step) is Group:
-                checked = await run_group(self, step, turn)
+                settled = self.settle(step, turn, result, elapsed)
             else:
-                called = await self.call_ordered(step, turn)
-                if called is None:
-                    continue
-                checked = self.settle_checked(step, turn, *called)
-            if type(checked) is not Turn:
-                return turn, checked
-            turn = checked
-        return turn, turn
+                settled = await self.run_step(step, turn)
+            if type(settled) is Turn:
+                turn = settled
+            elif type(settled) is Halt:
+                return Halted(turn, settled)
+            else:
+                assert type(settled) is Regenerate
+                return Rejected(turn, step.name, settled.feedback)
+        return Accepted(turn)
+
+    async def ordered_step_by_step(self, steps: tuple[PreStep, ...], turn: Turn) -> Verdict:
+        """The reference stage loop: `ordered` without its inlined hot path."""
+        for step in steps:
+            match await self.run_step(step, turn):
+                case Turn() as settled:
+                    turn = settled
+                case Halt() as stop:
+                    return Halted(turn, stop)
+                case Regenerate(feedback=feedback):
+                    return Rejected(turn, step.name, feedback)
+        return Accepted(turn)
+
+    async def run_step(self, step: PreStep, turn: Turn) -> Turn | Halt | Regenerate:
+        """Run one step of a stage: the turn to go on with, a halt, or a post hook's rejection."""
+        if type(step) is Group:
+            return await run_group(self, step, turn)
+        assert type(step) is Step
+        if step.hook.when is not None and not self.passes(step, turn):
+            return turn
+        called = await self.timed(step, turn)
+        if called is None:
+            return turn
+        return self.settle(step, turn, *called)
 
     # -- stages 4-7: the model call, the post hooks, the regeneration loop --------------------
 
     async def respond(self, turn: Turn) -> TurnResult:
         """Ask the model, judge its reply, and ask again within the bound until accepted."""
-        pipe = self.pipe
+        plan = self.plan
         emit = self.emit
-        held: list[ev.Event] | None = [] if pipe.hold_until_accepted and emit is not None else None
+        held: list[ev.Event] | None = [] if plan.hold_until_accepted and emit is not None else None
         extra: tuple[Message, ...] = ()
         request = build_request(self, turn)
-        for attempt in range(1, pipe.max_regenerations + 2):
+        for attempt in range(1, plan.max_regenerations + 2):
             reply = await answer(self, turn, request, attempt, held)
             if type(reply) is Halt:
                 # A tool hook halted the turn: nothing of the attempt is kept.
                 return self.halted(turn, reply, attempt)
-            reached, verdict = await self.ordered(pipe._post_plan, attrs.evolve(turn, reply=reply))
-            if type(verdict) is Turn:
-                if held:
-                    assert emit is not None
-                    for event in held:
-                        emit(event)
-                return await self.complete(verdict)
-            if type(verdict) is Halt:
-                # What the post hooks before it did stays in the record; the halted reply
-                # does not stay on the turn.
-                return self.halted(attrs.evolve(reached, reply=None), verdict, attempt)
-            assert type(verdict) is tuple
-            hook, feedback = verdict
-            self.rejections.append(Rejection(attempt, hook, feedback, reply.text))
-            if held is not None:
-                held.clear()
-            if emit is not None:
-                emit(ev.AttemptRejected(self.turn_ref, attempt, hook, feedback))
-            # The model sees what it said and why it was rejected; the log never does.
-            note = Message("user", (Text(feedback),), {"feedback_for_attempt": attempt})
-            extra = (*extra, *reply.messages, note)
-            request = build_request(self, turn, extra)
+            match await self.ordered(plan.post, attrs.evolve(turn, reply=reply)):
+                case Accepted(turn=accepted):
+                    if held:
+                        assert emit is not None
+                        for event in held:
+                            emit(event)
+                    return await self.complete(accepted)
+                case Halted(turn=reached, halt=stop):
+                    # What the post hooks before it did stays in the record; the halted reply
+                    # does not stay on the turn.
+                    return self.halted(attrs.evolve(reached, reply=None), stop, attempt)
+                case Rejected(hook=hook, feedback=feedback):
+                    self.rejections.append(Rejection(attempt, hook, feedback, reply.text))
+                    if held is not None:
+                        held.clear()
+                    if emit is not None:
+                        emit(ev.AttemptRejected(self.turn_ref, attempt, hook, feedback))
+                    # The model sees what it said and why it was rejected; the log never does.
+                    note = Message("user", (Text(feedback),), {"feedback_for_attempt": attempt})
+                    extra = (*extra, *reply.messages, note)
+                    request = build_request(self, turn, extra)
         return self.finish("exhausted", turn, None, None)
 
-    def settle_checked(
+    def settle(
         self, step: Step, turn: Turn, result: object, elapsed: float
-    ) -> Turn | Halt | tuple[str, str]:
-        """Check an ordered hook's signal, record it, and give what goes on.
+    ) -> Turn | Halt | Regenerate:
+        """Judge what an ordered hook returned, record it, and give what goes on.
 
-        `settle` for everything but its common case; and the post stage's `settle`, where a
-        hook may also reject the reply: (hook, feedback) is returned for a rejection.
+        The turn to go on with (the hook's, or `turn` itself when the hook failed open or is
+        a shadow), the hook's halt, or, in the post stage, its ``regenerate(feedback)``.
         """
         post = step.stage == "post"
         outcome: Turn | Halt | Regenerate
@@ -264,7 +337,7 @@ class Drive(Runner):
             return outcome
         if type(outcome) is Regenerate:
             self.finished(step, elapsed, verdict, outcome.feedback)
-            return step.name, outcome.feedback
+            return outcome
         assert type(outcome) is Turn
         self.finished(step, elapsed, verdict)
         if outcome.request is not turn.request:
@@ -285,18 +358,19 @@ class Drive(Runner):
     async def complete(self, turn: Turn) -> TurnResult:
         """Commit an accepted turn, then start (or, without a session, await) background hooks."""
         result = self.result("completed", turn, turn.reply, None)
-        if self.commit is not None:
+        host = self.host
+        if host is not None:
             if self.caught_up is not None:
                 # A streamed turn commits once its consumer has seen the reply: leaving the
                 # stream before that cancels the turn, and nothing is committed.
                 await self.caught_up()
-            conversation_id, messages = await self.commit(result)
+            conversation_id, messages = await host.commit(result)
             if self.emit is not None:
                 self.emit(ev.Committed(self.turn_ref, conversation_id, messages))
-        background = self.pipe._background_plan
+        background = self.plan.background
         if background:
-            if self.spawn is not None:
-                self.spawn(turn)
+            if host is not None:
+                host.spawn(turn)
             else:
                 self.late = await run_all_background(self, background, turn)
                 result = self.result("completed", turn, turn.reply, None)

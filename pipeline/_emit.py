@@ -17,7 +17,7 @@ import attrs
 
 from .events import Event, HookFinished, HookStarted, TextDelta
 
-_new = object.__new__
+_bare = object.__new__
 _set_at = Event.at.__set__  # type: ignore[attr-defined]
 
 
@@ -48,7 +48,7 @@ _delta = _slot_setters(TextDelta)
 
 def hook_started(turn_ref: str, hook: str, stage: str) -> HookStarted:
     """``HookStarted(turn_ref, hook, stage)``."""
-    event = _new(HookStarted)
+    event = _bare(HookStarted)
     _set_at(event, 0.0)
     set_ref, set_hook, set_stage = _started
     set_ref(event, turn_ref)
@@ -61,7 +61,7 @@ def hook_finished(
     turn_ref: str, hook: str, stage: str, elapsed: float, verdict: str
 ) -> HookFinished:
     """``HookFinished(turn_ref, hook, stage, elapsed, verdict)``."""
-    event = _new(HookFinished)
+    event = _bare(HookFinished)
     _set_at(event, 0.0)
     set_ref, set_hook, set_stage, set_elapsed, set_verdict = _finished
     set_ref(event, turn_ref)
@@ -74,7 +74,7 @@ def hook_finished(
 
 def text_delta(turn_ref: str, text: str, attempt: int) -> TextDelta:
     """``TextDelta(turn_ref, text, attempt)``."""
-    event = _new(TextDelta)
+    event = _bare(TextDelta)
     _set_at(event, 0.0)
     set_ref, set_text, set_attempt = _delta
     set_ref(event, turn_ref)

@@ -12,10 +12,10 @@ Halts, blocks, rejections and an exhausted regeneration bound are outcomes (data
     ├── BudgetError
     │   ├── InjectionOverflow            .hook, .tokens, .total, .reserve
     │   └── ContextOverflow              .tokens, .limit
-    ├── LogConflict                      the conversation grew since this turn loaded it
+    ├── LogConflict                      the conversation grew since the load; .conversation_id, .expected, .actual
     ├── LogError                         the log's storage failed (sqlite3, psycopg); .log
-    ├── RequestError                     invalid request caught locally (tool_choice vs active tools)
-    ├── StepLimitExceeded                the tool loop reached max_steps model calls
+    ├── RequestError                     invalid request caught locally (tool_choice vs active tools); .hook
+    ├── StepLimitExceeded                the tool loop reached max_steps model calls; .attempt, .max_steps
     ├── ToolsetError                     a toolset's server could not be reached; .toolset
     └── ProviderError                    .provider, .status, .request_id where known
         ├── ProviderConnectionError
@@ -150,7 +150,26 @@ class ContextOverflow(BudgetError):
 
 @final
 class LogConflict(PipelineError):
-    """The conversation grew since this turn loaded it; nothing was committed."""
+    """The conversation grew since this turn loaded it; nothing was committed.
+
+    Attributes:
+        conversation_id: The conversation, when known.
+        expected: How many messages the writer expected the log to hold.
+        actual: How many it held.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        conversation_id: str | None = None,
+        expected: int | None = None,
+        actual: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.conversation_id = conversation_id
+        self.expected = expected
+        self.actual = actual
 
 
 @final
@@ -187,12 +206,33 @@ class ToolsetError(PipelineError):
 
 @final
 class RequestError(PipelineError):
-    """The request is invalid and was caught before any provider call."""
+    """The request is invalid and was caught before any provider call.
+
+    Attributes:
+        hook: The hook that shaped the request (set ``tool_choice`` or narrowed
+            ``active_tools``) when one did; None when the request is as the turn built it.
+    """
+
+    def __init__(self, message: str, *, hook: str | None = None) -> None:
+        super().__init__(message)
+        self.hook = hook
 
 
 @final
 class StepLimitExceeded(PipelineError):
-    """The tool loop reached ``max_steps`` model calls without a final answer."""
+    """The tool loop reached ``max_steps`` model calls without a final answer.
+
+    Attributes:
+        attempt: The attempt (1 for the first answer, more after regenerations).
+        max_steps: The pipeline's bound on model calls per attempt.
+    """
+
+    def __init__(
+        self, message: str, *, attempt: int | None = None, max_steps: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.attempt = attempt
+        self.max_steps = max_steps
 
 
 class ProviderError(PipelineError):

@@ -254,7 +254,10 @@ def parallel(*hooks: Callable[..., Any], name: str | None = None) -> Parallel:
         ConfigError: No members, or a member that is itself a group or a chain.
     """
     if not hooks:
-        raise ConfigError("parallel() needs at least one member hook")
+        raise ConfigError(
+            "parallel() needs at least one member hook, got none — pass the hooks to run"
+            " concurrently, e.g. parallel(fetch_docs, fetch_profile)"
+        )
     members = []
     for position, member in enumerate(hooks, 1):
         if isinstance(member, Parallel | Chain):
@@ -289,7 +292,10 @@ def chain(*hooks: Callable[..., Any] | Parallel | Chain, name: str | None = None
         ConfigError: No members.
     """
     if not hooks:
-        raise ConfigError("chain() needs at least one member hook")
+        raise ConfigError(
+            "chain() needs at least one member hook, got none — pass the hooks to run in"
+            " order, e.g. chain(scrub, check)"
+        )
     members = tuple(
         member if isinstance(member, Parallel | Chain) else as_hook(member) for member in hooks
     )

@@ -25,8 +25,8 @@ import anyio
 import anyio.abc
 import attrs
 
+from ._describe import exc_text
 from ._errors import ConfigError, ToolsetError
-from ._runner import exc_text
 from ._tools import Tool, ToolFailure, schema_tool
 from ._toolsets import Toolset, _names, check_toolset_name, select, toolset_tool_name
 
@@ -73,6 +73,10 @@ class MCPToolset(Toolset):
     headers: Mapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=_hidden)
     timeout: float = attrs.field(default=DEFAULT_TIMEOUT, kw_only=True)
     connect_timeout: float = attrs.field(default=DEFAULT_CONNECT_TIMEOUT, kw_only=True)
+
+    def connection(self) -> "Connection":
+        """A new connection to this server, opened by the `Toolbox` that holds it."""
+        return Connection(self)
 
     @property
     def where(self) -> str:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from . import events as ev
 
 if TYPE_CHECKING:
-    from ._pipeline import Pipeline
+    from ._plan import Plan
     from ._runner import Runner
 
 log = logging.getLogger("turnplug.pipeline")
@@ -44,7 +44,7 @@ class TurnTracer(Protocol):
     def ended(self, error: BaseException, at: float) -> None: ...
 
 
-TracerFactory = Callable[["Pipeline"], TurnTracer | None]
+TracerFactory = Callable[["Plan"], TurnTracer | None]
 
 _tracing: list[TracerFactory] = []
 
@@ -126,7 +126,7 @@ def watch_turn(runner: "Runner", sink: Callable[[ev.Event], None] | None) -> Wat
 
     Called where the turn is set up, in the caller's context (see the module docstring).
     """
-    tracer = _tracing[0](runner.pipe) if _tracing else None
+    tracer = _tracing[0](runner.plan) if _tracing else None
     debug = log.isEnabledFor(logging.DEBUG)
     if sink is None and tracer is None and not debug:
         return None

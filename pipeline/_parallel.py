@@ -1,14 +1,16 @@
 """Parallel groups: append-only members run concurrently, merged in declaration order."""
 
-import trio
+import anyio
+import anyio.lowlevel
 
 from turns import Part, Turn
 
 from ._audit import HookRecord
-from ._emit import hook_started
+from ._describe import PART_TYPES
 from ._errors import HookError
+from ._excgroups import first_failure
 from ._plan import Group, Step
-from ._runner import PART_TYPES, Runner
+from ._runner import Runner
 from ._signals import Halt
 
 
@@ -29,34 +31,34 @@ async def run_group(runner: Runner, group: Group, turn: Turn) -> Turn | Halt:
 
     A member that halts or fails (enforced) cancels its running siblings. Failures win over
     halts; among several, the lowest position wins and, for failures, the others are attached
-    as notes. Members never raise into the nursery, so no ExceptionGroup leaves it.
+    as notes. Members never raise into the task group, so no ExceptionGroup leaves it.
     """
     members = [_Member(step) for step in group.members]
     running = [m for m in members if m.step.hook.when is None or runner.passes(m.step, turn)]
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as members_group:
         for member in running:
-            nursery.start_soon(_run_member, runner, member, turn, nursery.cancel_scope)
+            members_group.start_soon(_run_member, runner, member, turn, members_group.cancel_scope)
     return _merge(runner, group, turn, members)
 
 
-async def _run_member(runner: Runner, member: _Member, turn: Turn, group: trio.CancelScope) -> None:
+async def _run_member(
+    runner: Runner, member: _Member, turn: Turn, group: anyio.CancelScope
+) -> None:
     step = member.step
-    if runner.emit is not None:
-        runner.emit(hook_started(runner.turn_ref, step.name, step.stage))
     started = runner.now()
     try:
-        if step.direct:
-            result = await step.hook.fn(turn)
-        else:
-            result = await runner.call(step, turn, threaded=True)
-    except trio.Cancelled:
+        called = await runner.timed(step, turn, records=member.records, threaded=True)
+    except anyio.get_cancelled_exc_class():
         runner.finished(step, runner.now() - started, "cancelled", records=member.records)
         raise
-    except Exception as exc:
-        if _failed(runner, member, exc, runner.now() - started):
-            await stop_group(group)
+    except HookError as error:
+        # Enforced: recorded by `timed`, and it stops the group.
+        member.failure = error
+        await stop_group(group)
         return
-    elapsed = runner.now() - started
+    if called is None:
+        return
+    result, elapsed = called
     outcome: tuple[Part, ...] | Halt
     try:
         if type(result) is Halt:
@@ -91,14 +93,14 @@ def _failed(runner: Runner, member: _Member, exc: Exception, elapsed: float) -> 
     return False
 
 
-async def stop_group(group: trio.CancelScope) -> None:
+async def stop_group(group: anyio.CancelScope) -> None:
     """Cancel a group's running tasks (members, tool calls), once those already woken have run.
 
     Siblings woken in the same scheduler batch (at the same instant) finish first, so that
-    when several halt or fail at once the lowest position wins, whatever order trio happened
+    when several halt or fail at once the lowest position wins, whatever order the loop happened
     to run them in. The checkpoint is shielded: the caller's outcome is already recorded.
     """
-    await trio.lowlevel.cancel_shielded_checkpoint()
+    await anyio.lowlevel.cancel_shielded_checkpoint()
     group.cancel()
 
 
@@ -107,10 +109,7 @@ def _merge(runner: Runner, group: Group, turn: Turn, members: list[_Member]) -> 
         runner.records.extend(member.records)
     failures = [member.failure for member in members if member.failure is not None]
     if failures:
-        first = failures[0]
-        for other in failures[1:]:
-            first.add_note(f"{group.name!r} also failed: {other}")
-        raise first
+        raise first_failure(failures, lambda other: f"{group.name!r} also failed: {other}")
     for member in members:
         if type(member.outcome) is Halt:
             return member.outcome

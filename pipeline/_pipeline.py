@@ -1,39 +1,37 @@
 """The pipeline: a frozen record of stages, validated when it is built."""
 
-from collections import deque
+import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from types import TracebackType
-from typing import Any, NoReturn, Self, final
+from typing import Any, Self, final
 
 import attrs
-import trio
 
 from turns import Message, Scope, Turn
 
-from . import events as ev
-from ._budget import Budget, Tokenizer, checked_tokenizer
-from ._drive import Drive
+from ._budget import Budget, Tokenizer
+from ._drive import Drive, OpenTools
 from ._errors import ConfigError
-from ._groups import own_error, raise_single
+from ._excgroups import raise_single
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
 from ._model import Model, hold_model
-from ._plan import (
-    Group,
-    PreStep,
-    Step,
-    check_arity,
-    compile_lifecycle,
-    compile_post,
-    compile_pre,
-    compile_tool_hooks,
-    normalize_entries,
-)
+from ._plan import Group, Plan, Step, check_arity, compile_plan, normalize_entries
 from ._result import TurnResult
-from ._seam import Stage, TransformerFactory, compile_transformers
+from ._seam import TransformerFactory
 from ._session import Session, open_session
+from ._stream import TurnEvents, stream_turn
 from ._tools import Tool, tool
-from ._toolsets import Lifetime, Toolset, check_toolsets, remote_toolsets, static_tools
+from ._toolsets import (
+    Lifetime,
+    Toolbox,
+    Toolset,
+    check_toolsets,
+    open_toolbox,
+    remote_toolsets,
+    static_tools,
+    turn_tools,
+)
 from .logs import Log
 
 Compactor = Callable[[tuple[Message, ...], int, Tokenizer], Any]
@@ -157,6 +155,29 @@ def _check_callable_or_none(_instance: object, attribute: Any, value: Any) -> No
         raise ConfigError(f"Pipeline({attribute.name}=...) must be callable or None, got {value!r}")
 
 
+def _compile(pipe: "Pipeline") -> Plan:
+    return compile_plan(
+        model=pipe.model,
+        pre=pipe.pre,
+        post=pipe.post,
+        before_tool=pipe.before_tool,
+        after_tool=pipe.after_tool,
+        on_session_start=pipe.on_session_start,
+        on_session_end=pipe.on_session_end,
+        transformers=pipe.transformers,
+        tools=tuple(static_tools(pipe.tools, pipe.toolsets).values()),
+        compact=pipe.compact,
+        system=pipe.system,
+        budget=pipe.budget,
+        tokenizer=pipe.tokenizer,
+        permission=pipe.permission,
+        max_steps=pipe.max_steps,
+        tool_concurrency=pipe.tool_concurrency,
+        max_regenerations=pipe.max_regenerations,
+        hold_until_accepted=pipe.hold_until_accepted,
+    )
+
+
 @final
 @attrs.frozen
 class Pipeline:
@@ -236,69 +257,11 @@ class Pipeline:
     tool_concurrency: int = attrs.field(kw_only=True, default=4, validator=_check_positive)
     max_regenerations: int = attrs.field(kw_only=True, default=2, validator=_check_bound)
     hold_until_accepted: bool = attrs.field(kw_only=True, default=False, validator=_check_flag)
-    _pre_plan: tuple[PreStep, ...] = attrs.field(
+    _plan: Plan = attrs.field(
         init=False,
         repr=False,
         eq=False,
-        default=attrs.Factory(lambda self: compile_pre(self.pre), takes_self=True),
-    )
-    _count: Tokenizer = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(lambda self: checked_tokenizer(self.tokenizer), takes_self=True),
-    )
-    _compact_hook: Hook | None = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            # Not callable: left to the validator, which names `compact=` in its error.
-            lambda self: as_hook(self.compact) if callable(self.compact) else None,
-            takes_self=True,
-        ),
-    )
-
-    _transformers: tuple[Stage, ...] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            lambda self: compile_transformers(self.transformers), takes_self=True
-        ),
-    )
-    _post_plans: tuple[tuple[Step, ...], tuple[Step, ...]] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(lambda self: compile_post(self.post), takes_self=True),
-    )
-    _start_plan: tuple[Step, ...] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            lambda self: compile_lifecycle("session_start", self.on_session_start),
-            takes_self=True,
-        ),
-    )
-    _end_plan: tuple[Step, ...] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            lambda self: compile_lifecycle("session_end", self.on_session_end),
-            takes_self=True,
-        ),
-    )
-
-    _tool_map: dict[str, Tool] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            lambda self: static_tools(self.tools, self.toolsets), takes_self=True
-        ),
+        default=attrs.Factory(lambda self: _compile(self), takes_self=True),
     )
     _remote: tuple[Toolset, ...] = attrs.field(
         init=False,
@@ -307,40 +270,21 @@ class Pipeline:
         default=attrs.Factory(lambda self: remote_toolsets(self.toolsets), takes_self=True),
     )
     _lifetime: Lifetime = attrs.field(init=False, repr=False, eq=False, factory=Lifetime)
-    _before_plan: tuple[Step, ...] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            lambda self: compile_tool_hooks("before_tool", self.before_tool), takes_self=True
-        ),
-    )
-    _after_plan: tuple[Step, ...] = attrs.field(
-        init=False,
-        repr=False,
-        eq=False,
-        default=attrs.Factory(
-            lambda self: compile_tool_hooks("after_tool", self.after_tool), takes_self=True
-        ),
-    )
-
     _holds: list[AbstractAsyncContextManager[object]] = attrs.field(
         init=False, repr=False, eq=False, factory=list
     )
 
     @property
-    def _post_plan(self) -> tuple[Step, ...]:
-        return self._post_plans[0]
-
-    @property
-    def _background_plan(self) -> tuple[Step, ...]:
-        return self._post_plans[1]
+    def _tool_map(self) -> Mapping[str, Tool]:
+        """The tools known when the pipeline is built: its own and its local toolsets'."""
+        return self._plan.tool_map
 
     def __attrs_post_init__(self) -> None:
-        if self._compact_hook is not None:
+        compact = self._plan.compact
+        if compact is not None:
             check_arity(
-                self._compact_hook,
-                f"Pipeline(compact={self._compact_hook.name})",
+                compact,
+                f"Pipeline(compact={compact.name})",
                 "history, target_tokens, tokenizer",
                 3,
             )
@@ -357,12 +301,13 @@ class Pipeline:
         With MCP toolsets, whose tools are known once connected, the check runs again on
         the connected tools (`tools`); until then a name not yet known is let through.
         """
+        plan = self._plan
         if tools is None:
-            tools = self._tool_map
+            tools = plan.tool_map
             if self._remote:
                 return
         steps: list[Step] = []
-        for step in (*self._pre_plan, *self._post_plan, *self._background_plan):
+        for step in (*plan.pre, *plan.post, *plan.background):
             steps.extend(step.members if isinstance(step, Group) else (step,))
         for step in steps:
             needed = getattr(step.hook.fn, "needs_tools", ())
@@ -421,7 +366,7 @@ class Pipeline:
         """
         _check_turn(turn)
         try:
-            return await Drive(self, None).run(turn)
+            return await Drive(self._plan, None, open_tools=self._open_tools()).run(turn)
         except BaseExceptionGroup as group:
             raise_single(group)
 
@@ -435,7 +380,8 @@ class Pipeline:
         """
         _check_turn(turn)
         events = TurnEvents()
-        return stream_turn(Drive(self, events._emit), turn, events)
+        drive = Drive(self._plan, events._emit, open_tools=self._open_tools())
+        return stream_turn(drive, turn, events)
 
     def session(
         self,
@@ -451,125 +397,31 @@ class Pipeline:
         commits every completed turn. On exit it waits up to `drain_timeout` seconds for
         background post hooks, then runs ``on_session_end`` hooks, whatever the exit.
         """
-        return open_session(self, log, conversation_id, scope, drain_timeout)
+        opened = open_session(
+            self._plan, log, conversation_id, scope, drain_timeout, self._open_tools()
+        )
+        return self._held(opened)
 
+    def _open_tools(self, toolbox: Toolbox | None = None) -> OpenTools | None:
+        """How a turn finds its MCP toolsets' tools: the toolbox of its session or of
+        ``async with pipe``, else connections opened for the turn alone. None without MCP."""
+        if not self._remote:
+            return None
+        return functools.partial(turn_tools, self, toolbox)
 
-@asynccontextmanager
-async def stream_turn(
-    drive: Drive, turn: Turn, events: "TurnEvents"
-) -> AsyncIterator["TurnEvents"]:
-    """Drive `turn` in a task of its own while the caller iterates `events`."""
-    error: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(events._drive, drive, turn)
-            try:
-                yield events
-            finally:
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        error = own_error(group)
-    if error is not None:
-        raise error
-    if events._error is not None and not events._raised:
-        events._raised = True
-        raise events._error
-
-
-@final
-class TurnEvents:
-    """The async iterator of a streamed turn's events; `result` once it is exhausted.
-
-    Events are buffered without bound (a turn produces a bounded number of them), so a slow
-    consumer never slows the turn. Buffered events are handed over without a trip through the
-    scheduler; the consumer waits, and so checkpoints, once it has caught up with the turn.
-    """
-
-    # Slots: the drive reads `_waiting` once per event, the consumer `_buffer` twice.
-    __slots__ = (
-        "_buffer",
-        "_done",
-        "_error",
-        "_exhausted",
-        "_lot",
-        "_raised",
-        "_result",
-        "_taken",
-        "_waiting",
-    )
-
-    def __init__(self) -> None:
-        self._buffer: deque[ev.Event] = deque()
-        self._lot = trio.lowlevel.ParkingLot()
-        self._taken = trio.lowlevel.ParkingLot()
-        self._waiting = False
-        self._done = False
-        self._result: TurnResult | None = None
-        self._error: Exception | None = None
-        self._raised = False
-        self._exhausted = False
-
-    @property
-    def result(self) -> TurnResult:
-        """The turn's result; available once every event was consumed."""
-        if self._error is not None:
-            raise RuntimeError(
-                f"the turn failed with {type(self._error).__name__}, so it has no result"
-            ) from self._error
-        if self._result is None or not self._exhausted:
-            raise RuntimeError(
-                "the turn has not finished: iterate the events to the end before reading"
-                " events.result"
-            )
-        return self._result
-
-    def __aiter__(self) -> "TurnEvents":
-        return self
-
-    async def __anext__(self) -> ev.Event:
-        while not self._buffer:
-            if self._done:
-                self._end()
-            self._waiting = True
-            try:
-                await self._lot.park()
-            finally:
-                self._waiting = False
-        event = self._buffer.popleft()
-        if not self._buffer and self._taken:
-            self._taken.unpark_all()
-        return event
-
-    async def _caught_up(self) -> None:
-        """Wait until the consumer has taken every event emitted so far."""
-        while self._buffer:
-            await self._taken.park()
-
-    def _emit(self, event: ev.Event) -> None:
-        self._buffer.append(event)
-        if self._waiting:
-            # Wake the consumer once; until it runs, later events only join the buffer.
-            self._waiting = False
-            self._lot.unpark_all()
-
-    def _end(self) -> NoReturn:
-        self._exhausted = True
-        if self._error is not None and not self._raised:
-            self._raised = True
-            raise self._error from self._error.__cause__
-        raise StopAsyncIteration
-
-    async def _drive(self, drive: Drive, turn: Turn) -> None:
-        try:
-            try:
-                self._result = await drive.run(turn)
-            except BaseExceptionGroup as group:
-                raise_single(group)
-        except Exception as exc:  # delivered to the consumer through the iteration
-            self._error = exc
-        finally:
-            self._done = True
-            self._lot.unpark_all()
+    @asynccontextmanager
+    async def _held(self, opened: AbstractAsyncContextManager[Session]) -> AsyncIterator[Session]:
+        # The model's connections, and the MCP servers unless `async with pipe` holds them,
+        # live as long as the session: its turns reuse them.
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(hold_model(self.model))
+            toolbox = None
+            if self._remote and self._lifetime.toolbox is None:
+                toolbox = await stack.enter_async_context(open_toolbox(self))
+            session = await stack.enter_async_context(opened)
+            if toolbox is not None:
+                session._open_tools = self._open_tools(toolbox)
+            yield session
 
 
 def _check_turn(turn: object) -> None:

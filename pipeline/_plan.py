@@ -1,18 +1,27 @@
-"""Compiling a pipeline's hook lists into the steps the drive loop runs.
+"""The compiled `Plan`: what the runtime runs, built once by `Pipeline` from its fields.
 
 Chains are flattened here, once, when the pipeline is built: a chain behaves exactly like its
 members standing in the list, so the drive loop never sees one. Every step knows its
 effective name (chain prefixes applied) and its position for error messages.
+
+The runner, the stages, the drive and sessions take a `Plan`, never the `Pipeline`: the
+façade sits above them all and nothing below reads its private fields.
 """
 
 import inspect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias, final
 
 import attrs
 
+from turns import Message
+
+from ._budget import Budget, Tokenizer, checked_tokenizer
 from ._errors import ConfigError
 from ._hooks import Chain, Hook, Parallel, as_hook
+from ._model import Model
+from ._seam import CompiledTransformer, TransformerFactory, compile_transformers
+from ._tools import Tool
 
 
 @final
@@ -244,3 +253,102 @@ def compile_tool_hooks(
     for position, entry in enumerate(entries, 1):
         add(entry, str(position), "")
     return tuple(steps)
+
+
+@final
+@attrs.frozen
+class Plan:
+    """A pipeline compiled for running: its stage lists as steps, its tools by name, its limits.
+
+    Built once per `Pipeline` (`compile_plan`); frozen, so every turn shares it.
+    """
+
+    model: Model
+    pre: tuple[PreStep, ...]
+    post: tuple[Step, ...]
+    background: tuple[Step, ...]
+    before_tool: tuple[Step, ...]
+    after_tool: tuple[Step, ...]
+    session_start: tuple[Step, ...]
+    session_end: tuple[Step, ...]
+    transformers: tuple[CompiledTransformer, ...]
+    tools: tuple[Tool, ...]
+    tool_map: Mapping[str, Tool]
+    compact: Hook | None
+    system: str | None
+    budget: Budget | None
+    tokenizer: Tokenizer | None
+    """The user's tokenizer, or None: whether counting is asked for even when no one listens."""
+    count: Tokenizer
+    """How tokens are counted: the tokenizer, checked and guarded, or `estimate_tokens`."""
+    permission: Callable[..., Any] | None
+    max_steps: int
+    tool_concurrency: int
+    max_regenerations: int
+    hold_until_accepted: bool
+    declared: tuple[tuple[str, tuple[Hook | Parallel | Chain, ...]], ...] = ()
+    """The hook stages as the pipeline declared them (groups and chains unflattened), for
+    observers that describe a hook by where it stands (the tracer); the runtime never reads
+    them."""
+
+
+def compile_plan(
+    *,
+    model: Model,
+    pre: tuple[Hook | Parallel | Chain, ...],
+    post: tuple[Hook | Parallel | Chain, ...],
+    before_tool: tuple[Hook | Parallel | Chain, ...],
+    after_tool: tuple[Hook | Parallel | Chain, ...],
+    on_session_start: tuple[Hook | Parallel | Chain, ...],
+    on_session_end: tuple[Hook | Parallel | Chain, ...],
+    transformers: tuple[TransformerFactory, ...],
+    tools: tuple[Tool, ...],
+    compact: Callable[[tuple[Message, ...], int, Tokenizer], Any] | None,
+    system: str | None,
+    budget: Budget | None,
+    tokenizer: Tokenizer | None,
+    permission: Callable[..., Any] | None,
+    max_steps: int,
+    tool_concurrency: int,
+    max_regenerations: int,
+    hold_until_accepted: bool,
+) -> Plan:
+    """Compile a pipeline's fields, in the order a bad entry is reported: pre first."""
+    pre_steps = compile_pre(pre)
+    count = checked_tokenizer(tokenizer)
+    # Not callable: left to the validator, which names `compact=` in its error.
+    compact_hook = as_hook(compact) if callable(compact) else None
+    compiled = compile_transformers(transformers)
+    post_steps, background = compile_post(post)
+    session_start = compile_lifecycle("session_start", on_session_start)
+    session_end = compile_lifecycle("session_end", on_session_end)
+    tool_map = {t.name: t for t in tools}
+    return Plan(
+        model=model,
+        pre=pre_steps,
+        post=post_steps,
+        background=background,
+        before_tool=compile_tool_hooks("before_tool", before_tool),
+        after_tool=compile_tool_hooks("after_tool", after_tool),
+        session_start=session_start,
+        session_end=session_end,
+        transformers=compiled,
+        tools=tools,
+        tool_map=tool_map,
+        compact=compact_hook,
+        system=system,
+        budget=budget,
+        tokenizer=tokenizer,
+        count=count,
+        permission=permission,
+        max_steps=max_steps,
+        tool_concurrency=tool_concurrency,
+        max_regenerations=max_regenerations,
+        hold_until_accepted=hold_until_accepted,
+        declared=(
+            ("pre", pre),
+            ("post", post),
+            ("before_tool", before_tool),
+            ("after_tool", after_tool),
+        ),
+    )

@@ -7,6 +7,7 @@ from turns import Message, Part, Text, ToolCall, ToolSpec, Turn, render
 
 from . import events as ev
 from ._budget import json_text, message_tokens
+from ._describe import describe, exc_text
 from ._emit import text_delta
 from ._errors import (
     ContextOverflow,
@@ -17,7 +18,7 @@ from ._errors import (
     RequestError,
 )
 from ._model import ModelFinish, ModelRequest, ModelText, ModelToolCall
-from ._runner import Runner, describe, exc_text
+from ._runner import Runner
 from ._seam import PIECE, Seam
 
 _CHOICE_KEYWORDS = frozenset(("auto", "none", "required"))
@@ -48,10 +49,10 @@ def check_context(
     runner: Runner, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]
 ) -> None:
     """Raise `ContextOverflow` when a request would not fit the budget's context."""
-    budget = runner.pipe.budget
+    budget = runner.plan.budget
     if budget is None:
         return
-    count = runner.pipe._count
+    count = runner.plan.count
     tokens = message_tokens(messages, count) + _spec_tokens(tools, count)
     if tokens > budget.context_tokens:
         raise ContextOverflow(
@@ -72,29 +73,35 @@ def _check_choice(choice: object, names: list[str], shaped_by: Mapping[str, str]
         )
         if field in shaped_by
     )
+    # The hook named as the culprit: the one that set the choice, unless the choice is
+    # fine and the narrowing left nothing to choose from.
+    hook = shaped_by.get("tool_choice", shaped_by.get("active_tools"))
     if not isinstance(choice, str):
         raise RequestError(
             f"tool_choice must be 'auto', 'none', 'required' or a tool's name, got"
-            f" {describe(choice)}{origin}"
+            f" {describe(choice)}{origin}",
+            hook=hook,
         )
     if choice == "required" and not names:
         raise RequestError(
             "tool_choice='required' but no tool is active this turn: the model could not"
-            f" comply{origin} — add tools, or drop tool_choice"
+            f" comply{origin} — add tools, or drop tool_choice",
+            hook=shaped_by.get("active_tools", hook),
         )
     if choice not in _CHOICE_KEYWORDS and choice not in names:
         raise RequestError(
             f"tool_choice={choice!r} names a tool that is not active this turn; the active"
             f" tools are {names}{origin} — name one of them, or use 'auto', 'none' or"
-            " 'required'"
+            " 'required'",
+            hook=hook,
         )
 
 
-async def model_step(
+async def call_model(
     runner: Runner,
     request: ModelRequest,
     attempt: int,
-    step: int,
+    call_index: int,
     seam: Seam | None,
     deliver: Callable[[ev.Event], None] | None,
 ) -> tuple[Message, ModelFinish]:
@@ -106,14 +113,14 @@ async def model_step(
     `deliver` receives the text events (the emitter, or a hold for an unaccepted attempt).
     Every model failure is a `ProviderError`.
     """
-    model = runner.pipe.model
+    model = runner.plan.model
     if runner.emit is not None:
         name, provider = describe_model(model)
         runner.emit(
             ev.ModelCalled(
                 runner.turn_ref,
                 attempt,
-                step,
+                call_index,
                 model=name,
                 provider=provider,
                 options=request.options,
@@ -173,7 +180,9 @@ async def model_step(
     text = "".join(chunks)
     parts: tuple[Part, ...] = (Text(text), *calls) if text or not calls else tuple(calls)
     if runner.emit is not None:
-        runner.emit(ev.ModelFinished(runner.turn_ref, attempt, step, finish.reason, finish.usage))
+        runner.emit(
+            ev.ModelFinished(runner.turn_ref, attempt, call_index, finish.reason, finish.usage)
+        )
     return Message("assistant", parts), finish
 
 

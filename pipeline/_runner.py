@@ -7,32 +7,25 @@ on it. `emit` is None when nobody listens, and then no event object is built.
 
 import inspect
 import logging
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
+import anyio
 import attrs
-import trio
 
-from turns import Injection, Message, Part, Reply, Stage, Text, ToolCall, ToolResult, Turn
+from turns import Injection, Message, Part, Stage, Turn
 
 from . import events as ev
-from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord
+from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord, new_record
 from ._budget import parts_tokens
+from ._describe import describe, exc_text, wrong_return_hint
 from ._emit import hook_finished, hook_started
 from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
-from ._plan import Step
+from ._plan import Plan, Step
 from ._signals import Ask, Block, Cont, Halt, Regenerate, check_halt_reply
 
-if TYPE_CHECKING:
-    from ._pipeline import Pipeline
-    from ._result import TurnResult
-    from ._toolsets import Toolbox
-
 Emit: TypeAlias = Callable[[ev.Event], None]
-Commit: TypeAlias = Callable[["TurnResult"], Awaitable[tuple[str, tuple[Message, ...]]]]
-
-PART_TYPES = (Text, ToolCall, ToolResult)
+Failed: TypeAlias = Callable[[Step, Exception, float, "list[HookRecord] | None"], None]
 
 log = logging.getLogger("turnplug.pipeline")
 
@@ -46,25 +39,21 @@ class Runner:
     __slots__ = (
         "attempts",
         "calls",
-        "caught_up",
-        "commit",
         "emit",
         "injected_tokens",
         "late",
         "now",
-        "pipe",
+        "plan",
         "records",
         "rejections",
         "shaped_by",
         "sizes",
-        "spawn",
-        "toolbox",
         "tools",
         "turn_ref",
     )
 
-    def __init__(self, pipe: "Pipeline", emit: Emit | None) -> None:
-        self.pipe = pipe
+    def __init__(self, plan: Plan, emit: Emit | None) -> None:
+        self.plan = plan
         self.emit = emit
         self.records: list[HookRecord] = []
         self.attempts: list[AttemptRecord] = []
@@ -72,13 +61,6 @@ class Runner:
         self.calls: list[ToolRecord] = []
         # Injections of background hooks awaited by run(): in the audit, not on the turn.
         self.late: tuple[Injection, ...] = ()
-        # Set by a session: how a completed turn is committed, and where background hooks go.
-        self.commit: Commit | None = None
-        self.spawn: Callable[[Turn], None] | None = None
-        # Set by a session that opened the MCP toolsets itself: where its turns find them.
-        self.toolbox: Toolbox | None = None
-        # Set by a streamed session: waits for the consumer before committing.
-        self.caught_up: Callable[[], Awaitable[None]] | None = None
         self.injected_tokens = 0
         # Token size of every injection on the turn, by identity, so that an injection a later
         # hook removes or rewrites is taken off the running total.
@@ -87,7 +69,7 @@ class Runner:
         self.tools: tuple[str, ...] = ()
         # Which hook last narrowed active_tools or set tool_choice, for RequestError messages.
         self.shaped_by: dict[str, str] = {}
-        self.now: Callable[[], float] = trio.current_time
+        self.now: Callable[[], float] = anyio.current_time
 
     # -- calling ------------------------------------------------------------------------------
 
@@ -104,13 +86,13 @@ class Runner:
             if hook.is_async:
                 return await hook.fn(*args)
             if threaded:
-                return await _settle(await trio.to_thread.run_sync(hook.fn, *args))
+                return await _settle(await anyio.to_thread.run_sync(hook.fn, *args))
             return await _settle(hook.fn(*args))
-        with trio.move_on_after(hook.timeout) as scope:
+        with anyio.move_on_after(hook.timeout) as scope:
             if hook.is_async:
                 return await hook.fn(*args)
             return await _settle(
-                await trio.to_thread.run_sync(hook.fn, *args, abandon_on_cancel=True)
+                await anyio.to_thread.run_sync(hook.fn, *args, abandon_on_cancel=True)
             )
         assert scope.cancelled_caught
         raise HookTimeout(
@@ -120,22 +102,29 @@ class Runner:
             timeout=hook.timeout,
         )
 
-    async def call_ordered(self, step: Step, turn: Turn) -> tuple[object, float] | None:
-        """Run an ordered hook on `turn`: what it returned and how long it took.
+    async def timed(
+        self,
+        step: Step,
+        *args: Any,
+        records: list[HookRecord] | None = None,
+        threaded: bool = False,
+        failed: Failed | None = None,
+    ) -> tuple[object, float] | None:
+        """Emit `HookStarted`, call the hook, and time it: what it returned and how long it took.
 
-        None when it did not run (``when=`` was false) or failed open; an enforced failure
-        is raised.
+        The one way a hook is run (the drive's inlined hot path aside). None when it raised:
+        the failure is recorded by `failed` (`fail` by default: raised when enforced).
         """
-        hook = step.hook
-        if hook.when is not None and not self.passes(step, turn):
-            return None
         if self.emit is not None:
             self.emit(hook_started(self.turn_ref, step.name, step.stage))
         started = self.now()
         try:
-            result = await hook.fn(turn) if step.direct else await self.call(step, turn)
+            if step.direct:
+                result = await step.hook.fn(*args)
+            else:
+                result = await self.call(step, *args, threaded=threaded)
         except Exception as exc:
-            self.fail(step, exc, self.now() - started)
+            (self.fail if failed is None else failed)(step, exc, self.now() - started, records)
             return None
         return result, self.now() - started
 
@@ -210,7 +199,7 @@ class Runner:
         """The error for a hook that returned something its stage does not allow."""
         return HookReturnError(
             f"expected hook {step.label} to return {expected}, got {describe(result)}"
-            f"{_hint(result, group=group, stage=step.stage)}",
+            f"{wrong_return_hint(result, group=group, stage=step.stage)}",
             hook=step.name,
             stage=step.stage,
         )
@@ -226,9 +215,9 @@ class Runner:
         records: list[HookRecord] | None = None,
     ) -> None:
         """Record a hook that returned (or was cancelled) and close its HookStarted."""
-        # tuple.__new__ skips the named tuple's Python-level __new__: this runs once per hook.
+        # new_record skips the named tuple's Python-level __new__: this runs once per hook.
         (self.records if records is None else records).append(
-            _new(
+            new_record(
                 HookRecord, (step.name, step.stage, step.position, elapsed, verdict, False, detail)
             )
         )
@@ -337,17 +326,17 @@ class Runner:
         self, step: Step, fresh: Sequence[Injection], gone: Sequence[Injection] = ()
     ) -> None:
         """Count a hook's new injections against the budget, then announce them."""
-        pipe = self.pipe
+        plan = self.plan
         # A custom tokenizer counts whether or not anyone listens, so that one failing on
         # some text fails run() and stream() alike.
-        if pipe.budget is None and self.emit is None and pipe.tokenizer is None:
+        if plan.budget is None and self.emit is None and plan.tokenizer is None:
             return
-        sizes = [parts_tokens(injection.parts, pipe._count) for injection in fresh]
+        sizes = [parts_tokens(injection.parts, plan.count) for injection in fresh]
         tokens = sum(sizes)
         self.injected_tokens += tokens - sum(self.sizes.pop(id(i), 0) for i in gone)
         self.sizes.update(zip(map(id, fresh), sizes, strict=True))
-        if pipe.budget is not None and self.injected_tokens > pipe.budget.injection_reserve:
-            reserve = pipe.budget.injection_reserve
+        if plan.budget is not None and self.injected_tokens > plan.budget.injection_reserve:
+            reserve = plan.budget.injection_reserve
             raise InjectionOverflow(
                 f"hook {step.label} injected {tokens} tokens, bringing the turn's injections"
                 f" to {self.injected_tokens} tokens, over the reserve of {reserve}: shrink what"
@@ -366,7 +355,7 @@ class Runner:
         """Emit one `Injected` event per injection `step` added."""
         assert self.emit is not None
         if sizes is None:
-            sizes = [parts_tokens(injection.parts, self.pipe._count) for injection in fresh]
+            sizes = [parts_tokens(injection.parts, self.plan.count) for injection in fresh]
         for injection, size in zip(fresh, sizes, strict=True):
             self.emit(
                 ev.Injected(
@@ -385,35 +374,11 @@ class Runner:
             Injection(member_parts, member.name, member.hook.durable, "pre")
             for member, member_parts in parts
         ]
-        pipe = self.pipe
-        if pipe.budget is not None or self.emit is not None or pipe.tokenizer is not None:
+        plan = self.plan
+        if plan.budget is not None or self.emit is not None or plan.tokenizer is not None:
             for (member, _), injection in zip(parts, injections, strict=True):
                 self.charge(member, (injection,))
         return attrs.evolve(turn, injections=(*turn.injections, *injections))
-
-
-_new = tuple.__new__
-
-# What a tool hook continues with, by stage: for the likely fix in a wrong-return message.
-_TOOL_HINTS: dict[str, tuple[str, type]] = {
-    "before_tool": ("call", ToolCall),
-    "after_tool": ("result", ToolResult),
-}
-
-
-def clock_reader() -> Callable[[], float]:
-    """How a turn reads trio's clock for hook timings: the clock itself, read directly.
-
-    A MockClock (tests) is read through its ``current_time``. Trio's default clock is
-    ``perf_counter()`` plus a fixed offset, so it is read as ``perf_counter`` itself: the
-    differences (the only use of these readings) are the same, without a Python-level call
-    twice per hook.
-    """
-    clock = trio.lowlevel.current_clock()
-    kind = type(clock)
-    if kind.__name__ == "SystemClock" and kind.__module__.startswith("trio."):
-        return time.perf_counter
-    return clock.current_time
 
 
 def _reason(signal: object) -> str | None:
@@ -433,58 +398,6 @@ async def _settle(result: Any) -> Any:
     if type(result) is Cont or type(result) is Halt or not inspect.isawaitable(result):
         return result
     return await result
-
-
-def exc_text(exc: BaseException | None) -> str:
-    """``Type: message`` for an exception."""
-    if exc is None:
-        return ""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def describe(value: object) -> str:
-    """A short description of a value for error messages: its type and a clipped repr."""
-    if value is None:
-        return "None"
-    text = repr(value)
-    if len(text) > 80:
-        text = text[:77] + "..."
-    return text if isinstance(value, type) else f"{type(value).__name__} {text}"
-
-
-def _hint(result: object, *, group: bool, stage: str = "pre") -> str:
-    if stage in _TOOL_HINTS:
-        value, kind = _TOOL_HINTS[stage]
-        if result is None:
-            return f" — did you forget `return cont({value})`?"
-        if type(result) is kind:
-            return f" — wrap it: `return cont({value})`"
-        if type(result) is Cont:
-            return f" — Cont must carry the {kind.__name__}: `return cont({value})`"
-        return ""
-    if group and (result is None or type(result) in (Turn, Cont)):
-        return (
-            " — parallel members are append-only: return the parts to add, e.g."
-            " `return [Text(...)]`, or [] to add nothing"
-        )
-    if result is None:
-        return " — did you forget `return cont(turn)`?"
-    if type(result) is Turn:
-        return " — wrap it: `return cont(turn)`"
-    if type(result) is Reply:
-        return " — return the turn, not its reply: `return cont(turn)`"
-    if type(result) is Cont:
-        return " — Cont must carry the Turn: `return cont(turn)`"
-    if type(result) is Regenerate:
-        return " — regenerate() is for post hooks, which see the reply"
-    if type(result) in (Block, Ask):
-        return f" — {type(result).__name__.lower()}() is for before_tool hooks"
-    if isinstance(result, str | list) or type(result) in PART_TYPES:
-        if group:
-            return " — return a list of parts: `return [Text(...)]`"
-        return " — to add content, inject it: `return cont(turn.inject(...))`"
-    return ""
 
 
 def check_history(step: Step, messages: object) -> tuple[Message, ...]:

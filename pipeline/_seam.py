@@ -99,8 +99,11 @@ def transformer_name(factory: object) -> str:
 
 
 @final
-class Stage:
-    """One transformer factory as the pipeline runs it."""
+class CompiledTransformer:
+    """One transformer factory as the pipeline runs it (checked once, named, placed).
+
+    Not a `turns.CompiledTransformer` (a turn's pre/post) nor a hook `Step`: a transformer has no verdict.
+    """
 
     __slots__ = ("factory", "label", "name")
 
@@ -110,13 +113,13 @@ class Stage:
         self.label = f"{name!r} (transformers, position {position})"
 
 
-def compile_transformers(entries: Iterable[Any]) -> tuple[Stage, ...]:
+def compile_transformers(entries: Iterable[Any]) -> tuple[CompiledTransformer, ...]:
     """Check every transformer factory once, when the pipeline is built.
 
     The factory is called twice: it must return an object with ``feed`` and ``flush``, and a
     fresh one each time (a shared instance would carry held text from one turn into another).
     """
-    stages: list[Stage] = []
+    compiled: list[CompiledTransformer] = []
     names: dict[str, int] = {}
     for position, factory in enumerate(entries, 1):
         # A class is a factory; an instance of a transformer is not.
@@ -140,42 +143,42 @@ def compile_transformers(entries: Iterable[Any]) -> tuple[Stage, ...]:
                 " one another name (e.g. redact(..., name='redact_phone'))"
             )
         names[name] = position
-        stage = Stage(factory, name, position)
+        entry = CompiledTransformer(factory, name, position)
         try:
             first, second = factory(), factory()
         except Exception as exc:
             raise ConfigError(
-                f"transformer {stage.label}: calling the factory raised {type(exc).__name__}: {exc}"
+                f"transformer {entry.label}: calling the factory raised {type(exc).__name__}: {exc}"
             ) from exc
         if not isinstance(first, Transformer):
             raise ConfigError(
-                f"transformer {stage.label}: the factory returned {type(first).__name__}"
+                f"transformer {entry.label}: the factory returned {type(first).__name__}"
                 f" {first!r}, which lacks feed(text) -> str and flush() -> str"
             )
         if first is second:
             raise ConfigError(
-                f"transformer {stage.label}: the factory returned the same object twice; each"
+                f"transformer {entry.label}: the factory returned the same object twice; each"
                 " attempt needs a fresh instance (held text must not cross turns) — return a"
                 " new object on every call"
             )
         annotations = getattr(first, "annotations", None)
         if annotations is not None and not callable(annotations):
-            raise ConfigError(f"transformer {stage.label}: annotations must be a method")
-        stages.append(stage)
-    return tuple(stages)
+            raise ConfigError(f"transformer {entry.label}: annotations must be a method")
+        compiled.append(entry)
+    return tuple(compiled)
 
 
 @final
 class Seam:
     """One attempt's transformer instances, chained in order."""
 
-    __slots__ = ("_feeds", "_instances", "_stages", "feed")
+    __slots__ = ("_compiled", "_feeds", "_instances", "feed")
 
-    def __init__(self, stages: tuple[Stage, ...]) -> None:
-        self._stages = stages
-        self._instances = [stage.factory() for stage in stages]
+    def __init__(self, compiled: tuple[CompiledTransformer, ...]) -> None:
+        self._compiled = compiled
+        self._instances = [entry.factory() for entry in compiled]
         self._feeds = [instance.feed for instance in self._instances]
-        self.feed: Callable[[str], str] = self._feed_one if len(stages) == 1 else self._feed_many
+        self.feed: Callable[[str], str] = self._feed_one if len(compiled) == 1 else self._feed_many
         """Pass a chunk through every transformer; ``""`` when they hold it back."""
 
     def _feed_one(self, text: str) -> str:
@@ -234,30 +237,30 @@ class Seam:
     def annotations(self) -> Mapping[str, Any]:
         """What the transformers reported, by transformer name (only those that report)."""
         found: dict[str, Any] = {}
-        for stage, instance in zip(self._stages, self._instances, strict=True):
+        for entry, instance in zip(self._compiled, self._instances, strict=True):
             report = getattr(instance, "annotations", None)
             if report is None:
                 continue
             try:
-                found[stage.name] = report()
+                found[entry.name] = report()
             except Exception as exc:
-                raise self._failed(self._stages.index(stage), "annotations()", exc) from exc
+                raise self._failed(self._compiled.index(entry), "annotations()", exc) from exc
         return found
 
     def _wrong(self, index: int, method: str, value: object) -> HookReturnError:
-        stage = self._stages[index]
+        entry = self._compiled[index]
         return HookReturnError(
-            f"expected transformer {stage.label} to return str from {method}, got"
+            f"expected transformer {entry.label} to return str from {method}, got"
             f" {type(value).__name__} {value!r:.80}",
-            hook=stage.name,
+            hook=entry.name,
             stage="transformers",
         )
 
     def _failed(self, index: int, method: str, exc: Exception) -> HookFailed:
-        stage = self._stages[index]
+        entry = self._compiled[index]
         return HookFailed(
-            f"transformer {stage.label} raised {type(exc).__name__}: {exc} in {method}; the"
+            f"transformer {entry.label} raised {type(exc).__name__}: {exc} in {method}; the"
             " turn stops, since its text cannot be released untransformed",
-            hook=stage.name,
+            hook=entry.name,
             stage="transformers",
         )

@@ -1,33 +1,32 @@
 """Sessions: one conversation, its log, its lifecycle hooks and its background work."""
 
 import math
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Literal, TypeAlias, final
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Literal, TypeAlias, final
 
+import anyio
+import anyio.abc
 import attrs
-import trio
 
 from turns import Context, Message, Scope, Turn
 
 from . import events as ev
+from ._audit import HookRecord
 from ._background import run_background
 from ._commit import injection_messages
-from ._drive import Drive
-from ._emit import hook_started
+from ._describe import describe, exc_text
+from ._drive import Drive, OpenTools, TurnHost
 from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
-from ._groups import only_cancelled, own_error, raise_single
+from ._excgroups import only_cancelled, own_error, raise_single
 from ._hooks import is_async_callable
-from ._model import hold_model
-from ._plan import Step
+from ._loop import current_loop
+from ._plan import Plan, Step
 from ._result import TurnResult
-from ._runner import Emit, Runner, describe, exc_text
+from ._runner import Emit, Runner
 from ._signals import Cont
-from ._toolsets import Toolbox, open_toolbox
+from ._stream import TurnEvents, stream_turn
 from .logs import Log
-
-if TYPE_CHECKING:
-    from ._pipeline import Pipeline, TurnEvents
 
 Reason: TypeAlias = Literal["closed", "error", "cancelled"]
 
@@ -53,20 +52,20 @@ class Session:
     """One open conversation. Get one from `Pipeline.session`; do not build it directly.
 
     Turns run one at a time; each completed turn is committed to the log before the next
-    starts. Background post hooks run in the session's nursery, and their durable output is
+    starts. Background post hooks run in the session's task group, and their durable output is
     committed when they finish.
     """
 
     def __init__(
         self,
-        pipe: "Pipeline",
+        plan: Plan,
         log: Log,
         conversation_id: str,
         scope: Scope,
         context: Context,
-        nursery: trio.Nursery,
+        task_group: anyio.abc.TaskGroup,
     ) -> None:
-        self._pipe = pipe
+        self._plan = plan
         self._log = log
         self._conversation_id = conversation_id
         self._scope = scope
@@ -75,15 +74,16 @@ class Session:
         # so a commit by anyone else since the load is a LogConflict.
         self._length = len(context.messages)
         self._turns = 0
-        self._nursery = nursery
-        self._lock = trio.Lock()
+        self._task_group = task_group
+        self._lock = anyio.Lock()
         self._running = 0  # background hooks still running
         self._cut_short = "cut short: the session was cancelled; nothing of it was committed"
         self._closed = False
-        self._idle = trio.Event()
+        self._idle = anyio.Event()
         self._idle.set()
         self._events: list[ev.Event] = []
-        self._toolbox: Toolbox | None = None
+        # Where the turns find MCP toolsets' tools (None: the plan's own tools).
+        self._open_tools: OpenTools | None = None
 
     def __repr__(self) -> str:
         return f"<Session {self._conversation_id!r}, {self._turns} turns>"
@@ -116,14 +116,11 @@ class Session:
     @asynccontextmanager
     async def stream(self, message: str | Message) -> AsyncIterator["TurnEvents"]:
         """`send`, streamed: ``async with session.stream(text) as events``."""
-        from ._pipeline import TurnEvents, stream_turn
-
         self._check_open("stream")
         async with self._lock:
             events = TurnEvents()
             turn = self._turn(message)
-            drive = self._drive(events._emit)
-            drive.caught_up = events._caught_up
+            drive = self._drive(events._emit, events._caught_up)
             async with stream_turn(drive, turn, events) as stream:
                 yield stream
 
@@ -131,10 +128,10 @@ class Session:
         if self._closed:
             raise RuntimeError(
                 f"session {self._conversation_id!r} is closed; open a new one with"
-                f" pipe.session(...) to {method} more turns"
+                f" plan.session(...) to {method} more turns"
             )
         owner = self._lock.statistics().owner
-        if owner is not None and owner is trio.lowlevel.current_task():
+        if owner is not None and owner == anyio.get_current_task():
             raise RuntimeError(
                 f"session {self._conversation_id!r} runs one turn at a time: this task is"
                 f" still inside a turn of it (a session.stream block); {method} after it ends"
@@ -147,12 +144,11 @@ class Session:
         self._turns += 1
         return turn
 
-    def _drive(self, emit: Emit | None) -> Drive:
-        drive = Drive(self._pipe, emit)
-        drive.commit = self._commit
-        drive.spawn = self._spawn
-        drive.toolbox = self._toolbox
-        return drive
+    def _drive(
+        self, emit: Emit | None, caught_up: Callable[[], Awaitable[None]] | None = None
+    ) -> Drive:
+        host = TurnHost(self._commit, self._spawn)
+        return Drive(self._plan, emit, host, caught_up, self._open_tools)
 
     async def _commit(self, result: TurnResult) -> tuple[str, tuple[Message, ...]]:
         messages = result.log_messages
@@ -185,16 +181,16 @@ class Session:
     # -- background hooks ---------------------------------------------------------------------
 
     def _spawn(self, turn: Turn) -> None:
-        for step in self._pipe._background_plan:
+        for step in self._plan.background:
             self._running += 1
             if self._idle.is_set():
-                self._idle = trio.Event()
-            self._nursery.start_soon(self._background, step, turn)
+                self._idle = anyio.Event()
+            self._task_group.start_soon(self._background, step, turn)
 
     async def _background(self, step: Step, turn: Turn) -> None:
         returned = False
         try:
-            runner = _runner(self._pipe, self._events.append, turn.turn_ref)
+            runner = _runner(self._plan, self._events.append, turn.turn_ref)
             fresh = await run_background(runner, step, turn, [])
             returned = True
             messages = injection_messages(fresh)
@@ -218,7 +214,7 @@ class Session:
                             False,
                         )
                     )
-        except trio.Cancelled:
+        except anyio.get_cancelled_exc_class():
             # Reported here, by the task itself, whatever cancelled it: the session's own
             # cancellation can reach this task before the session's exit path runs.
             self._events.append(
@@ -238,8 +234,8 @@ class Session:
 
     async def _drain(self, timeout: float) -> None:
         """Wait up to `timeout` for background hooks; cancel and report what is left."""
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(timeout):
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(timeout):
                 await self._idle.wait()
         if self._running:
             self._abandon(
@@ -250,28 +246,27 @@ class Session:
     def _abandon(self, why: str) -> None:
         """Cancel the background hooks still running; each reports itself with `why`."""
         self._cut_short = why
-        self._nursery.cancel_scope.cancel()
+        self._task_group.cancel_scope.cancel()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def _start(self) -> None:
-        runner = _runner(self._pipe, self._events.append, "")
-        for step in self._pipe._start_plan:
-            self._events.append(hook_started("", step.name, step.stage))
-            started = runner.now()
-            try:
-                result = await runner.call(step, self.info)
-                if type(result) is not Cont or not isinstance(result.value, Scope):
-                    raise HookReturnError(
-                        f"expected hook {step.label} to return Cont(scope), got"
-                        f" {describe(result)} — return cont(info.scope) to leave it as it is",
-                        hook=step.name,
-                        stage=step.stage,
-                    )
-            except Exception as exc:
-                runner.fail(step, exc, runner.now() - started)
+        runner = _runner(self._plan, self._events.append, "")
+        for step in self._plan.session_start:
+            called = await runner.timed(step, self.info)
+            if called is None:
                 continue
-            runner.finished(step, runner.now() - started, "cont")
+            result, elapsed = called
+            if type(result) is not Cont or not isinstance(result.value, Scope):
+                error = HookReturnError(
+                    f"expected hook {step.label} to return Cont(scope), got"
+                    f" {describe(result)} — return cont(info.scope) to leave it as it is",
+                    hook=step.name,
+                    stage=step.stage,
+                )
+                runner.fail(step, error, elapsed)
+                continue
+            runner.finished(step, elapsed, "cont")
             self._scope = result.value
 
     async def _end(self, reason: Reason) -> None:
@@ -280,37 +275,41 @@ class Session:
         Shielded so that a cancelled session still cleans up; a hook's own ``timeout=``
         bounds it (give one to any end hook that does I/O).
         """
-        runner = _runner(self._pipe, self._events.append, "")
-        with trio.CancelScope(shield=True):
-            for step in self._pipe._end_plan:
-                self._events.append(hook_started("", step.name, step.stage))
-                started = runner.now()
-                try:
-                    await runner.call(step, self.info, reason)
-                except Exception as exc:
-                    error = exc.__cause__ if isinstance(exc, HookFailed) else exc
-                    self._events.append(
-                        ev.HookFailed("", step.name, step.stage, exc_text(error), False)
-                    )
-                    continue
-                runner.finished(step, runner.now() - started, "ok")
+        runner = _runner(self._plan, self._events.append, "")
+        with anyio.CancelScope(shield=True):
+            for step in self._plan.session_end:
+                called = await runner.timed(step, self.info, reason, failed=self._end_failed)
+                if called is not None:
+                    runner.finished(step, called[1], "ok")
+
+    def _end_failed(
+        self, step: Step, exc: Exception, _elapsed: float, _records: list[HookRecord] | None
+    ) -> None:
+        """An end hook's failure: an event, never raised (the session is closing anyway)."""
+        error = exc.__cause__ if isinstance(exc, HookFailed) else exc
+        self._events.append(ev.HookFailed("", step.name, step.stage, exc_text(error), False))
 
 
-def _runner(pipe: "Pipeline", emit: Emit, turn_ref: str) -> Runner:
-    runner = Runner(pipe, emit)
+def _runner(plan: Plan, emit: Emit, turn_ref: str) -> Runner:
+    runner = Runner(plan, emit)
     runner.turn_ref = turn_ref
-    runner.now = trio.current_time
+    runner.now = anyio.current_time
     return runner
 
 
 def open_session(
-    pipe: "Pipeline",
+    plan: Plan,
     log: Log,
     conversation_id: str,
     scope: Scope | None,
     drain_timeout: float,
+    open_tools: OpenTools | None = None,
 ) -> AbstractAsyncContextManager[Session]:
-    """Check the session's arguments now, then open it on ``async with``."""
+    """Check the session's arguments now, then open it on ``async with``.
+
+    `open_tools` opens each turn's tools where they are connected (the MCP toolsets of the
+    pipeline, whose connections its caller holds); None runs the plan's own tools.
+    """
     # A session needs only load and append (the protocol's `entries` is for inspection).
     if isinstance(log, type) or not (
         is_async_callable(getattr(log, "load", None))
@@ -335,45 +334,26 @@ def open_session(
         raise ConfigError(
             f"session(drain_timeout=...) must be a number of seconds >= 0, got {drain_timeout!r}"
         )
-    return _held_session(pipe, log, conversation_id, scope or Scope(), drain_timeout)
-
-
-@asynccontextmanager
-async def _held_session(
-    pipe: "Pipeline", log: Log, conversation_id: str, scope: Scope, drain_timeout: float
-) -> AsyncIterator[Session]:
-    # The model's connections live as long as the session: its turns reuse them.
-    async with (
-        hold_model(pipe.model),
-        _session(pipe, log, conversation_id, scope, drain_timeout) as session,
-    ):
-        yield session
+    return _session(plan, log, conversation_id, scope or Scope(), drain_timeout, open_tools)
 
 
 @asynccontextmanager
 async def _session(
-    pipe: "Pipeline", log: Log, conversation_id: str, scope: Scope, drain_timeout: float
+    plan: Plan,
+    log: Log,
+    conversation_id: str,
+    scope: Scope,
+    drain_timeout: float,
+    open_tools: OpenTools | None,
 ) -> AsyncIterator[Session]:
-    async with AsyncExitStack() as stack:
-        toolbox = None
-        if pipe._remote and pipe._lifetime.toolbox is None:
-            # Outside `async with pipe`, the session connects the MCP servers for its turns.
-            toolbox = await stack.enter_async_context(open_toolbox(pipe))
-        async with _conversation(pipe, log, conversation_id, scope, drain_timeout) as session:
-            session._toolbox = toolbox
-            yield session
-
-
-@asynccontextmanager
-async def _conversation(
-    pipe: "Pipeline", log: Log, conversation_id: str, scope: Scope, drain_timeout: float
-) -> AsyncIterator[Session]:
+    current_loop("plan.session(...)")
     context = await log.load(conversation_id)
     reason: Reason = "error"
     session: Session | None = None
     try:
-        async with trio.open_nursery() as nursery:
-            session = Session(pipe, log, conversation_id, scope, context, nursery)
+        async with anyio.create_task_group() as task_group:
+            session = Session(plan, log, conversation_id, scope, context, task_group)
+            session._open_tools = open_tools
             await session._start()
             try:
                 yield session
@@ -384,7 +364,7 @@ async def _conversation(
                 reason = "closed"
             finally:
                 if reason == "cancelled":
-                    nursery.cancel_scope.cancel()
+                    task_group.cancel_scope.cancel()
                 else:
                     await session._drain(drain_timeout)
     except BaseException as exc:

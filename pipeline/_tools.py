@@ -16,14 +16,14 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, final, overload
 
+import anyio
 import attrs
-import trio
 
 from turns import Scope, ToolCall, ToolResult, ToolSpec
 
+from ._describe import describe, exc_text
 from ._errors import ConfigError
 from ._hooks import callable_name, is_async_callable
-from ._runner import describe, exc_text
 
 INVALID_ARGUMENTS = "invalid_arguments"
 """`ToolResult.error_class` of a call whose arguments do not fit the tool's schema; also the
@@ -427,7 +427,7 @@ class Tool:
             if self.is_async:
                 value = await self.fn(**arguments)
             else:
-                value = await trio.to_thread.run_sync(_call_with, self.fn, arguments)
+                value = await anyio.to_thread.run_sync(_call_with, self.fn, arguments)
             content = encode_result(value)
         except ToolFailure as exc:
             return ToolResult(

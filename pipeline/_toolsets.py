@@ -17,19 +17,15 @@ import hashlib
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, Protocol, final
 
 import anyio
 import anyio.abc
 import attrs
 
 from ._errors import ConfigError, ToolsetError
-from ._groups import own_error
+from ._excgroups import own_error
 from ._tools import Tool, tool
-
-if TYPE_CHECKING:
-    from ._mcp import Connection
-    from ._pipeline import Pipeline
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _LIMIT = 64
@@ -108,6 +104,41 @@ class Toolset:
     name: str
     include: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
     exclude: tuple[str, ...] | None = attrs.field(default=None, kw_only=True)
+
+    def connection(self) -> "Connection | None":
+        """A new, unopened connection to the server of a toolset served by one (None for a
+        local toolset, whose tools are fixed when the pipeline is built)."""
+        return None
+
+
+class Connection(Protocol):
+    """An open (or dead) connection to a toolset's server, as a `Toolbox` uses it."""
+
+    @property
+    def spec(self) -> Toolset: ...
+    @property
+    def tools(self) -> Mapping[str, Tool]: ...
+    @property
+    def raw_names(self) -> Mapping[str, str]: ...
+    @property
+    def dead(self) -> bool: ...
+
+    async def open(self, group: anyio.abc.TaskGroup) -> None: ...
+    async def reconnect(self, group: anyio.abc.TaskGroup) -> None: ...
+    def fail(self, reason: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+class ToolOwner(Protocol):
+    """What the toolsets need of the pipeline declaring them (`Pipeline` is one)."""
+
+    @property
+    def toolsets(self) -> tuple[Toolset, ...]: ...
+    @property
+    def _tool_map(self) -> Mapping[str, Tool]: ...
+    @property
+    def _lifetime(self) -> "Lifetime": ...
+    def _check_needed_tools(self, tools: Mapping[str, Tool] | None = None) -> None: ...
 
 
 @final
@@ -236,13 +267,11 @@ def remote_toolsets(toolsets: tuple[Toolset, ...]) -> tuple[Toolset, ...]:
 class Toolbox:
     """The open connections of one owner, and the tools they serve, by final name."""
 
-    def __init__(self, pipe: "Pipeline", group: anyio.abc.TaskGroup) -> None:
-        from ._mcp import Connection, MCPToolset
-
+    def __init__(self, pipe: ToolOwner, group: anyio.abc.TaskGroup) -> None:
         self.pipe = pipe
         self.group = group
         self.connections: list[Connection] = [
-            Connection(each) for each in pipe.toolsets if isinstance(each, MCPToolset)
+            connection for each in pipe.toolsets if (connection := each.connection()) is not None
         ]
         self.tools: Mapping[str, Tool] = pipe._tool_map
         self.closed = False
@@ -251,7 +280,7 @@ class Toolbox:
         """Connect every server (concurrently); the first failure raises `ToolsetError`."""
         failures: list[BaseException] = []
 
-        async def connect(connection: "Connection") -> None:
+        async def connect(connection: Connection) -> None:
             try:
                 await connection.open(self.group)
             except ToolsetError as error:
@@ -304,7 +333,7 @@ class Toolbox:
 
 
 @asynccontextmanager
-async def open_toolbox(pipe: "Pipeline") -> AsyncIterator[Toolbox]:
+async def open_toolbox(pipe: ToolOwner) -> AsyncIterator[Toolbox]:
     """Connect the pipeline's MCP servers for the time of the block, and close them after."""
     try:
         async with anyio.create_task_group() as group:
@@ -321,9 +350,7 @@ async def open_toolbox(pipe: "Pipeline") -> AsyncIterator[Toolbox]:
 
 
 @asynccontextmanager
-async def turn_tools(
-    pipe: "Pipeline", toolbox: Toolbox | None
-) -> AsyncIterator[Mapping[str, Tool]]:
+async def turn_tools(pipe: ToolOwner, toolbox: Toolbox | None) -> AsyncIterator[Mapping[str, Tool]]:
     """The tools of one turn: from the toolbox of its session or of ``async with pipe``, or
     from connections opened for this turn alone."""
     box = toolbox if toolbox is not None else pipe._lifetime.toolbox
@@ -344,7 +371,7 @@ class Lifetime:
         self._owner: object = None
         self._depth = 0
 
-    async def enter(self, pipe: "Pipeline") -> None:
+    async def enter(self, pipe: ToolOwner) -> None:
         if not remote_toolsets(pipe.toolsets):
             return
         task = anyio.get_current_task().id

@@ -86,7 +86,7 @@ class HookFinished(Event):
     Attributes:
         hook: Its name.
         stage: Its stage.
-        elapsed: Seconds it took (trio clock).
+        elapsed: Seconds it took (the event loop's clock).
         verdict: ``"cont"``, ``"halt"``, ``"parts"`` (a parallel member's contribution), ...
     """
 

@@ -36,7 +36,7 @@ from . import events as ev
 from ._errors import ConfigError, ProviderError
 from ._hooks import Chain, Hook, Parallel
 from ._observe import TOOL_CALL, set_tracing
-from ._pipeline import Pipeline
+from ._plan import Plan
 from ._tools import HOOK_BLOCKED
 
 __all__ = ["CAPTURE_CONTENT_ENV", "instrument", "uninstrument"]
@@ -82,7 +82,7 @@ def instrument(
     tracer = trace.get_tracer("turnplug", tracer_provider=tracer_provider)
     capture = capture_content
 
-    def start(pipe: Pipeline) -> "_TurnTrace | None":
+    def start(plan: Plan) -> "_TurnTrace | None":
         # Runs where the turn is set up, in the caller's context: its current span (if
         # any) becomes the turn's parent.
         span = tracer.start_span("turn", otel_context.get_current(), attributes=_TURN_ATTRIBUTES)
@@ -90,7 +90,7 @@ def instrument(
             # A no-op provider, or a sampler that dropped the trace: the turn runs as if
             # nobody watched (run() builds no events).
             return None
-        return _TurnTrace(tracer, span, _table(pipe), capture)
+        return _TurnTrace(tracer, span, _table(plan), capture)
 
     set_tracing(start)
 
@@ -121,23 +121,18 @@ _Table = dict[tuple[str, str], _HookInfo]
 _tables: dict[int, _Table] = {}
 
 
-def _table(pipe: Pipeline) -> _Table:
-    """The hooks of `pipe` by (stage, name), as the drive loop names them; built once."""
-    table = _tables.get(id(pipe))
+def _table(plan: Plan) -> _Table:
+    """The hooks of a pipeline's plan by (stage, name), as the drive names them; built once."""
+    table = _tables.get(id(plan))
     if table is None:
         table = {}
-        for stage, entries in (
-            ("pre", pipe.pre),
-            ("post", pipe.post),
-            ("before_tool", pipe.before_tool),
-            ("after_tool", pipe.after_tool),
-        ):
+        for stage, entries in plan.declared:
             _walk(entries, stage, "", (), table)
-        compact = pipe._compact_hook
+        compact = plan.compact
         if compact is not None:
             table[("compact", compact.name)] = _HookInfo(False, False, False, ())
-        _tables[id(pipe)] = table
-        weakref.finalize(pipe, _tables.pop, id(pipe), None)
+        _tables[id(plan)] = table
+        weakref.finalize(plan, _tables.pop, id(plan), None)
     return table
 
 

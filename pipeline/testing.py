@@ -123,7 +123,7 @@ async def _play(
 class _Playback:
     """What a testing model's ``stream(request)`` returns: one reply played, closed on exit.
 
-    A small class rather than ``@asynccontextmanager``: no generator of its own (trio
+    A small class rather than ``@asynccontextmanager``: no generator of its own (the loop
     tracks every async generator) on a path every offline turn takes.
     """
 

@@ -1,8 +1,19 @@
-"""Shared test configuration."""
+"""Shared test configuration.
 
+Every async test runs on both event loops: a plain ``async def test_...`` is collected once
+per loop (``[trio]`` and ``[asyncio]``) and run by AnyIO's pytest plugin, through the
+`anyio_backend` fixture below. A test stays on trio alone (run by pytest-trio, with trio's
+fixtures) when it needs virtual time or trio itself: when it uses, directly or through its
+fixtures, one of `TRIO_ONLY_FIXTURES` (``autojump_clock``, ``mock_clock``, ``nursery``), or
+is marked ``@pytest.mark.trio_only`` (a test of trio-specific behaviour; say why in its
+docstring).
+"""
+
+import inspect
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -17,6 +28,43 @@ from .postgres import fresh_schema, server_dsn
 settings.register_profile("dev", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# pytest-trio's fixtures that only mean something under trio: virtual time, a trio nursery.
+TRIO_ONLY_FIXTURES = frozenset({"autojump_clock", "mock_clock", "nursery"})
+LOOPS = ("trio", "asyncio")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(
+    collector: pytest.Module | pytest.Class, name: str, obj: object
+) -> None:
+    """Send each async test to its runner: both loops through AnyIO, or trio alone."""
+    if not collector.istestfunction(obj, name):
+        return
+    inner = getattr(obj, "hypothesis", None)
+    function = inner.inner_test if inner is not None else obj
+    if not inspect.iscoroutinefunction(function):
+        return
+    if _trio_only(collector, obj):
+        pytest.mark.trio(obj)
+    else:
+        pytest.mark.usefixtures("anyio_backend")(obj)
+
+
+def _trio_only(collector: pytest.Module | pytest.Class, obj: Any) -> bool:
+    marks = [*getattr(obj, "pytestmark", ()), *collector.iter_markers()]
+    if any(mark.name in ("trio_only", "trio") for mark in marks):
+        return True
+    cls = collector.obj if isinstance(collector, pytest.Class) else None
+    info = collector.session._fixturemanager.getfixtureinfo(node=collector, func=obj, cls=cls)
+    return not TRIO_ONLY_FIXTURES.isdisjoint(info.names_closure)
+
+
+@pytest.fixture(params=LOOPS)
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """The event loop an async test runs on (AnyIO's plugin runs the test on it)."""
+    loop: str = request.param
+    return loop
 
 
 @pytest.fixture

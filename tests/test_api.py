@@ -19,7 +19,7 @@ PUBLIC_SUBMODULES = {
 # Third-party imports each package may use (the standard library is always allowed).
 ALLOWED_IMPORTS = {
     "turns": {"attrs", "cattrs"},
-    "pipeline": {"anyio", "attrs", "trio", "httpx", "turns"},
+    "pipeline": {"anyio", "attrs", "sniffio", "trio", "httpx", "turns"},
     "hooks": {"anyio", "attrs", "trio", "turns", "pipeline"},
 }
 # Modules allowed to import cattrs: serialization stays at the edge (STYLE 5).

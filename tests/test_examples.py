@@ -1,5 +1,6 @@
 """Every example runs offline, as a script, and does what its docstring says."""
 
+import asyncio
 import importlib.util
 import os
 import subprocess
@@ -7,8 +8,13 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import anyio
+import httpx
 import pytest
 import trio
+
+from pipeline import Pipeline, SessionInfo, hook
+from pipeline.testing import FunctionModel
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -35,6 +41,7 @@ def test_every_example_is_tested() -> None:
         "08_tools_policy",
         "11_mcp_memory",
         "10_tracing",
+        "09_fastapi",
         "assistant_hooks",
     }
     assert {path.stem for path in EXAMPLES.glob("*.py")} == tested
@@ -83,9 +90,9 @@ async def test_parallel_retrieval_takes_the_slowest_member_in_declaration_order(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     example = _load("03_parallel_retrieval")
-    started = trio.current_time()
+    started = anyio.current_time()
     result = await example.main()
-    assert trio.current_time() - started == pytest.approx(0.050)
+    assert anyio.current_time() - started == pytest.approx(0.050)
     assert [i.source for i in result.turn.injections] == [
         "search_docs",
         "search_tickets",
@@ -94,6 +101,7 @@ async def test_parallel_retrieval_takes_the_slowest_member_in_declaration_order(
     assert result.reply.text == "I was given 3 pieces of context."
 
 
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_openai_compatible_runs_a_turn_against_a_local_server(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -219,3 +227,106 @@ async def test_tracing_exports_the_turn_as_one_trace() -> None:
         "retrieval",
     ]
     assert len({span.context.trace_id for span in spans}) == 1
+
+
+# -- 09: an asyncio web app, served by uvicorn ------------------------------------------------
+
+
+async def _serve(app):
+    """Start a real uvicorn server for `app` on a free port of 127.0.0.1: (server, task, url)."""
+    example = _load("09_fastapi")
+    running = example.server(app)
+    task = asyncio.create_task(running.serve())
+    with anyio.fail_after(10):
+        while not running.started:  # noqa: ASYNC110 (uvicorn sets a flag, not an event)
+            await asyncio.sleep(0.01)
+    return running, task, f"http://127.0.0.1:{example.port_of(running)}"
+
+
+def test_fastapi_streams_each_turn_and_commits_it(tmp_path: Path) -> None:
+    """Catches: the web example's turns not streaming as server-sent events, or not landing in
+    the log in order."""
+    example = _load("09_fastapi")
+
+    async def main():
+        running, task, url = await _serve(example.create_app(tmp_path / "chat.db"))
+        try:
+            async with httpx.AsyncClient(base_url=url) as client:
+                first = await example.read_turn(client, "c1", "hello there")
+                second = await example.read_turn(client, "c1", "bye")
+                refused = await client.post("/chat/c1", json={"text": "wrong key"})
+                logged = (await client.get("/conversations/c1")).json()
+        finally:
+            running.should_exit = True
+            await task
+        return first, second, refused, logged
+
+    first, second, refused, logged = asyncio.run(main())
+
+    assert first == {
+        "streamed": "You said: hello there",
+        "outcome": "completed",
+        "reply": "You said: hello there",
+    }
+    assert second["streamed"] == second["reply"] == "You said: bye"
+    assert refused.status_code == 400
+    assert logged == [
+        {"role": "user", "text": "hello there"},
+        {"role": "assistant", "text": "You said: hello there"},
+        {"role": "user", "text": "bye"},
+        {"role": "assistant", "text": "You said: bye"},
+    ]
+
+
+def test_fastapi_client_that_disconnects_mid_stream_commits_nothing(tmp_path: Path) -> None:
+    """Catches: a browser closing the connection mid-turn leaving a partial turn in the log,
+    the turn running on after the disconnect, or the server failing later requests."""
+    example = _load("09_fastapi")
+    reasons: list[str] = []
+    words: list[str] = []
+
+    async def slow(request):
+        said = request.messages[-1].parts[-1].text
+        for word in ["You", " said:", *(f" {w}" for w in said.split())]:
+            words.append(word)
+            yield word
+            await asyncio.sleep(0.2 if said == "long story" else 0.0)
+
+    def ended(info: SessionInfo, reason: str) -> None:
+        reasons.append(reason)
+
+    pipe = Pipeline(model=FunctionModel(slow), on_session_end=[hook(ended, name="ended")])
+
+    async def main():
+        running, task, url = await _serve(example.create_app(tmp_path / "chat.db", pipe))
+        try:
+            async with httpx.AsyncClient(base_url=url) as client:
+                request = {"message": "long story"}
+                async with client.stream("POST", "/chat/c1", json=request) as sent:
+                    async for line in sent.aiter_lines():
+                        if line.startswith("data: "):
+                            break  # the first delta: hang up mid-turn
+                with anyio.fail_after(10):
+                    while reasons != ["cancelled"]:  # noqa: ASYNC110 (the hook appends)
+                        await asyncio.sleep(0.01)
+                streamed_when_cut = len(words)
+                await asyncio.sleep(0.5)  # a turn still running would stream more words
+                after_cut = (await client.get("/conversations/c1")).json()
+                again = await example.read_turn(client, "c1", "short")
+                logged = (await client.get("/conversations/c1")).json()
+        finally:
+            running.should_exit = True
+            await task
+        return streamed_when_cut, after_cut, again, logged
+
+    streamed_when_cut, after_cut, again, logged = asyncio.run(main())
+
+    assert streamed_when_cut < 4  # "You", " said:", " long", " story": cut before the end
+    assert words[streamed_when_cut:] == ["You", " said:", " short"]
+    assert after_cut == []
+    assert again["reply"] == "You said: short"
+    assert logged == [
+        {"role": "user", "text": "short"},
+        {"role": "assistant", "text": "You said: short"},
+    ]
+    assert reasons == ["cancelled", "closed"]

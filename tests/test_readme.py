@@ -24,6 +24,8 @@ def test_readme_python_example_runs(capsys) -> None:
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
     assert capsys.readouterr().out.strip().splitlines() == [
+        # The asyncio example on the first screen.
+        "Hello from asyncio!",
         "completed Hello!",
         # The second example: one rejection, the address redacted although it was split.
         "completed Mail [EMAIL] for a refund. ['Never promise a guarantee.']",

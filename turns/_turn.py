@@ -171,7 +171,11 @@ class Turn:
         The runtime stamps the injection with the injecting hook's name and durability.
         """
         if not parts:
-            raise ValueError("Turn.inject needs at least one part")
+            raise ValueError(
+                "Turn.inject needs at least one part, got none — pass the content to add,"
+                ' e.g. turn.inject("The user\'s plan is Pro."); to add nothing, return the'
+                " turn as it is"
+            )
         stamped = tuple(Text(part) if isinstance(part, str) else part for part in parts)
         for part in stamped:
             if not isinstance(part, _PART_TYPES):

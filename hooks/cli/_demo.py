@@ -12,7 +12,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from datetime import date
 
-import trio
+import anyio
 
 from hooks import redact
 from pipeline import (
@@ -78,14 +78,14 @@ def authenticate(turn: Turn) -> Cont[Turn] | Halt:
 
 async def search_docs(turn: Turn) -> list[Text]:
     """Parallel member: a (pretend) retrieval call of 40 ms."""
-    await trio.sleep(0.040)
+    await anyio.sleep(0.040)
     words = turn.user_message.text.lower()
     return [Text(f"[doc] {text}") for key, text in DOCS.items() if key in words]
 
 
 async def load_memory(turn: Turn) -> list[Text]:
     """Parallel member: a (pretend) memory lookup of 25 ms."""
-    await trio.sleep(0.025)
+    await anyio.sleep(0.025)
     user = turn.scope.current_user
     return [Text(f"[memory] {user} prefers short answers; e-mail on file: {user}@example.com")]
 
@@ -111,7 +111,7 @@ def no_internal_refs(turn: Turn) -> Cont[Turn] | Regenerate:
 @tool
 async def find_return(scope: Scope) -> dict[str, str]:
     """The signed-in user's latest return."""
-    await trio.sleep(0.010)
+    await anyio.sleep(0.010)
     return {"user": str(scope.current_user), "order": "1182", "received": "2026-11-20"}
 
 
@@ -126,12 +126,12 @@ class OfflineModel:
         self.requests.append(request)
         if request.messages[-1].role != "tool":
             # Each attempt first looks the user's return up, then answers.
-            await trio.sleep(0.005)
+            await anyio.sleep(0.005)
             yield ToolCall(f"call_{len(self.requests)}", "find_return", {})
             return
         retried = any(m.meta.get("feedback_for_attempt") for m in request.messages)
         for chunk in SECOND_ATTEMPT if retried else FIRST_ATTEMPT:
-            await trio.sleep(0.005)
+            await anyio.sleep(0.005)
             yield chunk
 
 

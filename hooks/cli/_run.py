@@ -18,8 +18,8 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO, final
 
+import anyio
 import attrs
-import trio
 
 from pipeline import PipelineError, ProviderError, TurnResult
 from pipeline import events as ev
@@ -163,7 +163,7 @@ async def chat(
     if not live and not pipe.hold_until_accepted:
         pipe = attrs.evolve(pipe, hold_until_accepted=True)
     code = 0
-    turn: list[trio.CancelScope] = []  # the scope of the turn in progress, if any
+    turn: list[anyio.CancelScope] = []  # the scope of the turn in progress, if any
 
     async def watch(signals: Any) -> None:
         async for _ in signals:
@@ -174,12 +174,12 @@ async def chat(
                 if prompt:
                     console.write(prompt, end="")
 
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
+    with anyio.open_signal_receiver(signal.SIGINT) as signals:
         async with (
             pipe.session(log=log, conversation_id=conversation) as session,
-            trio.open_nursery() as nursery,
+            anyio.create_task_group() as tasks,
         ):
-            nursery.start_soon(watch, signals)
+            tasks.start_soon(watch, signals)
             while True:
                 if prompt:
                     console.write(prompt, end="")
@@ -191,7 +191,7 @@ async def chat(
                 message = line.strip()
                 if not message:
                     continue
-                with trio.CancelScope() as scope:
+                with anyio.CancelScope() as scope:
                     turn.append(scope)
                     try:
                         await _chat_turn(session, message, console)
@@ -212,7 +212,7 @@ async def chat(
                 if scope.cancelled_caught:
                     console.write("")
                     console.note("(turn cancelled: nothing was committed)")
-            nursery.cancel_scope.cancel()
+            tasks.cancel_scope.cancel()
     return code
 
 
@@ -243,4 +243,4 @@ async def _chat_turn(session: Any, message: str, console: Console) -> None:
 
 async def read_stdin() -> str:
     """One line of standard input, read in a worker thread; ``""`` at end of input."""
-    return await trio.to_thread.run_sync(sys.stdin.readline)
+    return await anyio.to_thread.run_sync(sys.stdin.readline)

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import final
 
-import trio
+import anyio.lowlevel
 
 from turns import Context, Message
 
@@ -52,7 +52,7 @@ class MemoryLog:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
         check_depth(self, conversation_id, turn_ref, messages, audit)
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await anyio.lowlevel.checkpoint_if_cancelled()
         entry = LogEntry(turn_ref, messages, audit, datetime.now(UTC))
         entries = self._entries.setdefault(conversation_id, [])
         if any(existing.turn_ref == turn_ref for existing in entries):

@@ -1,7 +1,8 @@
-"""Blocking database connections driven from trio through worker threads.
+"""Blocking database connections driven from the event loop through worker threads.
 
 The durable logs use blocking drivers (stdlib `sqlite3`, psycopg's sync API: psycopg's async
-API is built on asyncio). Each database call runs in a trio worker thread with a connection
+API is built on asyncio alone). Each database call runs in a worker thread (AnyIO's, under
+trio and asyncio alike) with a connection
 of its own: a connection is never used by two threads at once, but it moves from one
 worker thread to the next, so drivers must allow that (``check_same_thread=False``).
 
@@ -18,11 +19,12 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Self, TypeVar, final
 
-import trio
+import anyio
 
 from turns import Context, Message
 
 from .._errors import LogError
+from .._loop import current_loop
 from ._protocol import ConversationInfo, LogEntry, check_id
 
 C = TypeVar("C")
@@ -52,7 +54,7 @@ class Connections(Generic[C]):
         translate: Callable[[Exception], LogError | None],
         name: str,
     ) -> None:
-        self._limiter = trio.CapacityLimiter(size)
+        self._limiter = anyio.CapacityLimiter(size)
         self._connect = connect
         self._close = close
         self._usable = usable
@@ -65,10 +67,11 @@ class Connections(Generic[C]):
         """`work(connection)` in a worker thread; driver errors become `LogError`."""
         if self._closed:
             raise RuntimeError(f"{self._name} is closed; open a new one to use it again")
+        current_loop(self._name)
         async with self._limiter:
             holder: list[C | None] = [self._idle.pop() if self._idle else None]
             try:
-                return await trio.to_thread.run_sync(self._call, holder, work)
+                return await anyio.to_thread.run_sync(self._call, holder, work)
             except Exception as exc:
                 error = self._translate(exc)
                 if error is None:
@@ -101,8 +104,8 @@ class Connections(Generic[C]):
         self._closed = True
         idle, self._idle = self._idle, []
         if idle:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(lambda: [self._close(c) for c in idle])
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(lambda: [self._close(c) for c in idle])
 
 
 class DatabaseLog:

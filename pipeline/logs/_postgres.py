@@ -1,8 +1,8 @@
 """`PostgresLog`: a log shared by several worker processes or machines, with psycopg 3.
 
 psycopg is an optional dependency (``pip install 'turnplug[postgres]'``), imported when a
-`PostgresLog` is built. Its sync API runs in trio worker threads (psycopg's async API is
-built on asyncio); see `._pool`.
+`PostgresLog` is built. Its sync API runs in worker threads, under trio and asyncio alike
+(psycopg's async API is built on asyncio alone); see `._pool`.
 """
 
 import contextlib

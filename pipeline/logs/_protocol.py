@@ -225,5 +225,8 @@ def conflict(conversation_id: str, turn_ref: str, length: int, expected: int) ->
     return LogConflict(
         f"conversation {conversation_id!r} holds {length} messages, not the"
         f" {expected} turn {turn_ref!r} was answered from: another writer"
-        " committed first; nothing was committed — reload and answer again"
+        " committed first; nothing was committed — reload and answer again",
+        conversation_id=conversation_id,
+        expected=expected,
+        actual=length,
     )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal, TypeAlias, final
 
-import trio
+import anyio
 
 from turns import Message
 
@@ -80,7 +80,7 @@ class SQLiteLog(DatabaseLog):
         self._path = os.fspath(path)
         self._timeout = float(timeout)
         self._queue: list[_Commit] = []
-        self._write_lock = trio.Lock()
+        self._write_lock = anyio.Lock()
         self._connections = Connections(
             size=1,
             connect=self._connect,
@@ -124,11 +124,11 @@ class SQLiteLog(DatabaseLog):
         self._queue.append(commit)
         try:
             await self._write_lock.acquire()
-        except trio.Cancelled:
+        except anyio.get_cancelled_exc_class():
             if not commit.taken:
                 self._queue.remove(commit)
                 raise
-            with trio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
                 await commit.done.wait()
             return commit.result()
         try:
@@ -146,7 +146,7 @@ class SQLiteLog(DatabaseLog):
 
     async def _write(self, batch: "list[_Commit]") -> None:
         try:
-            with trio.CancelScope(shield=True):  # taken: written whatever happens to us
+            with anyio.CancelScope(shield=True):  # taken: written whatever happens to us
                 outcomes = await self._connections.run(
                     functools.partial(_append_batch, [commit.args for commit in batch])
                 )
@@ -224,7 +224,7 @@ class _Commit:
     def __init__(self, args: tuple[str, str, int, str, str | None, int | None]) -> None:
         self.args = args
         self.taken = False  # in a transaction: it will be written or fail, not dropped
-        self.done = trio.Event()
+        self.done = anyio.Event()
         self.outcome: _Outcome | None = None
         self.error: Exception | None = None
 

@@ -9,8 +9,8 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import attrs
-import trio
 
 from pipeline import block, cont, tool
 from turns import Text, ToolCall, ToolResult, Turn
@@ -87,7 +87,7 @@ def failing_lookup(user: str) -> str:
 
 async def hanging_lookup(user: str) -> str:
     """A tool that never answers."""
-    await trio.sleep_forever()
+    await anyio.sleep_forever()
     raise AssertionError("unreachable")
 
 
@@ -110,7 +110,7 @@ class Gauge:
     async def measure(n: int) -> int:
         Gauge.running += 1
         Gauge.most = max(Gauge.most, Gauge.running)
-        await trio.sleep(1)
+        await anyio.sleep(1)
         Gauge.running -= 1
         return n
 

@@ -161,6 +161,7 @@ def test_usage_errors_exit_2_with_one_clear_line(args: list[str]) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_demo_with_a_model_and_its_key_talks_to_that_provider() -> None:
     # A real OpenAI-compatible server on loopback plays two attempts: the first leaks an
     # internal reference (the guardrail rejects it), the second an address split in two.

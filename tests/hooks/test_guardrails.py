@@ -2,6 +2,7 @@
 
 import re
 
+import anyio
 import attrs
 import pytest
 import trio
@@ -67,7 +68,7 @@ async def test_an_empty_string_from_the_check_rejects_with_the_default_feedback(
 
 async def test_an_async_check_is_awaited():
     async def slow_check(text: str) -> bool | str:
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         return "Be polite." if "stupid" in text else True
 
     rail = guardrail(slow_check)
@@ -324,7 +325,7 @@ async def test_a_shadow_judge_records_its_verdict_without_enforcing_it():
 
 async def test_a_slow_judge_times_out(autojump_clock):
     async def never(request):
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
     pipe = Pipeline(
         model=ScriptedModel(["Yes!"]), post=[hook(judge(FunctionModel(never), RULE), timeout=5)]
@@ -335,11 +336,11 @@ async def test_a_slow_judge_times_out(autojump_clock):
 
 async def test_a_cancelled_turn_leaves_no_judge_behind(autojump_clock):
     async def never(request):
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
     pipe = Pipeline(model=ScriptedModel(["Yes!"]), post=[judge(FunctionModel(never), RULE)])
     before = live_tasks()
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         await pipe.run(Turn.start("refund?"))
     assert scope.cancelled_caught
     assert live_tasks() == before

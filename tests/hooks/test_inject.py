@@ -2,8 +2,8 @@
 
 import threading
 
+import anyio
 import pytest
-import trio
 
 from hooks import inject_text, retrieve
 from pipeline import (
@@ -86,7 +86,7 @@ def search_docs(query: str, k: int) -> list[str]:
 
 
 async def search_memory(query: str, k: int) -> list[Text]:
-    await trio.lowlevel.checkpoint()
+    await anyio.lowlevel.checkpoint()
     return [Text(f"Ada asked about {query!r} before.")]
 
 
@@ -129,7 +129,7 @@ async def test_a_search_returning_something_else_fails_naming_it(returned, culpr
 
 async def test_in_a_group_passages_join_in_declaration_order(autojump_clock):
     async def slow(query: str, k: int) -> list[str]:
-        await trio.sleep(3)
+        await anyio.sleep(3)
         return ["slow passage"]
 
     model = ScriptedModel(["ok"])
@@ -192,12 +192,12 @@ async def test_a_failing_search_fails_the_turn_or_is_skipped_when_told():
 
 async def test_a_cancelled_turn_leaves_no_search_behind(autojump_clock):
     async def never(query: str, k: int) -> list[str]:
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
         return []
 
     pipe = Pipeline(model=ScriptedModel(["ok"]), pre=[parallel(retrieve(never), retrieve(never))])
     before = live_tasks()
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         await pipe.run(Turn.start("q"))
     assert scope.cancelled_caught
     assert live_tasks() == before

@@ -2,9 +2,9 @@
 
 from typing import Any
 
+import anyio
 import attrs
 import pytest
-import trio
 
 from hooks.config import pipeline_from_dict
 from pipeline import StepLimitExceeded, cont
@@ -166,6 +166,7 @@ async def test_the_tokenizer_counts_injections() -> None:
 # -- real providers, over a loopback socket ---------------------------------------------------
 
 
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_an_openai_model_sends_its_name_defaults_and_key() -> None:
     async with wire.running(wire.stream(wire.openai_text(["Hi."]))) as server:
         pipe = pipeline_from_dict(
@@ -192,6 +193,7 @@ async def test_an_openai_model_sends_its_name_defaults_and_key() -> None:
     assert "sk-local" not in repr(pipe)
 
 
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_a_turn_that_shapes_its_request_wins_over_the_model_defaults() -> None:
     async with wire.running(wire.stream(wire.openai_text(["Hi."]))) as server:
         pipe = pipeline_from_dict(
@@ -218,6 +220,7 @@ def cool(turn: Turn) -> Any:
     return cont(turn.with_request(temperature=0))
 
 
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_an_openai_base_url_defaults_to_the_environment() -> None:
     async with wire.running(wire.stream(wire.openai_text(["Hi."]))) as server:
         pipe = pipeline_from_dict(
@@ -228,6 +231,7 @@ async def test_an_openai_base_url_defaults_to_the_environment() -> None:
     assert [r.path for r in server.requests] == ["/v1/chat/completions"]
 
 
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_an_anthropic_model_sends_its_name_limits_and_key() -> None:
     async with wire.running(wire.stream(wire.anthropic_text(["Hi."]))) as server:
         pipe = pipeline_from_dict(
@@ -344,6 +348,7 @@ async def test_a_judge_asks_its_own_model_and_rejects_with_its_reason() -> None:
     assert result.reply.text == "Ask the shop."
 
 
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_a_judge_model_is_declared_like_the_model_table() -> None:
     # The same keys as [model]: here an OpenAI-compatible server, over a loopback socket.
     async with wire.running(wire.stream(wire.openai_text(["PASS"]))) as server:
@@ -527,9 +532,9 @@ async def test_a_tool_call_told_to_halt_on_error_fails_the_turn() -> None:
 
 async def test_a_tool_call_timeout_bounds_a_tool_that_never_answers(autojump_clock: Any) -> None:
     pipe = _failing_tool_call("hanging_lookup", timeout=2)
-    start = trio.current_time()
+    start = anyio.current_time()
     events, result = await collect(pipe, Turn.start("hi"))
-    assert trio.current_time() - start == pytest.approx(2)
+    assert anyio.current_time() - start == pytest.approx(2)
     assert (result.outcome, result.turn.injections) == ("completed", ())
     assert [e.error.split(":")[0] for e in events if isinstance(e, ev.HookFailed)] == [
         "HookTimeout"
@@ -542,7 +547,7 @@ async def test_a_turn_cancelled_while_its_tool_call_runs_commits_nothing(
     log = MemoryLog()
     pipe = _failing_tool_call("hanging_lookup")
     async with pipe.session(log=log, conversation_id="c") as session:
-        with trio.move_on_after(5) as scope:
+        with anyio.move_on_after(5) as scope:
             await session.send("hi")
     assert scope.cancelled_caught
     assert (await log.load("c")).messages == ()

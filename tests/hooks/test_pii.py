@@ -3,8 +3,8 @@
 import random
 from itertools import pairwise
 
+import anyio
 import pytest
-import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -282,12 +282,12 @@ async def test_the_redacted_text_is_what_a_session_commits():
 async def test_a_turn_cancelled_mid_number_never_releases_what_was_held(autojump_clock):
     async def stalls(request):
         yield "Your card is 4111 1111"
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
         yield "never"
 
     pipe = Pipeline(model=FunctionModel(stalls), transformers=[pii()])
     deltas: list[str] = []
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         async with pipe.stream(Turn.start("which card?")) as events:
             async for event in events:
                 if isinstance(event, ev.TextDelta):

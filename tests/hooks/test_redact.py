@@ -511,3 +511,10 @@ async def test_redactions_are_reported_in_the_reply_annotations():
     result = await pipe.run(Turn.start("hi"))
     assert result.reply is not None
     assert result.reply.annotations == {"pii": {"redactions": 1}}
+
+
+def test_redact_without_patterns_shows_how_to_pass_one():
+    """Catches: a refusal that does not say what a pattern looks like."""
+    with pytest.raises(ConfigError, match=r"redact\(\) needs at least one pattern") as excinfo:
+        redact([])
+    assert "e.g. redact(" in str(excinfo.value)

@@ -1,9 +1,8 @@
 """hooks.running_summary and hooks.drop_oldest: alone, over several turns of a session."""
 
+import anyio
 import attrs
 import pytest
-import trio
-import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -193,7 +192,7 @@ async def test_every_nth_turn_a_summary_joins_the_log_as_its_own_entry():
     async with pipe.session(log=log, conversation_id="c") as session:
         for n in range(1, 8):
             await session.send(f"question {n}")
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
     messages = (await log.load("c")).messages
     assert [message.text for message in messages] == [
         *("question 1", "answer 1", "question 2", "answer 2", "question 3", "answer 3"),
@@ -222,7 +221,7 @@ async def test_the_count_survives_the_log_across_sessions():
 
 
 async def test_in_a_session_a_summary_that_lands_late_is_caught_up_with():
-    release = trio.Event()
+    release = anyio.Event()
     written: list[str] = []
 
     async def summarize(request):
@@ -237,10 +236,10 @@ async def test_in_a_session_a_summary_that_lands_late_is_caught_up_with():
         for n in range(1, 5):
             await session.send(f"question {n}")
         release.set()
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         for n in range(5, 7):
             await session.send(f"question {n}")
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
     texts = [message.text for message in (await log.load("c")).messages]
     assert texts.index(HEADING + "S1.") == texts.index("answer 4") + 1
     assert texts[-1] == HEADING + "S2."
@@ -258,7 +257,7 @@ async def test_a_failing_summary_is_reported_and_nothing_of_it_is_committed():
     async with pipe.session(log=log, conversation_id="c") as session:
         await session.send("question 1")
         result = await session.send("question 2")
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
     assert result.outcome == "completed"
     failed = [e for e in session.events if isinstance(e, ev.HookFailed)]
     assert [(e.hook, e.enforced, "summarizer unreachable" in e.error) for e in failed] == [
@@ -274,14 +273,14 @@ async def test_a_failing_summary_is_reported_and_nothing_of_it_is_committed():
 
 async def test_a_session_cancelled_while_summarizing_commits_no_summary(autojump_clock):
     async def never(request):
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
     pipe = Pipeline(model=answers(1), post=[running_summary(FunctionModel(never), every=1)])
     log = MemoryLog()
-    with trio.move_on_after(5):
+    with anyio.move_on_after(5):
         async with pipe.session(log=log, conversation_id="c") as session:
             await session.send("question 1")
-            await trio.sleep_forever()
+            await anyio.sleep_forever()
     assert [m.text for m in (await log.load("c")).messages] == ["question 1", "answer 1"]
     assert [(e.hook, e.enforced) for e in session.events if isinstance(e, ev.HookFailed)] == [
         ("running_summary", False)
@@ -486,7 +485,7 @@ async def test_in_a_session_the_model_sees_the_summary_and_the_latest_turns_the_
     async with pipe.session(log=log, conversation_id="c") as session:
         for n in range(1, 8):
             await session.send(f"question {n}")
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
     # Turn 7 is answered from the latest turns and the summary; turns 1-3 were dropped.
     assert [message.text for message in model.requests[-1].messages] == [
         *("question 4", "answer 4", "question 5", "answer 5", "question 6", "answer 6"),
@@ -515,3 +514,13 @@ async def test_a_predicate_that_raises_fails_the_turn():
     with pytest.raises(HookFailed) as info:
         await pipe.run(Turn.start("hi", context=Context(messages=history(1, 2, 3))))
     assert info.value.hook == "drop_oldest"
+
+
+async def test_an_empty_summary_names_the_model_and_what_to_check():
+    """Catches: a failure that does not say which model answered nothing, nor what happens
+    to the turns it should have summarized."""
+    model = ScriptedModel(["  "])
+    with pytest.raises(ValueError, match="no text") as excinfo:
+        await running_summary(model, every=1)(answered(1, []))
+    assert repr(model) in str(excinfo.value)
+    assert "next summary covers these turns" in str(excinfo.value)

@@ -1,5 +1,8 @@
 """Helpers the pipeline tests share."""
 
+import asyncio
+
+import sniffio
 import trio
 
 from pipeline import Pipeline, TurnResult
@@ -14,9 +17,11 @@ async def collect(pipe: Pipeline, turn: Turn) -> tuple[list[ev.Event], TurnResul
     return seen, events.result
 
 
-def live_tasks() -> set[trio.lowlevel.Task]:
-    """Every task of the run, found by walking the task tree from the root."""
-    tasks: set[trio.lowlevel.Task] = set()
+def live_tasks() -> set[object]:
+    """Every task of the run: asyncio's task set, or trio's task tree walked from the root."""
+    if sniffio.current_async_library() == "asyncio":
+        return set(asyncio.all_tasks())
+    tasks: set[object] = set()
 
     def walk(task: trio.lowlevel.Task) -> None:
         tasks.add(task)

@@ -2,6 +2,7 @@
 
 import math
 
+import anyio
 import hypothesis.strategies as st
 import pytest
 import trio
@@ -51,7 +52,7 @@ def member(name, text, *, delay=0):
     """A parallel member that adds `text` after `delay` seconds."""
 
     async def run(turn):
-        await trio.sleep(delay)
+        await anyio.sleep(delay)
         return [Text(text)]
 
     return hook(run, name=name)
@@ -430,7 +431,7 @@ async def test_a_tokenizer_that_fails_mid_turn_is_a_budget_error_naming_it():
 
 async def test_compaction_is_recorded_in_the_audit_and_the_events(autojump_clock):
     async def keep_last(history, target, tokenizer):
-        await trio.sleep(2)
+        await anyio.sleep(2)
         return history[-1:]
 
     pipe = build(budget=Budget(1000, 10), compact=keep_last)
@@ -466,3 +467,9 @@ async def test_a_tokenizer_failing_on_injected_text_fails_run_and_stream_alike(m
     )
     with pytest.raises(BudgetError, match="picky"):
         await drive(mode, pipe, Turn.start("hi"))
+
+
+@pytest.mark.parametrize("context_tokens", [0, -5, True])
+def test_budget_rejects_a_context_size_that_is_not_a_positive_int(context_tokens):
+    with pytest.raises(ConfigError, match=r"Budget\.context_tokens must be a positive int"):
+        Budget(context_tokens, 10)

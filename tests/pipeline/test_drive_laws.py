@@ -5,12 +5,19 @@ A pipeline here is a list of ordered hooks (continue, inject, halt) and parallel
 hooks run in list order, a halt stops everything after it, a group's parts land in
 declaration order, a group lasts as long as its slowest member (or until its first halt),
 and `run()` and `stream()` agree.
+
+Under trio the members sleep in virtual time (a MockClock), so the laws are checked exactly.
+Under asyncio they sleep in real time, in units of `UNIT` seconds: the same laws, with the
+group's duration checked within a tolerance, and fewer examples.
 """
 
+import asyncio
+
+import anyio
 import attrs
 import trio
 import trio.testing
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pipeline import Pipeline, cont, halt, hook, parallel
@@ -79,7 +86,7 @@ def expect(plan: list[Ordered | Group]) -> Expected:
     return Expected("completed", None, tuple(injections), elapsed)
 
 
-def build(plan: list[Ordered | Group]) -> Pipeline:
+def build(plan: list[Ordered | Group], unit: float = 1.0) -> Pipeline:
     pre = []
     for index, step in enumerate(plan):
         if isinstance(step, Ordered):
@@ -88,7 +95,7 @@ def build(plan: list[Ordered | Group]) -> Pipeline:
             pre.append(
                 parallel(
                     *(
-                        hook(_member(m, name_of(index, i)), name=name_of(index, i))
+                        hook(_member(m, name_of(index, i), unit), name=name_of(index, i))
                         for i, m in enumerate(step.members)
                     )
                 )
@@ -107,9 +114,9 @@ def _ordered(action: str, name: str):
     return run
 
 
-def _member(member: Member, name: str):
+def _member(member: Member, name: str, unit: float = 1.0):
     async def run(turn):
-        await trio.sleep(member.delay)
+        await anyio.sleep(member.delay * unit)
         if member.action == "halt":
             return halt(f"{name} stops")
         return [Text(name)] if member.action == "parts" else []
@@ -127,17 +134,17 @@ def observe(result, elapsed: float) -> Expected:
 
 
 async def _run(pipe: Pipeline) -> Expected:
-    started = trio.current_time()
+    started = anyio.current_time()
     result = await pipe.run(Turn.start("hi", turn_ref="law"))
-    return observe(result, trio.current_time() - started)
+    return observe(result, anyio.current_time() - started)
 
 
 async def _stream(pipe: Pipeline) -> Expected:
-    started = trio.current_time()
+    started = anyio.current_time()
     async with pipe.stream(Turn.start("hi", turn_ref="law")) as events:
         async for _ in events:
             pass
-    return observe(events.result, trio.current_time() - started)
+    return observe(events.result, anyio.current_time() - started)
 
 
 def drive(runner, plan: list[Ordered | Group]) -> Expected:
@@ -163,3 +170,53 @@ def test_the_model_is_called_exactly_when_no_hook_halts(plan: list[Ordered | Gro
     trio.run(_run, pipe, clock=trio.testing.MockClock(autojump_threshold=0))
     called = len(pipe.model.requests)  # type: ignore[attr-defined]
     assert called == (1 if expect(plan).outcome == "completed" else 0)
+
+
+# -- the same laws under asyncio, in real time ------------------------------------------------
+
+UNIT = 0.05  # seconds per unit of delay
+SLACK = 0.9  # units a real-time run may take beyond the predicted duration
+
+
+def distinct_halts(plan: list[Ordered | Group]) -> bool:
+    """Whether no two halting members of a group wake at the same time.
+
+    In virtual time, members waking at the same instant are ordered by position; in real time
+    no two timers fire at the same instant, so such a tie has no one right answer.
+    """
+    for step in plan:
+        if isinstance(step, Group):
+            delays = [m.delay for m in step.members if m.action == "halt"]
+            if len(delays) != len(set(delays)):
+                return False
+    return True
+
+
+def check_in_real_time(runner, plan: list[Ordered | Group]) -> None:
+    assume(distinct_halts(plan))
+
+    async def timed() -> tuple[object, float]:
+        pipe = build(plan, UNIT)
+        started = anyio.current_time()
+        observed = await runner(pipe)
+        return observed, anyio.current_time() - started
+
+    observed, elapsed = asyncio.run(timed())
+    expected = expect(plan)
+    assert attrs.evolve(observed, elapsed=0) == attrs.evolve(expected, elapsed=0)
+    assert expected.elapsed - 0.05 <= elapsed / UNIT <= expected.elapsed + SLACK
+
+
+@settings(max_examples=30)
+@given(plans)
+def test_run_follows_the_reference_under_asyncio(plan: list[Ordered | Group]) -> None:
+    """Catches: a law of the pre stage (list order, a halt stopping what follows, parts in
+    declaration order, a halting member cancelling its siblings) that holds on trio only."""
+    check_in_real_time(_run, plan)
+
+
+@settings(max_examples=30)
+@given(plans)
+def test_stream_follows_the_reference_under_asyncio(plan: list[Ordered | Group]) -> None:
+    """Catches: the streamed pre stage departing from the reference under asyncio."""
+    check_in_real_time(_stream, plan)

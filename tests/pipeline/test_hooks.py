@@ -361,3 +361,12 @@ def test_an_async_when_predicate_is_rejected_naming_the_hook() -> None:
 
 def test_public_functions_report_their_public_module() -> None:
     assert {f.__module__ for f in (hook, parallel, chain, cont)} == {"pipeline"}
+
+
+@pytest.mark.parametrize(("build", "name"), [(parallel, "parallel()"), (chain, "chain()")])
+def test_an_empty_group_or_chain_says_what_to_pass(build, name) -> None:
+    """Catches: a refusal that says what is wrong but not what to write instead."""
+    with pytest.raises(ConfigError, match=re.escape(name)) as excinfo:
+        build()
+    assert "got none" in str(excinfo.value)
+    assert re.search(rf"e\.g\. {re.escape(name[:-2])}\(\w+, \w+\)", str(excinfo.value))

@@ -6,6 +6,7 @@ own; `durable` is each durable kind, for what only a database can show (reopenin
 
 import uuid
 
+import anyio
 import pytest
 import trio
 import trio.testing
@@ -232,6 +233,18 @@ async def test_a_wrong_expected_length_raises_log_conflict_naming_the_conversati
     assert "holds 2 messages" in str(excinfo.value)
 
 
+async def test_a_log_conflict_carries_the_conversation_and_both_lengths(log):
+    """Catches: a conflict whose culprit is only in its message, so a caller that retries or
+    reports it has to parse text."""
+    await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
+
+    with pytest.raises(LogConflict) as excinfo:
+        await log.append(CONVERSATION, "turn-2", exchange("late", "writer"), expected_length=0)
+
+    error = excinfo.value
+    assert (error.conversation_id, error.expected, error.actual) == (CONVERSATION, 0, 2)
+
+
 async def test_a_conflict_writes_nothing(log):
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
     before = await log.entries(CONVERSATION)
@@ -363,7 +376,7 @@ async def test_a_durable_log_is_an_async_context_manager_that_closes(durable: Ba
 
 
 async def test_an_append_cancelled_before_it_starts_commits_nothing(log):
-    with trio.CancelScope() as scope:
+    with anyio.CancelScope() as scope:
         scope.cancel()
         await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
 
@@ -380,11 +393,11 @@ async def test_an_append_cancelled_while_it_runs_completes_and_says_so(log):
     async def commit():
         await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"), expected_length=0)
         returned.append("turn-1")
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         nursery.start_soon(commit)
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
 
     assert returned == ["turn-1"]
@@ -395,9 +408,9 @@ async def test_a_session_cancelled_during_its_commit_stays_in_step_with_the_log(
     pipe = Pipeline(model=FunctionModel(lambda request: f"re: {request.messages[-1].text}"))
 
     async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(session.send, "first")
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
         # Had the session missed its own commit, this would be a LogConflict.
         await session.send("second")

@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import trio
+import anyio
 
 from pipeline import LogConflict, Pipeline, TurnResult
 from pipeline.testing import FunctionModel
@@ -55,7 +55,7 @@ async def test_sessions_on_separate_conversations_share_one_log_and_lose_nothing
                 results[conversation].append(await session.send(f"{index}.{turn}"))
 
     try:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for index in range(sessions):
                 nursery.start_soon(converse, index)
         stored = {c: await log.load(c) for c in results}
@@ -80,7 +80,7 @@ class Rendezvous:
 
     def reset(self) -> None:
         self.arrived = 0
-        self.both = trio.Event()
+        self.both = anyio.Event()
 
     async def meet(self) -> None:
         self.arrived += 1
@@ -121,7 +121,7 @@ async def test_two_sessions_racing_on_one_conversation_lose_exactly_one_race_eac
             for round_ in range(rounds):
                 rendezvous.reset()
                 outcome: list[str] = []
-                async with trio.open_nursery() as nursery:
+                async with anyio.create_task_group() as nursery:
                     nursery.start_soon(race, a, f"a{round_}", outcome)
                     nursery.start_soon(race, b, f"b{round_}", outcome)
                 outcomes.append(sorted(outcome))
@@ -171,16 +171,14 @@ async def test_worker_processes_sharing_a_conversation_keep_every_turn_whole(dur
     done: dict[str, subprocess.CompletedProcess[bytes]] = {}
 
     async def work(name: str) -> None:
-        done[name] = await trio.run_process(
+        done[name] = await anyio.run_process(
             [sys.executable, "-c", WORKER, durable.kind, durable.where, name, str(turns)],
             cwd=ROOT,
-            capture_stdout=True,
-            capture_stderr=True,
             check=False,
         )
 
-    with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as nursery:
             for name in ("w1", "w2"):
                 nursery.start_soon(work, name)
     for worker in done.values():

@@ -9,8 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import anyio
 import pytest
-import trio
 
 from pipeline import ConfigError, LogError
 from pipeline.logs import PostgresLog, _postgres
@@ -121,7 +121,7 @@ async def test_the_tables_and_function_are_created_in_the_dsns_schema(postgres):
 async def test_workers_starting_together_on_an_empty_database_migrate_it_once(postgres):
     logs = [PostgresLog(postgres) for _ in range(4)]
     try:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for index, log in enumerate(logs):
                 nursery.start_soon(log.append, f"c{index}", "t1", exchange("q", "a"))
     finally:
@@ -189,7 +189,7 @@ async def test_concurrent_calls_use_at_most_max_connections(postgres):
         async def commit(index: int) -> None:
             await log.append(f"c{index}", "t1", exchange("q", "a"))
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             for index in range(12):
                 nursery.start_soon(commit, index)
         with admin(postgres) as db:

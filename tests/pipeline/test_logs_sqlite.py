@@ -8,9 +8,8 @@ import sqlite3
 import threading
 from pathlib import Path
 
+import anyio
 import pytest
-import trio
-import trio.testing
 
 from pipeline import LogConflict, LogError
 from pipeline.logs import SQLiteLog, _sqlite
@@ -197,9 +196,9 @@ async def test_a_commit_waiting_for_the_lock_does_not_block_the_event_loop(tmp_p
     holder = raw(path)
     holder.execute("BEGIN IMMEDIATE")
     holder.execute("INSERT INTO turnplug_schema VALUES (1)")  # some write of its own
-    async with SQLiteLog(path, timeout=30) as log, trio.open_nursery() as nursery:
+    async with SQLiteLog(path, timeout=30) as log, anyio.create_task_group() as nursery:
         nursery.start_soon(log.append, "c", "t2", exchange("q", "a"), None)
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         holder.execute("ROLLBACK")
         holder.close()
 
@@ -261,18 +260,18 @@ class GatedBatches:
         monkeypatch.setattr(_sqlite, "_append_batch", gated)
 
     async def wait_entered(self) -> None:
-        await trio.to_thread.run_sync(self.entered.acquire)
+        await anyio.to_thread.run_sync(self.entered.acquire)
 
 
 async def test_commits_waiting_together_share_one_transaction(tmp_path, monkeypatch):
     batches = GatedBatches(monkeypatch)
 
-    async with SQLiteLog(tmp_path / "log.db") as log, trio.open_nursery() as nursery:
+    async with SQLiteLog(tmp_path / "log.db") as log, anyio.create_task_group() as nursery:
         nursery.start_soon(log.append, "a", "t1", exchange("q", "a"))
         await batches.wait_entered()
         for conversation in ("b", "c", "d"):
             nursery.start_soon(log.append, conversation, "t1", exchange("q", "a"))
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         batches.gate.release()  # a's transaction; then b, c and d's
         await batches.wait_entered()
         batches.gate.release()
@@ -296,15 +295,15 @@ async def test_commits_of_one_conversation_in_one_transaction_are_checked_in_ord
         except LogConflict:
             results[ref] = "conflict"
 
-    async with SQLiteLog(tmp_path / "log.db") as log, trio.open_nursery() as nursery:
+    async with SQLiteLog(tmp_path / "log.db") as log, anyio.create_task_group() as nursery:
         nursery.start_soon(commit, "t0", 0)
         await batches.wait_entered()
         nursery.start_soon(commit, "t1", 2)
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         nursery.start_soon(commit, "t1-stale", 2)  # answered from the same length as t1
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         nursery.start_soon(commit, "t1", 2)  # a retry of t1: a no-op
-        await trio.testing.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
         batches.gate.release()
         await batches.wait_entered()
         batches.gate.release()
@@ -326,19 +325,19 @@ async def test_cancelled_commits_are_written_once_taken_and_dropped_before(tmp_p
     async def commit(conversation: str) -> None:
         await log.append(conversation, "t1", exchange("q", "a"))
         returned.append(conversation)
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
     async with SQLiteLog(tmp_path / "log.db") as log:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(commit, "a")
             await batches.wait_entered()
             nursery.start_soon(commit, "b")
             nursery.start_soon(commit, "c")
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             batches.gate.release()
             await batches.wait_entered()  # b and c's transaction is in flight
             nursery.start_soon(commit, "d")
-            await trio.testing.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
             batches.gate.release()
         batches.gate.release()  # a later commit must not carry d along
@@ -364,7 +363,7 @@ async def test_a_failed_transaction_fails_each_of_its_commits_and_writes_none(tm
             errors.append(exc)
 
     try:
-        async with SQLiteLog(path, timeout=0.2) as log, trio.open_nursery() as nursery:
+        async with SQLiteLog(path, timeout=0.2) as log, anyio.create_task_group() as nursery:
             for conversation in "xyz":
                 nursery.start_soon(commit, conversation)
     finally:

@@ -17,6 +17,7 @@ from pipeline import (
     RequestError,
     cont,
 )
+from pipeline import events as ev
 from pipeline.testing import ScriptedModel
 from turns import Context, Message, RequestOptions, Text, ToolCall, ToolSpec, Turn, Usage, render
 
@@ -316,3 +317,16 @@ async def test_a_malformed_model_event_is_a_protocol_error(event: object) -> Non
 async def test_a_tool_choice_that_is_not_text_is_rejected_when_set() -> None:
     with pytest.raises(TypeError, match="tool_choice"):
         Turn.start("hi").with_request(tool_choice={"type": "function"})
+
+
+def pipe_with_pre(*pre, **options):
+    return Pipeline(model=ScriptedModel(["ok"]), pre=list(pre), **options)
+
+
+async def test_model_called_and_the_audit_number_the_first_attempt_one():
+    pipe = pipe_with_pre()
+    async with pipe.stream(Turn.start("hi")) as events:
+        called = [(e.attempt, e.step) async for e in events if isinstance(e, ev.ModelCalled)]
+    assert called == [(1, 1)]
+    [attempt] = events.result.audit.attempts
+    assert (attempt.attempt, attempt.steps, attempt.text) == (1, 1, "ok")

@@ -2,6 +2,7 @@
 
 import threading
 
+import anyio
 import hypothesis.strategies as st
 import pytest
 import trio
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from pipeline import (
     HookFailed,
     HookReturnError,
+    HookTimeout,
     Pipeline,
     chain,
     cont,
@@ -35,7 +37,7 @@ def member(name, *, delay=0, parts=None, trace=None, seen=None, **options):
         if seen is not None:
             seen[name] = turn
         if delay:
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
         if trace is not None:
             trace.append(name)
         return [Text(name)] if parts is None else parts
@@ -48,7 +50,7 @@ def halter(name, *, delay=0, trace=None, **options):
 
     async def run(turn):
         if delay:
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
         if trace is not None:
             trace.append(name)
         return halt(f"{name} says no")
@@ -61,7 +63,7 @@ def failer(name, *, delay=0, trace=None, error=None, **options):
 
     async def run(turn):
         if delay:
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
         if trace is not None:
             trace.append(name)
         raise error if error is not None else ValueError(f"{name} broke")
@@ -111,9 +113,9 @@ async def test_group_takes_as_long_as_its_slowest_member(autojump_clock):
     pipe = pipe_with(
         parallel(member("a", delay=1), member("b", delay=3), member("c", delay=2)),
     )
-    started = trio.current_time()
+    started = anyio.current_time()
     await pipe.run(Turn.start("hi"))
-    assert trio.current_time() - started == 3
+    assert anyio.current_time() - started == 3
 
 
 @settings(deadline=None, max_examples=40)
@@ -495,8 +497,76 @@ async def test_a_sync_member_still_running_when_a_sibling_halts_is_waited_for():
         return [Text("late")]
 
     async def gate(turn):
-        await trio.to_thread.run_sync(started.wait, BARRIER_TIMEOUT)
+        await anyio.to_thread.run_sync(started.wait, BARRIER_TIMEOUT)
         return halt("no")
 
     result = await pipe_with(parallel(lookup, hook(gate, name="gate"))).run(Turn.start("hi"))
     assert (result.halt.hook, trace) == ("gate", ["lookup returned"])
+
+
+def acting_member(name, delay, result, **options):
+    async def run(turn):
+        await anyio.sleep(delay)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    return hook(run, name=name, **options)
+
+
+def pipe_of_group(*pre, **options):
+    return Pipeline(model=ScriptedModel(["ok"]), pre=list(pre), **options)
+
+
+async def test_a_shadow_members_halt_does_not_cancel_its_siblings(autojump_clock):
+    group = parallel(
+        acting_member("slow", 2, [Text("slow")]),
+        acting_member("watch", 1, halt("would stop"), shadow=True),
+    )
+    result = await pipe_of_group(group).run(Turn.start("hi"))
+    assert [i.source for i in result.turn.injections] == ["slow"]
+
+
+async def test_a_group_members_timeout_applies(autojump_clock):
+    group = parallel(acting_member("slow", 60, [Text("late")], timeout=1))
+    started = anyio.current_time()
+    with pytest.raises(HookTimeout, match="'slow'"):
+        await pipe_of_group(group).run(Turn.start("hi"))
+    assert anyio.current_time() - started == 1
+
+
+async def test_a_group_members_timeout_with_skip_lets_the_others_land(autojump_clock):
+    group = parallel(
+        acting_member("slow", 60, [Text("late")], timeout=1, on_error="skip"),
+        acting_member("fast", 0, [Text("fast")]),
+    )
+    result = await pipe_of_group(group).run(Turn.start("hi"))
+    assert [i.source for i in result.turn.injections] == ["fast"]
+
+
+async def test_in_a_group_a_failure_wins_over_a_halt(autojump_clock):
+    group = parallel(
+        acting_member("gate", 1, halt("no")), acting_member("broken", 1, ValueError("x"))
+    )
+    with pytest.raises(HookFailed, match="'broken'"):
+        await pipe_of_group(group).run(Turn.start("hi"))
+
+
+async def test_a_note_names_the_other_failing_acting_member(autojump_clock):
+    group = parallel(
+        acting_member("a", 1, ValueError("first")),
+        acting_member("b", 1, KeyError("second")),
+        name="g",
+    )
+    with pytest.raises(HookFailed) as info:
+        await pipe_of_group(group).run(Turn.start("hi"))
+    assert any("'b'" in note and "second" in note for note in info.value.__notes__)
+
+
+async def test_a_member_that_halts_the_group_is_named_in_the_halted_event(autojump_clock):
+    pipe = pipe_of_group(
+        parallel(acting_member("ok", 0, []), acting_member("gate", 1, halt("no entry")))
+    )
+    async with pipe.stream(Turn.start("hi")) as events:
+        halted = [(e.hook, e.reason) async for e in events if isinstance(e, ev.Halted)]
+    assert halted == [("gate", "no entry")]

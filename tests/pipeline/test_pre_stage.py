@@ -2,6 +2,7 @@
 
 import threading
 
+import anyio
 import attrs
 import pytest
 import trio
@@ -24,6 +25,8 @@ from pipeline import events as ev
 from pipeline.testing import ScriptedModel
 from turns import Injection, Message, Text, Turn
 
+from .support import live_tasks
+
 # -- helpers --------------------------------------------------------------------------------
 
 
@@ -45,7 +48,7 @@ def async_tracer(trace: list[str], label: str, **options):
     """An async pre hook that records `label` and continues unchanged."""
 
     async def record(turn):
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         trace.append(label)
         return cont(turn)
 
@@ -112,15 +115,8 @@ def of_type(events, kind):
     return [event for event in events if type(event) is kind]
 
 
-def all_tasks() -> set[trio.lowlevel.Task]:
-    tasks = set()
-    stack = [trio.lowlevel.current_root_task()]
-    while stack:
-        task = stack.pop()
-        tasks.add(task)
-        for nursery in task.child_nurseries:
-            stack.extend(nursery.child_tasks)
-    return tasks
+def all_tasks() -> set[object]:
+    return live_tasks()
 
 
 # -- ordering and threading -----------------------------------------------------------------
@@ -508,7 +504,7 @@ async def test_an_async_raising_hook_fails_closed_too() -> None:
     original = ValueError("bad data")
 
     async def parse(turn):
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         raise original
 
     pipe = Pipeline(model=scripted(), pre=[hook(parse, name="parse")])
@@ -787,7 +783,7 @@ async def test_a_when_predicate_that_raises_is_hook_failed_naming_the_hook() -> 
 
 def sleeper(label: str, seconds: float, **options):
     async def nap(turn):
-        await trio.sleep(seconds)
+        await anyio.sleep(seconds)
         return cont(turn)
 
     return hook(nap, name=label, **options)
@@ -812,12 +808,12 @@ async def test_a_hook_is_stopped_when_its_timeout_expires(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     pipe = Pipeline(model=scripted(), pre=[sleeper("slow_search", 60, timeout=1.5)])
-    started = trio.current_time()
+    started = anyio.current_time()
 
     with pytest.raises(HookTimeout):
         await pipe.run(Turn.start("hi"))
 
-    assert trio.current_time() - started == 1.5
+    assert anyio.current_time() - started == 1.5
 
 
 async def test_a_timed_out_hook_means_the_model_is_not_called(
@@ -1245,7 +1241,7 @@ async def test_cancelling_the_scope_around_run_while_a_pre_hook_sleeps_propagate
 ) -> None:
     pipe = Pipeline(model=scripted(), pre=[sleeper("slow", 60)])
 
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         await pipe.run(Turn.start("hi"))
 
     assert scope.cancelled_caught
@@ -1257,7 +1253,7 @@ async def test_cancelling_run_during_a_pre_hook_leaves_no_task_behind(
     pipe = Pipeline(model=scripted(), pre=[sleeper("slow", 60, timeout=30)])
     before = all_tasks()
 
-    with trio.move_on_after(5):
+    with anyio.move_on_after(5):
         await pipe.run(Turn.start("hi"))
 
     assert all_tasks() == before
@@ -1269,7 +1265,7 @@ async def test_cancelling_run_during_a_pre_hook_means_the_model_is_not_called(
     model = scripted()
     pipe = Pipeline(model=model, pre=[sleeper("slow", 60)])
 
-    with trio.move_on_after(5):
+    with anyio.move_on_after(5):
         await pipe.run(Turn.start("hi"))
 
     assert model.requests == []
@@ -1280,7 +1276,7 @@ async def test_cancelling_a_stream_while_a_pre_hook_sleeps_propagates(
 ) -> None:
     pipe = Pipeline(model=scripted(), pre=[sleeper("slow", 60)])
 
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         async with pipe.stream(Turn.start("hi")) as events:
             async for _ in events:
                 pass
@@ -1294,7 +1290,7 @@ async def test_cancelling_a_stream_during_a_pre_hook_leaves_no_task_behind(
     pipe = Pipeline(model=scripted(), pre=[sleeper("slow", 60)])
     before = all_tasks()
 
-    with trio.move_on_after(5):
+    with anyio.move_on_after(5):
         async with pipe.stream(Turn.start("hi")) as events:
             async for _ in events:
                 pass
@@ -1313,7 +1309,7 @@ async def test_cancelling_run_while_a_sync_hook_blocks_in_a_thread_propagates(
 
     pipe = Pipeline(model=scripted(), pre=[hook(blocking, name="blocking", timeout=600)])
     try:
-        with trio.move_on_after(5) as scope:
+        with anyio.move_on_after(5) as scope:
             await pipe.run(Turn.start("hi"))
     finally:
         release.set()
@@ -1333,3 +1329,16 @@ async def test_two_hooks_shaping_extra_both_reach_the_model_request():
     model = ScriptedModel(["ok"])
     await Pipeline(model=model, pre=[seeded, nucleus]).run(Turn.start("hi"))
     assert dict(model.requests[0].options.extra) == {"seed": 7, "top_p": 0.5}
+
+
+def pipe_with_pre(*pre, **options):
+    return Pipeline(model=ScriptedModel(["ok"]), pre=list(pre), **options)
+
+
+async def test_a_when_returning_a_non_bool_fails_an_enforced_hook():
+    def fn(turn):
+        return cont(turn)
+
+    pipe = pipe_with_pre(hook(fn, name="gated", when=lambda turn: "yes"))
+    with pytest.raises(HookReturnError, match=r"'gated'.*True or False"):
+        await pipe.run(Turn.start("hi"))

@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 
+import anyio
 import pytest
 import trio
 from hypothesis import given, settings
@@ -645,7 +646,7 @@ def _transformers_and_regeneration(**options) -> Pipeline:
 
 def _background_hook(**options) -> Pipeline:
     async def later(turn):
-        await trio.sleep(1)
+        await anyio.sleep(1)
         return cont(turn.inject("remembered"))
 
     return Pipeline(

@@ -2,6 +2,7 @@
 
 import math
 
+import anyio
 import pytest
 import trio
 
@@ -216,7 +217,7 @@ async def test_concurrent_sends_run_one_at_a_time_each_on_the_committed_conversa
     autojump_clock,
 ):
     async def slow_echo(request):
-        await trio.sleep(1)  # long enough for the other send to try to start
+        await anyio.sleep(1)  # long enough for the other send to try to start
         yield f"re: {request.messages[-1].text}"
 
     log = MemoryLog()
@@ -229,7 +230,7 @@ async def test_concurrent_sends_run_one_at_a_time_each_on_the_committed_conversa
         async def send(text: str) -> None:
             results[text] = await session.send(text)
 
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(send, "a")
             nursery.start_soon(send, "b")
 
@@ -290,7 +291,7 @@ async def test_leaving_a_stream_early_commits_nothing_and_the_session_goes_on(au
     async def reply(request):
         if request.messages[-1].text == "first":
             yield "Hel"
-            await trio.sleep(10)  # the consumer leaves while the model still streams
+            await anyio.sleep(10)  # the consumer leaves while the model still streams
             yield "lo"
         else:
             yield "second answer"
@@ -634,18 +635,18 @@ async def test_an_end_hook_past_its_timeout_is_an_event_and_the_session_closes(a
     trace = []
 
     async def flush(info: SessionInfo, reason: str):
-        await trio.sleep(100)
+        await anyio.sleep(100)
         trace.append("flushed")
 
     pipe = Pipeline(
         model=ScriptedModel([]),
         on_session_end=[hook(flush, name="flush", timeout=2), end_recorder(trace)],
     )
-    started = trio.current_time()
+    started = anyio.current_time()
 
     async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
         pass
-    closed_at = trio.current_time() - started
+    closed_at = anyio.current_time() - started
 
     failures = [event for event in session.events if isinstance(event, ev.HookFailed)]
     assert closed_at == 2.0
@@ -657,10 +658,10 @@ async def test_cancelling_the_body_runs_end_hooks_with_cancelled(autojump_clock)
     trace = []
     pipe = Pipeline(model=ScriptedModel([]), on_session_end=[end_recorder(trace)])
 
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
             trace.append("body")
-            await trio.sleep(100)
+            await anyio.sleep(100)
             trace.append("never")
 
     assert scope.cancelled_caught
@@ -671,10 +672,10 @@ async def test_cancellation_reaches_the_caller_as_trio_cancelled_not_a_group(aut
     pipe = Pipeline(model=ScriptedModel([]))
     caught = []
 
-    with trio.move_on_after(1):
+    with anyio.move_on_after(1):
         try:
             async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
-                await trio.sleep(10)
+                await anyio.sleep(10)
         except BaseException as exc:
             caught.append(type(exc))
             raise
@@ -686,14 +687,14 @@ async def test_an_end_hook_that_awaits_still_runs_to_completion_when_cancelled(a
     trace = []
 
     async def flush(info: SessionInfo, reason: str):
-        await trio.sleep(2)
+        await anyio.sleep(2)
         trace.append(("flushed", reason))
 
     pipe = Pipeline(model=ScriptedModel([]), on_session_end=[flush])
 
-    with trio.move_on_after(1):
+    with anyio.move_on_after(1):
         async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
-            await trio.sleep(10)
+            await anyio.sleep(10)
 
     assert trace == [("flushed", "cancelled")]
 
@@ -702,7 +703,7 @@ def slow_model(trace: list) -> FunctionModel:
     async def slowly(request):
         trace.append("model sent first")
         yield "first "
-        await trio.sleep(10)
+        await anyio.sleep(10)
         trace.append("model sent second")
         yield "second"
 
@@ -716,9 +717,9 @@ async def test_cancelling_a_streamed_turn_mid_stream_commits_nothing_and_leaves_
     log = MemoryLog()
     pipe = Pipeline(model=slow_model(trace), on_session_end=[end_recorder(trace)])
     before = live_tasks()
-    started = trio.current_time()
+    started = anyio.current_time()
 
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         async with (
             pipe.session(log=log, conversation_id=CONVERSATION) as session,
             session.stream("hi") as events,
@@ -726,9 +727,9 @@ async def test_cancelling_a_streamed_turn_mid_stream_commits_nothing_and_leaves_
             async for event in events:
                 if isinstance(event, ev.TextDelta):
                     trace.append(f"got {event.text.strip()}")
-    stopped_at = trio.current_time() - started
+    stopped_at = anyio.current_time() - started
     remaining = live_tasks()
-    await trio.sleep(100)
+    await anyio.sleep(100)
 
     assert scope.cancelled_caught
     assert stopped_at == 5.0
@@ -747,12 +748,12 @@ async def test_cancelling_send_mid_stream_commits_nothing_and_leaves_no_task(aut
     pipe = Pipeline(model=slow_model(trace), on_session_end=[end_recorder(trace)])
     before = live_tasks()
 
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
             await session.send("hi")
             trace.append("send returned")
     remaining = live_tasks()
-    await trio.sleep(100)
+    await anyio.sleep(100)
 
     assert scope.cancelled_caught
     assert remaining == before
@@ -780,7 +781,7 @@ def background(
     async def work(turn: Turn):
         if announce:
             trace.append(f"{name} started")
-        await trio.sleep(seconds)
+        await anyio.sleep(seconds)
         trace.append(f"{name} finished")
         return cont(turn.inject(text) if text is not None else turn)
 
@@ -792,14 +793,14 @@ async def test_send_returns_without_waiting_for_background_hooks(autojump_clock)
     pipe = Pipeline(
         model=ScriptedModel(["ok"]), post=[background(trace, "summary", 5, announce=False)]
     )
-    started = trio.current_time()
+    started = anyio.current_time()
 
     async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
         await session.send("hi")
-        trace.append(("send returned", trio.current_time() - started))
-        await trio.sleep(1)
+        trace.append(("send returned", anyio.current_time() - started))
+        await anyio.sleep(1)
         trace.append("body done")
-    trace.append(("session closed", trio.current_time() - started))
+    trace.append(("session closed", anyio.current_time() - started))
 
     assert trace == [
         ("send returned", 0.0),
@@ -842,7 +843,7 @@ async def test_a_background_hooks_committed_output_joins_the_history_of_the_next
 
     async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
         first = await session.send("first")
-        await trio.sleep(2)
+        await anyio.sleep(2)
         await session.send("second")
 
     summary = Message("user", (Text("summary so far", meta={"injected_by": "summary"}),))
@@ -867,7 +868,7 @@ async def test_a_transient_background_injection_is_not_committed(autojump_clock)
 
 async def test_a_background_hook_failure_becomes_an_event_not_an_error(autojump_clock):
     async def memory(turn: Turn):
-        await trio.sleep(1)
+        await anyio.sleep(1)
         raise Boom("memory store down")
 
     log = MemoryLog()
@@ -894,12 +895,12 @@ async def test_background_hooks_that_outlive_the_drain_timeout_are_cancelled(aut
         post=[background(trace, "slow_summary", 100, "late", durable=True)],
         on_session_end=[end_recorder(trace)],
     )
-    started = trio.current_time()
+    started = anyio.current_time()
 
     async with pipe.session(log=log, conversation_id=CONVERSATION, drain_timeout=3) as session:
         result = await session.send("hi")
-    closed_at = trio.current_time() - started
-    await trio.sleep(200)
+    closed_at = anyio.current_time() - started
+    await anyio.sleep(200)
 
     assert closed_at == 3.0
     assert trace == [
@@ -977,11 +978,11 @@ async def test_background_hooks_cut_short_by_a_cancelled_session_are_reported(au
         post=[background(trace, "summary", 100, "a summary", durable=True, announce=False)],
     )
 
-    with trio.move_on_after(5):
+    with anyio.move_on_after(5):
         async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
             result = await session.send("hi")
-            await trio.sleep(100)
-    await trio.sleep(200)
+            await anyio.sleep(100)
+    await anyio.sleep(200)
 
     failures = [event for event in session.events if isinstance(event, ev.HookFailed)]
     assert trace == []
@@ -1133,7 +1134,7 @@ def intruding_summary(log: MemoryLog):
     """A durable background hook; while it runs after the first turn, someone else commits."""
 
     async def summary(turn: Turn):
-        await trio.sleep(1)
+        await anyio.sleep(1)
         if turn.user_message.text == "first":
             await log.append(CONVERSATION, "other-writer", (Message.user("meanwhile"),))
         return cont(turn.inject(f"summary of {turn.user_message.text}"))
@@ -1150,7 +1151,7 @@ async def test_a_background_commit_conflict_reloads_the_session_for_the_next_sen
 
     async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
         first = await session.send("first")
-        await trio.sleep(5)  # the summary ran, and its commit met the other writer's
+        await anyio.sleep(5)  # the summary ran, and its commit met the other writer's
         second = await session.send("second")
 
     assert (second.outcome, len(model.requests)) == ("completed", 2)
@@ -1169,7 +1170,7 @@ async def test_a_background_commit_conflict_is_a_commit_failure_closing_no_hook_
 
     async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
         first = await session.send("first")
-        await trio.sleep(5)
+        await anyio.sleep(5)
 
     ref = first.turn.turn_ref
     events = session.events
@@ -1285,11 +1286,11 @@ async def test_an_infinite_drain_timeout_waits_for_every_background_hook(autojum
         model=ScriptedModel(["ok"]),
         post=[background(trace, "summary", 1000, "late summary", durable=True, announce=False)],
     )
-    started = trio.current_time()
+    started = anyio.current_time()
 
     async with pipe.session(log=log, conversation_id=CONVERSATION, drain_timeout=math.inf) as s:
         result = await s.send("hi")
-    closed_at = trio.current_time() - started
+    closed_at = anyio.current_time() - started
 
     ref = result.turn.turn_ref
     assert (closed_at, trace) == (1000.0, ["summary finished"])
@@ -1320,7 +1321,7 @@ async def test_a_cancellation_during_the_drain_tells_end_hooks_cancelled(autojum
         on_session_end=[end_recorder(trace)],
     )
 
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         async with pipe.session(
             log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=30
         ) as session:

@@ -2,9 +2,9 @@
 
 from collections.abc import Callable
 
+import anyio
 import attrs
 import pytest
-import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -144,7 +144,7 @@ async def test_result_in_the_middle_of_the_iteration_raises_runtime_error():
 
 async def test_result_after_breaking_out_early_raises_runtime_error(autojump_clock):
     async def slow(turn: Turn):
-        await trio.sleep(10)
+        await anyio.sleep(10)
         return cont(turn)
 
     async with Pipeline(model=ScriptedModel(["x"]), pre=[slow]).stream(start()) as events:
@@ -217,7 +217,7 @@ async def raise_after_the_end(pipe: Pipeline) -> None:
 async def test_consumer_exception_while_the_turn_runs_propagates_unwrapped(autojump_clock):
     async def slowly(request):
         yield "first "
-        await trio.sleep(10)
+        await anyio.sleep(10)
         yield "second"
 
     with pytest.raises(ConsumerError) as excinfo:
@@ -239,7 +239,7 @@ async def test_consumer_exception_after_the_turn_ended_propagates_unwrapped():
 def slow_then_later(trace: list[str]) -> Pipeline:
     async def slow(turn: Turn):
         trace.append("slow started")
-        await trio.sleep(10)
+        await anyio.sleep(10)
         trace.append("slow finished")
         return cont(turn)
 
@@ -255,17 +255,17 @@ async def break_during_slow(pipe: Pipeline) -> None:
     async with pipe.stream(start()) as events:
         async for event in events:
             if isinstance(event, HookStarted) and event.hook == "slow":
-                await trio.sleep(1)  # the slow hook is surely running by now
+                await anyio.sleep(1)  # the slow hook is surely running by now
                 break
 
 
 async def test_breaking_out_early_cancels_the_rest_of_the_turn(autojump_clock):
     trace: list[str] = []
-    started = trio.current_time()
+    started = anyio.current_time()
 
     await break_during_slow(slow_then_later(trace))
-    left_at = trio.current_time() - started
-    await trio.sleep(100)
+    left_at = anyio.current_time() - started
+    await anyio.sleep(100)
 
     assert left_at == 1.0
     assert trace == ["slow started"]
@@ -287,22 +287,22 @@ async def test_cancelling_the_callers_scope_mid_stream_propagates_and_stops_the_
     async def slowly(request):
         trace.append("sent first")
         yield "first "
-        await trio.sleep(10)
+        await anyio.sleep(10)
         trace.append("sent second")
         yield "second"
 
     pipe = Pipeline(model=FunctionModel(slowly))
     before = live_tasks()
-    started = trio.current_time()
+    started = anyio.current_time()
 
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         async with pipe.stream(start()) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
                     trace.append(f"got {event.text.strip()}")
-    stopped_at = trio.current_time() - started
+    stopped_at = anyio.current_time() - started
     remaining = live_tasks()
-    await trio.sleep(100)
+    await anyio.sleep(100)
 
     assert scope.cancelled_caught
     assert stopped_at == 5.0
@@ -333,12 +333,12 @@ async def test_events_result_after_a_failed_turn_says_it_failed():
 @pytest.mark.parametrize("mode", ["run", "stream"])
 async def test_cancellation_reaches_the_caller_as_trio_cancelled(autojump_clock, mode):
     async def slow(turn):
-        await trio.sleep(10)
+        await anyio.sleep(10)
         return [Text("late")]
 
     pipe = Pipeline(model=ScriptedModel(["ok"]), pre=[parallel(slow, slow)])
     caught = []
-    with trio.move_on_after(1):
+    with anyio.move_on_after(1):
         try:
             if mode == "run":
                 await pipe.run(Turn.start("hi"))
@@ -346,7 +346,7 @@ async def test_cancellation_reaches_the_caller_as_trio_cancelled(autojump_clock,
                 async with pipe.stream(Turn.start("hi")) as events:
                     async for _ in events:
                         pass
-        except trio.Cancelled:
+        except anyio.get_cancelled_exc_class():
             caught.append("Cancelled")
             raise
     assert caught == ["Cancelled"]
@@ -377,7 +377,7 @@ async def test_a_consumers_exception_group_propagates_intact(autojump_clock, con
     # Not flattened to its first member, not wrapped in the stream's own nursery group.
     async def slowly(request):
         yield "first "
-        await trio.sleep(10)
+        await anyio.sleep(10)
         yield "second"
 
     first, second = ValueError("a"), KeyError("b")
@@ -392,3 +392,30 @@ async def test_a_consumers_exception_group_propagates_intact(autojump_clock, con
     assert group.message == "mine"
     assert len(group.exceptions) == 2
     assert (group.exceptions[0] is first, group.exceptions[1] is second) == (True, True)
+
+
+async def test_shadow_skip_and_failed_open_hooks_audit_alike_in_run_and_stream(autojump_clock):
+    def broken(turn):
+        raise ValueError("x")
+
+    def stop(turn):
+        return halt("would stop")
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok", "ok"]),
+        pre=[
+            hook(broken, name="broken", on_error="skip"),
+            hook(stop, name="watch", shadow=True),
+            hook(broken, name="never", when=lambda turn: False),
+        ],
+    )
+    ran = await pipe.run(Turn.start("hi", turn_ref="same"))
+    async with pipe.stream(Turn.start("hi", turn_ref="same")) as events:
+        async for _ in events:
+            pass
+    assert events.result.audit == ran.audit
+    assert [(r.hook, r.verdict) for r in ran.audit.hooks] == [
+        ("broken", "failed"),
+        ("watch", "halt"),
+        ("never", "skipped"),
+    ]

@@ -2,8 +2,8 @@
 
 import re
 
+import anyio
 import pytest
-import trio
 
 from pipeline import ModelFinish, ModelRequest, ModelText, ModelToolCall, Pipeline, ProviderError
 from pipeline.events import TextDelta
@@ -140,7 +140,7 @@ async def test_function_model_computes_reply_from_request_with_sync_fn():
 
 async def test_function_model_computes_reply_from_request_with_async_fn():
     async def echo(req: ModelRequest) -> str:
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         return f"you said: {req.messages[-1].text}"
 
     model = FunctionModel(echo)
@@ -173,19 +173,26 @@ async def test_function_model_answers_each_call_from_its_own_request():
 async def test_function_model_streams_an_async_generator_lazily(autojump_clock):
     async def slowly(req: ModelRequest):
         yield "one "
-        await trio.sleep(1)
+        await anyio.sleep(1)
         yield "two "
-        await trio.sleep(2)
+        await anyio.sleep(2)
         yield "three"
 
     pipe = Pipeline(model=FunctionModel(slowly))
-    start = trio.current_time()
+    start = anyio.current_time()
     arrivals: list[tuple[float, str]] = []
 
     async with pipe.stream(Turn.start("count")) as events:
         async for event in events:
             if isinstance(event, TextDelta):
-                arrivals.append((trio.current_time() - start, event.text))
+                arrivals.append((anyio.current_time() - start, event.text))
 
     assert arrivals == [(0.0, "one "), (1.0, "two "), (3.0, "three")]
     assert events.result.reply.text == "one two three"
+
+
+async def test_a_scripted_model_out_of_replies_says_it_is_the_scripted_provider():
+    pipe = Pipeline(model=ScriptedModel([]))
+    with pytest.raises(ProviderError) as info:
+        await pipe.run(Turn.start("hi"))
+    assert info.value.provider == "scripted"

@@ -2,9 +2,9 @@
 
 import re
 
+import anyio
 import attrs
 import pytest
-import trio
 
 from pipeline import (
     TOOL_HOOKS,
@@ -59,7 +59,7 @@ def lookup_tool(trace: list | None = None, *, name: str = "lookup", delays=None,
         if trace is not None:
             trace.append(f"{name}:{city}")
         if delays:
-            await trio.sleep(delays.get(city, 0))
+            await anyio.sleep(delays.get(city, 0))
         return result if result is not None else f"{name}({city})"
 
     return tool(run, name=name)
@@ -633,7 +633,7 @@ async def test_an_async_permission_callback_is_awaited() -> None:
     trace: list[str] = []
 
     async def permission(c, question, turn):
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         return c.arguments["city"] == "a"
 
     pipe, _ = pipe_with(
@@ -676,7 +676,7 @@ def stopper(name: str = "stopper", *, city: str = "a", delay: float = 0, **optio
         if c.arguments["city"] != city:
             return cont(c)
         if delay:
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
         return halt(f"{name} stopped {city}")
 
     return hook(run, name=name, **options)
@@ -735,8 +735,8 @@ async def test_a_before_tool_halt_cancels_a_call_in_flight(autojump_clock) -> No
 
     async def slow(city: str) -> str:
         try:
-            await trio.sleep(10)
-        except trio.Cancelled:
+            await anyio.sleep(10)
+        except anyio.get_cancelled_exc_class():
             trace.append("cancelled")
             raise
         return "late"
@@ -1104,6 +1104,15 @@ async def test_a_model_that_keeps_calling_tools_stops_after_max_steps_model_call
     assert len(model.requests) == max_steps
 
 
+async def test_step_limit_exceeded_carries_the_attempt_and_max_steps() -> None:
+    """Catches: the bound and the attempt it was hit on only in the message text."""
+    pipe = Pipeline(model=always_calling(), tools=[lookup_tool()], max_steps=3)
+
+    with pytest.raises(StepLimitExceeded) as excinfo:
+        await pipe.run(start())
+    assert (excinfo.value.attempt, excinfo.value.max_steps) == (1, 3)
+
+
 async def test_the_tool_calls_of_the_last_allowed_model_call_do_not_run() -> None:
     trace: list[str] = []
     pipe = Pipeline(model=always_calling(), tools=[lookup_tool(trace)], max_steps=2)
@@ -1147,7 +1156,7 @@ async def test_at_most_tool_concurrency_calls_run_at_once(autojump_clock) -> Non
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
-        await trio.sleep(1)
+        await anyio.sleep(1)
         running -= 1
         return city
 
@@ -1209,6 +1218,37 @@ async def test_required_tool_choice_with_every_tool_narrowed_away_names_the_narr
 
     with pytest.raises(RequestError, match="'narrow'"):
         await pipe.run(start().with_request(tool_choice="required"))
+
+
+@pytest.mark.parametrize(
+    ("shapers", "choice", "culprit"),
+    [
+        ([("narrow", {"active_tools": []})], "required", "narrow"),
+        ([("choose", {"tool_choice": "missing"})], None, "choose"),
+        (
+            [("narrow", {"active_tools": []}), ("force", {"tool_choice": "required"})],
+            None,
+            "narrow",
+        ),
+        (
+            [("narrow", {"active_tools": ["lookup"]}), ("choose", {"tool_choice": "x"})],
+            None,
+            "choose",
+        ),
+        ([], "missing", None),
+    ],
+)
+async def test_a_request_error_carries_the_hook_that_shaped_the_request(
+    shapers, choice, culprit
+) -> None:
+    """Catches: RequestError naming its culprit only in the message; blaming the hook that
+    set a satisfiable choice when another narrowed every tool away."""
+    pipe, _ = pipe_with(["done"], pre=[shaping(name, **options) for name, options in shapers])
+    turn = start() if choice is None else start().with_request(tool_choice=choice)
+
+    with pytest.raises(RequestError) as excinfo:
+        await pipe.run(turn)
+    assert excinfo.value.hook == culprit
 
 
 async def test_an_impossible_tool_choice_reaches_no_model() -> None:
@@ -1408,7 +1448,7 @@ async def test_cancelling_the_turn_while_a_tool_runs_leaves_no_task_behind(autoj
     pipe, _ = pipe_with([calls("a"), "done"], lookup_tool(delays={"a": 100}))
     before_turn = live_tasks()
 
-    with trio.move_on_after(5) as scope:
+    with anyio.move_on_after(5) as scope:
         await pipe.run(start())
 
     assert (scope.cancelled_caught, live_tasks()) == (True, before_turn)
@@ -1419,7 +1459,7 @@ async def test_cancelling_the_turn_while_a_tool_runs_commits_nothing(autojump_cl
     log = MemoryLog()
 
     async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
-        with trio.move_on_after(5):
+        with anyio.move_on_after(5):
             await session.send("weather?")
 
     assert await log.load(CONVERSATION) == Context()

@@ -9,13 +9,15 @@ feedback after the user message, and the post hooks run again from the first one
 spent is "exhausted"; shadow hooks enforce nothing; a completed turn commits its durable pre
 injections at the head of the user message, the user message, the accepted answer and its
 durable post injections as one user message, and nothing else ever is committed.
-`run()`, `stream()` and a session's `send()` must all agree with it.
+`run()`, `stream()` and a session's `send()` must all agree with it, on trio and on asyncio.
 """
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import attrs
+import pytest
 import trio
 import trio.testing
 from hypothesis import given, settings
@@ -404,7 +406,10 @@ def milestones(events: list[ev.Event]) -> tuple[Milestone, ...]:
     return tuple(out)
 
 
-def _trio(fn: Callable[[Pipeline], Awaitable[T]], pipe: Pipeline) -> T:
+def _on(loop: str, fn: Callable[[Pipeline], Awaitable[T]], pipe: Pipeline) -> T:
+    """Run `fn(pipe)` on `loop`: trio (in virtual time) or asyncio."""
+    if loop == "asyncio":
+        return asyncio.run(fn(pipe))  # type: ignore[arg-type]
     return trio.run(fn, pipe, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
@@ -433,21 +438,25 @@ async def _send(pipe: Pipeline) -> tuple[TurnResult, tuple[Message, ...]]:
 
 
 LAWS = settings(max_examples=150, deadline=None)
+# Every law holds on both event loops.
+LOOPS = pytest.mark.parametrize("loop", ["trio", "asyncio"])
 
 # -- run ------------------------------------------------------------------------------------
 
 
+@LOOPS
 @LAWS
 @given(plans())
-def test_run_follows_the_reference(plan: Plan) -> None:
-    assert observe(_trio(_run, build(plan))) == expect(plan).result
+def test_run_follows_the_reference(loop: str, plan: Plan) -> None:
+    assert observe(_on(loop, _run, build(plan))) == expect(plan).result
 
 
+@LOOPS
 @LAWS
 @given(plans())
-def test_the_model_sees_every_rejected_answer_and_its_feedback(plan: Plan) -> None:
+def test_the_model_sees_every_rejected_answer_and_its_feedback(loop: str, plan: Plan) -> None:
     pipe = build(plan)
-    _trio(_run, pipe)
+    _on(loop, _run, pipe)
     assert isinstance(pipe.model, ScriptedModel | FunctionModel)
     assert seen_by(pipe.model) == expect(plan).seen
 
@@ -455,24 +464,27 @@ def test_the_model_sees_every_rejected_answer_and_its_feedback(plan: Plan) -> No
 # -- stream ---------------------------------------------------------------------------------
 
 
+@LOOPS
 @LAWS
 @given(plans())
-def test_stream_follows_the_reference(plan: Plan) -> None:
-    _, result = _trio(_stream, build(plan))
+def test_stream_follows_the_reference(loop: str, plan: Plan) -> None:
+    _, result = _on(loop, _stream, build(plan))
     assert observe(result) == expect(plan).result
 
 
+@LOOPS
 @LAWS
 @given(plans())
-def test_stream_reports_hooks_model_calls_and_rejections_in_order(plan: Plan) -> None:
-    events, _ = _trio(_stream, build(plan))
+def test_stream_reports_hooks_model_calls_and_rejections_in_order(loop: str, plan: Plan) -> None:
+    events, _ = _on(loop, _stream, build(plan))
     assert milestones(events) == expect(plan).trace
 
 
+@LOOPS
 @LAWS
 @given(plans())
-def test_every_hook_started_is_closed_exactly_once(plan: Plan) -> None:
-    events, _ = _trio(_stream, build(plan))
+def test_every_hook_started_is_closed_exactly_once(loop: str, plan: Plan) -> None:
+    events, _ = _on(loop, _stream, build(plan))
     open_hooks: list[tuple[str, str]] = []
     for event in events:
         if isinstance(event, ev.HookStarted):
@@ -484,10 +496,11 @@ def test_every_hook_started_is_closed_exactly_once(plan: Plan) -> None:
     assert open_hooks == []
 
 
+@LOOPS
 @LAWS
 @given(plans(hold=st.just(True)))
-def test_a_held_stream_shows_only_the_accepted_attempt(plan: Plan) -> None:
-    events, _ = _trio(_stream, build(plan))
+def test_a_held_stream_shows_only_the_accepted_attempt(loop: str, plan: Plan) -> None:
+    events, _ = _on(loop, _stream, build(plan))
     accepted = expect(plan).accepted
     shown = [e for e in events if isinstance(e, ev.TextDelta)]
     ready = [e.reply.attempt for e in events if isinstance(e, ev.ReplyReady)]
@@ -498,10 +511,13 @@ def test_a_held_stream_shows_only_the_accepted_attempt(plan: Plan) -> None:
     assert ready == ([accepted] if accepted is not None else [])
 
 
+@LOOPS
 @LAWS
 @given(plans(hold=st.just(False)))
-def test_a_live_stream_retracts_every_rejected_attempt_after_its_text(plan: Plan) -> None:
-    events, _ = _trio(_stream, build(plan))
+def test_a_live_stream_retracts_every_rejected_attempt_after_its_text(
+    loop: str, plan: Plan
+) -> None:
+    events, _ = _on(loop, _stream, build(plan))
     prediction = expect(plan)
     calls = len(prediction.seen)
     for attempt in range(1, calls + 1):
@@ -525,15 +541,17 @@ def test_a_live_stream_retracts_every_rejected_attempt_after_its_text(plan: Plan
 # -- a session over a log -------------------------------------------------------------------
 
 
+@LOOPS
 @LAWS
 @given(plans())
-def test_session_send_follows_the_reference(plan: Plan) -> None:
-    result, _ = _trio(_send, build(plan))
+def test_session_send_follows_the_reference(loop: str, plan: Plan) -> None:
+    result, _ = _on(loop, _send, build(plan))
     assert observe(result) == expect(plan).result
 
 
+@LOOPS
 @LAWS
 @given(plans())
-def test_session_log_holds_exactly_the_predicted_messages(plan: Plan) -> None:
-    _, loaded = _trio(_send, build(plan))
+def test_session_log_holds_exactly_the_predicted_messages(loop: str, plan: Plan) -> None:
+    _, loaded = _on(loop, _send, build(plan))
     assert log_view(loaded) == expect(plan).result.log

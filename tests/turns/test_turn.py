@@ -356,3 +356,11 @@ def test_extra_that_is_not_a_mapping_is_a_type_error_saying_what_to_pass():
     """Catches: `extra=["seed"]` being stored as is and failing in the provider."""
     with pytest.raises(TypeError, match=r"extra must be a mapping.*got list"):
         Turn.start("hi").with_request(extra=["seed"])
+
+
+def test_inject_without_parts_says_what_to_pass() -> None:
+    """Catches: a refusal that does not show a call that works, nor how to add nothing."""
+    with pytest.raises(ValueError, match=r"Turn\.inject needs at least one part") as excinfo:
+        Turn.start("hi").inject()
+    assert "e.g. turn.inject(" in str(excinfo.value)
+    assert "to add nothing" in str(excinfo.value)

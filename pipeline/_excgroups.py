@@ -1,9 +1,26 @@
-"""Unwrapping what trio's nurseries collect: callers see one exception, never a group."""
+"""Unwrapping what task groups collect: callers see one exception, never a group.
 
-from collections.abc import Sequence
-from typing import NoReturn
+On both loops a task group raises an ExceptionGroup; a cancellation in it is
+`trio.Cancelled` under trio and `asyncio.CancelledError` under asyncio.
 
-import trio
+Also the one rule for several failures at once (group members, a batch's tool calls, a
+nursery's tasks): the first wins, the others ride along as notes on it.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TypeVar
+
+from ._loop import is_cancellation
+
+E = TypeVar("E", bound=BaseException)
+
+
+def first_failure(failures: Sequence[E], note: Callable[[E], str]) -> E:
+    """The failure that wins — the first — with `note(other)` added to it for each other one."""
+    first = failures[0]
+    for other in failures[1:]:
+        first.add_note(note(other))
+    return first
 
 
 def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
@@ -18,21 +35,18 @@ def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
 
 def single(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The exception to raise for `group`: its one real failure (others attached as notes),
-    or, when it holds only cancellations, one `trio.Cancelled` for the caller's scope."""
+    or, when it holds only cancellations, one cancellation for the caller's scope."""
     leaves = _leaves(group)
-    failures = [exc for exc in leaves if not isinstance(exc, trio.Cancelled)]
+    failures = [exc for exc in leaves if not is_cancellation(exc)]
     if not failures:
         return leaves[0]
-    first = failures[0]
-    for other in failures[1:]:
-        first.add_note(f"also failed: {type(other).__name__}: {other}")
-    return first
+    return first_failure(failures, lambda other: f"also failed: {type(other).__name__}: {other}")
 
 
 def own_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """What a nursery around a caller's code collected: the caller's exception, intact.
+    """What a task group around a caller's code collected: the caller's exception, intact.
 
-    A nursery wraps the body's exception in a group, with the cancellations of its other
+    A task group wraps the body's exception in a group, with the cancellations of its other
     tasks beside it. The body's own exception (a user's ExceptionGroup included) is
     returned as it was raised; only cancellations are set aside.
     """
@@ -45,8 +59,8 @@ def own_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
 def only_cancelled(exc: BaseException) -> bool:
     """Whether `exc` is a cancellation, or a group of nothing but cancellations."""
     if isinstance(exc, BaseExceptionGroup):
-        return all(isinstance(leaf, trio.Cancelled) for leaf in _leaves(exc))
-    return isinstance(exc, trio.Cancelled)
+        return all(is_cancellation(leaf) for leaf in _leaves(exc))
+    return is_cancellation(exc)
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> Sequence[BaseException]:

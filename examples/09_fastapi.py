@@ -1,0 +1,179 @@
+"""An asyncio web app: each turn streams to the browser as server-sent events and is committed.
+
+``POST /chat/{conversation_id}`` with ``{"message": "..."}`` runs one turn of that
+conversation in a session over a `SQLiteLog` and streams it as server-sent events: ``delta``
+events carry the reply's text as it arrives, ``retract`` says a rejected attempt's text is to
+be cleared, and ``done`` carries the outcome and the committed reply. ``GET
+/conversations/{conversation_id}`` returns what the log holds. A client that disconnects
+mid-turn cancels the turn: nothing of it is committed, and the server keeps serving.
+
+The app is Starlette, served by uvicorn. FastAPI is Starlette underneath (its
+``StreamingResponse`` is Starlette's) and would add request validation and an OpenAPI page,
+which two routes do not need; the same endpoint works unchanged as a FastAPI route. The model
+is offline (a `FunctionModel` that streams an echo word by word with ``asyncio.sleep`` between
+words); put ``model_from_string("openai:...")`` in its place for a real one.
+
+Run it (after ``pip install -e '.[examples]'``): ``python examples/09_fastapi.py`` serves on a
+free port of 127.0.0.1, talks to itself over HTTP for two turns, prints what it got and what
+the log holds, and stops.
+``python examples/09_fastapi.py --serve`` keeps serving on http://127.0.0.1:8000; try
+``curl -N -X POST localhost:8000/chat/c1 -d '{"message": "hello"}'``.
+"""
+
+import asyncio
+import contextlib
+import json
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from pipeline import LogConflict, Pipeline, cont, hook
+from pipeline import events as ev
+from pipeline.logs import SQLiteLog
+from pipeline.testing import FunctionModel
+from turns import Turn
+
+
+async def echo(request) -> AsyncIterator[str]:  # type: ignore[no-untyped-def]
+    """The offline model: an echo of the user's last message, one word at a time."""
+    said = request.messages[-1].parts[-1].text
+    for index, word in enumerate(f"You said: {said}".split(" ")):
+        await asyncio.sleep(0.01)  # an asyncio call inside the turn, like a real client's
+        yield word if index == 0 else " " + word
+
+
+def polite(turn: Turn):  # type: ignore[no-untyped-def]
+    return cont(turn.inject("[style] be brief"))
+
+
+def build_pipeline() -> Pipeline:
+    return Pipeline(model=FunctionModel(echo), pre=[hook(polite, name="polite")])
+
+
+def sse(event: str, data: object) -> str:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+def create_app(log_path: str | Path, pipe: Pipeline | None = None) -> Starlette:
+    """The app: a pipeline and a SQLite log, opened and closed with the app."""
+    pipeline = pipe or build_pipeline()
+    log = SQLiteLog(log_path)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with log:
+            yield
+
+    async def chat(request: Request) -> Response:
+        conversation = request.path_params["conversation_id"]
+        body = await request.json()
+        message = body.get("message") if isinstance(body, dict) else None
+        if not isinstance(message, str) or not message:
+            return JSONResponse({"error": 'send {"message": "some text"}'}, status_code=400)
+
+        async def stream() -> AsyncIterator[str]:
+            # A client that disconnects cancels this generator: the turn is cancelled inside
+            # the session, and a cancelled turn commits nothing.
+            try:
+                async with (
+                    pipeline.session(log=log, conversation_id=conversation) as session,
+                    session.stream(message) as events,
+                ):
+                    async for event in events:
+                        if isinstance(event, ev.TextDelta):
+                            yield sse("delta", event.text)
+                        elif isinstance(event, ev.AttemptRejected):
+                            yield sse("retract", event.attempt)
+                result = events.result
+            except LogConflict:
+                yield sse("error", "the conversation changed meanwhile; send again")
+                return
+            reply = result.reply.text if result.reply is not None else None
+            yield sse("done", {"outcome": result.outcome, "reply": reply})
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def history(request: Request) -> Response:
+        context = await log.load(request.path_params["conversation_id"])
+        return JSONResponse(
+            [
+                {"role": m.role, "text": " ".join(getattr(p, "text", "") for p in m.parts)}
+                for m in context.messages
+            ]
+        )
+
+    return Starlette(
+        routes=[
+            Route("/chat/{conversation_id}", chat, methods=["POST"]),
+            Route("/conversations/{conversation_id}", history, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+
+
+def server(app: Starlette, port: int = 0) -> uvicorn.Server:
+    """A uvicorn server for `app` on 127.0.0.1 (port 0: a free one), quiet but for errors."""
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", ws="none"
+    )
+    return uvicorn.Server(config)
+
+
+def port_of(running: uvicorn.Server) -> int:
+    port: int = running.servers[0].sockets[0].getsockname()[1]
+    return port
+
+
+async def read_turn(client: httpx.AsyncClient, conversation: str, message: str) -> dict:  # type: ignore[type-arg]
+    """Send one message; the streamed text and the final ``done`` event."""
+    text = ""
+    done: dict = {}  # type: ignore[type-arg]
+    async with client.stream("POST", f"/chat/{conversation}", json={"message": message}) as sent:
+        event = ""
+        async for line in sent.aiter_lines():
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                data = json.loads(line.removeprefix("data: "))
+                if event == "delta":
+                    text += data
+                elif event == "done":
+                    done = data
+    return {"streamed": text, **done}
+
+
+async def main() -> list[dict]:  # type: ignore[type-arg]
+    with tempfile.TemporaryDirectory() as folder:
+        running = server(create_app(Path(folder) / "chat.db"))
+        serving = asyncio.create_task(running.serve())
+        while not running.started:  # noqa: ASYNC110 (uvicorn sets a flag, not an event)
+            await asyncio.sleep(0.01)
+        try:
+            base = f"http://127.0.0.1:{port_of(running)}"
+            async with httpx.AsyncClient(base_url=base) as client:
+                turns = [await read_turn(client, "c1", text) for text in ("hello", "bye")]
+                logged = (await client.get("/conversations/c1")).json()
+        finally:
+            running.should_exit = True
+            await serving
+    for turn in turns:
+        print(f"streamed: {turn['streamed'].strip()!r} -> reply: {turn['reply']!r}")
+    print("the log holds:")
+    for message in logged:
+        print(f"  {message['role']:<9} {message['text']}")
+    return logged
+
+
+if __name__ == "__main__":
+    if "--serve" in sys.argv[1:]:
+        uvicorn.run(create_app("chat.db"), host="127.0.0.1", port=8000)
+    else:
+        asyncio.run(main())

@@ -1,0 +1,69 @@
+"""Describing values and exceptions for error messages, and the hints of a wrong return.
+
+A leaf: every layer that words an error (tools, the runner, the stages, sessions) uses these, so they import nothing of the runtime.
+"""
+
+from turns import Reply, Text, ToolCall, ToolResult, Turn
+
+from ._signals import Ask, Block, Cont, Regenerate
+
+PART_TYPES = (Text, ToolCall, ToolResult)
+
+# What a tool hook continues with, by stage: for the likely fix in a wrong-return message.
+_TOOL_HINTS: dict[str, tuple[str, type]] = {
+    "before_tool": ("call", ToolCall),
+    "after_tool": ("result", ToolResult),
+}
+
+
+def exc_text(exc: BaseException | None) -> str:
+    """``Type: message`` for an exception."""
+    if exc is None:
+        return ""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def describe(value: object) -> str:
+    """A short description of a value for error messages: its type and a clipped repr."""
+    if value is None:
+        return "None"
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return text if isinstance(value, type) else f"{type(value).__name__} {text}"
+
+
+def wrong_return_hint(result: object, *, group: bool, stage: str = "pre") -> str:
+    """The likely fix for a hook that returned `result`, or "" when none is obvious."""
+    if stage in _TOOL_HINTS:
+        value, kind = _TOOL_HINTS[stage]
+        if result is None:
+            return f" — did you forget `return cont({value})`?"
+        if type(result) is kind:
+            return f" — wrap it: `return cont({value})`"
+        if type(result) is Cont:
+            return f" — Cont must carry the {kind.__name__}: `return cont({value})`"
+        return ""
+    if group and (result is None or type(result) in (Turn, Cont)):
+        return (
+            " — parallel members are append-only: return the parts to add, e.g."
+            " `return [Text(...)]`, or [] to add nothing"
+        )
+    if result is None:
+        return " — did you forget `return cont(turn)`?"
+    if type(result) is Turn:
+        return " — wrap it: `return cont(turn)`"
+    if type(result) is Reply:
+        return " — return the turn, not its reply: `return cont(turn)`"
+    if type(result) is Cont:
+        return " — Cont must carry the Turn: `return cont(turn)`"
+    if type(result) is Regenerate:
+        return " — regenerate() is for post hooks, which see the reply"
+    if type(result) in (Block, Ask):
+        return f" — {type(result).__name__.lower()}() is for before_tool hooks"
+    if isinstance(result, str | list) or type(result) in PART_TYPES:
+        if group:
+            return " — return a list of parts: `return [Text(...)]`"
+        return " — to add content, inject it: `return cont(turn.inject(...))`"
+    return ""

@@ -1,0 +1,107 @@
+"""Which event loop runs a turn, and the few primitives that cost too much through AnyIO.
+
+The runtime is written against AnyIO, so it runs under trio and asyncio alike. Two things
+are not: telling which loop is running (to refuse anything else with a clear error instead
+of a hang), and `Lot`, the wake-up a streamed turn's consumer waits on once per catch-up.
+AnyIO's `Event` costs about a microsecond more to create than trio's own; on the event
+stream's hot path the loop's native primitive is used instead.
+"""
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+import sniffio
+import trio
+
+Loop = Literal["trio", "asyncio"]
+
+
+def current_loop(what: str) -> Loop:
+    """The event loop running the caller: "trio" or "asyncio", or a RuntimeError naming `what`.
+
+    A coroutine driven by anything else (by hand with ``.send(None)``, or another loop such
+    as curio) would hand that driver objects it cannot resume, and could hang; it is refused
+    here, before any work is done.
+    """
+    try:
+        name = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        name = None
+    if name == "trio":
+        return "trio"
+    if name == "asyncio":
+        return "asyncio"
+    found = "no event loop" if name is None else f"the {name} event loop"
+    raise RuntimeError(
+        f"{what} must run under trio or asyncio, but it was awaited with {found} running —"
+        " run it with trio.run(...) or asyncio.run(...), or await it from code running"
+        " under either"
+    )
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """Whether `exc` is a cancellation of either loop (no loop needs to be running)."""
+    return isinstance(exc, trio.Cancelled | asyncio.CancelledError)
+
+
+def clock_reader(loop: Loop) -> Callable[[], float]:
+    """How a turn reads the loop's clock for hook timings, as cheaply as possible.
+
+    Under trio the clock may be a MockClock (virtual time in tests): it is read through its
+    ``current_time``. Trio's default clock is ``perf_counter()`` plus a fixed offset and
+    asyncio's is ``monotonic()``; both are read as ``perf_counter`` itself: the differences
+    (the only use of these readings) are the same, without a Python-level call twice per hook.
+    """
+    if loop == "asyncio":
+        return time.perf_counter
+    clock = trio.lowlevel.current_clock()
+    kind = type(clock)
+    if kind.__name__ == "SystemClock" and kind.__module__.startswith("trio."):
+        return time.perf_counter
+    return clock.current_time
+
+
+class Lot(Protocol):
+    """Tasks waiting for something to change, woken all at once (trio's ParkingLot API)."""
+
+    def __bool__(self) -> bool: ...
+
+    async def park(self) -> None: ...
+
+    def unpark_all(self) -> object: ...
+
+
+def new_lot(loop: Loop) -> Lot:
+    """A `Lot` for `loop`: trio's own ParkingLot, or one built on asyncio futures."""
+    return trio.lowlevel.ParkingLot() if loop == "trio" else _FutureLot()
+
+
+class _FutureLot:
+    """The asyncio form of a parking lot: one future per waiting task."""
+
+    __slots__ = ("_waiting",)
+
+    def __init__(self) -> None:
+        self._waiting: list[asyncio.Future[None]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    async def park(self) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append(future)
+        try:
+            await future
+        except BaseException:  # cancelled while waiting: no longer waiting
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(future)
+            raise
+
+    def unpark_all(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)

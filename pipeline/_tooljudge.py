@@ -1,0 +1,262 @@
+"""Tool hooks: each call of a batch through its before-tool hooks, each result through its
+after-tool hooks, each hook's signal judged for its stage.
+
+The tool loop (`_toolloop.py`) runs the calls; this module decides, per hook, whether it
+applies (``match=``, ``when=``), what its signal means (`Cont`, `Block`, `Ask`, `Halt`), and
+records it on the call's `ToolJob`.
+"""
+
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any
+
+from turns import ToolCall, ToolResult, Turn
+
+from . import events as ev
+from ._audit import HookRecord
+from ._describe import describe, exc_text
+from ._errors import HookError, HookFailed, HookReturnError
+from ._hooks import callable_name
+from ._plan import Step
+from ._runner import Runner
+from ._signals import Ask, Block, Cont, Halt
+from ._tools import HOOK_BLOCKED
+
+
+class ToolJob:
+    """One tool call of a batch: what became of it, and its hooks' records."""
+
+    __slots__ = (
+        "blocked_by",
+        "call",
+        "call_rewritten_by",
+        "failure",
+        "halt",
+        "records",
+        "requested",
+        "result",
+        "result_rewritten_by",
+    )
+
+    def __init__(self, call: ToolCall) -> None:
+        self.requested = call
+        self.call = call
+        self.result: ToolResult | None = None
+        self.halt: Halt | None = None
+        self.failure: HookError | None = None
+        self.records: list[HookRecord] = []
+        self.blocked_by: str | None = None
+        self.call_rewritten_by: list[str] = []
+        self.result_rewritten_by: list[str] = []
+
+
+async def run_before_hooks(runner: Runner, job: ToolJob, turn: Turn) -> ToolCall | None:
+    """Run the before-tool hooks on a call: the call to run, or None (blocked or halted)."""
+    call = job.call
+    for step in runner.plan.before_tool:
+        judged = await _judged(runner, step, job, turn, call.name, (call, turn), _before_signal)
+        if judged is None:
+            continue
+        signal, elapsed = judged
+        if type(signal) is Cont:
+            runner.finished(step, elapsed, "cont", records=job.records)
+            if signal.value != call:
+                job.call_rewritten_by.append(step.name)
+                call = job.call = signal.value
+        elif type(signal) is Halt:
+            runner.finished(step, elapsed, "halt", signal.reason, job.records)
+            job.halt = signal
+            return None
+        elif type(signal) is Block:
+            runner.finished(step, elapsed, "block", signal.reason, job.records)
+            _block(runner, job, step, call, signal.reason)
+            return None
+        else:
+            assert type(signal) is Ask
+            # The hook's time includes the wait for permission (a person may be asked).
+            asked = runner.now()
+            try:
+                allowed, reason = await _ask(runner, step, call, signal.question, turn)
+            except HookError as error:
+                runner.fail(step, error, elapsed + runner.now() - asked, job.records)
+                continue
+            runner.finished(step, elapsed + runner.now() - asked, "ask", reason, job.records)
+            if not allowed:
+                _block(runner, job, step, call, reason)
+                return None
+    return call
+
+
+def _before_signal(runner: Runner, step: Step, args: tuple[Any, ...], result: object) -> object:
+    call: ToolCall = args[0]
+    if type(result) is Cont:
+        value = result.value
+        if type(value) is not ToolCall:
+            raise runner.wrong_return(step, result, "Cont(call), Block, Ask or Halt", group=False)
+        if value.id != call.id or value.name != call.name:
+            raise HookReturnError(
+                f"hook {step.label} changed the call's {'id' if value.id != call.id else 'name'};"
+                " a before-tool hook may rewrite the arguments (call.with_arguments(...)), not"
+                " which call this is — block it instead",
+                hook=step.name,
+                stage=step.stage,
+            )
+        return result
+    if type(result) is Halt:
+        return runner.halt_of(step, result)
+    if type(result) is Block or type(result) is Ask:
+        text = result.reason if type(result) is Block else result.question
+        if not isinstance(text, str) or not text.strip():
+            raise HookReturnError(
+                f"hook {step.label} returned {type(result).__name__.lower()}() without a"
+                " reason; the model (or the person asked) needs to know why",
+                hook=step.name,
+                stage=step.stage,
+            )
+        return result
+    raise runner.wrong_return(step, result, "Cont(call), Block, Ask or Halt", group=False)
+
+
+def _verdict(signal: object) -> str:
+    return type(signal).__name__.lower()
+
+
+async def _ask(
+    runner: Runner, step: Step, call: ToolCall, question: str, turn: Turn
+) -> tuple[bool, str]:
+    """Ask the pipeline's permission callback; (allowed, what to record and tell the model)."""
+    permission = runner.plan.permission
+    if permission is None:
+        return False, (
+            f"not run: the call needs permission ({question}) and the pipeline has no"
+            " permission callback to ask"
+        )
+    name = callable_name(permission)
+    try:
+        answer = permission(call, question, turn)
+        if inspect.isawaitable(answer):
+            answer = await answer
+    except Exception as exc:
+        error = HookFailed(
+            f"the permission callback {name!r} raised {exc_text(exc)} when hook {step.label}"
+            f" asked {question!r}",
+            hook=step.name,
+            stage=step.stage,
+        )
+        raise error from exc
+    if type(answer) is not bool:
+        raise HookReturnError(
+            f"the permission callback {name!r} must return True or False, got"
+            f" {describe(answer)} (hook {step.label} asked {question!r})",
+            hook=step.name,
+            stage=step.stage,
+        )
+    if answer:
+        return True, f"allowed: {question}"
+    return False, f"permission denied: {question}"
+
+
+def _block(runner: Runner, job: ToolJob, step: Step, call: ToolCall, reason: str) -> None:
+    job.blocked_by = step.name
+    job.result = ToolResult(call.id, reason, is_error=True, error_class=HOOK_BLOCKED)
+    if runner.emit is not None:
+        runner.emit(ev.ToolBlocked(runner.turn_ref, call, step.name, reason))
+
+
+async def run_after_hooks(
+    runner: Runner, job: ToolJob, call: ToolCall, result: ToolResult, turn: Turn, *, enforce: bool
+) -> ToolResult | None:
+    """Run the after-tool hooks on a result: the effective result, or None (halted)."""
+    for step in runner.plan.after_tool:
+        try:
+            judged = await _judged(
+                runner, step, job, turn, call.name, (call, result, turn), _after_signal
+            )
+        except HookError:
+            if enforce:
+                raise
+            continue
+        if judged is None:
+            continue
+        signal, elapsed = judged
+        if type(signal) is Halt:
+            runner.finished(step, elapsed, "halt", signal.reason, job.records)
+            if enforce:
+                job.halt = signal
+                return None
+            continue
+        assert type(signal) is Cont
+        runner.finished(step, elapsed, "cont", records=job.records)
+        if signal.value != result:
+            job.result_rewritten_by.append(step.name)
+            result = signal.value
+    return result
+
+
+def _after_signal(runner: Runner, step: Step, args: tuple[Any, ...], value: object) -> object:
+    result: ToolResult = args[1]
+    if type(value) is Cont:
+        rewritten = value.value
+        if type(rewritten) is not ToolResult:
+            raise runner.wrong_return(step, value, "Cont(result) or Halt", group=False)
+        if rewritten.call_id != result.call_id:
+            raise HookReturnError(
+                f"hook {step.label} changed the result's call_id; an after-tool hook may"
+                " rewrite the content (result.with_content(...)), not which call it answers",
+                hook=step.name,
+                stage=step.stage,
+            )
+        return value
+    if type(value) is Halt:
+        return runner.halt_of(step, value)
+    raise runner.wrong_return(step, value, "Cont(result) or Halt", group=False)
+
+
+async def _judged(
+    runner: Runner,
+    step: Step,
+    job: ToolJob,
+    turn: Turn,
+    name: str,
+    args: tuple[Any, ...],
+    judge: Callable[[Runner, Step, tuple[Any, ...], object], object],
+) -> tuple[object, float] | None:
+    """Run a tool hook on `args` if it applies to the tool `name`: its checked signal and time.
+
+    None when it did not apply, failed open, returned the wrong signal (recorded; raised when
+    enforced), or is a shadow (its verdict recorded, nothing enforced).
+    """
+    if not _applies(runner, step, name, turn, job.records):
+        return None
+    called = await runner.timed(step, *args, records=job.records)
+    if called is None:
+        return None
+    returned, elapsed = called
+    try:
+        signal = judge(runner, step, args, returned)
+    except HookReturnError as error:
+        runner.fail(step, error, elapsed, job.records)
+        return None
+    if step.hook.shadow:
+        runner.shadow_verdict(step, elapsed, _verdict(signal), signal, job.records)
+        return None
+    return signal, elapsed
+
+
+def _applies(runner: Runner, step: Step, name: str, turn: Turn, records: list[HookRecord]) -> bool:
+    """Whether a tool hook's ``match=`` accepts the tool `name` (and its ``when=`` the turn)."""
+    match = step.hook.match
+    if isinstance(match, str):
+        accepted: bool | None = match == name
+    elif isinstance(match, re.Pattern):
+        accepted = match.fullmatch(name) is not None
+    elif match is not None:
+        accepted = runner.predicate(step, "match=", match, name, records)
+    else:
+        accepted = True
+    if not accepted:
+        return False
+    if step.hook.when is not None:
+        return runner.passes(step, turn, records)
+    return True

@@ -1,0 +1,646 @@
+"""The runtime's guarantees under asyncio, in real time.
+
+The behaviour tests run on trio and asyncio alike (tests/conftest.py), but those that need
+virtual time (``autojump_clock``) run on trio only. These tests check the same laws under
+asyncio with short real timeouts, from plain sync code through ``asyncio.run`` (as an
+asyncio application would), and with hooks, tools and models that use asyncio's own API.
+Durations are asserted with generous bounds: they tell "cancelled at once" from "ran to the
+end", not milliseconds apart.
+"""
+
+import asyncio
+import contextvars
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import sniffio
+
+from hooks import retrieve
+from pipeline import (
+    HookTimeout,
+    Pipeline,
+    SessionInfo,
+    cont,
+    halt,
+    hook,
+    parallel,
+    tool,
+)
+from pipeline import events as ev
+from pipeline.logs import MemoryLog, PostgresLog, SQLiteLog
+from pipeline.testing import FunctionModel, ScriptedModel
+from turns import Context, Message, Text, ToolCall, Turn
+
+CONVERSATION = "conv"
+
+
+def hello() -> ScriptedModel:
+    return ScriptedModel(["hello"])
+
+
+def exchange(question: str, answer: str) -> tuple[Message, ...]:
+    return (Message.user(question), Message.assistant(answer))
+
+
+# -- asyncio.run from plain sync code ---------------------------------------------------------
+
+
+def test_asyncio_run_runs_a_turn_from_sync_code() -> None:
+    """Catches: `asyncio.run(pipe.run(...))` failing with "must be called from async context"
+    (the runtime reading trio's clock under asyncio)."""
+    pipe = Pipeline(model=hello())
+
+    result = asyncio.run(pipe.run(Turn.start("x")))
+
+    assert (result.outcome, result.reply.text if result.reply else None) == ("completed", "hello")
+
+
+def test_a_streamed_session_runs_under_asyncio_run() -> None:
+    """Catches: streaming or a session (task group, lock, events) tied to trio."""
+    pipe = Pipeline(model=ScriptedModel([["hel", "lo"], "again"]))
+    log = MemoryLog()
+
+    async def main() -> tuple[list[str], str]:
+        async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+            async with session.stream("one") as events:
+                deltas = [e.text async for e in events if isinstance(e, ev.TextDelta)]
+            second = await session.send("two")
+        return deltas, second.reply.text if second.reply else ""
+
+    deltas, second = asyncio.run(main())
+
+    assert (deltas, second) == (["hel", "lo"], "again")
+    assert asyncio.run(log.load(CONVERSATION)).messages == (
+        *exchange("one", "hello"),
+        *exchange("two", "again"),
+    )
+
+
+def test_hooks_tools_models_and_search_may_use_asyncio_itself() -> None:
+    """Catches: user code awaiting asyncio's own API (asyncio.sleep, an asyncio.Queue,
+    asyncio.to_thread) failing inside a turn, as it would if the turn ran on trio."""
+    trace: list[str] = []
+    queue: asyncio.Queue[str] = asyncio.Queue()
+
+    async def note(turn: Turn):
+        await asyncio.sleep(0.001)
+        await queue.put("noted")
+        trace.append(await queue.get())
+        return cont(turn.inject("[note]"))
+
+    async def search(query: str, k: int) -> list[str]:
+        await asyncio.sleep(0.001)
+        return [f"found {query}"]
+
+    async def weather(city: str) -> str:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: f"sunny in {city}")
+
+    async def answer(request):
+        await asyncio.sleep(0.001)
+        if request.messages[-1].role == "tool":
+            return [
+                await asyncio.to_thread(lambda: "it is "),
+                request.messages[-1].parts[0].content,
+            ]
+        return [ToolCall("c1", "weather", {"city": "Oslo"})]
+
+    def after(call, result, turn):
+        trace.append(f"after {result.content}")
+        return cont(result)
+
+    pipe = Pipeline(
+        model=FunctionModel(answer),
+        pre=[hook(note, name="note"), parallel(retrieve(search))],
+        tools=[tool(weather)],
+        after_tool=[hook(after, name="after")],
+    )
+
+    result = asyncio.run(pipe.run(Turn.start("rain?")))
+
+    assert result.reply is not None
+    assert result.reply.text == "it is sunny in Oslo"
+    sources = [i.source for i in result.turn.injections]
+    assert sources == ["note", search.__qualname__.replace("<locals>.", "")]
+    assert trace == ["noted", "after sunny in Oslo"]
+
+
+def _by_hand(coroutine) -> RuntimeError:
+    """Drive `coroutine` one step by hand, as no event loop would: the error it raises."""
+    with pytest.raises(RuntimeError) as excinfo:
+        coroutine.send(None)
+    coroutine.close()
+    return excinfo.value
+
+
+async def _open_session(pipe: Pipeline) -> None:
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+        pass
+
+
+async def _stream(pipe: Pipeline) -> None:
+    async with pipe.stream(Turn.start("x")) as events:
+        async for _ in events:
+            pass
+
+
+@pytest.mark.parametrize(
+    ("what", "start"),
+    [
+        ("a turn", lambda pipe, path: pipe.run(Turn.start("x"))),
+        ("a streamed turn", lambda pipe, path: _stream(pipe)),
+        ("pipe.session", lambda pipe, path: _open_session(pipe)),
+        ("SQLiteLog", lambda pipe, path: SQLiteLog(path).load(CONVERSATION)),
+    ],
+    ids=["run", "stream", "session", "sqlite"],
+)
+def test_a_coroutine_driven_by_hand_is_refused_not_hung(what, start, tmp_path: Path) -> None:
+    """Catches: a turnplug coroutine driven by something that is neither asyncio nor trio
+    hanging, or failing deep inside with an obscure error."""
+    error = _by_hand(start(Pipeline(model=hello()), tmp_path / "log.db"))
+
+    message = str(error)
+    assert message.startswith(what), message
+    assert "must run under trio or asyncio, but it was awaited with no event loop" in message
+    assert "asyncio.run(...)" in message
+
+
+def test_a_turn_under_another_event_loop_is_refused_naming_it() -> None:
+    """Catches: a turn awaited under another loop (here one that says it is curio) running
+    into trio's or asyncio's internals instead of a clear error."""
+    pipe = Pipeline(model=hello())
+
+    def under_curio() -> RuntimeError:
+        sniffio.current_async_library_cvar.set("curio")
+        return _by_hand(pipe.run(Turn.start("x")))
+
+    error = contextvars.copy_context().run(under_curio)
+
+    assert "awaited with the curio event loop running" in str(error)
+
+
+# -- timeouts ---------------------------------------------------------------------------------
+
+
+def test_a_hook_timeout_is_a_hook_timeout() -> None:
+    """Catches: a timeout that surfaces as asyncio's TimeoutError or CancelledError, or never
+    fires."""
+
+    async def slow(turn: Turn):
+        await asyncio.sleep(5)
+        return cont(turn)
+
+    pipe = Pipeline(model=hello(), pre=[hook(slow, name="slow", timeout=0.05)])
+    started = time.monotonic()
+
+    with pytest.raises(HookTimeout) as excinfo:
+        asyncio.run(pipe.run(Turn.start("x")))
+
+    assert (excinfo.value.hook, excinfo.value.timeout) == ("slow", 0.05)
+    assert time.monotonic() - started < 2
+
+
+def test_a_blocking_sync_hook_with_a_timeout_is_abandoned_when_it_fires() -> None:
+    """Catches: a sync hook that blocks (time.sleep) holding the turn past its timeout=."""
+    release = threading.Event()
+
+    def blocking(turn: Turn):
+        release.wait(5)
+        return cont(turn)
+
+    pipe = Pipeline(model=hello(), pre=[hook(blocking, name="blocking", timeout=0.05)])
+    started = time.monotonic()
+
+    try:
+        with pytest.raises(HookTimeout):
+            asyncio.run(pipe.run(Turn.start("x")))
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+
+    assert elapsed < 2
+
+
+# -- parallel groups --------------------------------------------------------------------------
+
+
+def member(trace: list[str], name: str, seconds: float, outcome: str = "parts"):
+    async def run(turn: Turn):
+        await asyncio.sleep(seconds)
+        trace.append(f"{name} done")
+        if outcome == "halt":
+            return halt(f"{name} stops")
+        return [Text(name)]
+
+    return hook(run, name=name)
+
+
+def test_a_parallel_group_merges_in_declaration_order() -> None:
+    """Catches: members' parts added in the order they finished, not declared."""
+    trace: list[str] = []
+    pipe = Pipeline(
+        model=hello(),
+        pre=[
+            parallel(
+                member(trace, "slow", 0.06), member(trace, "fast", 0.0), member(trace, "mid", 0.03)
+            )
+        ],
+    )
+
+    result = asyncio.run(pipe.run(Turn.start("x")))
+
+    assert trace == ["fast done", "mid done", "slow done"]
+    assert [i.source for i in result.turn.injections] == ["slow", "fast", "mid"]
+
+
+def test_a_halting_member_cancels_its_siblings_with_no_late_output() -> None:
+    """Catches: siblings of a halting member left running (or finishing after the turn) under
+    asyncio."""
+    trace: list[str] = []
+    pipe = Pipeline(
+        model=hello(),
+        pre=[
+            parallel(
+                member(trace, "slow", 0.5),
+                member(trace, "stop", 0.02, "halt"),
+                member(trace, "b", 0.5),
+            )
+        ],
+    )
+
+    async def main():
+        started = time.monotonic()
+        result = await pipe.run(Turn.start("x"))
+        elapsed = time.monotonic() - started
+        await asyncio.sleep(0.6)  # anything left running would finish by now
+        return result, elapsed
+
+    result, elapsed = asyncio.run(main())
+
+    assert (result.outcome, result.halt.hook if result.halt else None) == ("halted", "stop")
+    assert trace == ["stop done"]
+    assert elapsed < 0.4
+    verdicts = {r.hook: r.verdict for r in result.audit.hooks}
+    assert verdicts == {"slow": "cancelled", "stop": "halt", "b": "cancelled"}
+
+
+# -- cancellation from outside ----------------------------------------------------------------
+
+
+def slow_model(started: asyncio.Event) -> FunctionModel:
+    async def chunks(request):
+        yield "first "
+        started.set()
+        await asyncio.sleep(10)
+        yield "never"
+
+    return FunctionModel(chunks)
+
+
+@pytest.mark.parametrize("log_kind", ["memory", "sqlite"])
+def test_a_task_cancelled_mid_stream_commits_nothing_and_leaves_no_task(
+    log_kind: str, tmp_path: Path
+) -> None:
+    """Catches: `task.cancel()` on the task streaming a turn (a web framework dropping a
+    disconnected client) committing a partial turn or leaving the turn's task running."""
+    seen: list[object] = []
+    reasons: list[str] = []
+
+    def end(info: SessionInfo, reason: str) -> None:
+        reasons.append(reason)
+
+    async def main() -> tuple[Context, set[asyncio.Task[object]]]:
+        log = MemoryLog() if log_kind == "memory" else SQLiteLog(tmp_path / "log.db")
+        started = asyncio.Event()
+        pipe = Pipeline(model=slow_model(started), on_session_end=[hook(end, name="end")])
+
+        async def client() -> None:
+            async with (
+                pipe.session(log=log, conversation_id=CONVERSATION) as session,
+                session.stream("hi") as events,
+            ):
+                async for event in events:
+                    seen.append(type(event).__name__)
+
+        task = asyncio.create_task(client())
+        await started.wait()
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        left = asyncio.all_tasks() - {asyncio.current_task()}
+        loaded = await log.load(CONVERSATION)
+        if isinstance(log, SQLiteLog):
+            await log.aclose()
+        return loaded, left
+
+    loaded, left = asyncio.run(main())
+
+    assert "TextDelta" in seen
+    assert loaded == Context()
+    assert left == set()
+    assert reasons == ["cancelled"]
+
+
+# -- tool batches -----------------------------------------------------------------------------
+
+
+def call(call_id: str, city: str, name: str = "lookup") -> ToolCall:
+    return ToolCall(call_id, name, {"city": city})
+
+
+def stopper(delay: float):
+    async def run(c: ToolCall, turn: Turn):
+        if c.arguments["city"] != "a":
+            return cont(c)
+        await asyncio.sleep(delay)
+        return halt("stopper stopped a")
+
+    return hook(run, name="stopper")
+
+
+def test_a_fail_fast_batch_cancels_calls_in_flight() -> None:
+    """Catches: a tool call still running (and its result kept) after another call's hook
+    halted the batch."""
+    trace: list[str] = []
+
+    async def slow(city: str) -> str:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            trace.append("slow cancelled")
+            raise
+        return "late"
+
+    async def lookup(city: str) -> str:
+        return city
+
+    pipe = Pipeline(
+        model=ScriptedModel([[call("c1", "x", "slow"), call("c2", "a")], "done"]),
+        tools=[tool(slow), tool(lookup)],
+        before_tool=[stopper(0.02)],
+        tool_concurrency=2,
+    )
+    started = time.monotonic()
+
+    result = asyncio.run(pipe.run(Turn.start("go")))
+
+    assert (result.outcome, result.halt.hook if result.halt else None) == ("halted", "stopper")
+    assert trace == ["slow cancelled"]
+    assert time.monotonic() - started < 2
+
+
+def test_a_fail_fast_batch_drops_the_calls_not_started() -> None:
+    """Catches: calls queued behind tool_concurrency starting after the batch halted."""
+    ran: list[str] = []
+
+    async def lookup(city: str) -> str:
+        ran.append(city)
+        return city
+
+    pipe = Pipeline(
+        model=ScriptedModel([[call("c1", "a"), call("c2", "b"), call("c3", "c")], "done"]),
+        tools=[tool(lookup)],
+        before_tool=[stopper(0.0)],
+        tool_concurrency=1,
+    )
+
+    result = asyncio.run(pipe.run(Turn.start("go")))
+
+    assert result.outcome == "halted"
+    assert ran == []
+
+
+# -- sessions: background hooks and end hooks -------------------------------------------------
+
+
+def test_background_hooks_are_drained_on_exit_and_their_failures_reported() -> None:
+    """Catches: session exit under asyncio not waiting for background hooks, losing their
+    durable output, or swallowing their failures."""
+
+    async def summary(turn: Turn):
+        await asyncio.sleep(0.03)
+        return cont(turn.inject("[summary]"))
+
+    async def broken(turn: Turn):
+        await asyncio.sleep(0.01)
+        raise ValueError("store down")
+
+    pipe = Pipeline(
+        model=hello(),
+        post=[
+            hook(summary, name="summary", background=True, durable=True),
+            hook(broken, name="broken", background=True),
+        ],
+    )
+    log = MemoryLog()
+
+    async def main():
+        async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+            await session.send("hi")
+        return session.events, await log.entries(CONVERSATION)
+
+    events, entries = asyncio.run(main())
+
+    first = entries[0].turn_ref
+    assert [e.turn_ref for e in entries] == [first, f"{first}:summary"]
+    assert entries[1].messages[0].parts[0].text == "[summary]"
+    failed = [e for e in events if isinstance(e, ev.HookFailed)]
+    assert [(e.hook, e.enforced) for e in failed] == [("broken", False)]
+    assert "store down" in failed[0].error
+
+
+def test_a_background_hook_past_the_drain_timeout_is_cancelled_and_reported() -> None:
+    """Catches: a drain timeout that is not applied under asyncio (exit hangs)."""
+
+    async def forever(turn: Turn):
+        await asyncio.sleep(10)
+        return cont(turn)
+
+    pipe = Pipeline(model=hello(), post=[hook(forever, name="forever", background=True)])
+
+    async def main():
+        started = time.monotonic()
+        async with pipe.session(
+            log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=0.05
+        ) as session:
+            await session.send("hi")
+        return session.events, time.monotonic() - started
+
+    events, elapsed = asyncio.run(main())
+
+    failed = [e for e in events if isinstance(e, ev.HookFailed)]
+    assert [e.hook for e in failed] == ["forever"]
+    assert "drain timeout" in failed[0].error
+    assert elapsed < 2
+
+
+@pytest.mark.parametrize("how", ["closed", "error", "cancelled"])
+def test_on_session_end_runs_with_the_reason(how: str) -> None:
+    """Catches: end hooks skipped, or told the wrong reason, when an asyncio session ends by
+    returning, raising, or being cancelled from outside."""
+    reasons: list[str] = []
+
+    async def end(info: SessionInfo, reason: str) -> None:
+        await asyncio.sleep(0.01)  # an end hook that awaits, even in a cancelled session
+        reasons.append(reason)
+
+    pipe = Pipeline(model=hello(), on_session_end=[hook(end, name="end")])
+
+    async def body() -> None:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+            await session.send("hi")
+            if how == "error":
+                raise LookupError("body failed")
+            if how == "cancelled":
+                await asyncio.sleep(10)
+
+    async def main() -> None:
+        task = asyncio.create_task(body())
+        await asyncio.sleep(0.05)
+        if how == "cancelled":
+            task.cancel()
+        await task
+
+    expected = {"closed": None, "error": LookupError, "cancelled": asyncio.CancelledError}[how]
+    if expected is None:
+        asyncio.run(main())
+    else:
+        with pytest.raises(expected):
+            asyncio.run(main())
+
+    assert reasons == [how]
+
+
+def test_an_end_hook_that_fails_is_reported_not_raised() -> None:
+    """Catches: a failing end hook under asyncio replacing the session's own outcome."""
+
+    def end(info: SessionInfo, reason: str) -> None:
+        raise OSError("flush failed")
+
+    pipe = Pipeline(model=hello(), on_session_end=[hook(end, name="end")])
+
+    async def main():
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+            await session.send("hi")
+        return session.events
+
+    events = asyncio.run(main())
+
+    failed = [e for e in events if isinstance(e, ev.HookFailed)]
+    assert [(e.hook, e.stage, e.enforced) for e in failed] == [("end", "session_end", False)]
+    assert "flush failed" in failed[0].error
+
+
+# -- durable logs work in threads, never on the loop ------------------------------------------
+
+
+async def ticking_while(work, period: float = 0.002) -> tuple[int, object]:
+    """Run `work()` while a ticker counts its wake-ups every `period` seconds."""
+    ticks = 0
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            await asyncio.sleep(period)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        value = await work()
+    finally:
+        done.set()
+        await task
+    return ticks, value
+
+
+def test_a_sqlite_commit_waiting_for_a_lock_keeps_the_loop_running(tmp_path: Path) -> None:
+    """Catches: SQLiteLog doing its blocking work (here, waiting for another connection's
+    write lock) on the asyncio loop's thread instead of a worker thread."""
+    path = tmp_path / "log.db"
+
+    async def first() -> None:
+        async with SQLiteLog(path) as log:
+            await log.append(CONVERSATION, "t1", exchange("q", "a"))
+
+    asyncio.run(first())
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, lambda: holder.execute("ROLLBACK"))
+
+    async def commit() -> list[str]:
+        release.start()
+        async with SQLiteLog(path, timeout=10) as log:
+            await log.append(CONVERSATION, "t2", exchange("q2", "a2"))
+            return [e.turn_ref for e in await log.entries(CONVERSATION)]
+
+    try:
+        ticks, refs = asyncio.run(ticking_while(commit))
+    finally:
+        release.join()
+        holder.close()
+
+    assert refs == ["t1", "t2"]
+    assert ticks >= 20  # 0.3 s of waiting at one tick per 2 ms; a blocked loop ticks ~once
+
+
+def test_a_postgres_commit_waiting_for_a_lock_keeps_the_loop_running(postgres: str) -> None:
+    """Catches: PostgresLog doing its blocking work on the asyncio loop's thread."""
+    import psycopg
+
+    async def first() -> None:
+        async with PostgresLog(postgres) as log:
+            await log.append(CONVERSATION, "t1", exchange("q", "a"))
+
+    asyncio.run(first())
+    holder = psycopg.connect(postgres)
+    holder.execute("LOCK TABLE turnplug_turns IN ACCESS EXCLUSIVE MODE")
+    release = threading.Timer(0.3, holder.rollback)
+
+    async def commit() -> list[str]:
+        release.start()
+        async with PostgresLog(postgres) as log:
+            await log.append(CONVERSATION, "t2", exchange("q2", "a2"))
+            return [e.turn_ref for e in await log.entries(CONVERSATION)]
+
+    try:
+        ticks, refs = asyncio.run(ticking_while(commit))
+    finally:
+        release.join()
+        holder.close()
+
+    assert refs == ["t1", "t2"]
+    assert ticks >= 20
+
+
+def test_an_asyncio_timeout_around_a_turn_cancels_it() -> None:
+    """Catches: a caller's `asyncio.timeout` not reaching the turn (it runs to its end) or
+    surfacing as something other than TimeoutError."""
+    trace: list[str] = []
+
+    async def slow(request):
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            trace.append("model cancelled")
+            raise
+        return "late"
+
+    pipe = Pipeline(model=FunctionModel(slow))
+
+    async def main() -> tuple[float, set[asyncio.Task[object]]]:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await pipe.run(Turn.start("x"))
+        return time.monotonic() - started, asyncio.all_tasks() - {asyncio.current_task()}
+
+    elapsed, left = asyncio.run(main())
+
+    assert trace == ["model cancelled"]
+    assert elapsed < 2
+    assert left == set()
