@@ -346,7 +346,7 @@ async def _session(
     drain_timeout: float,
     open_tools: OpenTools | None,
 ) -> AsyncIterator[Session]:
-    current_loop("plan.session(...)")
+    current_loop("pipe.session(...)")
     context = await log.load(conversation_id)
     reason: Reason = "error"
     session: Session | None = None

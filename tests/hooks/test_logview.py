@@ -11,6 +11,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import anyio
 import pytest
 import trio
 
@@ -276,12 +277,12 @@ async def test_log_without_a_conversation_lists_the_conversations(durable: Backe
             async with pipe.session(log=log, conversation_id=conversation) as session:
                 for text in messages:
                     await session.send(text)
-            await trio.sleep(0.01)  # distinct commit times, to order by
+            await anyio.sleep(0.01)  # distinct commit times, to order by
     finally:
         await close(log)
 
-    done = await trio.to_thread.run_sync(turnplug, "log", "--log", durable.where)
-    machine = await trio.to_thread.run_sync(turnplug, "log", "--log", durable.where, "--json")
+    done = await anyio.to_thread.run_sync(turnplug, "log", "--log", durable.where)
+    machine = await anyio.to_thread.run_sync(turnplug, "log", "--log", durable.where, "--json")
 
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()
@@ -322,7 +323,7 @@ async def test_log_audit_shows_the_tool_runs_of_rejected_attempts_too(durable: B
     finally:
         await close(log)
 
-    done = await trio.to_thread.run_sync(
+    done = await anyio.to_thread.run_sync(
         turnplug, "log", CONVERSATION, "--log", durable.where, "--audit"
     )
 

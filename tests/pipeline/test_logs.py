@@ -670,7 +670,7 @@ async def test_conversations_lists_each_with_its_turns_messages_and_last_commit(
     """Catches: no way to list a log's conversations, and entries without commit times."""
     await log.append("a", "t-1", exchange("q", "a"))
     await log.append("a", "t-2", exchange("q", "a"))
-    await trio.sleep(0.01)
+    await anyio.sleep(0.01)
     await log.append("b", "t-1", (Message.user("q"),))
 
     listed = await log.conversations()

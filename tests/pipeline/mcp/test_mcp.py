@@ -6,8 +6,8 @@ Every test ends by checking the process table: no server process outlives its ow
 import json
 import time
 
+import anyio
 import pytest
-import trio
 
 from pipeline import Pipeline, ToolsetError, cont
 from pipeline.logs import MemoryLog
@@ -179,7 +179,7 @@ async def test_cancelling_a_turn_during_a_call_closes_the_server():
     model = ScriptedModel([[ToolCall("c1", "faulty_hang", {})], "never"])
     pipe = Pipeline(model=model, toolsets=[faulty_toolset("tools", timeout=60)])
     started = time.monotonic()
-    with trio.move_on_after(8) as scope:
+    with anyio.move_on_after(8) as scope:
         async with pipe:
             await pipe.run(Turn.start("hang"))
 
