@@ -126,7 +126,7 @@ class Session:
         if self._closed:
             raise RuntimeError(
                 f"session {self._conversation_id!r} is closed; open a new one with"
-                f" plan.session(...) to {method} more turns"
+                f" pipe.session(...) to {method} more turns"
             )
         owner = self._lock.statistics().owner
         if owner is not None and owner == anyio.get_current_task():
@@ -333,7 +333,7 @@ def open_session(
 async def _session(
     plan: Plan, log: Log, conversation_id: str, scope: Scope, drain_timeout: float
 ) -> AsyncIterator[Session]:
-    current_loop("plan.session(...)")
+    current_loop("pipe.session(...)")
     context = await log.load(conversation_id)
     reason: Reason = "error"
     session: Session | None = None
