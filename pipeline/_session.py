@@ -128,7 +128,7 @@ class Session:
         if self._closed:
             raise RuntimeError(
                 f"session {self._conversation_id!r} is closed; open a new one with"
-                f" plan.session(...) to {method} more turns"
+                f" pipe.session(...) to {method} more turns"
             )
         owner = self._lock.statistics().owner
         if owner is not None and owner == anyio.get_current_task():

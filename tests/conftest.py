@@ -5,8 +5,8 @@ per loop (``[trio]`` and ``[asyncio]``) and run by AnyIO's pytest plugin, throug
 `anyio_backend` fixture below. A test stays on trio alone (run by pytest-trio, with trio's
 fixtures) when it needs virtual time or trio itself: when it uses, directly or through its
 fixtures, one of `TRIO_ONLY_FIXTURES` (``autojump_clock``, ``mock_clock``, ``nursery``), or
-is marked ``@pytest.mark.trio_only`` (a test of trio-specific behaviour; say why in its
-docstring).
+is marked ``@pytest.mark.trio_only`` (a test of trio-specific behaviour; say why next to the
+marker) or with pytest-trio's own ``@pytest.mark.trio``.
 """
 
 import inspect

@@ -8,8 +8,6 @@ import uuid
 
 import anyio
 import pytest
-import trio
-import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -571,14 +569,15 @@ appends = st.lists(
 EXAMPLES = {"memory": 200, "sqlite": 60, "postgres": 60}
 
 
-def test_any_sequence_of_appends_loads_like_a_simple_model(backend: Backend):
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_any_sequence_of_appends_loads_like_a_simple_model(backend: Backend, loop: str):
     @settings(
         max_examples=EXAMPLES[backend.kind],
         suppress_health_check=[HealthCheck.function_scoped_fixture],
     )
     @given(appends)
     def law(steps):
-        trio.run(check, steps)
+        anyio.run(check, steps, backend=loop)
 
     async def check(steps):
         prefix = uuid.uuid4().hex
