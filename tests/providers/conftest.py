@@ -1,22 +1,29 @@
-"""Fixtures for the provider tests: a local protocol server living in the test's nursery."""
+"""Fixtures for the provider tests: a local protocol server living as long as the test."""
 
+from collections.abc import AsyncIterator
+
+import anyio
 import pytest
-import trio
 
 from .server import ProtocolServer
 
 
+async def _serving(served: ProtocolServer) -> AsyncIterator[ProtocolServer]:
+    async with anyio.create_task_group() as group:
+        await served.start(group)
+        yield served
+        group.cancel_scope.cancel()
+
+
 @pytest.fixture
-async def server(nursery: trio.Nursery) -> ProtocolServer:
+async def server() -> AsyncIterator[ProtocolServer]:
     """A protocol server with an empty script; tests queue replies with `server.script`."""
-    served = ProtocolServer()
-    await served.start(nursery)
-    return served
+    async for served in _serving(ProtocolServer()):
+        yield served
 
 
 @pytest.fixture
-async def keep_alive_server(nursery: trio.Nursery) -> ProtocolServer:
+async def keep_alive_server() -> AsyncIterator[ProtocolServer]:
     """A keep-alive protocol server (connections serve request after request)."""
-    served = ProtocolServer(keep_alive=True)
-    await served.start(nursery)
-    return served
+    async for served in _serving(ProtocolServer(keep_alive=True)):
+        yield served

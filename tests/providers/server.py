@@ -1,6 +1,7 @@
 """A local protocol server for the provider tests and the benchmark.
 
-HTTP/1.1 written by hand over a real loopback socket (``trio.serve_tcp`` on port 0), kept apart
+HTTP/1.1 written by hand over a real loopback socket (an AnyIO TCP listener on port 0, so it
+runs under trio and asyncio alike), kept apart
 from the providers' code so that the two cannot share a misunderstanding. It records every
 request it receives and answers each with the next scripted `Reply`: an OpenAI or Anthropic
 event stream, or a fault (an error status with retry headers, a stream cut short, bytes one
@@ -17,7 +18,6 @@ serves the same recorded stream to every request and prints its port.
 """
 
 import argparse
-import functools
 import json
 import sys
 from collections import deque
@@ -26,9 +26,10 @@ from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Any, Literal
 
+import anyio
+import anyio.abc
+import anyio.lowlevel
 import attrs
-import trio
-import trio.lowlevel
 
 Framing = Literal["chunked", "close", "length"]
 
@@ -95,7 +96,7 @@ class ProtocolServer:
         self.open_connections = 0
         """Connections accepted and not yet closed by either side."""
         self._replies: deque[Reply] = deque(replies)
-        self._hung_up = trio.Event()
+        self._hung_up: anyio.Event | None = None  # made in start(), under the running loop
 
     @property
     def url(self) -> str:
@@ -106,15 +107,24 @@ class ProtocolServer:
         """Queue more replies."""
         self._replies.extend(replies)
 
-    async def start(self, nursery: trio.Nursery) -> None:
-        """Listen on a free loopback port, serving in `nursery` until it is cancelled."""
-        listeners = await nursery.start(
-            functools.partial(trio.serve_tcp, self._handle, 0, host="127.0.0.1")
-        )
-        self.port = listeners[0].socket.getsockname()[1]
+    async def start(self, group: anyio.abc.TaskGroup) -> None:
+        """Listen on a free loopback port, serving in `group` until it is cancelled."""
+        self._hung_up = anyio.Event()
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        group.start_soon(self._serve, listener)
+
+    async def _serve(self, listener: anyio.abc.SocketListener) -> None:
+        async with listener:
+            await listener.serve(self._connection)
+
+    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await self._handle(stream)
 
     async def wait_hangup(self) -> None:
         """Return once a client has hung up before the end of a reply, or on a stalled one."""
+        assert self._hung_up is not None, "start() the server first"
         await self._hung_up.wait()
 
     def _next(self) -> Reply:
@@ -125,7 +135,7 @@ class ProtocolServer:
         body = json.dumps({"error": {"type": "test_error", "message": "no scripted reply left"}})
         return Reply(599, (("content-type", "application/json"),), (body.encode(),), "length")
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         self.connections += 1
         self.open_connections += 1
         try:
@@ -136,16 +146,17 @@ class ProtocolServer:
                 self.requests.append(request)
                 if not await self._write(stream, self._next()):
                     return
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._hangup()  # the client hung up while we were still writing
         finally:
             self.open_connections -= 1
 
     def _hangup(self) -> None:
         self.hangups += 1
-        self._hung_up.set()
+        if self._hung_up is not None:
+            self._hung_up.set()
 
-    async def _write(self, stream: trio.SocketStream, reply: Reply) -> bool:
+    async def _write(self, stream: anyio.abc.SocketStream, reply: Reply) -> bool:
         """Write `reply`; whether the connection may serve another request."""
         reuse = self.keep_alive and reply.framing != "close" and reply.complete and not reply.stall
         lines = [f"HTTP/1.1 {reply.status} {_reason(reply.status)}"]
@@ -155,28 +166,36 @@ class ProtocolServer:
         elif reply.framing == "length":
             lines.append(f"content-length: {sum(len(piece) for piece in reply.pieces)}")
         lines.append("connection: keep-alive" if reuse else "connection: close")
-        await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        await stream.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         for piece in reply.pieces:
             data = b"%x\r\n%s\r\n" % (len(piece), piece) if reply.framing == "chunked" else piece
             if reply.bytewise:
                 for index in range(len(data)):
-                    await stream.send_all(data[index : index + 1])
-                    await trio.lowlevel.checkpoint()
+                    await stream.send(data[index : index + 1])
+                    await anyio.lowlevel.checkpoint()
             else:
-                await stream.send_all(data)
+                await stream.send(data)
         if reply.complete and not reply.stall and reply.framing == "chunked":
-            await stream.send_all(b"0\r\n\r\n")
+            await stream.send(b"0\r\n\r\n")
         if reply.stall:
-            while await stream.receive_some(65536):
+            while await _receive(stream):
                 pass
             self._hangup()
         return reuse
 
 
-async def _read_request(stream: trio.SocketStream) -> Recorded | None:
+async def _receive(stream: anyio.abc.SocketStream) -> bytes:
+    """The next bytes from the client, or ``b""`` once it has closed its side."""
+    try:
+        return await stream.receive(65536)
+    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        return b""
+
+
+async def _read_request(stream: anyio.abc.SocketStream) -> Recorded | None:
     buffer = b""
     while b"\r\n\r\n" not in buffer:
-        data = await stream.receive_some(65536)
+        data = await _receive(stream)
         if not data:
             return None
         buffer += data
@@ -189,7 +208,7 @@ async def _read_request(stream: trio.SocketStream) -> Recorded | None:
         headers[name.strip().lower()] = value.strip()
     length = int(headers.get("content-length", "0"))
     while len(body) < length:
-        data = await stream.receive_some(65536)
+        data = await _receive(stream)
         if not data:
             return None
         body += data
@@ -204,10 +223,10 @@ async def _read_request(stream: trio.SocketStream) -> Recorded | None:
 async def running(*replies: Reply, repeat: Reply | None = None) -> AsyncIterator[ProtocolServer]:
     """A server listening for the duration of the block."""
     server = ProtocolServer(replies, repeat=repeat)
-    async with trio.open_nursery() as nursery:
-        await server.start(nursery)
+    async with anyio.create_task_group() as group:
+        await server.start(group)
         yield server
-        nursery.cancel_scope.cancel()
+        group.cancel_scope.cancel()
 
 
 # --- Building replies -------------------------------------------------------------------------
@@ -386,11 +405,11 @@ def main(argv: list[str] | None = None) -> None:
 
     async def serve() -> None:
         server = ProtocolServer(repeat=stream(bench_stream(args.openai_chunks)))
-        async with trio.open_nursery() as nursery:
-            await server.start(nursery)
+        async with anyio.create_task_group() as group:
+            await server.start(group)
             print(server.port, flush=True)
 
-    trio.run(serve)
+    anyio.run(serve, backend="trio")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import re
 import socket
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 import trio
@@ -363,10 +364,10 @@ async def test_the_callers_deadline_cancels_and_is_not_converted(
     server: ProtocolServer, autojump_clock: trio.testing.MockClock
 ) -> None:
     server.script(wire.stream(wire.openai_text(["a"])[:2], stall=True))
-    with trio.move_on_after(1) as scope:
+    with anyio.move_on_after(1) as scope:
         await collect(openai(server))
     assert scope.cancelled_caught
-    with trio.fail_after(1):
+    with anyio.fail_after(1):
         await server.wait_hangup()
 
 
@@ -375,7 +376,7 @@ async def test_leaving_the_stream_early_closes_the_response(server: ProtocolServ
     async with openai(server).stream(hi()) as events:
         async for _ in events:
             break
-    with trio.fail_after(5):
+    with anyio.fail_after(5):
         await server.wait_hangup()
     assert server.hangups == 1
 
