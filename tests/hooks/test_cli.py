@@ -238,6 +238,9 @@ def test_ctrl_c_while_the_library_loads_exits_130_silently(tmp_path: Path) -> No
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # As a terminal starts it: a runner that started pytest in the background (SIGINT
+        # ignored, inherited by children) must not make the interrupt vanish.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     ) as process:
         assert process.stdout is not None
         assert process.stdout.readline() == "importing pipeline\n"
