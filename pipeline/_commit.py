@@ -1,4 +1,4 @@
-"""Stage 8: what a completed turn hands the conversation log (DESIGN §5)."""
+"""Stage 8: what a completed turn hands the conversation log (nothing of any other turn)."""
 
 from collections.abc import Iterable
 

@@ -36,7 +36,7 @@ class TurnResult:
 
     @property
     def log_messages(self) -> tuple[Message, ...]:
-        """What a log receives for this turn: nothing unless it completed (DESIGN §5).
+        """What a log receives for this turn: nothing unless it completed.
 
         The durable pre-stage injections as they were sent, the user message, the accepted
         reply's messages, the durable post-stage injections; each injected part names its

@@ -24,7 +24,7 @@ import anyio.abc
 import attrs
 
 from ._errors import ConfigError, ToolsetError
-from ._excgroups import own_error
+from ._excgroups import first_failure, own_error
 from ._tools import Tool, tool
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -290,10 +290,7 @@ class Toolbox:
             for connection in self.connections:
                 group.start_soon(connect, connection)
         if failures:
-            first = failures[0]
-            for other in failures[1:]:
-                first.add_note(f"also: {other}")
-            raise first
+            raise first_failure(failures, lambda other: f"also: {other}")
         self.tools = self._merged()
         self.pipe._check_needed_tools(self.tools)
 

@@ -1,4 +1,4 @@
-"""The public API surface and the layering of the three packages (DESIGN, STYLE 6-7)."""
+"""The public API surface and the layering of the three packages (public names re-exported, sorted `__all__`, one-way layering)."""
 
 import ast
 import importlib
@@ -185,7 +185,7 @@ def test_layering_check_catches_a_violation(tmp_path: Path) -> None:
 
 
 def test_the_hooks_catalogue_is_importable_from_hooks() -> None:
-    # DESIGN §10: the ready-made hooks are public names of `hooks` itself.
+    # The ready-made hooks are public names of `hooks` itself.
     catalogue = {
         "citations",
         "deny",

@@ -127,6 +127,7 @@ def _conversation_id(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``turnplug`` command's parser: every command, its options and its help."""
     parser = argparse.ArgumentParser(
         prog="turnplug",
         description="Run one LLM conversation turn as a pipeline of plain functions.",

@@ -3,7 +3,7 @@ tool results (``after_tool``) with `hooks.scrub_input` and `hooks.scrub_tool_res
 
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, TypeAlias, final
+from typing import ClassVar, Literal, TypeAlias, final
 
 import attrs
 
@@ -14,7 +14,7 @@ from .._pii import pii
 from .._redact import Redact, redact
 from .._scrub import scrub_input, scrub_tool_results
 from ._entry import Env, HookEntry, doc, exactly_one, raise_all
-from ._tools import AfterTool
+from ._tools import AfterTool, match_option
 from ._types import Invalid, PiiKind, ToolMatch
 
 
@@ -103,20 +103,9 @@ class ScrubResults(_ScrubKeys):
         ),
     )
 
-    def matched(self, env: Env) -> dict[str, Any]:
-        """The ``match=`` option, as `ToolHookEntry.matched` (a slotted record has one
-        base): a tool named must be declared."""
-        if self.match is None:
-            return {}
-        value = self.match.value
-        if isinstance(value, str) and value not in env.declared:
-            raise env.unknown_tool(value, "match")
-        return {"match": value}
-
     def build(self, env: Env) -> Hook:
         built = scrub_tool_results(self.detector(), strategy=self.strategy)
-        options: dict[str, Any] = self.matched(env)
-        return self.wrap(built.fn, name=built.name, **options)
+        return self.wrap(built.fn, name=built.name, **match_option(self.match, env))
 
 
 AfterToolEntry: TypeAlias = AfterTool | ScrubResults

@@ -205,14 +205,19 @@ class ToolHookEntry(HookEntry):
         ),
     )
 
-    def matched(self, env: Env) -> dict[str, Any]:
-        """The ``match=`` option; a tool named must be declared."""
-        if self.match is None:
-            return {}
-        value = self.match.value
-        if isinstance(value, str) and not env.known(value):
-            raise env.unknown_tool(value, "match")
-        return {"match": value}
+
+def match_option(match: ToolMatch | None, env: Env) -> dict[str, Any]:
+    """The ``match=`` option of a tool hook entry, for `Pipeline` to take as keywords.
+
+    A tool named must be declared, or may be a tool of an MCP toolset (known only once the
+    server is connected); a regex is taken as it is.
+    """
+    if match is None:
+        return {}
+    value = match.value
+    if isinstance(value, str) and not env.known(value):
+        raise env.unknown_tool(value, "match")
+    return {"match": value}
 
 
 @final
@@ -224,7 +229,7 @@ class BeforeTool(ToolHookEntry):
     ref: BeforeToolRef = attrs.field(metadata=doc("The function, as 'module:attribute'."))
 
     def build(self, env: Env) -> Hook:
-        return self.wrap(self.ref.target, **self.matched(env))
+        return self.wrap(self.ref.target, **match_option(self.match, env))
 
 
 @final
@@ -236,4 +241,4 @@ class AfterTool(ToolHookEntry):
     ref: AfterToolRef = attrs.field(metadata=doc("The function, as 'module:attribute'."))
 
     def build(self, env: Env) -> Hook:
-        return self.wrap(self.ref.target, **self.matched(env))
+        return self.wrap(self.ref.target, **match_option(self.match, env))

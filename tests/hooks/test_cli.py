@@ -2,30 +2,17 @@
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trio
 
-# The console script installed next to this interpreter, as a user would run it.
-TURNPLUG = str(Path(sys.executable).with_name("turnplug"))
-
-
-def _turnplug(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [TURNPLUG, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+from tests.hooks.cli_support import TURNPLUG, turnplug
 
 
 @pytest.fixture(scope="module")
 def demo_output() -> str:
-    done = _turnplug("demo")
+    done = turnplug("demo")
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     return done.stdout
@@ -147,7 +134,7 @@ def test_demo_with_a_model_whose_key_is_missing_stays_offline() -> None:
 
 
 def test_demo_with_a_malformed_model_spec_is_a_usage_error() -> None:
-    done = _turnplug("demo", "--model", "gpt-4o")
+    done = turnplug("demo", "--model", "gpt-4o")
     assert done.returncode == 2
     assert "gpt-4o" in done.stderr
     assert "Traceback" not in done.stderr
@@ -155,7 +142,7 @@ def test_demo_with_a_malformed_model_spec_is_a_usage_error() -> None:
 
 @pytest.mark.parametrize("args", [["nope"], ["run"]])
 def test_usage_errors_exit_2_with_one_clear_line(args: list[str]) -> None:
-    done = _turnplug(*args)
+    done = turnplug(*args)
     assert done.returncode == 2
     assert "usage: turnplug" in done.stderr
     assert "Traceback" not in done.stderr
@@ -251,6 +238,9 @@ def test_ctrl_c_while_the_library_loads_exits_130_silently(tmp_path: Path) -> No
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # As a terminal starts it: a runner that started pytest in the background (SIGINT
+        # ignored, inherited by children) must not make the interrupt vanish.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     ) as process:
         assert process.stdout is not None
         assert process.stdout.readline() == "importing pipeline\n"
@@ -263,7 +253,7 @@ def test_version_prints_the_installed_version() -> None:
     """Catches: `turnplug --version` being an unknown option."""
     import importlib.metadata
 
-    done = _turnplug("--version")
+    done = turnplug("--version")
     assert (done.returncode, done.stdout) == (
         0,
         f"turnplug {importlib.metadata.version('turnplug')}\n",
@@ -272,7 +262,7 @@ def test_version_prints_the_installed_version() -> None:
 
 def test_no_arguments_prints_the_whole_help() -> None:
     """Catches: `turnplug` alone answering only "the following arguments are required"."""
-    done = _turnplug()
+    done = turnplug()
     assert done.returncode == 2
     for command in ("demo", "run", "chat", "check", "schema", "log"):
         assert f"\n    {command} " in done.stderr

@@ -7,7 +7,6 @@ synthetic tool call, a rejected first attempt, and a background hook's durable s
 import json
 import re
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,21 +20,10 @@ from pipeline.testing import ScriptedModel
 from turns import Text, ToolCall, ToolResult
 
 from ..logs import Backend, close
+from .cli_support import turnplug
 
-TURNPLUG = str(Path(sys.executable).with_name("turnplug"))
 CONVERSATION = "support-42"
 COMMIT_TIME = re.compile(r"committed (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC$")
-
-
-def turnplug(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [TURNPLUG, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
 
 
 @hook(durable=True)

@@ -211,6 +211,31 @@ async def test_config_scrub_kinds_scrub_input_and_tool_results(tmp_path: Path) -
     assert hook_after.match == "lookup_customer"
 
 
+def test_config_scrub_results_may_match_an_mcp_toolsets_tool_as_tool_hooks_may() -> None:
+    """Catches: a scrub entry's `match` checked against the declared tools alone, so that
+    naming a tool of an MCP toolset (known only once connected) is "no tool named ...",
+    while a python after_tool hook with the same `match` is accepted."""
+    from hooks.config import pipeline_from_dict
+
+    config = {
+        "model": {"provider": "scripted", "replies": ["done"]},
+        "toolsets": [{"kind": "mcp", "name": "memory", "url": "http://127.0.0.1:1/mcp"}],
+        "after_tool": [
+            {"kind": "scrub", "pii": ["email"], "match": "memory_read_graph"},
+            {"kind": "scrub", "pii": ["email"], "match": {"regex": "memory_.*"}},
+        ],
+    }
+    pipe = pipeline_from_dict(config)
+    exact, pattern = (hook.match for hook in pipe.after_tool)
+    assert exact == "memory_read_graph"
+    assert pattern.pattern == "memory_.*"
+    config["after_tool"] = [{"kind": "scrub", "pii": ["email"], "match": "memroy_read_graph"}]
+    with pytest.raises(
+        ConfigError, match=r'after_tool\[0\]\.match: no tool named "memroy_read_graph"'
+    ):
+        pipeline_from_dict(config)
+
+
 @pytest.mark.parametrize("strategy", ["mask", "hash"])
 def test_a_match_that_needs_its_context_is_still_replaced(strategy) -> None:
     """Catches: a hashed or masked match computed from the match alone, which a pattern

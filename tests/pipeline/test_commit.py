@@ -1,4 +1,4 @@
-"""Stage 8, the commit rules: what `TurnResult.log_messages` hands the log (DESIGN §5)."""
+"""Stage 8, the commit rules: what `TurnResult.log_messages` hands the log."""
 
 import pytest
 

@@ -1,7 +1,7 @@
 """Laws of the pre stage over generated pipelines, checked against a reference interpreter.
 
 A pipeline here is a list of ordered hooks (continue, inject, halt) and parallel groups
-(members that sleep, then add parts or halt). The reference says what DESIGN §3 implies:
+(members that sleep, then add parts or halt). The reference says what the pre stage promises:
 hooks run in list order, a halt stops everything after it, a group's parts land in
 declaration order, a group lasts as long as its slowest member (or until its first halt),
 and `run()` and `stream()` agree.

@@ -1,4 +1,4 @@
-"""The exception tree of DESIGN §3: classes, bases, attributes, and the tree in the docs."""
+"""The exception tree of `pipeline`: classes, bases, attributes, and the tree in the docs."""
 
 import re
 
@@ -28,9 +28,9 @@ from pipeline import (
     ToolsetError,
 )
 
-# The tree as DESIGN §3 draws it, plus LogError and ToolsetError (docs/decisions.md): every class with its base
+# The public tree, LogError and ToolsetError included (docs/decisions.md): every class with its base
 # classes, in order.
-DESIGN_TREE: dict[type, tuple[type, ...]] = {
+ERROR_TREE: dict[type, tuple[type, ...]] = {
     PipelineError: (Exception,),
     ConfigError: (PipelineError,),
     HookError: (PipelineError,),
@@ -53,7 +53,7 @@ DESIGN_TREE: dict[type, tuple[type, ...]] = {
     ProviderProtocolError: (ProviderError,),
 }
 
-# One instance of every class, built with the attributes DESIGN §3 names.
+# One instance of every class, built with the attributes it documents.
 EXAMPLES: dict[type, PipelineError] = {
     PipelineError: PipelineError("failed"),
     ConfigError: ConfigError("pre[2].tool: required"),
@@ -119,14 +119,14 @@ def docstring_tree() -> dict[str, tuple[str | None, tuple[str, ...], str]]:
 
 
 @pytest.mark.parametrize(
-    ("cls", "bases"), list(DESIGN_TREE.items()), ids=[c.__name__ for c in DESIGN_TREE]
+    ("cls", "bases"), list(ERROR_TREE.items()), ids=[c.__name__ for c in ERROR_TREE]
 )
-def test_error_class_has_the_bases_design_gives_it(cls: type, bases: tuple[type, ...]):
+def test_error_class_has_its_documented_bases(cls: type, bases: tuple[type, ...]):
     assert cls.__bases__ == bases
 
 
-def test_the_tree_holds_no_class_design_does_not_name():
-    assert subclasses(PipelineError) == set(DESIGN_TREE) - {PipelineError}
+def test_the_tree_holds_no_undocumented_class():
+    assert subclasses(PipelineError) == set(ERROR_TREE) - {PipelineError}
 
 
 def test_hook_return_error_is_also_a_type_error():
@@ -134,7 +134,7 @@ def test_hook_return_error_is_also_a_type_error():
         raise EXAMPLES[HookReturnError]
 
 
-@pytest.mark.parametrize("cls", list(DESIGN_TREE), ids=[c.__name__ for c in DESIGN_TREE])
+@pytest.mark.parametrize("cls", list(ERROR_TREE), ids=[c.__name__ for c in ERROR_TREE])
 def test_every_error_is_importable_from_pipeline(cls: type):
     assert getattr(pipeline, cls.__name__) is cls
 
@@ -210,7 +210,7 @@ def test_rate_limited_carries_retry_after_and_status_error_fields():
 
 
 def test_docstring_tree_names_every_error_class():
-    assert set(docstring_tree()) == {cls.__name__ for cls in DESIGN_TREE}
+    assert set(docstring_tree()) == {cls.__name__ for cls in ERROR_TREE}
 
 
 def test_docstring_tree_matches_the_real_class_hierarchy():

@@ -1,6 +1,6 @@
 """Sessions at once on every log: many conversations side by side, and writers racing on one.
 
-Optimistic concurrency (DESIGN §5): a turn commits only if the conversation has not grown
+Optimistic concurrency: a turn commits only if the conversation has not grown
 since its context was loaded; the loser of a race gets exactly one `LogConflict` and
 commits nothing, so turns never interleave and nothing committed is lost.
 """

@@ -1,4 +1,4 @@
-"""The model call (DESIGN §3 stage 4): the request the model is sent, its checks, the reply."""
+"""The model call (stage 4): the request the model is sent, its checks, the reply."""
 
 from contextlib import asynccontextmanager
 

@@ -385,7 +385,7 @@ async def test_a_post_halted_turn_has_no_log_messages() -> None:
 
 
 async def test_a_post_halt_keeps_what_earlier_post_hooks_injected_in_the_audit_record() -> None:
-    # As a pre halt does: the audit record holds every injection (DESIGN §5, §7), and
+    # As a pre halt does: the audit record holds every injection, and
     # transient content is kept nowhere else.
     pipe = Pipeline(model=scripted(), post=[injector("scratch", "t"), halter("guard")])
 

@@ -1,4 +1,4 @@
-"""The offline models of pipeline.testing: ScriptedModel and FunctionModel (DESIGN §8)."""
+"""The offline models of pipeline.testing: ScriptedModel and FunctionModel."""
 
 import re
 

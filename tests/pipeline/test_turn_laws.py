@@ -3,7 +3,7 @@
 A pipeline here is built from data: pre hooks that inject, halt or do nothing; post hooks
 that inject, halt, reject chosen attempts or do nothing; any of them possibly a shadow; a
 model whose answer names its attempt; a regeneration bound; held or live streaming. The
-reference says what DESIGN §3 and §5 imply: hooks run in list order and a halt stops
+reference says what the stages and the commit rules promise: hooks run in list order and a halt stops
 everything after it; a rejection sends the model back with the rejected answer and the
 feedback after the user message, and the post hooks run again from the first one; the bound
 spent is "exhausted"; shadow hooks enforce nothing; a completed turn commits its durable pre
@@ -185,7 +185,7 @@ class Prediction:
 
 @attrs.define
 class Reference:
-    """A turn as DESIGN §3 and §5 describe it, interpreted step by step."""
+    """A turn as the stages and the commit rules describe it, interpreted step by step."""
 
     plan: Plan
     trace: list[Milestone] = attrs.Factory(lambda: [("TurnStarted",)])
@@ -240,7 +240,7 @@ class Reference:
         return self.ended("exhausted", self.pre)
 
     def log(self, answer: str, post: list[Injected]) -> list[tuple[str, tuple[Part, ...]]]:
-        """DESIGN §5: durable pre text, the user message, the answer, durable post text."""
+        """What is committed: durable pre text, the user message, the answer, durable post text."""
         head = tuple((text, source) for source, text, durable, _ in self.pre if durable)
         log = [("user", (*head, (USER_TEXT, None))), ("assistant", ((answer, None),))]
         tail = tuple((text, source) for source, text, durable, _ in post if durable)
@@ -278,7 +278,7 @@ class Reference:
 
 
 def expect(plan: Plan) -> Prediction:
-    """What DESIGN §3 and §5 say the turn does."""
+    """What the stages and the commit rules say the turn does."""
     return Reference(plan).run()
 
 
