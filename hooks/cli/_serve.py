@@ -1,8 +1,8 @@
 """`turnplug serve`: a config's pipeline as an OpenAI-compatible HTTP gateway.
 
-The gateway (`_gateway.Gateway`, a Starlette application) is served by Hypercorn's trio
-worker, because the command line runs on trio; Hypercorn also serves on asyncio, and
-Starlette runs on either through AnyIO (docs/serve.md says why this stack). SIGTERM (or
+The gateway (`_gateway.Gateway`, a Starlette application) is served by Hypercorn's asyncio
+worker by default, or its trio worker with ``--loop trio``: Starlette and the runtime run on
+either through AnyIO (docs/serve.md says why this stack and this default). SIGTERM (or
 Ctrl-C) stops accepting connections, lets the turns in flight finish within the drain
 timeout, and exits 0.
 """

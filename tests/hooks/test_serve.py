@@ -541,3 +541,37 @@ async def test_the_feed_carries_a_turns_hooks_and_its_reply() -> None:
     assert feed[names.index("Injected")]["parts"][0]["text"] == "today is Monday"
     assert len({e["turn_ref"] for e in feed}) == 1
     assert re.fullmatch(r"[0-9a-f]+", feed[0]["turn_ref"])
+
+
+async def test_client_tool_calls_are_judged_with_every_hook_option() -> None:
+    """Catches: the gateway matching before-tool hooks itself and ignoring `when=` (a hook
+    that does not apply to this turn blocked it) and argument rewrites (the client received
+    the call as the model wrote it, not as the pipeline's policy rewrote it)."""
+
+    def no_deletes(call: ToolCall, turn: Any) -> Any:
+        return block("deleting is not allowed")
+
+    def cap_limit(call: ToolCall, turn: Any) -> Any:
+        return cont(call.with_arguments({**call.arguments, "limit": 10}))
+
+    pipe = Pipeline(
+        model=ScriptedModel([[ToolCall("c1", "delete_all", {"limit": 500})]]),
+        before_tool=[
+            hook(
+                no_deletes,
+                name="no_deletes",
+                when=lambda turn: "admin" not in turn.user_message.text,
+            ),
+            hook(cap_limit, name="cap_limit"),
+        ],
+    )
+    tools = [{"type": "function", "function": {"name": "delete_all"}}]
+    async with served(pipe) as gw, gw.http() as client:
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": user("admin: clean up"), "tools": tools},
+        )
+    assert response.status_code == 200, response.text
+    [call] = response.json()["choices"][0]["message"]["tool_calls"]
+    assert (call["id"], call["function"]["name"]) == ("c1", "delete_all")
+    assert json.loads(call["function"]["arguments"]) == {"limit": 10}
