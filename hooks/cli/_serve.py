@@ -19,7 +19,6 @@ from typing import Any, Literal, final
 
 import anyio
 import attrs
-import sniffio
 from anyio.abc import TaskStatus
 from hypercorn.config import Config as HypercornConfig
 
@@ -98,10 +97,15 @@ def listen(host: str, port: int) -> tuple[socket.socket, str]:
 
 
 async def serve_app(
-    app: Any, sock: socket.socket, *, drain_timeout: float, shutdown: Callable[[], Awaitable[Any]]
+    app: Any,
+    sock: socket.socket,
+    *,
+    loop: str,
+    drain_timeout: float,
+    shutdown: Callable[[], Awaitable[Any]],
 ) -> None:
-    """Serve the ASGI `app` on the listening `sock` with Hypercorn's worker for the running
-    loop (trio or asyncio) until `shutdown` returns, then drain the connections.
+    """Serve the ASGI `app` on the listening `sock` with Hypercorn's worker for `loop`, the
+    running loop (``"trio"`` or ``"asyncio"``), until `shutdown` returns, then drain.
 
     Hypercorn takes the socket over (it is closed when serving ends).
     """
@@ -112,7 +116,7 @@ async def serve_app(
     config.errorlog = None
     # One client may stream for as long as its turn takes.
     config.keep_alive_timeout = 75
-    if sniffio.current_async_library() == "trio":
+    if loop == "trio":
         from hypercorn.trio import serve as trio_serve
 
         await trio_serve(app, config, shutdown_trigger=shutdown)
@@ -169,6 +173,7 @@ async def serve(
                         serve_app,
                         gateway.app,
                         sock,
+                        loop=options.loop,
                         drain_timeout=options.drain_timeout,
                         shutdown=stopping.wait,
                     )
@@ -180,7 +185,7 @@ async def serve(
                 )
                 say(
                     f"turnplug serve: listening on {address} (model {model}{offline};"
-                    f" {sniffio.current_async_library()})"
+                    f" {options.loop})"
                 )
                 say(f"turnplug serve: live page {address}/ ; API {address}/v1")
                 task_status.started(address)

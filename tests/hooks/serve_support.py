@@ -12,6 +12,7 @@ import anyio
 import attrs
 import httpx
 import openai
+import sniffio
 
 from hooks.cli._gateway import Gateway, Settings
 from hooks.cli._serve import listen, serve_app
@@ -63,7 +64,16 @@ async def served(pipe: Pipeline, **settings: Any) -> AsyncIterator[Served]:
     sock, url = listen("127.0.0.1", 0)
     stop = anyio.Event()
     async with anyio.create_task_group() as group:
-        group.start_soon(partial(serve_app, gateway.app, sock, drain_timeout=5, shutdown=stop.wait))
+        group.start_soon(
+            partial(
+                serve_app,
+                gateway.app,
+                sock,
+                loop=sniffio.current_async_library(),
+                drain_timeout=5,
+                shutdown=stop.wait,
+            )
+        )
         result = Served(url, gateway)
         try:
             yield result
