@@ -54,7 +54,9 @@ def start_upstream() -> tuple[subprocess.Popen[str], str]:
     return process, f"http://127.0.0.1:{port}"
 
 
-def start_gateway(upstream: str, folder: Path) -> tuple[subprocess.Popen[str], str]:
+def start_gateway(
+    upstream: str, folder: Path, loop: str = "asyncio"
+) -> tuple[subprocess.Popen[str], str]:
     config = folder / "bench-gateway.toml"
     config.write_text(
         textwrap.dedent(
@@ -77,7 +79,7 @@ def start_gateway(upstream: str, folder: Path) -> tuple[subprocess.Popen[str], s
     )
     script = Path(sys.executable).parent / "turnplug"
     process = subprocess.Popen(
-        [str(script), "serve", str(config), "--port", "0", "--no-auth"],
+        [str(script), "serve", str(config), "--port", "0", "--no-auth", "--loop", loop],
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
@@ -175,11 +177,14 @@ async def measure(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a few turns: checks it runs")
+    parser.add_argument(
+        "--loop", choices=("asyncio", "trio"), default="asyncio", help="the gateway's event loop"
+    )
     args = parser.parse_args(argv)
     upstream_process, upstream = start_upstream()
     try:
         with tempfile.TemporaryDirectory() as folder:
-            gateway_process, gateway = start_gateway(upstream, Path(folder))
+            gateway_process, gateway = start_gateway(upstream, Path(folder), args.loop)
             try:
                 rows = trio.run(
                     measure, upstream, gateway, QUICK if args.quick else LEVELS, gateway_process.pid
@@ -190,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         upstream_process.kill()
         upstream_process.wait()
-    print(f"## serve (python {sys.version.split()[0]}, {os.cpu_count()} cores)\n")
+    print(
+        f"## serve (gateway on {args.loop}; python {sys.version.split()[0]},"
+        f" {os.cpu_count()} cores)\n"
+    )
     print(
         "| clients | turns | upstream p50 / p99 (ms) | gateway p50 / p99 (ms) | added p50 / p99 (ms)"
         " | upstream turns/s | gateway turns/s | errors | gateway peak RSS | targets |"

@@ -50,6 +50,7 @@ from ._seam import PerChunk, Transformer, TransformerFactory, per_chunk
 from ._session import Session, SessionInfo
 from ._signals import Ask, Block, Cont, Halt, Regenerate, Signal, ask, block, cont, halt, regenerate
 from ._stream import TurnEvents
+from ._tooljudge import ToolVerdict
 from ._toolloop import TOOL_HOOKS
 from ._tools import Tool, current_tools, tool
 from ._toolsets import LocalToolset, Toolset, toolset, toolset_tool_name
@@ -109,6 +110,7 @@ __all__ = [
     "Tokenizer",
     "Tool",
     "ToolRecord",
+    "ToolVerdict",
     "Toolset",
     "ToolsetError",
     "Transformer",

@@ -8,8 +8,9 @@ from typing import Any, Self, final
 
 import attrs
 
-from turns import Message, Scope, Turn
+from turns import Message, Scope, ToolCall, Turn
 
+from . import events as ev
 from ._budget import Budget, Tokenizer
 from ._drive import Drive, OpenTools
 from ._errors import ConfigError
@@ -21,6 +22,7 @@ from ._result import TurnResult
 from ._seam import TransformerFactory
 from ._session import Session, open_session
 from ._stream import TurnEvents, stream_turn
+from ._tooljudge import ToolVerdict, judge_call
 from ._tools import Tool, tool
 from ._toolsets import (
     Lifetime,
@@ -369,6 +371,33 @@ class Pipeline:
             return await Drive(self._plan, None, open_tools=self._open_tools()).run(turn)
         except BaseExceptionGroup as group:
             raise_single(group)
+
+    async def judge_tool_call(
+        self,
+        call: ToolCall,
+        turn: Turn,
+        *,
+        emit: Callable[[ev.Event], None] | None = None,
+    ) -> ToolVerdict:
+        """Run the pipeline's before-tool hooks on `call`, as a turn's tool loop would.
+
+        For a tool the pipeline does not run itself (a client's tool, a gateway's caller):
+        every option applies as in a turn (``match=``, ``when=``, ``timeout=``, ``on_error=``,
+        ``shadow=``), an ``ask`` goes to the pipeline's ``permission`` callback, and a hook
+        may rewrite the call's arguments. `emit` receives the hooks' events (`HookStarted`,
+        `HookFinished`, `ToolBlocked`, ...) as a streamed turn would.
+
+        Returns:
+            A `ToolVerdict`: the call as the hooks left it, and whether it may run.
+
+        Raises:
+            HookError: An enforced hook (``on_error="raise"``) failed, timed out or returned
+                the wrong signal, or the permission callback failed.
+        """
+        if not isinstance(call, ToolCall):
+            raise TypeError(f"judge_tool_call() takes a turns.ToolCall, got {type(call).__name__}")
+        _check_turn(turn)
+        return await judge_call(self._plan, call, turn, emit)
 
     def stream(self, turn: Turn) -> AbstractAsyncContextManager["TurnEvents"]:
         """Run one turn, yielding its events as they happen.

@@ -9,7 +9,9 @@ records it on the call's `ToolJob`.
 import inspect
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, final
+
+import attrs
 
 from turns import ToolCall, ToolResult, Turn
 
@@ -18,8 +20,8 @@ from ._audit import HookRecord
 from ._describe import describe, exc_text
 from ._errors import HookError, HookFailed, HookReturnError
 from ._hooks import callable_name
-from ._plan import Step
-from ._runner import Runner
+from ._plan import Plan, Step
+from ._runner import Emit, Runner
 from ._signals import Ask, Block, Cont, Halt
 from ._tools import HOOK_BLOCKED
 
@@ -260,3 +262,52 @@ def _applies(runner: Runner, step: Step, name: str, turn: Turn, records: list[Ho
     if step.hook.when is not None:
         return runner.passes(step, turn, records)
     return True
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ToolVerdict:
+    """What a pipeline's before-tool hooks decided about one tool call
+    (`Pipeline.judge_tool_call`).
+
+    Attributes:
+        call: The call as the hooks left it: a hook may have rewritten its arguments.
+        outcome: ``"run"`` (every applying hook let it through, an ``ask`` was granted),
+            ``"blocked"`` (a ``block``, or an ``ask`` not granted) or ``"halted"``.
+        hook: The hook that blocked or halted it; None when it may run.
+        reason: Why it was blocked or halted (what the model would read); ``""`` for run.
+        records: One `HookRecord` per hook that applied, in order (shadows included).
+    """
+
+    call: ToolCall
+    outcome: Literal["run", "blocked", "halted"]
+    hook: str | None = None
+    reason: str = ""
+    records: tuple[HookRecord, ...] = ()
+
+
+async def judge_call(plan: Plan, call: ToolCall, turn: Turn, emit: Emit | None) -> ToolVerdict:
+    """Run `plan`'s before-tool hooks on `call`, exactly as the tool loop runs them."""
+    runner = Runner(plan, emit)
+    runner.turn_ref = turn.turn_ref
+    job = ToolJob(call)
+    allowed = await run_before_hooks(runner, job, turn)
+    records = tuple(job.records)
+    if allowed is not None:
+        return ToolVerdict(call=allowed, outcome="run", records=records)
+    if job.halt is not None:
+        return ToolVerdict(
+            call=job.call,
+            outcome="halted",
+            hook=job.halt.hook,
+            reason=job.halt.reason,
+            records=records,
+        )
+    assert job.result is not None
+    return ToolVerdict(
+        call=job.call,
+        outcome="blocked",
+        hook=job.blocked_by,
+        reason=str(job.result.content),
+        records=records,
+    )

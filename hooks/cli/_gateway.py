@@ -9,10 +9,8 @@ only once it knows the turn's fate. What each outcome maps to is in ``docs/serve
 
 import hmac
 import importlib.resources
-import inspect
 import json
 import logging
-import re
 import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
@@ -28,12 +26,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from pipeline import (
-    Block,
     BudgetError,
-    Chain,
-    Cont,
-    Halt,
-    Hook,
     LogConflict,
     Pipeline,
     PipelineError,
@@ -100,18 +93,25 @@ class Settings:
 class Feed:
     """Turn events for the live page: the recent ones kept, new ones sent to every watcher.
 
-    A watcher that falls behind by a whole buffer is dropped (its page reconnects), so a
-    slow browser never slows a turn.
+    Events are kept as they come and turned into frames only when a page reads them, so a
+    gateway that nobody watches spends nothing on its feed but a deque append. A watcher that
+    falls behind by a whole buffer is dropped (its page reconnects), so a slow browser never
+    slows a turn.
     """
 
     def __init__(self, recent: int, scrub: Callable[[str], str]) -> None:
-        self._recent: deque[bytes] = deque(maxlen=recent)
+        self._recent: deque[ev.Event | Mapping[str, Any]] = deque(maxlen=recent)
         self._watchers: set[MemoryObjectSendStream[bytes]] = set()
         self._scrub = scrub
 
-    def publish(self, data: Mapping[str, Any]) -> None:
-        frame = sse(self._scrub(json.dumps(data, ensure_ascii=False, default=str)))
-        self._recent.append(frame)
+    def publish(self, item: ev.Event | Mapping[str, Any]) -> None:
+        """Keep a turn event (or a gateway record, a mapping) and send it to every watcher."""
+        self._recent.append(item)
+        if not self._watchers:
+            return
+        frame = self._frame(item)
+        if frame is None:
+            return
         for watcher in list(self._watchers):
             try:
                 watcher.send_nowait(frame)
@@ -119,11 +119,19 @@ class Feed:
                 self._watchers.discard(watcher)
                 watcher.close()
 
+    def _frame(self, item: ev.Event | Mapping[str, Any]) -> bytes | None:
+        data = item if isinstance(item, Mapping) else page_event(item)
+        if data is None:
+            return None
+        return sse(self._scrub(json.dumps(data, ensure_ascii=False, default=str)))
+
     @asynccontextmanager
     async def watch(self) -> AsyncIterator[AsyncIterator[bytes]]:
         send, receive = anyio.create_memory_object_stream[bytes](1000)
-        for frame in self._recent:
-            send.send_nowait(frame)
+        for item in self._recent:
+            frame = self._frame(item)
+            if frame is not None:
+                send.send_nowait(frame)
         self._watchers.add(send)
         try:
             async with receive:
@@ -250,72 +258,41 @@ def failure_error(exc: BaseException) -> WireError:
 # -- client tools: the pipeline's before-tool hooks still apply -------------------------------
 
 
-def _matches(hook: Hook, name: str) -> bool:
-    match = hook.match
-    if match is None:
-        return True
-    if isinstance(match, str):
-        return match == name
-    if isinstance(match, re.Pattern):
-        return match.fullmatch(name) is not None
-    return bool(match(name))
-
-
-def _tool_hooks(entries: Any) -> list[Hook]:
-    hooks: list[Hook] = []
-    for entry in entries:
-        if isinstance(entry, Chain):
-            hooks.extend(_tool_hooks(entry.members))
-        elif isinstance(entry, Hook):
-            hooks.append(entry)
-    return hooks
-
-
 async def police_calls(
     pipe: Pipeline, turn: Turn, calls: list[ToolCall], emit: Callable[[ev.Event], None]
-) -> WireError | None:
-    """Run the pipeline's before-tool hooks on tool calls the client is to run.
+) -> tuple[list[ToolCall], WireError | None]:
+    """Judge tool calls the client is to run with the pipeline's before-tool hooks.
 
     The gateway does not run a client's tools, but its tool policy still decides whether the
-    client may be asked to: a `Block` (or an `Ask` the pipeline cannot grant) refuses the
-    whole reply, a `Halt` halts the turn. Shadow hooks are only reported.
+    client may be asked to (`Pipeline.judge_tool_call`, so every hook option applies): a
+    blocked call (or an ``ask`` the pipeline's permission does not grant) refuses the whole
+    reply with 403, a halt with 422. Returns the calls as the hooks left them (a hook may
+    rewrite arguments), or the error.
     """
+    judged: list[ToolCall] = []
     for call in calls:
-        for hook in _tool_hooks(pipe.before_tool):
-            if not _matches(hook, call.name):
-                continue
-            signal = hook.fn(call, turn)
-            if inspect.isawaitable(signal):
-                signal = await signal
-            if hook.shadow or type(signal) is Cont:
-                continue
-            if type(signal) is Halt:
-                emit(ev.Halted(turn.turn_ref, hook.name, signal.reason))
-                return WireError(
-                    422,
-                    f"the turn was halted by hook {hook.name!r}: {signal.reason}",
-                    type="turn_halted",
-                    code="halted",
-                    extra={"hook": hook.name},
-                )
-            reason = signal.reason if type(signal) is Block else getattr(signal, "question", "")
-            if (
-                type(signal) is not Block
-                and pipe.permission is not None
-                and await pipe.permission(call, reason, turn)
-            ):
-                continue
-            emit(ev.ToolBlocked(turn.turn_ref, call, hook.name, reason))
-            return WireError(
+        verdict = await pipe.judge_tool_call(call, turn, emit=emit)
+        if verdict.outcome == "halted":
+            emit(ev.Halted(turn.turn_ref, verdict.hook or "", verdict.reason))
+            return judged, WireError(
+                422,
+                f"the turn was halted by hook {verdict.hook!r}: {verdict.reason}",
+                type="turn_halted",
+                code="halted",
+                extra={"hook": verdict.hook or ""},
+            )
+        if verdict.outcome == "blocked":
+            return judged, WireError(
                 403,
                 f"the model asked the client to run tool {call.name!r}, which hook"
-                f" {hook.name!r} blocked: {reason}",
+                f" {verdict.hook!r} blocked: {verdict.reason}",
                 type="tool_blocked",
                 param="tools",
                 code="tool_blocked",
-                extra={"hook": hook.name, "tool": call.name},
+                extra={"hook": verdict.hook or "", "tool": call.name},
             )
-    return None
+        judged.append(verdict.call)
+    return judged, None
 
 
 # -- the gateway ------------------------------------------------------------------------------
@@ -447,9 +424,8 @@ class Gateway:
     # -- one turn --------------------------------------------------------------------------------
 
     def publish(self, event: ev.Event) -> None:
-        data = page_event(event)
-        if data is not None:
-            self.feed.publish(data)
+        if type(event) is not ev.TextDelta:
+            self.feed.publish(event)
 
     async def turn(
         self,
@@ -545,7 +521,9 @@ class Gateway:
                 assert result.reply is not None
                 calls = [p for p in result.reply.message.parts if type(p) is ToolCall]
                 if calls and not self.pipe.tools:
-                    error = await police_calls(self.pipe, result.turn, calls, self.publish)
+                    judged, error = await police_calls(self.pipe, result.turn, calls, self.publish)
+                    if error is None and judged != calls:
+                        result = _with_calls(result, calls, judged)
             if error is not None:
                 raise error
             if conversation is not None:
@@ -635,15 +613,7 @@ class _Endpoint:
     ) -> None:
         gateway = self.gateway
         completion = Completion(f"chatcmpl-{secrets.token_hex(12)}", gateway.settings.model)
-        started = False
-
-        async def on_text(text: str) -> None:
-            nonlocal started
-            if not started:
-                started = True
-                await _start_stream(send)
-                await _frame(send, sse(completion.first()))
-            await _frame(send, sse(completion.text(text)))
+        outbox = _Outbox(send, completion) if request.stream else None
 
         result: TurnResult | None = None
         pieces: list[str] = []
@@ -652,13 +622,20 @@ class _Endpoint:
             # A client that hangs up cancels its turn: nothing of it is committed.
             group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
             try:
-                result, pieces = await gateway.turn(
-                    request, conversation, on_text if request.stream else None
-                )
+                if outbox is None:
+                    result, pieces = await gateway.turn(request, conversation, None)
+                else:
+                    async with anyio.create_task_group() as writing:
+                        writing.start_soon(outbox.write)
+                        try:
+                            result, pieces = await gateway.turn(request, conversation, outbox.text)
+                        finally:
+                            outbox.close()
             except Exception as exc:
-                failure = exc if isinstance(exc, WireError) else failure_error(exc)
+                failure = _single(exc)
             # Answer outside the cancelled scope, or the answer itself would be cancelled.
             group.cancel_scope.cancel()
+        started = outbox is not None and outbox.started
         if failure is not None:
             if started:
                 await _frame(send, gateway.scrub_frame(failure.body()), more=False)
@@ -692,6 +669,69 @@ class _Endpoint:
         frames += [sse(chunk) for chunk in completion.ending(reply, request.include_usage)]
         frames.append(DONE)
         await _frame(send, b"".join(frames), more=False)
+
+
+def _single(exc: Exception) -> WireError:
+    """The error to answer with, out of what a turn raised (perhaps inside a task group)."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, WireError) else failure_error(exc)
+
+
+@final
+class _Outbox:
+    """A live stream's text frames, written to the client by a task of their own.
+
+    The turn only queues frames (`text` never waits for the socket unless the client has
+    fallen a whole buffer behind); the writer sends everything queued since its last send as
+    one ASGI message. A turn whose upstream delivers many deltas per read thus costs one
+    socket write per read, not one per delta.
+    """
+
+    LIMIT = 1 << 20  # queued bytes before the turn waits for the client
+
+    def __init__(self, send: Send, completion: Completion) -> None:
+        self.send = send
+        self.completion = completion
+        self.started = False
+        self.opened = False
+        self.pending: list[bytes] = []
+        self.size = 0
+        self.closed = False
+        self.ready = anyio.Event()
+        self.drained = anyio.Event()
+
+    async def text(self, text: str) -> None:
+        if not self.opened:
+            self.opened = True
+            self.pending.append(sse(self.completion.first()))
+        frame = self.completion.text_frame(text)
+        self.pending.append(frame)
+        self.size += len(frame)
+        self.ready.set()
+        if self.size > self.LIMIT:
+            await self.drained.wait()
+
+    def close(self) -> None:
+        self.closed = True
+        self.ready.set()
+
+    async def write(self) -> None:
+        while True:
+            await self.ready.wait()
+            self.ready = anyio.Event()
+            if self.pending:
+                data = b"".join(self.pending)
+                self.pending.clear()
+                self.size = 0
+                if not self.started:
+                    self.started = True
+                    await _start_stream(self.send)
+                await _frame(self.send, data)
+                self.drained.set()
+                self.drained = anyio.Event()
+            if self.closed and not self.pending:
+                return
 
 
 async def _start_stream(send: Send) -> None:
@@ -751,3 +791,14 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _with_calls(result: TurnResult, calls: list[ToolCall], judged: list[ToolCall]) -> TurnResult:
+    """`result` with its reply's tool calls as the before-tool hooks rewrote them."""
+    assert result.reply is not None
+    swap = {id(old): new for old, new in zip(calls, judged, strict=True)}
+    message = result.reply.message
+    message = attrs.evolve(message, parts=tuple(swap.get(id(p), p) for p in message.parts))
+    messages = tuple(message if m is result.reply.message else m for m in result.reply.messages)
+    reply = attrs.evolve(result.reply, message=message, messages=messages)
+    return attrs.evolve(result, reply=reply, turn=attrs.evolve(result.turn, reply=reply))

@@ -5,6 +5,7 @@ A pure core: `parse_request` reads a request body into a `ChatRequest` (or raise
 builders write a reply as a completion object, as stream chunks, or an error body. No I/O.
 """
 
+import functools
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -425,6 +426,17 @@ class Completion:
 
     def text(self, text: str) -> dict[str, Any]:
         return self.chunk({"content": text})
+
+    def text_frame(self, text: str) -> bytes:
+        """`sse(self.text(text))`, without encoding the same envelope again for every delta."""
+        head, tail = self._text_envelope
+        return head + json.dumps(text, ensure_ascii=False).encode() + tail
+
+    @functools.cached_property
+    def _text_envelope(self) -> tuple[bytes, bytes]:
+        marker = "\x00text\x00"
+        head, _, tail = sse(self.text(marker)).partition(json.dumps(marker).encode())
+        return head, tail
 
     def ending(self, reply: Reply, include_usage: bool) -> Iterator[dict[str, Any]]:
         """The chunks after the text: tool calls, the finish reason, the usage."""

@@ -448,7 +448,13 @@ def _new_client(endpoint: Endpoint) -> httpx.AsyncClient:
         return httpx.AsyncClient(
             transport=endpoint.transport, timeout=endpoint.timeout, trust_env=False
         )
-    return httpx.AsyncClient(timeout=endpoint.timeout, verify=_ssl_context())
+    return httpx.AsyncClient(timeout=endpoint.timeout, verify=_ssl_context(), limits=_LIMITS)
+
+
+# httpx's default caps a client at 100 connections: the 101st concurrent turn of a pooled
+# model (a gateway's 200 streaming clients) would queue for a connection, or time out.
+# Concurrency is the caller's to bound; the pool keeps up to 100 idle connections.
+_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=100)
 
 
 async def _close_client(client: httpx.AsyncClient, endpoint: Endpoint) -> None:

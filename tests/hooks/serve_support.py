@@ -1,5 +1,6 @@
-"""A gateway served for real on 127.0.0.1 (Hypercorn's trio worker, a free port) in the
-test's own nursery, and clients for it: the official OpenAI SDK and raw httpx."""
+"""A gateway served for real on 127.0.0.1 (Hypercorn's worker for the test's loop, trio or
+asyncio, on a free port) in the test's own task group, and clients for it: the official
+OpenAI SDK and raw httpx."""
 
 import json
 from collections.abc import AsyncIterator
@@ -7,14 +8,14 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
+import anyio
 import attrs
 import httpx
 import openai
-import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
+import sniffio
 
 from hooks.cli._gateway import Gateway, Settings
+from hooks.cli._serve import listen, serve_app
 from pipeline import Pipeline
 
 KEY = "gw-test-key-5c1d0e"
@@ -48,7 +49,7 @@ class Served:
             with client, client.chat.completions.create(stream=True, **request) as stream:
                 return list(stream)
 
-        return await trio.to_thread.run_sync(consume)
+        return await anyio.to_thread.run_sync(consume)
 
     def http(self, key: str | None = KEY) -> httpx.AsyncClient:
         headers = {"authorization": f"Bearer {key}"} if key else {}
@@ -60,15 +61,20 @@ async def served(pipe: Pipeline, **settings: Any) -> AsyncIterator[Served]:
     """`pipe` behind a gateway on a free loopback port, for the duration of the block."""
     settings = {"model": MODEL, "api_key": KEY} | settings
     gateway = Gateway(pipe, Settings(**settings))
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-    config.errorlog = "-"
-    config.graceful_timeout = 5
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(serve, gateway.app, config, shutdown_trigger=stop.wait))
-        result = Served(binds[0], gateway)
+    sock, url = listen("127.0.0.1", 0)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(
+            partial(
+                serve_app,
+                gateway.app,
+                sock,
+                loop=sniffio.current_async_library(),
+                drain_timeout=5,
+                shutdown=stop.wait,
+            )
+        )
+        result = Served(url, gateway)
         try:
             yield result
         finally:

@@ -6,10 +6,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import pytest
-import trio
 
 from hooks import deny
 from pipeline import Pipeline, block, cont, halt, hook
@@ -147,14 +147,14 @@ async def test_a_streaming_client_never_receives_rejected_text() -> None:
     """Catches: text of an attempt a guardrail rejected reaching the client or the page."""
     feed: list[dict[str, Any]] = []
     async with served(guarded([["INTERNAL ", "USE ONLY plan"], ["The ", "public plan"]])) as gw:
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as nursery:
             await nursery.start(watch_feed, gw, feed)
             async with gw.http() as client:
                 raw = await client.post(
                     "/v1/chat/completions",
                     json={"model": "m", "messages": user("plan?"), "stream": True},
                 )
-            await trio.sleep(0.2)
+            await anyio.sleep(0.2)
             nursery.cancel_scope.cancel()
     assert raw.status_code == 200
     assert "INTERNAL" not in raw.text
@@ -233,8 +233,11 @@ async def test_a_blocked_client_tool_call_is_403_and_not_returned() -> None:
 UPSTREAM_KEY = "sk-upstream-9f8e7d6c5b4a"
 
 
+@pytest.mark.trio_only
 async def test_an_upstream_error_is_502_and_never_shows_the_key() -> None:
-    """Catches: the provider's error (which may quote the key) passed through to the client."""
+    """Catches: the provider's error (which may quote the key) passed through to the client.
+
+    Trio only: the loopback protocol server (tests/providers/server.py) is written on trio."""
     failure = json_error(
         401, {"error": {"message": f"Incorrect API key provided: {UPSTREAM_KEY}", "type": "x"}}
     )
@@ -259,8 +262,11 @@ async def test_an_upstream_error_is_502_and_never_shows_the_key() -> None:
     assert upstream.requests[0].headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
 
 
+@pytest.mark.trio_only
 async def test_an_upstream_stream_reaches_the_client_through_the_pipeline() -> None:
-    """Catches: the gateway not speaking to a real OpenAI-protocol upstream."""
+    """Catches: the gateway not speaking to a real OpenAI-protocol upstream.
+
+    Trio only: the loopback protocol server (tests/providers/server.py) is written on trio."""
     async with running(stream(openai_text(["up", "stream"]))) as upstream:
         model = OpenAIChat("up", base_url=upstream.url + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
         async with served(Pipeline(model=model)) as gw:
@@ -273,7 +279,7 @@ async def test_a_turn_past_its_timeout_is_504() -> None:
     """Catches: a hung hook holding the client forever."""
 
     async def hangs(turn: Any) -> Any:
-        await trio.sleep_forever()
+        await anyio.sleep_forever()
 
     async with served(Pipeline(model=ScriptedModel(["x"]), pre=[hangs]), turn_timeout=0.3) as gw:
         async with gw.http() as client:
@@ -397,7 +403,7 @@ async def test_a_body_over_the_limit_is_413_declared_or_streamed() -> None:
 
     async with served(Pipeline(model=model), max_body=2000) as gw, gw.http() as client:
         declared = await client.post("/v1/chat/completions", content=big)
-        streamed = await trio.to_thread.run_sync(send_chunked, gw.url)
+        streamed = await anyio.to_thread.run_sync(send_chunked, gw.url)
     assert declared.status_code == 413
     assert streamed.status_code == 413
     assert openai_error(declared.content)["code"] == "request_too_large"
@@ -441,7 +447,7 @@ async def test_a_conversation_continues_from_the_log(tmp_path: Path) -> None:
 
 async def test_two_racing_turns_on_one_conversation_give_one_409(tmp_path: Path) -> None:
     """Catches: a lost update — both racing turns committed, or both refused."""
-    both_loaded = trio.Event()
+    both_loaded = anyio.Event()
     arrived = 0
 
     async def answer(request: Any) -> str:
@@ -467,7 +473,7 @@ async def test_two_racing_turns_on_one_conversation_give_one_409(tmp_path: Path)
                     if response.status_code == 409:
                         assert openai_error(response.content)["type"] == "conversation_conflict"
 
-                async with trio.open_nursery() as nursery:
+                async with anyio.create_task_group() as nursery:
                     nursery.start_soon(send, "a")
                     nursery.start_soon(send, "b")
         stored = await log.load("race")
@@ -513,10 +519,10 @@ async def test_the_feed_carries_a_turns_hooks_and_its_reply() -> None:
 
     feed: list[dict[str, Any]] = []
     pipe = Pipeline(model=ScriptedModel(["hello"]), pre=[hook(note, name="note")])
-    async with served(pipe) as gw, trio.open_nursery() as nursery:
+    async with served(pipe) as gw, anyio.create_task_group() as nursery:
         await nursery.start(watch_feed, gw, feed)
         await gw.sdk().chat.completions.create(model="m", messages=user("hi"))
-        await trio.sleep(0.2)
+        await anyio.sleep(0.2)
         nursery.cancel_scope.cancel()
     names = [e["event"] for e in feed]
     assert names[0] == "GatewayRequest"
@@ -535,3 +541,37 @@ async def test_the_feed_carries_a_turns_hooks_and_its_reply() -> None:
     assert feed[names.index("Injected")]["parts"][0]["text"] == "today is Monday"
     assert len({e["turn_ref"] for e in feed}) == 1
     assert re.fullmatch(r"[0-9a-f]+", feed[0]["turn_ref"])
+
+
+async def test_client_tool_calls_are_judged_with_every_hook_option() -> None:
+    """Catches: the gateway matching before-tool hooks itself and ignoring `when=` (a hook
+    that does not apply to this turn blocked it) and argument rewrites (the client received
+    the call as the model wrote it, not as the pipeline's policy rewrote it)."""
+
+    def no_deletes(call: ToolCall, turn: Any) -> Any:
+        return block("deleting is not allowed")
+
+    def cap_limit(call: ToolCall, turn: Any) -> Any:
+        return cont(call.with_arguments({**call.arguments, "limit": 10}))
+
+    pipe = Pipeline(
+        model=ScriptedModel([[ToolCall("c1", "delete_all", {"limit": 500})]]),
+        before_tool=[
+            hook(
+                no_deletes,
+                name="no_deletes",
+                when=lambda turn: "admin" not in turn.user_message.text,
+            ),
+            hook(cap_limit, name="cap_limit"),
+        ],
+    )
+    tools = [{"type": "function", "function": {"name": "delete_all"}}]
+    async with served(pipe) as gw, gw.http() as client:
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": user("admin: clean up"), "tools": tools},
+        )
+    assert response.status_code == 200, response.text
+    [call] = response.json()["choices"][0]["message"]["tool_calls"]
+    assert (call["id"], call["function"]["name"]) == ("c1", "delete_all")
+    assert json.loads(call["function"]["arguments"]) == {"limit": 10}

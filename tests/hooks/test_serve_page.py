@@ -4,8 +4,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-import trio
 
 from hooks import deny
 from pipeline import Pipeline, cont, hook
@@ -65,16 +65,14 @@ async def test_a_turn_sent_with_the_sdk_appears_on_the_page(tmp_path: Path) -> N
     )
     async with served(pipe) as gw:
         client = gw.sdk()
-        token = trio.lowlevel.current_trio_token()
 
         def send() -> None:
-            trio.from_thread.run(
-                lambda: client.chat.completions.create(model="m", messages=user("the plan?")),
-                trio_token=token,
+            anyio.from_thread.run(
+                lambda: client.chat.completions.create(model="m", messages=user("the plan?"))
             )
 
         shot = tmp_path / "page.png"
-        seen = await trio.to_thread.run_sync(browse, gw.url, "gw-test-key-5c1d0e", send, shot)
+        seen = await anyio.to_thread.run_sync(browse, gw.url, "gw-test-key-5c1d0e", send, shot)
     assert seen["outcome"] == "completed"
     assert "add_date" in seen["hooks"]
     assert "deny" in " ".join(seen["hooks"]) or any(

@@ -28,11 +28,11 @@ def write_config(folder: Path, *, slow: float = 0.0) -> Path:
     (folder / "slow_hooks.py").write_text(
         textwrap.dedent(
             f"""
-            import trio
+            import anyio
             from pipeline import cont
 
             async def pause(turn):
-                await trio.sleep({slow})
+                await anyio.sleep({slow})
                 return cont(turn)
             """
         )
@@ -97,10 +97,12 @@ def post(url: str, text: str, conversation: str | None = None) -> httpx.Response
     )
 
 
-def test_sigterm_finishes_the_turn_in_flight_and_exits_0(tmp_path: Path) -> None:
-    """Catches: SIGTERM dropping a turn in flight, or the process exiting non-zero."""
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_sigterm_finishes_the_turn_in_flight_and_exits_0(tmp_path: Path, loop: str) -> None:
+    """Catches: SIGTERM dropping a turn in flight, or the process exiting non-zero, on
+    either loop the gateway serves on (``--loop``)."""
     config = write_config(tmp_path, slow=1.5)
-    with gateway(config) as (process, url):
+    with gateway(config, "--loop", loop) as (process, url):
         answers: list[httpx.Response] = []
         sender = threading.Thread(target=lambda: answers.append(post(url, "hi")))
         sender.start()
