@@ -41,6 +41,7 @@ from pipeline.logs import Log
 from turns import Reply, ToolCall, Turn
 from turns.serde import to_dict
 
+from ._timeline import plain
 from ._wire import (
     DONE,
     ChatRequest,
@@ -159,18 +160,8 @@ def page_event(event: ev.Event) -> dict[str, Any] | None:
             data["attempt"] = value.attempt
             data["usage"] = to_dict(value.usage)
             continue
-        data[field.name] = _plain(value)
+        data[field.name] = plain(value)
     return data
-
-
-def _plain(value: Any) -> Any:
-    if attrs.has(type(value)):
-        return to_dict(value)
-    if isinstance(value, tuple | list):
-        return [_plain(item) for item in value]
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    return value
 
 
 # -- outcomes to HTTP -------------------------------------------------------------------------

@@ -15,7 +15,7 @@ cancellation — go to standard error, so that piping the answers somewhere stay
 import json
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, TextIO, final
 
 import anyio
@@ -26,6 +26,8 @@ from pipeline import events as ev
 from pipeline.logs import Log
 from turns import Text
 from turns.serde import to_dict
+
+from ._timeline import plain
 
 
 @final
@@ -125,18 +127,8 @@ def result_json(result: TurnResult, conversation: str) -> dict[str, Any]:
 def event_json(event: ev.Event) -> dict[str, Any]:
     """An event as one JSON object: its type under ``"event"``, then its fields."""
     return {"event": type(event).__name__} | {
-        field.name: _plain(getattr(event, field.name)) for field in attrs.fields(type(event))
+        field.name: plain(getattr(event, field.name)) for field in attrs.fields(type(event))
     }
-
-
-def _plain(value: Any) -> Any:
-    if attrs.has(type(value)):
-        return to_dict(value)
-    if isinstance(value, tuple | list):
-        return [_plain(item) for item in value]
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    return value
 
 
 # -- chat -------------------------------------------------------------------------------------

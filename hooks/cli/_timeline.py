@@ -1,7 +1,13 @@
 """How the commands show messages and parts in a line (the timeline of a turn's events
 itself is `pipeline.events.timeline`)."""
 
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
 from turns import Message, Text, ToolCall, ToolResult
+from turns.serde import to_dict
 
 
 def clip(text: str, width: int) -> str:
@@ -24,3 +30,14 @@ def message_lines(message: Message, indent: str = "  ") -> list[str]:
         origin = f"  (from {source})" if source else ""
         lines.append(f"{indent}{role:<9} {clip(part_text(part), 88)}{origin}")
     return lines
+
+
+def plain(value: Any) -> Any:
+    """`value` as plain JSON data: records through `turns.serde`, tuples as lists."""
+    if attrs.has(type(value)):
+        return to_dict(value)
+    if isinstance(value, tuple | list):
+        return [plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): plain(item) for key, item in value.items()}
+    return value

@@ -122,6 +122,14 @@ def parse_request(body: bytes) -> ChatRequest:
     """
     try:
         data = json.loads(body)
+    except RecursionError:
+        # Nested hundreds deep: json recurses once per level, so it is refused, not a 500.
+        raise _bad(
+            "the request body nests too deeply to read (hundreds of arrays or objects inside"
+            " each other) — send a JSON object with 'model' and 'messages'",
+            None,
+            "invalid_json",
+        )
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _bad(
             f"the request body is not valid JSON: {exc} — send a JSON object with 'model' and"
@@ -330,6 +338,11 @@ def _tool_call(call: Any, where: str) -> ToolCall:
         )
     try:
         parsed = json.loads(arguments) if arguments else {}
+    except RecursionError:
+        raise _bad(
+            f"'{where}.function.arguments' nests too deeply to read",
+            f"{where}.function.arguments",
+        )
     except json.JSONDecodeError as exc:
         raise _bad(
             f"'{where}.function.arguments' is not valid JSON: {exc}", f"{where}.function.arguments"

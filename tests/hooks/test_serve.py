@@ -298,6 +298,18 @@ async def test_a_turn_past_its_timeout_is_504() -> None:
     [
         (b"{not json", None, "invalid_json"),
         (b"[1, 2]", None, "invalid_json"),
+        # Nested 100,000 deep (under the size limit): json.loads raises RecursionError.
+        (b"[" * 100_000 + b"]" * 100_000, None, "invalid_json"),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}, {"role":'
+            b' "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",'
+            b' "function": {"name": "f", "arguments": "'
+            + b"[" * 100_000
+            + b"]" * 100_000
+            + b'"}}]}, {"role": "user", "content": "y"}]}',
+            "messages[1].tool_calls[0].function.arguments",
+            "invalid_value",
+        ),
         (b'{"model": "m"}', "messages", "missing_required_parameter"),
         (b'{"model": "m", "messages": "hi"}', "messages", "invalid_type"),
         (b'{"model": "m", "messages": []}', "messages", "invalid_type"),
