@@ -175,7 +175,6 @@ def test_the_model_is_called_exactly_when_no_hook_halts(plan: list[Ordered | Gro
 # -- the same laws under asyncio, in real time ------------------------------------------------
 
 UNIT = 0.05  # seconds per unit of delay
-SLACK = 0.9  # units a real-time run may take beyond the predicted duration
 
 
 def distinct_halts(plan: list[Ordered | Group]) -> bool:
@@ -204,7 +203,11 @@ def check_in_real_time(runner, plan: list[Ordered | Group]) -> None:
     observed, elapsed = asyncio.run(timed())
     expected = expect(plan)
     assert attrs.evolve(observed, elapsed=0) == attrs.evolve(expected, elapsed=0)
-    assert expected.elapsed - 0.05 <= elapsed / UNIT <= expected.elapsed + SLACK
+    # Nothing may finish before its timers say it can. No upper bound: on a shared machine real
+    # time has none (a loaded run took 11 units for a predicted 3); the exact duration law,
+    # members overlapping rather than running one after another, is checked under trio's
+    # virtual clock above, on the same AnyIO code.
+    assert expected.elapsed - 0.05 <= elapsed / UNIT
 
 
 @settings(max_examples=30)
