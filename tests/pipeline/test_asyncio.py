@@ -264,9 +264,9 @@ def test_a_halting_member_cancels_its_siblings_with_no_late_output() -> None:
         model=hello(),
         pre=[
             parallel(
-                member(trace, "slow", 0.5),
+                member(trace, "slow", 2.0),
                 member(trace, "stop", 0.02, "halt"),
-                member(trace, "b", 0.5),
+                member(trace, "b", 2.0),
             )
         ],
     )
@@ -275,14 +275,14 @@ def test_a_halting_member_cancels_its_siblings_with_no_late_output() -> None:
         started = time.monotonic()
         result = await pipe.run(Turn.start("x"))
         elapsed = time.monotonic() - started
-        await asyncio.sleep(0.6)  # anything left running would finish by now
+        await asyncio.sleep(2.1)  # anything left running would finish by now
         return result, elapsed
 
     result, elapsed = asyncio.run(main())
 
     assert (result.outcome, result.halt.hook if result.halt else None) == ("halted", "stop")
     assert trace == ["stop done"]
-    assert elapsed < 0.4
+    assert elapsed < 1.5  # the siblings' 2 s were not waited for (generous: a loaded machine)
     verdicts = {r.hook: r.verdict for r in result.audit.hooks}
     assert verdicts == {"slow": "cancelled", "stop": "halt", "b": "cancelled"}
 
