@@ -30,7 +30,7 @@ from ._loops import gather
 from ._loops import run as run_on
 from ._reference import Reference, reference
 
-LOOPS = ("trio",)  # the runtime runs on trio; the floors are written for asyncio too
+LOOPS = ("trio", "asyncio")
 ROOT = Path(__file__).resolve().parent.parent
 THROUGHPUT_TARGET = 0.5
 GROWTH_TARGET = 1.3

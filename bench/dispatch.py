@@ -14,6 +14,7 @@ from turns import Turn
 
 from ._harness import Row, measure, per_rep, spread
 
+LOOPS = ("trio", "asyncio")
 HOOKS = 20
 
 
@@ -30,7 +31,7 @@ def make_hooks(count: int = HOOKS) -> list[Callable[[Turn], Awaitable[Cont[Turn]
     return hooks
 
 
-async def run(quick: bool) -> list[Row]:
+async def run(quick: bool, loop: str) -> list[Row]:
     repeats, inner = (3, 10) if quick else (31, 300)
     hooks = make_hooks()
     model = FunctionModel(lambda request: "ok")

@@ -10,8 +10,10 @@ import statistics
 from ._harness import Row, measure, per_rep, spread
 from ._reference import reference
 
+LOOPS = ("trio", "asyncio")
 
-async def run(quick: bool) -> list[Row]:
+
+async def run(quick: bool, loop: str) -> list[Row]:
     repeats, inner = (3, 5) if quick else (31, 100)
     ref = reference()
     pipe, turn = ref.pipe, ref.turn

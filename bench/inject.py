@@ -18,7 +18,7 @@ from turns import Text, Turn
 
 from ._harness import Row, measure, spread
 
-LOOPS = ("trio",)  # the runtime runs on trio; its floors are written for asyncio too
+LOOPS = ("trio", "asyncio")
 SIZES = (10, 40, 160)
 TARGET = 3.0
 FLAT = 1.2

@@ -26,8 +26,6 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import trio
-
 from pipeline import AuditRecord, Pipeline, cont, hook
 from pipeline.logs import PostgresLog, SQLiteLog
 from pipeline.logs._codec import audit_to_json, messages_to_json
@@ -35,9 +33,9 @@ from pipeline.testing import FunctionModel
 from turns import Message, Text, Turn
 
 from ._harness import Row, Sample, measure, per_rep, spread
-from ._loops import to_thread
+from ._loops import gather, to_thread
 
-LOOPS = ("trio",)  # the log runs on trio; the floor is written for asyncio too
+LOOPS = ("trio", "asyncio")
 CPU_TARGET = 2.0
 WALL_TARGET = 1.1
 
@@ -75,9 +73,14 @@ class Workload:
     conversations, numbered so that no two batches share one."""
 
     def __init__(
-        self, messages: tuple[Message, ...], audit: AuditRecord, sessions: int, per_session: int
+        self,
+        messages: tuple[Message, ...],
+        audit: AuditRecord,
+        sessions: int,
+        per_session: int,
+        loop: str = "trio",
     ) -> None:
-        self.messages, self.audit = messages, audit
+        self.messages, self.audit, self.loop = messages, audit, loop
         self.sessions, self.per_session = sessions, per_session
         self.turns = sessions * per_session
         self.batch = 0
@@ -106,9 +109,7 @@ class Workload:
         if len(conversations) == 1:
             await self.commit(log, conversations[0])
             return
-        async with trio.open_nursery() as nursery:
-            for conversation in conversations:
-                nursery.start_soon(self.commit, log, conversation)
+        await gather(self.loop, lambda conversation: self.commit(log, conversation), conversations)
 
 
 async def run(quick: bool, loop: str) -> list[Row]:
@@ -121,7 +122,7 @@ async def run(quick: bool, loop: str) -> list[Row]:
         "TURNPLUG_TEST_POSTGRES_DSN"
     )
     if dsn:
-        rows += await _postgres(dsn, messages, audit, repeats, turns)
+        rows += await _postgres(dsn, messages, audit, repeats, turns, loop)
     else:
         rows.append(Row("PostgresLog", None, None, note="skipped: set TURNPLUG_BENCH_POSTGRES_DSN"))
     return rows
@@ -239,7 +240,12 @@ async def _sqlite(
 
 
 async def _postgres(
-    dsn: str, messages: tuple[Message, ...], audit: AuditRecord, repeats: int, turns: int
+    dsn: str,
+    messages: tuple[Message, ...],
+    audit: AuditRecord,
+    repeats: int,
+    turns: int,
+    loop: str,
 ) -> list[Row]:
     import psycopg
     from psycopg import sql
@@ -248,8 +254,8 @@ async def _postgres(
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     scoped = _with_search_path(dsn, schema)
-    one = Workload(messages, audit, 1, turns)
-    eight = Workload(messages, audit, SESSIONS, turns // SESSIONS)
+    one = Workload(messages, audit, 1, turns, loop)
+    eight = Workload(messages, audit, SESSIONS, turns // SESSIONS, loop)
     floors = [psycopg.connect(scoped, autocommit=True) for _ in range(SESSIONS)]
     floors[0].execute(FLOOR_TABLE)
     pool = ThreadPoolExecutor(SESSIONS)
@@ -273,15 +279,14 @@ async def _postgres(
 
     async def insert_each(connection: "psycopg.Connection[Any]", rows: list[Any]) -> None:
         for row in rows:
-            await trio.to_thread.run_sync(connection.execute, FLOOR_INSERT_POSTGRES, row)
+            await to_thread(loop, connection.execute, FLOOR_INSERT_POSTGRES, row)
 
     def threaded(workload: Workload) -> Callable[[], Awaitable[None]]:
-        # One connection per writer, each a trio task handing its inserts to worker threads.
+        # One connection per writer, each a task handing its inserts to worker threads.
         async def floor() -> None:
             batch = workload.next_batch("floor")
-            async with trio.open_nursery() as nursery:
-                for connection, conversation in zip(floors, batch, strict=False):
-                    nursery.start_soon(insert_each, connection, workload.rows(conversation))
+            pairs = list(zip(floors, batch, strict=False))
+            await gather(loop, lambda pair: insert_each(pair[0], workload.rows(pair[1])), pairs)
 
         return floor
 
@@ -359,7 +364,7 @@ def _rows(
         writers = "1 writer" if sessions == 1 else f"{sessions} writers"
         for name, values in (
             (f"{floor} blocking the caller", blocking),
-            (f"{floor} in trio worker threads", threaded),
+            (f"{floor} in the loop's worker threads", threaded),
         ):
             rows.append(
                 Row(

@@ -1,34 +1,35 @@
 """A parallel group of 10 members that sleep 20 ms.
 
-Two floors, measured in the same run: ``trio.sleep`` of the slowest member (the ideal) and a
-plain trio nursery running the same ten sleeps. The pipeline's figure is the group turn minus
-a turn with no hook, so the turn's fixed cost is not charged to the group.
+Two floors, measured in the same run: the loop's own sleep of the slowest member (the ideal)
+and a plain task group of the loop's own running the same ten sleeps. The pipeline's figure is
+the group turn minus a turn with no hook, so the turn's fixed cost is not charged to the group.
 """
 
 import statistics
 import time
-
-import trio
 
 from pipeline import Pipeline, parallel
 from pipeline.testing import FunctionModel
 from turns import Text, Turn
 
 from ._harness import Row, measure, per_rep, spread
+from ._loops import gather, pause
 
+LOOPS = ("trio", "asyncio")
 MEMBERS = 10
 SLEEP = 0.020
 LIMIT = 0.001
 """The target: at most this much above the slowest member."""
 
 
-async def run(quick: bool) -> list[Row]:
+async def run(quick: bool, loop: str) -> list[Row]:
+    sleep = pause(loop)
     repeats, inner = (3, 1) if quick else (41, 5)
     members = []
     for index in range(MEMBERS):
 
         async def member(turn: Turn, index: int = index) -> list[Text]:
-            await trio.sleep(SLEEP)
+            await sleep(SLEEP)
             return [Text(f"doc {index}")]
 
         member.__qualname__ = f"search_{index}"
@@ -39,12 +40,10 @@ async def run(quick: bool) -> list[Row]:
     turn = Turn.start("hi", turn_ref="bench")
 
     async def slowest() -> None:
-        await trio.sleep(SLEEP)
+        await sleep(SLEEP)
 
     async def nursery() -> None:
-        async with trio.open_nursery() as tasks:
-            for member in members:
-                tasks.start_soon(member, turn)
+        await gather(loop, lambda member: member(turn), members)
 
     async def group() -> None:
         await grouped.run(turn)
@@ -69,12 +68,12 @@ async def run(quick: bool) -> list[Row]:
     )
     return [
         Row(
-            "floor: trio.sleep(20 ms), the slowest member",
+            "floor: the loop's sleep(20 ms), the slowest member",
             samples["slowest"].median,
             samples["slowest"].spread,
         ),
         Row(
-            "floor: plain nursery of 10 sleeps",
+            "floor: plain task group of 10 sleeps",
             samples["nursery"].median,
             samples["nursery"].spread,
         ),
@@ -93,13 +92,13 @@ async def run(quick: bool) -> list[Row]:
             met=statistics.median(above) <= LIMIT,
         ),
         Row(
-            "plain nursery above slowest member",
+            "plain task group above slowest member",
             statistics.median(nursery_above),
             spread(nursery_above),
-            note="trio's own cost: task spawns, timer wake-up",
+            note="the loop's own cost: task spawns, timer wake-up",
         ),
         Row(
-            "group above plain nursery",
+            "group above plain task group",
             statistics.median(over_nursery),
             spread(over_nursery),
             note="turnplug's own cost for 10 members",

@@ -3,20 +3,20 @@
 The pipeline checks each call's arguments against its tool's schema, runs the calls in a
 bounded nursery, feeds the results back and calls the model again. The floor is a plain
 function making the same two model calls (plain async generators) and running the same four
-tool functions in a trio nursery, results kept in call order. No target: informational.
+tool functions in the loop's own task group, results kept in call order. No target: informational.
 """
 
 import statistics
 from collections.abc import AsyncIterator
-
-import trio
 
 from pipeline import Pipeline
 from pipeline.testing import FunctionModel
 from turns import ToolCall, ToolResult, Turn
 
 from ._harness import Row, measure, per_rep
+from ._loops import gather
 
+LOOPS = ("trio", "asyncio")
 CALLS = 4
 
 
@@ -25,7 +25,7 @@ async def lookup(key: str) -> str:
     return f"value of {key}"
 
 
-async def run(quick: bool) -> list[Row]:
+async def run(quick: bool, loop: str) -> list[Row]:
     repeats, inner = (3, 5) if quick else (31, 200)
     calls = [ToolCall(f"call_{i}", "lookup", {"key": f"k{i}"}) for i in range(CALLS)]
 
@@ -52,9 +52,7 @@ async def run(quick: bool) -> list[Row]:
         async def one(index: int, call: ToolCall) -> None:
             results[index] = ToolResult(call.id, await lookup(**call.arguments))
 
-        async with trio.open_nursery() as nursery:
-            for index, call in enumerate(asked):
-                nursery.start_soon(one, index, call)
+        await gather(loop, lambda pair: one(*pair), list(enumerate(asked)))
         _ = [chunk async for chunk in second()]
 
     async def pipeline() -> None:
@@ -64,7 +62,7 @@ async def run(quick: bool) -> list[Row]:
     ratios = per_rep(lambda r, f: r / f, samples["run"], samples["floor"])
     return [
         Row(
-            f"floor: plain nursery of {CALLS} tool calls, two model streams",
+            f"floor: plain task group of {CALLS} tool calls, two model streams",
             samples["floor"].median,
             samples["floor"].spread,
         ),

@@ -10,7 +10,7 @@ import statistics
 from ._harness import Row, measure, per_rep, spread
 from ._reference import CHUNKS, reference
 
-LOOPS = ("trio",)  # the runtime runs on trio; the plain floor runs on either loop
+LOOPS = ("trio", "asyncio")
 TARGETS = {"run": 4.0, "stream": 6.0}
 
 

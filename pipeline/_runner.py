@@ -19,7 +19,8 @@ from . import events as ev
 from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord, new_record
 from ._budget import parts_tokens
 from ._describe import describe, exc_text, wrong_return_hint
-from ._emit import hook_finished, hook_started
+from ._emit import hook_finished, hook_started, turn_with
+from ._emit import injection as new_injection
 from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
 from ._plan import Plan, Step
 from ._signals import Ask, Block, Cont, Halt, Regenerate, check_halt_reply
@@ -41,6 +42,8 @@ class Runner:
         "calls",
         "emit",
         "injected_tokens",
+        "known",
+        "known_of",
         "late",
         "now",
         "plan",
@@ -65,6 +68,9 @@ class Runner:
         # Token size of every injection on the turn, by identity, so that an injection a later
         # hook removes or rewrites is taken off the running total.
         self.sizes: dict[int, int] = {}
+        # The identities of the injections of the turn last stamped (`known_ids`).
+        self.known_of: tuple[Injection, ...] = ()
+        self.known: set[int] | None = None
         self.turn_ref = ""
         self.tools: tuple[str, ...] = ()
         # Which hook last narrowed active_tools or set tool_choice, for RequestError messages.
@@ -290,37 +296,100 @@ class Runner:
         """Stamp the injections `step` added with its name, durability and the stage.
 
         An injection that was not on the turn before the hook ran is stamped with this hook,
-        whatever source it claims: provenance cannot be forged. An injection the hook
+        whatever source it claims: provenance cannot be forged. An injection the hook left in
+        place (the same one, or an equal one at the same position) is kept as it was; one it
         rewrote in place (same position, same source) keeps its stamp.
+
+        The common case — the hook appended injections and left the earlier ones alone — costs
+        one comparison of the earlier ones (in C, by identity first) and work for the new ones
+        only, so that a turn's stamping is linear in its injections, not quadratic.
         """
         old = before.injections
+        new = after.injections
         stage: Stage = "post" if step.stage == "post" else "pre"
-        known = {id(injection) for injection in old}
-        fresh: list[Injection] = []
-        stamped: list[Injection] = []
-        for index, injection in enumerate(after.injections):
-            if id(injection) in known:
-                stamped.append(injection)
-                continue
-            origin = old[index] if index < len(old) else None
-            if (
-                origin is not None
-                and injection.source is not None
-                and injection.source == origin.source
-            ):
-                injection = attrs.evolve(injection, durable=origin.durable, stage=origin.stage)
+        count = len(old)
+        fresh: list[Injection]
+        if len(new) == count + 1 and new[:count] == old:
+            # One injection appended, the commonest case.
+            known = self.known_ids(old)
+            added = new[count]
+            if id(added) in known:  # appended again: it stays as it is
+                fresh = []
+                stamped = (*old, added)
             else:
-                injection = Injection(injection.parts, step.name, step.hook.durable, stage)
-            fresh.append(injection)
-            stamped.append(injection)
-        kept = {id(injection) for injection in stamped}
-        gone = [injection for injection in old if id(injection) not in kept]
+                fresh = [new_injection(added.parts, step.name, step.hook.durable, stage)]
+                stamped = (*old, fresh[0])
+                known.add(id(fresh[0]))
+            self.known_of = stamped
+            gone: list[Injection] = []
+        elif len(new) >= count and new[:count] == old:
+            known = self.known_ids(old)
+            durable = step.hook.durable
+            fresh = []
+            for added in new[count:]:
+                if id(added) not in known:
+                    fresh.append(new_injection(added.parts, step.name, durable, stage))
+            if len(fresh) == len(new) - count:
+                stamped = old + tuple(fresh)
+            else:  # the hook appended an injection the turn already had: it stays as it is
+                iterator = iter(fresh)
+                stamped = old + tuple(
+                    added if id(added) in known else next(iterator) for added in new[count:]
+                )
+            gone = []
+            known.update(map(id, fresh))
+            self.known_of = stamped
+        else:
+            stamped, fresh, gone = self.restamp(step, old, new, stage)
+            self.known = None
+        plan = self.plan
         if stage == "pre":
-            self.charge(step, fresh, gone)
+            if plan.budget is not None or self.emit is not None or plan.tokenizer is not None:
+                self.charge(step, fresh, gone)
         elif self.emit is not None:
             # Post-stage content is never sent to the model: no budget, only the events.
             self.announce(step, fresh)
-        return attrs.evolve(after, injections=tuple(stamped))
+        return turn_with(after, stamped)
+
+    def known_ids(self, injections: tuple[Injection, ...]) -> set[int]:
+        """The identities of `injections`, the turn's injections before a hook ran.
+
+        Kept from one hook to the next while the turn's injections only grow: each hook's
+        new injections are added to the set instead of building it again.
+        """
+        if injections is self.known_of and self.known is not None:
+            return self.known
+        known = {id(injection) for injection in injections}
+        self.known_of, self.known = injections, known
+        return known
+
+    def restamp(
+        self, step: Step, old: tuple[Injection, ...], new: tuple[Injection, ...], stage: Stage
+    ) -> tuple[tuple[Injection, ...], list[Injection], list[Injection]]:
+        """Stamp a hook's injections when it changed or removed earlier ones.
+
+        The stamped injections, the new ones among them, and the earlier ones now gone.
+        """
+        known = {id(injection) for injection in old}
+        fresh: list[Injection] = []
+        stamped: list[Injection] = []
+        for index, added in enumerate(new):
+            if id(added) in known:
+                stamped.append(added)
+                continue
+            origin = old[index] if index < len(old) else None
+            if origin is not None and added == origin:
+                stamped.append(origin)
+                continue
+            if origin is not None and added.source is not None and added.source == origin.source:
+                added = new_injection(added.parts, added.source, origin.durable, origin.stage)
+            else:
+                added = new_injection(added.parts, step.name, step.hook.durable, stage)
+            fresh.append(added)
+            stamped.append(added)
+        kept = {id(injection) for injection in stamped}
+        gone = [injection for injection in old if id(injection) not in kept]
+        return tuple(stamped), fresh, gone
 
     def charge(
         self, step: Step, fresh: Sequence[Injection], gone: Sequence[Injection] = ()
@@ -371,14 +440,14 @@ class Runner:
     def added(self, turn: Turn, parts: Sequence[tuple[Step, tuple[Part, ...]]]) -> Turn:
         """`turn` with each step's parts injected, stamped and charged, in order."""
         injections = [
-            Injection(member_parts, member.name, member.hook.durable, "pre")
+            new_injection(member_parts, member.name, member.hook.durable, "pre")
             for member, member_parts in parts
         ]
         plan = self.plan
         if plan.budget is not None or self.emit is not None or plan.tokenizer is not None:
             for (member, _), injection in zip(parts, injections, strict=True):
                 self.charge(member, (injection,))
-        return attrs.evolve(turn, injections=(*turn.injections, *injections))
+        return turn_with(turn, (*turn.injections, *injections))
 
 
 def _reason(signal: object) -> str | None:

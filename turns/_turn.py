@@ -2,7 +2,7 @@
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, Self, TypeAlias, final
+from typing import Any, Literal, Self, TypeAlias, TypeVar, cast, final
 
 import attrs
 
@@ -11,6 +11,7 @@ from ._message import Message, _parts
 from ._parts import EMPTY, Part, Text, ToolCall, ToolResult
 
 Stage: TypeAlias = Literal["pre", "post"]
+T = TypeVar("T", bound="Turn")
 
 _NO_ANNOTATIONS = EMPTY
 _PART_TYPES = (Text, ToolCall, ToolResult)
@@ -183,7 +184,7 @@ class Turn:
                     "Turn.inject takes Text, ToolCall, ToolResult or str parts, got "
                     f"{type(part).__name__}"
                 )
-        return attrs.evolve(self, injections=(*self.injections, Injection(stamped)))
+        return with_injections(self, (*self.injections, _injection(stamped, None, False, None)))
 
     def with_request(self, **changes: Any) -> Self:
         """Return a turn with changed `RequestOptions`; each field composes by its own rule.
@@ -214,3 +215,45 @@ class Turn:
     def assign(self, **values: Any) -> Self:
         """Return a turn whose scope has `values` assigned (`Scope.assign`)."""
         return attrs.evolve(self, scope=self.scope.assign(**values))
+
+
+# -- fast builders -----------------------------------------------------------------------------
+#
+# Every injecting hook builds a turn and an injection, and the runtime stamps each injection and
+# builds the turn again. attrs' generated ``__init__`` (and ``attrs.evolve``, which calls it
+# with every field by keyword) looks each slot up by name and runs the converters; these fill
+# the slots through their descriptors, which builds the same frozen record (equal, same hash
+# and repr) in a fraction of the time. The values they take are already converted (tuples).
+
+_bare = object.__new__
+_TURN_SLOTS = tuple(getattr(Turn, field.name).__set__ for field in attrs.fields(Turn))
+_INJECTION_SLOTS = tuple(
+    getattr(Injection, field.name).__set__ for field in attrs.fields(Injection)
+)
+
+
+def with_injections(turn: T, injections: tuple[Injection, ...]) -> T:
+    """``attrs.evolve(turn, injections=injections)`` for a tuple of `Injection`."""
+    new: Turn = _bare(Turn)
+    set_context, set_user, set_ref, set_scope, set_injections, set_request, set_reply = _TURN_SLOTS
+    set_context(new, turn.context)
+    set_user(new, turn.user_message)
+    set_ref(new, turn.turn_ref)
+    set_scope(new, turn.scope)
+    set_injections(new, injections)
+    set_request(new, turn.request)
+    set_reply(new, turn.reply)
+    return cast(T, new)
+
+
+def _injection(
+    parts: tuple[Part, ...], source: str | None, durable: bool, stage: Stage | None
+) -> Injection:
+    """``Injection(parts, source, durable, stage)`` for a tuple of parts."""
+    new: Injection = _bare(Injection)
+    set_parts, set_source, set_durable, set_stage = _INJECTION_SLOTS
+    set_parts(new, parts)
+    set_source(new, source)
+    set_durable(new, durable)
+    set_stage(new, stage)
+    return new
