@@ -182,17 +182,22 @@ class Drive(Runner):
         verdict and compares their records and events.
         """
         now, emit, records = self.now, self.emit, self.records
+        # A watched turn's hook events are stamped from the clock reads that time the hook
+        # and posted as they are: no second clock read, no stamping layer per event.
+        post, start = self.post, self.start
+        assert post is not None or emit is None, "the watch posts from the turn's first event"
         for step in steps:
             if type(step) is Step and step.plain:
-                if emit is not None:
-                    emit(hook_started(self.turn_ref, step.name, step.stage))
                 started = now()
+                if post is not None:
+                    post(hook_started(self.turn_ref, step.name, step.stage, started - start))
                 try:
                     result = await step.hook.fn(turn)
                 except Exception as exc:
                     self.fail(step, exc, now() - started)
                     continue
-                elapsed = now() - started
+                ended = now()
+                elapsed = ended - started
                 if type(result) is Cont:
                     outcome = result.value
                     # The turn came back with its request, context, reply and correlation
@@ -215,9 +220,16 @@ class Drive(Runner):
                             None,
                         )
                         records.append(new_record(HookRecord, record))
-                        if emit is not None:
-                            emit(
-                                hook_finished(self.turn_ref, step.name, step.stage, elapsed, "cont")
+                        if post is not None:
+                            post(
+                                hook_finished(
+                                    self.turn_ref,
+                                    step.name,
+                                    step.stage,
+                                    elapsed,
+                                    "cont",
+                                    ended - start,
+                                )
                             )
                         if outcome.injections is not turn.injections:
                             outcome = self.stamp(step, turn, outcome)

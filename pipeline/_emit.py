@@ -6,8 +6,10 @@ field's slot up by name through ``object.__setattr__``; these builders fill the 
 their descriptors, which builds the same record (equal, same hash and repr) for about two
 thirds of the cost. They are only for events whose fields are all plain (no default,
 validator or converter): `_slot_setters` refuses any other, so a field given a validator
-later cannot be skipped silently. The one exception is `Event.at`, which the turn's watch
-(`_observe.py`) sets when the event is emitted; the builders give it its default.
+later cannot be skipped silently. The one exception is `Event.at`, which the builders take
+as an argument: the drive's hot path stamps it from the clock read that times the hook, and
+hands the event on with the watch's `post`; elsewhere it is left at 0.0 for the watch's
+``emit`` (`_observe.py`) to stamp.
 """
 
 from collections.abc import Callable
@@ -48,10 +50,10 @@ _finished = _slot_setters(HookFinished)
 _delta = _slot_setters(TextDelta)
 
 
-def hook_started(turn_ref: str, hook: str, stage: str) -> HookStarted:
-    """``HookStarted(turn_ref, hook, stage)``."""
+def hook_started(turn_ref: str, hook: str, stage: str, at: float = 0.0) -> HookStarted:
+    """``HookStarted(turn_ref, hook, stage, at=at)``."""
     event = _bare(HookStarted)
-    _set_at(event, 0.0)
+    _set_at(event, at)
     set_ref, set_hook, set_stage = _started
     set_ref(event, turn_ref)
     set_hook(event, hook)
@@ -60,11 +62,11 @@ def hook_started(turn_ref: str, hook: str, stage: str) -> HookStarted:
 
 
 def hook_finished(
-    turn_ref: str, hook: str, stage: str, elapsed: float, verdict: str
+    turn_ref: str, hook: str, stage: str, elapsed: float, verdict: str, at: float = 0.0
 ) -> HookFinished:
-    """``HookFinished(turn_ref, hook, stage, elapsed, verdict)``."""
+    """``HookFinished(turn_ref, hook, stage, elapsed, verdict, at=at)``."""
     event = _bare(HookFinished)
-    _set_at(event, 0.0)
+    _set_at(event, at)
     set_ref, set_hook, set_stage, set_elapsed, set_verdict = _finished
     set_ref(event, turn_ref)
     set_hook(event, hook)
@@ -74,10 +76,10 @@ def hook_finished(
     return event
 
 
-def text_delta(turn_ref: str, text: str, attempt: int) -> TextDelta:
-    """``TextDelta(turn_ref, text, attempt)``."""
+def text_delta(turn_ref: str, text: str, attempt: int, at: float = 0.0) -> TextDelta:
+    """``TextDelta(turn_ref, text, attempt, at=at)``."""
     event = _bare(TextDelta)
-    _set_at(event, 0.0)
+    _set_at(event, at)
     set_ref, set_text, set_attempt = _delta
     set_ref(event, turn_ref)
     set_text(event, text)

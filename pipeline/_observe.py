@@ -63,8 +63,10 @@ class Watch:
     """One turn's watch: `emit` stamps and dispatches each event; `failed` ends the trace.
 
     The first event (the turn's `TurnStarted`) fixes the turn's start on the turn's clock
-    and puts an emitter with that start and that clock bound into the runner's ``emit``, so
-    each later event costs one clock read and one slot write more than it would unwatched.
+    and hands the runner two emitters: ``post``, which dispatches an event already stamped,
+    and ``emit``, which stamps it with one clock read and then posts it. With a listener and
+    nothing else, ``post`` is the listener itself, so an event the drive stamps from a clock
+    read it takes anyway (a hook's start and end) costs no more than it would unwatched.
     """
 
     __slots__ = ("debug", "runner", "sink", "start", "tracer")
@@ -83,25 +85,29 @@ class Watch:
         self.start: float | None = None
 
     def emit(self, event: ev.Event) -> None:
-        """Emit the turn's first event, then hand the runner its emitter for the rest."""
-        now = self.runner.now
-        start = self.start = now()
-        self.runner.emit = self._emitter(now, start)
-        # The first event is at 0.0 exactly: stamped by a clock stopped at the start.
-        self._emitter(lambda: start, start)(event)
+        """Emit the turn's first event, then hand the runner its emitters for the rest."""
+        runner = self.runner
+        now = runner.now
+        start = self.start = runner.start = now()
+        post = runner.post = self._poster()
 
-    def _emitter(self, now: Callable[[], float], start: float) -> Callable[[ev.Event], None]:
+        def emit(event: ev.Event) -> None:
+            _set_at(event, now() - start)
+            post(event)
+
+        runner.emit = emit
+        # The first event is at 0.0 exactly: the turn starts with it.
+        _set_at(event, 0.0)
+        post(event)
+
+    def _poster(self) -> Callable[[ev.Event], None]:
+        """What dispatches a stamped event: to the tracer, the debug log, the listener."""
         sink, tracer, debug = self.sink, self.tracer, self.debug
         if tracer is None and not debug and sink is not None:
             # The common case: a listener, nothing else.
-            def emit(event: ev.Event) -> None:
-                _set_at(event, now() - start)
-                sink(event)
-
-            return emit
+            return sink
 
         def dispatch(event: ev.Event) -> None:
-            _set_at(event, now() - start)
             if tracer is not None:
                 tracer.event(event)
             if debug and type(event) is not ev.TextDelta:

@@ -47,10 +47,12 @@ class Runner:
         "late",
         "now",
         "plan",
+        "post",
         "records",
         "rejections",
         "shaped_by",
         "sizes",
+        "start",
         "tools",
         "turn_ref",
     )
@@ -58,6 +60,11 @@ class Runner:
     def __init__(self, plan: Plan, emit: Emit | None) -> None:
         self.plan = plan
         self.emit = emit
+        # Set by the turn's watch at its first event: `post` hands on an event whose `at` is
+        # already stamped (from a clock read the caller took anyway), against `start`, the
+        # turn's start on the same clock. None until then, and for a turn nobody watches.
+        self.post: Emit | None = None
+        self.start = 0.0
         self.records: list[HookRecord] = []
         self.attempts: list[AttemptRecord] = []
         self.rejections: list[Rejection] = []

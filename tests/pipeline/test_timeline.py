@@ -1,9 +1,12 @@
 """pipeline.events.timeline and the time every event carries."""
 
+import logging
+
 import anyio
+import pytest
 import trio.testing
 
-from pipeline import Pipeline, halt, regenerate, tool
+from pipeline import Pipeline, cont, halt, regenerate, tool
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
 from turns import ToolCall, Turn, Usage
@@ -111,3 +114,42 @@ def test_an_empty_or_unshown_batch_renders_nothing() -> None:
     """Catches: blank lines for events the timeline does not show."""
     assert ev.timeline([]) == ""
     assert ev.timeline([ev.ModelFinished("t", 1, 1, "stop", Usage())]) == ""
+
+
+async def slow_pre(turn: Turn):
+    await anyio.sleep(0.005)
+    return cont(turn)
+
+
+async def test_a_hooks_events_are_timed_from_the_turns_start_not_the_clocks_origin(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Catches: a hook's events stamped with the loop's raw clock (or another turn's start)
+    instead of the time since their own turn started, with a bare listener and with the
+    debug log on (the two ways a watched turn dispatches its events)."""
+    pipe = Pipeline(model=ScriptedModel([["ok"], ["ok"]]), pre=[slow_pre, slow_pre])
+    await anyio.sleep(100.0)  # the loop's clock is far from zero when the turn starts
+    times = []
+    for level in (logging.WARNING, logging.DEBUG):
+        with caplog.at_level(level, logger="turnplug.pipeline"):
+            events = await streamed(pipe)
+        times.append(
+            [
+                (type(e).__name__, round(e.at * 1e3, 3))
+                for e in events
+                if isinstance(e, ev.HookStarted | ev.HookFinished)
+            ]
+        )
+
+    assert (
+        times
+        == [
+            [
+                ("HookStarted", 0.0),
+                ("HookFinished", 5.0),
+                ("HookStarted", 5.0),
+                ("HookFinished", 10.0),
+            ]
+        ]
+        * 2
+    )
