@@ -102,3 +102,15 @@ def test_running_some_benchmarks_keeps_the_other_tables() -> None:
     assert "Measured 2026-01-01" in turn
     assert "Measured 2026-02-01" not in turn
     assert body.count("Measured 2026-02-01") == 2
+
+
+def test_rewriting_results_keeps_the_serve_section() -> None:
+    """Catches: `python -m bench` dropping the gateway's load figures, which
+    `python -m bench.serve` records apart (its section is not one of the benchmark modules)."""
+    from bench.__main__ import SECTIONS
+
+    old = (Path(__file__).resolve().parent.parent / "bench" / "RESULTS.md").read_text()
+    new = merge(old, {"sse": "## sse\n\nrewritten"}, SECTIONS)
+    serve = old[old.index("<!-- bench:serve -->") : old.index("<!-- /bench:serve -->")]
+    assert serve in new
+    assert "rewritten" in new
