@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 REQUEST = ModelRequest((Message.user("Tell me about foxes."),))
 
 
-def _start_server(chunks: int) -> tuple[subprocess.Popen[str], str]:
+def start_server(chunks: int) -> tuple[subprocess.Popen[str], str]:
+    """The local protocol server in a process of its own, streaming `chunks` OpenAI chunks."""
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.providers.server", "--openai-chunks", str(chunks)],
         cwd=ROOT,
@@ -86,7 +87,7 @@ async def run(quick: bool) -> list[Row]:
     except ImportError:
         openai = None
         print("(the openai SDK is not installed: `pip install openai` to compare against it)")
-    process, base_url = _start_server(chunks)
+    process, base_url = start_server(chunks)
     try:
         model = OpenAIChat("bench", base_url=base_url, api_key="bench")
         ours: list[float] = []

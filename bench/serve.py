@@ -28,6 +28,8 @@ from pathlib import Path
 import httpx
 import trio
 
+from .providers import start_server
+
 ROOT = Path(__file__).resolve().parent.parent
 BODY = {
     "model": "m",
@@ -36,22 +38,6 @@ BODY = {
 }
 LEVELS = ((1, 60), (50, 250), (200, 400))  # (clients, turns)
 QUICK = ((1, 5), (5, 10), (10, 10))
-
-
-def start_upstream() -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.providers.server", "--openai-chunks", "200"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
-    port = process.stdout.readline().strip()
-    if not port.isdigit():
-        process.kill()
-        raise RuntimeError(f"the upstream did not start (it printed {port!r})")
-    return process, f"http://127.0.0.1:{port}"
 
 
 def start_gateway(
@@ -181,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         "--loop", choices=("asyncio", "trio"), default="asyncio", help="the gateway's event loop"
     )
     args = parser.parse_args(argv)
-    upstream_process, upstream = start_upstream()
+    upstream_process, base_url = start_server(200)
+    upstream = base_url.removesuffix("/v1")
     try:
         with tempfile.TemporaryDirectory() as folder:
             gateway_process, gateway = start_gateway(upstream, Path(folder), args.loop)
