@@ -38,7 +38,7 @@ from pipeline import (
 )
 from pipeline import events as ev
 from pipeline.logs import Log
-from turns import Reply, ToolCall, Turn
+from turns import Message, Reply, ToolCall, ToolResult, Turn
 from turns.serde import to_dict
 
 from ._timeline import plain
@@ -47,6 +47,7 @@ from ._wire import (
     ChatRequest,
     Completion,
     WireError,
+    check_continuation,
     parse_request,
     split_text,
     sse,
@@ -454,6 +455,8 @@ class Gateway:
                 param="tools",
                 code="unsupported_parameter",
             )
+        if request.message.role == "tool":
+            check_continuation(request, context)
         turn = Turn.start(request.message, context=context).with_request(**_set(request.options))
         self.feed.publish(
             {
@@ -461,7 +464,7 @@ class Gateway:
                 "turn_ref": turn.turn_ref,
                 "conversation_id": conversation,
                 "stream": request.stream,
-                "message": request.message.text,
+                "message": _said(request.message),
             }
         )
         try:
@@ -526,6 +529,14 @@ class Gateway:
                 )
                 self.publish(ev.Committed(turn.turn_ref, conversation, messages))
         return result, pieces
+
+
+def _said(message: Message) -> str:
+    """What the page shows as a request's message: the user's text, or the results sent."""
+    if message.role != "tool":
+        return message.text
+    results = [p for p in message.parts if type(p) is ToolResult]
+    return "tool results: " + "; ".join(f"{r.call_id}: {r.content}" for r in results)
 
 
 def _text(exc: BaseException) -> str:
