@@ -26,6 +26,7 @@ from turns import (
 )
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+_encode_string = json.encoder.encode_basestring
 TOOL_CHOICES = ("none", "auto", "required")
 
 # Provider finish reasons that mean the same as an OpenAI one.
@@ -505,7 +506,9 @@ class Completion:
     def text_frame(self, text: str) -> bytes:
         """`sse(self.text(text))`, without encoding the same envelope again for every delta."""
         head, tail = self._text_envelope
-        return head + json.dumps(text, ensure_ascii=False).encode() + tail
+        # What json.dumps(text, ensure_ascii=False) returns, without building an encoder per
+        # call (dumps does, for any non-default option): the C string encoder itself.
+        return head + _encode_string(text).encode() + tail
 
     @functools.cached_property
     def _text_envelope(self) -> tuple[bytes, bytes]:
