@@ -677,6 +677,11 @@ class _Endpoint:
                         writing.start_soon(outbox.write)
                         try:
                             result, pieces = await gateway.turn(request, conversation, outbox.text)
+                            if outbox.opened:
+                                # The ending goes out with the last text, in one write.
+                                assert result.reply is not None
+                                ending = completion.ending(result.reply, request.include_usage)
+                                outbox.finish(b"".join([*map(sse, ending), DONE]))
                         finally:
                             outbox.close()
             except Exception as exc:
@@ -692,6 +697,8 @@ class _Endpoint:
             return
         if result is None:
             return  # the client went away; the turn was cancelled
+        if outbox is not None and outbox.finished:
+            return  # the live stream's writer sent the ending
         reply = result.reply
         assert reply is not None
         if not request.stream:
@@ -746,6 +753,7 @@ class _Outbox:
         self.pending: list[bytes] = []
         self.size = 0
         self.closed = False
+        self.finished = False  # the ending is queued: the last write ends the body
         self.ready = anyio.Event()
         self.drained = anyio.Event()
 
@@ -760,6 +768,13 @@ class _Outbox:
         if self.size > self.LIMIT:
             await self.drained.wait()
 
+    def finish(self, ending: bytes) -> None:
+        """Queue the stream's last frames; they go out with what is still queued, as the
+        body's last message."""
+        self.pending.append(ending)
+        self.finished = True
+        self.close()
+
     def close(self) -> None:
         self.closed = True
         self.ready.set()
@@ -769,13 +784,14 @@ class _Outbox:
             await self.ready.wait()
             self.ready = anyio.Event()
             if self.pending:
+                last = self.finished  # then the ending is among the pending frames
                 data = b"".join(self.pending)
                 self.pending.clear()
                 self.size = 0
                 if not self.started:
                     self.started = True
                     await _start_stream(self.send)
-                await _frame(self.send, data)
+                await _frame(self.send, data, more=not last)
                 self.drained.set()
                 self.drained = anyio.Event()
             if self.closed and not self.pending:
