@@ -14,7 +14,8 @@ def log_messages(turn: Turn) -> tuple[Message, ...]:
     """The messages a completed `turn` commits, in order.
 
     The durable pre-stage injections (rendered as they were sent: tool exchanges before the
-    user message, text at the head of the user message), the user message, the accepted
+    user message, text at the head of the user message; after the tool message of a turn
+    continuing from tool results), the user message, the accepted
     reply's messages, then the durable post-stage injections. Rejected attempts, transient
     injections and regeneration feedback are never part of it. Every injected part carries
     the injecting hook's name in ``meta["injected_by"]``.
@@ -26,9 +27,14 @@ def log_messages(turn: Turn) -> tuple[Message, ...]:
     post = [i for i in turn.injections if i.durable and i.stage == "post"]
     exchanges, texts = split_injections(_stamped(pre))
     user = turn.user_message
-    if texts:
-        user = Message(user.role, (*texts, *user.parts), user.meta)
-    messages = [*exchanges, user, *reply.messages]
+    if user.role == "tool":
+        # Continuing from tool results: they follow the calls they answer, as sent.
+        messages = [user, *exchanges, *((Message("user", texts),) if texts else ())]
+    else:
+        if texts:
+            user = Message(user.role, (*texts, *user.parts), user.meta)
+        messages = [*exchanges, user]
+    messages.extend(reply.messages)
     if post:
         post_exchanges, post_texts = split_injections(_stamped(post))
         messages.extend(post_exchanges)

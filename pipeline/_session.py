@@ -1,7 +1,7 @@
 """Sessions: one conversation, its log, its lifecycle hooks and its background work."""
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Literal, TypeAlias, final
 
@@ -9,7 +9,7 @@ import anyio
 import anyio.abc
 import attrs
 
-from turns import Context, Message, Scope, Turn
+from turns import Context, Message, RequestOptions, Scope, ToolSpec, Turn
 
 from . import events as ev
 from ._audit import HookRecord
@@ -103,23 +103,51 @@ class Session:
         """Events from outside any turn: background hooks and session hooks, in order."""
         return tuple(self._events)
 
-    async def send(self, message: str | Message) -> TurnResult:
-        """Run one turn on the conversation so far and commit it when it completes."""
+    async def send(
+        self,
+        message: str | Message,
+        *,
+        system: str | None = None,
+        tools: Sequence[ToolSpec] = (),
+        request: RequestOptions | None = None,
+        turn_ref: str | None = None,
+    ) -> TurnResult:
+        """Run one turn on the conversation so far and commit it when it completes.
+
+        Args:
+            message: The user's text or message, or a ``tool`` message continuing from the
+                results of the tool calls the conversation ends with (see `Turn.start`).
+            system: This turn's system prompt, in place of the conversation's.
+            tools: Tools this turn offers that the caller runs itself (a pipeline without
+                tools of its own returns their calls in the reply).
+            request: This turn's request options (temperature, max_tokens, tool_choice,
+                ...), as the pre hooks then find them on ``turn.request``.
+            turn_ref: The turn's correlation id; a fresh one by default.
+        """
         self._check_open("send")
         async with self._lock:
-            turn = self._turn(message)
+            turn = self._turn(message, system, tools, request, turn_ref)
             try:
                 return await self._drive(None).run(turn)
             except BaseExceptionGroup as group:
                 raise_single(group)
 
     @asynccontextmanager
-    async def stream(self, message: str | Message) -> AsyncIterator["TurnEvents"]:
-        """`send`, streamed: ``async with session.stream(text) as events``."""
+    async def stream(
+        self,
+        message: str | Message,
+        *,
+        system: str | None = None,
+        tools: Sequence[ToolSpec] = (),
+        request: RequestOptions | None = None,
+        turn_ref: str | None = None,
+    ) -> AsyncIterator["TurnEvents"]:
+        """`send`, streamed: ``async with session.stream(text) as events``; the same
+        arguments."""
         self._check_open("stream")
         async with self._lock:
             events = TurnEvents()
-            turn = self._turn(message)
+            turn = self._turn(message, system, tools, request, turn_ref)
             drive = self._drive(events._emit, events._caught_up)
             async with stream_turn(drive, turn, events) as stream:
                 yield stream
@@ -139,8 +167,29 @@ class Session:
 
     # -- turns --------------------------------------------------------------------------------
 
-    def _turn(self, message: str | Message) -> Turn:
-        turn = Turn.start(message, context=self._context, scope=self._scope)
+    def _turn(
+        self,
+        message: str | Message,
+        system: str | None,
+        tools: Sequence[ToolSpec],
+        request: RequestOptions | None,
+        turn_ref: str | None,
+    ) -> Turn:
+        context = self._context
+        if system is not None or tools:
+            context = attrs.evolve(
+                context,
+                system=context.system if system is None else system,
+                tools=tools or context.tools,
+            )
+        turn = Turn.start(message, context=context, scope=self._scope, turn_ref=turn_ref)
+        if request is not None:
+            if not isinstance(request, RequestOptions):
+                raise TypeError(
+                    f"request= takes a turns.RequestOptions, got {type(request).__name__} —"
+                    " e.g. RequestOptions(temperature=0.2)"
+                )
+            turn = attrs.evolve(turn, request=request)
         self._turns += 1
         return turn
 

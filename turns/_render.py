@@ -16,7 +16,9 @@ def render(turn: Turn) -> tuple[Message, ...]:
     tool-call message and its tool messages just before the user message. Nothing is placed
     before or inside the history, so the provider's prompt-cache prefix stays intact.
     Injections not yet stamped by the runtime render as pre-stage; post-stage injections are
-    not sent.
+    not sent. A turn that continues from tool results sends them right after the history
+    (after the tool calls they answer), then the injected exchanges, then the injected text
+    as one user message.
     """
     head: list[Message] = []
     if turn.context.system is not None:
@@ -26,12 +28,24 @@ def render(turn: Turn) -> tuple[Message, ...]:
         head.append(turn.user_message)
         return tuple(head)
     exchanges, texts = split_injections(inj for inj in turn.injections if inj.stage != "post")
-    head.extend(exchanges)
-    user = turn.user_message
+    head.extend(place(turn.user_message, exchanges, texts))
+    return tuple(head)
+
+
+def place(
+    user: Message, exchanges: tuple[Message, ...], texts: tuple[Part, ...]
+) -> tuple[Message, ...]:
+    """The turn's own message with injected exchanges and text placed around it.
+
+    A user message gets the exchanges before it and the text at its head. A tool message
+    (a turn continuing from tool results) must follow the tool calls it answers, so the
+    exchanges come after it and the text follows as one user message.
+    """
+    if user.role == "tool":
+        return (user, *exchanges, *((Message("user", texts),) if texts else ()))
     if texts:
         user = Message(user.role, (*texts, *user.parts), user.meta)
-    head.append(user)
-    return tuple(head)
+    return (*exchanges, user)
 
 
 def split_injections(

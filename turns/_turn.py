@@ -106,7 +106,8 @@ class Turn:
 
     Attributes:
         context: The conversation so far (or the per-turn view of it a hook set).
-        user_message: What the user said this turn.
+        user_message: What the user said this turn; in a turn that continues from tool
+            results, the ``tool`` message holding them (see `Turn.start`).
         turn_ref: Correlates every event and the audit record of this turn.
         scope: Ambient state for hooks and tools.
         injections: What hooks added, in order.
@@ -131,13 +132,24 @@ class Turn:
         scope: Scope | None = None,
         turn_ref: str | None = None,
     ) -> Self:
-        """Start a turn from the user's text or message.
+        """Start a turn from the user's text or message, or from tool results.
+
+        A ``tool`` message (``Message("tool", results)``, one `ToolResult` per call) starts
+        a turn that *continues* from tool results: the context's last message is the
+        assistant message whose tool calls they answer (the caller ran the tools), and the
+        model is asked again with the results. Every call of that message must be answered
+        once. Such a turn renders the results right after the history and commits them in
+        place of a user message.
 
         Args:
-            message: The user's text, or a complete user `Message`.
+            message: The user's text, a complete user `Message`, or a tool message.
             context: The conversation so far; empty by default.
             scope: Ambient state; empty by default.
             turn_ref: A correlation id; a fresh random hex id by default.
+
+        Raises:
+            ValueError: A message of another role, or tool results that do not answer the
+                tool calls of the context's last message.
         """
         if isinstance(message, str):
             message = Message.user(message)
@@ -145,8 +157,11 @@ class Turn:
             raise TypeError(
                 f"Turn.start expects the user's text or a Message, got {type(message).__name__}"
             )
-        elif message.role != "user":
-            raise ValueError(f"Turn.start expects a user message, got role {message.role!r}")
+        elif message.role not in ("user", "tool"):
+            raise ValueError(
+                f"Turn.start expects a user message (or a tool message continuing from tool"
+                f" results), got role {message.role!r}"
+            )
         if context is not None and not isinstance(context, Context):
             raise TypeError(
                 f"Turn.start(context=...) takes a Context, got {type(context).__name__} — wrap"
@@ -159,6 +174,8 @@ class Turn:
             )
         if turn_ref is not None and (not isinstance(turn_ref, str) or not turn_ref):
             raise ValueError(f"turn_ref must be a non-empty string, got {turn_ref!r}")
+        if message.role == "tool":
+            check_results(message, context)
         return cls(
             context=Context() if context is None else context,
             user_message=message,
@@ -215,6 +232,44 @@ class Turn:
     def assign(self, **values: Any) -> Self:
         """Return a turn whose scope has `values` assigned (`Scope.assign`)."""
         return attrs.evolve(self, scope=self.scope.assign(**values))
+
+
+def check_results(message: Message, context: Context | None) -> None:
+    """Check that a tool message answers every tool call of the context's last message once.
+
+    Raises:
+        ValueError: It does not; the message names the call at fault.
+    """
+    calls = []
+    if context is not None and context.messages:
+        last = context.messages[-1]
+        if last.role == "assistant":
+            calls = [part.id for part in last.parts if type(part) is ToolCall]
+    if not calls:
+        raise ValueError(
+            "a turn that continues from tool results needs the tool calls they answer: the"
+            " context's last message must be the assistant message with those tool calls"
+        )
+    answered: list[str] = []
+    for part in message.parts:
+        if type(part) is not ToolResult:
+            raise ValueError(
+                f"a tool message holds only ToolResult parts, got {type(part).__name__}"
+            )
+        if part.call_id not in calls:
+            raise ValueError(
+                f"tool result for call {part.call_id!r} answers no tool call of the context's"
+                f" last message (its calls are {calls})"
+            )
+        if part.call_id in answered:
+            raise ValueError(f"tool call {part.call_id!r} is answered twice")
+        answered.append(part.call_id)
+    missing = [call for call in calls if call not in answered]
+    if missing:
+        raise ValueError(
+            f"tool calls {missing} have no result: every tool call of the context's last"
+            " message needs one (send an error result for a call that could not run)"
+        )
 
 
 # -- fast builders -----------------------------------------------------------------------------

@@ -27,6 +27,8 @@ from starlette.routing import Route
 
 from pipeline import (
     BudgetError,
+    Cont,
+    Halt,
     LogConflict,
     Pipeline,
     PipelineError,
@@ -35,10 +37,13 @@ from pipeline import (
     RateLimited,
     RequestError,
     TurnResult,
+    cont,
+    halt,
+    hook,
 )
 from pipeline import events as ev
 from pipeline.logs import Log
-from turns import Reply, ToolCall, Turn
+from turns import Context, Message, Reply, ToolCall, ToolResult, Turn
 from turns.serde import to_dict
 
 from ._timeline import plain
@@ -47,6 +52,7 @@ from ._wire import (
     ChatRequest,
     Completion,
     WireError,
+    check_continuation,
     parse_request,
     split_text,
     sse,
@@ -60,6 +66,8 @@ MIB = 1 << 20
 _logger = logging.getLogger("turnplug.serve")
 CONVERSATION_HEADER = "x-conversation-id"
 _REDACTED = "[REDACTED]"
+POLICY_HOOK = "client_tool_policy"
+"""The post hook that judges tool calls returned to the client (see `Gateway._police`)."""
 
 
 @final
@@ -264,7 +272,6 @@ async def police_calls(
     for call in calls:
         verdict = await pipe.judge_tool_call(call, turn, emit=emit)
         if verdict.outcome == "halted":
-            emit(ev.Halted(turn.turn_ref, verdict.hook or "", verdict.reason))
             return judged, WireError(
                 422,
                 f"the turn was halted by hook {verdict.hook!r}: {verdict.reason}",
@@ -297,6 +304,13 @@ class Gateway:
         # Text reaches a client only once nothing can take it back: held until the post
         # hooks accept it when any hook could still reject or halt the attempt.
         self.holds = bool(pipe.post or pipe.before_tool or pipe.after_tool)
+        # Refusals of the client tool policy, by turn, until the turn's answer is sent.
+        self._refused: dict[str, WireError] = {}
+        if pipe.before_tool and not pipe.tools:
+            # Tool calls returned to the client are judged by the before-tool hooks in the
+            # last post hook, so a refusal stops the turn before anything is committed.
+            police = hook(self._police, name=POLICY_HOOK)
+            pipe = attrs.evolve(pipe, post=(*pipe.post, police))
         self.pipe = attrs.evolve(pipe, hold_until_accepted=True) if self.holds else pipe
         self.settings = settings
         self._secrets = tuple(s for s in settings.secrets if s)
@@ -424,7 +438,7 @@ class Gateway:
         conversation: str | None,
         on_text: Callable[[str], Awaitable[None]] | None,
     ) -> tuple[TurnResult, list[str]]:
-        """Run one turn; commit it to the conversation when there is one.
+        """Run one turn; with a conversation, through a session of it, which commits it.
 
         `on_text` receives text as it may be shown (accepted, transformed); when it is None,
         text is collected and returned with the result.
@@ -433,20 +447,43 @@ class Gateway:
             WireError: The turn did not complete, or a client tool call was refused.
             PipelineError, TimeoutError: The turn failed.
         """
-        log = self.settings.log
-        context = request.context()
-        expected = None
-        if conversation is not None:
-            assert log is not None
-            stored = await log.load(conversation)
-            expected = len(stored.messages)
-            # The log holds the conversation: only the request's last message is new.
-            context = attrs.evolve(
-                stored,
-                system=request.system if request.system is not None else stored.system,
-                tools=request.tools or stored.tools,
+        turn_ref = secrets.token_hex(16)
+        self.feed.publish(
+            {
+                "event": "GatewayRequest",
+                "turn_ref": turn_ref,
+                "conversation_id": conversation,
+                "stream": request.stream,
+                "message": _said(request.message),
+            }
+        )
+        try:
+            if conversation is None:
+                return await self._stateless(turn_ref, request, on_text)
+            return await self._in_conversation(turn_ref, request, conversation)
+        except Exception as exc:
+            error = exc if isinstance(exc, WireError) else failure_error(exc)
+            if error.status >= 500:
+                _logger.warning(
+                    "turn %s failed (HTTP %d): %s", turn_ref, error.status, self.scrub(_text(exc))
+                )
+            self.feed.publish(
+                {
+                    "event": "GatewayError",
+                    "turn_ref": turn_ref,
+                    "status": error.status,
+                    "type": error.type,
+                    "message": error.message,
+                }
             )
-        if context.tools and self.pipe.tools:
+            raise error from exc
+        finally:
+            self._refused.pop(turn_ref, None)
+
+    def _check(self, request: ChatRequest, context: Context) -> None:
+        """Refuse what the turn could not run: client tools beside the pipeline's own, tool
+        results that answer no call of `context`."""
+        if (request.tools or context.tools) and self.pipe.tools:
             raise WireError(
                 400,
                 "this gateway's pipeline runs its own tools; it does not accept tools from the"
@@ -454,78 +491,98 @@ class Gateway:
                 param="tools",
                 code="unsupported_parameter",
             )
-        turn = Turn.start(request.message, context=context).with_request(**_set(request.options))
-        self.feed.publish(
-            {
-                "event": "GatewayRequest",
-                "turn_ref": turn.turn_ref,
-                "conversation_id": conversation,
-                "stream": request.stream,
-                "message": request.message.text,
-            }
-        )
-        try:
-            return await self._run(turn, request, conversation, on_text, expected)
-        except Exception as exc:
-            error = exc if isinstance(exc, WireError) else failure_error(exc)
-            if error.status >= 500:
-                _logger.warning(
-                    "turn %s failed (HTTP %d): %s",
-                    turn.turn_ref,
-                    error.status,
-                    self.scrub(_text(exc)),
-                )
-            self.feed.publish(
-                {
-                    "event": "GatewayError",
-                    "turn_ref": turn.turn_ref,
-                    "status": error.status,
-                    "type": error.type,
-                    "message": error.message,
-                }
-            )
-            raise error from exc
+        if request.message.role == "tool":
+            check_continuation(request, context)
 
-    async def _run(
+    async def _stateless(
         self,
-        turn: Turn,
+        turn_ref: str,
         request: ChatRequest,
-        conversation: str | None,
         on_text: Callable[[str], Awaitable[None]] | None,
-        expected: int | None,
     ) -> tuple[TurnResult, list[str]]:
-        log = self.settings.log
-        pieces: list[str] = []
+        context = request.context()
+        self._check(request, context)
+        turn = Turn.start(request.message, context=context, turn_ref=turn_ref)
+        turn = turn.with_request(**_set(request.options))
+        live = on_text if not self.holds else None
         with anyio.fail_after(self.settings.turn_timeout):
             async with self.pipe.stream(turn) as events:
-                async for event in events:
-                    if type(event) is ev.TextDelta:
-                        if on_text is not None and not self.holds and conversation is None:
-                            await on_text(event.text)
-                        else:
-                            pieces.append(event.text)
-                    else:
-                        self.publish(event)
-            result = events.result
-            error = outcome_error(result)
-            if error is None:
-                assert result.reply is not None
-                calls = [p for p in result.reply.message.parts if type(p) is ToolCall]
-                if calls and not self.pipe.tools:
-                    judged, error = await police_calls(self.pipe, result.turn, calls, self.publish)
-                    if error is None and judged != calls:
-                        result = _with_calls(result, calls, judged)
-            if error is not None:
-                raise error
-            if conversation is not None:
-                assert log is not None
-                assert result.reply is not None
-                messages = result.log_messages
-                await log.append(
-                    conversation, turn.turn_ref, messages, result.audit, expected_length=expected
-                )
-                self.publish(ev.Committed(turn.turn_ref, conversation, messages))
-        return result, pieces
+                pieces = await self._watch(events, live)
+        return self._answered(events.result), pieces
+
+    async def _in_conversation(
+        self, turn_ref: str, request: ChatRequest, conversation: str
+    ) -> tuple[TurnResult, list[str]]:
+        """The turn through a session of the conversation: it loads the history, commits
+        the turn (only if the conversation did not grow meanwhile) and then the durable
+        output of background hooks, which run before the session closes."""
+        log = self.settings.log
+        assert log is not None
+        timeout = self.settings.turn_timeout
+        async with self.pipe.session(
+            log=log, conversation_id=conversation, drain_timeout=timeout
+        ) as session:
+            # The log holds the conversation: only the request's last message is new.
+            self._check(request, session.context)
+            with anyio.fail_after(timeout):
+                async with session.stream(
+                    request.message,
+                    system=request.system,
+                    tools=request.tools,
+                    request=request.options,
+                    turn_ref=turn_ref,
+                ) as events:
+                    # Text is sent once the turn is committed: never a turn that lost a race.
+                    pieces = await self._watch(events, None)
+        for event in session.events:
+            self.publish(event)
+        return self._answered(events.result), pieces
+
+    async def _watch(
+        self, events: AsyncIterator[ev.Event], on_text: Callable[[str], Awaitable[None]] | None
+    ) -> list[str]:
+        """Publish a turn's events; its text goes to `on_text`, or is collected and returned."""
+        pieces: list[str] = []
+        async for event in events:
+            if type(event) is ev.TextDelta:
+                if on_text is not None:
+                    await on_text(event.text)
+                else:
+                    pieces.append(event.text)
+            else:
+                self.publish(event)
+        return pieces
+
+    def _answered(self, result: TurnResult) -> TurnResult:
+        """`result`, if the turn completed; else the error it is answered with."""
+        error = self._refused.pop(result.turn.turn_ref, None) or outcome_error(result)
+        if error is not None:
+            raise error
+        return result
+
+    async def _police(self, turn: Turn) -> Cont[Turn] | Halt:
+        """The client tool policy: tool calls the client is to run, judged by the before-tool
+        hooks (`police_calls`); a refusal halts the turn and is answered with its own error."""
+        reply = turn.reply
+        assert reply is not None
+        calls = [p for p in reply.message.parts if type(p) is ToolCall]
+        if not calls:
+            return cont(turn)
+        judged, error = await police_calls(self.pipe, turn, calls, self.publish)
+        if error is not None:
+            self._refused[turn.turn_ref] = error
+            return halt(error.message)
+        if judged != calls:
+            turn = attrs.evolve(turn, reply=_with_calls(reply, calls, judged))
+        return cont(turn)
+
+
+def _said(message: Message) -> str:
+    """What the page shows as a request's message: the user's text, or the results sent."""
+    if message.role != "tool":
+        return message.text
+    results = [p for p in message.parts if type(p) is ToolResult]
+    return "tool results: " + "; ".join(f"{r.call_id}: {r.content}" for r in results)
 
 
 def _text(exc: BaseException) -> str:
@@ -620,6 +677,11 @@ class _Endpoint:
                         writing.start_soon(outbox.write)
                         try:
                             result, pieces = await gateway.turn(request, conversation, outbox.text)
+                            if outbox.opened:
+                                # The ending goes out with the last text, in one write.
+                                assert result.reply is not None
+                                ending = completion.ending(result.reply, request.include_usage)
+                                outbox.finish(b"".join([*map(sse, ending), DONE]))
                         finally:
                             outbox.close()
             except Exception as exc:
@@ -635,6 +697,8 @@ class _Endpoint:
             return
         if result is None:
             return  # the client went away; the turn was cancelled
+        if outbox is not None and outbox.finished:
+            return  # the live stream's writer sent the ending
         reply = result.reply
         assert reply is not None
         if not request.stream:
@@ -689,6 +753,7 @@ class _Outbox:
         self.pending: list[bytes] = []
         self.size = 0
         self.closed = False
+        self.finished = False  # the ending is queued: the last write ends the body
         self.ready = anyio.Event()
         self.drained = anyio.Event()
 
@@ -703,6 +768,13 @@ class _Outbox:
         if self.size > self.LIMIT:
             await self.drained.wait()
 
+    def finish(self, ending: bytes) -> None:
+        """Queue the stream's last frames; they go out with what is still queued, as the
+        body's last message."""
+        self.pending.append(ending)
+        self.finished = True
+        self.close()
+
     def close(self) -> None:
         self.closed = True
         self.ready.set()
@@ -712,13 +784,14 @@ class _Outbox:
             await self.ready.wait()
             self.ready = anyio.Event()
             if self.pending:
+                last = self.finished  # then the ending is among the pending frames
                 data = b"".join(self.pending)
                 self.pending.clear()
                 self.size = 0
                 if not self.started:
                     self.started = True
                     await _start_stream(self.send)
-                await _frame(self.send, data)
+                await _frame(self.send, data, more=not last)
                 self.drained.set()
                 self.drained = anyio.Event()
             if self.closed and not self.pending:
@@ -784,12 +857,10 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
-def _with_calls(result: TurnResult, calls: list[ToolCall], judged: list[ToolCall]) -> TurnResult:
-    """`result` with its reply's tool calls as the before-tool hooks rewrote them."""
-    assert result.reply is not None
+def _with_calls(reply: Reply, calls: list[ToolCall], judged: list[ToolCall]) -> Reply:
+    """`reply` with its tool calls as the before-tool hooks rewrote them."""
     swap = {id(old): new for old, new in zip(calls, judged, strict=True)}
-    message = result.reply.message
+    message = reply.message
     message = attrs.evolve(message, parts=tuple(swap.get(id(p), p) for p in message.parts))
-    messages = tuple(message if m is result.reply.message else m for m in result.reply.messages)
-    reply = attrs.evolve(result.reply, message=message, messages=messages)
-    return attrs.evolve(result, reply=reply, turn=attrs.evolve(result.turn, reply=reply))
+    messages = tuple(message if m is reply.message else m for m in reply.messages)
+    return attrs.evolve(reply, message=message, messages=messages)

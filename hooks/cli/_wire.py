@@ -26,6 +26,7 @@ from turns import (
 )
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+_encode_string = json.encoder.encode_basestring
 TOOL_CHOICES = ("none", "auto", "required")
 
 # Provider finish reasons that mean the same as an OpenAI one.
@@ -88,7 +89,9 @@ class ChatRequest:
         model: The model name the client asked for (the gateway answers with its own).
         history: The messages before the last one.
         system: The leading system (or developer) messages' text, if any.
-        message: The last message, the user's: the turn's message.
+        message: The turn's message: the last message, the user's, or a tool message holding
+            the results of every trailing ``tool`` message (a continuation).
+        positions: For a continuation, where each result was in ``messages`` (for errors).
         tools: The tools the client declared; their calls are returned to the client.
         options: temperature, max_tokens and tool_choice as the client set them.
         stream: Whether the client asked for a stream of chunks.
@@ -99,6 +102,7 @@ class ChatRequest:
     history: tuple[Message, ...]
     system: str | None
     message: Message
+    positions: tuple[int, ...]
     tools: tuple[ToolSpec, ...]
     options: RequestOptions
     stream: bool
@@ -107,6 +111,51 @@ class ChatRequest:
     def context(self) -> Context:
         """The conversation the request carries, as the turn's context."""
         return Context(messages=self.history, system=self.system, tools=self.tools)
+
+
+def check_continuation(request: ChatRequest, context: Context) -> None:
+    """Check that a continuation's results answer the tool calls that end `context`.
+
+    The calls are the ones of the context's last message (the request's own assistant
+    message, or the conversation log's): each must get one result, and each result must
+    name one of them.
+
+    Raises:
+        WireError: 400 naming the tool message (or the field) at fault.
+    """
+    last = context.messages[-1] if context.messages else None
+    calls = {}
+    if last is not None and last.role == "assistant":
+        calls = {part.id: part.name for part in last.parts if type(part) is ToolCall}
+    where = f"messages[{request.positions[0]}]"
+    if not calls:
+        raise _bad(
+            f"'{where}' is a tool result, but the message before it is not an assistant message"
+            " with tool calls — send the assistant message (with its 'tool_calls') that the"
+            " results answer, then one tool message per call",
+            f"{where}.role",
+        )
+    seen: set[str] = set()
+    for position, result in zip(request.positions, request.message.parts, strict=True):
+        assert type(result) is ToolResult
+        param = f"messages[{position}].tool_call_id"
+        if result.call_id not in calls:
+            raise _bad(
+                f"'{param}' is {result.call_id!r}, which matches no tool call of the assistant"
+                f" message before it (its calls: {sorted(calls)}) — answer each call with its"
+                " own id",
+                param,
+            )
+        if result.call_id in seen:
+            raise _bad(f"tool call {result.call_id!r} is answered twice ('{param}')", param)
+        seen.add(result.call_id)
+    missing = [f"{call_id} ({name})" for call_id, name in calls.items() if call_id not in seen]
+    if missing:
+        raise _bad(
+            f"tool calls {missing} have no tool message: send one result per call (an error"
+            " message as the content for a call that could not run)",
+            "messages",
+        )
 
 
 def _bad(message: str, param: str | None, code: str = "invalid_value") -> WireError:
@@ -166,10 +215,23 @@ def parse_request(body: bytes) -> ChatRequest:
     while messages and messages[0].role == "system" and len(messages) > 1:
         system_parts.append(messages.pop(0).text)
     last = messages[-1]
-    if last.role != "user":
+    positions: tuple[int, ...] = ()
+    if last.role == "tool":
+        # The client ran the tool calls the gateway returned and sends their results: the
+        # turn continues from them (every trailing tool message), as one tool message.
+        first = len(messages)
+        while first > 0 and messages[first - 1].role == "tool":
+            first -= 1
+        results = [part for m in messages[first:] for part in m.parts]
+        positions = tuple(range(len(raw) - (len(messages) - first), len(raw)))
+        del messages[first:]
+        messages.append(Message("tool", results))
+        last = messages[-1]
+    elif last.role != "user":
         raise _bad(
-            f"the last message must be the user's (role 'user'), got role {last.role!r} —"
-            " each request is one turn on the user's latest message",
+            f"the last message must be the user's (role 'user') or tool results (role"
+            f" 'tool'), got role {last.role!r} — each request is one turn on the user's latest"
+            " message, or a continuation from the results of the tool calls it returned",
             f"messages[{len(raw) - 1}].role",
         )
     n = data.get("n", 1)
@@ -189,6 +251,7 @@ def parse_request(body: bytes) -> ChatRequest:
         history=tuple(messages[:-1]),
         system="\n\n".join(system_parts) if system_parts else None,
         message=last,
+        positions=positions,
         tools=_tools(data.get("tools")),
         options=_options(data),
         stream=stream,
@@ -443,7 +506,9 @@ class Completion:
     def text_frame(self, text: str) -> bytes:
         """`sse(self.text(text))`, without encoding the same envelope again for every delta."""
         head, tail = self._text_envelope
-        return head + json.dumps(text, ensure_ascii=False).encode() + tail
+        # What json.dumps(text, ensure_ascii=False) returns, without building an encoder per
+        # call (dumps does, for any non-default option): the C string encoder itself.
+        return head + _encode_string(text).encode() + tail
 
     @functools.cached_property
     def _text_envelope(self) -> tuple[bytes, bytes]:

@@ -17,7 +17,7 @@ from pipeline.logs import SQLiteLog
 from pipeline.providers import OpenAIChat
 from pipeline.testing import FunctionModel, ScriptedModel
 from tests.providers.server import json_error, openai_text, running, stream
-from turns import ToolCall
+from turns import ToolCall, Turn
 
 from .serve_support import KEY, MODEL, openai_error, served, sse_data, user, watch_feed
 
@@ -491,6 +491,120 @@ async def test_two_racing_turns_on_one_conversation_give_one_409(tmp_path: Path)
         stored = await log.load("race")
     assert sorted(statuses) == [200, 409]
     assert len(stored.messages) == 2
+
+
+def remembers(seen: list[str] | None = None) -> Any:
+    """A durable background post hook that records the reply it followed."""
+
+    def remember(turn: Turn) -> Any:
+        assert turn.reply is not None
+        if seen is not None:
+            seen.append(turn.reply.text)
+        return cont(turn.inject(f"noted: {turn.reply.text}"))
+
+    return hook(remember, name="remember", background=True, durable=True)
+
+
+async def test_background_hooks_output_is_committed_in_a_conversation(tmp_path: Path) -> None:
+    """Catches: the gateway committing a conversation turn itself and dropping what its
+    background post hooks add to the conversation (a running summary, a memory)."""
+    feed: list[dict[str, Any]] = []
+    pipe = Pipeline(model=ScriptedModel(["first", ["sec", "ond"]]), post=[remembers()])
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with served(pipe, log=log) as gw:
+            async with anyio.create_task_group() as nursery:
+                await nursery.start(watch_feed, gw, feed)
+                headers = {"X-Conversation-Id": "c"}
+                await gw.sdk().chat.completions.create(
+                    model="m", messages=user("one"), extra_headers=headers
+                )
+                chunks = await gw.sdk_stream(model="m", messages=user("two"), extra_headers=headers)
+                await anyio.sleep(0.2)
+                nursery.cancel_scope.cancel()
+    async with SQLiteLog(tmp_path / "log.db") as reopened:
+        stored = await reopened.load("c")
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "second"
+    assert [(m.role, m.text) for m in stored.messages] == [
+        ("user", "one"),
+        ("assistant", "first"),
+        ("user", "noted: first"),
+        ("user", "two"),
+        ("assistant", "second"),
+        ("user", "noted: second"),
+    ]
+    committed = [e for e in feed if e["event"] == "Committed"]
+    assert len(committed) == 4  # each turn, then each background hook's output
+
+
+async def test_a_race_with_background_hooks_commits_one_turn_and_its_output(
+    tmp_path: Path,
+) -> None:
+    """Catches: a turn that lost the race (409) still running its background hooks, whose
+    output then lands in the conversation after the winner's."""
+    both_loaded = anyio.Event()
+    arrived = 0
+
+    async def answer(request: Any) -> str:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 2:
+            both_loaded.set()
+        await both_loaded.wait()
+        return f"answer to {request.messages[-1].text}"
+
+    seen: list[str] = []
+    pipe = Pipeline(model=FunctionModel(answer), post=[remembers(seen)])
+    statuses: list[int] = []
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with served(pipe, log=log) as gw, gw.http() as client:
+
+            async def send(text: str) -> None:
+                response = await client.post(
+                    "/v1/chat/completions",
+                    json={"model": "m", "messages": user(text)},
+                    headers={"X-Conversation-Id": "race"},
+                )
+                statuses.append(response.status_code)
+
+            async with anyio.create_task_group() as nursery:
+                nursery.start_soon(send, "a")
+                nursery.start_soon(send, "b")
+        stored = await log.load("race")
+    assert sorted(statuses) == [200, 409]
+    [winner] = seen
+    assert [m.text for m in stored.messages] == [
+        winner.removeprefix("answer to "),
+        winner,
+        f"noted: {winner}",
+    ]
+
+
+async def test_a_blocked_client_tool_call_in_a_conversation_commits_nothing(
+    tmp_path: Path,
+) -> None:
+    """Catches: the tool policy judging calls after the session committed the turn, so a
+    403 answer leaves a turn (and its refused call) in the conversation."""
+
+    def no_deletes(call: ToolCall, turn: Any) -> Any:
+        return block("deleting is not allowed")
+
+    pipe = Pipeline(
+        model=ScriptedModel([[ToolCall("c1", "delete_all", {})]]),
+        before_tool=[hook(no_deletes, name="no_deletes")],
+        post=[remembers()],
+    )
+    tools = [{"type": "function", "function": {"name": "delete_all"}}]
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with served(pipe, log=log) as gw, gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": user("x"), "tools": tools},
+                headers={"X-Conversation-Id": "c"},
+            )
+        stored = await log.load("c")
+    assert response.status_code == 403
+    assert (openai_error(response.content)["hook"]) == "no_deletes"
+    assert stored.messages == ()
 
 
 async def test_a_failed_turn_commits_nothing(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ import pytest
 from hooks import redact
 from pipeline import INJECTED_BY, Pipeline, cont, halt, hook, parallel, per_chunk, regenerate
 from pipeline.testing import ScriptedModel
-from turns import Message, Text, ToolCall, ToolResult, Turn
+from turns import Context, Message, Text, ToolCall, ToolResult, Turn
 
 # -- helpers --------------------------------------------------------------------------------
 
@@ -175,6 +175,27 @@ async def test_a_durable_tool_pair_becomes_an_assistant_and_a_tool_message_befor
         Message("tool", (ToolResult("call_1", "tea, no sugar", meta=by("prefs")),)),
         Message("user", (Text("likes tea", meta=by("memory")), Text("hi"))),
         Message.assistant("Tea it is."),
+    )
+
+
+async def test_a_turn_continuing_from_tool_results_commits_them_in_place_of_a_user_message():
+    """Catches: a continuation committing its results after the durable injections (a log
+    whose tool message no longer follows its call), or not at all."""
+    asked = Message.assistant((ToolCall("c1", "weather", {}),))
+    results = Message("tool", (ToolResult("c1", "sunny"),))
+    pipe = Pipeline(
+        model=ScriptedModel(["Sunny."]),
+        pre=[
+            note("memory", "likes sun", durable=True),
+            note("scratch", "transient"),
+        ],
+    )
+    turn = Turn.start(results, context=Context(messages=(Message.user("q"), asked)))
+
+    assert (await pipe.run(turn)).log_messages == (
+        results,
+        Message("user", (Text("likes sun", meta=by("memory")),)),
+        Message.assistant("Sunny."),
     )
 
 

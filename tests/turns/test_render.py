@@ -278,3 +278,29 @@ def test_an_injection_made_with_inject_is_rendered() -> None:
     turn = Turn.start("hi").inject("Today is Monday.")
 
     assert render(turn) == (Message.user([Text("Today is Monday."), Text("hi")]),)
+
+
+def test_a_turn_continuing_from_tool_results_sends_them_right_after_their_calls() -> None:
+    """Catches: injections placed between the tool calls and their results (the provider
+    refuses a tool message that does not follow its call), or injected text merged into the
+    tool message."""
+    calls = Message.assistant((ToolCall("c1", "weather", {}),))
+    results = Message("tool", (ToolResult("c1", "sunny"),))
+    turn = Turn.start(results, context=Context(messages=(Message.user("q"), calls)))
+    pair = (ToolCall("p1", "prefs", {}), ToolResult("p1", "tea"))
+    turn = attrs.evolve(
+        turn,
+        injections=(
+            Injection((Text("note"),), "a", False, "pre"),
+            Injection(pair, "b", False, "pre"),
+            Injection((Text("later"),), "c", False, "post"),
+        ),
+    )
+    assert render(turn) == (
+        Message.user("q"),
+        calls,
+        results,
+        Message("assistant", (pair[0],)),
+        Message.tool(pair[1]),
+        Message("user", (Text("note"),)),
+    )

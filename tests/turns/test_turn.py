@@ -1,5 +1,6 @@
 """Turn: `start` defaults and errors, `inject`, `with_request` (narrowing) and `assign`."""
 
+import re
 import string
 
 import attrs
@@ -85,15 +86,57 @@ def test_start_keeps_the_given_context_scope_and_turn_ref() -> None:
 
 
 @pytest.mark.parametrize(
-    "message",
-    [Message.assistant("hello"), Message.system("rules"), Message.tool(ToolResult("c", "r"))],
-    ids=["assistant", "system", "tool"],
+    "message", [Message.assistant("hello"), Message.system("rules")], ids=["assistant", "system"]
 )
 def test_start_rejects_a_message_that_is_not_from_the_user_naming_its_role(
     message: Message,
 ) -> None:
     with pytest.raises(ValueError, match=message.role):
         Turn.start(message)
+
+
+ASKED = Context(
+    messages=(
+        Message.user("weather and time?"),
+        Message.assistant((ToolCall("c1", "weather", {}), ToolCall("c2", "clock", {}))),
+    )
+)
+
+
+def test_start_from_tool_results_continues_from_the_calls_they_answer() -> None:
+    """Catches: a turn continuing from tool results refused, or its results reordered."""
+    results = Message("tool", (ToolResult("c2", "12:00"), ToolResult("c1", "sunny")))
+    turn = Turn.start(results, context=ASKED)
+    assert turn.user_message is results
+    assert turn.context is ASKED
+
+
+@pytest.mark.parametrize(
+    ("results", "context", "says"),
+    [
+        ((ToolResult("c1", "x"), ToolResult("c9", "y")), ASKED, "'c9' answers no tool call"),
+        ((ToolResult("c1", "x"),), ASKED, "['c2'] have no result"),
+        (
+            (ToolResult("c1", "x"), ToolResult("c1", "x"), ToolResult("c2", "y")),
+            ASKED,
+            "'c1' is answered twice",
+        ),
+        ((ToolResult("c1", "x"), Text("y")), ASKED, "only ToolResult parts, got Text"),
+        ((ToolResult("c1", "x"),), None, "needs the tool calls they answer"),
+        (
+            (ToolResult("c1", "x"),),
+            Context(messages=(Message.user("q"), Message.assistant("no calls"))),
+            "needs the tool calls they answer",
+        ),
+    ],
+)
+def test_start_rejects_tool_results_that_do_not_answer_the_last_calls_naming_the_call(
+    results: tuple[Part, ...], context: Context | None, says: str
+) -> None:
+    """Catches: tool results sent to a model that never asked for them, or leaving a call
+    unanswered (the provider refuses both, mid-turn and with a less helpful message)."""
+    with pytest.raises(ValueError, match=re.escape(says)):
+        Turn.start(Message("tool", results), context=context)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,99 @@
+"""What a session's turn can be given besides its message: a system prompt, tools the caller
+runs, request options and a correlation id (`Session.send`, `Session.stream`), and a tool
+message that continues from the results of the calls the conversation ends with."""
+
+import pytest
+
+from pipeline import Pipeline, cont, hook
+from pipeline import events as ev
+from pipeline.logs import MemoryLog
+from pipeline.testing import ScriptedModel
+from turns import Message, RequestOptions, ToolCall, ToolResult, ToolSpec, Turn
+
+WEATHER = ToolSpec("get_weather", "The weather.", {"type": "object", "properties": {}})
+
+
+async def test_send_passes_system_tools_and_request_options_to_the_turn() -> None:
+    """Catches: a session turn that cannot be given the caller's system prompt, tools or
+    request options (a gateway then had to commit turns itself), or one whose turn_ref is
+    not the one given."""
+    seen: list[tuple[str | None, tuple[str, ...], RequestOptions]] = []
+
+    def look(turn: Turn) -> object:
+        seen.append((turn.context.system, turn.context.tool_names, turn.request))
+        return cont(turn)
+
+    model = ScriptedModel(["Sunny."])
+    pipe = Pipeline(model=model, pre=[hook(look, name="look")], system="Default.")
+    options = RequestOptions(temperature=0.3, max_tokens=50, tool_choice="auto")
+    log = MemoryLog()
+    async with pipe.session(log=log, conversation_id="c") as session:
+        result = await session.send(
+            "weather?", system="Be terse.", tools=[WEATHER], request=options, turn_ref="ref-1"
+        )
+    assert seen == [("Be terse.", ("get_weather",), options)]
+    [request] = model.requests
+    assert request.messages[0] == Message.system("Be terse.")
+    assert [t.name for t in request.tools] == ["get_weather"]
+    assert (request.options.temperature, request.options.max_tokens) == (0.3, 50)
+    assert result.turn.turn_ref == "ref-1"
+    assert [(e.turn_ref, len(e.messages)) for e in await log.entries("c")] == [("ref-1", 2)]
+
+
+async def test_stream_takes_the_same_options_and_a_tool_message_continues_the_turn() -> None:
+    """Catches: session.stream without the options send takes, or a session unable to
+    continue from the results of tool calls the caller ran (its log then ends with calls
+    that are never answered)."""
+    call = ToolCall("c1", "get_weather", {})
+    model = ScriptedModel([[call], "It is sunny."])
+    log = MemoryLog()
+    async with Pipeline(model=model).session(log=log, conversation_id="c") as session:
+        asked = await session.send("weather?", tools=[WEATHER])
+        results = Message("tool", (ToolResult("c1", "sunny"),))
+        async with session.stream(
+            results, tools=[WEATHER], request=RequestOptions(temperature=0.0)
+        ) as events:
+            kinds = [type(e).__name__ async for e in events]
+    assert asked.reply is not None
+    assert asked.reply.message.parts == (call,)
+    assert events.result.reply is not None
+    assert events.result.reply.text == "It is sunny."
+    assert "Committed" in kinds
+    assert model.requests[1].options.temperature == 0.0
+    assert [m.role for m in model.requests[1].messages] == ["user", "assistant", "tool"]
+    stored = await log.load("c")
+    assert [m.role for m in stored.messages] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_a_tool_message_answering_no_call_of_the_conversation_is_refused() -> None:
+    """Catches: results sent to the model for calls the conversation never made."""
+    async with Pipeline(model=ScriptedModel(["x"])).session(
+        log=MemoryLog(), conversation_id="c"
+    ) as session:
+        with pytest.raises(ValueError, match="needs the tool calls they answer"):
+            await session.send(Message("tool", (ToolResult("c1", "sunny"),)))
+        with pytest.raises(TypeError, match=r"request= takes a turns\.RequestOptions, got dict"):
+            await session.send("hi", request={"temperature": 0.1})  # type: ignore[arg-type]
+        assert session.info.turns == 0
+
+
+async def test_background_output_of_a_turn_given_options_is_committed() -> None:
+    """Catches: a turn run with caller options losing its background hooks' durable output."""
+
+    def remember(turn: Turn) -> object:
+        return cont(turn.inject("noted"))
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[hook(remember, name="remember", background=True, durable=True)],
+    )
+    log = MemoryLog()
+    async with pipe.session(log=log, conversation_id="c") as session:
+        await session.send("hi", system="S.", request=RequestOptions(max_tokens=5))
+    stored = await log.load("c")
+    assert [(m.role, m.text) for m in stored.messages] == [
+        ("user", "hi"),
+        ("assistant", "ok"),
+        ("user", "noted"),
+    ]
+    assert [type(e) for e in session.events if type(e) is ev.Committed] == [ev.Committed]
