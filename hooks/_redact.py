@@ -165,6 +165,8 @@ def _required_char(pattern: re.Pattern[str]) -> str | None:
             items[:0] = list(av[3])
         elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and av[0] >= 1:
             items[:0] = list(av[2])
+        elif name == "ATOMIC_GROUP":
+            items[:0] = list(av)
     return None
 
 
@@ -260,10 +262,11 @@ class _Scan:
     finds, in time proportional to the stretches where a match is possible.
     """
 
-    __slots__ = ("first", "pattern", "required", "run_start", "spaced")
+    __slots__ = ("first", "pattern", "required", "run_start", "spaced", "validate")
 
-    def __init__(self, pattern: re.Pattern[str]) -> None:
+    def __init__(self, pattern: re.Pattern[str], validate: Validator | None = None) -> None:
         self.pattern = pattern
+        self.validate = validate  # None: every match of this pattern is redacted
         self.required: str | None = None
         self.run_start: re.Pattern[str] | None = None
         self.spaced = False  # the space is outside the alphabet: a match never holds one
@@ -291,8 +294,9 @@ class _Scan:
             if candidate is not None and candidate.search(_PROSE) is None:
                 self.first = candidate
 
-    def next(self, text: str, pos: int, validate: Validator | None) -> re.Match[str] | None:
+    def next(self, text: str, pos: int) -> re.Match[str] | None:
         """The leftmost match from `pos` that `validate` accepts, as ``pattern.search``."""
+        validate = self.validate
         pattern = self.pattern
         required = self.required
         first = self.first
@@ -333,12 +337,14 @@ class _Compiled:
     __slots__ = (
         "alphabets",
         "behind",
+        "common",
         "crossing",
         "full",
         "labels",
         "masks",
         "member",
         "patterns",
+        "rare",
         "replacement",
         "required",
         "scans",
@@ -358,12 +364,27 @@ class _Compiled:
         window: int,
         validate: Validator | None = None,
         labels: Mapping[re.Pattern[str], str] | None = None,
+        checks: Mapping[re.Pattern[str], Validator | None] | None = None,
     ) -> None:
         self.patterns = patterns
         # A literal replacement per pattern, for a computed `replacement` that depends on the
         # pattern alone (`pii`'s labels): looked up rather than called.
         self.labels = labels
-        self.scans = tuple(_Scan(pattern) for pattern in patterns)
+        # `checks`: the validator of each pattern, for a `validate` that dispatches on the
+        # pattern (`pii`'s): a pattern without one is not called back per match.
+        self.scans = tuple(
+            _Scan(pattern, validate if checks is None else checks.get(pattern))
+            for pattern in patterns
+        )
+        # One class holding every pattern's rare first characters (digits, for pii's
+        # numbers): a stretch without any of them rules all those patterns out in one search
+        # instead of one each. The patterns whose first characters are not known stay.
+        firsts = [scan.first for scan in self.scans if scan.first is not None]
+        self.rare: re.Pattern[str] | None = None
+        self.common = tuple(scan for scan in self.scans if scan.first is None)
+        if len(firsts) > 1 and len({first.flags for first in firsts}) == 1:
+            bodies = "".join(first.pattern[1:-1] for first in firsts)
+            self.rare = re.compile(f"[{bodies}]", firsts[0].flags)
         # A literal replacement is used as is; a computed one is called per match.
         self.replacement = replacement if isinstance(replacement, str) else None
         self.substitute = None if isinstance(replacement, str) else replacement
@@ -450,7 +471,6 @@ class _Compiled:
         linear in the length of the text, whatever the number of matches.
         """
         scans = self.scans
-        validate = self.validate
         replacement = self.replacement
         labels = self.labels
         pieces: list[str] = []
@@ -458,7 +478,9 @@ class _Compiled:
         ahead: list[list[Any]] = []
         if len(scans) > 1:
             # [next match, scan] of the patterns that may match again, in pattern order.
-            ahead = [[scan.next(text, pos, validate), scan] for scan in scans]
+            rare = self.rare
+            live = self.common if rare is not None and rare.search(text, pos) is None else scans
+            ahead = [[scan.next(text, pos), scan] for scan in live]
             ahead = [entry for entry in ahead if entry[0] is not None]
         while len(ahead) > 1:
             best: re.Match[str] | None = None
@@ -467,7 +489,7 @@ class _Compiled:
                 found = entry[0]
                 if found.start() < pos:
                     # Overlapped by the last match: search again from where it ended.
-                    found = entry[0] = entry[1].next(text, pos, validate)
+                    found = entry[0] = entry[1].next(text, pos)
                     if found is None:
                         spent = True
                         continue
@@ -496,14 +518,14 @@ class _Compiled:
             scan = scans[0]
             if scan.spaced and scan.first is None:
                 return self._replace_spaced(scan, text, pos, end, pieces, count)
-            found = scan.next(text, pos, validate)
+            found = scan.next(text, pos)
         elif ahead:
             found, scan = ahead[0]
             assert scan is not None
             if scan.spaced and scan.first is None:
                 return self._replace_spaced(scan, text, pos, end, pieces, count)
             if found is not None and found.start() < pos:
-                found = scan.next(text, pos, validate)
+                found = scan.next(text, pos)
         else:
             found = None
         while found is not None and found.start() < end:
@@ -519,7 +541,7 @@ class _Compiled:
             if pos >= end:
                 return "".join(pieces), pos, count
             assert scan is not None
-            found = scan.next(text, pos, validate)
+            found = scan.next(text, pos)
         if not count:
             return text[pos:end], end, 0
         pieces.append(text[pos:end])
@@ -531,12 +553,56 @@ class _Compiled:
         """The end of `replace` when one pattern is left whose matches hold a required
         character and no space (an e-mail address): `_Scan.next` inlined, since it runs once
         per match. `pieces` and `count` are what `replace` has done so far.
+
+        With a literal replacement (or a label per pattern) the loop keeps only the text
+        between matches and joins it with the replacement at the end: one slice and one
+        append per match.
         """
         required = scan.required
         assert required is not None
-        replacement, labels, validate = self.replacement, self.labels, self.validate
+        validate = scan.validate
+        literal = self.replacement
+        if literal is None and self.labels is not None:
+            literal = self.labels[scan.pattern]
         find, rfind, search = text.find, text.rfind, scan.pattern.search
         run_start = scan.run_start
+        gaps: list[str] = []  # the text between matches (and, computed, each replacement)
+        append = gaps.append
+        if literal is not None and validate is None:
+            # The common case (one pattern, a fixed replacement), with nothing per match
+            # but the search and one slice: every match is taken, so the search goes on
+            # where the output has got to.
+            while True:
+                at = find(required, pos)
+                if at < 0:
+                    break
+                space = rfind(" ", pos, at)
+                if space >= 0:
+                    start = space + 1
+                else:
+                    start = pos
+                    if at > pos:
+                        assert run_start is not None
+                        run = run_start.match(text, pos, at)
+                        if run is not None:
+                            start = run.end()
+                found = search(text, start)
+                if found is None:
+                    break
+                begin, stop = found.span()
+                if stop >= end:  # the last match of the stretch, or one after it
+                    if begin < end:
+                        append(text[pos:begin])
+                        pos = stop
+                    break
+                append(text[pos:begin])
+                pos = stop
+            found_count = len(gaps)
+            if not found_count and not count:
+                return text[pos:end], end, 0
+            append(text[pos:end])  # empty when the last match ran to `end` or past it
+            return "".join(pieces) + literal.join(gaps), max(pos, end), count + found_count
+        found_count = 0
         cursor = pos  # where the search goes on; `pos`: where the output has got to
         while True:
             at = find(required, cursor)
@@ -555,27 +621,24 @@ class _Compiled:
             found = search(text, start)
             if found is None:
                 break
-            begin = found.start()
+            begin, stop = found.span()
             if begin >= end:
                 break
             if validate is not None and not validate(found):
                 cursor = begin + 1
                 continue
-            pieces.append(text[pos:begin])
-            if replacement is not None:
-                pieces.append(replacement)
-            elif labels is not None:
-                pieces.append(labels[found.re])
-            else:
-                pieces.append(self.computed(found))
-            count += 1
-            pos = cursor = found.end()
+            append(text[pos:begin])
+            if literal is None:
+                append(self.computed(found))
+            found_count += 1
+            pos = cursor = stop
             if pos >= end:
-                return "".join(pieces), pos, count
-        if not count:
+                break
+        if not found_count and not count:
             return text[pos:end], end, 0
-        pieces.append(text[pos:end])
-        return "".join(pieces), end, count
+        append(text[pos:end])  # empty when the last match ran to `end` or past it
+        body = literal.join(gaps) if literal is not None else "".join(gaps)
+        return "".join(pieces) + body, max(pos, end), count + found_count
 
     def computed(self, found: re.Match[str]) -> str:
         """The text a computed replacement gives for `found`, checked."""

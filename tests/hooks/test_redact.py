@@ -133,6 +133,20 @@ CASES = {
         re.compile(r"\d+(?!\.\d)|[a-z]{2}"),
         ("1", "23", ".", "4", " ", "x", "ab"),
     ),
+    # Patterns whose first characters are rare in prose (digits, capitals) are ruled out
+    # together by one search for any of them; the e-mail pattern is searched on its own.
+    "several, rare first characters": Case(
+        [r"\d{3}-\d{4}", r"[A-Z]{2}\d{2}", EMAIL],
+        re.compile(rf"\d{{3}}-\d{{4}}|[A-Z]{{2}}\d{{2}}|{EMAIL}"),
+        ("555", "-", "1234", "DE", "89", "jo", "@", "x", ".io", " ", "a", "\n", "A"),
+    ),
+    # Matches running up to and past the end of the stretch a full window decides.
+    "short addresses, small window": Case(
+        [r"[a-z]{1,3}@[a-z]{1,3}\.[a-z]{2,3}"],
+        re.compile(r"[a-z]{1,3}@[a-z]{1,3}\.[a-z]{2,3}"),
+        ("jo", "a", "@", "x", ".io", ".", "io", "r", "y@z.eu", " ", "\n"),
+        max_match=12,
+    ),
     "several, mixed case sensitivity": Case(
         [r"#[^a-z\s]+", re.compile("secret", re.IGNORECASE)],
         re.compile(r"#[^a-z\s]+|(?i:secret)"),
@@ -335,6 +349,14 @@ def test_in_the_fallback_mode_at_most_max_match_characters_are_held():
     out = stream.feed("0123456789")
     assert "0123456789".startswith(out)
     assert len("0123456789") - len(out) <= 6
+
+
+def test_a_match_starting_past_a_full_window_waits_for_the_text_that_may_extend_it():
+    """Catches: a window release deciding a match that starts after the stretch it
+    decides ("joy@z.eu" before the "r" that makes it "joy@z.eur")."""
+    factory = redact(r"[a-z]{1,3}@[a-z]{1,3}\.[a-z]{2,3}", max_match=12)
+    assert through(factory, ["jojojojoy@z.eu", "r"]) == "jojojo" + MARK
+    assert factory.redact_text("jojojojoy@z.eur") == "jojojo" + MARK
 
 
 def test_held_text_does_not_exceed_max_match_after_a_separator():
