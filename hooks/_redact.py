@@ -341,6 +341,7 @@ class _Compiled:
         "crossing",
         "full",
         "labels",
+        "last_separator",
         "masks",
         "member",
         "patterns",
@@ -351,6 +352,7 @@ class _Compiled:
         "separators",
         "single_required",
         "space",
+        "spaced",
         "substitute",
         "validate",
         "window",
@@ -375,6 +377,11 @@ class _Compiled:
         self.scans = tuple(
             _Scan(pattern, validate if checks is None else checks.get(pattern))
             for pattern in patterns
+        )
+        self.spaced = (
+            self.scans[0]
+            if len(self.scans) == 1 and self.scans[0].spaced and self.scans[0].first is None
+            else None
         )
         # One class holding every pattern's rare first characters (digits, for pii's
         # numbers): a stretch without any of them rules all those patterns out in one search
@@ -402,6 +409,11 @@ class _Compiled:
         except (_Unbounded, re.error, RecursionError):
             self.member = None
         self.separators: dict[str, bool] | None = {} if self.member is not None else None
+        # With one alphabet: matches text up to and including its last separator (the
+        # greedy ``.*`` backs off from the end to it), in C; no match when there is none.
+        self.last_separator: re.Pattern[str] | None = None
+        if self.member is not None and len(set(alphabets)) == 1:
+            self.last_separator = re.compile(rf"(?s:.*)(?!{alphabets[0]})(?s:.)")
         self.space = self.separators is not None and self.classify(" ")
         self.words = words and self.member is not None
         self.behind = max(state["behind"], _LOOKBEHIND_CONTEXT)
@@ -452,6 +464,8 @@ class _Compiled:
         required = self.required
         if required is None:
             return True
+        if len(required) == 1:
+            return required[0] in text
         return any(char in text for char in required)
 
     def replace(self, text: str, pos: int, end: int) -> tuple[str, int, int]:
@@ -470,6 +484,8 @@ class _Compiled:
         its own, and one that does not match again is never searched again: the time is
         linear in the length of the text, whatever the number of matches.
         """
+        if self.spaced is not None:  # one pattern, searched from its required character
+            return self._replace_spaced(self.spaced, text, pos, end, [], 0)
         scans = self.scans
         replacement = self.replacement
         labels = self.labels
@@ -662,7 +678,9 @@ class RedactStream:
         "_compiled",
         "_context",
         "_pending",
+        "_quick",
         "_required",
+        "_tail_cut",
         "_window",
         "count",
         "feed",
@@ -675,6 +693,11 @@ class RedactStream:
         self.count = 0
         # Copied from the compiled patterns: read on every chunk.
         self._required = compiled.single_required
+        last_separator = compiled.last_separator
+        self._tail_cut = last_separator.match if last_separator is not None else None
+        # The required character, when one character of context is all lookbehinds need;
+        # otherwise "", which every text holds: no shortcut.
+        self._quick = (compiled.single_required or "") if compiled.behind <= 1 else ""
         self._window = compiled.window
         self._behind = compiled.behind
         self._boundary: Callable[[str], int] = (
@@ -689,28 +712,32 @@ class RedactStream:
         # `feed` when word characters are in the alphabet and the space is a separator:
         # the commonest chunks (words after a space; words alone) cost a few string methods.
         head, space, tail = text.rpartition(" ")
-        if not tail or tail.isalnum():
-            if not space:
-                # Word characters alone: no separator, hold them.
-                pending = self._pending = self._pending + text
-                if len(pending) <= self._window:
-                    return ""
-                return self._release_window()
-            decided = self._pending + head + space
-            required = self._required
-            if (
-                required is not None
-                and required not in decided
-                and len(decided) >= self._behind
-                and len(tail) <= self._window
-            ):
-                # Nothing up to the space can match: release it as it is. The context is
-                # whatever string ends with the last released characters.
+        if tail and not tail.isalnum():
+            if self._tail_cut is None:
+                return self._cut(text, self._boundary(text))
+            last = self._tail_cut(tail)
+            if last is not None:  # a separator after the last space: decide up to it
+                return self._cut(text, len(head) + len(space) + last.end())
+            # Otherwise the tail is made of the alphabet's characters, as a word is.
+        if not space:
+            # No separator: hold the chunk.
+            pending = self._pending = self._pending + text
+            if len(pending) <= self._window:
+                return ""
+            return self._release_window()
+        decided = self._pending + head + space
+        if len(tail) <= self._window:
+            if self._quick not in decided:
+                # Nothing up to the space can match: release it as it is. It ends in the
+                # space, so it holds the one character of context lookbehinds need
+                # (`_quick`); the context is whatever string ends with the last released
+                # characters.
                 self._pending = tail
                 self._context = decided
                 return decided
-            return self._cut(text, len(head) + 1)
-        return self._cut(text, self._boundary(text))
+            if self._quick:
+                return self._decide_known(decided, tail)
+        return self._cut(text, len(head) + 1)
 
     def _feed_any(self, text: str) -> str:
         if self._compiled.separators is None or not text:
@@ -796,6 +823,17 @@ class RedactStream:
             self._context = context + decided
             return decided
         text = context + decided
+        out, _stop, count = compiled.replace(text, len(context), len(text))
+        self.count += count
+        self._context = text
+        return out
+
+    def _decide_known(self, decided: str, rest: str) -> str:
+        """`_decide` when there is one alphabet and `decided` holds the required character."""
+        compiled = self._compiled
+        context = self._context[-compiled.behind :]
+        text = context + decided
+        self._pending = rest
         out, _stop, count = compiled.replace(text, len(context), len(text))
         self.count += count
         self._context = text

@@ -324,6 +324,21 @@ def test_only_the_word_being_written_is_held_back():
     assert stream.feed("write to jo") == "write to "
 
 
+@pytest.mark.parametrize(
+    ("chunks", "released"),
+    [
+        (["x,jo", "@y.io ok"], ["x,", f"{MARK} ", "ok"]),
+        (["see (jo", "@y.io) ok"], ["see (", f"{MARK}) ", "ok"]),
+        (["a jo@y", ".io;b", "c d"], ["a ", f"{MARK};", "bc ", "d"]),
+    ],
+)
+def test_after_a_separator_that_is_not_a_space_only_the_rest_is_held(chunks, released):
+    """Catches: a chunk whose last word is cut by punctuation ("x,jo") held whole, or
+    released one character past the punctuation (splitting the address that follows)."""
+    stream = redact(EMAIL)()
+    assert [stream.feed(chunk) for chunk in chunks] + [stream.flush()] == released
+
+
 def test_held_text_is_decided_when_the_chunk_that_proves_it_arrives():
     stream = redact(EMAIL)()
     outputs = [
