@@ -717,7 +717,14 @@ class RedactStream:
                 return self._cut(text, self._boundary(text))
             last = self._tail_cut(tail)
             if last is not None:  # a separator after the last space: decide up to it
-                return self._cut(text, len(head) + len(space) + last.end())
+                cut = len(head) + len(space) + last.end()
+                if cut == len(text):  # the chunk ends in it ("[2]", "com,"): all decided
+                    decided = self._pending + text
+                    if self._quick not in decided:
+                        self._pending = ""
+                        self._context = decided
+                        return decided
+                return self._cut(text, cut)
             # Otherwise the tail is made of the alphabet's characters, as a word is.
         if not space:
             # No separator: hold the chunk.

@@ -330,11 +330,16 @@ def test_only_the_word_being_written_is_held_back():
         (["x,jo", "@y.io ok"], ["x,", f"{MARK} ", "ok"]),
         (["see (jo", "@y.io) ok"], ["see (", f"{MARK}) ", "ok"]),
         (["a jo@y", ".io;b", "c d"], ["a ", f"{MARK};", "bc ", "d"]),
+        (["see [2]", " and"], ["see [2]", " ", "and"]),
+        (["mail jo@y.io,", " ok"], [f"mail {MARK},", " ", "ok"]),
+        (["jo@y", ".io,"], ["", f"{MARK},", ""]),
     ],
 )
 def test_after_a_separator_that_is_not_a_space_only_the_rest_is_held(chunks, released):
     """Catches: a chunk whose last word is cut by punctuation ("x,jo") held whole, or
-    released one character past the punctuation (splitting the address that follows)."""
+    released one character past the punctuation (splitting the address that follows); a
+    chunk ending in punctuation released whole while it, or the text held before it, holds
+    an address."""
     stream = redact(EMAIL)()
     assert [stream.feed(chunk) for chunk in chunks] + [stream.flush()] == released
 
