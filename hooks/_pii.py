@@ -15,9 +15,24 @@ from typing import Final
 
 from pipeline import ConfigError
 
-from ._redact import Redact, _Compiled, redact
+from ._redact import Redact, _Compiled
 
 _MAX_MATCH = 256  # redact's default: every kind's matches are shorter
+
+# File names such as "logo@2x.png" look like addresses; these endings are not domains.
+_FILE_ENDINGS = ("png", "jpg", "jpeg", "gif", "svg", "webp", "pdf")
+
+
+def _not_a_file(endings: tuple[str, ...]) -> str:
+    """Lookbehinds refusing a match that ends in ``.`` and one of `endings`, in any case.
+
+    Endings of one length share a lookbehind (it must have a fixed width).
+    """
+    widths = sorted({len(ending) for ending in endings})
+    return "".join(
+        rf"(?<!\.(?i:{'|'.join(e for e in endings if len(e) == width)}))" for width in widths
+    )
+
 
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -26,8 +41,11 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _PATTERNS: Final = MappingProxyType(
     {
         "email": (
-            rf"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{{1,64}}@{_LABEL}(?:\.{_LABEL})*"
-            r"\.[A-Za-z]{2,24}(?![\w-])",
+            # The address as the engine first finds it, in an atomic group so that when its
+            # ending is a file's, no shorter match is tried in its place: the search goes on
+            # at the next character, as it does after a match a check refuses.
+            rf"(?>(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{{1,64}}@{_LABEL}(?:\.{_LABEL})*"
+            rf"\.[A-Za-z]{{2,24}}(?![\w-])){_not_a_file(_FILE_ENDINGS)}",
         ),
         "phone": (
             # International, written with its "+": +44 20 7946 0958, +1 (555) 010-0199.
@@ -56,9 +74,6 @@ _PATTERNS: Final = MappingProxyType(
 
 KINDS: Final = tuple(_PATTERNS)
 """The kinds `pii` knows, in the order it settles ties between them."""
-
-# File names such as "logo@2x.png" look like addresses; these endings are not domains.
-_FILE_ENDINGS = frozenset(("png", "jpg", "jpeg", "gif", "svg", "webp", "pdf"))
 
 
 def luhn(digits: str) -> bool:
@@ -91,12 +106,7 @@ def _phone(text: str) -> bool:
     return 7 <= sum(char.isdigit() for char in text) <= 15
 
 
-def _email(text: str) -> bool:
-    return text.rsplit(".", 1)[1].lower() not in _FILE_ENDINGS
-
-
 _CHECKS: Final[dict[str, Callable[[str], bool]]] = {
-    "email": _email,
     "phone": _phone,
     "card": _card,
     "iban": lambda text: iban_checksum(text.replace(" ", "")),
@@ -134,6 +144,8 @@ def pii(
                 kind_of[re.compile(pattern)] = kind
     checks = {pattern: _CHECKS.get(kind) for pattern, kind in kind_of.items()}
     labels = {pattern: f"[{kind.upper()}]" for pattern, kind in kind_of.items()}
+    # Per pattern, so that a kind without a check (e-mail, SSN, IPv4) is not called per match.
+    match_checks = {pattern: _on_text(check) for pattern, check in checks.items()}
 
     def valid(match: re.Match[str]) -> bool:
         check = checks[match.re]
@@ -144,9 +156,17 @@ def pii(
 
     if replacement is None:
         # The label depends on the pattern alone: `redact` looks it up instead of calling.
-        compiled = _Compiled(tuple(kind_of), label, _MAX_MATCH, valid, labels)
-        return Redact(compiled, "pii")
-    return redact(tuple(kind_of), replacement=replacement, validate=valid, name="pii")
+        compiled = _Compiled(tuple(kind_of), label, _MAX_MATCH, valid, labels, match_checks)
+    else:
+        compiled = _Compiled(tuple(kind_of), replacement, _MAX_MATCH, valid, checks=match_checks)
+    return Redact(compiled, "pii")
+
+
+def _on_text(check: Callable[[str], bool] | None) -> Callable[[re.Match[str]], bool] | None:
+    """`check` applied to a match's text (None stays None)."""
+    if check is None:
+        return None
+    return lambda match: check(match.group())
 
 
 def _kinds(kinds: object) -> frozenset[str]:

@@ -165,6 +165,8 @@ def _required_char(pattern: re.Pattern[str]) -> str | None:
             items[:0] = list(av[3])
         elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and av[0] >= 1:
             items[:0] = list(av[2])
+        elif name == "ATOMIC_GROUP":
+            items[:0] = list(av)
     return None
 
 
@@ -260,10 +262,11 @@ class _Scan:
     finds, in time proportional to the stretches where a match is possible.
     """
 
-    __slots__ = ("first", "pattern", "required", "run_start", "spaced")
+    __slots__ = ("first", "pattern", "required", "run_start", "spaced", "validate")
 
-    def __init__(self, pattern: re.Pattern[str]) -> None:
+    def __init__(self, pattern: re.Pattern[str], validate: Validator | None = None) -> None:
         self.pattern = pattern
+        self.validate = validate  # None: every match of this pattern is redacted
         self.required: str | None = None
         self.run_start: re.Pattern[str] | None = None
         self.spaced = False  # the space is outside the alphabet: a match never holds one
@@ -291,8 +294,9 @@ class _Scan:
             if candidate is not None and candidate.search(_PROSE) is None:
                 self.first = candidate
 
-    def next(self, text: str, pos: int, validate: Validator | None) -> re.Match[str] | None:
+    def next(self, text: str, pos: int) -> re.Match[str] | None:
         """The leftmost match from `pos` that `validate` accepts, as ``pattern.search``."""
+        validate = self.validate
         pattern = self.pattern
         required = self.required
         first = self.first
@@ -333,18 +337,22 @@ class _Compiled:
     __slots__ = (
         "alphabets",
         "behind",
+        "common",
         "crossing",
         "full",
         "labels",
+        "last_separator",
         "masks",
         "member",
         "patterns",
+        "rare",
         "replacement",
         "required",
         "scans",
         "separators",
         "single_required",
         "space",
+        "spaced",
         "substitute",
         "validate",
         "window",
@@ -358,12 +366,32 @@ class _Compiled:
         window: int,
         validate: Validator | None = None,
         labels: Mapping[re.Pattern[str], str] | None = None,
+        checks: Mapping[re.Pattern[str], Validator | None] | None = None,
     ) -> None:
         self.patterns = patterns
         # A literal replacement per pattern, for a computed `replacement` that depends on the
         # pattern alone (`pii`'s labels): looked up rather than called.
         self.labels = labels
-        self.scans = tuple(_Scan(pattern) for pattern in patterns)
+        # `checks`: the validator of each pattern, for a `validate` that dispatches on the
+        # pattern (`pii`'s): a pattern without one is not called back per match.
+        self.scans = tuple(
+            _Scan(pattern, validate if checks is None else checks.get(pattern))
+            for pattern in patterns
+        )
+        self.spaced = (
+            self.scans[0]
+            if len(self.scans) == 1 and self.scans[0].spaced and self.scans[0].first is None
+            else None
+        )
+        # One class holding every pattern's rare first characters (digits, for pii's
+        # numbers): a stretch without any of them rules all those patterns out in one search
+        # instead of one each. The patterns whose first characters are not known stay.
+        firsts = [scan.first for scan in self.scans if scan.first is not None]
+        self.rare: re.Pattern[str] | None = None
+        self.common = tuple(scan for scan in self.scans if scan.first is None)
+        if len(firsts) > 1 and len({first.flags for first in firsts}) == 1:
+            bodies = "".join(first.pattern[1:-1] for first in firsts)
+            self.rare = re.compile(f"[{bodies}]", firsts[0].flags)
         # A literal replacement is used as is; a computed one is called per match.
         self.replacement = replacement if isinstance(replacement, str) else None
         self.substitute = None if isinstance(replacement, str) else replacement
@@ -381,6 +409,11 @@ class _Compiled:
         except (_Unbounded, re.error, RecursionError):
             self.member = None
         self.separators: dict[str, bool] | None = {} if self.member is not None else None
+        # With one alphabet: matches text up to and including its last separator (the
+        # greedy ``.*`` backs off from the end to it), in C; no match when there is none.
+        self.last_separator: re.Pattern[str] | None = None
+        if self.member is not None and len(set(alphabets)) == 1:
+            self.last_separator = re.compile(rf"(?s:.*)(?!{alphabets[0]})(?s:.)")
         self.space = self.separators is not None and self.classify(" ")
         self.words = words and self.member is not None
         self.behind = max(state["behind"], _LOOKBEHIND_CONTEXT)
@@ -431,6 +464,8 @@ class _Compiled:
         required = self.required
         if required is None:
             return True
+        if len(required) == 1:
+            return required[0] in text
         return any(char in text for char in required)
 
     def replace(self, text: str, pos: int, end: int) -> tuple[str, int, int]:
@@ -449,8 +484,9 @@ class _Compiled:
         its own, and one that does not match again is never searched again: the time is
         linear in the length of the text, whatever the number of matches.
         """
+        if self.spaced is not None:  # one pattern, searched from its required character
+            return self._replace_spaced(self.spaced, text, pos, end, [], 0)
         scans = self.scans
-        validate = self.validate
         replacement = self.replacement
         labels = self.labels
         pieces: list[str] = []
@@ -458,7 +494,9 @@ class _Compiled:
         ahead: list[list[Any]] = []
         if len(scans) > 1:
             # [next match, scan] of the patterns that may match again, in pattern order.
-            ahead = [[scan.next(text, pos, validate), scan] for scan in scans]
+            rare = self.rare
+            live = self.common if rare is not None and rare.search(text, pos) is None else scans
+            ahead = [[scan.next(text, pos), scan] for scan in live]
             ahead = [entry for entry in ahead if entry[0] is not None]
         while len(ahead) > 1:
             best: re.Match[str] | None = None
@@ -467,7 +505,7 @@ class _Compiled:
                 found = entry[0]
                 if found.start() < pos:
                     # Overlapped by the last match: search again from where it ended.
-                    found = entry[0] = entry[1].next(text, pos, validate)
+                    found = entry[0] = entry[1].next(text, pos)
                     if found is None:
                         spent = True
                         continue
@@ -496,14 +534,14 @@ class _Compiled:
             scan = scans[0]
             if scan.spaced and scan.first is None:
                 return self._replace_spaced(scan, text, pos, end, pieces, count)
-            found = scan.next(text, pos, validate)
+            found = scan.next(text, pos)
         elif ahead:
             found, scan = ahead[0]
             assert scan is not None
             if scan.spaced and scan.first is None:
                 return self._replace_spaced(scan, text, pos, end, pieces, count)
             if found is not None and found.start() < pos:
-                found = scan.next(text, pos, validate)
+                found = scan.next(text, pos)
         else:
             found = None
         while found is not None and found.start() < end:
@@ -519,7 +557,7 @@ class _Compiled:
             if pos >= end:
                 return "".join(pieces), pos, count
             assert scan is not None
-            found = scan.next(text, pos, validate)
+            found = scan.next(text, pos)
         if not count:
             return text[pos:end], end, 0
         pieces.append(text[pos:end])
@@ -531,12 +569,56 @@ class _Compiled:
         """The end of `replace` when one pattern is left whose matches hold a required
         character and no space (an e-mail address): `_Scan.next` inlined, since it runs once
         per match. `pieces` and `count` are what `replace` has done so far.
+
+        With a literal replacement (or a label per pattern) the loop keeps only the text
+        between matches and joins it with the replacement at the end: one slice and one
+        append per match.
         """
         required = scan.required
         assert required is not None
-        replacement, labels, validate = self.replacement, self.labels, self.validate
+        validate = scan.validate
+        literal = self.replacement
+        if literal is None and self.labels is not None:
+            literal = self.labels[scan.pattern]
         find, rfind, search = text.find, text.rfind, scan.pattern.search
         run_start = scan.run_start
+        gaps: list[str] = []  # the text between matches (and, computed, each replacement)
+        append = gaps.append
+        if literal is not None and validate is None:
+            # The common case (one pattern, a fixed replacement), with nothing per match
+            # but the search and one slice: every match is taken, so the search goes on
+            # where the output has got to.
+            while True:
+                at = find(required, pos)
+                if at < 0:
+                    break
+                space = rfind(" ", pos, at)
+                if space >= 0:
+                    start = space + 1
+                else:
+                    start = pos
+                    if at > pos:
+                        assert run_start is not None
+                        run = run_start.match(text, pos, at)
+                        if run is not None:
+                            start = run.end()
+                found = search(text, start)
+                if found is None:
+                    break
+                begin, stop = found.span()
+                if stop >= end:  # the last match of the stretch, or one after it
+                    if begin < end:
+                        append(text[pos:begin])
+                        pos = stop
+                    break
+                append(text[pos:begin])
+                pos = stop
+            found_count = len(gaps)
+            if not found_count and not count:
+                return text[pos:end], end, 0
+            append(text[pos:end])  # empty when the last match ran to `end` or past it
+            return "".join(pieces) + literal.join(gaps), max(pos, end), count + found_count
+        found_count = 0
         cursor = pos  # where the search goes on; `pos`: where the output has got to
         while True:
             at = find(required, cursor)
@@ -555,27 +637,24 @@ class _Compiled:
             found = search(text, start)
             if found is None:
                 break
-            begin = found.start()
+            begin, stop = found.span()
             if begin >= end:
                 break
             if validate is not None and not validate(found):
                 cursor = begin + 1
                 continue
-            pieces.append(text[pos:begin])
-            if replacement is not None:
-                pieces.append(replacement)
-            elif labels is not None:
-                pieces.append(labels[found.re])
-            else:
-                pieces.append(self.computed(found))
-            count += 1
-            pos = cursor = found.end()
+            append(text[pos:begin])
+            if literal is None:
+                append(self.computed(found))
+            found_count += 1
+            pos = cursor = stop
             if pos >= end:
-                return "".join(pieces), pos, count
-        if not count:
+                break
+        if not found_count and not count:
             return text[pos:end], end, 0
-        pieces.append(text[pos:end])
-        return "".join(pieces), end, count
+        append(text[pos:end])  # empty when the last match ran to `end` or past it
+        body = literal.join(gaps) if literal is not None else "".join(gaps)
+        return "".join(pieces) + body, max(pos, end), count + found_count
 
     def computed(self, found: re.Match[str]) -> str:
         """The text a computed replacement gives for `found`, checked."""
@@ -599,7 +678,9 @@ class RedactStream:
         "_compiled",
         "_context",
         "_pending",
+        "_quick",
         "_required",
+        "_tail_cut",
         "_window",
         "count",
         "feed",
@@ -612,6 +693,11 @@ class RedactStream:
         self.count = 0
         # Copied from the compiled patterns: read on every chunk.
         self._required = compiled.single_required
+        last_separator = compiled.last_separator
+        self._tail_cut = last_separator.match if last_separator is not None else None
+        # The required character, when one character of context is all lookbehinds need;
+        # otherwise "", which every text holds: no shortcut.
+        self._quick = (compiled.single_required or "") if compiled.behind <= 1 else ""
         self._window = compiled.window
         self._behind = compiled.behind
         self._boundary: Callable[[str], int] = (
@@ -626,28 +712,39 @@ class RedactStream:
         # `feed` when word characters are in the alphabet and the space is a separator:
         # the commonest chunks (words after a space; words alone) cost a few string methods.
         head, space, tail = text.rpartition(" ")
-        if not tail or tail.isalnum():
-            if not space:
-                # Word characters alone: no separator, hold them.
-                pending = self._pending = self._pending + text
-                if len(pending) <= self._window:
-                    return ""
-                return self._release_window()
-            decided = self._pending + head + space
-            required = self._required
-            if (
-                required is not None
-                and required not in decided
-                and len(decided) >= self._behind
-                and len(tail) <= self._window
-            ):
-                # Nothing up to the space can match: release it as it is. The context is
-                # whatever string ends with the last released characters.
+        if tail and not tail.isalnum():
+            if self._tail_cut is None:
+                return self._cut(text, self._boundary(text))
+            last = self._tail_cut(tail)
+            if last is not None:  # a separator after the last space: decide up to it
+                cut = len(head) + len(space) + last.end()
+                if cut == len(text):  # the chunk ends in it ("[2]", "com,"): all decided
+                    decided = self._pending + text
+                    if self._quick not in decided:
+                        self._pending = ""
+                        self._context = decided
+                        return decided
+                return self._cut(text, cut)
+            # Otherwise the tail is made of the alphabet's characters, as a word is.
+        if not space:
+            # No separator: hold the chunk.
+            pending = self._pending = self._pending + text
+            if len(pending) <= self._window:
+                return ""
+            return self._release_window()
+        decided = self._pending + head + space
+        if len(tail) <= self._window:
+            if self._quick not in decided:
+                # Nothing up to the space can match: release it as it is. It ends in the
+                # space, so it holds the one character of context lookbehinds need
+                # (`_quick`); the context is whatever string ends with the last released
+                # characters.
                 self._pending = tail
                 self._context = decided
                 return decided
-            return self._cut(text, len(head) + 1)
-        return self._cut(text, self._boundary(text))
+            if self._quick:
+                return self._decide_known(decided, tail)
+        return self._cut(text, len(head) + 1)
 
     def _feed_any(self, text: str) -> str:
         if self._compiled.separators is None or not text:
@@ -733,6 +830,17 @@ class RedactStream:
             self._context = context + decided
             return decided
         text = context + decided
+        out, _stop, count = compiled.replace(text, len(context), len(text))
+        self.count += count
+        self._context = text
+        return out
+
+    def _decide_known(self, decided: str, rest: str) -> str:
+        """`_decide` when there is one alphabet and `decided` holds the required character."""
+        compiled = self._compiled
+        context = self._context[-compiled.behind :]
+        text = context + decided
+        self._pending = rest
         out, _stop, count = compiled.replace(text, len(context), len(text))
         self.count += count
         self._context = text

@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Generic, Self, TypeVar, final
 
 import anyio
+import anyio.lowlevel
 
 from turns import Context, Message
 
@@ -68,7 +69,14 @@ class Connections(Generic[C]):
         if self._closed:
             raise RuntimeError(f"{self._name} is closed; open a new one to use it again")
         current_loop(self._name)
-        async with self._limiter:
+        # A free connection is taken without a pass through the scheduler (the thread hop
+        # below is one): the cancellation check of a checkpoint, not its yield.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._limiter.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._limiter.acquire()
+        try:
             holder: list[C | None] = [self._idle.pop() if self._idle else None]
             try:
                 return await anyio.to_thread.run_sync(self._call, holder, work)
@@ -80,6 +88,8 @@ class Connections(Generic[C]):
             finally:
                 if holder[0] is not None:
                     self._release(holder[0])
+        finally:
+            self._limiter.release()
 
     def _release(self, connection: C) -> None:
         if self._closed:  # closed while the call ran

@@ -154,7 +154,7 @@ def check_depth(
     and read back is refused by the memory log too, and nothing is written.
     """
     for path, value in _values(messages, audit):
-        if _too_deep(value):
+        if value and _too_deep(value):  # most meta is empty
             raise LogError(
                 f"{log!r} cannot store turn {turn_ref!r} of conversation {conversation_id!r}:"
                 f" {path} is nested more than {MAX_DEPTH} levels deep, more than a log can"

@@ -80,7 +80,7 @@ class SQLiteLog(DatabaseLog):
         self._path = os.fspath(path)
         self._timeout = float(timeout)
         self._queue: list[_Commit] = []
-        self._write_lock = anyio.Lock()
+        self._write_lock = anyio.Lock(fast_acquire=True)
         self._connections = Connections(
             size=1,
             connect=self._connect,

@@ -133,6 +133,20 @@ CASES = {
         re.compile(r"\d+(?!\.\d)|[a-z]{2}"),
         ("1", "23", ".", "4", " ", "x", "ab"),
     ),
+    # Patterns whose first characters are rare in prose (digits, capitals) are ruled out
+    # together by one search for any of them; the e-mail pattern is searched on its own.
+    "several, rare first characters": Case(
+        [r"\d{3}-\d{4}", r"[A-Z]{2}\d{2}", EMAIL],
+        re.compile(rf"\d{{3}}-\d{{4}}|[A-Z]{{2}}\d{{2}}|{EMAIL}"),
+        ("555", "-", "1234", "DE", "89", "jo", "@", "x", ".io", " ", "a", "\n", "A"),
+    ),
+    # Matches running up to and past the end of the stretch a full window decides.
+    "short addresses, small window": Case(
+        [r"[a-z]{1,3}@[a-z]{1,3}\.[a-z]{2,3}"],
+        re.compile(r"[a-z]{1,3}@[a-z]{1,3}\.[a-z]{2,3}"),
+        ("jo", "a", "@", "x", ".io", ".", "io", "r", "y@z.eu", " ", "\n"),
+        max_match=12,
+    ),
     "several, mixed case sensitivity": Case(
         [r"#[^a-z\s]+", re.compile("secret", re.IGNORECASE)],
         re.compile(r"#[^a-z\s]+|(?i:secret)"),
@@ -310,6 +324,26 @@ def test_only_the_word_being_written_is_held_back():
     assert stream.feed("write to jo") == "write to "
 
 
+@pytest.mark.parametrize(
+    ("chunks", "released"),
+    [
+        (["x,jo", "@y.io ok"], ["x,", f"{MARK} ", "ok"]),
+        (["see (jo", "@y.io) ok"], ["see (", f"{MARK}) ", "ok"]),
+        (["a jo@y", ".io;b", "c d"], ["a ", f"{MARK};", "bc ", "d"]),
+        (["see [2]", " and"], ["see [2]", " ", "and"]),
+        (["mail jo@y.io,", " ok"], [f"mail {MARK},", " ", "ok"]),
+        (["jo@y", ".io,"], ["", f"{MARK},", ""]),
+    ],
+)
+def test_after_a_separator_that_is_not_a_space_only_the_rest_is_held(chunks, released):
+    """Catches: a chunk whose last word is cut by punctuation ("x,jo") held whole, or
+    released one character past the punctuation (splitting the address that follows); a
+    chunk ending in punctuation released whole while it, or the text held before it, holds
+    an address."""
+    stream = redact(EMAIL)()
+    assert [stream.feed(chunk) for chunk in chunks] + [stream.flush()] == released
+
+
 def test_held_text_is_decided_when_the_chunk_that_proves_it_arrives():
     stream = redact(EMAIL)()
     outputs = [
@@ -335,6 +369,14 @@ def test_in_the_fallback_mode_at_most_max_match_characters_are_held():
     out = stream.feed("0123456789")
     assert "0123456789".startswith(out)
     assert len("0123456789") - len(out) <= 6
+
+
+def test_a_match_starting_past_a_full_window_waits_for_the_text_that_may_extend_it():
+    """Catches: a window release deciding a match that starts after the stretch it
+    decides ("joy@z.eu" before the "r" that makes it "joy@z.eur")."""
+    factory = redact(r"[a-z]{1,3}@[a-z]{1,3}\.[a-z]{2,3}", max_match=12)
+    assert through(factory, ["jojojojoy@z.eu", "r"]) == "jojojo" + MARK
+    assert factory.redact_text("jojojojoy@z.eur") == "jojojo" + MARK
 
 
 def test_held_text_does_not_exceed_max_match_after_a_separator():

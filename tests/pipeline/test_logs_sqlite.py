@@ -375,3 +375,41 @@ async def test_a_failed_transaction_fails_each_of_its_commits_and_writes_none(tm
     assert all("write lock" in str(error) for error in errors)
     async with SQLiteLog(path) as log:
         assert [await log.entries(c) for c in "xyz"] == [(), (), ()]
+
+
+async def test_an_append_in_a_cancelled_scope_writes_nothing(tmp_path):
+    """Catches: the write lock or the connection taken without a pass through the scheduler
+    also skipping its cancellation check, so a commit whose task was already cancelled is
+    written (and its caller, cancelled, never learns it)."""
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await log.append("c", "t1", exchange("q", "a"))
+        assert scope.cancelled_caught
+        assert await log.entries("c") == ()
+        await log.append("c", "t2", exchange("q", "a"))
+        assert [entry.turn_ref for entry in await log.entries("c")] == ["t2"]
+
+
+async def test_a_read_waits_for_the_connection_a_commit_holds(tmp_path, monkeypatch):
+    """Catches: a free connection taken without waiting on its limiter when it is not free,
+    so that a read runs while a commit's transaction holds the single connection."""
+    batches = GatedBatches(monkeypatch)
+    trace: list[str] = []
+
+    async def commit() -> None:
+        await log.append("c", "t1", exchange("q", "a"))
+        trace.append("committed")
+
+    async def read() -> None:
+        entries = await log.entries("c")
+        trace.append(f"read {len(entries)}")
+
+    async with SQLiteLog(tmp_path / "log.db") as log, anyio.create_task_group() as nursery:
+        nursery.start_soon(commit)
+        await batches.wait_entered()
+        nursery.start_soon(read)
+        await anyio.wait_all_tasks_blocked()
+        trace.append("released")
+        batches.gate.release()
+    assert trace == ["released", "committed", "read 1"]
