@@ -444,19 +444,21 @@ def kinds(events) -> list[str]:
     return [type(event).__name__ for event in events]
 
 
+@pytest.mark.parametrize("timeout", [10, None], ids=["hook-with-timeout", "plain-hook"])
 async def test_a_consumers_own_timeout_around_anext_leaves_the_turn_and_its_hook_deadline_alone(
-    autojump_clock,
+    autojump_clock, timeout: float | None
 ):
     """Catches: the consumer's deadline on one ``anext`` cancelling the turn (a turn driven
-    inside the consumer's await dies with it), and the hook's ``timeout=`` scope entered on
-    the consumer's side (trio reports a corrupted cancel-scope stack when the consumer leaves
-    its own ``move_on_after`` while the hook's deadline is still open)."""
+    inside the consumer's await dies with it, whatever the hook), and the hook's
+    ``timeout=`` scope entered on the consumer's side (trio reports a corrupted cancel-scope
+    stack when the consumer leaves its own ``move_on_after`` while the hook's deadline is
+    still open)."""
 
     async def slow(turn: Turn):
         await anyio.sleep(2.5)
         return cont(turn)
 
-    pipe = Pipeline(model=ScriptedModel(["done"]), pre=[hook(slow, name="slow", timeout=10)])
+    pipe = Pipeline(model=ScriptedModel(["done"]), pre=[hook(slow, name="slow", timeout=timeout)])
     trace: list[tuple[str, float]] = []
     started = anyio.current_time()
 
