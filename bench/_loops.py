@@ -7,7 +7,8 @@ the loops its turnplug rows can run on in ``LOOPS``; its floors are written for 
 """
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -43,3 +44,61 @@ async def to_thread(loop: str, fn: Callable[..., Any], *args: Any) -> Any:
 def run(fn: Callable[..., Awaitable[Any]], *args: Any, loop: str) -> Any:
     """Run ``fn(*args)`` on a fresh `loop`."""
     return anyio.run(fn, *args, backend=loop)
+
+
+async def hand_over(loop: str, produce: Callable[[], AsyncIterator[Any]]) -> None:
+    """Iterate ``produce()`` in a task of its own, taking every item in the calling task.
+
+    The items cross through a deque, and the consumer, once it has caught up, waits with the
+    loop's cheapest wake-up (trio's ``wait_task_rescheduled``/``reschedule``, one asyncio
+    future): the least a design costs that keeps a producer moving while its consumer is busy.
+    """
+    buffer: deque[Any] = deque()
+    done = False
+    if loop == "trio":
+        waiting: trio.lowlevel.Task | None = None
+
+        async def producer() -> None:
+            nonlocal done, waiting
+            async for item in produce():
+                buffer.append(item)
+                if waiting is not None:
+                    task, waiting = waiting, None
+                    trio.lowlevel.reschedule(task)
+            done = True
+            if waiting is not None:
+                task, waiting = waiting, None
+                trio.lowlevel.reschedule(task)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(producer)
+            while True:
+                while buffer:
+                    buffer.popleft()
+                if done:
+                    return
+                waiting = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.SUCCEEDED)
+    future: asyncio.Future[None] | None = None
+
+    async def feeder() -> None:
+        nonlocal done, future
+        async for item in produce():
+            buffer.append(item)
+            if future is not None:
+                woken, future = future, None
+                woken.set_result(None)
+        done = True
+        if future is not None:
+            woken, future = future, None
+            woken.set_result(None)
+
+    async with asyncio.TaskGroup() as group:
+        group.create_task(feeder())
+        while True:
+            while buffer:
+                buffer.popleft()
+            if done:
+                return
+            future = asyncio.get_running_loop().create_future()
+            await future

@@ -21,6 +21,7 @@ from pipeline import Cont, Pipeline, Regenerate, cont, regenerate
 from pipeline.testing import FunctionModel
 from turns import Turn
 
+from ._loops import hand_over
 from ._loops import pause as loop_pause
 
 PRE = 10
@@ -80,6 +81,9 @@ class Reference:
     turn: Turn
     plain: Callable[[], Awaitable[State]]
     """One whole plain turn, every chunk seen by its consumer; returns the final state."""
+    handed: Callable[[], Awaitable[None]]
+    """The plain turn in a task of its own, each chunk handed to its consumer's task (with a
+    loop named; `_loops.hand_over`)."""
 
 
 def reference(*, loop: str | None = None, chunks: int = CHUNKS) -> Reference:
@@ -128,4 +132,10 @@ def reference(*, loop: str | None = None, chunks: int = CHUNKS) -> Reference:
             pass  # the consumer: sees every chunk
         return state
 
-    return Reference(pipe, Turn.start(QUESTION, turn_ref="bench"), plain)
+    async def handed() -> None:
+        if loop is None:
+            raise RuntimeError("a turn handed over between tasks runs on a named loop")
+        state: State = {"messages": [{"role": "user", "content": QUESTION}]}
+        await hand_over(loop, lambda: turn(state))
+
+    return Reference(pipe, Turn.start(QUESTION, turn_ref="bench"), plain, handed)

@@ -9,6 +9,12 @@ floor is the same batch of plain turns whose consumers see every chunk. Ratios a
 repetition. Growth is the cost per turn at 3,000 over at 100, for the pipeline and for the
 floor: the pipeline's may grow no more than 1.3x the floor's.
 
+The "handed over" rows have no target: the same plain turns, each played in a task of its
+own that hands every chunk to its consumer's task with the loop's cheapest wake-up
+(`_loops.hand_over`). They show what a task per streamed turn costs by itself, with no
+turnplug code: the bound of any `stream()` that keeps the turn moving while its consumer is
+busy.
+
 Memory is measured in a fresh subprocess per batch (``python -m bench.concurrency --memory
 KIND N LOOP``): the peak resident set of the process once the batch has run, and the peak of
 Python allocations (`tracemalloc`) during a second batch, divided by N: the memory of one
@@ -35,7 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 THROUGHPUT_TARGET = 0.5
 GROWTH_TARGET = 1.3
 MEMORY_TARGET = 2.0
-KINDS = ("floor", "stream", "run")
+HANDED_NOTE = "no turnplug code: what a task per streamed turn costs by itself"
+KINDS = ("floor", "handed", "stream", "run")
 
 
 def turn_of(kind: str, ref: Reference) -> Callable[[object], Awaitable[Any]]:
@@ -49,10 +56,13 @@ def turn_of(kind: str, ref: Reference) -> Callable[[object], Awaitable[Any]]:
             async for _event in events:
                 pass
 
+    async def handed(_: object) -> None:
+        await ref.handed()
+
     async def ran(_: object) -> None:
         await ref.pipe.run(ref.turn)
 
-    return {"floor": floor, "stream": streamed, "run": ran}[kind]
+    return {"floor": floor, "handed": handed, "stream": streamed, "run": ran}[kind]
 
 
 def _peak_rss() -> int:
@@ -126,7 +136,11 @@ async def run(quick: bool, loop: str) -> list[Row]:
                 unit="turns/s",
             )
         )
-        for kind, label in (("stream", "Pipeline.stream with a consumer"), ("run", "Pipeline.run")):
+        for kind, label in (
+            ("handed", "plain turns handed over to a consumer task"),
+            ("stream", "Pipeline.stream with a consumer"),
+            ("run", "Pipeline.run"),
+        ):
             ours = rate[f"{kind} {size}"]
             shares = [p / f for p, f in zip(ours, floor, strict=True)]
             share = statistics.median(shares)
@@ -143,6 +157,7 @@ async def run(quick: bool, loop: str) -> list[Row]:
                     unit="turns/s",
                     target=f">= {THROUGHPUT_TARGET:.0%} of the floor" if targeted else "",
                     met=share >= THROUGHPUT_TARGET if targeted else None,
+                    note=HANDED_NOTE if kind == "handed" else "",
                 )
             )
     small, large = sizes[0], sizes[-1]
@@ -150,13 +165,13 @@ async def run(quick: bool, loop: str) -> list[Row]:
         kind: [s / b for s, b in zip(rate[f"{kind} {small}"], rate[f"{kind} {large}"], strict=True)]
         for kind in KINDS
     }
-    for kind in ("stream", "run"):
+    for kind in ("handed", "stream", "run"):
         over = [g / f for g, f in zip(growth[kind], growth["floor"], strict=True)]
         ratio = statistics.median(over)
         rows.append(
             Row(
-                f"{kind}(): growth of the cost per turn from {small} to {large} turns, over the"
-                " floor's",
+                f"{'plain turns handed over' if kind == 'handed' else f'{kind}()'}: growth of"
+                f" the cost per turn from {small} to {large} turns, over the floor's",
                 statistics.median(growth[kind]),
                 spread(over),
                 statistics.median(growth["floor"]),
@@ -181,6 +196,18 @@ async def run(quick: bool, loop: str) -> list[Row]:
                 note="one run in a fresh process; floor = plain turns",
             )
         )
+        handed = memory("handed", size, loop)
+        rows.append(
+            Row(
+                f"memory per in-flight plain turn handed over to a consumer task, {size} turns",
+                handed["heap_per_turn"],
+                0.0,
+                theirs["heap_per_turn"],
+                handed["heap_per_turn"] / theirs["heap_per_turn"],
+                unit="bytes",
+                note=HANDED_NOTE,
+            )
+        )
         ratio = ours["heap_per_turn"] / theirs["heap_per_turn"]
         rows.append(
             Row(
@@ -200,7 +227,9 @@ async def run(quick: bool, loop: str) -> list[Row]:
 
 def main(argv: list[str]) -> None:
     if len(argv) != 4 or argv[0] != "--memory" or argv[1] not in KINDS:
-        raise SystemExit("usage: python -m bench.concurrency --memory floor|stream|run N LOOP")
+        raise SystemExit(
+            "usage: python -m bench.concurrency --memory floor|handed|stream|run N LOOP"
+        )
     kind, count, loop = argv[1], int(argv[2]), argv[3]
     print(json.dumps(run_on(_memory, kind, count, loop, loop=loop)))
 

@@ -8,7 +8,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import HookFailed, Pipeline, TurnResult, cont, halt, hook, parallel
+from pipeline import (
+    HookFailed,
+    HookTimeout,
+    Pipeline,
+    TurnResult,
+    cont,
+    halt,
+    hook,
+    parallel,
+    regenerate,
+)
 from pipeline.events import HookStarted, TextDelta
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Text, Turn
@@ -418,4 +428,313 @@ async def test_shadow_skip_and_failed_open_hooks_audit_alike_in_run_and_stream(a
         ("broken", "failed"),
         ("watch", "halt"),
         ("never", "skipped"),
+    ]
+
+
+# -- the consumer and the turn side by side ---------------------------------------------------
+#
+# The turn is driven apart from the code that reads its events: what the consumer does between
+# two events (its own awaits, its own deadlines, leaving) reaches the turn only by leaving the
+# block, and what the turn does (a hook's deadline, a failure) reaches the consumer only
+# through the iteration. A design that runs the turn inside the consumer's own awaits breaks
+# these first.
+
+
+def kinds(events) -> list[str]:
+    return [type(event).__name__ for event in events]
+
+
+@pytest.mark.parametrize("timeout", [10, None], ids=["hook-with-timeout", "plain-hook"])
+async def test_a_consumers_own_timeout_around_anext_leaves_the_turn_and_its_hook_deadline_alone(
+    autojump_clock, timeout: float | None
+):
+    """Catches: the consumer's deadline on one ``anext`` cancelling the turn (a turn driven
+    inside the consumer's await dies with it, whatever the hook), and the hook's
+    ``timeout=`` scope entered on the consumer's side (trio reports a corrupted cancel-scope
+    stack when the consumer leaves its own ``move_on_after`` while the hook's deadline is
+    still open)."""
+
+    async def slow(turn: Turn):
+        await anyio.sleep(2.5)
+        return cont(turn)
+
+    pipe = Pipeline(model=ScriptedModel(["done"]), pre=[hook(slow, name="slow", timeout=timeout)])
+    trace: list[tuple[str, float]] = []
+    started = anyio.current_time()
+
+    async with pipe.stream(start()) as events:
+        while True:
+            with anyio.move_on_after(1) as waited:
+                try:
+                    event = await anext(events)
+                except StopAsyncIteration:
+                    break
+            at = anyio.current_time() - started
+            if waited.cancelled_caught:
+                trace.append(("gave up waiting", at))
+            else:
+                trace.append((type(event).__name__, at))
+
+    assert trace == [
+        ("TurnStarted", 0.0),
+        ("HookStarted", 0.0),
+        ("gave up waiting", 1.0),
+        ("gave up waiting", 2.0),
+        ("HookFinished", 2.5),
+        ("ModelCalled", 2.5),
+        ("TextDelta", 2.5),
+        ("ModelFinished", 2.5),
+        ("ReplyReady", 2.5),
+        ("TurnFinished", 2.5),
+    ]
+    assert events.result.outcome == "completed"
+    assert [(h.hook, h.verdict) for h in events.result.audit.hooks] == [("slow", "cont")]
+
+
+async def test_a_hooks_deadline_does_not_cancel_the_consumers_own_awaits(autojump_clock):
+    """Catches: a hook's ``timeout=`` scope open in the consumer's task while the consumer
+    runs its own code: the hook's deadline would cancel the consumer's sleep instead of the
+    hook, and the consumer would see a cancellation instead of `HookTimeout`."""
+
+    async def stuck(turn: Turn):
+        await anyio.sleep(100)
+        return cont(turn)
+
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[hook(stuck, name="stuck", timeout=1)])
+    trace: list[tuple[str, float]] = []
+    started = anyio.current_time()
+
+    async with pipe.stream(start()) as events:
+        try:
+            async for event in events:
+                trace.append((type(event).__name__, anyio.current_time() - started))
+                if isinstance(event, HookStarted):
+                    await anyio.sleep(5)
+                    trace.append(("slept", anyio.current_time() - started))
+        except HookTimeout as error:
+            trace.append((f"raised HookTimeout {error.hook}", anyio.current_time() - started))
+
+    assert trace == [
+        ("TurnStarted", 0.0),
+        ("HookStarted", 0.0),
+        ("slept", 5.0),
+        ("HookFailed", 5.0),
+        ("raised HookTimeout stuck", 5.0),
+    ]
+
+
+async def test_the_turn_goes_on_while_the_consumer_awaits_between_events(autojump_clock):
+    """Catches: a turn that only moves while the consumer waits in ``anext`` (a slow consumer
+    would slow the model's stream and hold its connection open): each delta is stamped when
+    the model produced it, and the turn has finished before the consumer reads its end."""
+
+    async def paced(request):
+        for index, word in enumerate(("one ", "two ", "three")):
+            if index:
+                await anyio.sleep(1)
+            yield word
+
+    pipe = Pipeline(model=FunctionModel(paced))
+    trace: list[tuple[str, float, float]] = []
+    started = anyio.current_time()
+
+    async with pipe.stream(start()) as events:
+        async for event in events:
+            label = event.text if isinstance(event, TextDelta) else type(event).__name__
+            trace.append((label, event.at, anyio.current_time() - started))
+            if isinstance(event, TextDelta):
+                await anyio.sleep(5)
+
+    assert trace == [
+        ("TurnStarted", 0.0, 0.0),
+        ("ModelCalled", 0.0, 0.0),
+        ("one ", 0.0, 0.0),
+        ("two ", 1.0, 5.0),
+        ("three", 2.0, 10.0),
+        ("ModelFinished", 2.0, 15.0),
+        ("ReplyReady", 2.0, 15.0),
+        ("TurnFinished", 2.0, 15.0),
+    ]
+
+
+class Blocked:
+    """A hook that blocks until cancelled, and records that it started and how it ended."""
+
+    def __init__(self, trace: list[str]) -> None:
+        self.trace = trace
+        self.started = anyio.Event()
+
+    async def __call__(self, turn: Turn):
+        self.trace.append("hook started")
+        self.started.set()
+        try:
+            await anyio.Event().wait()
+        except anyio.get_cancelled_exc_class():
+            self.trace.append("hook cancelled")
+            raise
+        return cont(turn)
+
+
+async def test_leaving_the_block_early_on_either_loop_cancels_the_turn_and_leaves_no_task():
+    """Catches: a turn left running (or a task left behind) after the consumer breaks out,
+    and a turn wound up without a real cancellation (its hook never sees one); on both
+    loops. The consumer waits for the hook to start with its own await: a turn that moves
+    only inside ``anext`` would never start it (the safety deadline turns that into a
+    failure instead of a hang)."""
+    trace: list[str] = []
+    blocked = Blocked(trace)
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[hook(blocked, name="blocked")])
+    before = live_tasks()
+
+    with anyio.fail_after(5):
+        async with pipe.stream(start()) as events:
+            async for event in events:
+                if isinstance(event, HookStarted):
+                    await blocked.started.wait()
+                    break
+
+    assert trace == ["hook started", "hook cancelled"]
+    assert live_tasks() == before
+    with pytest.raises(RuntimeError, match="has not finished"):
+        _ = events.result
+
+
+async def test_a_failing_hook_surfaces_once_from_the_iteration_and_not_again_on_leaving():
+    """Catches: the turn's error raised twice (from the iteration and again from the
+    block's exit), or lost when the consumer catches it; iterating again after it is a
+    plain end, not a second raise."""
+    cause = ValueError("boom")
+
+    async def explode(turn: Turn):
+        raise cause
+
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[hook(explode, name="explode")])
+    trace: list[str] = []
+
+    async with pipe.stream(start()) as events:
+        try:
+            async for event in events:
+                trace.append(type(event).__name__)
+        except HookFailed as error:
+            trace.append(f"raised {type(error).__name__} {error.hook}")
+        async for event in events:
+            trace.append(f"again {type(event).__name__}")
+        trace.append("iterated again")
+    trace.append("left the block")
+
+    assert trace == [
+        "TurnStarted",
+        "HookStarted",
+        "HookFailed",
+        "raised HookFailed explode",
+        "iterated again",
+        "left the block",
+    ]
+
+
+async def test_a_failing_hook_of_a_turn_nobody_iterates_is_raised_once_on_leaving():
+    """Catches: the error of a turn whose events were never read lost on leaving the block
+    (or wrapped in an ExceptionGroup)."""
+
+    async def explode(turn: Turn):
+        raise ValueError("boom")
+
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[hook(explode, name="explode")])
+
+    with pytest.raises(HookFailed) as excinfo:
+        async with pipe.stream(start()) as events:
+            await anext(events)  # TurnStarted; the failure comes after it
+
+    assert type(excinfo.value) is HookFailed
+    assert excinfo.value.hook == "explode"
+
+
+def every_stage() -> Pipeline:
+    """Pre hooks (one skipped, one shadow, one with a deadline), a guardrail that rejects
+    the first attempt, and a post hook: every kind of event but tools, in a fixed order."""
+    attempts = iter(["internal use only", "fine"])
+
+    async def keep(turn: Turn):
+        return cont(turn)
+
+    async def shadowed(turn: Turn):
+        return halt("would stop")
+
+    async def guard(turn: Turn):
+        if "internal" in turn.reply.text:
+            return regenerate("no internal material")
+        return cont(turn)
+
+    return Pipeline(
+        model=FunctionModel(lambda request: [*next(attempts).split(" ")]),
+        pre=[
+            hook(keep, name="first"),
+            hook(keep, name="skipped", when=lambda turn: False),
+            hook(shadowed, name="shadow", shadow=True),
+            hook(keep, name="timed", timeout=5),
+        ],
+        post=[hook(guard, name="guard"), hook(keep, name="after")],
+    )
+
+
+def debug_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The turn's events as the debug log reported them, without their times."""
+    return [
+        record.getMessage().split(" at=")[0]
+        for record in caplog.records
+        if record.levelname == "DEBUG"
+    ]
+
+
+async def test_streamed_events_arrive_in_the_order_run_emits_them(caplog):
+    """Catches: events reordered on their way to the consumer (a buffered event handed over
+    after a later one, events of a scoped step delivered late out of turn), by comparing
+    the whole sequence the consumer receives with the sequence `run` reports for the same
+    turn through the debug log."""
+    caplog.set_level("DEBUG", logger="turnplug.pipeline")
+    await every_stage().run(start())
+    ran = debug_lines(caplog)
+    caplog.clear()
+
+    received = []
+    async with every_stage().stream(start()) as events:
+        async for event in events:
+            received.append(event)
+    logged = debug_lines(caplog)
+
+    prefix = f"turn {TURN_REF}: "
+    assert ran == logged
+    assert [line.removeprefix(prefix).split(" ")[0] for line in ran] == [
+        kind for kind in kinds(received) if kind != "TextDelta"
+    ]
+    assert [line.removeprefix(prefix) for line in ran] == [
+        "TurnStarted",
+        "HookStarted hook=first stage=pre",
+        "HookFinished hook=first stage=pre verdict=cont",
+        "HookSkipped hook=skipped stage=pre",
+        "HookStarted hook=shadow stage=pre",
+        "HookFinished hook=shadow stage=pre verdict=halt",
+        "ShadowVerdict hook=shadow stage=pre verdict=halt",
+        "HookStarted hook=timed stage=pre",
+        "HookFinished hook=timed stage=pre verdict=cont",
+        "ModelCalled attempt=1 step=1 model=FunctionModel",
+        "ModelFinished attempt=1 step=1",
+        "ReplyReady",
+        "HookStarted hook=guard stage=post",
+        "HookFinished hook=guard stage=post verdict=regenerate",
+        "AttemptRejected hook=guard attempt=1",
+        "ModelCalled attempt=2 step=1 model=FunctionModel",
+        "ModelFinished attempt=2 step=1",
+        "ReplyReady",
+        "HookStarted hook=guard stage=post",
+        "HookFinished hook=guard stage=post verdict=cont",
+        "HookStarted hook=after stage=post",
+        "HookFinished hook=after stage=post verdict=cont",
+        "TurnFinished outcome=completed",
+    ]
+    assert [(event.text, event.attempt) for event in received if isinstance(event, TextDelta)] == [
+        ("internal", 1),
+        ("use", 1),
+        ("only", 1),
+        ("fine", 2),
     ]
