@@ -2,6 +2,8 @@
 
 import os
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar, Token
+from types import TracebackType
 from typing import Any, Literal, Self, TypeAlias, TypeVar, cast, final
 
 import attrs
@@ -169,22 +171,28 @@ class Turn:
     def inject(self, *parts: Part | str) -> Self:
         """Return a turn with one more injection holding `parts` (strings become `Text`).
 
-        The runtime stamps the injection with the injecting hook's name and durability.
+        The runtime stamps the injection with the injecting hook's name and durability: while
+        a hook runs, the runtime's `Stamper` stamps it here, as it is made; outside a hook it
+        is left unstamped (``source=None``).
         """
-        if not parts:
-            raise ValueError(
-                "Turn.inject needs at least one part, got none — pass the content to add,"
-                ' e.g. turn.inject("The user\'s plan is Pro."); to add nothing, return the'
-                " turn as it is"
-            )
-        stamped = tuple(Text(part) if isinstance(part, str) else part for part in parts)
-        for part in stamped:
-            if not isinstance(part, _PART_TYPES):
-                raise TypeError(
-                    "Turn.inject takes Text, ToolCall, ToolResult or str parts, got "
-                    f"{type(part).__name__}"
-                )
-        return with_injections(self, (*self.injections, _injection(stamped, None, False, None)))
+        # A lone Text, the common case, has nothing to check.
+        lone_text = len(parts) == 1 and type(parts[0]) is Text
+        checked = cast(tuple[Part, ...], parts) if lone_text else _checked_parts(parts)
+        injections = self.injections
+        stamper = _STAMPER.get()
+        if stamper is not None:
+            made = stamper._made
+            stamp = made[0]
+            if stamp is not None and stamp is stamper._open:
+                source, durable, stage = stamp
+                # Concatenation copies the tuple in C, about twice as fast as unpacking.
+                added = injections + (_injection(checked, source, durable, stage),)  # noqa: RUF005
+                # A chain of injections into the turn the last one returned keeps its start;
+                # an injection into any other turn (a branch) starts a new chain.
+                stamper._made = (stamp, made[1] if made[2] is injections else injections, added)
+                return with_injections(self, added)
+        unstamped = _injection(checked, None, False, None)
+        return with_injections(self, injections + (unstamped,))  # noqa: RUF005
 
     def with_request(self, **changes: Any) -> Self:
         """Return a turn with changed `RequestOptions`; each field composes by its own rule.
@@ -217,19 +225,125 @@ class Turn:
         return attrs.evolve(self, scope=self.scope.assign(**values))
 
 
+_Stamp: TypeAlias = tuple[str, bool, Stage]
+_Made: TypeAlias = tuple[_Stamp | None, tuple[Injection, ...], tuple[Injection, ...]]
+_NOTHING_MADE: _Made = (None, (), ())
+_STAMPER: ContextVar["Stamper | None"] = ContextVar("turns.Stamper", default=None)
+
+
+@final
+class Stamper:
+    """Stamps what `Turn.inject` adds with the hook that is running, as it is added.
+
+    This is the runtime's side of "the runtime stamps it": a runtime makes a stamper current
+    for the task that runs a stage's hooks (``with stamper:``), opens it with a hook's name,
+    durability and stage just before calling the hook (`open`), and closes it when the hook
+    returns (`close`). While it is open, `Turn.inject` stamps each injection it makes with
+    that hook. `added` then tells, in constant time, whether a turn's injections are exactly
+    another's followed by injections stamped while the stamper was open for that hook — the
+    common case of a hook that only calls `Turn.inject` — so the runtime keeps them as they
+    are instead of checking and stamping every injection again. In any other case (a hook
+    that built, rewrote or removed injections itself) `added` is False and the runtime stamps
+    the turn's new injections the long way; provenance cannot be forged through a stamper of
+    one's own either, since only the runtime's stamper answers its `added`.
+
+    Branching stays correct: injecting twice into the same turn gives two independent turns,
+    and only the injections on the branch a hook returns count as its own.
+    """
+
+    __slots__ = ("_made", "_open", "_token")
+
+    def __init__(self) -> None:
+        self._open: _Stamp | None = None
+        # What was made since `open`, as one value so that a reader never sees half of an
+        # update: (the open stamp, the injections the chain started from, where it ends).
+        self._made: _Made = _NOTHING_MADE
+        self._token: Token[Stamper | None] | None = None
+
+    def __enter__(self) -> Self:
+        if self._token is not None:
+            raise RuntimeError("this Stamper is already current; enter it once at a time")
+        self._token = _STAMPER.set(self)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        token, self._token = self._token, None
+        self._open = None
+        assert token is not None
+        _STAMPER.reset(token)
+
+    def open(self, source: str, durable: bool, stage: Stage) -> _Stamp:
+        """Stamp what `Turn.inject` adds from now on with `source`, `durable` and `stage`.
+
+        Returns the stamp to hand to `added` once the hook has returned.
+        """
+        stamp = (source, durable, stage)
+        self._open = stamp
+        self._made = (stamp, (), ())
+        return stamp
+
+    def close(self) -> None:
+        """Stop stamping: `Turn.inject` leaves what it adds unstamped again."""
+        self._open = None
+
+    def added(self, stamp: _Stamp, before: Turn, after: Turn) -> bool:
+        """Whether `after`'s injections are `before`'s followed by injections made with `stamp`.
+
+        True only when every injection `after` has beyond `before`'s was made by
+        `Turn.inject` while this stamper was open with `stamp` (the value `open` returned),
+        each extending the turn the previous one returned, starting from `before`'s.
+        """
+        made_with, start, end = self._made
+        return made_with is stamp and end is after.injections and start is before.injections
+
+
 # -- fast builders -----------------------------------------------------------------------------
 #
-# Every injecting hook builds a turn and an injection, and the runtime stamps each injection and
-# builds the turn again. attrs' generated ``__init__`` (and ``attrs.evolve``, which calls it
-# with every field by keyword) looks each slot up by name and runs the converters; these fill
-# the slots through their descriptors, which builds the same frozen record (equal, same hash
-# and repr) in a fraction of the time. The values they take are already converted (tuples).
+# Every injecting hook builds a turn and an injection (stamped as it is made, see `Stamper`).
+# attrs' generated ``__init__`` (and ``attrs.evolve``, which calls it with every field by
+# keyword) looks each slot up by name and runs the converters; these fill the slots through
+# their descriptors, which builds the same frozen record (equal, same hash and repr) in a
+# fraction of the time. The values they take are already converted (tuples). They are the only
+# such builders: the runtime stamps through `Stamper` and builds any other injection with
+# `Injection(...)`.
 
 _bare = object.__new__
 _TURN_SLOTS = tuple(getattr(Turn, field.name).__set__ for field in attrs.fields(Turn))
 _INJECTION_SLOTS = tuple(
     getattr(Injection, field.name).__set__ for field in attrs.fields(Injection)
 )
+_BUILT = {
+    Turn: ["context", "user_message", "turn_ref", "scope", "injections", "request", "reply"],
+    Injection: ["parts", "source", "durable", "stage"],
+}
+for _cls, _names in _BUILT.items():
+    if [field.name for field in attrs.fields(_cls)] != _names:  # pragma: no cover
+        raise TypeError(
+            f"{_cls.__name__}'s fields changed: update the fast builders of turns._turn"
+        )
+
+
+def _checked_parts(parts: tuple[Part | str, ...]) -> tuple[Part, ...]:
+    """`Turn.inject`'s parts as a tuple of parts (strings become `Text`), or its error."""
+    if not parts:
+        raise ValueError(
+            "Turn.inject needs at least one part, got none — pass the content to add,"
+            ' e.g. turn.inject("The user\'s plan is Pro."); to add nothing, return the'
+            " turn as it is"
+        )
+    checked = tuple(Text(part) if isinstance(part, str) else part for part in parts)
+    for part in checked:
+        if not isinstance(part, _PART_TYPES):
+            raise TypeError(
+                "Turn.inject takes Text, ToolCall, ToolResult or str parts, got "
+                f"{type(part).__name__}"
+            )
+    return checked
 
 
 def with_injections(turn: T, injections: tuple[Injection, ...]) -> T:
