@@ -350,7 +350,7 @@ class Runner:
             known.update(map(id, fresh))
             self.known_of = stamped
         else:
-            stamped, fresh, gone = self.restamp(step, old, new, stage)
+            stamped, fresh, gone = self.restamp(step, old, new, stage, made)
             self.known = None
         if stage == "pre":
             if plan.budget is not None or self.emit is not None or plan.tokenizer is not None:
@@ -373,11 +373,19 @@ class Runner:
         return known
 
     def restamp(
-        self, step: Step, old: tuple[Injection, ...], new: tuple[Injection, ...], stage: Stage
+        self,
+        step: Step,
+        old: tuple[Injection, ...],
+        new: tuple[Injection, ...],
+        stage: Stage,
+        made: tuple[str, bool, Stage] | None = None,
     ) -> tuple[tuple[Injection, ...], list[Injection], list[Injection]]:
         """Stamp a hook's injections when it changed or removed earlier ones.
 
-        The stamped injections, the new ones among them, and the earlier ones now gone.
+        The stamped injections, the new ones among them, and the earlier ones now gone. An
+        injection carrying the hook's own stamp (`made`: `Turn.inject` stamped it while the
+        hook ran) is the hook's new injection, never a rewrite of an earlier one, even when
+        an earlier hook of the same name left one at the same position.
         """
         known = {id(injection) for injection in old}
         fresh: list[Injection] = []
@@ -386,7 +394,8 @@ class Runner:
             if id(added) in known:
                 stamped.append(added)
                 continue
-            origin = old[index] if index < len(old) else None
+            own = made is not None and (added.source, added.durable, added.stage) == made
+            origin = None if own or index >= len(old) else old[index]
             if origin is not None and added == origin:
                 stamped.append(origin)
                 continue

@@ -1,4 +1,5 @@
-"""Turn: `start` defaults and errors, `inject`, `with_request` (narrowing) and `assign`."""
+"""Turn: `start` defaults and errors, `inject`, `with_request` (narrowing), `assign`, and
+the `Stamper` that stamps what `inject` adds while a hook runs."""
 
 import string
 
@@ -15,6 +16,7 @@ from turns import (
     Part,
     RequestOptions,
     Scope,
+    Stamper,
     Text,
     ToolCall,
     ToolResult,
@@ -364,3 +366,100 @@ def test_inject_without_parts_says_what_to_pass() -> None:
         Turn.start("hi").inject()
     assert "e.g. turn.inject(" in str(excinfo.value)
     assert "to add nothing" in str(excinfo.value)
+
+
+# --- Stamper: stamping as Turn.inject makes an injection ----------------------------------
+
+# One operation on a pool of turns: inject one text into pool[index], with the stamper open
+# under `stamp` ("a" or "b") or closed (None). Reopening under the same letter is a new stamp.
+operations = st.lists(
+    st.tuples(
+        st.integers(0, 30), st.sampled_from(["a", "a", "b", None]), st.booleans(), st.booleans()
+    ),
+    max_size=25,
+)
+
+
+@given(operations)
+def test_injecting_into_any_turn_of_a_lineage_gives_exactly_its_parents_injections_and_one_more(
+    ops: list[tuple[int, str | None, bool, bool]],
+) -> None:
+    """Catches: a turn seeing an injection made on another branch of the same lineage, an
+    earlier turn changed by a later inject (sharing where a copy was needed), an injection
+    stamped with a stamp that was not open when it was made, or `Stamper.added` claiming
+    that a turn's injections are another's plus injections of one stamp when they are not."""
+    stamper = Stamper()
+    pool = [Turn.start("hi")]
+    expected: list[list[tuple[str, str | None, bool, str | None]]] = [[]]
+    stamps: list[tuple[str, bool, str]] = []
+    current: tuple[str, bool, str] | None = None
+    with stamper:
+        for step, (index, letter, reopen, durable) in enumerate(ops):
+            if letter is None:
+                stamper.close()
+                current = None
+            elif reopen or current is None or current[0] != letter:
+                current = stamper.open(letter, durable, "pre")
+                stamps.append(current)
+            at = index % len(pool)
+            text = f"t{step}"
+            pool.append(pool[at].inject(text))
+            entry = (text, *current) if current is not None else (text, None, False, None)
+            expected.append([*expected[at], entry])
+            for stamp in stamps:
+                for before, before_expected in zip(pool, expected, strict=True):
+                    if stamper.added(stamp, before, pool[-1]):
+                        cut = len(before_expected)
+                        head, tail = expected[-1][:cut], expected[-1][cut:]
+                        assert head == before_expected
+                        assert tail
+                        assert all(item[1:] == stamp for item in tail)
+    observed = [
+        [(i.parts[0].text, i.source, i.durable, i.stage) for i in turn.injections] for turn in pool
+    ]
+    assert observed == expected
+
+
+@given(st.integers(1, 8), st.booleans())
+def test_a_chain_of_injects_under_one_open_stamper_is_recognised_as_added(
+    count: int, durable: bool
+) -> None:
+    """Catches: `Stamper.added` failing for the common case (a hook that only calls
+    `turn.inject`, possibly several times in a row), which would send every injecting hook
+    down the runtime's slow path."""
+    stamper = Stamper()
+    before = Turn.start("hi").inject("earlier")
+    with stamper:
+        stamp = stamper.open("retrieve", durable, "pre")
+        after = before
+        for index in range(count):
+            after = after.inject(f"passage {index}")
+        stamper.close()
+        assert stamper.added(stamp, before, after)
+        assert not stamper.added(stamper.open("other", durable, "pre"), before, after)
+    assert [(i.source, i.durable, i.stage) for i in after.injections] == [
+        (None, False, None),
+        *[("retrieve", durable, "pre")] * count,
+    ]
+
+
+def test_a_closed_or_not_current_stamper_leaves_injections_unstamped() -> None:
+    """Catches: a stamper that keeps stamping after its hook returned, or stamps from a task
+    where it was never made current."""
+    stamper = Stamper()
+    stamper.open("hook", True, "pre")
+    assert Turn.start("hi").inject("x").injections[0].source is None
+    with stamper:
+        stamper.open("hook", True, "pre")
+        stamper.close()
+        assert Turn.start("hi").inject("x").injections[0].source is None
+    assert Turn.start("hi").inject("x").injections[0].source is None
+
+
+def test_a_stamper_cannot_be_made_current_twice_at_once() -> None:
+    """Catches: a nested `with stamper:` silently losing the outer token, so leaving the
+    inner block would leave the stamper current for the rest of the task."""
+    stamper = Stamper()
+    with stamper, pytest.raises(RuntimeError, match="already current"):
+        stamper.__enter__()
+    assert Turn.start("hi").inject("x").injections[0].source is None
