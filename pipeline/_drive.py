@@ -203,7 +203,6 @@ class Drive(Runner):
     ) -> Verdict:
         """`ordered`'s loop, with the stamper current."""
         plan = self.plan
-        stage: Stage = "post" if steps and steps[0].stage == "post" else "pre"
         # Whether injections are counted or announced: only then is `stamp` needed for a
         # hook whose injections the stamper made.
         counting = post is not None or plan.budget is not None or plan.tokenizer is not None
@@ -212,14 +211,14 @@ class Drive(Runner):
                 started = now()
                 if post is not None:
                     post(hook_started(self.turn_ref, step.name, step.stage, started - start))
-                made = stamper.open(step.name, step.hook.durable, stage)
+                stamper.stamp = made = step.stamp
                 try:
                     result = await step.hook.fn(turn)
                 except Exception as exc:
-                    stamper.close()
+                    stamper.stamp = None
                     self.fail(step, exc, now() - started)
                     continue
-                stamper.close()
+                stamper.stamp = None
                 ended = now()
                 elapsed = ended - started
                 if type(result) is Cont:
@@ -294,14 +293,14 @@ class Drive(Runner):
         if step.hook.when is not None and not self.passes(step, turn):
             return turn
         stamper = self.stamper
-        made = stamper.open(step.name, step.hook.durable, _stage(step))
+        stamper.stamp = step.stamp
         try:
             called = await self.timed(step, turn)
         finally:
-            stamper.close()
+            stamper.stamp = None
         if called is None:
             return turn
-        return self.settle(step, turn, *called, made)
+        return self.settle(step, turn, *called, step.stamp)
 
     # -- stages 4-7: the model call, the post hooks, the regeneration loop --------------------
 
@@ -466,11 +465,6 @@ class Drive(Runner):
             tuple(self.calls),
         )
         return TurnResult(outcome, turn, reply, stop, rejections, audit)
-
-
-def _stage(step: Step) -> Stage:
-    """The stage an ordered step's injections are stamped with."""
-    return "post" if step.stage == "post" else "pre"
 
 
 def _checked_reply(step: Step, before: Turn, after: Turn) -> Turn:

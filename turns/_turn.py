@@ -4,7 +4,7 @@ import os
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar, Token
 from types import TracebackType
-from typing import Any, Literal, Self, TypeAlias, TypeVar, cast, final
+from typing import Any, Literal, Self, TypeAlias, final
 
 import attrs
 
@@ -13,7 +13,6 @@ from ._message import Message, _parts
 from ._parts import EMPTY, Part, Text, ToolCall, ToolResult
 
 Stage: TypeAlias = Literal["pre", "post"]
-T = TypeVar("T", bound="Turn")
 
 _NO_ANNOTATIONS = EMPTY
 _PART_TYPES = (Text, ToolCall, ToolResult)
@@ -175,24 +174,42 @@ class Turn:
         a hook runs, the runtime's `Stamper` stamps it here, as it is made; outside a hook it
         is left unstamped (``source=None``).
         """
-        # A lone Text, the common case, has nothing to check.
-        lone_text = len(parts) == 1 and type(parts[0]) is Text
-        checked = cast(tuple[Part, ...], parts) if lone_text else _checked_parts(parts)
+        if len(parts) != 1 or type(parts[0]) is not Text:  # a lone Text has nothing to check
+            parts = _checked_parts(parts)
+        # The new Injection and Turn are built by filling their slots (see the fast builders
+        # below): this runs once per injecting hook.
+        injection: Injection = _bare(Injection)
+        set_parts, set_source, set_durable, set_stage = _INJECTION_SLOTS
+        set_parts(injection, parts)
         injections = self.injections
+        # Concatenation copies the tuple in C, about twice as fast as unpacking.
+        added = injections + (injection,)  # noqa: RUF005
         stamper = _STAMPER.get()
-        if stamper is not None:
+        if stamper is not None and (stamp := stamper.stamp) is not None:
+            set_source(injection, stamp[0])
+            set_durable(injection, stamp[1])
+            set_stage(injection, stamp[2])
+            # A chain of injections into the turn the last one returned keeps its start; an
+            # injection into any other turn (a branch) starts a new chain.
             made = stamper._made
-            stamp = made[0]
-            if stamp is not None and stamp is stamper._open:
-                source, durable, stage = stamp
-                # Concatenation copies the tuple in C, about twice as fast as unpacking.
-                added = injections + (_injection(checked, source, durable, stage),)  # noqa: RUF005
-                # A chain of injections into the turn the last one returned keeps its start;
-                # an injection into any other turn (a branch) starts a new chain.
-                stamper._made = (stamp, made[1] if made[2] is injections else injections, added)
-                return with_injections(self, added)
-        unstamped = _injection(checked, None, False, None)
-        return with_injections(self, injections + (unstamped,))  # noqa: RUF005
+            chained = made[0] is stamp and made[2] is injections
+            stamper._made = (stamp, made[1] if chained else injections, added)
+        else:
+            set_source(injection, None)
+            set_durable(injection, False)
+            set_stage(injection, None)
+        new: Self = _bare(type(self))
+        set_context, set_user, set_ref, set_scope, set_injections, set_request, set_reply = (
+            _TURN_SLOTS
+        )
+        set_context(new, self.context)
+        set_user(new, self.user_message)
+        set_ref(new, self.turn_ref)
+        set_scope(new, self.scope)
+        set_injections(new, added)
+        set_request(new, self.request)
+        set_reply(new, self.reply)
+        return new
 
     def with_request(self, **changes: Any) -> Self:
         """Return a turn with changed `RequestOptions`; each field composes by its own rule.
@@ -236,27 +253,34 @@ class Stamper:
     """Stamps what `Turn.inject` adds with the hook that is running, as it is added.
 
     This is the runtime's side of "the runtime stamps it": a runtime makes a stamper current
-    for the task that runs a stage's hooks (``with stamper:``), opens it with a hook's name,
-    durability and stage just before calling the hook (`open`), and closes it when the hook
-    returns (`close`). While it is open, `Turn.inject` stamps each injection it makes with
-    that hook. `added` then tells, in constant time, whether a turn's injections are exactly
-    another's followed by injections stamped while the stamper was open for that hook — the
-    common case of a hook that only calls `Turn.inject` — so the runtime keeps them as they
-    are instead of checking and stamping every injection again. In any other case (a hook
-    that built, rewrote or removed injections itself) `added` is False and the runtime stamps
-    the turn's new injections the long way; provenance cannot be forged through a stamper of
-    one's own either, since only the runtime's stamper answers its `added`.
+    for the task that runs a stage's hooks (``with stamper:``), sets `stamp` to a hook's
+    ``(name, durable, stage)`` just before calling the hook and back to None when it
+    returns. While `stamp` is set, `Turn.inject` stamps each injection it makes with it.
+    `added` then tells, in constant time, whether a turn's injections are exactly another's
+    followed by injections made with a given stamp — the common case of a hook that only
+    calls `Turn.inject` — so the runtime keeps them as they are instead of checking and
+    stamping every injection again. In any other case (a hook that built, rewrote or removed
+    injections itself) `added` is False and the runtime stamps the turn's new injections the
+    long way; provenance cannot be forged through a stamper of one's own either, since only
+    the runtime's stamper answers its `added`.
 
     Branching stays correct: injecting twice into the same turn gives two independent turns,
     and only the injections on the branch a hook returns count as its own.
+
+    Attributes:
+        stamp: ``(source, durable, stage)`` to stamp injections with, or None to leave them
+            unstamped. The runtime builds one tuple per hook, once, and sets that same tuple
+            each time the hook runs: `added` compares stamps by identity.
     """
 
-    __slots__ = ("_made", "_open", "_token")
+    __slots__ = ("_made", "_token", "stamp")
 
     def __init__(self) -> None:
-        self._open: _Stamp | None = None
-        # What was made since `open`, as one value so that a reader never sees half of an
-        # update: (the open stamp, the injections the chain started from, where it ends).
+        self.stamp: _Stamp | None = None
+        # The last chain of injections made with a stamp, as one value so that a reader
+        # never sees half of an update: (the stamp, the injections the chain started from,
+        # where it ends). Whatever wrote it, its end is its start followed by injections
+        # made with its stamp.
         self._made: _Made = _NOTHING_MADE
         self._token: Token[Stamper | None] | None = None
 
@@ -273,30 +297,16 @@ class Stamper:
         traceback: TracebackType | None,
     ) -> None:
         token, self._token = self._token, None
-        self._open = None
+        self.stamp = None
         assert token is not None
         _STAMPER.reset(token)
-
-    def open(self, source: str, durable: bool, stage: Stage) -> _Stamp:
-        """Stamp what `Turn.inject` adds from now on with `source`, `durable` and `stage`.
-
-        Returns the stamp to hand to `added` once the hook has returned.
-        """
-        stamp = (source, durable, stage)
-        self._open = stamp
-        self._made = (stamp, (), ())
-        return stamp
-
-    def close(self) -> None:
-        """Stop stamping: `Turn.inject` leaves what it adds unstamped again."""
-        self._open = None
 
     def added(self, stamp: _Stamp, before: Turn, after: Turn) -> bool:
         """Whether `after`'s injections are `before`'s followed by injections made with `stamp`.
 
         True only when every injection `after` has beyond `before`'s was made by
-        `Turn.inject` while this stamper was open with `stamp` (the value `open` returned),
-        each extending the turn the previous one returned, starting from `before`'s.
+        `Turn.inject` while this stamper's `stamp` was `stamp` (the same tuple), each
+        extending the turn the previous one returned, starting from `before`'s.
         """
         made_with, start, end = self._made
         return made_with is stamp and end is after.injections and start is before.injections
@@ -304,13 +314,13 @@ class Stamper:
 
 # -- fast builders -----------------------------------------------------------------------------
 #
-# Every injecting hook builds a turn and an injection (stamped as it is made, see `Stamper`).
+# Every injecting hook builds an injection (stamped as it is made, see `Stamper`) and a turn.
 # attrs' generated ``__init__`` (and ``attrs.evolve``, which calls it with every field by
-# keyword) looks each slot up by name and runs the converters; these fill the slots through
-# their descriptors, which builds the same frozen record (equal, same hash and repr) in a
-# fraction of the time. The values they take are already converted (tuples). They are the only
-# such builders: the runtime stamps through `Stamper` and builds any other injection with
-# `Injection(...)`.
+# keyword) sets each slot by name through ``object.__setattr__`` and runs the converters;
+# `Turn.inject` fills the slots through their descriptors instead, which builds the same
+# frozen record (equal, same hash and repr) for about half the cost. The values are already
+# converted (tuples). This is the only such builder: the runtime stamps through `Stamper` and
+# builds any other injection with `Injection(...)`.
 
 _bare = object.__new__
 _TURN_SLOTS = tuple(getattr(Turn, field.name).__set__ for field in attrs.fields(Turn))
@@ -344,30 +354,3 @@ def _checked_parts(parts: tuple[Part | str, ...]) -> tuple[Part, ...]:
                 f"{type(part).__name__}"
             )
     return checked
-
-
-def with_injections(turn: T, injections: tuple[Injection, ...]) -> T:
-    """``attrs.evolve(turn, injections=injections)`` for a tuple of `Injection`."""
-    new: Turn = _bare(Turn)
-    set_context, set_user, set_ref, set_scope, set_injections, set_request, set_reply = _TURN_SLOTS
-    set_context(new, turn.context)
-    set_user(new, turn.user_message)
-    set_ref(new, turn.turn_ref)
-    set_scope(new, turn.scope)
-    set_injections(new, injections)
-    set_request(new, turn.request)
-    set_reply(new, turn.reply)
-    return cast(T, new)
-
-
-def _injection(
-    parts: tuple[Part, ...], source: str | None, durable: bool, stage: Stage | None
-) -> Injection:
-    """``Injection(parts, source, durable, stage)`` for a tuple of parts."""
-    new: Injection = _bare(Injection)
-    set_parts, set_source, set_durable, set_stage = _INJECTION_SLOTS
-    set_parts(new, parts)
-    set_source(new, source)
-    set_durable(new, durable)
-    set_stage(new, stage)
-    return new

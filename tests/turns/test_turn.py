@@ -16,6 +16,7 @@ from turns import (
     Part,
     RequestOptions,
     Scope,
+    Stage,
     Stamper,
     Text,
     ToolCall,
@@ -370,8 +371,9 @@ def test_inject_without_parts_says_what_to_pass() -> None:
 
 # --- Stamper: stamping as Turn.inject makes an injection ----------------------------------
 
-# One operation on a pool of turns: inject one text into pool[index], with the stamper open
-# under `stamp` ("a" or "b") or closed (None). Reopening under the same letter is a new stamp.
+# One operation on a pool of turns: inject one text into pool[index], with the stamper's stamp
+# set to the stamp of a hook ("a" or "b": the same tuple each time, as the runtime sets a step's
+# stamp, or a new equal-or-not one when `fresh`) or to None.
 operations = st.lists(
     st.tuples(
         st.integers(0, 30), st.sampled_from(["a", "a", "b", None]), st.booleans(), st.booleans()
@@ -386,21 +388,20 @@ def test_injecting_into_any_turn_of_a_lineage_gives_exactly_its_parents_injectio
 ) -> None:
     """Catches: a turn seeing an injection made on another branch of the same lineage, an
     earlier turn changed by a later inject (sharing where a copy was needed), an injection
-    stamped with a stamp that was not open when it was made, or `Stamper.added` claiming
+    stamped with a stamp that was not set when it was made, or `Stamper.added` claiming
     that a turn's injections are another's plus injections of one stamp when they are not."""
     stamper = Stamper()
     pool = [Turn.start("hi")]
     expected: list[list[tuple[str, str | None, bool, str | None]]] = [[]]
-    stamps: list[tuple[str, bool, str]] = []
-    current: tuple[str, bool, str] | None = None
+    by_letter: dict[str, tuple[str, bool, Stage]] = {}
+    stamps: list[tuple[str, bool, Stage]] = []
     with stamper:
-        for step, (index, letter, reopen, durable) in enumerate(ops):
-            if letter is None:
-                stamper.close()
-                current = None
-            elif reopen or current is None or current[0] != letter:
-                current = stamper.open(letter, durable, "pre")
-                stamps.append(current)
+        for step, (index, letter, fresh, durable) in enumerate(ops):
+            if letter is not None and (fresh or letter not in by_letter):
+                by_letter[letter] = (letter, durable, "pre")
+                stamps.append(by_letter[letter])
+            current = None if letter is None else by_letter[letter]
+            stamper.stamp = current
             at = index % len(pool)
             text = f"t{step}"
             pool.append(pool[at].inject(text))
@@ -421,38 +422,42 @@ def test_injecting_into_any_turn_of_a_lineage_gives_exactly_its_parents_injectio
 
 
 @given(st.integers(1, 8), st.booleans())
-def test_a_chain_of_injects_under_one_open_stamper_is_recognised_as_added(
+def test_a_chain_of_injects_under_one_stamp_is_recognised_as_added(
     count: int, durable: bool
 ) -> None:
     """Catches: `Stamper.added` failing for the common case (a hook that only calls
     `turn.inject`, possibly several times in a row), which would send every injecting hook
-    down the runtime's slow path."""
+    down the runtime's slow path; or vouching for the chain under another stamp."""
     stamper = Stamper()
     before = Turn.start("hi").inject("earlier")
+    stamp: tuple[str, bool, Stage] = ("retrieve", durable, "pre")
     with stamper:
-        stamp = stamper.open("retrieve", durable, "pre")
+        stamper.stamp = stamp
         after = before
         for index in range(count):
             after = after.inject(f"passage {index}")
-        stamper.close()
+        stamper.stamp = None
         assert stamper.added(stamp, before, after)
-        assert not stamper.added(stamper.open("other", durable, "pre"), before, after)
+        assert not stamper.added(("retrieve", durable, "pre"), before, after)
+        assert not stamper.added(stamp, after, after.inject("later"))
     assert [(i.source, i.durable, i.stage) for i in after.injections] == [
         (None, False, None),
         *[("retrieve", durable, "pre")] * count,
     ]
 
 
-def test_a_closed_or_not_current_stamper_leaves_injections_unstamped() -> None:
-    """Catches: a stamper that keeps stamping after its hook returned, or stamps from a task
-    where it was never made current."""
+def test_a_stamper_stamps_only_while_current_and_set() -> None:
+    """Catches: a stamper that keeps stamping after its hook returned (stamp back to None),
+    after its block was left, or from a task where it was never made current."""
     stamper = Stamper()
-    stamper.open("hook", True, "pre")
+    stamper.stamp = ("hook", True, "pre")
     assert Turn.start("hi").inject("x").injections[0].source is None
     with stamper:
-        stamper.open("hook", True, "pre")
-        stamper.close()
+        assert Turn.start("hi").inject("x").injections[0].source == "hook"
+        stamper.stamp = None
         assert Turn.start("hi").inject("x").injections[0].source is None
+        stamper.stamp = ("hook", True, "pre")
+    assert stamper.stamp is None
     assert Turn.start("hi").inject("x").injections[0].source is None
 
 
