@@ -311,7 +311,7 @@ class Runner:
         place (the same one, or an equal one at the same position) is kept as it was; one it
         rewrote in place (same position, same source) keeps its stamp.
 
-        `made` is the stamp the runner's `Stamper` was opened with for this hook. When the
+        `made` is the stamp the runner's `Stamper` was set to while this hook ran. When the
         hook only called `Turn.inject` (the stamper says so in constant time), its injections
         were stamped as they were made and the turn is kept as it is: an injecting hook costs
         O(1) here, whatever the number of injections before it. Otherwise the hook appended
@@ -364,7 +364,9 @@ class Runner:
         """The identities of `injections`, the turn's injections before a hook ran.
 
         Kept from one hook to the next while the turn's injections only grow: each hook's
-        new injections are added to the set instead of building it again.
+        new injections are added to the set instead of building it again. (A hook whose
+        injections the stamper vouched for does not touch it: the next hook that needs it
+        builds it again.)
         """
         if injections is self.known_of and self.known is not None:
             return self.known
