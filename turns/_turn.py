@@ -242,6 +242,52 @@ class Turn:
         return attrs.evolve(self, scope=self.scope.assign(**values))
 
 
+# -- fast builders -----------------------------------------------------------------------------
+#
+# Every injecting hook builds an injection (stamped as it is made, see `Stamper`) and a turn.
+# attrs' generated ``__init__`` (and ``attrs.evolve``, which calls it with every field by
+# keyword) sets each slot by name through ``object.__setattr__`` and runs the converters;
+# `Turn.inject` fills the slots through their descriptors instead, which builds the same
+# frozen record (equal, same hash and repr) for about half the cost. The values are already
+# converted (tuples). This is the only such builder: the runtime stamps through `Stamper` and
+# builds any other injection with `Injection(...)`.
+
+_bare = object.__new__
+_TURN_SLOTS = tuple(getattr(Turn, field.name).__set__ for field in attrs.fields(Turn))
+_INJECTION_SLOTS = tuple(
+    getattr(Injection, field.name).__set__ for field in attrs.fields(Injection)
+)
+_BUILT = {
+    Turn: ["context", "user_message", "turn_ref", "scope", "injections", "request", "reply"],
+    Injection: ["parts", "source", "durable", "stage"],
+}
+for _cls, _names in _BUILT.items():
+    if [field.name for field in attrs.fields(_cls)] != _names:  # pragma: no cover
+        raise TypeError(
+            f"{_cls.__name__}'s fields changed: update the fast builders of turns._turn"
+        )
+
+
+def _checked_parts(parts: tuple[Part | str, ...]) -> tuple[Part, ...]:
+    """`Turn.inject`'s parts as a tuple of parts (strings become `Text`), or its error."""
+    if not parts:
+        raise ValueError(
+            "Turn.inject needs at least one part, got none — pass the content to add,"
+            ' e.g. turn.inject("The user\'s plan is Pro."); to add nothing, return the'
+            " turn as it is"
+        )
+    checked = tuple(Text(part) if isinstance(part, str) else part for part in parts)
+    for part in checked:
+        if not isinstance(part, _PART_TYPES):
+            raise TypeError(
+                "Turn.inject takes Text, ToolCall, ToolResult or str parts, got "
+                f"{type(part).__name__}"
+            )
+    return checked
+
+
+# -- stamping as Turn.inject injects -------------------------------------------------------
+
 _Stamp: TypeAlias = tuple[str, bool, Stage]
 _Made: TypeAlias = tuple[_Stamp | None, tuple[Injection, ...], tuple[Injection, ...]]
 _NOTHING_MADE: _Made = (None, (), ())
@@ -310,47 +356,3 @@ class Stamper:
         """
         made_with, start, end = self._made
         return made_with is stamp and end is after.injections and start is before.injections
-
-
-# -- fast builders -----------------------------------------------------------------------------
-#
-# Every injecting hook builds an injection (stamped as it is made, see `Stamper`) and a turn.
-# attrs' generated ``__init__`` (and ``attrs.evolve``, which calls it with every field by
-# keyword) sets each slot by name through ``object.__setattr__`` and runs the converters;
-# `Turn.inject` fills the slots through their descriptors instead, which builds the same
-# frozen record (equal, same hash and repr) for about half the cost. The values are already
-# converted (tuples). This is the only such builder: the runtime stamps through `Stamper` and
-# builds any other injection with `Injection(...)`.
-
-_bare = object.__new__
-_TURN_SLOTS = tuple(getattr(Turn, field.name).__set__ for field in attrs.fields(Turn))
-_INJECTION_SLOTS = tuple(
-    getattr(Injection, field.name).__set__ for field in attrs.fields(Injection)
-)
-_BUILT = {
-    Turn: ["context", "user_message", "turn_ref", "scope", "injections", "request", "reply"],
-    Injection: ["parts", "source", "durable", "stage"],
-}
-for _cls, _names in _BUILT.items():
-    if [field.name for field in attrs.fields(_cls)] != _names:  # pragma: no cover
-        raise TypeError(
-            f"{_cls.__name__}'s fields changed: update the fast builders of turns._turn"
-        )
-
-
-def _checked_parts(parts: tuple[Part | str, ...]) -> tuple[Part, ...]:
-    """`Turn.inject`'s parts as a tuple of parts (strings become `Text`), or its error."""
-    if not parts:
-        raise ValueError(
-            "Turn.inject needs at least one part, got none — pass the content to add,"
-            ' e.g. turn.inject("The user\'s plan is Pro."); to add nothing, return the'
-            " turn as it is"
-        )
-    checked = tuple(Text(part) if isinstance(part, str) else part for part in parts)
-    for part in checked:
-        if not isinstance(part, _PART_TYPES):
-            raise TypeError(
-                "Turn.inject takes Text, ToolCall, ToolResult or str parts, got "
-                f"{type(part).__name__}"
-            )
-    return checked
