@@ -10,7 +10,7 @@ from typing import TypeAlias, final
 
 import attrs
 
-from turns import Message, Reply, Text, Turn, Usage
+from turns import Message, Reply, Stage, Stamper, Text, Turn, Usage
 
 from . import events as ev
 from ._audit import AuditRecord, HookRecord, Rejection, new_record
@@ -186,16 +186,39 @@ class Drive(Runner):
         # and posted as they are: no second clock read, no stamping layer per event.
         post, start = self.post, self.start
         assert post is not None or emit is None, "the watch posts from the turn's first event"
+        # What a hook injects through `Turn.inject` is stamped as it is made (`stamp`).
+        stamper = self.stamper
+        with stamper:
+            return await self.ordered_with(steps, turn, stamper, now, records, post, start)
+
+    async def ordered_with(
+        self,
+        steps: tuple[PreStep, ...],
+        turn: Turn,
+        stamper: Stamper,
+        now: Callable[[], float],
+        records: list[HookRecord],
+        post: Emit | None,
+        start: float,
+    ) -> Verdict:
+        """`ordered`'s loop, with the stamper current."""
+        plan = self.plan
+        # Whether injections are counted or announced: only then is `stamp` needed for a
+        # hook whose injections the stamper made.
+        counting = post is not None or plan.budget is not None or plan.tokenizer is not None
         for step in steps:
             if type(step) is Step and step.plain:
                 started = now()
                 if post is not None:
                     post(hook_started(self.turn_ref, step.name, step.stage, started - start))
+                stamper.stamp = made = step.stamp
                 try:
                     result = await step.hook.fn(turn)
                 except Exception as exc:
+                    stamper.stamp = None
                     self.fail(step, exc, now() - started)
                     continue
+                stamper.stamp = None
                 ended = now()
                 elapsed = ended - started
                 if type(result) is Cont:
@@ -231,11 +254,13 @@ class Drive(Runner):
                                     ended - start,
                                 )
                             )
-                        if outcome.injections is not turn.injections:
-                            outcome = self.stamp(step, turn, outcome)
+                        if outcome.injections is not turn.injections and (
+                            counting or not stamper.added(made, turn, outcome)
+                        ):
+                            outcome = self.stamp(step, turn, outcome, made)
                         turn = outcome
                         continue
-                settled = self.settle(step, turn, result, elapsed)
+                settled = self.settle(step, turn, result, elapsed, made)
             else:
                 settled = await self.run_step(step, turn)
             if type(settled) is Turn:
@@ -249,14 +274,15 @@ class Drive(Runner):
 
     async def ordered_step_by_step(self, steps: tuple[PreStep, ...], turn: Turn) -> Verdict:
         """The reference stage loop: `ordered` without its inlined hot path."""
-        for step in steps:
-            match await self.run_step(step, turn):
-                case Turn() as settled:
-                    turn = settled
-                case Halt() as stop:
-                    return Halted(turn, stop)
-                case Regenerate(feedback=feedback):
-                    return Rejected(turn, step.name, feedback)
+        with self.stamper:
+            for step in steps:
+                match await self.run_step(step, turn):
+                    case Turn() as settled:
+                        turn = settled
+                    case Halt() as stop:
+                        return Halted(turn, stop)
+                    case Regenerate(feedback=feedback):
+                        return Rejected(turn, step.name, feedback)
         return Accepted(turn)
 
     async def run_step(self, step: PreStep, turn: Turn) -> Turn | Halt | Regenerate:
@@ -266,10 +292,15 @@ class Drive(Runner):
         assert type(step) is Step
         if step.hook.when is not None and not self.passes(step, turn):
             return turn
-        called = await self.timed(step, turn)
+        stamper = self.stamper
+        stamper.stamp = step.stamp
+        try:
+            called = await self.timed(step, turn)
+        finally:
+            stamper.stamp = None
         if called is None:
             return turn
-        return self.settle(step, turn, *called)
+        return self.settle(step, turn, *called, step.stamp)
 
     # -- stages 4-7: the model call, the post hooks, the regeneration loop --------------------
 
@@ -309,12 +340,18 @@ class Drive(Runner):
         return self.finish("exhausted", turn, None, None)
 
     def settle(
-        self, step: Step, turn: Turn, result: object, elapsed: float
+        self,
+        step: Step,
+        turn: Turn,
+        result: object,
+        elapsed: float,
+        made: tuple[str, bool, Stage] | None = None,
     ) -> Turn | Halt | Regenerate:
         """Judge what an ordered hook returned, record it, and give what goes on.
 
         The turn to go on with (the hook's, or `turn` itself when the hook failed open or is
         a shadow), the hook's halt, or, in the post stage, its ``regenerate(feedback)``.
+        `made` is the stamp the hook's injections were made with (`Runner.stamp`).
         """
         post = step.stage == "post"
         outcome: Turn | Halt | Regenerate
@@ -355,7 +392,7 @@ class Drive(Runner):
         if outcome.request is not turn.request:
             self.note_shaping(step, turn, outcome)
         if outcome.injections is not turn.injections:
-            outcome = self.stamp(step, turn, outcome)
+            outcome = self.stamp(step, turn, outcome, made)
         return outcome
 
     def note_shaping(self, step: Step, before: Turn, after: Turn) -> None:

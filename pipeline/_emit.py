@@ -17,8 +17,6 @@ from typing import Any
 
 import attrs
 
-from turns import Injection, Part, Stage, Turn
-
 from .events import Event, HookFinished, HookStarted, TextDelta
 
 _bare = object.__new__
@@ -85,55 +83,3 @@ def text_delta(turn_ref: str, text: str, attempt: int, at: float = 0.0) -> TextD
     set_text(event, text)
     set_attempt(event, attempt)
     return event
-
-
-# -- the records an injecting hook's turn is rebuilt from ------------------------------------
-#
-# Every injection a hook adds is stamped (a new `Injection`) and the turn rebuilt around the
-# stamped tuple. ``attrs.evolve`` passes every field by keyword to the generated ``__init__``,
-# which runs the converters again; these fill the slots directly (the values are already
-# converted: tuples), building the same frozen record.
-
-_turn_setters = tuple(getattr(Turn, field.name).__set__ for field in attrs.fields(Turn))
-if [field.name for field in attrs.fields(Turn)] != [
-    "context",
-    "user_message",
-    "turn_ref",
-    "scope",
-    "injections",
-    "request",
-    "reply",
-]:  # pragma: no cover - a new field of Turn must be copied by turn_with
-    raise TypeError("Turn's fields changed: update pipeline._emit.turn_with")
-_INJECTION_FIELDS = tuple(
-    getattr(Injection, field.name).__set__ for field in attrs.fields(Injection)
-)
-
-
-def turn_with(turn: Turn, injections: tuple[Injection, ...]) -> Turn:
-    """``attrs.evolve(turn, injections=injections)``."""
-    new: Turn = _bare(Turn)
-    set_context, set_user, set_ref, set_scope, set_injections, set_request, set_reply = (
-        _turn_setters
-    )
-    set_context(new, turn.context)
-    set_user(new, turn.user_message)
-    set_ref(new, turn.turn_ref)
-    set_scope(new, turn.scope)
-    set_injections(new, injections)
-    set_request(new, turn.request)
-    set_reply(new, turn.reply)
-    return new
-
-
-def injection(
-    parts: tuple[Part, ...], source: str | None, durable: bool, stage: Stage | None
-) -> Injection:
-    """``Injection(parts, source, durable, stage)``."""
-    new: Injection = _bare(Injection)
-    set_parts, set_source, set_durable, set_stage = _INJECTION_FIELDS
-    set_parts(new, parts)
-    set_source(new, source)
-    set_durable(new, durable)
-    set_stage(new, stage)
-    return new

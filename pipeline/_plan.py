@@ -14,7 +14,7 @@ from typing import Any, TypeAlias, final
 
 import attrs
 
-from turns import Message
+from turns import Message, Stage
 
 from ._budget import Budget, Tokenizer, checked_tokenizer
 from ._errors import ConfigError
@@ -52,6 +52,17 @@ class Step:
         ),
     )
     """Whether the drive loop may run and judge it inline: direct, enforced, no ``when=``."""
+    stamp: tuple[str, bool, Stage] = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(
+            lambda self: (self.name, self.hook.durable, "post" if self.stage == "post" else "pre"),
+            takes_self=True,
+        ),
+    )
+    """What `Turn.inject` stamps with while this hook runs in an ordered stage (`Stamper`):
+    one tuple per step, set each time it runs, since stamps are compared by identity."""
 
     @property
     def label(self) -> str:

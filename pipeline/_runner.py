@@ -13,14 +13,13 @@ from typing import Any, TypeAlias
 import anyio
 import attrs
 
-from turns import Injection, Message, Part, Stage, Turn
+from turns import Injection, Message, Part, Stage, Stamper, Turn
 
 from . import events as ev
 from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord, new_record
 from ._budget import parts_tokens
 from ._describe import describe, exc_text, wrong_return_hint
-from ._emit import hook_finished, hook_started, turn_with
-from ._emit import injection as new_injection
+from ._emit import hook_finished, hook_started
 from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
 from ._plan import Plan, Step
 from ._signals import Ask, Block, Cont, Halt, Regenerate, check_halt_reply
@@ -52,6 +51,7 @@ class Runner:
         "rejections",
         "shaped_by",
         "sizes",
+        "stamper",
         "start",
         "tools",
         "turn_ref",
@@ -78,6 +78,8 @@ class Runner:
         # The identities of the injections of the turn last stamped (`known_ids`).
         self.known_of: tuple[Injection, ...] = ()
         self.known: set[int] | None = None
+        # Stamps what `Turn.inject` adds while an ordered hook runs (see `stamp`).
+        self.stamper = Stamper()
         self.turn_ref = ""
         self.tools: tuple[str, ...] = ()
         # Which hook last narrowed active_tools or set tool_choice, for RequestError messages.
@@ -299,7 +301,9 @@ class Runner:
 
     # -- injections ---------------------------------------------------------------------------
 
-    def stamp(self, step: Step, before: Turn, after: Turn) -> Turn:
+    def stamp(
+        self, step: Step, before: Turn, after: Turn, made: tuple[str, bool, Stage] | None = None
+    ) -> Turn:
         """Stamp the injections `step` added with its name, durability and the stage.
 
         An injection that was not on the turn before the hook ran is stamped with this hook,
@@ -307,35 +311,34 @@ class Runner:
         place (the same one, or an equal one at the same position) is kept as it was; one it
         rewrote in place (same position, same source) keeps its stamp.
 
-        The common case — the hook appended injections and left the earlier ones alone — costs
-        one comparison of the earlier ones (in C, by identity first) and work for the new ones
-        only, so that a turn's stamping is linear in its injections, not quadratic.
+        `made` is the stamp the runner's `Stamper` was set to while this hook ran. When the
+        hook only called `Turn.inject` (the stamper says so in constant time), its injections
+        were stamped as they were made and the turn is kept as it is: an injecting hook costs
+        O(1) here, whatever the number of injections before it. Otherwise the hook appended
+        injections and left the earlier ones alone — one comparison of the earlier ones (in
+        C, by identity first) and work for the new ones only — or changed or removed earlier
+        ones, and every injection is looked at.
         """
+        stage: Stage = "post" if step.stage == "post" else "pre"
+        plan = self.plan
+        if made is not None and self.stamper.added(made, before, after):
+            if stage == "pre":
+                if plan.budget is not None or self.emit is not None or plan.tokenizer is not None:
+                    self.charge(step, after.injections[len(before.injections) :])
+            elif self.emit is not None:
+                self.announce(step, after.injections[len(before.injections) :])
+            return after
         old = before.injections
         new = after.injections
-        stage: Stage = "post" if step.stage == "post" else "pre"
         count = len(old)
         fresh: list[Injection]
-        if len(new) == count + 1 and new[:count] == old:
-            # One injection appended, the commonest case.
-            known = self.known_ids(old)
-            added = new[count]
-            if id(added) in known:  # appended again: it stays as it is
-                fresh = []
-                stamped = (*old, added)
-            else:
-                fresh = [new_injection(added.parts, step.name, step.hook.durable, stage)]
-                stamped = (*old, fresh[0])
-                known.add(id(fresh[0]))
-            self.known_of = stamped
-            gone: list[Injection] = []
-        elif len(new) >= count and new[:count] == old:
+        if len(new) >= count and new[:count] == old:
             known = self.known_ids(old)
             durable = step.hook.durable
             fresh = []
             for added in new[count:]:
                 if id(added) not in known:
-                    fresh.append(new_injection(added.parts, step.name, durable, stage))
+                    fresh.append(Injection(added.parts, step.name, durable, stage))
             if len(fresh) == len(new) - count:
                 stamped = old + tuple(fresh)
             else:  # the hook appended an injection the turn already had: it stays as it is
@@ -343,26 +346,27 @@ class Runner:
                 stamped = old + tuple(
                     added if id(added) in known else next(iterator) for added in new[count:]
                 )
-            gone = []
+            gone: list[Injection] = []
             known.update(map(id, fresh))
             self.known_of = stamped
         else:
-            stamped, fresh, gone = self.restamp(step, old, new, stage)
+            stamped, fresh, gone = self.restamp(step, old, new, stage, made)
             self.known = None
-        plan = self.plan
         if stage == "pre":
             if plan.budget is not None or self.emit is not None or plan.tokenizer is not None:
                 self.charge(step, fresh, gone)
         elif self.emit is not None:
             # Post-stage content is never sent to the model: no budget, only the events.
             self.announce(step, fresh)
-        return turn_with(after, stamped)
+        return attrs.evolve(after, injections=stamped)
 
     def known_ids(self, injections: tuple[Injection, ...]) -> set[int]:
         """The identities of `injections`, the turn's injections before a hook ran.
 
         Kept from one hook to the next while the turn's injections only grow: each hook's
-        new injections are added to the set instead of building it again.
+        new injections are added to the set instead of building it again. (A hook whose
+        injections the stamper vouched for does not touch it: the next hook that needs it
+        builds it again.)
         """
         if injections is self.known_of and self.known is not None:
             return self.known
@@ -371,11 +375,19 @@ class Runner:
         return known
 
     def restamp(
-        self, step: Step, old: tuple[Injection, ...], new: tuple[Injection, ...], stage: Stage
+        self,
+        step: Step,
+        old: tuple[Injection, ...],
+        new: tuple[Injection, ...],
+        stage: Stage,
+        made: tuple[str, bool, Stage] | None = None,
     ) -> tuple[tuple[Injection, ...], list[Injection], list[Injection]]:
         """Stamp a hook's injections when it changed or removed earlier ones.
 
-        The stamped injections, the new ones among them, and the earlier ones now gone.
+        The stamped injections, the new ones among them, and the earlier ones now gone. An
+        injection carrying the hook's own stamp (`made`: `Turn.inject` stamped it while the
+        hook ran) is the hook's new injection, never a rewrite of an earlier one, even when
+        an earlier hook of the same name left one at the same position.
         """
         known = {id(injection) for injection in old}
         fresh: list[Injection] = []
@@ -384,14 +396,15 @@ class Runner:
             if id(added) in known:
                 stamped.append(added)
                 continue
-            origin = old[index] if index < len(old) else None
+            own = made is not None and (added.source, added.durable, added.stage) == made
+            origin = None if own or index >= len(old) else old[index]
             if origin is not None and added == origin:
                 stamped.append(origin)
                 continue
             if origin is not None and added.source is not None and added.source == origin.source:
-                added = new_injection(added.parts, added.source, origin.durable, origin.stage)
+                added = Injection(added.parts, added.source, origin.durable, origin.stage)
             else:
-                added = new_injection(added.parts, step.name, step.hook.durable, stage)
+                added = Injection(added.parts, step.name, step.hook.durable, stage)
             fresh.append(added)
             stamped.append(added)
         kept = {id(injection) for injection in stamped}
@@ -447,14 +460,14 @@ class Runner:
     def added(self, turn: Turn, parts: Sequence[tuple[Step, tuple[Part, ...]]]) -> Turn:
         """`turn` with each step's parts injected, stamped and charged, in order."""
         injections = [
-            new_injection(member_parts, member.name, member.hook.durable, "pre")
+            Injection(member_parts, member.name, member.hook.durable, "pre")
             for member, member_parts in parts
         ]
         plan = self.plan
         if plan.budget is not None or self.emit is not None or plan.tokenizer is not None:
             for (member, _), injection in zip(parts, injections, strict=True):
                 self.charge(member, (injection,))
-        return turn_with(turn, (*turn.injections, *injections))
+        return attrs.evolve(turn, injections=turn.injections + tuple(injections))
 
 
 def _reason(signal: object) -> str | None:

@@ -8,7 +8,7 @@ from ._context import Context, RequestOptions, Scope, ToolSpec
 from ._message import Message, Role
 from ._parts import Part, Text, ToolCall, ToolResult
 from ._render import render, split_injections
-from ._turn import Injection, Reply, Stage, Turn, Usage
+from ._turn import Injection, Reply, Stage, Stamper, Turn, Usage
 
 __all__ = [
     "Context",
@@ -20,6 +20,7 @@ __all__ = [
     "Role",
     "Scope",
     "Stage",
+    "Stamper",
     "Text",
     "ToolCall",
     "ToolResult",

@@ -2,7 +2,9 @@
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, Self, TypeAlias, TypeVar, cast, final
+from contextvars import ContextVar, Token
+from types import TracebackType
+from typing import Any, Literal, Self, TypeAlias, final
 
 import attrs
 
@@ -11,7 +13,6 @@ from ._message import Message, _parts
 from ._parts import EMPTY, Part, Text, ToolCall, ToolResult
 
 Stage: TypeAlias = Literal["pre", "post"]
-T = TypeVar("T", bound="Turn")
 
 _NO_ANNOTATIONS = EMPTY
 _PART_TYPES = (Text, ToolCall, ToolResult)
@@ -186,22 +187,46 @@ class Turn:
     def inject(self, *parts: Part | str) -> Self:
         """Return a turn with one more injection holding `parts` (strings become `Text`).
 
-        The runtime stamps the injection with the injecting hook's name and durability.
+        The runtime stamps the injection with the injecting hook's name and durability: while
+        a hook runs, the runtime's `Stamper` stamps it here, as it is made; outside a hook it
+        is left unstamped (``source=None``).
         """
-        if not parts:
-            raise ValueError(
-                "Turn.inject needs at least one part, got none — pass the content to add,"
-                ' e.g. turn.inject("The user\'s plan is Pro."); to add nothing, return the'
-                " turn as it is"
-            )
-        stamped = tuple(Text(part) if isinstance(part, str) else part for part in parts)
-        for part in stamped:
-            if not isinstance(part, _PART_TYPES):
-                raise TypeError(
-                    "Turn.inject takes Text, ToolCall, ToolResult or str parts, got "
-                    f"{type(part).__name__}"
-                )
-        return with_injections(self, (*self.injections, _injection(stamped, None, False, None)))
+        if len(parts) != 1 or type(parts[0]) is not Text:  # a lone Text has nothing to check
+            parts = _checked_parts(parts)
+        # The new Injection and Turn are built by filling their slots (see the fast builders
+        # below): this runs once per injecting hook.
+        injection: Injection = _bare(Injection)
+        set_parts, set_source, set_durable, set_stage = _INJECTION_SLOTS
+        set_parts(injection, parts)
+        injections = self.injections
+        # Concatenation copies the tuple in C, about twice as fast as unpacking.
+        added = injections + (injection,)  # noqa: RUF005
+        stamper = _STAMPER.get()
+        if stamper is not None and (stamp := stamper.stamp) is not None:
+            set_source(injection, stamp[0])
+            set_durable(injection, stamp[1])
+            set_stage(injection, stamp[2])
+            # A chain of injections into the turn the last one returned keeps its start; an
+            # injection into any other turn (a branch) starts a new chain.
+            made = stamper._made
+            chained = made[0] is stamp and made[2] is injections
+            stamper._made = (stamp, made[1] if chained else injections, added)
+        else:
+            set_source(injection, None)
+            set_durable(injection, False)
+            set_stage(injection, None)
+        new: Self = _bare(type(self))
+        set_context, set_user, set_ref, set_scope, set_injections, set_request, set_reply = (
+            _TURN_SLOTS
+        )
+        set_context(new, self.context)
+        set_user(new, self.user_message)
+        set_ref(new, self.turn_ref)
+        set_scope(new, self.scope)
+        set_injections(new, added)
+        set_request(new, self.request)
+        set_reply(new, self.reply)
+        return new
 
     def with_request(self, **changes: Any) -> Self:
         """Return a turn with changed `RequestOptions`; each field composes by its own rule.
@@ -274,41 +299,115 @@ def check_results(message: Message, context: Context | None) -> None:
 
 # -- fast builders -----------------------------------------------------------------------------
 #
-# Every injecting hook builds a turn and an injection, and the runtime stamps each injection and
-# builds the turn again. attrs' generated ``__init__`` (and ``attrs.evolve``, which calls it
-# with every field by keyword) looks each slot up by name and runs the converters; these fill
-# the slots through their descriptors, which builds the same frozen record (equal, same hash
-# and repr) in a fraction of the time. The values they take are already converted (tuples).
+# Every injecting hook builds an injection (stamped as it is made, see `Stamper`) and a turn.
+# attrs' generated ``__init__`` (and ``attrs.evolve``, which calls it with every field by
+# keyword) sets each slot by name through ``object.__setattr__`` and runs the converters;
+# `Turn.inject` fills the slots through their descriptors instead, which builds the same
+# frozen record (equal, same hash and repr) for about half the cost. The values are already
+# converted (tuples). This is the only such builder: the runtime stamps through `Stamper` and
+# builds any other injection with `Injection(...)`.
 
 _bare = object.__new__
 _TURN_SLOTS = tuple(getattr(Turn, field.name).__set__ for field in attrs.fields(Turn))
 _INJECTION_SLOTS = tuple(
     getattr(Injection, field.name).__set__ for field in attrs.fields(Injection)
 )
+_BUILT = {
+    Turn: ["context", "user_message", "turn_ref", "scope", "injections", "request", "reply"],
+    Injection: ["parts", "source", "durable", "stage"],
+}
+for _cls, _names in _BUILT.items():
+    if [field.name for field in attrs.fields(_cls)] != _names:  # pragma: no cover
+        raise TypeError(
+            f"{_cls.__name__}'s fields changed: update the fast builders of turns._turn"
+        )
 
 
-def with_injections(turn: T, injections: tuple[Injection, ...]) -> T:
-    """``attrs.evolve(turn, injections=injections)`` for a tuple of `Injection`."""
-    new: Turn = _bare(Turn)
-    set_context, set_user, set_ref, set_scope, set_injections, set_request, set_reply = _TURN_SLOTS
-    set_context(new, turn.context)
-    set_user(new, turn.user_message)
-    set_ref(new, turn.turn_ref)
-    set_scope(new, turn.scope)
-    set_injections(new, injections)
-    set_request(new, turn.request)
-    set_reply(new, turn.reply)
-    return cast(T, new)
+def _checked_parts(parts: tuple[Part | str, ...]) -> tuple[Part, ...]:
+    """`Turn.inject`'s parts as a tuple of parts (strings become `Text`), or its error."""
+    if not parts:
+        raise ValueError(
+            "Turn.inject needs at least one part, got none — pass the content to add,"
+            ' e.g. turn.inject("The user\'s plan is Pro."); to add nothing, return the'
+            " turn as it is"
+        )
+    checked = tuple(Text(part) if isinstance(part, str) else part for part in parts)
+    for part in checked:
+        if not isinstance(part, _PART_TYPES):
+            raise TypeError(
+                "Turn.inject takes Text, ToolCall, ToolResult or str parts, got "
+                f"{type(part).__name__}"
+            )
+    return checked
 
 
-def _injection(
-    parts: tuple[Part, ...], source: str | None, durable: bool, stage: Stage | None
-) -> Injection:
-    """``Injection(parts, source, durable, stage)`` for a tuple of parts."""
-    new: Injection = _bare(Injection)
-    set_parts, set_source, set_durable, set_stage = _INJECTION_SLOTS
-    set_parts(new, parts)
-    set_source(new, source)
-    set_durable(new, durable)
-    set_stage(new, stage)
-    return new
+# -- stamping as Turn.inject injects -------------------------------------------------------
+
+_Stamp: TypeAlias = tuple[str, bool, Stage]
+_Made: TypeAlias = tuple[_Stamp | None, tuple[Injection, ...], tuple[Injection, ...]]
+_NOTHING_MADE: _Made = (None, (), ())
+_STAMPER: ContextVar["Stamper | None"] = ContextVar("turns.Stamper", default=None)
+
+
+@final
+class Stamper:
+    """Stamps what `Turn.inject` adds with the hook that is running, as it is added.
+
+    This is the runtime's side of "the runtime stamps it": a runtime makes a stamper current
+    for the task that runs a stage's hooks (``with stamper:``), sets `stamp` to a hook's
+    ``(name, durable, stage)`` just before calling the hook and back to None when it
+    returns. While `stamp` is set, `Turn.inject` stamps each injection it makes with it.
+    `added` then tells, in constant time, whether a turn's injections are exactly another's
+    followed by injections made with a given stamp — the common case of a hook that only
+    calls `Turn.inject` — so the runtime keeps them as they are instead of checking and
+    stamping every injection again. In any other case (a hook that built, rewrote or removed
+    injections itself) `added` is False and the runtime stamps the turn's new injections the
+    long way; provenance cannot be forged through a stamper of one's own either, since only
+    the runtime's stamper answers its `added`.
+
+    Branching stays correct: injecting twice into the same turn gives two independent turns,
+    and only the injections on the branch a hook returns count as its own.
+
+    Attributes:
+        stamp: ``(source, durable, stage)`` to stamp injections with, or None to leave them
+            unstamped. The runtime builds one tuple per hook, once, and sets that same tuple
+            each time the hook runs: `added` compares stamps by identity.
+    """
+
+    __slots__ = ("_made", "_token", "stamp")
+
+    def __init__(self) -> None:
+        self.stamp: _Stamp | None = None
+        # The last chain of injections made with a stamp, as one value so that a reader
+        # never sees half of an update: (the stamp, the injections the chain started from,
+        # where it ends). Whatever wrote it, its end is its start followed by injections
+        # made with its stamp.
+        self._made: _Made = _NOTHING_MADE
+        self._token: Token[Stamper | None] | None = None
+
+    def __enter__(self) -> Self:
+        if self._token is not None:
+            raise RuntimeError("this Stamper is already current; enter it once at a time")
+        self._token = _STAMPER.set(self)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        token, self._token = self._token, None
+        self.stamp = None
+        assert token is not None
+        _STAMPER.reset(token)
+
+    def added(self, stamp: _Stamp, before: Turn, after: Turn) -> bool:
+        """Whether `after`'s injections are `before`'s followed by injections made with `stamp`.
+
+        True only when every injection `after` has beyond `before`'s was made by
+        `Turn.inject` while this stamper's `stamp` was `stamp` (the same tuple), each
+        extending the turn the previous one returned, starting from `before`'s.
+        """
+        made_with, start, end = self._made
+        return made_with is stamp and end is after.injections and start is before.injections

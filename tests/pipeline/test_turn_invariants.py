@@ -96,6 +96,42 @@ async def test_a_hook_rewriting_an_earlier_injection_keeps_its_provenance():
     )
 
 
+async def test_a_hooks_own_injection_is_never_taken_for_a_rewrite_of_a_namesakes():
+    """Catches: an injection `Turn.inject` stamped while the hook ran being treated as a
+    rewrite of an earlier hook's injection at the same position because both hooks have the
+    same name, so it would keep the earlier one's durability instead of its own hook's."""
+    received = []
+
+    def remember(turn):
+        received.append(turn)
+        return turn
+
+    first = returning("same", lambda t: cont(remember(t).inject("first")), durable=False)
+    # Injects into the turn the first hook received: its injection replaces the first's.
+    second = returning("same", lambda t: cont(received[0].inject("second")), durable=True)
+    result = await pipe_of(first, second).run(Turn.start("hi"))
+    assert [(i.source, i.durable, i.parts) for i in result.turn.injections] == [
+        ("same", True, (Text("second"),))
+    ]
+
+
+async def test_a_hook_running_a_pipeline_of_its_own_stamps_what_that_pipeline_added():
+    """Catches: the inner pipeline's stamper left current after it returns (the outer hook's
+    later injections stamped with an inner hook's name), or the outer runtime keeping the
+    inner hooks' stamps on injections that are, for the outer stage, its hook's."""
+    inner = pipe_of(returning("inner", lambda t: cont(t.inject("from inner")), durable=True))
+
+    async def outer(turn):
+        result = await inner.run(turn)
+        return cont(result.turn.inject("from outer"))
+
+    result = await pipe_of(hook(outer, name="outer")).run(Turn.start("hi"))
+    assert [(i.source, i.durable, i.parts[0].text) for i in result.turn.injections] == [
+        ("outer", False, "from inner"),
+        ("outer", False, "from outer"),
+    ]
+
+
 async def test_a_rewritten_injection_is_not_charged_twice():
     # 8 tokens injected, then rewritten to 8 tokens: 8 in all, within a reserve of 10.
     add = returning("add", lambda t: cont(t.inject("x" * 32)))

@@ -1,4 +1,5 @@
-"""Turn: `start` defaults and errors, `inject`, `with_request` (narrowing) and `assign`."""
+"""Turn: `start` defaults and errors, `inject`, `with_request` (narrowing), `assign`, and
+the `Stamper` that stamps what `inject` adds while a hook runs."""
 
 import re
 import string
@@ -16,6 +17,8 @@ from turns import (
     Part,
     RequestOptions,
     Scope,
+    Stage,
+    Stamper,
     Text,
     ToolCall,
     ToolResult,
@@ -407,3 +410,104 @@ def test_inject_without_parts_says_what_to_pass() -> None:
         Turn.start("hi").inject()
     assert "e.g. turn.inject(" in str(excinfo.value)
     assert "to add nothing" in str(excinfo.value)
+
+
+# --- Stamper: stamping as Turn.inject makes an injection ----------------------------------
+
+# One operation on a pool of turns: inject one text into pool[index], with the stamper's stamp
+# set to the stamp of a hook ("a" or "b": the same tuple each time, as the runtime sets a step's
+# stamp, or a new equal-or-not one when `fresh`) or to None.
+operations = st.lists(
+    st.tuples(
+        st.integers(0, 30), st.sampled_from(["a", "a", "b", None]), st.booleans(), st.booleans()
+    ),
+    max_size=25,
+)
+
+
+@given(operations)
+def test_injecting_into_any_turn_of_a_lineage_gives_exactly_its_parents_injections_and_one_more(
+    ops: list[tuple[int, str | None, bool, bool]],
+) -> None:
+    """Catches: a turn seeing an injection made on another branch of the same lineage, an
+    earlier turn changed by a later inject (sharing where a copy was needed), an injection
+    stamped with a stamp that was not set when it was made, or `Stamper.added` claiming
+    that a turn's injections are another's plus injections of one stamp when they are not."""
+    stamper = Stamper()
+    pool = [Turn.start("hi")]
+    expected: list[list[tuple[str, str | None, bool, str | None]]] = [[]]
+    by_letter: dict[str, tuple[str, bool, Stage]] = {}
+    stamps: list[tuple[str, bool, Stage]] = []
+    with stamper:
+        for step, (index, letter, fresh, durable) in enumerate(ops):
+            if letter is not None and (fresh or letter not in by_letter):
+                by_letter[letter] = (letter, durable, "pre")
+                stamps.append(by_letter[letter])
+            current = None if letter is None else by_letter[letter]
+            stamper.stamp = current
+            at = index % len(pool)
+            text = f"t{step}"
+            pool.append(pool[at].inject(text))
+            entry = (text, *current) if current is not None else (text, None, False, None)
+            expected.append([*expected[at], entry])
+            for stamp in stamps:
+                for before, before_expected in zip(pool, expected, strict=True):
+                    if stamper.added(stamp, before, pool[-1]):
+                        cut = len(before_expected)
+                        head, tail = expected[-1][:cut], expected[-1][cut:]
+                        assert head == before_expected
+                        assert tail
+                        assert all(item[1:] == stamp for item in tail)
+    observed = [
+        [(i.parts[0].text, i.source, i.durable, i.stage) for i in turn.injections] for turn in pool
+    ]
+    assert observed == expected
+
+
+@given(st.integers(1, 8), st.booleans())
+def test_a_chain_of_injects_under_one_stamp_is_recognised_as_added(
+    count: int, durable: bool
+) -> None:
+    """Catches: `Stamper.added` failing for the common case (a hook that only calls
+    `turn.inject`, possibly several times in a row), which would send every injecting hook
+    down the runtime's slow path; or vouching for the chain under another stamp."""
+    stamper = Stamper()
+    before = Turn.start("hi").inject("earlier")
+    stamp: tuple[str, bool, Stage] = ("retrieve", durable, "pre")
+    with stamper:
+        stamper.stamp = stamp
+        after = before
+        for index in range(count):
+            after = after.inject(f"passage {index}")
+        stamper.stamp = None
+        assert stamper.added(stamp, before, after)
+        assert not stamper.added(("retrieve", durable, "pre"), before, after)
+        assert not stamper.added(stamp, after, after.inject("later"))
+    assert [(i.source, i.durable, i.stage) for i in after.injections] == [
+        (None, False, None),
+        *[("retrieve", durable, "pre")] * count,
+    ]
+
+
+def test_a_stamper_stamps_only_while_current_and_set() -> None:
+    """Catches: a stamper that keeps stamping after its hook returned (stamp back to None),
+    after its block was left, or from a task where it was never made current."""
+    stamper = Stamper()
+    stamper.stamp = ("hook", True, "pre")
+    assert Turn.start("hi").inject("x").injections[0].source is None
+    with stamper:
+        assert Turn.start("hi").inject("x").injections[0].source == "hook"
+        stamper.stamp = None
+        assert Turn.start("hi").inject("x").injections[0].source is None
+        stamper.stamp = ("hook", True, "pre")
+    assert stamper.stamp is None
+    assert Turn.start("hi").inject("x").injections[0].source is None
+
+
+def test_a_stamper_cannot_be_made_current_twice_at_once() -> None:
+    """Catches: a nested `with stamper:` silently losing the outer token, so leaving the
+    inner block would leave the stamper current for the rest of the task."""
+    stamper = Stamper()
+    with stamper, pytest.raises(RuntimeError, match="already current"):
+        stamper.__enter__()
+    assert Turn.start("hi").inject("x").injections[0].source is None
