@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Any, final
 
 import anyio
+import anyio.abc
 import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 from starlette.applications import Starlette
@@ -316,6 +317,16 @@ class Gateway:
         self._secrets = tuple(s for s in settings.secrets if s)
         self.feed = Feed(settings.recent, self.scrub)
         self.in_flight = 0
+        # Conversation sessions live in the gateway's own task group (`running`), so that one
+        # outlives its request: the answer goes out once the turn is committed, and the
+        # session closes (draining background hooks) afterwards.
+        self._group: anyio.abc.TaskGroup | None = None
+        self._sessions = 0  # session tasks alive
+        self._stopping = False  # `running` is ending: what is left is cancelled
+        self._idle: anyio.Event | None = None
+        self.closing = 0  # sessions answered and still closing (background hooks running)
+        # By conversation: sessions answered and still closing, each with its closed event.
+        self._closing: dict[str, set[anyio.Event]] = {}
         routes = [
             Route("/", self.page, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
@@ -394,7 +405,7 @@ class Gateway:
     # -- small routes ----------------------------------------------------------------------------
 
     async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "in_flight": self.in_flight})
+        return JSONResponse({"status": "ok", "in_flight": self.in_flight, "closing": self.closing})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(
@@ -510,33 +521,135 @@ class Gateway:
                 pieces = await self._watch(events, live)
         return self._answered(events.result), pieces
 
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator["Gateway"]:
+        """The gateway's lifetime: conversation requests need it (``async with``).
+
+        It holds the task group where conversation sessions run, so a session may close
+        after its request was answered. On exit, what is still running is cancelled: call
+        `drain` first to let it finish.
+        """
+        async with anyio.create_task_group() as group:
+            self._group = group
+            self._idle = anyio.Event()
+            self._idle.set()
+            try:
+                yield self
+            finally:
+                self._group = None
+                self._stopping = True
+                group.cancel_scope.cancel()
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for every conversation session to close; whether
+        they all did (those left are cancelled when `running` ends)."""
+        if self._idle is not None:
+            with anyio.move_on_after(timeout):
+                await self._idle.wait()
+        return self._sessions == 0
+
     async def _in_conversation(
         self, turn_ref: str, request: ChatRequest, conversation: str
     ) -> tuple[TurnResult, list[str]]:
-        """The turn through a session of the conversation: it loads the history, commits
-        the turn (only if the conversation did not grow meanwhile) and then the durable
-        output of background hooks, which run before the session closes."""
+        """The turn through a session of the conversation, in a task of the gateway's
+        (`_session`): it is answered as soon as the turn is committed, while the session
+        goes on to commit the durable output of background hooks and close."""
+        group = self._group
+        if group is None:
+            raise RuntimeError(
+                "conversation turns need the gateway running: serve it inside"
+                " `async with gateway.running():`"
+            )
+        handoff = _Handoff()
+        self._sessions += 1
+        if self._idle is not None and self._idle.is_set():
+            self._idle = anyio.Event()
+        group.start_soon(self._session, turn_ref, request, conversation, handoff)
+        try:
+            await handoff.done.wait()
+        except BaseException:
+            # The request is cancelled (its client hung up): so is its turn, unless it was
+            # already answered, and nothing of it is committed.
+            if not handoff.answered:
+                handoff.scope.cancel()
+            raise
+        result, pieces = handoff.outcome()
+        return self._answered(result), pieces
+
+    async def _session(
+        self, turn_ref: str, request: ChatRequest, conversation: str, handoff: "_Handoff"
+    ) -> None:
+        """A conversation's session for one request: it loads the history, runs and commits
+        the turn (only if the conversation did not grow meanwhile), hands the result over,
+        then closes, which commits the durable output of background hooks (bounded by the
+        turn timeout, as the session's drain timeout)."""
         log = self.settings.log
         assert log is not None
         timeout = self.settings.turn_timeout
-        async with self.pipe.session(
-            log=log, conversation_id=conversation, drain_timeout=timeout
-        ) as session:
-            # The log holds the conversation: only the request's last message is new.
-            self._check(request, session.context)
-            with anyio.fail_after(timeout):
-                async with session.stream(
-                    request.message,
-                    system=request.system,
-                    tools=request.tools,
-                    request=request.options,
-                    turn_ref=turn_ref,
-                ) as events:
-                    # Text is sent once the turn is committed: never a turn that lost a race.
-                    pieces = await self._watch(events, None)
-        for event in session.events:
-            self.publish(event)
-        return self._answered(events.result), pieces
+        closed = anyio.Event()
+        session = None
+        try:
+            with handoff.scope:
+                with anyio.fail_after(timeout):
+                    # A session of this conversation that answered and is still closing
+                    # commits its background output first; this turn loads after it, so it
+                    # neither misses that output nor conflicts with it.
+                    for earlier in list(self._closing.get(conversation, ())):
+                        await earlier.wait()
+                async with self.pipe.session(
+                    log=log, conversation_id=conversation, drain_timeout=timeout
+                ) as session:
+                    # The log holds the conversation: only the request's last message is new.
+                    self._check(request, session.context)
+                    with anyio.fail_after(timeout):
+                        async with session.stream(
+                            request.message,
+                            system=request.system,
+                            tools=request.tools,
+                            request=request.options,
+                            turn_ref=turn_ref,
+                        ) as events:
+                            # Text is sent once the turn is committed: never a turn that
+                            # lost a race.
+                            pieces = await self._watch(events, None)
+                    handoff.answer(events.result, pieces)
+                    self.closing += 1
+                    self._closing.setdefault(conversation, set()).add(closed)
+        except Exception as exc:
+            if not handoff.answered:
+                handoff.fail(exc)
+            else:
+                _logger.warning(
+                    "conversation %r: closing the session after turn %s failed: %s",
+                    conversation,
+                    turn_ref,
+                    self.scrub(_text(exc)),
+                )
+        finally:
+            if handoff.answered and self._stopping:
+                # (The session absorbs the cancellation: it reports its hooks as events.)
+                _logger.warning(
+                    "conversation %r: the session of turn %s was cancelled before its"
+                    " background hooks finished (the gateway stopped at its drain timeout);"
+                    " their output was not committed",
+                    conversation,
+                    turn_ref,
+                )
+            if session is not None:
+                for event in session.events:
+                    self.publish(event)
+            if handoff.answered:
+                self.closing -= 1
+                waiting = self._closing.get(conversation)
+                if waiting is not None:
+                    waiting.discard(closed)
+                    if not waiting:
+                        del self._closing[conversation]
+            closed.set()
+            handoff.done.set()
+            self._sessions -= 1
+            if not self._sessions and self._idle is not None:
+                self._idle.set()
 
     async def _watch(
         self, events: AsyncIterator[ev.Event], on_text: Callable[[str], Awaitable[None]] | None
@@ -724,6 +837,41 @@ class _Endpoint:
         frames += [sse(chunk) for chunk in completion.ending(reply, request.include_usage)]
         frames.append(DONE)
         await _frame(send, b"".join(frames), more=False)
+
+
+@final
+class _Handoff:
+    """A conversation turn's result, passed from its session's task to its request."""
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()  # the request cancels the turn through it
+        self.done = anyio.Event()
+        self.answered = False
+        self._result: tuple[TurnResult, list[str]] | None = None
+        self._error: Exception | None = None
+
+    def answer(self, result: TurnResult, pieces: list[str]) -> None:
+        self._result = (result, pieces)
+        self.answered = True
+        self.done.set()
+
+    def fail(self, exc: Exception) -> None:
+        self._error = exc
+
+    def outcome(self) -> tuple[TurnResult, list[str]]:
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            # The session ended without an answer or an error: the gateway, stopping past
+            # its drain timeout, cancelled it.
+            raise WireError(
+                503,
+                "the gateway stopped before this turn finished; nothing of it was committed"
+                " — send it again",
+                type="server_error",
+                code="shutting_down",
+            )
+        return self._result
 
 
 def _single(exc: Exception) -> WireError:

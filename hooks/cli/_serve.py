@@ -3,8 +3,9 @@
 The gateway (`_gateway.Gateway`, a Starlette application) is served by Hypercorn's asyncio
 worker by default, or its trio worker with ``--loop trio``: Starlette and the runtime run on
 either through AnyIO (docs/serve.md says why this stack and this default). SIGTERM (or
-Ctrl-C) stops accepting connections, lets the turns in flight finish within the drain
-timeout, and exits 0.
+Ctrl-C) stops accepting connections, lets the turns in flight finish and the sessions of
+answered conversation turns close (their background hooks) within the drain timeout, and
+exits 0.
 """
 
 import argparse
@@ -161,38 +162,48 @@ async def serve(
                 async for signum in signals:
                     say(
                         f"turnplug serve: {signal.Signals(signum).name}: no new connections;"
-                        f" finishing {gateway.in_flight} turns in flight (up to"
+                        f" finishing {gateway.in_flight} turns in flight and"
+                        f" {gateway.closing} closing sessions (up to"
                         f" {options.drain_timeout:g} s)"
                     )
                     stopping.set()
                     return
 
-            async with anyio.create_task_group() as group:
-                group.start_soon(on_signal)
-                group.start_soon(
-                    partial(
-                        serve_app,
-                        gateway.app,
-                        sock,
-                        loop=options.loop,
-                        drain_timeout=options.drain_timeout,
-                        shutdown=stopping.wait,
+            async with gateway.running():
+                async with anyio.create_task_group() as group:
+                    group.start_soon(on_signal)
+                    group.start_soon(
+                        partial(
+                            serve_app,
+                            gateway.app,
+                            sock,
+                            loop=options.loop,
+                            drain_timeout=options.drain_timeout,
+                            shutdown=stopping.wait,
+                        )
                     )
-                )
-                offline = (
-                    " — the offline scripted model, no provider is called"
-                    if model == "scripted"
-                    else ""
-                )
-                say(
-                    f"turnplug serve: listening on {address} (model {model}{offline};"
-                    f" {options.loop})"
-                )
-                say(f"turnplug serve: live page {address}/ ; API {address}/v1")
-                task_status.started(address)
-                await stopping.wait()
-                # serve_app returns once the connections are drained; then stop.
-                group.cancel_scope.deadline = anyio.current_time() + options.drain_timeout + 5
+                    offline = (
+                        " — the offline scripted model, no provider is called"
+                        if model == "scripted"
+                        else ""
+                    )
+                    say(
+                        f"turnplug serve: listening on {address} (model {model}{offline};"
+                        f" {options.loop})"
+                    )
+                    say(f"turnplug serve: live page {address}/ ; API {address}/v1")
+                    task_status.started(address)
+                    await stopping.wait()
+                    deadline = anyio.current_time() + options.drain_timeout
+                    # serve_app returns once the connections are drained; then stop.
+                    group.cancel_scope.deadline = deadline + 5
+                # The answered turns' sessions may still be committing the output of
+                # background hooks: they share the drain timeout; what is left is cancelled.
+                if not await gateway.drain(max(0.0, deadline - anyio.current_time())):
+                    say(
+                        "turnplug serve: sessions still closing at the drain timeout were"
+                        " cancelled; their background hooks' output was not committed"
+                    )
             say("turnplug serve: stopped")
 
 

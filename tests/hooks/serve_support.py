@@ -63,24 +63,27 @@ async def served(pipe: Pipeline, **settings: Any) -> AsyncIterator[Served]:
     gateway = Gateway(pipe, Settings(**settings))
     sock, url = listen("127.0.0.1", 0)
     stop = anyio.Event()
-    async with anyio.create_task_group() as group:
-        group.start_soon(
-            partial(
-                serve_app,
-                gateway.app,
-                sock,
-                loop=sniffio.current_async_library(),
-                drain_timeout=5,
-                shutdown=stop.wait,
+    async with gateway.running():
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                partial(
+                    serve_app,
+                    gateway.app,
+                    sock,
+                    loop=sniffio.current_async_library(),
+                    drain_timeout=5,
+                    shutdown=stop.wait,
+                )
             )
-        )
-        result = Served(url, gateway)
-        try:
-            yield result
-        finally:
-            for client in result.clients:
-                await client.close()
-            stop.set()
+            result = Served(url, gateway)
+            try:
+                yield result
+            finally:
+                for client in result.clients:
+                    await client.close()
+                stop.set()
+        # Sessions of answered conversation turns close, as `turnplug serve` lets them.
+        await gateway.drain(5)
 
 
 def user(text: str) -> list[dict[str, Any]]:

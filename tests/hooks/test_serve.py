@@ -233,11 +233,8 @@ async def test_a_blocked_client_tool_call_is_403_and_not_returned() -> None:
 UPSTREAM_KEY = "sk-upstream-9f8e7d6c5b4a"
 
 
-@pytest.mark.trio_only
 async def test_an_upstream_error_is_502_and_never_shows_the_key() -> None:
-    """Catches: the provider's error (which may quote the key) passed through to the client.
-
-    Trio only: the loopback protocol server (tests/providers/server.py) is written on trio."""
+    """Catches: the provider's error (which may quote the key) passed through to the client."""
     failure = json_error(
         401, {"error": {"message": f"Incorrect API key provided: {UPSTREAM_KEY}", "type": "x"}}
     )
@@ -262,11 +259,8 @@ async def test_an_upstream_error_is_502_and_never_shows_the_key() -> None:
     assert upstream.requests[0].headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
 
 
-@pytest.mark.trio_only
 async def test_an_upstream_stream_reaches_the_client_through_the_pipeline() -> None:
-    """Catches: the gateway not speaking to a real OpenAI-protocol upstream.
-
-    Trio only: the loopback protocol server (tests/providers/server.py) is written on trio."""
+    """Catches: the gateway not speaking to a real OpenAI-protocol upstream."""
     async with running(stream(openai_text(["up", "stream"]))) as upstream:
         model = OpenAIChat("up", base_url=upstream.url + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
         async with served(Pipeline(model=model)) as gw:

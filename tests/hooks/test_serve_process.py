@@ -247,3 +247,83 @@ def test_two_gateways_share_one_postgres_conversation(tmp_path: Path, postgres: 
     assert len(users) == 7
     assert users[6] in ("race a", "race b")
     assert len(stored.messages) == 14
+
+
+def write_background_config(folder: Path, *, slow: float) -> Path:
+    """A config whose durable background post hook takes `slow` seconds, then notes the reply."""
+    (folder / "later_hooks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import anyio
+            from pipeline import cont
+
+            async def note(turn):
+                await anyio.sleep({slow})
+                return cont(turn.inject("noted: " + turn.reply.text))
+            """
+        )
+    )
+    config = folder / "gateway.toml"
+    config.write_text(
+        textwrap.dedent(
+            """
+            [[post]]
+            kind = "python"
+            ref = "later_hooks:note"
+            background = true
+            durable = true
+            """
+        )
+    )
+    return config
+
+
+def stored_texts(path: Path, conversation: str) -> list[str]:
+    import trio
+
+    from pipeline.logs import SQLiteLog
+
+    async def load() -> list[str]:
+        async with SQLiteLog(path) as log:
+            return [m.text for m in (await log.load(conversation)).messages]
+
+    return trio.run(load)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_sigterm_drains_a_session_closing_after_its_answer(tmp_path: Path, loop: str) -> None:
+    """Catches: shutdown dropping the background hooks of an already answered conversation
+    turn (their durable output never committed), or exiting non-zero while they run."""
+    config = write_background_config(tmp_path, slow=3)
+    log = tmp_path / "log.db"
+    with gateway(config, "--loop", loop, "--log", str(log)) as (process, url):
+        answer = post(url, "hi", conversation="c")
+        # Answered, and the background hook still runs: its session is closing.
+        assert httpx.get(url + "/healthz").json()["closing"] == 1
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(20)
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert code == 0, said
+    assert answer.status_code == 200
+    reply = answer.json()["choices"][0]["message"]["content"]
+    assert "1 closing sessions" in said
+    assert stored_texts(log, "c") == ["hi", reply, f"noted: {reply}"]
+
+
+def test_sigterm_cancels_a_session_still_closing_at_the_drain_timeout(tmp_path: Path) -> None:
+    """Catches: a background hook that never ends holding the process past --drain-timeout,
+    or its cancellation going unreported (or committing half its work)."""
+    config = write_background_config(tmp_path, slow=600)
+    log = tmp_path / "log.db"
+    with gateway(config, "--log", str(log), "--drain-timeout", "1") as (process, url):
+        answer = post(url, "hi", conversation="c")
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(20)
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert code == 0, said
+    assert answer.status_code == 200
+    reply = answer.json()["choices"][0]["message"]["content"]
+    assert "were cancelled" in said
+    assert stored_texts(log, "c") == ["hi", reply]

@@ -1,0 +1,193 @@
+"""Background post hooks behind the gateway: a conversation's answer goes out once its turn
+is committed, and the session commits the hooks' durable output after it, on its own."""
+
+import json
+import logging
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from pipeline import Pipeline, cont, hook
+from pipeline.logs import SQLiteLog
+from pipeline.providers import OpenAIChat
+from pipeline.testing import ScriptedModel
+from tests.providers.server import openai_text, running, stream
+from turns import Turn
+
+from .serve_support import served, user, watch_feed
+
+UPSTREAM_KEY = "sk-upstream-background-2b7c"
+
+
+async def test_a_conversation_is_answered_while_its_background_hook_still_runs(
+    tmp_path: Path,
+) -> None:
+    """Catches: the answer of a conversation request held back until the session closes,
+    i.e. until every background hook of the turn has finished (a slow summary delaying
+    each reply), or the hook's durable output lost once it finishes after the answer."""
+    entered = anyio.Event()
+    release = anyio.Event()
+
+    async def summarize(turn: Turn) -> Any:
+        assert turn.reply is not None
+        entered.set()
+        await release.wait()
+        return cont(turn.inject(f"summary: {turn.reply.text}"))
+
+    async with running(stream(openai_text(["the ", "answer"]))) as upstream:
+        model = OpenAIChat("up", base_url=upstream.url + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
+        pipe = Pipeline(
+            model=model, post=[hook(summarize, name="summarize", background=True, durable=True)]
+        )
+        async with SQLiteLog(tmp_path / "log.db") as log:
+            async with served(pipe, log=log) as gw, gw.http(key=None) as plain:
+                # Fails (instead of hanging) if the answer waits for the blocked hook.
+                with anyio.fail_after(10):
+                    reply = await gw.sdk().chat.completions.create(
+                        model="m", messages=user("hi"), extra_headers={"X-Conversation-Id": "c"}
+                    )
+                assert entered.is_set()
+                assert not release.is_set()
+                while_blocked = (await log.load("c")).messages
+                health = (await plain.get("/healthz")).json()
+                release.set()
+                assert await gw.gateway.drain(10)
+                after = (await plain.get("/healthz")).json()
+            stored = await log.load("c")
+    assert reply.choices[0].message.content == "the answer"
+    assert [(m.role, m.text) for m in while_blocked] == [
+        ("user", "hi"),
+        ("assistant", "the answer"),
+    ]
+    assert (health["closing"], after["closing"]) == (1, 0)
+    assert [(m.role, m.text) for m in stored.messages] == [
+        ("user", "hi"),
+        ("assistant", "the answer"),
+        ("user", "summary: the answer"),
+    ]
+
+
+async def test_the_next_turn_waits_for_the_earlier_sessions_background_output(
+    tmp_path: Path,
+) -> None:
+    """Catches: a client's next request, sent as soon as the previous answer arrived,
+    racing the previous turn's background commit: a spurious 409 for the client, or the
+    background output lost (its commit refused because the conversation grew)."""
+    release = anyio.Event()
+
+    async def summarize(turn: Turn) -> Any:
+        assert turn.reply is not None
+        await release.wait()
+        return cont(turn.inject(f"summary: {turn.reply.text}"))
+
+    async with running(stream(openai_text(["first"])), stream(openai_text(["second"]))) as upstream:
+        model = OpenAIChat("up", base_url=upstream.url + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
+        pipe = Pipeline(
+            model=model, post=[hook(summarize, name="summarize", background=True, durable=True)]
+        )
+        async with SQLiteLog(tmp_path / "log.db") as log:
+            async with served(pipe, log=log) as gw:
+                sdk = gw.sdk()
+                headers = {"X-Conversation-Id": "c"}
+                with anyio.fail_after(10):
+                    await sdk.chat.completions.create(
+                        model="m", messages=user("one"), extra_headers=headers
+                    )
+                async with anyio.create_task_group() as nursery:
+                    nursery.start_soon(
+                        lambda: sdk.chat.completions.create(
+                            model="m", messages=user("two"), extra_headers=headers
+                        )
+                    )
+                    await anyio.sleep(0.2)
+                    release.set()
+                assert await gw.gateway.drain(10)
+            stored = await log.load("c")
+    assert [(m.role, m.text) for m in stored.messages] == [
+        ("user", "one"),
+        ("assistant", "first"),
+        ("user", "summary: first"),
+        ("user", "two"),
+        ("assistant", "second"),
+        ("user", "summary: second"),
+    ]
+    # The second turn was sent the first one's summary.
+    assert "summary: first" in json.dumps(upstream.requests[1].body["messages"])
+
+
+async def test_a_failing_background_hook_leaves_the_answer_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Catches: a background hook's failure after the answer turning into an error for the
+    client, being lost silently (no page event, no warning), or undoing the committed turn."""
+
+    def breaks(turn: Turn) -> Any:
+        raise RuntimeError("the summary store is down")
+
+    feed: list[dict[str, Any]] = []
+    async with running(stream(openai_text(["fine"]))) as upstream:
+        model = OpenAIChat("up", base_url=upstream.url + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
+        pipe = Pipeline(
+            model=model, post=[hook(breaks, name="breaks", background=True, durable=True)]
+        )
+        async with SQLiteLog(tmp_path / "log.db") as log:
+            async with served(pipe, log=log) as gw:
+                async with anyio.create_task_group() as nursery:
+                    await nursery.start(watch_feed, gw, feed)
+                    with caplog.at_level(logging.WARNING, logger="turnplug"):
+                        reply = await gw.sdk().chat.completions.create(
+                            model="m", messages=user("hi"), extra_headers={"X-Conversation-Id": "c"}
+                        )
+                        assert await gw.gateway.drain(10)
+                    await anyio.sleep(0.3)  # the feed's last frames reach the watcher
+                    nursery.cancel_scope.cancel()
+            stored = await log.load("c")
+    assert reply.choices[0].message.content == "fine"
+    assert reply.choices[0].finish_reason == "stop"
+    assert [(m.role, m.text) for m in stored.messages] == [("user", "hi"), ("assistant", "fine")]
+    [failed] = [e for e in feed if e["event"] == "HookFailed"]
+    assert failed["hook"] == "breaks"
+    assert "the summary store is down" in failed["error"]
+    assert failed["enforced"] is False
+    assert any(
+        "breaks" in r.getMessage() and "the summary store is down" in r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+    )
+
+
+async def test_a_client_hanging_up_still_cancels_its_conversation_turn(tmp_path: Path) -> None:
+    """Catches: a conversation turn, now run in the gateway's own task, going on (and
+    committing) after its client hung up, or its session left open."""
+    entered = anyio.Event()
+    ended: list[str] = []
+
+    async def waits(turn: Turn) -> Any:
+        entered.set()
+        await anyio.sleep_forever()
+
+    def end(info: Any, reason: str) -> None:
+        ended.append(reason)
+
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[waits], on_session_end=[end])
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with served(pipe, log=log) as gw:
+            async with gw.http() as client, anyio.create_task_group() as nursery:
+                nursery.start_soon(
+                    partial(
+                        client.post,
+                        "/v1/chat/completions",
+                        json={"model": "m", "messages": user("hi")},
+                        headers={"X-Conversation-Id": "c"},
+                    )
+                )
+                with anyio.fail_after(10):
+                    await entered.wait()
+                nursery.cancel_scope.cancel()  # the client hangs up
+            assert await gw.gateway.drain(10)
+        stored = await log.load("c")
+    assert stored.messages == ()
+    assert ended == ["cancelled"]
