@@ -4,6 +4,7 @@ import contextlib
 import functools
 import os
 import sqlite3
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal, TypeAlias, final
@@ -167,7 +168,7 @@ class SQLiteLog(DatabaseLog):
             self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
         )
         try:
-            connection.execute("PRAGMA journal_mode=WAL")
+            _enter_wal(connection, self._timeout)
             connection.execute("PRAGMA synchronous=FULL")
             _migrate(connection, repr(self))
         except BaseException:
@@ -244,6 +245,27 @@ def _close(connection: sqlite3.Connection) -> None:
     # Closing a broken connection: there is nothing more to release.
     with contextlib.suppress(sqlite3.Error):
         connection.close()
+
+
+def _enter_wal(connection: sqlite3.Connection, timeout: float) -> None:
+    """Put the database in WAL mode, waiting up to `timeout` for other connections.
+
+    Switching a file to WAL takes its exclusive lock. When another connection holds the
+    write lock (another process creating the same new file, say), SQLite answers "database is
+    locked" at once instead of calling its busy handler, which would deadlock there, so the
+    connection's own timeout does not apply: wait and try again here, within the same budget.
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)  # in a worker thread: the event loop goes on
+        pause = min(pause * 2, 0.05)
 
 
 def _migrate(connection: sqlite3.Connection, name: str) -> None:

@@ -6,6 +6,7 @@ What every log does is in test_logs.py, which runs against SQLiteLog too.
 import datetime
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import anyio
@@ -31,6 +32,51 @@ async def committed(path: Path, *turns: str) -> None:
 
 
 # -- the file -------------------------------------------------------------------------------
+
+
+def holding_the_write_lock(path: Path) -> sqlite3.Connection:
+    """A connection in the default journal mode holding `path`'s write lock, as another
+    process creating the same new file holds it."""
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE other (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO other VALUES (1)")
+    return holder
+
+
+async def test_opening_a_new_file_waits_for_another_connections_write_lock(tmp_path):
+    """Catches: `PRAGMA journal_mode=WAL` failing at once with "database is locked" while
+    another connection holds the write lock (SQLite skips its busy handler there), so a
+    worker process opening a log another one was creating failed instead of waiting."""
+    path = tmp_path / "log.db"
+    holder = holding_the_write_lock(path)
+    release = threading.Timer(0.3, holder.execute, ("COMMIT",))
+    release.start()
+    try:
+        started = time.monotonic()
+        async with SQLiteLog(path, timeout=10) as log:
+            await log.append("c", "t1", exchange("q", "a"))
+            stored = await log.load("c")
+        assert time.monotonic() - started >= 0.25
+        assert stored.messages == exchange("q", "a")
+    finally:
+        release.join()
+        holder.close()
+
+
+async def test_opening_gives_up_on_a_write_lock_held_past_the_timeout(tmp_path):
+    """Catches: the wait for the write lock while entering WAL mode retrying forever, or
+    giving up before the log's `timeout=`, instead of failing with a LogError after it."""
+    path = tmp_path / "log.db"
+    holder = holding_the_write_lock(path)
+    try:
+        started = time.monotonic()
+        with pytest.raises(LogError, match=r"more than 0\.3 s"):
+            async with SQLiteLog(path, timeout=0.3):
+                pass
+        assert 0.25 <= time.monotonic() - started < 5
+    finally:
+        holder.close()
 
 
 async def test_the_database_is_in_wal_mode_at_the_latest_schema_version(tmp_path):
