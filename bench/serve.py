@@ -5,9 +5,9 @@ processes and takes about a minute). A local fake upstream (the protocol server 
 tests, in its own process) streams the same 200-chunk OpenAI completion to every request.
 A gateway (``turnplug serve``, its own process, a config whose model is that upstream and
 whose pipeline has a pre hook and a stream transformer) sits in front of it. The same
-clients (trio + httpx, streaming, reading to ``[DONE]``) then run the same number of turns
-straight at the upstream and through the gateway, in the same run, at 1, 50 and 200
-concurrent clients. Reported: p50/p99 of the turn latency both ways and the difference
+clients (trio + httpx, an httpx client each, streaming, reading to ``[DONE]``) then run the
+same number of turns straight at the upstream and through the gateway, in the same run, at
+1, 50 and 200 concurrent clients. Reported: p50/p99 of the turn latency both ways and the difference
 (what the gateway adds), turns/s both ways, and the gateway's peak RSS. Loopback only;
 every request has a timeout, every level a bounded count of turns.
 
@@ -18,6 +18,7 @@ errors and gateway throughput >= 50% of the upstream's own.
 import argparse
 import os
 import re
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ BODY = {
     "messages": [{"role": "user", "content": "Tell me about foxes."}],
     "stream": True,
 }
+TLS = ssl.create_default_context()  # shared: loading the CA store once, not per client
 LEVELS = ((1, 60), (50, 250), (200, 400))  # (clients, turns)
 QUICK = ((1, 5), (5, 10), (10, 10))
 
@@ -96,9 +98,19 @@ async def load(url: str, clients: int, turns: int) -> tuple[list[float], int, fl
     latencies: list[float] = []
     errors = 0
     remaining = turns
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client() -> None:
+        # An httpx client per simulated client (one keep-alive connection each), as separate
+        # users would have. One client shared by all of them re-examines its whole pool on
+        # every request and every response close (httpcore checks each connection, with a
+        # readability syscall for an idle one, and recounts the pool for each idle one): at
+        # 200 connections that took 15 ms of CPU per turn, so this load generator, not the
+        # gateway, was the bottleneck (docs/serve.md).
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with httpx.AsyncClient(limits=limits, timeout=60, verify=TLS) as http:
+            await turns_of(http)
+
+    async def turns_of(http: httpx.AsyncClient) -> None:
         nonlocal remaining, errors
         while remaining > 0:
             remaining -= 1
@@ -117,11 +129,10 @@ async def load(url: str, clients: int, turns: int) -> tuple[list[float], int, fl
             latencies.append(time.perf_counter() - start)
 
     began = time.perf_counter()
-    async with httpx.AsyncClient(limits=limits, timeout=60) as http:
-        with trio.move_on_after(300):
-            async with trio.open_nursery() as nursery:
-                for _ in range(clients):
-                    nursery.start_soon(client, http)
+    with trio.move_on_after(300):
+        async with trio.open_nursery() as nursery:
+            for _ in range(clients):
+                nursery.start_soon(client)
     return latencies, errors + remaining, time.perf_counter() - began
 
 
