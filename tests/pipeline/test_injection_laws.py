@@ -165,13 +165,12 @@ def _body(spec: Spec, name: str, seen: list[tuple[Entry, ...]], received: list[T
     return body
 
 
-async def observe_run(plan: list[Spec]) -> Seen:
-    pipe, seen, model = build(plan)
-    result = await pipe.run(Turn.start("hi", turn_ref="law"))
+def seen_in(result: Any, seen: list[tuple[Entry, ...]], model: ScriptedModel) -> Seen:
+    """What a law compares of a finished turn: outcome, halting hook, injections, what the
+    hooks saw and the text the model was sent last."""
     sent = ()
     if model.requests:
         sent = tuple(part.text for part in model.requests[0].messages[-1].parts)  # type: ignore[union-attr]
-    assert result.audit.injections == result.turn.injections
     return Seen(
         result.outcome,
         result.halt.hook if result.halt else None,
@@ -179,6 +178,13 @@ async def observe_run(plan: list[Spec]) -> Seen:
         tuple(seen),
         sent,
     )
+
+
+async def observe_run(plan: list[Spec]) -> Seen:
+    pipe, seen, model = build(plan)
+    result = await pipe.run(Turn.start("hi", turn_ref="law"))
+    assert result.audit.injections == result.turn.injections
+    return seen_in(result, seen, model)
 
 
 async def observe_stream(plan: list[Spec]) -> tuple[Seen, list[Entry]]:
@@ -189,17 +195,7 @@ async def observe_stream(plan: list[Spec]) -> tuple[Seen, list[Entry]]:
             if isinstance(event, events.Injected):
                 text = event.parts[0].text  # type: ignore[union-attr]
                 announced.append((event.hook, text, event.durable, event.stage))
-    result = stream.result
-    sent = ()
-    if model.requests:
-        sent = tuple(part.text for part in model.requests[0].messages[-1].parts)  # type: ignore[union-attr]
-    return Seen(
-        result.outcome,
-        result.halt.hook if result.halt else None,
-        entries(result.turn),
-        tuple(seen),
-        sent,
-    ), announced
+    return seen_in(stream.result, seen, model), announced
 
 
 @settings(max_examples=60)
