@@ -30,10 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 REQUEST = ModelRequest((Message.user("Tell me about foxes."),))
 
 
-def start_server(chunks: int) -> tuple[subprocess.Popen[str], str]:
+def start_server(chunks: int, keep_alive: bool = False) -> tuple[subprocess.Popen[str], str]:
     """The local protocol server in a process of its own, streaming `chunks` OpenAI chunks."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.providers.server", "--openai-chunks", str(chunks)],
+        [sys.executable, "-m", "tests.providers.server", "--openai-chunks", str(chunks)]
+        + (["--keep-alive"] if keep_alive else []),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stdin=subprocess.DEVNULL,

@@ -2,7 +2,8 @@
 
 ``python -m bench.serve [--quick]`` (not part of ``python -m bench``: it starts three
 processes and takes about a minute). A local fake upstream (the protocol server of the
-tests, in its own process) streams the same 200-chunk OpenAI completion to every request.
+tests, in its own process) streams the same 200-chunk OpenAI completion to every request,
+keeping each connection alive for the next request as a hosted model's API does.
 A gateway (``turnplug serve``, its own process, a config whose model is that upstream and
 whose pipeline has a pre hook and a stream transformer) sits in front of it. The same
 clients (trio + httpx, an httpx client each, streaming, reading to ``[DONE]``) then run the
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "--loop", choices=("asyncio", "trio"), default="asyncio", help="the gateway's event loop"
     )
     args = parser.parse_args(argv)
-    upstream_process, base_url = start_server(200)
+    upstream_process, base_url = start_server(200, keep_alive=True)
     upstream = base_url.removesuffix("/v1")
     try:
         with tempfile.TemporaryDirectory() as folder:

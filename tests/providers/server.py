@@ -401,10 +401,17 @@ def main(argv: list[str] | None = None) -> None:
     """Serve one recorded stream to every request until killed; print the port first."""
     parser = argparse.ArgumentParser(prog="python -m tests.providers.server")
     parser.add_argument("--openai-chunks", type=int, default=2000)
+    parser.add_argument(
+        "--keep-alive",
+        action="store_true",
+        help="serve request after request on a connection, as a real upstream does",
+    )
     args = parser.parse_args(argv)
 
     async def serve() -> None:
-        server = ProtocolServer(repeat=stream(bench_stream(args.openai_chunks)))
+        server = ProtocolServer(
+            repeat=stream(bench_stream(args.openai_chunks)), keep_alive=args.keep_alive
+        )
         async with anyio.create_task_group() as group:
             await server.start(group)
             print(server.port, flush=True)
