@@ -10,6 +10,7 @@ exits 0.
 
 import argparse
 import gc
+import logging
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Literal, final
+from typing import Any, Literal, TextIO, final
 
 import anyio
 import attrs
@@ -27,7 +28,7 @@ from hypercorn.config import Config as HypercornConfig
 from pipeline import ConfigError, Pipeline
 from pipeline.logs import Log, PostgresLog, SQLiteLog
 
-from ._gateway import MIB, Gateway, Settings
+from ._gateway import _REDACTED, MIB, Gateway, Settings
 from ._logs import POSTGRES_SCHEMES
 
 DEFAULT_KEY_ENV = "TURNPLUG_GATEWAY_KEY"
@@ -214,6 +215,7 @@ def run(args: Any, loaded: Any) -> int:
     model = str(getattr(spec, "name", None) or "scripted")
     upstream_env = getattr(spec, "api_key_env", "") or ""
     secrets = tuple(s for s in (os.environ.get(upstream_env) if upstream_env else None, key) if s)
+    log_to_stderr(secrets)
     if args.no_auth:
         _say("turnplug serve: note: --no-auth: anyone who can reach this address may use it")
     options = Options(
@@ -232,6 +234,54 @@ def run(args: Any, loaded: Any) -> int:
         backend=options.loop,
     )
     return 0
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""How `turnplug serve` writes the library's warnings on stderr: time, level, logger, text."""
+
+
+@final
+class _StderrHandler(logging.StreamHandler[TextIO]):
+    """The handler `log_to_stderr` puts on the ``turnplug`` logger (found again by type)."""
+
+
+@final
+class _Scrubbed(logging.Formatter):
+    """`LOG_FORMAT`, with every secret in the whole line (traceback included) replaced."""
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        super().__init__(LOG_FORMAT)
+        self.secrets = tuple(s for s in secrets if s)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        for secret in self.secrets:
+            text = text.replace(secret, _REDACTED)
+        return text
+
+
+def log_to_stderr(secrets: tuple[str, ...], stream: TextIO | None = None) -> logging.Handler:
+    """Write the ``turnplug`` loggers' warnings (and worse) to stderr, for the command line.
+
+    The library only has a `logging.NullHandler` (an application decides where its records
+    go); a gateway run as ``turnplug serve`` is its own application, so its operator sees
+    hooks failing open, retries and background failures on stderr, each line with its time,
+    level and logger, and `secrets` (the upstream and gateway keys) replaced with
+    ``[REDACTED]``. The ``turnplug`` records stop at this handler (no propagation), so a root
+    handler that a hook module configured does not print them a second time; the root
+    logger is not touched. Calling it again replaces the handler rather than adding one.
+    """
+    logger = logging.getLogger("turnplug")
+    for old in [h for h in logger.handlers if isinstance(h, _StderrHandler)]:
+        logger.removeHandler(old)
+    handler = _StderrHandler(stream if stream is not None else sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(_Scrubbed(secrets))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    return handler
 
 
 GC_THRESHOLDS = (50_000, 20, 10)

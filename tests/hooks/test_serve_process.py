@@ -17,6 +17,8 @@ import httpx
 import pytest
 
 from pipeline.logs import PostgresLog
+from tests.providers import server as wire
+from tests.providers.support import serving_in_thread
 
 KEY = "proc-gateway-key-77aa"
 UPSTREAM_KEY = "sk-never-shown-31337"
@@ -140,7 +142,8 @@ def test_the_gateway_refuses_to_start_without_a_key(tmp_path: Path) -> None:
 
 
 def test_the_upstream_key_appears_nowhere_a_client_can_see(tmp_path: Path) -> None:
-    """Catches: the upstream or gateway key echoed in a response, the page, its feed or stderr."""
+    """Catches: the upstream or gateway key echoed in a response, the page, its feed or stderr
+    (the library's warnings included, which the command writes there)."""
     config = tmp_path / "gateway.toml"
     config.write_text(
         textwrap.dedent(
@@ -196,6 +199,9 @@ def test_the_upstream_key_appears_nowhere_a_client_can_see(tmp_path: Path) -> No
         seen.append(process.stderr.read())
     everything = "\n".join(seen)
     assert "502" in everything  # the upstream (nothing listens on port 9) failed
+    # The failures are on stderr too (retries, the 5xx answers), with the keys replaced.
+    assert "WARNING turnplug.providers: openai: request 1 failed" in seen[-1]
+    assert "WARNING turnplug.serve: turn " in seen[-1]
     assert UPSTREAM_KEY not in everything
     assert KEY not in everything
 
@@ -327,3 +333,108 @@ def test_sigterm_cancels_a_session_still_closing_at_the_drain_timeout(tmp_path: 
     reply = answer.json()["choices"][0]["message"]["content"]
     assert "were cancelled" in said
     assert stored_texts(log, "c") == ["hi", reply]
+
+
+# -- the library's warnings on the command's stderr ------------------------------------------
+
+LOG_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) (?P<logger>turnplug[.\w]*): (?P<text>.*)$"
+)
+
+
+def write_failing_open_config(folder: Path, upstream: str, *, configure_root: bool) -> Path:
+    """A config whose pre hook fails open with an error quoting both keys (`on_error =
+    "skip"`), in front of the loopback upstream; its module may configure the root logger,
+    as an application's modules do."""
+    (folder / "leaky_hooks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import logging
+            import os
+
+            if {configure_root}:
+                logging.basicConfig(level=logging.INFO)
+
+            def leaky(turn):
+                raise RuntimeError(
+                    "cannot check with " + os.environ["OPENAI_API_KEY"]
+                    + " or " + os.environ["TURNPLUG_GATEWAY_KEY"]
+                )
+            """
+        )
+    )
+    config = folder / "gateway.toml"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            [model]
+            provider = "openai"
+            name = "up"
+            base_url = "{upstream}/v1"
+
+            [[pre]]
+            kind = "python"
+            ref = "leaky_hooks:leaky"
+            on_error = "skip"
+            """
+        )
+    )
+    return config
+
+
+def warnings_of_one_turn(tmp_path: Path, *, configure_root: bool) -> tuple[str, list[str]]:
+    """Run the console script on the failing-open config, one turn whose first upstream
+    answer is a 503 (retried), through the official SDK; its reply and the lines on stderr."""
+    import openai
+
+    overloaded = wire.json_error(503, {"error": {"message": "overloaded"}})
+    with serving_in_thread(overloaded, wire.stream(wire.openai_text(["fine"]))) as upstream:
+        config = write_failing_open_config(tmp_path, upstream.url, configure_root=configure_root)
+        with gateway(config, env={"PYTHONPATH": str(tmp_path)}) as (process, url):
+            client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+            with client:
+                reply = client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(20) == 0
+            assert process.stderr is not None
+            said = process.stderr.read()
+    content = reply.choices[0].message.content
+    assert content is not None
+    return content, said.splitlines()
+
+
+def test_turnplug_serve_writes_the_librarys_warnings_on_stderr_without_the_keys(
+    tmp_path: Path,
+) -> None:
+    """Catches: the ``turnplug`` loggers' warnings (a hook failing open, a retried upstream
+    request) never reaching the command's stderr (the library's NullHandler was all there
+    was), lines without time, level or logger, or a key quoted in them."""
+    reply, lines = warnings_of_one_turn(tmp_path, configure_root=False)
+    assert reply == "fine"
+    logged = [m.groupdict() for line in lines if (m := LOG_LINE.match(line))]
+    assert [(r["level"], r["logger"]) for r in logged] == [
+        ("WARNING", "turnplug.pipeline"),
+        ("WARNING", "turnplug.providers"),
+    ]
+    assert logged[0]["text"].startswith("fail-open (on_error='skip') hook 'leaky' (pre) failed")
+    assert "cannot check with [REDACTED] or [REDACTED]" in logged[0]["text"]
+    assert logged[1]["text"].startswith("openai: request 1 answered 503; retrying")
+    everything = "\n".join(lines)
+    assert UPSTREAM_KEY not in everything
+    assert KEY not in everything
+
+
+def test_a_root_logger_configured_by_a_hook_module_does_not_print_them_twice(
+    tmp_path: Path,
+) -> None:
+    """Catches: each warning printed twice (once by the command's handler, once by a root
+    handler the application's own module configured), or unscrubbed by the root's."""
+    reply, lines = warnings_of_one_turn(tmp_path, configure_root=True)
+    assert reply == "fine"
+    mentions = [line for line in lines if "turnplug.pipeline" in line]
+    assert len(mentions) == 1, lines
+    assert LOG_LINE.match(mentions[0])
+    assert len([line for line in lines if "turnplug.providers" in line]) == 1, lines
+    assert UPSTREAM_KEY not in "\n".join(lines)
