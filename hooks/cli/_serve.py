@@ -3,9 +3,9 @@
 The gateway (`_gateway.Gateway`, a Starlette application) is served by Hypercorn's asyncio
 worker by default, or its trio worker with ``--loop trio``: Starlette and the runtime run on
 either through AnyIO (docs/serve.md says why this stack and this default). SIGTERM (or
-Ctrl-C) stops accepting connections, lets the turns in flight finish and the sessions of
-answered conversation turns close (their background hooks) within the drain timeout, and
-exits 0.
+Ctrl-C) refuses new turns (503 ``shutting_down``), lets the turns in flight finish, then
+stops listening and lets the sessions of answered conversation turns close (their
+background hooks), all within the drain timeout, and exits 0.
 """
 
 import argparse
@@ -156,13 +156,15 @@ async def serve(
             ),
         )
         sock, address = listen(options.host, options.port)
-        stopping = anyio.Event()
+        stopping = anyio.Event()  # the signal came
+        closing = anyio.Event()  # the server stops listening and closes idle connections
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
 
             async def on_signal() -> None:
                 async for signum in signals:
+                    gateway.shut_down()
                     say(
-                        f"turnplug serve: {signal.Signals(signum).name}: no new connections;"
+                        f"turnplug serve: {signal.Signals(signum).name}: new turns get 503;"
                         f" finishing {gateway.in_flight} turns in flight and"
                         f" {gateway.closing} closing sessions (up to"
                         f" {options.drain_timeout:g} s)"
@@ -180,7 +182,7 @@ async def serve(
                             sock,
                             loop=options.loop,
                             drain_timeout=options.drain_timeout,
-                            shutdown=stopping.wait,
+                            shutdown=closing.wait,
                         )
                     )
                     offline = (
@@ -196,6 +198,11 @@ async def serve(
                     task_status.started(address)
                     await stopping.wait()
                     deadline = anyio.current_time() + options.drain_timeout
+                    # Still listening, so that a request sent meanwhile gets a 503 rather
+                    # than a refused connection, until the turns in flight are done.
+                    with anyio.move_on_after(options.drain_timeout):
+                        await gateway.turns_finished()
+                    closing.set()
                     # serve_app returns once the connections are drained; then stop.
                     group.cancel_scope.deadline = deadline + 5
                 # The answered turns' sessions may still be committing the output of

@@ -20,6 +20,8 @@ from pipeline.logs import PostgresLog
 from tests.providers import server as wire
 from tests.providers.support import serving_in_thread
 
+from .serve_support import openai_error
+
 KEY = "proc-gateway-key-77aa"
 UPSTREAM_KEY = "sk-never-shown-31337"
 SCRIPT = Path(sys.executable).parent / "turnplug"
@@ -120,7 +122,7 @@ def test_sigterm_finishes_the_turn_in_flight_and_exits_0(tmp_path: Path, loop: s
     assert code == 0
     assert [a.status_code for a in answers] == [200]
     assert answers[0].json()["choices"][0]["message"]["content"]
-    assert "finishing 1 turns in flight" in said
+    assert "new turns get 503; finishing 1 turns in flight" in said
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/healthz")
 
@@ -438,3 +440,80 @@ def test_a_root_logger_configured_by_a_hook_module_does_not_print_them_twice(
     assert LOG_LINE.match(mentions[0])
     assert len([line for line in lines if "turnplug.providers" in line]) == 1, lines
     assert UPSTREAM_KEY not in "\n".join(lines)
+
+
+# -- refusing new turns while draining -------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_during_the_drain_a_new_turn_gets_503_shutting_down_and_the_turn_in_flight_completes(
+    tmp_path: Path, loop: str
+) -> None:
+    """Catches: a SIGTERM drain that refuses new requests with a bare connection error (the
+    gateway stopped listening at once) or not at all (a new turn started while draining), a
+    503 without its OpenAI-style body or its Retry-After, a health check still "ok" while
+    draining, or the upstream turn in flight cut short or the exit status non-zero."""
+    import openai
+
+    arrived, release = threading.Event(), threading.Event()
+
+    async def hold_the_answer(_request: wire.Recorded) -> None:
+        import anyio
+
+        arrived.set()
+        await anyio.to_thread.run_sync(release.wait)
+
+    with serving_in_thread(wire.stream(wire.openai_text(["slow ", "answer"]))) as upstream:
+        upstream.before_reply = hold_the_answer
+        config = tmp_path / "gateway.toml"
+        config.write_text(
+            f'[model]\nprovider = "openai"\nname = "up"\nbase_url = "{upstream.url}/v1"\n'
+        )
+        with gateway(config, "--loop", loop) as (process, url):
+            answers: list[httpx.Response] = []
+            sender = threading.Thread(target=lambda: answers.append(post(url, "slow one")))
+            sender.start()
+            client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+            try:
+                assert [m.id for m in client.models.list()] == ["up"]  # a kept-alive connection
+                assert arrived.wait(10)  # the turn is in flight, upstream
+                process.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + 10
+                while (health := httpx.get(url + "/healthz")).status_code == 200:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+                with pytest.raises(openai.APIStatusError) as refused:
+                    client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "new one"}]
+                    )
+                fresh = post(url, "on a new connection")
+            finally:
+                release.set()
+                client.close()
+            sender.join(20)
+            code = process.wait(20)
+            assert process.stderr is not None
+            said = process.stderr.read()
+    assert code == 0, said
+    assert (health.status_code, health.json()) == (
+        503,
+        {"status": "shutting_down", "in_flight": 1, "closing": 0},
+    )
+    for response in (refused.value.response, fresh):
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
+        assert response.headers["connection"] == "close"
+        error = openai_error(response.content)
+        assert (error["type"], error["code"], error["param"]) == (
+            "server_error",
+            "shutting_down",
+            None,
+        )
+        assert "send it again" in error["message"]
+    assert [a.status_code for a in answers] == [200]
+    assert answers[0].json()["choices"][0]["message"]["content"] == "slow answer"
+    # Only the turn in flight reached the upstream.
+    assert [r.body["messages"][-1]["content"] for r in upstream.requests] == ["slow one"]
+    assert "new turns get 503; finishing 1 turns in flight" in said
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/healthz")
