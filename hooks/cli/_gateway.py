@@ -120,6 +120,15 @@ class Feed:
         self._recent: deque[ev.Event | Mapping[str, Any]] = deque(maxlen=recent)
         self._watchers: set[MemoryObjectSendStream[bytes]] = set()
         self._scrub = scrub
+        self._closed = False
+
+    def close(self) -> None:
+        """End every watcher's feed, now and from now on (the gateway is stopping: a page's
+        feed never ends by itself, so the server would wait for it until its timeout)."""
+        self._closed = True
+        for watcher in self._watchers:
+            watcher.close()
+        self._watchers.clear()
 
     def publish(self, item: ev.Event | Mapping[str, Any]) -> None:
         """Keep a turn event (or a gateway record, a mapping) and send it to every watcher."""
@@ -149,7 +158,10 @@ class Feed:
             frame = self._frame(item)
             if frame is not None:
                 send.send_nowait(frame)
-        self._watchers.add(send)
+        if self._closed:
+            send.close()  # what was kept, then the end
+        else:
+            self._watchers.add(send)
         try:
             async with receive:
                 yield receive

@@ -202,6 +202,8 @@ async def serve(
                     # than a refused connection, until the turns in flight are done.
                     with anyio.move_on_after(options.drain_timeout):
                         await gateway.turns_finished()
+                    # Pages watching the feed would hold the server to its timeout.
+                    gateway.feed.close()
                     closing.set()
                     # serve_app returns once the connections are drained; then stop.
                     group.cancel_scope.deadline = deadline + 5

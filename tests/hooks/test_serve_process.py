@@ -517,3 +517,31 @@ def test_during_the_drain_a_new_turn_gets_503_shutting_down_and_the_turn_in_flig
     assert "new turns get 503; finishing 1 turns in flight" in said
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/healthz")
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_an_open_live_page_does_not_hold_the_shutdown_to_the_drain_timeout(
+    tmp_path: Path, loop: str
+) -> None:
+    """Catches: the page's event feed (a response that never ends by itself) keeping the
+    process alive until --drain-timeout after SIGTERM, then cut with a traceback on stderr,
+    when there is nothing left to drain."""
+    config = write_config(tmp_path)
+    with gateway(config, "--loop", loop, "--drain-timeout", "60") as (process, url):
+        headers = {"authorization": f"Bearer {KEY}"}
+        received = ""
+        with (
+            httpx.Client(base_url=url, headers=headers, timeout=10) as client,
+            client.stream("GET", "/v1/turnplug/events") as feed,
+        ):
+            for text in feed.iter_text():
+                received += text
+                if "turnplug events" in received:
+                    process.send_signal(signal.SIGTERM)
+            # The loop ends when the gateway ends the feed (a timeout or an error otherwise).
+        code = process.wait(10)  # not the 60 s of the drain timeout
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert code == 0, said
+    assert "Traceback" not in said
+    assert "turnplug serve: stopped" in said
