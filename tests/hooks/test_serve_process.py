@@ -545,3 +545,47 @@ def test_an_open_live_page_does_not_hold_the_shutdown_to_the_drain_timeout(
     assert code == 0, said
     assert "Traceback" not in said
     assert "turnplug serve: stopped" in said
+
+
+def test_a_turn_still_running_at_the_drain_timeout_is_cut_and_the_process_exits_0(
+    tmp_path: Path,
+) -> None:
+    """Catches: a drain that waits for the turns in flight without bound (the gateway keeps
+    listening while they run): a turn whose upstream never answers holding the process past
+    --drain-timeout, or the process exiting non-zero."""
+    arrived = threading.Event()
+    never = threading.Event()
+
+    async def hold_forever(_request: wire.Recorded) -> None:
+        import anyio
+
+        arrived.set()
+        await anyio.to_thread.run_sync(never.wait, abandon_on_cancel=True)
+
+    with serving_in_thread(wire.stream(wire.openai_text(["never"]))) as upstream:
+        upstream.before_reply = hold_forever
+        config = tmp_path / "gateway.toml"
+        config.write_text(
+            f'[model]\nprovider = "openai"\nname = "up"\nbase_url = "{upstream.url}/v1"\n'
+        )
+        with gateway(config, "--drain-timeout", "1") as (process, url):
+            statuses: list[int] = []
+            sender = threading.Thread(
+                target=lambda: statuses.append(post(url, "stuck").status_code)
+            )
+
+            sender.start()
+            assert arrived.wait(10)
+            signalled = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(20)
+            took = time.monotonic() - signalled
+            sender.join(20)
+            assert process.stderr is not None
+            said = process.stderr.read()
+        never.set()
+    assert code == 0, said
+    assert took < 5, said  # the drain timeout (1 s) and Hypercorn's own (1 s), not 20
+    assert "finishing 1 turns in flight" in said
+    # Cut by the server at its own timeout (Hypercorn answers 500), not left hanging.
+    assert statuses == [500]
