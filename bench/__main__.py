@@ -27,6 +27,7 @@ from . import (
     otel,
     parallel,
     playback,
+    pool,
     providers,
     redaction,
     sse,
@@ -51,6 +52,7 @@ MODULES: dict[str, ModuleType] = {
     "events": events,
     "tools": tools,
     "providers": providers,
+    "pool": pool,
     "sse": sse,
     "otel": otel,
 }

@@ -69,6 +69,13 @@ CONVERSATION_HEADER = "x-conversation-id"
 _REDACTED = "[REDACTED]"
 POLICY_HOOK = "client_tool_policy"
 """The post hook that judges tool calls returned to the client (see `Gateway._police`)."""
+RETRY_AFTER = 1
+"""Seconds a client refused while the gateway shuts down is asked to wait (``Retry-After``)."""
+_SHUTTING_DOWN = (
+    (b"retry-after", str(RETRY_AFTER).encode()),
+    # A retry on a new connection reaches another gateway behind a load balancer.
+    (b"connection", b"close"),
+)
 
 
 @final
@@ -113,6 +120,15 @@ class Feed:
         self._recent: deque[ev.Event | Mapping[str, Any]] = deque(maxlen=recent)
         self._watchers: set[MemoryObjectSendStream[bytes]] = set()
         self._scrub = scrub
+        self._closed = False
+
+    def close(self) -> None:
+        """End every watcher's feed, now and from now on (the gateway is stopping: a page's
+        feed never ends by itself, so the server would wait for it until its timeout)."""
+        self._closed = True
+        for watcher in self._watchers:
+            watcher.close()
+        self._watchers.clear()
 
     def publish(self, item: ev.Event | Mapping[str, Any]) -> None:
         """Keep a turn event (or a gateway record, a mapping) and send it to every watcher."""
@@ -142,7 +158,10 @@ class Feed:
             frame = self._frame(item)
             if frame is not None:
                 send.send_nowait(frame)
-        self._watchers.add(send)
+        if self._closed:
+            send.close()  # what was kept, then the end
+        else:
+            self._watchers.add(send)
         try:
             async with receive:
                 yield receive
@@ -317,6 +336,8 @@ class Gateway:
         self._secrets = tuple(s for s in settings.secrets if s)
         self.feed = Feed(settings.recent, self.scrub)
         self.in_flight = 0
+        self.shutting_down = False  # `shut_down` was called: new turns are refused
+        self._quiet: anyio.Event | None = None  # set when the last turn in flight ends
         # Conversation sessions live in the gateway's own task group (`running`), so that one
         # outlives its request: the answer goes out once the turn is committed, and the
         # session closes (draining background hooks) afterwards.
@@ -336,6 +357,21 @@ class Gateway:
         ]
         self.router = Starlette(routes=routes)
         self.app = self._guard
+
+    def shut_down(self) -> None:
+        """Refuse new turns from now on (503 ``shutting_down``); those in flight go on."""
+        self.shutting_down = True
+
+    async def turns_finished(self) -> None:
+        """Return once no turn is in flight (after `shut_down`, none starts again)."""
+        while self.in_flight:
+            self._quiet = anyio.Event()
+            await self._quiet.wait()
+
+    def _turn_ended(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight and self._quiet is not None:
+            self._quiet.set()
 
     def scrub(self, text: str) -> str:
         for secret in self._secrets:
@@ -396,6 +432,7 @@ class Gateway:
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
+                    *error.headers,
                     *(headers or []),
                 ],
             }
@@ -405,6 +442,13 @@ class Gateway:
     # -- small routes ----------------------------------------------------------------------------
 
     async def healthz(self, request: Request) -> Response:
+        if self.shutting_down:
+            # A load balancer's health check takes the gateway out of rotation.
+            return JSONResponse(
+                {"status": "shutting_down", "in_flight": self.in_flight, "closing": self.closing},
+                status_code=503,
+                headers={name.decode(): value.decode() for name, value in _SHUTTING_DOWN},
+            )
         return JSONResponse({"status": "ok", "in_flight": self.in_flight, "closing": self.closing})
 
     async def models(self, request: Request) -> Response:
@@ -739,6 +783,10 @@ class _Endpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway = self.gateway
+        if gateway.shutting_down:
+            # Refused before its body is read (the connection closes after the answer).
+            await gateway.reply_error(send, _shutting_down())
+            return
         try:
             body = await _read_body(scope, receive, gateway.settings.max_body)
             request = parse_request(body)
@@ -755,6 +803,9 @@ class _Endpoint:
                 raise WireError(
                     400, "X-Conversation-Id must not be empty", param="X-Conversation-Id"
                 )
+            if gateway.shutting_down:
+                # The body came in after the signal: the turn is not started either.
+                raise _shutting_down()
         except WireError as error:
             await gateway.reply_error(send, error)
             return
@@ -762,7 +813,7 @@ class _Endpoint:
         try:
             await self._answer(scope, receive, send, request, conversation)
         finally:
-            gateway.in_flight -= 1
+            gateway._turn_ended()
 
     async def _answer(
         self,
@@ -839,6 +890,18 @@ class _Endpoint:
         await _frame(send, b"".join(frames), more=False)
 
 
+def _shutting_down() -> WireError:
+    """The answer to a turn sent while the gateway shuts down."""
+    return WireError(
+        503,
+        "the gateway is shutting down and takes no new turns; nothing of this request was"
+        f" run — send it again (after {RETRY_AFTER} s, to another gateway if there is one)",
+        type="server_error",
+        code="shutting_down",
+        headers=_SHUTTING_DOWN,
+    )
+
+
 @final
 class _Handoff:
     """A conversation turn's result, passed from its session's task to its request."""
@@ -870,6 +933,7 @@ class _Handoff:
                 " — send it again",
                 type="server_error",
                 code="shutting_down",
+                headers=_SHUTTING_DOWN,
             )
         return self._result
 

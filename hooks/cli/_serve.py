@@ -3,13 +3,14 @@
 The gateway (`_gateway.Gateway`, a Starlette application) is served by Hypercorn's asyncio
 worker by default, or its trio worker with ``--loop trio``: Starlette and the runtime run on
 either through AnyIO (docs/serve.md says why this stack and this default). SIGTERM (or
-Ctrl-C) stops accepting connections, lets the turns in flight finish and the sessions of
-answered conversation turns close (their background hooks) within the drain timeout, and
-exits 0.
+Ctrl-C) refuses new turns (503 ``shutting_down``), lets the turns in flight finish, then
+stops listening and lets the sessions of answered conversation turns close (their
+background hooks), all within the drain timeout, and exits 0.
 """
 
 import argparse
 import gc
+import logging
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Literal, final
+from typing import Any, Literal, TextIO, final
 
 import anyio
 import attrs
@@ -27,7 +28,7 @@ from hypercorn.config import Config as HypercornConfig
 from pipeline import ConfigError, Pipeline
 from pipeline.logs import Log, PostgresLog, SQLiteLog
 
-from ._gateway import MIB, Gateway, Settings
+from ._gateway import _REDACTED, MIB, Gateway, Settings
 from ._logs import POSTGRES_SCHEMES
 
 DEFAULT_KEY_ENV = "TURNPLUG_GATEWAY_KEY"
@@ -155,13 +156,15 @@ async def serve(
             ),
         )
         sock, address = listen(options.host, options.port)
-        stopping = anyio.Event()
+        stopping = anyio.Event()  # the signal came
+        closing = anyio.Event()  # the server stops listening and closes idle connections
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
 
             async def on_signal() -> None:
                 async for signum in signals:
+                    gateway.shut_down()
                     say(
-                        f"turnplug serve: {signal.Signals(signum).name}: no new connections;"
+                        f"turnplug serve: {signal.Signals(signum).name}: new turns get 503;"
                         f" finishing {gateway.in_flight} turns in flight and"
                         f" {gateway.closing} closing sessions (up to"
                         f" {options.drain_timeout:g} s)"
@@ -179,7 +182,7 @@ async def serve(
                             sock,
                             loop=options.loop,
                             drain_timeout=options.drain_timeout,
-                            shutdown=stopping.wait,
+                            shutdown=closing.wait,
                         )
                     )
                     offline = (
@@ -195,6 +198,13 @@ async def serve(
                     task_status.started(address)
                     await stopping.wait()
                     deadline = anyio.current_time() + options.drain_timeout
+                    # Still listening, so that a request sent meanwhile gets a 503 rather
+                    # than a refused connection, until the turns in flight are done.
+                    with anyio.move_on_after(options.drain_timeout):
+                        await gateway.turns_finished()
+                    # Pages watching the feed would hold the server to its timeout.
+                    gateway.feed.close()
+                    closing.set()
                     # serve_app returns once the connections are drained; then stop.
                     group.cancel_scope.deadline = deadline + 5
                 # The answered turns' sessions may still be committing the output of
@@ -214,6 +224,7 @@ def run(args: Any, loaded: Any) -> int:
     model = str(getattr(spec, "name", None) or "scripted")
     upstream_env = getattr(spec, "api_key_env", "") or ""
     secrets = tuple(s for s in (os.environ.get(upstream_env) if upstream_env else None, key) if s)
+    log_to_stderr(secrets)
     if args.no_auth:
         _say("turnplug serve: note: --no-auth: anyone who can reach this address may use it")
     options = Options(
@@ -232,6 +243,54 @@ def run(args: Any, loaded: Any) -> int:
         backend=options.loop,
     )
     return 0
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""How `turnplug serve` writes the library's warnings on stderr: time, level, logger, text."""
+
+
+@final
+class _StderrHandler(logging.StreamHandler[TextIO]):
+    """The handler `log_to_stderr` puts on the ``turnplug`` logger (found again by type)."""
+
+
+@final
+class _Scrubbed(logging.Formatter):
+    """`LOG_FORMAT`, with every secret in the whole line (traceback included) replaced."""
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        super().__init__(LOG_FORMAT)
+        self.secrets = tuple(s for s in secrets if s)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        for secret in self.secrets:
+            text = text.replace(secret, _REDACTED)
+        return text
+
+
+def log_to_stderr(secrets: tuple[str, ...], stream: TextIO | None = None) -> logging.Handler:
+    """Write the ``turnplug`` loggers' warnings (and worse) to stderr, for the command line.
+
+    The library only has a `logging.NullHandler` (an application decides where its records
+    go); a gateway run as ``turnplug serve`` is its own application, so its operator sees
+    hooks failing open, retries and background failures on stderr, each line with its time,
+    level and logger, and `secrets` (the upstream and gateway keys) replaced with
+    ``[REDACTED]``. The ``turnplug`` records stop at this handler (no propagation), so a root
+    handler that a hook module configured does not print them a second time; the root
+    logger is not touched. Calling it again replaces the handler rather than adding one.
+    """
+    logger = logging.getLogger("turnplug")
+    for old in [h for h in logger.handlers if isinstance(h, _StderrHandler)]:
+        logger.removeHandler(old)
+    handler = _StderrHandler(stream if stream is not None else sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(_Scrubbed(secrets))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    return handler
 
 
 GC_THRESHOLDS = (50_000, 20, 10)

@@ -49,6 +49,7 @@ class WireError(Exception):
         param: The request field at fault, when one is.
         code: A short machine-readable code.
         extra: More fields for the error object (a halting hook's substitute reply).
+        headers: More response headers (``Retry-After``), as ASGI pairs.
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class WireError(Exception):
         param: str | None = None,
         code: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -68,6 +70,7 @@ class WireError(Exception):
         self.param = param
         self.code = code
         self.extra = dict(extra or {})
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code, **self.extra)

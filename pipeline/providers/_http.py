@@ -451,10 +451,21 @@ def _new_client(endpoint: Endpoint) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=endpoint.timeout, verify=_ssl_context(), limits=_LIMITS)
 
 
-# httpx's default caps a client at 100 connections: the 101st concurrent turn of a pooled
-# model (a gateway's 200 streaming clients) would queue for a connection, or time out.
-# Concurrency is the caller's to bound; the pool keeps up to 100 idle connections.
-_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+KEEPALIVE_EXPIRY = 5.0
+"""Seconds an idle pooled connection is kept for the next call before it is closed (httpx's
+default), well under the idle timeouts servers and proxies apply (60 s and more), so a call
+is not sent on a connection the server is closing."""
+
+# No cap on connections, busy or idle: concurrency is the caller's to bound (a gateway's
+# clients), and the pool keeps what that concurrency opened. httpx's defaults cap a client at
+# 100 connections (the 101st concurrent turn would queue, or time out) and at 100 idle ones,
+# a limit httpcore compares with all of its connections, busy ones included: above 100
+# concurrent streams each finished stream's connection was closed and the next call opened a
+# new one. Idle connections never outnumber the peak of concurrent calls, and each closes
+# `KEEPALIVE_EXPIRY` seconds after its last use (checked whenever the pool is used).
+_LIMITS = httpx.Limits(
+    max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY
+)
 
 
 async def _close_client(client: httpx.AsyncClient, endpoint: Endpoint) -> None:
@@ -468,22 +479,45 @@ def _loop_name(token: anyio.lowlevel.EventLoopToken) -> str:
     return type(token.native_token).__module__.partition(".")[0]
 
 
+LANE_CALLS = 16
+"""Concurrent calls one pooled httpx client carries; more go to the pool's next client."""
+
+
+@final
+class _Lane:
+    """One httpx client of a pool, and how many calls use it now."""
+
+    __slots__ = ("calls", "client")
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+        self.calls = 0
+
+
 @final
 class Pool:
     """A provider's connections and their lifetime.
 
-    Held (`hold`), the pool keeps one `httpx.AsyncClient`, created on the event loop of the
-    first hold: calls reuse its keep-alive connections. Holds nest and overlap (a user's
-    ``async with model``, a pipeline's, each session's); the client closes when the last
-    hold ends, and a later hold opens a new one. `close` ends the pool for good: any later
-    call is a `ProviderError`. A pool opened on one event loop refuses to serve another (its
-    sockets belong to the first), with an error rather than a hang.
+    Held (`hold`), the pool keeps its connections open for later calls, on the event loop of
+    the first hold. Holds nest and overlap (a user's ``async with model``, a pipeline's, each
+    session's); the connections close when the last hold ends, and a later hold opens new
+    ones. `close` ends the pool for good: any later call is a `ProviderError`. A pool opened
+    on one event loop refuses to serve another (its sockets belong to the first), with an
+    error rather than a hang.
+
+    The connections are spread over httpx clients, *lanes*, of at most `LANE_CALLS`
+    concurrent calls each: a call takes the first lane with room, and a new lane is opened
+    when all are full. httpcore's bookkeeping costs, on every request and every response
+    closed, time that grows with the square of its pool's connections once many are idle
+    (a client with 150 idle connections spent ~30 ms per request on it); lanes keep each
+    pool small, and filling them in order sends the next call to the lane whose connection
+    just became idle.
     """
 
-    __slots__ = ("_client", "_closed", "_endpoint", "_holds", "_loop", "_loop_name")
+    __slots__ = ("_closed", "_endpoint", "_holds", "_lanes", "_loop", "_loop_name")
 
     def __init__(self) -> None:
-        self._client: httpx.AsyncClient | None = None
+        self._lanes: list[_Lane] = []
         self._endpoint: Endpoint | None = None
         self._loop: anyio.lowlevel.EventLoopToken | None = None
         self._loop_name = ""
@@ -496,41 +530,56 @@ class Pool:
         return self._closed
 
     def acquire(self, endpoint: Endpoint, owner: str) -> None:
-        """Take a hold: open the pooled client if none is open. Pair it with `release`."""
+        """Take a hold: open the pool if it is not open. Pair it with `release`."""
         self._check(endpoint.provider, owner)
-        if self._client is None:
-            self._client = _new_client(endpoint)
+        if self._endpoint is None:
             self._endpoint = endpoint
             self._loop = anyio.lowlevel.current_token()
             self._loop_name = _loop_name(self._loop)
         self._holds += 1
 
     async def release(self) -> None:
-        """End a hold; the last one closes the pooled client."""
+        """End a hold; the last one closes the pool's connections."""
         self._holds = max(self._holds - 1, 0)
         if self._holds == 0:
             await self._shut()
 
     async def close(self) -> None:
-        """Close the pooled client, whatever holds remain, and refuse every later call."""
+        """Close the pool's connections, whatever holds remain, and refuse every later call."""
         self._closed = True
         self._holds = 0
         await self._shut()
 
-    def client(self, endpoint: Endpoint, owner: str) -> httpx.AsyncClient | None:
-        """The pooled client for one call, or ``None`` when unheld (a client per call)."""
+    def take(self, endpoint: Endpoint, owner: str) -> _Lane | None:
+        """The lane for one call (give it back with `give_back`), or ``None`` when unheld
+        (a client per call)."""
         self._check(endpoint.provider, owner)
-        return self._client
+        if self._endpoint is None:
+            return None
+        for lane in self._lanes:
+            # An injected transport pools (or not) by itself: one lane.
+            if lane.calls < LANE_CALLS or endpoint.transport is not None:
+                break
+        else:
+            lane = _Lane(_new_client(self._endpoint))
+            self._lanes.append(lane)
+        lane.calls += 1
+        return lane
+
+    @staticmethod
+    def give_back(lane: _Lane) -> None:
+        """A call that `take` gave `lane` is over."""
+        lane.calls -= 1
 
     async def _shut(self) -> None:
-        client, endpoint = self._client, self._endpoint
-        self._client = self._endpoint = None
-        if client is not None and endpoint is not None:
-            if anyio.lowlevel.current_token() != self._loop:
-                # Its sockets belong to a loop that is not running here: closing them from
-                # this one could hang. They are dropped, as they would be at that loop's end.
-                return
-            await _close_client(client, endpoint)
+        lanes, endpoint = self._lanes, self._endpoint
+        self._lanes, self._endpoint = [], None
+        if endpoint is None or anyio.lowlevel.current_token() != self._loop:
+            # Its sockets belong to a loop that is not running here: closing them from this
+            # one could hang. They are dropped, as they would be at that loop's end.
+            return
+        for lane in lanes:
+            await _close_client(lane.client, endpoint)
 
     def _check(self, provider: str, owner: str) -> None:
         if self._closed:
@@ -540,7 +589,7 @@ class Pool:
                 " as you use it",
                 provider=provider,
             )
-        if self._client is not None and (here := anyio.lowlevel.current_token()) != self._loop:
+        if self._endpoint is not None and (here := anyio.lowlevel.current_token()) != self._loop:
             raise ProviderError(
                 f"{owner} was opened on another event loop ({self._loop_name}) and is used on"
                 f" this one ({_loop_name(here)}): its connections belong to the loop that opened"
@@ -553,14 +602,18 @@ class Pool:
 @asynccontextmanager
 async def _client(
     endpoint: Endpoint, pool: Pool | None, owner: str
-) -> AsyncIterator[httpx.AsyncClient]:
-    pooled = pool.client(endpoint, owner) if pool is not None else None
-    if pooled is not None:
-        yield pooled  # the pool's: it outlives this call
+) -> AsyncIterator[tuple[httpx.AsyncClient, bool]]:
+    """A client for one call, and whether it is pooled (it outlives the call)."""
+    lane = pool.take(endpoint, owner) if pool is not None else None
+    if lane is not None:
+        try:
+            yield lane.client, True
+        finally:
+            Pool.give_back(lane)
         return
     client = _new_client(endpoint)
     try:
-        yield client
+        yield client, False
     finally:
         await _close_client(client, endpoint)
 
@@ -690,8 +743,7 @@ async def open_stream(
     own. `owner` names the provider in the errors of a closed pool.
     """
     content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-    async with _client(endpoint, pool, owner or endpoint.provider) as client:
-        pooled = pool is not None and client is pool.client(endpoint, owner)
+    async with _client(endpoint, pool, owner or endpoint.provider) as (client, pooled):
         response = await _send(client, endpoint, content)
         try:
             request_id = request_id_of(response.headers)

@@ -2,6 +2,7 @@
 official OpenAI SDK and, for malformed requests, raw httpx."""
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -695,3 +696,30 @@ async def test_client_tool_calls_are_judged_with_every_hook_option() -> None:
     [call] = response.json()["choices"][0]["message"]["tool_calls"]
     assert (call["id"], call["function"]["name"]) == ("c1", "delete_all")
     assert json.loads(call["function"]["arguments"]) == {"limit": 10}
+
+
+# -- logging is the application's ------------------------------------------------------------
+
+
+async def test_a_gateway_in_a_library_users_process_configures_no_logging(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Catches: the gateway (not only the ``turnplug serve`` command) putting a handler on the
+    ``turnplug`` loggers, stopping their propagation or touching the root logger: an
+    application serving it in process decides where its records go."""
+
+    def broken(turn: Turn) -> Any:
+        raise RuntimeError("the check is down")
+
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level)
+    pipe = Pipeline(model=ScriptedModel(["ok"]), pre=[hook(broken, on_error="skip")])
+    async with served(pipe) as gw:
+        reply = await gw.sdk().chat.completions.create(model="any", messages=user("hi"))
+    library = logging.getLogger("turnplug")
+    assert reply.choices[0].message.content == "ok"
+    assert [type(h) for h in library.handlers] == [logging.NullHandler]
+    assert (library.propagate, library.level) == (True, logging.NOTSET)
+    assert (list(root.handlers), root.level) == before
+    # The warning reached the application's own (root) handler, pytest's here.
+    assert [r.name for r in caplog.records if r.levelno == logging.WARNING] == ["turnplug.pipeline"]

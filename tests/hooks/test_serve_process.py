@@ -17,6 +17,10 @@ import httpx
 import pytest
 
 from pipeline.logs import PostgresLog
+from tests.providers import server as wire
+from tests.providers.support import serving_in_thread
+
+from .serve_support import openai_error
 
 KEY = "proc-gateway-key-77aa"
 UPSTREAM_KEY = "sk-never-shown-31337"
@@ -118,7 +122,7 @@ def test_sigterm_finishes_the_turn_in_flight_and_exits_0(tmp_path: Path, loop: s
     assert code == 0
     assert [a.status_code for a in answers] == [200]
     assert answers[0].json()["choices"][0]["message"]["content"]
-    assert "finishing 1 turns in flight" in said
+    assert "new turns get 503; finishing 1 turns in flight" in said
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/healthz")
 
@@ -140,7 +144,8 @@ def test_the_gateway_refuses_to_start_without_a_key(tmp_path: Path) -> None:
 
 
 def test_the_upstream_key_appears_nowhere_a_client_can_see(tmp_path: Path) -> None:
-    """Catches: the upstream or gateway key echoed in a response, the page, its feed or stderr."""
+    """Catches: the upstream or gateway key echoed in a response, the page, its feed or stderr
+    (the library's warnings included, which the command writes there)."""
     config = tmp_path / "gateway.toml"
     config.write_text(
         textwrap.dedent(
@@ -196,6 +201,9 @@ def test_the_upstream_key_appears_nowhere_a_client_can_see(tmp_path: Path) -> No
         seen.append(process.stderr.read())
     everything = "\n".join(seen)
     assert "502" in everything  # the upstream (nothing listens on port 9) failed
+    # The failures are on stderr too (retries, the 5xx answers), with the keys replaced.
+    assert "WARNING turnplug.providers: openai: request 1 failed" in seen[-1]
+    assert "WARNING turnplug.serve: turn " in seen[-1]
     assert UPSTREAM_KEY not in everything
     assert KEY not in everything
 
@@ -327,3 +335,257 @@ def test_sigterm_cancels_a_session_still_closing_at_the_drain_timeout(tmp_path: 
     reply = answer.json()["choices"][0]["message"]["content"]
     assert "were cancelled" in said
     assert stored_texts(log, "c") == ["hi", reply]
+
+
+# -- the library's warnings on the command's stderr ------------------------------------------
+
+LOG_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) (?P<logger>turnplug[.\w]*): (?P<text>.*)$"
+)
+
+
+def write_failing_open_config(folder: Path, upstream: str, *, configure_root: bool) -> Path:
+    """A config whose pre hook fails open with an error quoting both keys (`on_error =
+    "skip"`), in front of the loopback upstream; its module may configure the root logger,
+    as an application's modules do."""
+    (folder / "leaky_hooks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import logging
+            import os
+
+            if {configure_root}:
+                logging.basicConfig(level=logging.INFO)
+
+            def leaky(turn):
+                raise RuntimeError(
+                    "cannot check with " + os.environ["OPENAI_API_KEY"]
+                    + " or " + os.environ["TURNPLUG_GATEWAY_KEY"]
+                )
+            """
+        )
+    )
+    config = folder / "gateway.toml"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            [model]
+            provider = "openai"
+            name = "up"
+            base_url = "{upstream}/v1"
+
+            [[pre]]
+            kind = "python"
+            ref = "leaky_hooks:leaky"
+            on_error = "skip"
+            """
+        )
+    )
+    return config
+
+
+def warnings_of_one_turn(tmp_path: Path, *, configure_root: bool) -> tuple[str, list[str]]:
+    """Run the console script on the failing-open config, one turn whose first upstream
+    answer is a 503 (retried), through the official SDK; its reply and the lines on stderr."""
+    import openai
+
+    overloaded = wire.json_error(503, {"error": {"message": "overloaded"}})
+    with serving_in_thread(overloaded, wire.stream(wire.openai_text(["fine"]))) as upstream:
+        config = write_failing_open_config(tmp_path, upstream.url, configure_root=configure_root)
+        with gateway(config, env={"PYTHONPATH": str(tmp_path)}) as (process, url):
+            client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+            with client:
+                reply = client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(20) == 0
+            assert process.stderr is not None
+            said = process.stderr.read()
+    content = reply.choices[0].message.content
+    assert content is not None
+    return content, said.splitlines()
+
+
+def test_turnplug_serve_writes_the_librarys_warnings_on_stderr_without_the_keys(
+    tmp_path: Path,
+) -> None:
+    """Catches: the ``turnplug`` loggers' warnings (a hook failing open, a retried upstream
+    request) never reaching the command's stderr (the library's NullHandler was all there
+    was), lines without time, level or logger, or a key quoted in them."""
+    reply, lines = warnings_of_one_turn(tmp_path, configure_root=False)
+    assert reply == "fine"
+    logged = [m.groupdict() for line in lines if (m := LOG_LINE.match(line))]
+    assert [(r["level"], r["logger"]) for r in logged] == [
+        ("WARNING", "turnplug.pipeline"),
+        ("WARNING", "turnplug.providers"),
+    ]
+    assert logged[0]["text"].startswith("fail-open (on_error='skip') hook 'leaky' (pre) failed")
+    assert "cannot check with [REDACTED] or [REDACTED]" in logged[0]["text"]
+    assert logged[1]["text"].startswith("openai: request 1 answered 503; retrying")
+    everything = "\n".join(lines)
+    assert UPSTREAM_KEY not in everything
+    assert KEY not in everything
+
+
+def test_a_root_logger_configured_by_a_hook_module_does_not_print_them_twice(
+    tmp_path: Path,
+) -> None:
+    """Catches: each warning printed twice (once by the command's handler, once by a root
+    handler the application's own module configured), or unscrubbed by the root's."""
+    reply, lines = warnings_of_one_turn(tmp_path, configure_root=True)
+    assert reply == "fine"
+    mentions = [line for line in lines if "turnplug.pipeline" in line]
+    assert len(mentions) == 1, lines
+    assert LOG_LINE.match(mentions[0])
+    assert len([line for line in lines if "turnplug.providers" in line]) == 1, lines
+    assert UPSTREAM_KEY not in "\n".join(lines)
+
+
+# -- refusing new turns while draining -------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_during_the_drain_a_new_turn_gets_503_shutting_down_and_the_turn_in_flight_completes(
+    tmp_path: Path, loop: str
+) -> None:
+    """Catches: a SIGTERM drain that refuses new requests with a bare connection error (the
+    gateway stopped listening at once) or not at all (a new turn started while draining), a
+    503 without its OpenAI-style body or its Retry-After, a health check still "ok" while
+    draining, or the upstream turn in flight cut short or the exit status non-zero."""
+    import openai
+
+    arrived, release = threading.Event(), threading.Event()
+
+    async def hold_the_answer(_request: wire.Recorded) -> None:
+        import anyio
+
+        arrived.set()
+        await anyio.to_thread.run_sync(release.wait)
+
+    with serving_in_thread(wire.stream(wire.openai_text(["slow ", "answer"]))) as upstream:
+        upstream.before_reply = hold_the_answer
+        config = tmp_path / "gateway.toml"
+        config.write_text(
+            f'[model]\nprovider = "openai"\nname = "up"\nbase_url = "{upstream.url}/v1"\n'
+        )
+        with gateway(config, "--loop", loop) as (process, url):
+            answers: list[httpx.Response] = []
+            sender = threading.Thread(target=lambda: answers.append(post(url, "slow one")))
+            sender.start()
+            client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+            try:
+                assert [m.id for m in client.models.list()] == ["up"]  # a kept-alive connection
+                assert arrived.wait(10)  # the turn is in flight, upstream
+                process.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + 10
+                while (health := httpx.get(url + "/healthz")).status_code == 200:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+                with pytest.raises(openai.APIStatusError) as refused:
+                    client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "new one"}]
+                    )
+                fresh = post(url, "on a new connection")
+            finally:
+                release.set()
+                client.close()
+            sender.join(20)
+            code = process.wait(20)
+            assert process.stderr is not None
+            said = process.stderr.read()
+    assert code == 0, said
+    assert (health.status_code, health.json()) == (
+        503,
+        {"status": "shutting_down", "in_flight": 1, "closing": 0},
+    )
+    for response in (refused.value.response, fresh):
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
+        assert response.headers["connection"] == "close"
+        error = openai_error(response.content)
+        assert (error["type"], error["code"], error["param"]) == (
+            "server_error",
+            "shutting_down",
+            None,
+        )
+        assert "send it again" in error["message"]
+    assert [a.status_code for a in answers] == [200]
+    assert answers[0].json()["choices"][0]["message"]["content"] == "slow answer"
+    # Only the turn in flight reached the upstream.
+    assert [r.body["messages"][-1]["content"] for r in upstream.requests] == ["slow one"]
+    assert "new turns get 503; finishing 1 turns in flight" in said
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/healthz")
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_an_open_live_page_does_not_hold_the_shutdown_to_the_drain_timeout(
+    tmp_path: Path, loop: str
+) -> None:
+    """Catches: the page's event feed (a response that never ends by itself) keeping the
+    process alive until --drain-timeout after SIGTERM, then cut with a traceback on stderr,
+    when there is nothing left to drain."""
+    config = write_config(tmp_path)
+    with gateway(config, "--loop", loop, "--drain-timeout", "60") as (process, url):
+        headers = {"authorization": f"Bearer {KEY}"}
+        received = ""
+        with (
+            httpx.Client(base_url=url, headers=headers, timeout=10) as client,
+            client.stream("GET", "/v1/turnplug/events") as feed,
+        ):
+            for text in feed.iter_text():
+                received += text
+                if "turnplug events" in received:
+                    process.send_signal(signal.SIGTERM)
+            # The loop ends when the gateway ends the feed (a timeout or an error otherwise).
+        code = process.wait(10)  # not the 60 s of the drain timeout
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert code == 0, said
+    assert "Traceback" not in said
+    assert "turnplug serve: stopped" in said
+
+
+def test_a_turn_still_running_at_the_drain_timeout_is_cut_and_the_process_exits_0(
+    tmp_path: Path,
+) -> None:
+    """Catches: a drain that waits for the turns in flight without bound (the gateway keeps
+    listening while they run): a turn whose upstream never answers holding the process past
+    --drain-timeout, or the process exiting non-zero."""
+    arrived = threading.Event()
+    never = threading.Event()
+
+    async def hold_forever(_request: wire.Recorded) -> None:
+        import anyio
+
+        arrived.set()
+        await anyio.to_thread.run_sync(never.wait, abandon_on_cancel=True)
+
+    with serving_in_thread(wire.stream(wire.openai_text(["never"]))) as upstream:
+        upstream.before_reply = hold_forever
+        config = tmp_path / "gateway.toml"
+        config.write_text(
+            f'[model]\nprovider = "openai"\nname = "up"\nbase_url = "{upstream.url}/v1"\n'
+        )
+        with gateway(config, "--drain-timeout", "1") as (process, url):
+            statuses: list[int] = []
+            sender = threading.Thread(
+                target=lambda: statuses.append(post(url, "stuck").status_code)
+            )
+
+            sender.start()
+            assert arrived.wait(10)
+            signalled = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(20)
+            took = time.monotonic() - signalled
+            sender.join(20)
+            assert process.stderr is not None
+            said = process.stderr.read()
+        never.set()
+    assert code == 0, said
+    assert took < 5, said  # the drain timeout (1 s) and Hypercorn's own (1 s), not 20
+    assert "finishing 1 turns in flight" in said
+    # Cut by the server at its own timeout (Hypercorn answers 500), not left hanging.
+    assert statuses == [500]

@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Any, Literal
@@ -95,6 +95,9 @@ class ProtocolServer:
         """Connections accepted so far."""
         self.open_connections = 0
         """Connections accepted and not yet closed by either side."""
+        self.before_reply: Callable[[Recorded], Awaitable[None]] | None = None
+        """Awaited with each request before its answer is written (the connection stays
+        busy meanwhile): a test can hold requests until enough are in flight."""
         self._replies: deque[Reply] = deque(replies)
         self._hung_up: anyio.Event | None = None  # made in start(), under the running loop
 
@@ -144,6 +147,8 @@ class ProtocolServer:
                 if request is None:
                     return
                 self.requests.append(request)
+                if self.before_reply is not None:
+                    await self.before_reply(request)
                 if not await self._write(stream, self._next()):
                     return
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -243,3 +243,55 @@ def test_finish_events_still_arrive_through_a_pooled_connection() -> None:
     assert [texts(first), texts(second)] == ["one", "two"]
     assert [type(first[-1]), type(second[-1])] == [ModelFinish, ModelFinish]
     assert server.connections == 1
+
+
+# --- Above 100 concurrent streams ---------------------------------------------------------------
+
+
+WAVE = 150
+
+
+async def test_a_second_wave_of_150_concurrent_turns_reuses_the_first_waves_connections(
+    keep_alive_server: ProtocolServer,
+) -> None:
+    """Catches: a pool that keeps at most 100 idle connections (httpx's
+    ``max_keepalive_connections=100``, which httpcore compares with all of its connections,
+    busy ones included): above 100 concurrent streams to one upstream, each finished
+    stream's connection was closed, and the next wave opened them again."""
+    server = keep_alive_server
+    server.repeat = OPENAI_REPLY
+    arrived = 0
+    everyone = anyio.Event()
+
+    async def hold_until_all_arrived(_request: wire.Recorded) -> None:
+        # Each request keeps its connection busy until the whole wave is in flight, so the
+        # wave really needs `WAVE` connections at once.
+        nonlocal arrived, everyone
+        arrived += 1
+        if arrived == WAVE:
+            everyone.set()
+        await everyone.wait()
+
+    server.before_reply = hold_until_all_arrived
+    pipe = Pipeline(model=openai(server.url))
+    replies: list[str] = []
+
+    async def turn(n: int) -> None:
+        replies.append((await pipe.run(Turn.start(f"turn {n}"))).reply.text)
+
+    async def wave() -> None:
+        nonlocal arrived, everyone
+        arrived, everyone = 0, anyio.Event()
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                for n in range(WAVE):
+                    group.start_soon(turn, n)
+
+    async with pipe:
+        await wave()
+        after_first = server.connections
+        await wave()
+        after_second = server.connections
+    await wait_closed(server)
+    assert (len(replies), set(replies), len(server.requests)) == (2 * WAVE, {"Hello!"}, 2 * WAVE)
+    assert (after_first, after_second) == (WAVE, WAVE)
