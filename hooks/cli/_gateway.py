@@ -337,6 +337,8 @@ class Gateway:
         self.feed = Feed(settings.recent, self.scrub)
         self.in_flight = 0
         self.shutting_down = False  # `shut_down` was called: new turns are refused
+        self.cut = False  # `cut_turns` was called: the turns in flight were stopped
+        self._turns: set[anyio.CancelScope] = set()  # the scopes of the turns in flight
         self._quiet: anyio.Event | None = None  # set when the last turn in flight ends
         # Conversation sessions live in the gateway's own task group (`running`), so that one
         # outlives its request: the answer goes out once the turn is committed, and the
@@ -361,6 +363,14 @@ class Gateway:
     def shut_down(self) -> None:
         """Refuse new turns from now on (503 ``shutting_down``); those in flight go on."""
         self.shutting_down = True
+
+    def cut_turns(self) -> None:
+        """Stop every turn still in flight (the drain timeout has passed): each is answered
+        503 ``shutting_down`` (an error frame when its stream had begun), and nothing of it
+        is committed."""
+        self.cut = True
+        for scope in self._turns:
+            scope.cancel()
 
     async def turns_finished(self) -> None:
         """Return once no turn is in flight (after `shut_down`, none starts again)."""
@@ -831,8 +841,10 @@ class _Endpoint:
         pieces: list[str] = []
         failure: WireError | None = None
         async with anyio.create_task_group() as group:
-            # A client that hangs up cancels its turn: nothing of it is committed.
+            # A client that hangs up cancels its turn: nothing of it is committed. So does
+            # the gateway, past its drain timeout (`Gateway.cut_turns`).
             group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
+            gateway._turns.add(group.cancel_scope)
             try:
                 if outbox is None:
                     result, pieces = await gateway.turn(request, conversation, None)
@@ -850,8 +862,12 @@ class _Endpoint:
                             outbox.close()
             except Exception as exc:
                 failure = _single(exc)
+            finally:
+                gateway._turns.discard(group.cancel_scope)
             # Answer outside the cancelled scope, or the answer itself would be cancelled.
             group.cancel_scope.cancel()
+        if result is None and failure is None and gateway.cut:
+            failure = _cut_short()
         started = outbox is not None and outbox.started
         if failure is not None:
             if started:
@@ -927,15 +943,20 @@ class _Handoff:
         if self._result is None:
             # The session ended without an answer or an error: the gateway, stopping past
             # its drain timeout, cancelled it.
-            raise WireError(
-                503,
-                "the gateway stopped before this turn finished; nothing of it was committed"
-                " — send it again",
-                type="server_error",
-                code="shutting_down",
-                headers=_SHUTTING_DOWN,
-            )
+            raise _cut_short()
         return self._result
+
+
+def _cut_short() -> WireError:
+    """The answer to a turn the gateway stopped at its drain timeout."""
+    return WireError(
+        503,
+        "the gateway stopped before this turn finished; nothing of it was committed"
+        " — send it again",
+        type="server_error",
+        code="shutting_down",
+        headers=_SHUTTING_DOWN,
+    )
 
 
 def _single(exc: Exception) -> WireError:

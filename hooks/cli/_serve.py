@@ -51,6 +51,9 @@ class Options:
 
 LOOPS = ("asyncio", "trio")
 DEFAULT_LOOP = "asyncio"
+CUT_SECONDS = 2.0
+"""How long the turns stopped at the drain timeout have to send their 503 before the server
+closes their connections."""
 
 
 def gateway_key(no_auth: bool, variable: str, environ: dict[str, str] | Any) -> str | None:
@@ -202,6 +205,12 @@ async def serve(
                     # than a refused connection, until the turns in flight are done.
                     with anyio.move_on_after(options.drain_timeout):
                         await gateway.turns_finished()
+                    if gateway.in_flight:
+                        # Past the drain timeout: the turns left are stopped and answered
+                        # 503 shutting_down by the gateway, not cut by the server.
+                        gateway.cut_turns()
+                        with anyio.move_on_after(CUT_SECONDS):
+                            await gateway.turns_finished()
                     # Pages watching the feed would hold the server to its timeout.
                     gateway.feed.close()
                     closing.set()

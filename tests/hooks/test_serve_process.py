@@ -1,5 +1,6 @@
 """`turnplug serve` as a real process: the console script on a free loopback port."""
 
+import json
 import os
 import re
 import signal
@@ -547,12 +548,15 @@ def test_an_open_live_page_does_not_hold_the_shutdown_to_the_drain_timeout(
     assert "turnplug serve: stopped" in said
 
 
-def test_a_turn_still_running_at_the_drain_timeout_is_cut_and_the_process_exits_0(
-    tmp_path: Path,
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_a_turn_still_running_at_the_drain_timeout_is_answered_503_and_the_process_exits_0(
+    tmp_path: Path, loop: str
 ) -> None:
     """Catches: a drain that waits for the turns in flight without bound (the gateway keeps
     listening while they run): a turn whose upstream never answers holding the process past
-    --drain-timeout, or the process exiting non-zero."""
+    --drain-timeout, or the process exiting non-zero; and such a turn cut by the server
+    (Hypercorn's 500 with an empty body, a CancelledError traceback on stderr) instead of
+    answered by the gateway with its documented 503 shutting_down."""
     arrived = threading.Event()
     never = threading.Event()
 
@@ -568,11 +572,9 @@ def test_a_turn_still_running_at_the_drain_timeout_is_cut_and_the_process_exits_
         config.write_text(
             f'[model]\nprovider = "openai"\nname = "up"\nbase_url = "{upstream.url}/v1"\n'
         )
-        with gateway(config, "--drain-timeout", "1") as (process, url):
-            statuses: list[int] = []
-            sender = threading.Thread(
-                target=lambda: statuses.append(post(url, "stuck").status_code)
-            )
+        with gateway(config, "--drain-timeout", "1", "--loop", loop) as (process, url):
+            answers: list[httpx.Response] = []
+            sender = threading.Thread(target=lambda: answers.append(post(url, "stuck")))
 
             sender.start()
             assert arrived.wait(10)
@@ -585,7 +587,69 @@ def test_a_turn_still_running_at_the_drain_timeout_is_cut_and_the_process_exits_
             said = process.stderr.read()
         never.set()
     assert code == 0, said
-    assert took < 5, said  # the drain timeout (1 s) and Hypercorn's own (1 s), not 20
+    assert took < 5, said  # the drain timeout (1 s) and the answers' grace, not 20
     assert "finishing 1 turns in flight" in said
-    # Cut by the server at its own timeout (Hypercorn answers 500), not left hanging.
-    assert statuses == [500]
+    assert "Traceback" not in said, said
+    [answer] = answers
+    assert answer.status_code == 503
+    assert answer.headers["retry-after"] == "1"
+    error = answer.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "shutting_down")
+    assert "nothing of it was committed" in error["message"]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_a_stream_still_running_at_the_drain_timeout_ends_with_a_shutting_down_frame(
+    tmp_path: Path, loop: str
+) -> None:
+    """Catches: a streamed turn whose upstream stalls mid-reply being cut at the drain
+    timeout without a word (the client sees its stream stop, with no error and no [DONE],
+    and cannot tell a cut from a slow model), or the process not exiting 0."""
+    # The role chunk and two content chunks, then silence: no finish, no [DONE].
+    stalled = wire.stream(wire.openai_text(["Half an ", "answer"])[:3], stall=True)
+    with serving_in_thread(stalled) as upstream:
+        config = tmp_path / "gateway.toml"
+        config.write_text(
+            f'[model]\nprovider = "openai"\nname = "up"\nbase_url = "{upstream.url}/v1"\n'
+        )
+        with gateway(config, "--drain-timeout", "1", "--loop", loop) as (process, url):
+            lines: list[str] = []
+            begun = threading.Event()
+
+            def read_stream() -> None:
+                with httpx.stream(
+                    "POST",
+                    url + "/v1/chat/completions",
+                    json={
+                        "model": "m",
+                        "stream": True,
+                        "messages": [{"role": "user", "content": "hi"}],
+                    },
+                    headers={"authorization": f"Bearer {KEY}"},
+                    timeout=30,
+                ) as response:
+                    for line in response.iter_lines():
+                        lines.append(line)
+                        if "Half an " in line:
+                            begun.set()
+
+            reader = threading.Thread(target=read_stream)
+            reader.start()
+            assert begun.wait(10)
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(20)
+            reader.join(20)
+            assert process.stderr is not None
+            said = process.stderr.read()
+    assert code == 0, said
+    assert "Traceback" not in said, said
+    data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert "[DONE]" not in data
+    error = json.loads(data[-1])["error"]
+    assert (error["type"], error["code"]) == ("server_error", "shutting_down")
+    texts = [
+        chunk["choices"][0]["delta"].get("content")
+        for chunk in map(json.loads, data[:-1])
+        if chunk.get("choices")
+    ]
+    assert "Half an " in texts
