@@ -993,9 +993,17 @@ class RedactStream:
     def _decide_known(self, decided: str, rest: str) -> str:
         """`_decide` when there is one alphabet and `decided` holds the required character."""
         compiled = self._compiled
+        self._pending = rest
+        if compiled.split is not None and decided.isascii():
+            # The split path reads no context: `decided` is redacted on its own (it is not
+            # empty, and lookbehinds need one character of context here: see `_quick`).
+            done = compiled._replace_split(decided, 0, len(decided))
+            if done is not None:
+                self.count += done[2]
+                self._context = decided
+                return done[0]
         context = self._context[-compiled.behind :]
         text = context + decided
-        self._pending = rest
         out, _stop, count = compiled.replace(text, len(context), len(text))
         self.count += count
         self._context = text
