@@ -20,6 +20,12 @@ starting before that point is decided with the text after it, up to its own sepa
 A pattern may come with a validator (a match it refuses is passed over) and the replacement
 may be computed from the match: both depend only on the match, so the law below still holds.
 
+How a decided stretch is searched: from each pattern's required character (``@``) back to the
+start of its word, then with the standard engine (`_Scan`). One pattern of the form ``C+...``
+with a fixed replacement and no validator redacts ASCII text instead by one ``split`` of a
+derived pattern, in C, that finds the same matches or reports that it cannot
+(`_run_splitter`, where the rule is proved).
+
 The law, checked by a property test: for any split of a text into chunks, the output equals
 `redact_text` of the whole text, provided every match is shorter than ``max_match``.
 """
