@@ -20,6 +20,12 @@ starting before that point is decided with the text after it, up to its own sepa
 A pattern may come with a validator (a match it refuses is passed over) and the replacement
 may be computed from the match: both depend only on the match, so the law below still holds.
 
+How a decided stretch is searched: from each pattern's required character (``@``) back to the
+start of its word, then with the standard engine (`_Scan`). One pattern of the form ``C+...``
+with a fixed replacement and no validator redacts ASCII text instead by one ``split`` of a
+derived pattern, in C, that finds the same matches or reports that it cannot
+(`_run_splitter`, where the rule is proved).
+
 The law, checked by a property test: for any split of a text into chunks, the output equals
 `redact_text` of the whole text, provided every match is shorter than ``max_match``.
 """
@@ -45,6 +51,7 @@ _CATEGORIES = {
 }
 
 _LOOKBEHIND_CONTEXT = 1
+_SPLIT_BLOCK = 1 << 16  # characters `_Compiled._replace_split` hands the engine at a time
 _MEMO_LIMIT = 4096  # \b and \B look one character back
 
 
@@ -245,6 +252,102 @@ def _first_chars(items: Iterable[tuple[Any, Any]]) -> tuple[set[str], bool] | No
     return bodies, True
 
 
+def _leading_run(items: list[tuple[Any, Any]]) -> str | None:
+    """The class `C`, as a regex, when the parsed pattern starts with ``C+`` (greedy or
+    possessive, at least once, unbounded): a match then holds the whole rest of the run of
+    `C` characters before it, so no leftmost match starts inside a run.
+    """
+    if not items:
+        return None
+    op, av = items[0]
+    if str(op) not in ("MAX_REPEAT", "POSSESSIVE_REPEAT"):
+        return None
+    low, high, body = av
+    if low < 1 or high != sre_parse.MAXREPEAT or len(body) != 1:
+        return None
+    item_op, item = body[0]
+    name = str(item_op)
+    if name == "LITERAL":
+        return _escape(item)
+    if name == "NOT_LITERAL":
+        return f"[^{_escape(item)}]"
+    if name == "IN":
+        negate = any(str(o) == "NEGATE" for o, _ in item)
+        try:
+            inner = "".join(_class_item(o, a) for o, a in item if str(o) != "NEGATE")
+        except _Unbounded:
+            return None
+        return f"[{'^' if negate else ''}{inner}]"
+    return None
+
+
+def _context_free(items: Iterable[tuple[Any, Any]]) -> bool:
+    """Whether the parsed items read only the text from where a match starts to the end,
+    the same way in Unicode and in ASCII mode on ASCII text: no anchor or ``\\b`` and no
+    lookbehind (they read before the start), no group reference, no case-insensitive part
+    (a non-ASCII letter in the pattern can fold to an ASCII one) and no ``\\s`` or ``\\S``
+    (Unicode's ``\\s`` also holds the ASCII characters 0x1C-0x1F).
+    """
+    for op, av in items:
+        name = str(op)
+        if name in ("LITERAL", "NOT_LITERAL", "ANY"):
+            continue
+        if name == "IN":
+            if any(str(a) in ("CATEGORY_SPACE", "CATEGORY_NOT_SPACE") for _, a in av):
+                return False
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            if not _context_free(av[2]):
+                return False
+        elif name == "SUBPATTERN":
+            if av[1] & re.IGNORECASE or not _context_free(av[3]):
+                return False
+        elif name == "ATOMIC_GROUP":
+            if not _context_free(av):
+                return False
+        elif name == "BRANCH":
+            if not all(_context_free(branch) for branch in av[1]):
+                return False
+        elif name in ("ASSERT", "ASSERT_NOT"):
+            if av[0] < 0 or not _context_free(av[1]):
+                return False
+        else:  # AT, GROUPREF, GROUPREF_EXISTS, anything new
+            return False
+    return True
+
+
+def _run_splitter(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
+    """A pattern whose ``split`` finds `pattern`'s matches in ASCII text, in C, or None.
+
+    For a pattern ``C+R`` (see `_leading_run`) matching at a position inside a run of `C`
+    characters, it also matches one character earlier (one more ``C``, the same `R` at the
+    same place), so scanning left to right, a leftmost match starts where a run starts:
+    ``(?<!C)`` lets the engine leave every other position after one character's test
+    instead of trying the pattern there. One case escapes that: a match that ends inside a
+    run, where the next match may start at once (``a@b.c+x@y.z``); the trailing group is
+    set exactly then (the character before is a `C`, and the pattern matches after it), and
+    the caller falls back to the exact search. `_context_free` makes the ASCII-mode
+    compilation equivalent on ASCII text, and slicing the text at the search's start
+    harmless. None when the pattern has another shape, or groups of its own.
+    """
+    parsed = sre_parse.parse(pattern.pattern, pattern.flags)
+    flags = parsed.state.flags
+    if pattern.groups or flags & (re.IGNORECASE | re.VERBOSE):
+        return None
+    items: list[tuple[Any, Any]] = list(parsed)
+    run = _leading_run(items)
+    if run is None or not _context_free(items):
+        return None
+    body = pattern.pattern
+    try:
+        splitter = re.compile(
+            f"(?<!{run})(?:{body})(?:(?={run})((?<={run})(?=(?:{body})))|)",
+            (flags & (re.MULTILINE | re.DOTALL)) | re.ASCII,
+        )
+    except (re.error, RecursionError):
+        return None
+    return splitter if splitter.groups == 1 else None
+
+
 # Characters ordinary prose is made of: a first-character class holding none of them is rare
 # enough in text to be worth looking for on its own.
 _PROSE = "etaoinsrhldcumfpgwybvk "
@@ -262,7 +365,7 @@ class _Scan:
     finds, in time proportional to the stretches where a match is possible.
     """
 
-    __slots__ = ("first", "pattern", "required", "run_start", "spaced", "validate")
+    __slots__ = ("first", "pattern", "required", "run_start", "spaced", "splitter", "validate")
 
     def __init__(self, pattern: re.Pattern[str], validate: Validator | None = None) -> None:
         self.pattern = pattern
@@ -280,6 +383,10 @@ class _Scan:
             except (_Unbounded, re.error, RecursionError):
                 pass
         self.first: re.Pattern[str] | None = None
+        try:
+            self.splitter = _run_splitter(pattern)
+        except RecursionError:
+            self.splitter = None
         parsed = sre_parse.parse(pattern.pattern, pattern.flags)
         try:
             first = _first_chars(parsed)
@@ -353,6 +460,8 @@ class _Compiled:
         "single_required",
         "space",
         "spaced",
+        "split",
+        "split_literal",
         "substitute",
         "validate",
         "window",
@@ -383,6 +492,25 @@ class _Compiled:
             if len(self.scans) == 1 and self.scans[0].spaced and self.scans[0].first is None
             else None
         )
+        # One pattern with a fixed replacement and no validator whose matches start where
+        # runs start (`_run_splitter`): ASCII text is redacted by one ``split`` and one join.
+        scan = self.scans[0]
+        literal = (
+            replacement
+            if isinstance(replacement, str)
+            else labels.get(scan.pattern)
+            if labels is not None
+            else None
+        )
+        self.split = (
+            scan.splitter.split
+            if len(self.scans) == 1
+            and scan.validate is None
+            and scan.splitter is not None
+            and literal is not None
+            else None
+        )
+        self.split_literal = literal if self.split is not None else None
         # One class holding every pattern's rare first characters (digits, for pii's
         # numbers): a stretch without any of them rules all those patterns out in one search
         # instead of one each. The patterns whose first characters are not known stay.
@@ -484,6 +612,10 @@ class _Compiled:
         its own, and one that does not match again is never searched again: the time is
         linear in the length of the text, whatever the number of matches.
         """
+        if self.split is not None and end == len(text) and text.isascii():
+            done = self._replace_split(text, pos, end)
+            if done is not None:
+                return done
         if self.spaced is not None:  # one pattern, searched from its required character
             return self._replace_spaced(self.spaced, text, pos, end, [], 0)
         scans = self.scans
@@ -562,6 +694,35 @@ class _Compiled:
             return text[pos:end], end, 0
         pieces.append(text[pos:end])
         return "".join(pieces), end, count
+
+    def _replace_split(self, text: str, pos: int, end: int) -> tuple[str, int, int] | None:
+        """`replace` to the end of ASCII text by `split` (see `_run_splitter`); None when a
+        match ends where the next one starts, which only the exact search gets right.
+
+        Long text is split a block at a time, each ending just after a space when the space
+        is a separator (no match holds it or reads past it): the engine's lists stay small.
+        """
+        split = self.split
+        literal = self.split_literal
+        assert split is not None
+        assert literal is not None
+        outs: list[str] = []
+        count = 0
+        while pos < end:
+            cut = end
+            if end - pos > _SPLIT_BLOCK and self.space:
+                cut = text.rfind(" ", pos, pos + _SPLIT_BLOCK) + 1
+                if not cut:
+                    cut = text.find(" ", pos + _SPLIT_BLOCK) + 1 or end
+            # [text before the first match, its mark, text before the next, ..., the rest]
+            parts = split(text[pos:cut] if pos or cut < end else text)
+            found = len(parts) >> 1
+            if parts.count(None) != found:  # a match ended where the next one starts
+                return None
+            outs.append(literal.join(parts[::2]))
+            count += found
+            pos = cut
+        return "".join(outs), end, count
 
     def _replace_spaced(
         self, scan: _Scan, text: str, pos: int, end: int, pieces: list[str], count: int
@@ -838,9 +999,17 @@ class RedactStream:
     def _decide_known(self, decided: str, rest: str) -> str:
         """`_decide` when there is one alphabet and `decided` holds the required character."""
         compiled = self._compiled
+        self._pending = rest
+        if compiled.split is not None and decided.isascii():
+            # The split path reads no context: `decided` is redacted on its own (it is not
+            # empty, and lookbehinds need one character of context here: see `_quick`).
+            done = compiled._replace_split(decided, 0, len(decided))
+            if done is not None:
+                self.count += done[2]
+                self._context = decided
+                return done[0]
         context = self._context[-compiled.behind :]
         text = context + decided
-        self._pending = rest
         out, _stop, count = compiled.replace(text, len(context), len(text))
         self.count += count
         self._context = text
