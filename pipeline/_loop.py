@@ -8,9 +8,8 @@ stream's hot path the loop's native primitive is used instead.
 """
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
 
 import sniffio
@@ -69,7 +68,7 @@ class Lot(Protocol):
 
     def __bool__(self) -> bool: ...
 
-    async def park(self) -> None: ...
+    def park(self) -> Awaitable[object]: ...
 
     def unpark_all(self) -> object: ...
 
@@ -90,15 +89,12 @@ class _FutureLot:
     def __bool__(self) -> bool:
         return bool(self._waiting)
 
-    async def park(self) -> None:
+    def park(self) -> "asyncio.Future[None]":
+        # The future itself is awaited: no coroutine per wait. One cancelled while waiting
+        # stays listed until the next `unpark_all`, which passes over it (it is done).
         future = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
-        try:
-            await future
-        except BaseException:  # cancelled while waiting: no longer waiting
-            with contextlib.suppress(ValueError):
-                self._waiting.remove(future)
-            raise
+        return future
 
     def unpark_all(self) -> None:
         waiting, self._waiting = self._waiting, []
