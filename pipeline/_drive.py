@@ -106,12 +106,12 @@ class Drive(Runner):
             self.emit = self.watch.emit
 
     def run(self, turn: Turn) -> Awaitable[TurnResult]:
-        """Drive `turn` through every stage: awaited, its result.
+        """Drive `turn` through every stage; what it returns, awaited, is the turn's result.
 
         Not a coroutine of its own: it starts the turn and hands back the coroutine that
-        drives it, which its caller awaits at once. Every checkpoint of the model's stream
-        suspends and resumes each frame between the model and the task (a chunk at a time,
-        at many turns at once): one frame fewer is cheaper on every chunk.
+        drives it, which every caller awaits at once. Each checkpoint of the model's stream
+        suspends and resumes every frame between the model and the task, once per chunk and
+        turn: a frame fewer there is cheaper on every chunk.
         """
         self.turn_ref = turn.turn_ref
         self.now = clock_reader(current_loop("a turn (Pipeline.run, Pipeline.stream, send)"))
