@@ -105,16 +105,26 @@ class Drive(Runner):
         if self.watch is not None:
             self.emit = self.watch.emit
 
-    async def run(self, turn: Turn) -> TurnResult:
-        """Drive `turn` through every stage and return its result."""
+    def run(self, turn: Turn) -> Awaitable[TurnResult]:
+        """Drive `turn` through every stage; what it returns, awaited, is the turn's result.
+
+        Not a coroutine of its own: it starts the turn and hands back the coroutine that
+        drives it, which every caller awaits at once. Each checkpoint of the model's stream
+        suspends and resumes every frame between the model and the task, once per chunk and
+        turn: a frame fewer there is cheaper on every chunk.
+        """
         self.turn_ref = turn.turn_ref
         self.now = clock_reader(current_loop("a turn (Pipeline.run, Pipeline.stream, send)"))
         if self.emit is not None:
             self.emit(ev.TurnStarted(turn.turn_ref))
         if self.open_tools is not None:
-            async with self.open_tools() as tools:
-                return await self.drive(turn, tools)
-        return await self.drive(turn, self.plan.tool_map)
+            return self.drive_with_tools(turn, self.open_tools)
+        return self.drive(turn, self.plan.tool_map)
+
+    async def drive_with_tools(self, turn: Turn, open_tools: OpenTools) -> TurnResult:
+        """`drive` with the tools of the turn's MCP toolsets open."""
+        async with open_tools() as tools:
+            return await self.drive(turn, tools)
 
     async def drive(self, turn: Turn, tools: Mapping[str, Tool]) -> TurnResult:
         # Hooks that run a pipeline tool themselves (a synthetic tool call) find it here,

@@ -8,9 +8,8 @@ stream's hot path the loop's native primitive is used instead.
 """
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
 
 import sniffio
@@ -65,18 +64,56 @@ def clock_reader(loop: Loop) -> Callable[[], float]:
 
 
 class Lot(Protocol):
-    """Tasks waiting for something to change, woken all at once (trio's ParkingLot API)."""
+    """Tasks waiting for something to change, woken all at once (after trio's ParkingLot)."""
 
     def __bool__(self) -> bool: ...
 
-    async def park(self) -> None: ...
+    def park(self) -> Awaitable[object]: ...
 
     def unpark_all(self) -> object: ...
 
 
 def new_lot(loop: Loop) -> Lot:
-    """A `Lot` for `loop`: trio's own ParkingLot, or one built on asyncio futures."""
-    return trio.lowlevel.ParkingLot() if loop == "trio" else _FutureLot()
+    """A `Lot` for `loop`: one built on trio's task rescheduling, or on asyncio futures."""
+    return _TaskLot() if loop == "trio" else _FutureLot()
+
+
+class _TaskLot:
+    """The trio form of a parking lot: the waiting tasks, rescheduled all at once.
+
+    Trio's `ParkingLot` with only what a stream needs (no breaking, no repositioning, no
+    count to unpark): the consumer of a busy stream parks once per event, and ParkingLot's
+    bookkeeping (an ordered dict, a generator and a list per wake-up) cost more than the
+    wait itself. Both methods are protected from KeyboardInterrupt, as ParkingLot's are, so
+    that the list never holds a task that is not waiting.
+    """
+
+    __slots__ = ("_waiting",)
+
+    def __init__(self) -> None:
+        self._waiting: list[trio.lowlevel.Task] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    @trio.lowlevel.enable_ki_protection
+    async def park(self) -> None:
+        task = trio.lowlevel.current_task()
+        waiting = self._waiting
+        waiting.append(task)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            # Cancelled while waiting: it was not woken, so it is still in this list.
+            waiting.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    @trio.lowlevel.enable_ki_protection
+    def unpark_all(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for task in waiting:
+            trio.lowlevel.reschedule(task)
 
 
 class _FutureLot:
@@ -90,18 +127,18 @@ class _FutureLot:
     def __bool__(self) -> bool:
         return bool(self._waiting)
 
-    async def park(self) -> None:
+    def park(self) -> "asyncio.Future[None]":
+        # The future itself is awaited: no coroutine per wait. One cancelled while waiting
+        # stays listed until the next `unpark_all`, which passes over it (it is done).
         future = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
-        try:
-            await future
-        except BaseException:  # cancelled while waiting: no longer waiting
-            with contextlib.suppress(ValueError):
-                self._waiting.remove(future)
-            raise
+        return future
 
     def unpark_all(self) -> None:
-        waiting, self._waiting = self._waiting, []
+        # Emptied in place, not swapped for a new list: a wake-up per event allocates nothing.
+        # (Setting a result only schedules the waiter; nothing parks meanwhile.)
+        waiting = self._waiting
         for future in waiting:
             if not future.done():
                 future.set_result(None)
+        waiting.clear()

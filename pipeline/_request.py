@@ -129,6 +129,12 @@ async def call_model(
     chunks: list[str] = []
     calls: list[ToolCall] = []
     finish: ModelFinish | None = None
+    # A watched turn's text events, unless held, are stamped here and posted as they are
+    # (`Watch`): no stamping call per chunk. Held ones are stamped when they are let out.
+    post = runner.post if deliver is not None and deliver is runner.emit else None
+    if post is not None:
+        deliver = None
+        now, start = runner.now, runner.start
     try:
         async with model.stream(request) as stream:
             async for event in stream:
@@ -141,7 +147,9 @@ async def call_model(
                         )
                     if text:
                         chunks.append(text)
-                        if deliver is not None:
+                        if post is not None:
+                            post(text_delta(runner.turn_ref, text, attempt, now() - start))
+                        elif deliver is not None:
                             deliver(text_delta(runner.turn_ref, text, attempt))
                 elif kind is ModelToolCall and type(event.call) is ToolCall:  # type: ignore[union-attr]
                     calls.append(event.call)  # type: ignore[union-attr]
@@ -175,7 +183,9 @@ async def call_model(
             raise
         if tail:
             chunks.append(tail)
-            if deliver is not None:
+            if post is not None:
+                post(text_delta(runner.turn_ref, tail, attempt, now() - start))
+            elif deliver is not None:
                 deliver(text_delta(runner.turn_ref, tail, attempt))
     text = "".join(chunks)
     parts: tuple[Part, ...] = (Text(text), *calls) if text or not calls else tuple(calls)

@@ -34,7 +34,12 @@ async def stream_turn(
             try:
                 yield events
             finally:
-                task_group.cancel_scope.cancel()
+                # A consumer that read to the end finds the drive finished: nothing is left
+                # to cancel, and a cancel is not free (AnyIO's asyncio scope writes the
+                # current task's repr into its cancel reason). One that leaves early, or is
+                # cancelled or fails, cancels the turn still running.
+                if not events._done:
+                    task_group.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         error = own_error(group)
     if error is not None:
@@ -53,8 +58,10 @@ class TurnEvents:
     scheduler; the consumer waits, and so checkpoints, once it has caught up with the turn.
     """
 
-    # Slots: the drive reads `_waiting` once per event, the consumer `_buffer` twice.
+    # Slots: the drive reads `_waiting` once per event, the consumer `_buffer` twice and
+    # `_behind` once.
     __slots__ = (
+        "_behind",
         "_buffer",
         "_done",
         "_error",
@@ -72,6 +79,8 @@ class TurnEvents:
         self._lot: Lot = _NOT_STARTED
         self._taken: Lot = _NOT_STARTED
         self._waiting = False
+        # Whether the drive waits on `_taken` for the consumer to catch up (`_caught_up`).
+        self._behind = False
         self._done = False
         self._result: TurnResult | None = None
         self._error: Exception | None = None
@@ -105,13 +114,15 @@ class TurnEvents:
             finally:
                 self._waiting = False
         event = self._buffer.popleft()
-        if not self._buffer and self._taken:
+        if self._behind and not self._buffer:
+            self._behind = False
             self._taken.unpark_all()
         return event
 
     async def _caught_up(self) -> None:
         """Wait until the consumer has taken every event emitted so far."""
         while self._buffer:
+            self._behind = True
             await self._taken.park()
 
     def _emit(self, event: ev.Event) -> None:

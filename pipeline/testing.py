@@ -92,15 +92,18 @@ async def _play(
     items: AsyncIterable[ScriptItem] | Sequence[ScriptItem], request: ModelRequest, where: str
 ) -> AsyncGenerator[ModelEvent, None]:
     # The per-chunk path of every computed offline turn: plain str chunks are counted inline
-    # (`estimate_tokens`, unrolled) and the other items take the general path.
+    # (`estimate_tokens`, unrolled) and their events built inline (`_text`, without the
+    # call); the other items take the general path.
     output = 0
     called = False
-    text = _text
+    new, set_text = _new, _set_text
     if isinstance(items, AsyncIterable):
         async for item in items:
             if type(item) is str:
                 output -= -len(item) // CHARS_PER_TOKEN
-                yield text(item)
+                event = new(ModelText)
+                set_text(event, item)
+                yield event
                 continue
             _check_reply([item], where)
             output += _item_tokens(item)
@@ -110,7 +113,9 @@ async def _play(
         for item in items:
             if type(item) is str:
                 output -= -len(item) // CHARS_PER_TOKEN
-                yield text(item)
+                event = new(ModelText)
+                set_text(event, item)
+                yield event
                 continue
             output += _item_tokens(item)
             called = called or isinstance(item, ToolCall)
