@@ -1,7 +1,6 @@
 """hooks.redact: stream redaction that adds up to the redaction of the whole text."""
 
 import re
-from itertools import pairwise
 from typing import NamedTuple
 
 import pytest
@@ -13,6 +12,8 @@ from pipeline import ConfigError, HookFailed, Pipeline
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
 from turns import Turn
+
+from .text_strategies import chunkings, texts
 
 EMAIL = r"[\w.+-]+@[\w-]+\.[\w.-]+"
 PHONE = r"\d{3}-\d{4}"
@@ -153,26 +154,6 @@ CASES = {
         ("#", "A", "B", "b", " ", "se", "CRET", "x", "1"),
     ),
 }
-
-
-@st.composite
-def texts(draw, pieces: tuple[str, ...]) -> str:
-    alphabet = sorted(set("".join(pieces)))
-    return draw(
-        st.one_of(
-            st.lists(st.sampled_from(pieces), max_size=30).map("".join),
-            st.text(alphabet=alphabet, max_size=60),
-        )
-    )
-
-
-@st.composite
-def chunkings(draw, text: str) -> list[str]:
-    """A split of `text` into chunks (empty chunks included), or one chunk per character."""
-    if draw(st.booleans()):
-        return list(text)
-    cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=8)))
-    return [text[start:end] for start, end in pairwise([0, *cuts, len(text)])]
 
 
 CASE_PARAMS = [pytest.param(case, id=name) for name, case in CASES.items()]

@@ -5,13 +5,14 @@ takes, the result must be `re.sub` of the pattern over the whole text, for any c
 
 import random
 import re
-from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hooks import redact
+
+from .text_strategies import chunkings, texts
 
 MARK = "[REDACTED]"
 EMAIL = r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"  # the benchmark's pattern
@@ -58,26 +59,6 @@ RUN_CASES = {
 RUN_PARAMS = [pytest.param(*case, id=name) for name, case in RUN_CASES.items()]
 
 
-@st.composite
-def texts(draw, pieces: tuple[str, ...]) -> str:
-    alphabet = sorted(set("".join(pieces)))
-    return draw(
-        st.one_of(
-            st.lists(st.sampled_from(pieces), max_size=40).map("".join),
-            st.text(alphabet=alphabet, max_size=80),
-        )
-    )
-
-
-@st.composite
-def chunkings(draw, text: str) -> list[str]:
-    """A split of `text` into chunks (empty chunks included), or one chunk per character."""
-    if draw(st.booleans()):
-        return list(text)
-    cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=8)))
-    return [text[start:end] for start, end in pairwise([0, *cuts, len(text)])]
-
-
 @pytest.mark.parametrize(("pattern", "pieces"), RUN_PARAMS)
 @settings(max_examples=80)
 @given(data=st.data())
@@ -85,7 +66,7 @@ def test_the_whole_text_redaction_is_re_sub(pattern, pieces, data):
     """Catches: the split path finding other matches than the standard engine (a match
     starting inside a run, one right after a match ending inside a run, a shape or flag for
     which the derived pattern is not equivalent), and a wrong redaction count."""
-    text = data.draw(texts(pieces), label="text")
+    text = data.draw(texts(pieces, max_pieces=40, max_chars=80), label="text")
     factory = redact(pattern, replacement=MARK)
     assert factory.redact_text(text) == reference(pattern, text)
     stream = factory()
@@ -100,7 +81,7 @@ def test_the_whole_text_redaction_is_re_sub(pattern, pieces, data):
 def test_any_chunking_gives_re_sub_of_the_whole_text(pattern, pieces, data):
     """Catches: the split path losing the context before a stretch (a run that began in an
     earlier chunk, a lookbehind), or deciding a stretch whose last match runs on."""
-    text = data.draw(texts(pieces), label="text")
+    text = data.draw(texts(pieces, max_pieces=40, max_chars=80), label="text")
     chunks = data.draw(chunkings(text), label="chunks")
     assert through(redact(pattern, replacement=MARK), chunks) == reference(pattern, text)
 
