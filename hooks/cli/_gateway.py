@@ -338,7 +338,7 @@ class Gateway:
         self.in_flight = 0
         self.shutting_down = False  # `shut_down` was called: new turns are refused
         self.cut = False  # `cut_turns` was called: the turns in flight were stopped
-        self._turns: set[anyio.CancelScope] = set()  # the scopes of the turns in flight
+        self._cuts: set[Callable[[], None]] = set()  # each stops one turn in flight
         self._quiet: anyio.Event | None = None  # set when the last turn in flight ends
         # Conversation sessions live in the gateway's own task group (`running`), so that one
         # outlives its request: the answer goes out once the turn is committed, and the
@@ -369,8 +369,8 @@ class Gateway:
         503 ``shutting_down`` (an error frame when its stream had begun), and nothing of it
         is committed."""
         self.cut = True
-        for scope in self._turns:
-            scope.cancel()
+        for cut in list(self._cuts):
+            cut()
 
     async def turns_finished(self) -> None:
         """Return once no turn is in flight (after `shut_down`, none starts again)."""
@@ -619,6 +619,14 @@ class Gateway:
         if self._idle is not None and self._idle.is_set():
             self._idle = anyio.Event()
         group.start_soon(self._session, turn_ref, request, conversation, handoff)
+
+        def cut() -> None:
+            # Past the drain timeout: a turn not yet committed is stopped, and its session
+            # answers 503 (`_Handoff.outcome`); one committed gets its answer.
+            if not handoff.answered:
+                handoff.scope.cancel()
+
+        self._cuts.add(cut)
         try:
             await handoff.done.wait()
         except BaseException:
@@ -627,6 +635,8 @@ class Gateway:
             if not handoff.answered:
                 handoff.scope.cancel()
             raise
+        finally:
+            self._cuts.discard(cut)
         result, pieces = handoff.outcome()
         return self._answered(result), pieces
 
@@ -842,9 +852,12 @@ class _Endpoint:
         failure: WireError | None = None
         async with anyio.create_task_group() as group:
             # A client that hangs up cancels its turn: nothing of it is committed. So does
-            # the gateway, past its drain timeout (`Gateway.cut_turns`).
+            # the gateway, past its drain timeout (`Gateway.cut_turns`); a conversation
+            # turn is stopped in its session instead, and only if it is not committed yet.
             group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
-            gateway._turns.add(group.cancel_scope)
+            cut = group.cancel_scope.cancel
+            if conversation is None:
+                gateway._cuts.add(cut)
             try:
                 if outbox is None:
                     result, pieces = await gateway.turn(request, conversation, None)
@@ -863,7 +876,7 @@ class _Endpoint:
             except Exception as exc:
                 failure = _single(exc)
             finally:
-                gateway._turns.discard(group.cancel_scope)
+                gateway._cuts.discard(cut)
             # Answer outside the cancelled scope, or the answer itself would be cancelled.
             group.cancel_scope.cancel()
         if result is None and failure is None and gateway.cut:

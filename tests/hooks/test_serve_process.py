@@ -548,15 +548,11 @@ def test_an_open_live_page_does_not_hold_the_shutdown_to_the_drain_timeout(
     assert "turnplug serve: stopped" in said
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "trio"])
-def test_a_turn_still_running_at_the_drain_timeout_is_answered_503_and_the_process_exits_0(
-    tmp_path: Path, loop: str
-) -> None:
-    """Catches: a drain that waits for the turns in flight without bound (the gateway keeps
-    listening while they run): a turn whose upstream never answers holding the process past
-    --drain-timeout, or the process exiting non-zero; and such a turn cut by the server
-    (Hypercorn's 500 with an empty body, a CancelledError traceback on stderr) instead of
-    answered by the gateway with its documented 503 shutting_down."""
+def answer_held_past_the_drain_timeout(
+    tmp_path: Path, *extra: str, conversation: str | None = None
+) -> tuple[httpx.Response, float, int, str]:
+    """One turn whose upstream never answers, then SIGTERM with a 1 s drain timeout: the
+    turn's answer, how long the process took to exit, its exit code and its stderr."""
     arrived = threading.Event()
     never = threading.Event()
 
@@ -572,10 +568,11 @@ def test_a_turn_still_running_at_the_drain_timeout_is_answered_503_and_the_proce
         config.write_text(
             f'[model]\nprovider = "openai"\nname = "up"\nbase_url = "{upstream.url}/v1"\n'
         )
-        with gateway(config, "--drain-timeout", "1", "--loop", loop) as (process, url):
+        with gateway(config, "--drain-timeout", "1", *extra) as (process, url):
             answers: list[httpx.Response] = []
-            sender = threading.Thread(target=lambda: answers.append(post(url, "stuck")))
-
+            sender = threading.Thread(
+                target=lambda: answers.append(post(url, "stuck", conversation))
+            )
             sender.start()
             assert arrived.wait(10)
             signalled = time.monotonic()
@@ -586,16 +583,49 @@ def test_a_turn_still_running_at_the_drain_timeout_is_answered_503_and_the_proce
             assert process.stderr is not None
             said = process.stderr.read()
         never.set()
-    assert code == 0, said
-    assert took < 5, said  # the drain timeout (1 s) and the answers' grace, not 20
-    assert "finishing 1 turns in flight" in said
-    assert "Traceback" not in said, said
     [answer] = answers
+    return answer, took, code, said
+
+
+def assert_cut_short(answer: httpx.Response) -> None:
     assert answer.status_code == 503
     assert answer.headers["retry-after"] == "1"
     error = answer.json()["error"]
     assert (error["type"], error["code"]) == ("server_error", "shutting_down")
     assert "nothing of it was committed" in error["message"]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_a_turn_still_running_at_the_drain_timeout_is_answered_503_and_the_process_exits_0(
+    tmp_path: Path, loop: str
+) -> None:
+    """Catches: a drain that waits for the turns in flight without bound (the gateway keeps
+    listening while they run): a turn whose upstream never answers holding the process past
+    --drain-timeout, or the process exiting non-zero; and such a turn cut by the server
+    (Hypercorn's 500 with an empty body, a CancelledError traceback on stderr) instead of
+    answered by the gateway with its documented 503 shutting_down."""
+    answer, took, code, said = answer_held_past_the_drain_timeout(tmp_path, "--loop", loop)
+    assert code == 0, said
+    assert took < 5, said  # the drain timeout (1 s) and the answers' grace, not 20
+    assert "finishing 1 turns in flight" in said
+    assert "Traceback" not in said, said
+    assert_cut_short(answer)
+
+
+def test_a_conversation_turn_still_running_at_the_drain_timeout_commits_nothing(
+    tmp_path: Path,
+) -> None:
+    """Catches: a conversation turn (X-Conversation-Id, --log) held by its upstream past the
+    drain timeout left to the server's cut (a 500), or answered 503 while its session still
+    commits it afterwards: the 503 says nothing was committed, and the log must agree."""
+    log = tmp_path / "log.db"
+    answer, _took, code, said = answer_held_past_the_drain_timeout(
+        tmp_path, "--log", str(log), conversation="c-held"
+    )
+    assert code == 0, said
+    assert "Traceback" not in said, said
+    assert_cut_short(answer)
+    assert stored_texts(log, "c-held") == []
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
