@@ -86,6 +86,25 @@ def scrub(text: str, secret: str | None) -> str:
     return text.replace(secret, _REDACTED)
 
 
+def scrub_error(error: BaseException, secret: str | None) -> None:
+    """Replace `secret` in the message of `error` and of every exception chained to it.
+
+    What a provider sends inside a stream (an error event, a line that is not JSON) is
+    quoted in the errors raised for it, so an upstream that echoes the key would put it in
+    the message, or in that of the exception it was raised from.
+    """
+    if not secret or len(secret) < _SHORTEST_SECRET:
+        return
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.args = tuple(
+            scrub(arg, secret) if isinstance(arg, str) else arg for arg in current.args
+        )
+        current = current.__cause__ or current.__context__
+
+
 def checked_key(key: str | None, provider: str, source: str) -> str | None:
     """The API key as it can be sent: surrounding whitespace (a secret file's trailing
     newline) removed, anything else a header cannot carry refused without showing it."""
@@ -802,7 +821,7 @@ async def open_model_stream(
         owner: The provider as errors name it.
     """
     async with open_stream(endpoint, body, pool, owner) as opened:
-        events = _model_events(opened, parser(opened.request_id), endpoint.provider)
+        events = _model_events(opened, parser(opened.request_id), endpoint)
         try:
             yield events
         finally:
@@ -810,29 +829,36 @@ async def open_model_stream(
 
 
 async def _model_events(
-    opened: OpenedStream, parser: Parser, provider: str
+    opened: OpenedStream, parser: Parser, endpoint: Endpoint
 ) -> AsyncIterator[ModelEvent]:
-    async for event in opened.events:
-        try:
-            items = parser.feed(event)
-        except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
-            # A payload of the right JSON shape with wrong types inside (or nested too deep to
-            # handle): still a protocol error, never a bare Python one.
-            raise ProviderProtocolError(
-                f"{provider} sent an event the parser could not read:"
-                f" {type(exc).__name__}: {exc} (data: {event.data[:200]!r})",
-                provider=provider,
-                request_id=opened.request_id,
-            ) from exc
-        for item in items:
+    provider = endpoint.provider
+    try:
+        async for event in opened.events:
+            try:
+                items = parser.feed(event)
+            except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+                # A payload of the right JSON shape with wrong types inside (or nested too
+                # deep to handle): still a protocol error, never a bare Python one.
+                raise ProviderProtocolError(
+                    f"{provider} sent an event the parser could not read:"
+                    f" {type(exc).__name__}: {exc} (data: {event.data[:200]!r})",
+                    provider=provider,
+                    request_id=opened.request_id,
+                ) from exc
+            for item in items:
+                yield item
+            if parser.done:
+                # Nothing after the terminator matters; a pooled connection is worth its end.
+                if opened.pooled:
+                    await _drain(opened.events)
+                return
+        for item in parser.end():
             yield item
-        if parser.done:
-            # Nothing after the terminator matters; a pooled connection is worth its end.
-            if opened.pooled:
-                await _drain(opened.events)
-            return
-    for item in parser.end():
-        yield item
+    except ProviderError as error:
+        # These errors quote what the stream said (an error event, a line that is not
+        # JSON): an upstream echoing the key must not put it in them.
+        scrub_error(error, endpoint.secret)
+        raise
 
 
 class PooledProvider:

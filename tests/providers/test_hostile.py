@@ -3,6 +3,7 @@ arguments on the next request, a missing key, a local server that is not running
 
 import json
 import socket
+import traceback
 from typing import Any
 
 import httpx
@@ -222,3 +223,51 @@ def test_a_refused_connection_to_a_remote_host_gets_no_local_hint() -> None:
     error = translate(httpx.ConnectError("refused"), endpoint, streaming=False)
     assert "expected" not in str(error)
     assert "ConnectError: refused" in str(error)
+
+
+# --- A stream that echoes the key ---------------------------------------------------------
+
+
+def echoing_streams() -> list[Any]:
+    """Streams whose content quotes the API key: each becomes a protocol error."""
+    said = f"key {KEY} revoked"
+    return [
+        pytest.param(
+            "openai",
+            wire.stream((wire.sse({"error": {"type": "auth", "message": said}}),)),
+            id="openai error event",
+        ),
+        pytest.param(
+            "anthropic",
+            wire.stream(
+                (
+                    wire.anthropic_start(),
+                    wire.sse(
+                        {"type": "error", "error": {"type": "auth", "message": said}}, "error"
+                    ),
+                )
+            ),
+            id="anthropic error event",
+        ),
+        pytest.param("openai", wire.stream((wire.sse(f"not json {KEY}"),)), id="openai bad json"),
+        pytest.param(
+            "anthropic",
+            wire.stream((wire.sse(f"not json {KEY}", "message_start"),)),
+            id="anthropic bad json",
+        ),
+    ]
+
+
+@pytest.mark.parametrize(("provider", "reply"), echoing_streams())
+async def test_an_error_quoting_what_the_stream_said_never_holds_the_key(
+    server: ProtocolServer, provider: str, reply: wire.Reply
+) -> None:
+    """Catches: the key in a mid-stream error's message, or in the message of the exception
+    it was raised from, when the upstream's error event or a garbled line echoes it (only
+    errors about the HTTP exchange and error statuses were scrubbed)."""
+    server.script(reply)
+    with pytest.raises(ProviderProtocolError) as caught:
+        await collect(make(provider, server))
+    chain = "".join(traceback.format_exception(caught.value))
+    assert KEY not in chain
+    assert "[redacted]" in str(caught.value)
