@@ -82,6 +82,7 @@ class Session:
         self._idle = anyio.Event()
         self._idle.set()
         self._events: list[ev.Event] = []
+        self._turn_started = 0.0  # when the latest turn started, on the loop's clock
         # Where the turns find MCP toolsets' tools (None: the plan's own tools).
         self._open_tools: OpenTools | None = None
 
@@ -183,6 +184,8 @@ class Session:
                 tools=tools or context.tools,
             )
         turn = Turn.start(message, context=context, scope=self._scope, turn_ref=turn_ref)
+        # Its background hooks' events are stamped against it (`_since`).
+        self._turn_started = anyio.current_time()
         if request is not None:
             if not isinstance(request, RequestOptions):
                 raise TypeError(
@@ -234,12 +237,13 @@ class Session:
             self._running += 1
             if self._idle.is_set():
                 self._idle = anyio.Event()
-            self._task_group.start_soon(self._background, step, turn)
+            self._task_group.start_soon(self._background, step, turn, self._turn_started)
 
-    async def _background(self, step: Step, turn: Turn) -> None:
+    async def _background(self, step: Step, turn: Turn, started: float) -> None:
         returned = False
+        emit = _since(self._events, started)
         try:
-            runner = _runner(self._plan, self._events.append, turn.turn_ref)
+            runner = _runner(self._plan, emit, turn.turn_ref)
             fresh = await run_background(runner, step, turn, [])
             returned = True
             messages = injection_messages(fresh)
@@ -248,13 +252,11 @@ class Session:
                 try:
                     async with self._lock:
                         await self._append(entry, messages, None)
-                    self._events.append(
-                        ev.Committed(turn.turn_ref, self._conversation_id, messages)
-                    )
+                    emit(ev.Committed(turn.turn_ref, self._conversation_id, messages))
                 except Exception as exc:
                     # The hook itself finished (its HookFinished is out); the failure is the
                     # commit's, reported under that stage.
-                    self._events.append(
+                    emit(
                         ev.HookFailed(
                             turn.turn_ref,
                             step.name,
@@ -266,7 +268,7 @@ class Session:
         except anyio.get_cancelled_exc_class():
             # Reported here, by the task itself, whatever cancelled it: the session's own
             # cancellation can reach this task before the session's exit path runs.
-            self._events.append(
+            emit(
                 ev.HookFailed(
                     turn.turn_ref,
                     step.name,
@@ -337,6 +339,20 @@ class Session:
         """An end hook's failure: an event, never raised (the session is closing anyway)."""
         error = exc.__cause__ if isinstance(exc, HookFailed) else exc
         self._events.append(ev.HookFailed("", step.name, step.stage, exc_text(error), False))
+
+
+_set_at = ev.Event.at.__set__  # type: ignore[attr-defined]
+
+
+def _since(events: list[ev.Event], started: float) -> Emit:
+    """What records a background hook's events, each stamped with the seconds since its
+    turn started (`started`, on the loop's clock)."""
+
+    def emit(event: ev.Event) -> None:
+        _set_at(event, anyio.current_time() - started)
+        events.append(event)
+
+    return emit
 
 
 def _runner(plan: Plan, emit: Emit, turn_ref: str) -> Runner:

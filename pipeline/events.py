@@ -49,8 +49,9 @@ class Event:
     Attributes:
         turn_ref: The turn it belongs to.
         at: Seconds since the turn started, by the turn's clock (trio's, so virtual time in
-            tests), set when the event is emitted. Events of a session outside any turn
-            (``session.events``: session hooks, background hooks) carry 0.0. Not part of an
+            tests), set when the event is emitted. A background hook's events in a session
+            (``session.events``) carry the seconds since their turn started, on the loop's
+            clock; the session hooks' events, outside any turn, carry 0.0. Not part of an
             event's equality: two runs of the same turn emit equal events.
     """
 

@@ -1329,3 +1329,40 @@ async def test_a_cancellation_during_the_drain_tells_end_hooks_cancelled(autojum
 
     assert scope.cancelled_caught
     assert trace == [("end", "cancelled", SessionInfo(CONVERSATION, Scope(), 1))]
+
+
+async def test_a_background_hooks_events_carry_the_seconds_since_their_turn_started(
+    autojump_clock,
+):
+    """Catches: every event of a background hook in `session.events` stamped 0.0 (only the
+    turn's own events were stamped), and a later turn's background events stamped against
+    the session's start or the first turn instead of their own turn."""
+
+    async def remember(turn: Turn):
+        await anyio.sleep(2)
+        return cont(turn.inject(Text("remembered")))
+
+    pipe = Pipeline(
+        model=ScriptedModel(["one", "two"]),
+        post=[hook(remember, name="remember", background=True, durable=True)],
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        first = await session.send("hi")
+        await anyio.sleep(5)
+        second = await session.send("again")
+
+    stamped = [
+        (type(event).__name__, event.turn_ref, round(event.at, 3)) for event in session.events
+    ]
+    refs = first.turn.turn_ref, second.turn.turn_ref
+    assert stamped == [
+        (kind, ref, at)
+        for ref in refs
+        for kind, at in (
+            ("HookStarted", 0.0),
+            ("HookFinished", 2.0),
+            ("Injected", 2.0),
+            ("Committed", 2.0),
+        )
+    ]
