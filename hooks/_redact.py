@@ -41,6 +41,12 @@ from pipeline import ConfigError
 # private (``re._parser`` since 3.11), so it is reached dynamically and used read-only.
 sre_parse: Any = importlib.import_module("re._parser")
 
+
+def matches_empty(regex: "re.Pattern[str]") -> bool:
+    """Whether `regex` can match the empty string (it would redact between characters)."""
+    return bool(sre_parse.parse(regex.pattern, regex.flags).getwidth()[0] == 0)
+
+
 _CATEGORIES = {
     "CATEGORY_DIGIT": r"\d",
     "CATEGORY_NOT_DIGIT": r"\D",
@@ -1167,7 +1173,7 @@ def redact(
                 f"redact pattern {index}: expected a string or compiled regex, got"
                 f" {type(pattern).__name__} {pattern!r}"
             )
-        if sre_parse.parse(regex.pattern, regex.flags).getwidth()[0] == 0:
+        if matches_empty(regex):
             raise ConfigError(
                 f"redact pattern {index} {regex.pattern!r} matches the empty string, so it"
                 " would redact between every character — require at least one character"

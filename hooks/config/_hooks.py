@@ -31,7 +31,9 @@ from ._types import (
     EndRef,
     GuardRef,
     HookRef,
+    Hours,
     Invalid,
+    Minutes,
     Positive,
     SearchRef,
     Seconds,
@@ -151,10 +153,10 @@ class Ttl:
     seconds: Seconds | None = attrs.field(
         default=None, metadata=doc("Fresh for this many seconds.")
     )
-    minutes: Seconds | None = attrs.field(
+    minutes: Minutes | None = attrs.field(
         default=None, metadata=doc("Fresh for this many minutes.")
     )
-    hours: Seconds | None = attrs.field(default=None, metadata=doc("Fresh for this many hours."))
+    hours: Hours | None = attrs.field(default=None, metadata=doc("Fresh for this many hours."))
 
     def total(self) -> float:
         """The time to live, in seconds."""

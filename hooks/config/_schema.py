@@ -18,6 +18,8 @@ from .._pii import KINDS as PII_KINDS
 from ._types import (
     Arguments,
     Count,
+    Hours,
+    Minutes,
     PiiKind,
     Positive,
     Ref,
@@ -39,6 +41,8 @@ _VALUES: dict[Any, dict[str, Any]] = {
     Count: {"type": "integer", "minimum": 0},
     Positive: {"type": "integer", "minimum": 1},
     Seconds: {"type": "number", "exclusiveMinimum": 0},
+    Minutes: {"type": "number", "exclusiveMinimum": 0},
+    Hours: {"type": "number", "exclusiveMinimum": 0},
     Temperature: {"type": "number", "minimum": 0, "maximum": 2},
     ScriptReply: {
         "oneOf": [

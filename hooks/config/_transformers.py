@@ -1,5 +1,6 @@
 """The entries that build stream transformers."""
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeAlias, final
@@ -13,8 +14,8 @@ from pipeline import (
 from .._citations import citations
 from .._pii import KINDS as PII_KINDS
 from .._pii import pii
-from .._redact import redact
-from ._entry import Env, doc
+from .._redact import matches_empty, redact
+from ._entry import Env, doc, raise_all
 from ._types import (
     FactoryRef,
     Invalid,
@@ -78,8 +79,19 @@ class RedactEntry:
     )
 
     def build(self, env: Env) -> TransformerFactory:
+        problems = []
         if not self.patterns:
-            raise Invalid("redact needs at least one pattern", key="patterns")
+            problems.append(Invalid("redact needs at least one pattern", key="patterns"))
+        for index, pattern in enumerate(self.patterns):
+            if matches_empty(pattern):
+                problems.append(
+                    Invalid(
+                        f"{json.dumps(pattern.pattern)} matches the empty string, so it would"
+                        " redact between every character — require at least one character",
+                        key=f"patterns[{index}]",
+                    )
+                )
+        raise_all(problems)
         return redact(
             self.patterns, replacement=self.replacement, max_match=self.max_match, name=self.name
         )

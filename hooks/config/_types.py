@@ -69,6 +69,12 @@ def type_name(value: object) -> str:
 Seconds = NewType("Seconds", float)
 """A positive, finite number of seconds."""
 
+Minutes = NewType("Minutes", float)
+"""A positive, finite number of minutes."""
+
+Hours = NewType("Hours", float)
+"""A positive, finite number of hours."""
+
 Count = NewType("Count", int)
 """A whole number >= 0."""
 
@@ -154,11 +160,19 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def check_seconds(value: Any) -> float:
-    seconds = _number(value)
-    if seconds is None or seconds <= 0:
-        raise Invalid(f"expected a positive number of seconds, got {shown(value)}")
-    return seconds
+def _positive(unit: str) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        number = _number(value)
+        if number is None or number <= 0:
+            raise Invalid(f"expected a positive number of {unit}, got {shown(value)}")
+        return number
+
+    return check
+
+
+check_seconds = _positive("seconds")
+check_minutes = _positive("minutes")
+check_hours = _positive("hours")
 
 
 def check_temperature(value: Any) -> float:
@@ -440,6 +454,8 @@ CHECKS: dict[Any, Callable[[Any], Any]] = {
     Count: check_count,
     Positive: check_positive,
     Seconds: check_seconds,
+    Minutes: check_minutes,
+    Hours: check_hours,
     Temperature: check_temperature,
     ScriptReply: check_reply,
     re.Pattern: check_pattern,

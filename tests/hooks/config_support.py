@@ -271,7 +271,11 @@ FAULTS = (
     Fault("transformers[0].patterns[0]", _set(("transformers", 0, "patterns", 0), "(")),
     Fault("transformers[1].ref", _set(("transformers", 1, "ref"), ref("NOT_CALLABLE")), False),
     # Building refuses a pattern that matches the empty string (`hooks.redact`).
-    Fault("transformers[2]", _set(("transformers", 2, "patterns", 0), "y*"), schema=False),
+    Fault(
+        "transformers[2].patterns[0]",
+        _set(("transformers", 2, "patterns", 0), "y*"),
+        schema=False,
+    ),
     Fault("post[0].ref", _set(("post", 0, "ref"), ref("missing")), schema=False),
     Fault("post[1].background", _set(("post", 1, "background"), "no")),
     Fault("on_session_start[0].ref", _set(("on_session_start", 0, "ref"), ref("end")), False),

@@ -425,6 +425,19 @@ def test_a_deny_guardrail_needs_feedback() -> None:
     assert "required when deny is given" in message
 
 
+def test_every_redact_pattern_that_matches_the_empty_string_is_named() -> None:
+    """Catches: only the first empty-matching redact pattern reported, at the entry's path
+    and counted from 1 (`transformers[0]: redact pattern 1`), where every config problem is
+    reported at its own path, counted from 0, as the guardrail's deny patterns are."""
+    entry = {"kind": "redact", "patterns": ["ok", "a*", "(x|)"]}
+    problems = _problems({"transformers": [entry]})
+    assert [path for path, _ in problems] == [
+        "transformers[0].patterns[1]",
+        "transformers[0].patterns[2]",
+    ]
+    assert all("matches the empty string" in message for _, message in problems)
+
+
 def test_every_deny_pattern_that_matches_the_empty_string_is_named() -> None:
     entry = {"kind": "guardrail", "deny": ["ok", "a*", "(x|)"], "feedback": "No."}
     problems = _post_problems(entry)
@@ -554,7 +567,16 @@ def test_tool_call_arguments_must_be_a_table() -> None:
             "pre[0].refresh",
             "minutes and hours cannot be given together",
         ),
-        ({"refresh": {"kind": "ttl", "minutes": 0}}, "pre[0].refresh.minutes", "positive"),
+        (
+            {"refresh": {"kind": "ttl", "minutes": 0}},
+            "pre[0].refresh.minutes",
+            "positive number of minutes",
+        ),
+        (
+            {"refresh": {"kind": "ttl", "hours": -1}},
+            "pre[0].refresh.hours",
+            "positive number of hours",
+        ),
         ({"refresh": {"kind": "ttl", "days": 1}}, "pre[0].refresh.days", "unknown key"),
         ({"refresh": {"minutes": 5}}, "pre[0].refresh.kind", 'one of "ttl"'),
         ({"refresh": 60}, "pre[0].refresh", "60 (integer)"),
