@@ -375,9 +375,15 @@ class Drive(Runner):
                 verdict, outcome = "halt", self.halt_of(step, result)
             elif post and type(result) is Regenerate:
                 verdict, outcome = "regenerate", result
-                if not isinstance(result.feedback, str) or not result.feedback.strip():
+                feedback: object = result.feedback  # a Regenerate built by hand
+                if not isinstance(feedback, str) or not feedback.strip():
+                    said = (
+                        "without feedback"
+                        if feedback is None or isinstance(feedback, str)
+                        else f"with feedback {type(feedback).__name__} {feedback!r:.60}, not text"
+                    )
                     raise HookReturnError(
-                        f"hook {step.label} returned regenerate() without feedback; the"
+                        f"hook {step.label} returned regenerate() {said}; the"
                         " model needs to know why its reply was rejected",
                         hook=step.name,
                         stage=step.stage,

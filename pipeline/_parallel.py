@@ -4,10 +4,11 @@ import anyio
 import anyio.lowlevel
 
 from turns import Part, Turn
+from turns._parts import part_problem
 
 from ._audit import HookRecord
 from ._describe import PART_TYPES
-from ._errors import HookError
+from ._errors import HookError, HookReturnError
 from ._excgroups import first_failure
 from ._plan import Group, Step
 from ._runner import Runner
@@ -66,6 +67,14 @@ async def _run_member(
         elif (type(result) is list or type(result) is tuple) and all(
             type(part) in PART_TYPES for part in result
         ):
+            for part in result:
+                problem = part_problem(part)
+                if problem is not None:
+                    raise HookReturnError(
+                        f"hook {step.label} returned a malformed part: {problem}",
+                        hook=step.name,
+                        stage=step.stage,
+                    )
             verdict, outcome = "parts", tuple(result)
         else:
             raise runner.wrong_return(step, result, "a list of parts or Halt", group=True)

@@ -198,6 +198,15 @@ class Runner:
 
     def halt_of(self, step: Step, result: Halt) -> Halt:
         """A hook's halt, checked and stamped with the hook's name."""
+        reason: object = result.reason  # a Halt built by hand may hold anything
+        if not isinstance(reason, str):
+            raise HookReturnError(
+                f"hook {step.label} returned a Halt whose reason is {type(reason).__name__}"
+                f' {reason!r:.60}, not text — halt("why") (the reason goes to the result,'
+                " the events and the audit record)",
+                hook=step.name,
+                stage=step.stage,
+            )
         try:
             check_halt_reply(result.reply)
         except (TypeError, ValueError) as exc:

@@ -68,8 +68,17 @@ def cont(value: T) -> Cont[T]:
     return Cont(value)
 
 
+def _check_text(signal: str, name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{signal}({name}) takes text, got {type(value).__name__} {value!r:.60} — say it"
+            " in words: it is shown to the model, the user or the audit record"
+        )
+
+
 def halt(reason: str, *, reply: str | Message | None = None) -> Halt:
     """Stop the turn for `reason`, optionally answering with `reply` instead of the model."""
+    _check_text("halt", "reason", reason)
     check_halt_reply(reply)
     return Halt(reason, reply)
 
@@ -87,14 +96,17 @@ def check_halt_reply(reply: object) -> None:
 
 def regenerate(feedback: str) -> Regenerate:
     """Reject the reply and ask the model again, telling it `feedback`."""
+    _check_text("regenerate", "feedback", feedback)
     return Regenerate(feedback)
 
 
 def block(reason: str) -> Block:
     """Do not run this tool call; the model receives an error result saying `reason`."""
+    _check_text("block", "reason", reason)
     return Block(reason)
 
 
 def ask(question: str) -> Ask:
     """Let the pipeline's ``permission`` callback decide whether this tool call runs."""
+    _check_text("ask", "question", question)
     return Ask(question)

@@ -108,11 +108,16 @@ def _before_signal(runner: Runner, step: Step, args: tuple[Any, ...], result: ob
     if type(result) is Halt:
         return runner.halt_of(step, result)
     if type(result) is Block or type(result) is Ask:
-        text = result.reason if type(result) is Block else result.question
+        text: object = result.reason if type(result) is Block else result.question
         if not isinstance(text, str) or not text.strip():
+            said = (
+                "without a reason"
+                if text is None or isinstance(text, str)
+                else f"with {type(text).__name__} {text!r:.60} for its reason, not text"
+            )
             raise HookReturnError(
-                f"hook {step.label} returned {type(result).__name__.lower()}() without a"
-                " reason; the model (or the person asked) needs to know why",
+                f"hook {step.label} returned {type(result).__name__.lower()}() {said}; the"
+                " model (or the person asked) needs to know why",
                 hook=step.name,
                 stage=step.stage,
             )

@@ -5,7 +5,7 @@ from typing import Any, Literal, Self, TypeAlias, final
 
 import attrs
 
-from ._parts import EMPTY, Part, Text, ToolCall, ToolResult
+from ._parts import EMPTY, Part, Text, ToolCall, ToolResult, part_problem
 
 Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset(("system", "user", "assistant", "tool"))
@@ -24,18 +24,33 @@ def _as_parts(content: str | Part | Iterable[Part]) -> tuple[Part, ...]:
         return (Text(content),)
     if isinstance(content, _PART_TYPES):
         return (content,)
-    parts = tuple(content)
-    for part in parts:
-        if not isinstance(part, _PART_TYPES):
-            raise TypeError(
-                f"a message part must be Text, ToolCall or ToolResult, got {type(part).__name__}"
-                " — wrap plain strings in Text(...)"
-            )
-    return parts
+    if not isinstance(content, Iterable):
+        raise TypeError(
+            f"a message's content is text, a part or parts, got {type(content).__name__}"
+            f" {content!r:.60} — pass a str, or Text, ToolCall and ToolResult parts"
+        )
+    return tuple(content)  # checked by the converter of `Message.parts`
 
 
 def _parts(parts: Iterable[Part]) -> tuple[Part, ...]:
-    return tuple(parts)
+    given: object = parts  # callers without a type checker pass anything
+    if isinstance(given, str):
+        raise TypeError(
+            f"Message parts must be parts, not a str ({given!r:.60}) — use"
+            ' Message.user("..."), or Message(role, (Text("..."),))'
+        )
+    if not isinstance(parts, Iterable):
+        raise TypeError(
+            f"Message parts must be an iterable of parts, got {type(parts).__name__} {parts!r:.60}"
+        )
+    parts = tuple(parts)
+    for part in parts:
+        # A lone well-formed Text, the commonest, costs two type checks.
+        if type(part) is not Text or type(part.text) is not str:
+            problem = part_problem(part)
+            if problem is not None:
+                raise TypeError(problem)
+    return parts
 
 
 @final

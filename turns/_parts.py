@@ -90,3 +90,43 @@ class ToolResult:
 
 
 Part: TypeAlias = Text | ToolCall | ToolResult
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def part_problem(part: object) -> str | None:
+    """What makes `part` no message part (a part of another type, or a field of the wrong
+    type, which would otherwise fail later, when the turn is rendered), or None."""
+    # The fields are read as plain objects: callers without a type checker pass anything.
+    if isinstance(part, Text):
+        text: object = part.text
+        if not isinstance(text, str):
+            return f"Text.text must be a str, got {_shown(text)}"
+    elif isinstance(part, ToolCall):
+        call_id: object = part.id
+        name: object = part.name
+        arguments: object = part.arguments
+        if not isinstance(call_id, str) or not isinstance(name, str):
+            return f"ToolCall.id and .name must be str, got {_shown(call_id)}, {_shown(name)}"
+        if not isinstance(arguments, Mapping):
+            return (
+                "ToolCall.arguments must be a mapping (the decoded JSON object), got"
+                f" {_shown(arguments)}"
+            )
+    elif isinstance(part, ToolResult):
+        answers: object = part.call_id
+        content: object = part.content
+        if not isinstance(answers, str) or not isinstance(content, str):
+            return (
+                "ToolResult.call_id and .content must be str (encode a structured result as"
+                f" JSON text), got {_shown(answers)}, {_shown(content)}"
+            )
+    else:
+        return (
+            f"a message part must be Text, ToolCall or ToolResult, got {_shown(part)} — wrap"
+            " plain strings in Text(...)"
+        )
+    return None

@@ -10,7 +10,7 @@ import attrs
 
 from ._context import Context, RequestOptions, Scope, _messages, merge_extra, narrow_tools
 from ._message import Message, _parts
-from ._parts import EMPTY, Part, Text, ToolCall, ToolResult
+from ._parts import EMPTY, Part, Text, ToolCall, ToolResult, part_problem
 
 Stage: TypeAlias = Literal["pre", "post"]
 
@@ -191,7 +191,8 @@ class Turn:
         a hook runs, the runtime's `Stamper` stamps it here, as it is made; outside a hook it
         is left unstamped (``source=None``).
         """
-        if len(parts) != 1 or type(parts[0]) is not Text:  # a lone Text has nothing to check
+        # A lone Text holding a str, the commonest, has nothing more to check.
+        if len(parts) != 1 or type(parts[0]) is not Text or type(parts[0].text) is not str:
             parts = _checked_parts(parts)
         # The new Injection and Turn are built by filling their slots (see the fast builders
         # below): this runs once per injecting hook.
@@ -338,6 +339,9 @@ def _checked_parts(parts: tuple[Part | str, ...]) -> tuple[Part, ...]:
                 "Turn.inject takes Text, ToolCall, ToolResult or str parts, got "
                 f"{type(part).__name__}"
             )
+        problem = part_problem(part)
+        if problem is not None:
+            raise TypeError(f"Turn.inject: {problem}")
     return checked
 
 

@@ -5,8 +5,23 @@ import re
 
 import pytest
 
-from pipeline import Chain, ConfigError, Hook, Parallel, chain, cont, hook, parallel
-from turns import Turn
+from pipeline import (
+    Chain,
+    ConfigError,
+    Halt,
+    Hook,
+    HookFailed,
+    HookReturnError,
+    Parallel,
+    Pipeline,
+    PipelineError,
+    chain,
+    cont,
+    hook,
+    parallel,
+)
+from pipeline.testing import ScriptedModel
+from turns import Text, Turn
 
 
 def tag_request(turn):
@@ -370,3 +385,22 @@ def test_an_empty_group_or_chain_says_what_to_pass(build, name) -> None:
         build()
     assert "got none" in str(excinfo.value)
     assert re.search(rf"e\.g\. {re.escape(name[:-2])}\(\w+, \w+\)", str(excinfo.value))
+
+
+@pytest.mark.parametrize(
+    ("returned", "says"),
+    [
+        (lambda turn: Halt(3), "returned a Halt whose reason is int 3, not text"),
+        (lambda turn: cont(turn.inject(Text(None))), "Text.text must be a str, got NoneType"),
+    ],
+)
+async def test_a_pre_hook_returning_malformed_content_fails_naming_it(returned, says):
+    """Catches: a hand-built Halt(3) taken as a halt (its reason then carried as data by the
+    result, the events and the audit record), and an injected Text(None) failing only when
+    the turn renders, as the model provider's failure."""
+    pipe = Pipeline(model=ScriptedModel(["ok"]), pre=[hook(returned, name="bad")])
+    with pytest.raises(PipelineError) as info:
+        await pipe.run(Turn.start("hi"))
+    assert isinstance(info.value, HookReturnError | HookFailed)
+    assert info.value.hook == "bad"
+    assert says in str(info.value)

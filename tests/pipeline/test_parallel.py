@@ -570,3 +570,13 @@ async def test_a_member_that_halts_the_group_is_named_in_the_halted_event(autoju
     async with pipe.stream(Turn.start("hi")) as events:
         halted = [(e.hook, e.reason) async for e in events if isinstance(e, ev.Halted)]
     assert halted == [("gate", "no entry")]
+
+
+async def test_a_member_returning_a_malformed_part_fails_naming_it():
+    """Catches: a member's [Text(3)] accepted, to fail later in rendering as a bare TypeError
+    (or as the model provider's failure) that names no hook."""
+    pipe = pipe_with(parallel(member("ok"), returning("bad", lambda turn: [Text(3)])))
+    with pytest.raises(HookReturnError) as info:
+        await pipe.run(Turn.start("hi"))
+    assert info.value.hook == "bad"
+    assert "returned a malformed part: Text.text must be a str, got int 3" in str(info.value)

@@ -91,3 +91,22 @@ def test_ask_carries_the_question(question: str) -> None:
 def test_signals_are_frozen(signal: object, field: str) -> None:
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         setattr(signal, field, "changed")
+
+
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        (lambda: halt(3), "halt(reason) takes text, got int 3"),
+        (lambda: halt(None), "halt(reason) takes text, got NoneType"),  # type: ignore[arg-type]
+        (lambda: block(None), "block(reason) takes text"),  # type: ignore[arg-type]
+        (lambda: ask(3), "ask(question) takes text"),  # type: ignore[arg-type]
+        (lambda: regenerate(None), "regenerate(feedback) takes text"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_signal_whose_text_is_not_text_is_refused_when_built(build, says: str) -> None:
+    """Catches: halt(3) building a Halt whose reason is not text (the other signals were
+    refused only once returned, as 'without a reason'), which the result, events and audit
+    record then carry."""
+    with pytest.raises(TypeError) as caught:
+        build()
+    assert says in str(caught.value)

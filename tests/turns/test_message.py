@@ -95,3 +95,28 @@ def test_text_leaves_out_tool_calls_and_results(items: list[Part]) -> None:
 
 def test_text_of_a_tool_message_is_empty() -> None:
     assert Message.tool(ToolResult("call-1", "42")).text == ""
+
+
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        (lambda: Message("user", "abc"), "not a str ('abc')"),
+        (lambda: Message("user", ("raw",)), "got str 'raw' — wrap plain strings in Text"),
+        (lambda: Message("user", (Text(3),)), "Text.text must be a str, got int 3"),
+        (lambda: Message("tool", (ToolResult("1", 5),)), "got str '1', int 5"),
+        (
+            lambda: Message("assistant", (ToolCall("1", "f", [1, 2]),)),
+            "ToolCall.arguments must be a mapping",
+        ),
+        (lambda: Message("user", 5), "an iterable of parts, got int 5"),
+        (lambda: Message.user(3), "text, a part or parts, got int 3"),
+        (lambda: Message.user([Text(None)]), "Text.text must be a str, got NoneType None"),
+    ],
+)
+def test_a_malformed_message_is_refused_where_it_is_built(build, says: str) -> None:
+    """Catches: Message("user", "abc") split into the parts 'a', 'b', 'c'; parts of the wrong
+    type or with fields of the wrong type accepted, to fail only when the turn renders them
+    (reported as the model provider's failure), or a bare "object is not iterable"."""
+    with pytest.raises(TypeError) as caught:
+        build()
+    assert says in str(caught.value)
