@@ -13,9 +13,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+import attrs
 import trio
 
-from pipeline import ConfigError, LogError, PipelineError
+from pipeline import ConfigError, LogError, Pipeline, PipelineError
 
 from ..config import _load as _config
 
@@ -40,16 +41,34 @@ def _loaded(path: str) -> "_config._Loaded":
     return loaded
 
 
+def _pipeline(args: argparse.Namespace) -> Pipeline:
+    """The config's pipeline, talking to the model `--model` names instead, if given."""
+    if args.model is None:
+        return _loaded(args.config).pipeline
+    from pipeline.providers import model_from_string
+
+    from ._demo import KEY_VARIABLES
+
+    model = model_from_string(args.model)  # a malformed spec is a ConfigError: exit 2
+    variable = KEY_VARIABLES.get(args.model.partition(":")[0].strip().lower())
+    if variable is not None and not os.environ.get(variable):
+        raise ConfigError(
+            f"--model {args.model} needs {variable} set in the environment (the key is read"
+            " from there only)"
+        )
+    return attrs.evolve(_config._load(args.config).pipeline, model=model)
+
+
 def _run(args: argparse.Namespace) -> int:
     from ._logs import open_log
     from ._run import Console, run_turn
 
-    loaded = _loaded(args.config)
+    pipe = _pipeline(args)
 
     async def turn() -> int:
         async with open_log(args.log) as log:
             return await run_turn(
-                loaded.pipeline,
+                pipe,
                 args.message,
                 log=log,
                 conversation=args.conversation,
@@ -66,7 +85,7 @@ def _chat(args: argparse.Namespace) -> int:
     from ._logs import open_log
     from ._run import Console, chat, read_stdin
 
-    loaded = _loaded(args.config)
+    pipe = _pipeline(args)
     console = Console(sys.stdout, sys.stderr)
     interactive = sys.stdin.isatty()
     if interactive:
@@ -77,7 +96,7 @@ def _chat(args: argparse.Namespace) -> int:
     async def turns() -> int:
         async with open_log(args.log) as log:
             return await chat(
-                loaded.pipeline,
+                pipe,
                 log=log,
                 conversation=args.conversation,
                 read_line=read_stdin,
@@ -234,6 +253,12 @@ def _version() -> str:
 
 
 def _conversation_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--model",
+        metavar="PROVIDER:MODEL",
+        help="talk to this model instead of the config's, e.g. openai:gpt-4o-mini (its API key"
+        " from the provider's environment variable)",
+    )
     command.add_argument(
         "--conversation",
         metavar="ID",

@@ -180,6 +180,70 @@ async def test_demo_with_a_model_and_its_key_talks_to_that_provider() -> None:
     assert "sk-local-test" not in out + done.stderr.decode()
 
 
+CONFIG_WITHOUT_MODEL = """
+[[transformers]]
+kind = "redact"
+patterns = ["[\\\\w.+-]+@[\\\\w-]+(?:\\\\.[\\\\w-]+)+"]
+replacement = "[EMAIL]"
+"""
+
+
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
+@pytest.mark.parametrize("command", ["run", "chat"])
+async def test_run_and_chat_with_a_model_talk_to_it_instead_of_the_configs(
+    tmp_path: Path, command: str
+) -> None:
+    """Catches: --model accepted by `demo` only (`turnplug run CONFIG MESSAGE --model ...` a
+    usage error), or the override losing the config's pipeline (its redaction), or the key
+    taken from anywhere but the provider's environment variable."""
+    from tests.providers import server as wire
+
+    config = tmp_path / "bare.toml"
+    config.write_text(CONFIG_WITHOUT_MODEL)
+    reply = wire.stream(wire.openai_text(["Write to ada@exa", "mple.com."]))
+    async with wire.running(reply) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+        env |= {"OPENAI_API_KEY": "sk-local-test", "OPENAI_BASE_URL": f"{server.url}/v1"}
+        argv = [TURNPLUG, command, str(config)]
+        argv += ["hi"] if command == "run" else []
+        done = await trio.run_process(
+            [*argv, "--model", "openai:local-model"],
+            capture_stdout=True,
+            capture_stderr=True,
+            stdin=b"hi\n" if command == "chat" else subprocess.DEVNULL,
+            env=env,
+            check=False,
+        )
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, err
+    assert "Write to [EMAIL]." in out
+    assert "no [model] table" not in err
+    assert [request.body["model"] for request in server.requests] == ["local-model"]
+    assert server.requests[0].headers["authorization"] == "Bearer sk-local-test"
+    assert "sk-local-test" not in out + err
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("openai:gpt-4o-mini", "--model openai:gpt-4o-mini needs OPENAI_API_KEY set"),
+        ("nonsense", "nonsense"),
+    ],
+)
+def test_run_with_a_model_it_cannot_use_is_a_usage_error(
+    tmp_path: Path, spec: str, says: str
+) -> None:
+    """Catches: a --model whose key is not set sent upstream without one (a 401 after the
+    pre hooks ran), or a malformed spec failing as a traceback instead of exit 2."""
+    config = tmp_path / "bare.toml"
+    config.write_text(CONFIG_WITHOUT_MODEL)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    done = turnplug("run", config, "hi", "--model", spec, env=env)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_demo_whose_reader_goes_away_exits_quietly() -> None:
     # As in `turnplug demo | head -n 1`: the reader takes one line and closes the pipe.
     demo = subprocess.Popen(
