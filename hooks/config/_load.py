@@ -576,7 +576,17 @@ def _read(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{source}: cannot read it: {exc}", source=source) from exc
     try:
-        return tomllib.loads(text) if suffix == ".toml" else json.loads(text)
+        if suffix == ".toml":
+            return tomllib.loads(text)
+        return json.loads(text, object_pairs_hook=_no_repeated_keys)
+    except _RepeatedKey as exc:
+        message = (
+            f"the key {json.dumps(exc.key)} appears twice in one object — JSON would keep"
+            " only the last; write it once (TOML refuses this too)"
+        )
+        raise ConfigError(
+            f"{source}: {message}", source=source, problems=(("", message),)
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: TOML syntax error: {exc}", source=source) from exc
     except json.JSONDecodeError as exc:
@@ -586,6 +596,24 @@ def _read(path: Path) -> Any:
         ) from exc
     except RecursionError:
         raise _too_deep(source) from None
+
+
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, refusing a key given twice (the parser keeps the last)."""
+    table = dict(pairs)
+    if len(table) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return table
 
 
 def _too_deep(source: str) -> ConfigError:

@@ -378,6 +378,17 @@ def test_refs_resolve_next_to_the_config_file(tmp_path: Path) -> None:
         ("c.toml", "system = ", "TOML syntax error"),
         ("c.toml", "[model\n", "line 1"),
         ("c.json", '{"system": }', "JSON syntax error"),
+        # Catches: a key given twice silently last-wins (the first pre list dropped).
+        (
+            "c.json",
+            '{"pre": [{"kind": "static", "text": "a"}], "system": "s", "pre": []}',
+            'the key "pre" appears twice in one object',
+        ),
+        (
+            "c.json",
+            '{"model": {"provider": "scripted", "reply": "x", "reply": "y"}}',
+            'the key "reply" appears twice',
+        ),
     ],
 )
 def test_file_problems_name_the_file(
