@@ -78,6 +78,13 @@ _SHUTTING_DOWN = (
 )
 
 
+def scrub_secrets(text: str, secrets: tuple[str, ...]) -> str:
+    """`text` with every one of `secrets` (the upstream and gateway keys) replaced."""
+    for secret in secrets:
+        text = text.replace(secret, _REDACTED)
+    return text
+
+
 @final
 @attrs.frozen(kw_only=True)
 class Settings:
@@ -384,9 +391,7 @@ class Gateway:
             self._quiet.set()
 
     def scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, _REDACTED)
-        return text
+        return scrub_secrets(text, self._secrets)
 
     def scrub_frame(self, body: Mapping[str, Any]) -> bytes:
         return sse(self.scrub(json.dumps(body, ensure_ascii=False)))

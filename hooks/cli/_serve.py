@@ -28,7 +28,7 @@ from hypercorn.config import Config as HypercornConfig
 from pipeline import ConfigError, Pipeline
 from pipeline.logs import Log, PostgresLog, SQLiteLog
 
-from ._gateway import _REDACTED, MIB, Gateway, Settings
+from ._gateway import MIB, Gateway, Settings, scrub_secrets
 from ._logs import POSTGRES_SCHEMES
 
 DEFAULT_KEY_ENV = "TURNPLUG_GATEWAY_KEY"
@@ -272,10 +272,7 @@ class _Scrubbed(logging.Formatter):
         self.secrets = tuple(s for s in secrets if s)
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        for secret in self.secrets:
-            text = text.replace(secret, _REDACTED)
-        return text
+        return scrub_secrets(super().format(record), self.secrets)
 
 
 def log_to_stderr(secrets: tuple[str, ...], stream: TextIO | None = None) -> logging.Handler:
