@@ -612,15 +612,16 @@ def test_a_turn_still_running_at_the_drain_timeout_is_answered_503_and_the_proce
     assert_cut_short(answer)
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
 def test_a_conversation_turn_still_running_at_the_drain_timeout_commits_nothing(
-    tmp_path: Path,
+    tmp_path: Path, loop: str
 ) -> None:
     """Catches: a conversation turn (X-Conversation-Id, --log) held by its upstream past the
     drain timeout left to the server's cut (a 500), or answered 503 while its session still
     commits it afterwards: the 503 says nothing was committed, and the log must agree."""
     log = tmp_path / "log.db"
     answer, _took, code, said = answer_held_past_the_drain_timeout(
-        tmp_path, "--log", str(log), conversation="c-held"
+        tmp_path, "--log", str(log), "--loop", loop, conversation="c-held"
     )
     assert code == 0, said
     assert "Traceback" not in said, said

@@ -1366,3 +1366,33 @@ async def test_a_background_hooks_events_carry_the_seconds_since_their_turn_star
             ("Committed", 2.0),
         )
     ]
+
+
+async def test_a_background_hooks_events_are_timed_from_their_own_turn_on_either_loop():
+    """Catches, on asyncio as on trio (in real time): background events stamped 0.0, or a
+    later turn's stamped against an earlier turn's start (the gap between the turns would
+    then show in them)."""
+
+    async def remember(turn: Turn):
+        await anyio.sleep(0.05)
+        return cont(turn.inject(Text("remembered")))
+
+    pipe = Pipeline(
+        model=ScriptedModel(["one", "two"]),
+        post=[hook(remember, name="remember", background=True, durable=True)],
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        await session.send("hi")
+        await anyio.sleep(0.5)
+        second = await session.send("again")
+
+    late = [event for event in session.events if event.turn_ref == second.turn.turn_ref]
+    assert [type(event).__name__ for event in late] == [
+        "HookStarted",
+        "HookFinished",
+        "Injected",
+        "Committed",
+    ]
+    assert 0.0 <= late[0].at < 0.25
+    assert 0.05 <= late[1].at < 0.3
