@@ -47,6 +47,12 @@ _started = _slot_setters(HookStarted)
 _finished = _slot_setters(HookFinished)
 _delta = _slot_setters(TextDelta)
 
+DELTA_SETTERS: tuple[Callable[[object, Any], None], ...] = (_set_at, *_delta)
+"""`TextDelta`'s slot setters: ``at``, ``turn_ref``, ``text``, ``attempt``.
+
+For the model step's loop, which builds one event per chunk inline (``object.__new__`` and
+these) rather than through `text_delta`: a call less on every chunk."""
+
 
 def hook_started(turn_ref: str, hook: str, stage: str, at: float = 0.0) -> HookStarted:
     """``HookStarted(turn_ref, hook, stage, at=at)``."""

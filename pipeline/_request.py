@@ -8,7 +8,7 @@ from turns import Message, Part, Text, ToolCall, ToolSpec, Turn, render
 from . import events as ev
 from ._budget import json_text, message_tokens
 from ._describe import describe, exc_text
-from ._emit import text_delta
+from ._emit import DELTA_SETTERS, text_delta
 from ._errors import (
     ContextOverflow,
     HookError,
@@ -20,6 +20,7 @@ from ._errors import (
 from ._model import ModelFinish, ModelRequest, ModelText, ModelToolCall
 from ._runner import Runner
 from ._seam import PIECE, Seam
+from .events import TextDelta
 
 _CHOICE_KEYWORDS = frozenset(("auto", "none", "required"))
 
@@ -97,6 +98,9 @@ def _check_choice(choice: object, names: list[str], shaped_by: Mapping[str, str]
         )
 
 
+new = object.__new__
+
+
 async def call_model(
     runner: Runner,
     request: ModelRequest,
@@ -134,7 +138,8 @@ async def call_model(
     post = runner.post if deliver is not None and deliver is runner.emit else None
     if post is not None:
         deliver = None
-        now, start = runner.now, runner.start
+        now, start, turn_ref = runner.now, runner.start, runner.turn_ref
+        set_at, set_ref, set_text, set_attempt = DELTA_SETTERS
     try:
         async with model.stream(request) as stream:
             async for event in stream:
@@ -148,7 +153,13 @@ async def call_model(
                     if text:
                         chunks.append(text)
                         if post is not None:
-                            post(text_delta(runner.turn_ref, text, attempt, now() - start))
+                            # text_delta(), inlined: one event per chunk.
+                            delta = new(TextDelta)
+                            set_at(delta, now() - start)
+                            set_ref(delta, turn_ref)
+                            set_text(delta, text)
+                            set_attempt(delta, attempt)
+                            post(delta)
                         elif deliver is not None:
                             deliver(text_delta(runner.turn_ref, text, attempt))
                 elif kind is ModelToolCall and type(event.call) is ToolCall:  # type: ignore[union-attr]
