@@ -3,6 +3,7 @@
 from collections.abc import Callable
 
 import anyio
+import anyio.lowlevel
 import attrs
 import pytest
 from hypothesis import given
@@ -597,6 +598,91 @@ async def test_leaving_the_block_early_on_either_loop_cancels_the_turn_and_leave
     assert live_tasks() == before
     with pytest.raises(RuntimeError, match="has not finished"):
         _ = events.result
+
+
+class Shielded:
+    """A hook that does its work behind an AnyIO shield (as a commit being written does)."""
+
+    def __init__(self, trace: list[str]) -> None:
+        self.trace = trace
+        self.started = anyio.Event()
+
+    async def __call__(self, turn: Turn):
+        self.trace.append("hook started")
+        with anyio.CancelScope(shield=True):
+            self.started.set()
+            for _ in range(5):
+                await anyio.sleep(0.01)
+            self.trace.append("shielded work done")
+        try:
+            await anyio.lowlevel.checkpoint()
+        except anyio.get_cancelled_exc_class():
+            self.trace.append("hook cancelled after its shield")
+            raise
+        return cont(turn)
+
+
+async def test_a_cancelled_caller_waits_for_the_turns_shielded_work_on_either_loop():
+    """Catches: a streamed turn stopped with a bare ``Task.cancel()`` under asyncio, which
+    breaks through AnyIO's shields (a commit being written, a cancelled tool's after-tool
+    hooks), and a block that goes on before the turn has ended. The caller's own scope is
+    cancelled while the hook is inside its shield; AnyIO keeps cancelling the caller until
+    it leaves that scope."""
+    trace: list[str] = []
+    shielded = Shielded(trace)
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[hook(shielded, name="shielded")])
+    before = live_tasks()
+
+    with anyio.fail_after(5):
+        with anyio.CancelScope() as outer:
+            async with pipe.stream(start()) as events:
+                async for event in events:
+                    if isinstance(event, HookStarted):
+                        await shielded.started.wait()
+                        outer.cancel()
+                        await anyio.sleep(1)
+                        trace.append("slept through the cancel")
+        trace.append("left the block")
+
+    assert outer.cancelled_caught
+    assert trace == [
+        "hook started",
+        "shielded work done",
+        "hook cancelled after its shield",
+        "left the block",
+    ]
+    assert live_tasks() == before
+
+
+class Fatal(BaseException):
+    """Not an Exception: what a hook's SystemExit or KeyboardInterrupt is."""
+
+
+async def test_a_hook_raising_a_base_exception_ends_the_iteration_with_it_on_either_loop():
+    """Catches: a turn ended by a BaseException that is not an Exception read as a plain end
+    of the events under asyncio (the consumer going on after its loop, ``events.result``
+    missing), or raised twice."""
+
+    async def fatal(turn: Turn):
+        raise Fatal("stop everything")
+
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[hook(fatal, name="fatal")])
+    trace: list[str] = []
+
+    async def consume() -> None:
+        async with pipe.stream(start()) as events:
+            try:
+                async for event in events:
+                    trace.append(type(event).__name__)
+            except Fatal:
+                trace.append("raised from the iteration")
+                raise
+            trace.append("after the loop")
+
+    with pytest.raises(Fatal, match="stop everything"):
+        await consume()
+
+    assert trace == ["TurnStarted", "HookStarted", "raised from the iteration"]
 
 
 async def test_a_failing_hook_surfaces_once_from_the_iteration_and_not_again_on_leaving():
