@@ -53,8 +53,11 @@ async def stream_turn(
         if error is not None:
             raise error
     else:
-        # The task copies the caller's context, as a task group's would.
-        task = asyncio.get_running_loop().create_task(events._drive_in_scope(drive, turn))
+        # The task copies the caller's context, and its scope takes the caller's deadline,
+        # as a task group's would: a hook sees the deadline it runs under, and the turn
+        # ends when it passes, as under trio.
+        deadline = anyio.current_effective_deadline()
+        task = asyncio.get_running_loop().create_task(events._drive_in_scope(drive, turn, deadline))
         try:
             yield events
         finally:
@@ -203,8 +206,8 @@ class TurnEvents:
             self._done = True
             self._lot.unpark_all()
 
-    async def _drive_in_scope(self, drive: Drive, turn: Turn) -> None:
-        with anyio.CancelScope() as self._scope:
+    async def _drive_in_scope(self, drive: Drive, turn: Turn, deadline: float) -> None:
+        with anyio.CancelScope(deadline=deadline) as self._scope:
             await self._drive(drive, turn)
 
 

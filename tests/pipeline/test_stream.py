@@ -654,6 +654,47 @@ async def test_a_cancelled_caller_waits_for_the_turns_shielded_work_on_either_lo
     assert live_tasks() == before
 
 
+async def test_a_streamed_turns_hook_sees_the_callers_deadline_on_either_loop():
+    """Catches: the turn driven in a task outside the caller's cancel scopes under asyncio,
+    so that a hook reading ``anyio.current_effective_deadline()`` (to skip slow work when
+    time is short) sees none, unlike under trio and unlike the same turn through ``run()``."""
+    seen: list[float] = []
+
+    async def looks(turn: Turn):
+        seen.append(anyio.current_effective_deadline())
+        return cont(turn)
+
+    pipe = Pipeline(model=ScriptedModel(["ok", "ok"]), pre=[hook(looks, name="looks")])
+
+    with anyio.move_on_after(60) as scope:
+        await pipe.run(start())
+        async with pipe.stream(start()) as events:
+            async for _ in events:
+                pass
+
+    assert seen == [scope.deadline, scope.deadline]
+
+
+async def test_the_callers_deadline_passing_mid_turn_cancels_the_consumer_not_ends_it():
+    """Catches: a caller's deadline that stops the turn and lets the consumer see a plain end
+    of the events (running the code after its loop) instead of its own cancellation; on
+    both loops, with the consumer waiting for the next event when the deadline passes."""
+    trace: list[str] = []
+    blocked = Blocked(trace)
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[hook(blocked, name="blocked")])
+
+    with anyio.fail_after(5):
+        with anyio.move_on_after(0.05) as scope:
+            async with pipe.stream(start()) as events:
+                async for event in events:
+                    trace.append(type(event).__name__)
+                trace.append("after the loop")
+
+    assert scope.cancelled_caught
+    # The drive runs ahead of its consumer until the hook blocks.
+    assert trace == ["hook started", "TurnStarted", "HookStarted", "hook cancelled"]
+
+
 class Fatal(BaseException):
     """Not an Exception: what a hook's SystemExit or KeyboardInterrupt is."""
 
