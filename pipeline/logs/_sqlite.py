@@ -15,6 +15,7 @@ from turns import Message
 
 from .._audit import AuditRecord
 from .._errors import LogError
+from .._loop import shielded
 from . import _codec
 from ._pool import Connections, DatabaseLog
 from ._protocol import ConversationInfo, LogEntry, by_recency, check_append, check_depth, conflict
@@ -147,7 +148,7 @@ class SQLiteLog(DatabaseLog):
 
     async def _write(self, batch: "list[_Commit]") -> None:
         try:
-            with anyio.CancelScope(shield=True):  # taken: written whatever happens to us
+            with shielded():  # taken: written whatever happens to us
                 outcomes = await self._connections.run(
                     functools.partial(_append_batch, [commit.args for commit in batch])
                 )
@@ -334,24 +335,27 @@ def _append_locked(
     audit: str | None,
     expected_length: int | None,
 ) -> _Outcome:
-    if connection.execute(
-        "SELECT 1 FROM turnplug_turns WHERE conversation_id = ? AND turn_ref = ?",
-        (conversation_id, turn_ref),
-    ).fetchone():
-        return "duplicate", 0
     row = connection.execute(
         "SELECT length, turns FROM turnplug_conversations WHERE conversation_id = ?",
         (conversation_id,),
     ).fetchone()
     length, turns = row if row is not None else (0, 0)
     if expected_length is not None and expected_length != length:
+        # A turn committed already is a duplicate, whatever length its retry expects.
+        if _committed(connection, conversation_id, turn_ref):
+            return "duplicate", 0
         return "conflict", length
-    connection.execute(
+    # The turn_ref's unique index tells a duplicate apart: no row inserted, and no read of
+    # the turns for the common case.
+    inserted = connection.execute(
         "INSERT INTO turnplug_turns (conversation_id, position, turn_ref, message_count,"
         " messages, audit, committed_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+        " VALUES (?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"
+        " ON CONFLICT (conversation_id, turn_ref) DO NOTHING",
         (conversation_id, turns, turn_ref, count, messages, audit),
-    )
+    ).rowcount
+    if not inserted:
+        return "duplicate", 0
     if row is None:
         connection.execute(
             "INSERT INTO turnplug_conversations (conversation_id, length, turns) VALUES (?, ?, 1)",
@@ -363,6 +367,16 @@ def _append_locked(
             (length + count, turns + 1, conversation_id),
         )
     return "committed", length + count
+
+
+def _committed(connection: sqlite3.Connection, conversation_id: str, turn_ref: str) -> bool:
+    return (
+        connection.execute(
+            "SELECT 1 FROM turnplug_turns WHERE conversation_id = ? AND turn_ref = ?",
+            (conversation_id, turn_ref),
+        ).fetchone()
+        is not None
+    )
 
 
 def _load(conversation_id: str, connection: sqlite3.Connection) -> list[tuple[Message, ...]]:
