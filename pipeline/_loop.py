@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
 
+import anyio
 import sniffio
 import trio
 
@@ -44,6 +45,17 @@ def current_loop(what: str) -> Loop:
 def is_cancellation(exc: BaseException) -> bool:
     """Whether `exc` is a cancellation of either loop (no loop needs to be running)."""
     return isinstance(exc, trio.Cancelled | asyncio.CancelledError)
+
+
+def shielded() -> "trio.CancelScope | anyio.CancelScope":
+    """A cancel scope shielded from the caller's cancellation, the running loop's cheapest.
+
+    Under trio it is trio's own: AnyIO's wrapper of it costs about 15 µs more around an
+    await (a log's commit pays it once per transaction); under asyncio, AnyIO's.
+    """
+    if sniffio.current_async_library() == "trio":
+        return trio.CancelScope(shield=True)
+    return anyio.CancelScope(shield=True)
 
 
 def clock_reader(loop: Loop) -> Callable[[], float]:
