@@ -4,13 +4,13 @@
 and never waits for the consumer, except a session's turn before its commit (`caught_up`).
 """
 
-import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import NoReturn, final
 
 import anyio
+import anyio.lowlevel
 import trio
 
 from turns import Turn
@@ -18,7 +18,7 @@ from turns import Turn
 from . import events as ev
 from ._drive import Drive
 from ._excgroups import own_error, raise_single
-from ._loop import Lot, current_loop, is_cancellation, new_lot
+from ._loop import Lot, current_loop, new_lot
 from ._result import TurnResult
 
 
@@ -28,71 +28,44 @@ async def stream_turn(
 ) -> AsyncIterator["TurnEvents"]:
     """Drive `turn` in a task of its own while the caller iterates `events`.
 
-    The task is the loop's own, not one of an AnyIO task group, which costs a third more on
-    trio and twice as much on asyncio: a trio nursery (what AnyIO's task group wraps there),
-    or an asyncio task in an AnyIO cancel scope, awaited to its end whatever happens to the
-    caller meanwhile, as a task group's would be.
+    Under trio the task is a trio nursery's, which is what AnyIO's task group wraps there:
+    the same semantics at 60% of the cost. Under asyncio it is an AnyIO task group's, the
+    only way to make the task a child of the caller's AnyIO cancel scopes (their deadlines,
+    moved or not, and their cancellation reach the turn as they reach its caller).
     """
     loop = current_loop("a streamed turn (Pipeline.stream, session.stream)")
     events._lot, events._taken = new_lot(loop), new_lot(loop)
-    if loop == "trio":
-        error: BaseException | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(events._drive, drive, turn)
-                try:
-                    yield events
-                finally:
-                    # A consumer that read to the end finds the drive finished: nothing is
-                    # left to cancel. One that leaves early, or is cancelled or fails,
-                    # cancels the turn still running.
-                    if not events._done:
-                        nursery.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            error = own_error(group)
-        if error is not None:
-            raise error
-    else:
-        # The task copies the caller's context, and its scope takes the caller's deadline,
-        # as a task group's would: a hook sees the deadline it runs under, and the turn
-        # ends when it passes, as under trio.
-        deadline = anyio.current_effective_deadline()
-        task = asyncio.get_running_loop().create_task(events._drive_in_scope(drive, turn, deadline))
-        try:
-            yield events
-        finally:
-            await _end_task(task, events)
+    group = trio.open_nursery() if loop == "trio" else anyio.create_task_group()
+    error: BaseException | None = None
+    try:
+        async with group as tasks:
+            tasks.start_soon(events._drive, drive, turn)
+            try:
+                yield events
+            finally:
+                # A consumer that read to the end finds the drive finished: nothing is left
+                # to cancel, and a cancel is not free (AnyIO's asyncio scope writes the
+                # current task's repr into its cancel reason). One that leaves early, or is
+                # cancelled or fails, cancels the turn still running.
+                if not events._done:
+                    tasks.cancel_scope.cancel()
+    except BaseExceptionGroup as group_error:
+        error = own_error(group_error)
+    if error is not None:
+        raise error
+    if events._stopped_at_end:
+        # The consumer asked for more of a turn that had been stopped, and what stopped it
+        # did not reach the caller (a stray cancellation inside the turn, say): fail loudly.
+        raise RuntimeError(_STOPPED)
     if events._error is not None and not events._raised:
         events._raised = True
         raise events._error
 
 
-async def _end_task(task: "asyncio.Task[None]", events: "TurnEvents") -> None:
-    """Stop an asyncio drive task that is still running, and wait for its end."""
-    if not task.done():
-        scope = events._scope
-        if scope is None:
-            # Not started yet: it never will.
-            task.cancel()
-        else:
-            # Through AnyIO, so that the turn's shielded work (a commit being written, a
-            # cancelled tool's after-tool hooks) finishes as under a task group: a bare
-            # Task.cancel() would break through AnyIO's shields.
-            scope.cancel()
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.wait((task,))
-        except asyncio.CancelledError as exc:
-            # The caller is cancelled: the turn still ends before the caller goes on.
-            cancelled = exc
-    if cancelled is not None:
-        raise cancelled
-    if not task.cancelled():
-        # What `_drive` does not keep for the iteration (nothing, unless it is broken).
-        failure = task.exception()
-        if failure is not None:
-            raise failure
+_STOPPED = (
+    "the turn was stopped before it finished (cancelled, or its task ended by a"
+    " BaseException): its events end there, and it has no result"
+)
 
 
 @final
@@ -115,7 +88,7 @@ class TurnEvents:
         "_lot",
         "_raised",
         "_result",
-        "_scope",
+        "_stopped_at_end",
         "_taken",
         "_waiting",
     )
@@ -130,11 +103,11 @@ class TurnEvents:
         self._behind = False
         self._done = False
         self._result: TurnResult | None = None
-        self._error: BaseException | None = None
-        # Under asyncio, the drive task's scope: how the stream cancels it.
-        self._scope: anyio.CancelScope | None = None
+        self._error: Exception | None = None
         self._raised = False
         self._exhausted = False
+        # The consumer found the turn stopped before its end (`_stopped`).
+        self._stopped_at_end = False
 
     @property
     def result(self) -> TurnResult:
@@ -156,6 +129,8 @@ class TurnEvents:
     async def __anext__(self) -> ev.Event:
         while not self._buffer:
             if self._done:
+                if self._result is None and self._error is None:
+                    await self._stopped()
                 self._end()
             self._waiting = True
             try:
@@ -181,6 +156,22 @@ class TurnEvents:
             self._waiting = False
             self._lot.unpark_all()
 
+    async def _stopped(self) -> None:
+        """The turn ended with neither a result nor an error: it was stopped.
+
+        Cancelled with its caller (a deadline, the caller's scope), or its task ended by a
+        BaseException that is not an Exception (KeyboardInterrupt, SystemExit), which the
+        task group raises when the block is left. Never a plain end of the events, which
+        would let the consumer take a cut-short turn for a finished one: the caller's own
+        cancellation, or the task group's, is delivered here; if none is (the consumer is
+        shielded), the iteration fails.
+        """
+        self._stopped_at_end = True
+        await anyio.lowlevel.checkpoint()
+        if not self._exhausted:
+            self._exhausted = True
+            raise RuntimeError(_STOPPED)
+
     def _end(self) -> NoReturn:
         self._exhausted = True
         if self._error is not None and not self._raised:
@@ -196,19 +187,9 @@ class TurnEvents:
                 raise_single(group)
         except Exception as exc:  # delivered to the consumer through the iteration
             self._error = exc
-        except BaseException as exc:
-            if is_cancellation(exc):
-                raise
-            # Not an Exception (a hook's SystemExit, say): still the consumer's to see, from
-            # the iteration, on both loops alike.
-            self._error = exc
         finally:
             self._done = True
             self._lot.unpark_all()
-
-    async def _drive_in_scope(self, drive: Drive, turn: Turn, deadline: float) -> None:
-        with anyio.CancelScope(deadline=deadline) as self._scope:
-            await self._drive(drive, turn)
 
 
 class _NotStarted:

@@ -79,6 +79,32 @@ def test_a_streamed_session_runs_under_asyncio_run() -> None:
     )
 
 
+def test_a_streamed_turn_stopped_by_a_stray_cancellation_fails_loudly() -> None:
+    """Catches: a hook that lets a stray ``CancelledError`` out (it awaited a future someone
+    cancelled; nothing cancelled the turn) ending the turn's events as if it had finished,
+    the consumer's code after its loop running and the block left without a word."""
+
+    async def stray(turn: Turn):
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+        return cont(turn)
+
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[hook(stray, name="stray")])
+    trace: list[str] = []
+
+    async def main() -> None:
+        async with pipe.stream(Turn.start("x")) as events:
+            async for event in events:
+                trace.append(type(event).__name__)
+            trace.append("after the loop")
+
+    with pytest.raises(RuntimeError, match="stopped before it finished"):
+        asyncio.run(main())
+
+    assert trace == ["TurnStarted", "HookStarted"]
+
+
 def test_hooks_tools_models_and_search_may_use_asyncio_itself() -> None:
     """Catches: user code awaiting asyncio's own API (asyncio.sleep, an asyncio.Queue,
     asyncio.to_thread) failing inside a turn, as it would if the turn ran on trio."""
