@@ -92,6 +92,7 @@ class Drive(Runner):
         host: TurnHost | None = None,
         caught_up: Callable[[], Awaitable[None]] | None = None,
         open_tools: OpenTools | None = None,
+        relay: list[Emit] | None = None,
     ) -> None:
         super().__init__(plan, emit)
         self.host = host
@@ -101,7 +102,9 @@ class Drive(Runner):
         # session or the pipeline running the turn opened (None: the plan's own tools).
         self.open_tools = open_tools
         # Built where the turn is set up, in the caller's context (a tracer's parent span).
-        self.watch = watch_turn(self, emit)
+        # `relay`: the listener's own way in for stamped events, which it may swap (a
+        # streamed turn's `TurnEvents`); used when nothing else watches the turn.
+        self.watch = watch_turn(self, emit, relay)
         if self.watch is not None:
             self.emit = self.watch.emit
 
@@ -194,12 +197,12 @@ class Drive(Runner):
         now, emit, records = self.now, self.emit, self.records
         # A watched turn's hook events are stamped from the clock reads that time the hook
         # and posted as they are: no second clock read, no stamping layer per event.
-        post, start = self.post, self.start
-        assert post is not None or emit is None, "the watch posts from the turn's first event"
+        relay, start = self.relay, self.start
+        assert relay is not None or emit is None, "the watch relays from the turn's first event"
         # What a hook injects through `Turn.inject` is stamped as it is made (`stamp`).
         stamper = self.stamper
         with stamper:
-            return await self.ordered_with(steps, turn, stamper, now, records, post, start)
+            return await self.ordered_with(steps, turn, stamper, now, records, relay, start)
 
     async def ordered_with(
         self,
@@ -208,19 +211,19 @@ class Drive(Runner):
         stamper: Stamper,
         now: Callable[[], float],
         records: list[HookRecord],
-        post: Emit | None,
+        relay: list[Emit] | None,
         start: float,
     ) -> Verdict:
         """`ordered`'s loop, with the stamper current."""
         plan = self.plan
         # Whether injections are counted or announced: only then is `stamp` needed for a
         # hook whose injections the stamper made.
-        counting = post is not None or plan.budget is not None or plan.tokenizer is not None
+        counting = relay is not None or plan.budget is not None or plan.tokenizer is not None
         for step in steps:
             if type(step) is Step and step.plain:
                 started = now()
-                if post is not None:
-                    post(hook_started(self.turn_ref, step.name, step.stage, started - start))
+                if relay is not None:
+                    relay[0](hook_started(self.turn_ref, step.name, step.stage, started - start))
                 stamper.stamp = made = step.stamp
                 try:
                     result = await step.hook.fn(turn)
@@ -253,8 +256,8 @@ class Drive(Runner):
                             None,
                         )
                         records.append(new_record(HookRecord, record))
-                        if post is not None:
-                            post(
+                        if relay is not None:
+                            relay[0](
                                 hook_finished(
                                     self.turn_ref,
                                     step.name,

@@ -63,13 +63,14 @@ class Watch:
     """One turn's watch: `emit` stamps and dispatches each event; `failed` ends the trace.
 
     The first event (the turn's `TurnStarted`) fixes the turn's start on the turn's clock
-    and hands the runner two emitters: ``post``, which dispatches an event already stamped,
-    and ``emit``, which stamps it with one clock read and then posts it. With a listener and
-    nothing else, ``post`` is the listener itself, so an event the drive stamps from a clock
-    read it takes anyway (a hook's start and end) costs no more than it would unwatched.
+    and hands the runner two emitters: ``relay[0]``, which dispatches an event already
+    stamped, and ``emit``, which stamps it with one clock read and then relays it. With a
+    listener and nothing else, ``relay[0]`` is the listener itself (or what it put in its own
+    relay), so an event the drive stamps from a clock read it takes anyway (a hook's start
+    and end) costs no more than it would unwatched.
     """
 
-    __slots__ = ("debug", "runner", "sink", "start", "tracer")
+    __slots__ = ("debug", "own_relay", "runner", "sink", "start", "tracer")
 
     def __init__(
         self,
@@ -77,9 +78,11 @@ class Watch:
         sink: Callable[[ev.Event], None] | None,
         tracer: TurnTracer | None,
         debug: bool,
+        own_relay: list[Callable[[ev.Event], None]] | None = None,
     ) -> None:
         self.runner = runner
         self.sink = sink
+        self.own_relay = own_relay
         self.tracer = tracer
         self.debug = debug
         self.start: float | None = None
@@ -89,23 +92,25 @@ class Watch:
         runner = self.runner
         now = runner.now
         start = self.start = runner.start = now()
-        post = runner.post = self._poster()
+        relay = runner.relay = self._relay()
 
         def emit(event: ev.Event) -> None:
             _set_at(event, now() - start)
-            post(event)
+            relay[0](event)
 
         runner.emit = emit
         # The first event is at 0.0 exactly: the turn starts with it.
         _set_at(event, 0.0)
-        post(event)
+        relay[0](event)
 
-    def _poster(self) -> Callable[[ev.Event], None]:
-        """What dispatches a stamped event: to the tracer, the debug log, the listener."""
+    def _relay(self) -> list[Callable[[ev.Event], None]]:
+        """What dispatches a stamped event (to the tracer, the debug log, the listener), in
+        the one-item list the runner reads it from for every event."""
         sink, tracer, debug = self.sink, self.tracer, self.debug
         if tracer is None and not debug and sink is not None:
-            # The common case: a listener, nothing else.
-            return sink
+            # The common case: a listener, nothing else. A streamed turn's listener has a
+            # relay of its own, which it keeps pointing at the cheapest way in (`TurnEvents`).
+            return self.own_relay if self.own_relay is not None else [sink]
 
         def dispatch(event: ev.Event) -> None:
             if tracer is not None:
@@ -115,7 +120,7 @@ class Watch:
             if sink is not None:
                 sink(event)
 
-        return dispatch
+        return [dispatch]
 
     def failed(self, error: BaseException) -> None:
         """The turn raised (or was cancelled) instead of finishing: end its trace."""
@@ -127,7 +132,11 @@ class Watch:
             self.tracer.ended(error, at)
 
 
-def watch_turn(runner: "Runner", sink: Callable[[ev.Event], None] | None) -> Watch | None:
+def watch_turn(
+    runner: "Runner",
+    sink: Callable[[ev.Event], None] | None,
+    own_relay: list[Callable[[ev.Event], None]] | None = None,
+) -> Watch | None:
     """The watch of a turn about to be driven, or None when nothing needs its events.
 
     Called where the turn is set up, in the caller's context (see the module docstring).
@@ -136,7 +145,7 @@ def watch_turn(runner: "Runner", sink: Callable[[ev.Event], None] | None) -> Wat
     debug = log.isEnabledFor(logging.DEBUG)
     if sink is None and tracer is None and not debug:
         return None
-    return Watch(runner, sink, tracer, debug)
+    return Watch(runner, sink, tracer, debug, own_relay)
 
 
 def _brief(event: ev.Event) -> str:

@@ -409,7 +409,7 @@ class Pipeline:
         """
         _check_turn(turn)
         events = TurnEvents()
-        drive = Drive(self._plan, events._emit, open_tools=self._open_tools())
+        drive = Drive(self._plan, events._emit, open_tools=self._open_tools(), relay=events._relay)
         return stream_turn(drive, turn, events)
 
     def session(

@@ -133,10 +133,10 @@ async def call_model(
     chunks: list[str] = []
     calls: list[ToolCall] = []
     finish: ModelFinish | None = None
-    # A watched turn's text events, unless held, are stamped here and posted as they are
+    # A watched turn's text events, unless held, are stamped here and relayed as they are
     # (`Watch`): no stamping call per chunk. Held ones are stamped when they are let out.
-    post = runner.post if deliver is not None and deliver is runner.emit else None
-    if post is not None:
+    relay = runner.relay if deliver is not None and deliver is runner.emit else None
+    if relay is not None:
         deliver = None
         now, start, turn_ref = runner.now, runner.start, runner.turn_ref
         set_at, set_ref, set_text, set_attempt = DELTA_SETTERS
@@ -152,14 +152,14 @@ async def call_model(
                         )
                     if text:
                         chunks.append(text)
-                        if post is not None:
+                        if relay is not None:
                             # text_delta(), inlined: one event per chunk.
                             delta = new(TextDelta)
                             set_at(delta, now() - start)
                             set_ref(delta, turn_ref)
                             set_text(delta, text)
                             set_attempt(delta, attempt)
-                            post(delta)
+                            relay[0](delta)
                         elif deliver is not None:
                             deliver(text_delta(runner.turn_ref, text, attempt))
                 elif kind is ModelToolCall and type(event.call) is ToolCall:  # type: ignore[union-attr]
@@ -194,8 +194,8 @@ async def call_model(
             raise
         if tail:
             chunks.append(tail)
-            if post is not None:
-                post(text_delta(runner.turn_ref, tail, attempt, now() - start))
+            if relay is not None:
+                relay[0](text_delta(runner.turn_ref, tail, attempt, now() - start))
             elif deliver is not None:
                 deliver(text_delta(runner.turn_ref, tail, attempt))
     text = "".join(chunks)

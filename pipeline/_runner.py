@@ -46,9 +46,9 @@ class Runner:
         "late",
         "now",
         "plan",
-        "post",
         "records",
         "rejections",
+        "relay",
         "shaped_by",
         "sizes",
         "stamper",
@@ -60,10 +60,12 @@ class Runner:
     def __init__(self, plan: Plan, emit: Emit | None) -> None:
         self.plan = plan
         self.emit = emit
-        # Set by the turn's watch at its first event: `post` hands on an event whose `at` is
-        # already stamped (from a clock read the caller took anyway), against `start`, the
-        # turn's start on the same clock. None until then, and for a turn nobody watches.
-        self.post: Emit | None = None
+        # Set by the turn's watch at its first event: ``relay[0]`` hands on an event whose
+        # `at` is already stamped (from a clock read the caller took anyway), against
+        # `start`, the turn's start on the same clock. A one-item list, read afresh for every
+        # event: a streamed turn's consumer swaps what is in it (`TurnEvents`). None until
+        # then, and for a turn nobody watches.
+        self.relay: list[Emit] | None = None
         self.start = 0.0
         self.records: list[HookRecord] = []
         self.attempts: list[AttemptRecord] = []

@@ -149,7 +149,7 @@ class Session:
         async with self._lock:
             events = TurnEvents()
             turn = self._turn(message, system, tools, request, turn_ref)
-            drive = self._drive(events._emit, events._caught_up)
+            drive = self._drive(events._emit, events._caught_up, events._relay)
             async with stream_turn(drive, turn, events) as stream:
                 yield stream
 
@@ -197,10 +197,13 @@ class Session:
         return turn
 
     def _drive(
-        self, emit: Emit | None, caught_up: Callable[[], Awaitable[None]] | None = None
+        self,
+        emit: Emit | None,
+        caught_up: Callable[[], Awaitable[None]] | None = None,
+        relay: list[Emit] | None = None,
     ) -> Drive:
         host = TurnHost(self._commit, self._spawn)
-        return Drive(self._plan, emit, host, caught_up, self._open_tools)
+        return Drive(self._plan, emit, host, caught_up, self._open_tools, relay)
 
     async def _commit(self, result: TurnResult) -> tuple[str, tuple[Message, ...]]:
         messages = result.log_messages

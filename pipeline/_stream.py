@@ -5,7 +5,7 @@ and never waits for the consumer, except a session's turn before its commit (`ca
 """
 
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import NoReturn, final
 
@@ -77,8 +77,7 @@ class TurnEvents:
     scheduler; the consumer waits, and so checkpoints, once it has caught up with the turn.
     """
 
-    # Slots: the drive reads `_waiting` once per event, the consumer `_buffer` twice and
-    # `_behind` once.
+    # Slots: the consumer reads `_buffer` twice and `_behind` once per event.
     __slots__ = (
         "_behind",
         "_buffer",
@@ -87,6 +86,7 @@ class TurnEvents:
         "_exhausted",
         "_lot",
         "_raised",
+        "_relay",
         "_result",
         "_stopped_at_end",
         "_taken",
@@ -95,6 +95,10 @@ class TurnEvents:
 
     def __init__(self) -> None:
         self._buffer: deque[ev.Event] = deque()
+        # How the drive's watch hands over each event when nothing else watches the turn
+        # (`Watch._relay`): into the buffer directly, a C call, while the consumer is not
+        # waiting; through `_emit`, which wakes it, while it is.
+        self._relay: list[Callable[[ev.Event], None]] = [self._emit]
         # The loop's own wake-ups, set when the turn starts (the loop is known then).
         self._lot: Lot = _NOT_STARTED
         self._taken: Lot = _NOT_STARTED
@@ -133,6 +137,7 @@ class TurnEvents:
                     await self._stopped()
                 self._end()
             self._waiting = True
+            self._relay[0] = self._emit
             try:
                 await self._lot.park()
             finally:
@@ -152,8 +157,10 @@ class TurnEvents:
     def _emit(self, event: ev.Event) -> None:
         self._buffer.append(event)
         if self._waiting:
-            # Wake the consumer once; until it runs, later events only join the buffer.
+            # Wake the consumer once; until it waits again, later events go straight into
+            # the buffer (`relay`).
             self._waiting = False
+            self._relay[0] = self._buffer.append
             self._lot.unpark_all()
 
     async def _stopped(self) -> None:
