@@ -125,12 +125,19 @@ async def run_batch(
     active = {spec.name: tools[spec.name] for spec in request.tools if spec.name in tools}
     jobs = [ToolJob(call) for call in calls]
     limiter = anyio.CapacityLimiter(runner.plan.tool_concurrency)
+    stopping = _Stopping()
     async with anyio.create_task_group() as batch:
         for job in jobs:
             await limiter.acquire_on_behalf_of(job)
+            if stopping:
+                # A call halted or failed meanwhile: the calls not started are dropped.
+                limiter.release_on_behalf_of(job)
+                break
             # start(), not start_soon(): a loop may run newly started tasks in any order,
             # and calls start in call order.
-            await batch.start(_run_job, runner, turn, job, active, limiter, batch.cancel_scope)
+            await batch.start(
+                _run_job, runner, turn, job, active, limiter, batch.cancel_scope, stopping
+            )
     for job in jobs:
         runner.records.extend(job.records)
     failures = [job.failure for job in jobs if job.failure is not None]
@@ -158,16 +165,21 @@ async def _run_job(
     active: Mapping[str, Tool],
     limiter: anyio.CapacityLimiter,
     batch: anyio.CancelScope,
+    stopping: "_Stopping",
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     TOOL_CALL.set(job.requested.id)  # which call this task's hook events are about
     task_status.started()
     try:
         try:
-            await _handle(runner, turn, job, active)
+            await _handle(runner, turn, job, active, stopping)
         except HookError as error:
             job.failure = error
         if job.failure is not None or job.halt is not None:
+            # From now on no tool of the batch starts, not even one whose before-tool hooks
+            # already let it through: the siblings still run until the batch is cancelled
+            # (`stop_group` lets those woken at the same instant finish their step first).
+            stopping.now = True
             # Fail fast: calls in flight are cancelled, calls not started are dropped. The
             # slot is kept until the batch is cancelled: given back first, it would let the
             # next call start while the batch stops.
@@ -176,7 +188,21 @@ async def _run_job(
         limiter.release_on_behalf_of(job)
 
 
-async def _handle(runner: Runner, turn: Turn, job: ToolJob, active: Mapping[str, Tool]) -> None:
+class _Stopping:
+    """Whether a call of the batch has halted or failed: no tool may start after that."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = False
+
+    def __bool__(self) -> bool:
+        return self.now
+
+
+async def _handle(
+    runner: Runner, turn: Turn, job: ToolJob, active: Mapping[str, Tool], stopping: _Stopping
+) -> None:
     started = runner.now()
     tool = active.get(job.requested.name)
     if tool is None:
@@ -204,6 +230,9 @@ async def _handle(runner: Runner, turn: Turn, job: ToolJob, active: Mapping[str,
     arguments = tool.check(call)
     if isinstance(arguments, str):
         _settle(runner, job, invalid_arguments(tool, call, arguments), started)
+        return
+    if stopping:
+        # Another call halted or failed while this one's hooks ran: it is dropped, unrun.
         return
     if runner.emit is not None:
         runner.emit(ev.ToolStarted(runner.turn_ref, call))

@@ -730,6 +730,26 @@ async def test_a_before_tool_halt_drops_the_calls_not_started() -> None:
     assert ran == [[]] * 20
 
 
+async def test_a_before_tool_halt_drops_a_later_call_its_hooks_already_let_through() -> None:
+    """Catches: with room for several calls at once, a call after the halting one started
+    anyway — its before-tool hooks ran while the halting call's task yielded, and its tool
+    executed (a side effect after the policy said stop) before the batch was cancelled."""
+    ran: list[list[str]] = []
+    for _ in range(20):
+        trace: list[str] = []
+        pipe, _ = pipe_with(
+            [calls("a", "b", "c"), "done"],
+            lookup_tool(trace),
+            before_tool=[stopper(city="b")],
+            tool_concurrency=4,
+        )
+        result = await pipe.run(start())
+        assert (result.outcome, result.halt.reason) == ("halted", "stopper stopped b")
+        ran.append([city for city in trace if city != "lookup:a"])
+
+    assert ran == [[]] * 20
+
+
 async def test_a_before_tool_halt_cancels_a_call_in_flight(autojump_clock) -> None:
     trace: list[str] = []
 
