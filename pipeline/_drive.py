@@ -472,6 +472,8 @@ class Drive(Runner):
     def result(
         self, outcome: ev.Outcome, turn: Turn, reply: Reply | None, stop: Halt | None
     ) -> TurnResult:
+        if self.watch is not None:
+            self.watch.settled(turn, reply)
         rejections = tuple(self.rejections)
         audit = AuditRecord(
             turn.turn_ref,

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Protocol
 from . import events as ev
 
 if TYPE_CHECKING:
+    from turns import Reply, Turn
+
     from ._plan import Plan
     from ._runner import Runner
 
@@ -40,6 +42,8 @@ class TurnTracer(Protocol):
     """What `pipeline.otel` plugs in: it is told every event of one turn, and how it ended."""
 
     def event(self, event: ev.Event) -> None: ...
+
+    def settled(self, turn: "Turn", reply: "Reply | None") -> None: ...
 
     def ended(self, error: BaseException, at: float) -> None: ...
 
@@ -121,6 +125,12 @@ class Watch:
                 sink(event)
 
         return [dispatch]
+
+    def settled(self, turn: "Turn", reply: "Reply | None") -> None:
+        """The turn as it ends, before its `TurnFinished`: the final turn and the reply it
+        commits, which bound what the tracer may record of its content."""
+        if self.tracer is not None:
+            self.tracer.settled(turn, reply)
 
     def failed(self, error: BaseException) -> None:
         """The turn raised (or was cancelled) instead of finishing: end its trace."""

@@ -30,7 +30,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 
-from turns import Message, Part, Text, ToolCall, ToolResult
+from turns import Message, Part, Reply, Text, ToolCall, ToolResult, Turn
 
 from . import events as ev
 from ._errors import ConfigError, ProviderError
@@ -191,7 +191,14 @@ class _TurnTrace:
         self.tools: dict[str, Span] = {}
         self.names: dict[str, str] = {}
         self.blocked: set[str] = set()
-        self.reply: ev.ReplyReady | None = None
+        self.executed: set[str] = set()
+        # Content waits for the turn's end: a later hook may remove what an injection or a
+        # model call held (`settled`), and content capture never records a removed value.
+        self.final: tuple[Turn, Reply | None] | None = None
+        # The turn span's events, in order, added when it ends: an injection's with its
+        # content if that survived.
+        self.turn_events: list[tuple[str, dict[str, Any], int] | ev.Injected] = []
+        self.chats: list[tuple[Span, str, str | None, int]] = []
         self.done = False
         self.handlers: dict[type, Callable[[Any], None]] = {
             ev.TurnStarted: self.started,
@@ -208,7 +215,6 @@ class _TurnTrace:
             ev.ToolStarted: self.tool_started,
             ev.ToolBlocked: self.tool_blocked,
             ev.ToolFinished: self.tool_finished,
-            ev.ReplyReady: self.reply_ready,
             ev.AttemptRejected: self.rejected,
             ev.Committed: self.committed,
             ev.TurnFinished: self.finished,
@@ -238,6 +244,9 @@ class _TurnTrace:
                 self.fail(self.chat, failure)
             self.chat.end(end)
             self.chat = None
+        # Nothing of a failed turn is committed: no content of it is recorded.
+        self.final = None
+        self.flush_content()
         self.close_all(end)
         if failure is None:
             self.turn.set_attribute("turnplug.turn.outcome", "cancelled")
@@ -316,57 +325,101 @@ class _TurnTrace:
         end = self.ns(event.at)
         self.close_all(end)
         self.turn.set_attribute("turnplug.turn.outcome", event.outcome)
-        if self.capture and event.outcome == "completed" and self.reply is not None:
-            reply = self.reply.reply
+        if event.outcome != "completed" and self.final is not None:
+            # A halted or exhausted turn commits no reply: its injections only.
+            self.final = (self.final[0], None)
+        self.flush_content()
+        reply = self.final[1] if self.final is not None else None
+        if self.capture and event.outcome == "completed" and reply is not None:
+            # The accepted reply as the log holds it: after the post hooks.
             self.turn.set_attribute(
                 "gen_ai.output.messages", _messages_json((reply.message,), reply.finish_reason)
             )
         self.turn.end(end)
         self.done = True
 
+    def settled(self, turn: Turn, reply: Reply | None) -> None:
+        """The turn as it ends (before its `TurnFinished`): what content capture may record."""
+        self.final = (turn, reply)
+
+    def flush_content(self) -> None:
+        """Record the injections and end the chat spans, with the content that survived.
+
+        An injection's content is recorded when the final turn still holds it; a model
+        call's text when the accepted reply holds it as the call gave it (not a rejected
+        attempt's, not one a post hook rewrote).
+        """
+        final = self.final
+        # Compared by equality (parts carry mappings, so they do not hash).
+        kept: list[tuple[str | None, tuple[Part, ...]]] = []
+        said: set[str] = set()
+        if self.capture and final is not None:
+            turn, reply = final
+            kept = [(injection.source, injection.parts) for injection in turn.injections]
+            if reply is not None:
+                said = {m.text for m in reply.messages if m.role == "assistant"}
+        for item in self.turn_events:
+            if type(item) is not ev.Injected:
+                self.turn.add_event(*item)
+                continue
+            attributes: dict[str, Any] = {
+                "turnplug.hook.name": item.hook,
+                "turnplug.injection.durable": item.durable,
+                "turnplug.injection.tokens": item.tokens,
+                "turnplug.injection.stage": item.stage,
+            }
+            if (item.hook, item.parts) in kept:
+                attributes["turnplug.injection.content"] = _parts_json(item.parts)
+            self.turn.add_event("turnplug.injection", attributes, self.ns(item.at))
+        self.turn_events.clear()
+        for span, text, finish_reason, end in self.chats:
+            if text and text in said:
+                message = Message.assistant(text)
+                span.set_attribute(
+                    "gen_ai.output.messages", _messages_json((message,), finish_reason)
+                )
+            span.end(end)
+        self.chats.clear()
+
     def halted(self, event: ev.Halted) -> None:
         self.turn.set_attribute("turnplug.halt.hook", event.hook)
-        self.turn.add_event(
-            "turnplug.halt",
-            {"turnplug.hook.name": event.hook, "turnplug.halt.reason": event.reason},
-            self.ns(event.at),
+        self.turn_events.append(
+            (
+                "turnplug.halt",
+                {"turnplug.hook.name": event.hook, "turnplug.halt.reason": event.reason},
+                self.ns(event.at),
+            )
         )
 
     def rejected(self, event: ev.AttemptRejected) -> None:
-        self.turn.add_event(
-            "turnplug.rejection",
-            {
-                "turnplug.attempt": event.attempt,
-                "turnplug.hook.name": event.hook,
-                "turnplug.rejection.feedback": event.feedback,
-            },
-            self.ns(event.at),
+        self.turn_events.append(
+            (
+                "turnplug.rejection",
+                {
+                    "turnplug.attempt": event.attempt,
+                    "turnplug.hook.name": event.hook,
+                    "turnplug.rejection.feedback": event.feedback,
+                },
+                self.ns(event.at),
+            )
         )
 
     def injected(self, event: ev.Injected) -> None:
-        attributes: dict[str, Any] = {
-            "turnplug.hook.name": event.hook,
-            "turnplug.injection.durable": event.durable,
-            "turnplug.injection.tokens": event.tokens,
-            "turnplug.injection.stage": event.stage,
-        }
-        if self.capture:
-            attributes["turnplug.injection.content"] = _parts_json(event.parts)
-        self.turn.add_event("turnplug.injection", attributes, self.ns(event.at))
+        # Recorded when the turn ends (`flush_content`), with its content if it survived.
+        self.turn_events.append(event)
 
     def committed(self, event: ev.Committed) -> None:
         self.turn.set_attribute("gen_ai.conversation.id", event.conversation_id)
-        self.turn.add_event(
-            "turnplug.commit",
-            {
-                "gen_ai.conversation.id": event.conversation_id,
-                "turnplug.commit.messages": len(event.messages),
-            },
-            self.ns(event.at),
+        self.turn_events.append(
+            (
+                "turnplug.commit",
+                {
+                    "gen_ai.conversation.id": event.conversation_id,
+                    "turnplug.commit.messages": len(event.messages),
+                },
+                self.ns(event.at),
+            )
         )
-
-    def reply_ready(self, event: ev.ReplyReady) -> None:
-        self.reply = event
 
     # -- hooks --------------------------------------------------------------------------------------
 
@@ -477,13 +530,9 @@ class _TurnTrace:
             span.set_attribute("gen_ai.response.finish_reasons", [event.finish_reason])
         span.set_attribute("gen_ai.usage.input_tokens", event.usage.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", event.usage.output_tokens)
-        if self.text:
-            message = Message.assistant("".join(self.text))
-            span.set_attribute(
-                "gen_ai.output.messages", _messages_json((message,), event.finish_reason)
-            )
-            self.text.clear()
-        span.end(self.ns(event.at))
+        # Ended (at this instant) when the turn ends, with its text if the log holds it.
+        self.chats.append((span, "".join(self.text), event.finish_reason, self.ns(event.at)))
+        self.text.clear()
 
     def text_delta(self, event: ev.TextDelta) -> None:
         # Only with content capture; text held back until its attempt is accepted
@@ -519,6 +568,7 @@ class _TurnTrace:
         span = self.tool_span(event.call.id, self.ns(event.at))
         self.close_boxes(event.call.id, 0)
         span.set_attribute("turnplug.tool.executed", True)
+        self.executed.add(event.call.id)
         if self.capture:
             span.set_attribute("gen_ai.tool.call.arguments", _json(dict(event.call.arguments)))
 
@@ -526,6 +576,7 @@ class _TurnTrace:
         at = self.ns(event.at)
         span = self.tool_span(event.call.id, at)
         self.blocked.add(event.call.id)
+        self.executed.discard(event.call.id)
         span.set_attribute("turnplug.tool.executed", False)
         span.set_attribute("turnplug.tool.blocked_by", event.hook)
         span.set_attribute("turnplug.tool.block_reason", event.reason)
@@ -546,6 +597,9 @@ class _TurnTrace:
             span.set_status(Status(StatusCode.ERROR, result.error_class or "tool_error"))
         if self.capture and call_id not in self.blocked:
             span.set_attribute("gen_ai.tool.call.result", result.content)
+        if call_id not in self.executed:
+            # Finished without starting: invalid arguments, an unknown tool.
+            span.set_attribute("turnplug.tool.executed", False)
         del self.tools[call_id]
         span.end(end)
 

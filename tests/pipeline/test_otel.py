@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterator
 
 import anyio
+import attrs
 import pytest
 import trio
 from hypothesis import given, settings
@@ -32,7 +33,7 @@ from pipeline import (
 )
 from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
-from turns import Text, ToolCall, Turn
+from turns import Message, Text, ToolCall, Turn
 
 SECRET_REPLY = "the launch code is 7Hx9-Qw2Z-Lp4K, keep it"
 
@@ -632,3 +633,106 @@ def test_importing_pipeline_does_not_import_opentelemetry() -> None:
     code = "import sys, pipeline, pipeline.events; print(any(m.startswith('opentelemetry') for m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+# -- content capture records only what survived the turn ---------------------------------------
+
+
+def scrub(turn: Turn):
+    """A post hook that rewrites a card number out of the reply."""
+    assert turn.reply is not None
+    text = turn.reply.text.replace("4111-SECRET", "[scrubbed]")
+    return cont(attrs.evolve(turn, reply=attrs.evolve(turn.reply, message=Message.assistant(text))))
+
+
+async def test_with_capture_a_reply_a_post_hook_rewrote_is_traced_rewritten(capturing) -> None:
+    """Catches: the trace holding the reply as the model gave it (the turn span's output
+    taken from ReplyReady, before the post hooks; the chat span's from the deltas) after a
+    post hook scrubbed a value out of it, which the log never holds."""
+    pipe = Pipeline(model=ScriptedModel([["your code is ", "4111-SECRET"]]), post=[scrub])
+
+    result = await pipe.run(Turn.start("hi"))
+
+    spans = capturing.get_finished_spans()
+    assert result.reply is not None
+    assert result.reply.text == "your code is [scrubbed]"
+    assert "4111-SECRET" not in everything(spans)
+    (turn,) = named(spans, "turn")
+    assert json.loads(turn.attributes["gen_ai.output.messages"])[0]["parts"] == [
+        {"type": "text", "content": "your code is [scrubbed]"}
+    ]
+
+
+async def test_with_capture_an_injection_a_later_hook_removed_keeps_no_content(capturing) -> None:
+    """Catches: an injection's content recorded as it was made, when a later pre hook took
+    it off the turn (the model, the log and the audit never see it)."""
+
+    def load_profile(turn: Turn):
+        return cont(turn.inject("ssn 123-45-6789"))
+
+    def drop_sensitive(turn: Turn):
+        kept = tuple(i for i in turn.injections if "ssn" not in i.parts[0].text)
+        return cont(attrs.evolve(turn, injections=kept))
+
+    def keep(turn: Turn):
+        return cont(turn.inject("plan: pro"))
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        pre=[
+            hook(load_profile, durable=True, name="load_profile"),
+            drop_sensitive,
+            hook(keep, name="keep"),
+        ],
+    )
+
+    await pipe.run(Turn.start("hi"))
+
+    spans = capturing.get_finished_spans()
+    assert "123-45-6789" not in everything(spans)
+    (turn,) = named(spans, "turn")
+    injections = [dict(e.attributes) for e in turn.events if e.name == "turnplug.injection"]
+    assert [(i["turnplug.hook.name"], "turnplug.injection.content" in i) for i in injections] == [
+        ("load_profile", False),
+        ("keep", True),
+    ]
+
+
+async def test_with_capture_a_rejected_attempts_text_is_not_traced(capturing) -> None:
+    """Catches: the text of an attempt a guardrail rejected recorded on its chat span; the
+    log never holds it, and the accepted attempt's text is recorded."""
+
+    def guard(turn: Turn):
+        assert turn.reply is not None
+        return regenerate("no internal notes") if "INTERNAL" in turn.reply.text else cont(turn)
+
+    pipe = Pipeline(model=ScriptedModel(["INTERNAL-NOTE 7", "all good"]), post=[guard])
+
+    await pipe.run(Turn.start("hi"))
+
+    spans = capturing.get_finished_spans()
+    assert "INTERNAL-NOTE" not in everything(spans)
+    chats = named(spans, "chat ScriptedModel")
+    assert ["gen_ai.output.messages" in chat.attributes for chat in chats] == [False, True]
+
+
+async def test_a_call_that_never_ran_is_traced_as_not_executed(spans) -> None:
+    """Catches: ``turnplug.tool.executed`` missing, rather than False, on the span of a call
+    with invalid arguments or of an unknown tool."""
+
+    def lookup(order: str) -> str:
+        return "found"
+
+    model = ScriptedModel(
+        [[ToolCall("c1", "lookup", {"order": 5}), ToolCall("c2", "ghost", {})], "done"]
+    )
+    pipe = Pipeline(model=model, tools=[tool(lookup)])
+
+    await pipe.run(Turn.start("hi"))
+
+    executed = {
+        span.name: span.attributes.get("turnplug.tool.executed")
+        for span in spans.get_finished_spans()
+        if span.name.startswith("execute_tool")
+    }
+    assert executed == {"execute_tool lookup": False, "execute_tool ghost": False}
