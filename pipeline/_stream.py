@@ -158,7 +158,7 @@ class TurnEvents:
         self._buffer.append(event)
         if self._waiting:
             # Wake the consumer once; until it waits again, later events go straight into
-            # the buffer (`relay`).
+            # the buffer (`_relay`).
             self._waiting = False
             self._relay[0] = self._buffer.append
             self._lot.unpark_all()
