@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from turns import Injection, Message, Part, Stage, Stamper, Turn
@@ -103,7 +104,12 @@ class Runner:
             if hook.is_async:
                 return await hook.fn(*args)
             if threaded:
-                return await _settle(await anyio.to_thread.run_sync(hook.fn, *args))
+                result = await anyio.to_thread.run_sync(hook.fn, *args)
+                # A cancellation that came while the thread ran is left pending (the thread
+                # could not be interrupted): the turn stops here, not at a later checkpoint
+                # it may never reach.
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                return await _settle(result)
             return await _settle(hook.fn(*args))
         with anyio.move_on_after(hook.timeout) as scope:
             if hook.is_async:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, final, overload
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from turns import Scope, ToolCall, ToolResult, ToolSpec
@@ -428,6 +429,9 @@ class Tool:
                 value = await self.fn(**arguments)
             else:
                 value = await anyio.to_thread.run_sync(_call_with, self.fn, arguments)
+                # A cancellation that came while the thread ran is left pending: the call is
+                # cancelled now, as an async tool would have been.
+                await anyio.lowlevel.checkpoint_if_cancelled()
             content = encode_result(value)
         except ToolFailure as exc:
             return ToolResult(

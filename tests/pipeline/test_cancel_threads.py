@@ -1,0 +1,96 @@
+"""Cancellation that arrives while a sync hook, member or tool runs in a worker thread.
+
+A worker thread cannot be interrupted, so the turn waits for it; the loop leaves the
+cancellation pending until its next checkpoint, which a turn of offline models and sync
+hooks may never reach. These run on both loops in real time: the thread sleeps 0.3 s and
+the caller's deadline passes after 0.1 s.
+"""
+
+import time
+
+import anyio
+import pytest
+
+from pipeline import Pipeline, cont, hook, parallel, tool
+from pipeline.logs import MemoryLog
+from pipeline.testing import ScriptedModel
+from turns import Text, ToolCall, Turn
+
+
+def sync_member(turn: Turn) -> list[Text]:
+    time.sleep(0.3)
+    return [Text("member")]
+
+
+def slow(query: str) -> str:
+    time.sleep(0.3)
+    return query
+
+
+def pipelines(trace: list[str]) -> dict[str, Pipeline]:
+    def after(turn: Turn):
+        trace.append("post hook ran")
+        return cont(turn)
+
+    return {
+        "member": Pipeline(model=ScriptedModel(["a"]), pre=[parallel(sync_member)], post=[after]),
+        "tool": Pipeline(
+            model=ScriptedModel([[ToolCall("1", "slow", {"query": "x"})], "done"]),
+            tools=[tool(slow)],
+            post=[after],
+        ),
+    }
+
+
+@pytest.mark.parametrize("what", ["member", "tool"])
+async def test_a_turn_cancelled_while_a_thread_runs_stops_when_the_thread_returns(what) -> None:
+    """Catches: on trio, the turn going on after the thread returned (the model called
+    again, the post hooks run) and `run` returning "completed" inside the expired scope,
+    because nothing after the thread reached a checkpoint."""
+    trace: list[str] = []
+    pipe = pipelines(trace)[what]
+    model = pipe.model
+    assert isinstance(model, ScriptedModel)
+
+    with anyio.fail_after(5):
+        with anyio.move_on_after(0.1) as scope:
+            await pipe.run(Turn.start("hi"))
+            trace.append("run returned")
+
+    assert scope.cancelled_caught
+    assert trace == []
+    assert len(model.requests) == (0 if what == "member" else 1)
+
+
+async def sleeps(turn: Turn):
+    await anyio.sleep(1)
+    return cont(turn)
+
+
+def sleeps_in_a_thread(turn: Turn):
+    time.sleep(0.5)
+    return cont(turn)
+
+
+@pytest.mark.parametrize("background", [sleeps, sleeps_in_a_thread], ids=["async", "sync"])
+async def test_a_cancellation_during_the_drain_ends_the_session_cancelled(background) -> None:
+    """Catches: a cancellation that arrives while the session drains its background hooks
+    (the body returned) swallowed — the session left without raising, its end hooks told
+    "closed" — under asyncio, and under trio with a sync background hook."""
+    reasons: list[str] = []
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[hook(background, background=True)],
+        on_session_end=[lambda info, reason: reasons.append(reason)],
+    )
+
+    with anyio.fail_after(5):
+        with anyio.move_on_after(0.2) as scope:
+            async with pipe.session(
+                log=MemoryLog(), conversation_id="c", drain_timeout=30
+            ) as session:
+                await session.send("hi")
+            reasons.append("left the session normally")
+
+    assert scope.cancelled_caught
+    assert reasons == ["cancelled"]
