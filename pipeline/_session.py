@@ -7,6 +7,7 @@ from typing import Literal, TypeAlias, final
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import attrs
 
 from turns import Context, Message, RequestOptions, Scope, ToolSpec, Turn
@@ -435,6 +436,9 @@ async def _session(
                     task_group.cancel_scope.cancel()
                 else:
                     await session._drain(drain_timeout)
+                    # A cancellation that arrived during the drain (which is shielded) ends
+                    # the session cancelled, whatever the task group's exit would deliver.
+                    await anyio.lowlevel.checkpoint_if_cancelled()
     except BaseException as exc:
         # Also a cancellation that arrives after the body returned (during the drain).
         if only_cancelled(exc):
