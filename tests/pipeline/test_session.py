@@ -1331,6 +1331,19 @@ async def test_a_cancellation_during_the_drain_tells_end_hooks_cancelled(autojum
     assert trace == [("end", "cancelled", SessionInfo(CONVERSATION, Scope(), 1))]
 
 
+def remembering(*, after: float) -> Pipeline:
+    """Two turns, each with a durable background hook that injects `after` seconds in."""
+
+    async def remember(turn: Turn):
+        await anyio.sleep(after)
+        return cont(turn.inject(Text("remembered")))
+
+    return Pipeline(
+        model=ScriptedModel(["one", "two"]),
+        post=[hook(remember, name="remember", background=True, durable=True)],
+    )
+
+
 async def test_a_background_hooks_events_carry_the_seconds_since_their_turn_started(
     autojump_clock,
 ):
@@ -1338,14 +1351,7 @@ async def test_a_background_hooks_events_carry_the_seconds_since_their_turn_star
     turn's own events were stamped), and a later turn's background events stamped against
     the session's start or the first turn instead of their own turn."""
 
-    async def remember(turn: Turn):
-        await anyio.sleep(2)
-        return cont(turn.inject(Text("remembered")))
-
-    pipe = Pipeline(
-        model=ScriptedModel(["one", "two"]),
-        post=[hook(remember, name="remember", background=True, durable=True)],
-    )
+    pipe = remembering(after=2)
 
     async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
         first = await session.send("hi")
@@ -1373,14 +1379,7 @@ async def test_a_background_hooks_events_are_timed_from_their_own_turn_on_either
     later turn's stamped against an earlier turn's start (the gap between the turns would
     then show in them)."""
 
-    async def remember(turn: Turn):
-        await anyio.sleep(0.05)
-        return cont(turn.inject(Text("remembered")))
-
-    pipe = Pipeline(
-        model=ScriptedModel(["one", "two"]),
-        post=[hook(remember, name="remember", background=True, durable=True)],
-    )
+    pipe = remembering(after=0.05)
 
     async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
         await session.send("hi")
