@@ -153,8 +153,11 @@ def check_depth(
     Every log calls this, so that the three agree: a commit a durable log could not store
     and read back is refused by the memory log too, and nothing is written.
     """
+    # Most values are empty or flat: look for a deep one first, and name its path only then.
+    if not any(value and _too_deep(value) for value in _opaque(messages, audit)):
+        return
     for path, value in _values(messages, audit):
-        if value and _too_deep(value):  # most meta is empty
+        if value and _too_deep(value):
             raise LogError(
                 f"{log!r} cannot store turn {turn_ref!r} of conversation {conversation_id!r}:"
                 f" {path} is nested more than {MAX_DEPTH} levels deep, more than a log can"
@@ -162,6 +165,29 @@ def check_depth(
                 " before_tool hook, or keep meta shallower",
                 log=repr(log),
             )
+
+
+def _opaque(messages: tuple[Message, ...], audit: AuditRecord | None) -> Iterator[object]:
+    """What `_values` yields, without the paths."""
+    for message in messages:
+        yield message.meta
+        for part in message.parts:
+            yield part.meta
+            if isinstance(part, ToolCall):
+                yield part.arguments
+    if audit is None:
+        return
+    for injection in audit.injections:
+        for part in injection.parts:
+            yield part.meta
+            if isinstance(part, ToolCall):
+                yield part.arguments
+    for record in audit.tools:
+        yield from (record.requested.meta, record.requested.arguments)
+        yield from (record.call.meta, record.call.arguments)
+        yield record.result.meta
+    if audit.halt is not None and isinstance(audit.halt.reply, Message):
+        yield from _opaque((audit.halt.reply,), None)
 
 
 def _values(

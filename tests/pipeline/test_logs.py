@@ -4,6 +4,7 @@ The `log` fixture (tests/conftest.py, tests/logs.py) is each kind of log in turn
 own; `durable` is each durable kind, for what only a database can show (reopening).
 """
 
+import json
 import uuid
 
 import anyio
@@ -26,6 +27,7 @@ from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Text, ToolCall, ToolResult, Turn
 
 from ..logs import Backend, close
+from ..turns import strategies as turn_strategies
 
 CONVERSATION = "conv-1"
 
@@ -679,3 +681,95 @@ async def test_conversations_lists_each_with_its_turns_messages_and_last_commit(
     assert entries[0].committed_at is not None
     assert entries[0].committed_at <= entries[1].committed_at == listed[1].last_committed_at
     assert listed[1].last_committed_at < listed[0].last_committed_at
+
+
+def audit_records() -> st.SearchStrategy[AuditRecord]:
+    """Audit records with every field drawn, the halt's reply as text, a message or none."""
+    from pipeline import AttemptRecord, HookRecord, Rejection, ToolRecord
+    from pipeline._signals import Halt
+
+    s = turn_strategies
+
+    hook_records = st.builds(
+        HookRecord,
+        s.names,
+        st.sampled_from(["pre", "post", "background"]),
+        s.texts,
+        st.floats(min_value=0, max_value=1e3),
+        st.sampled_from(["cont", "halt", "raised"]),
+        st.booleans(),
+        st.none() | s.texts,
+    )
+    replies = st.none() | s.texts | s.messages(roles=("assistant",))
+    return st.builds(
+        AuditRecord,
+        s.texts,
+        st.sampled_from(["completed", "halted", "exhausted"]),
+        injections=st.lists(s.injections(), max_size=3).map(tuple),
+        hooks=st.lists(hook_records, max_size=3).map(tuple),
+        attempts=st.lists(
+            st.builds(
+                AttemptRecord,
+                st.integers(1, 5),
+                st.integers(1, 5),
+                s.texts,
+                st.none() | s.names,
+                s.usages(),
+            ),
+            max_size=2,
+        ).map(tuple),
+        halt=st.none() | st.builds(Halt, s.texts, replies, st.none() | s.names),
+        rejections=st.lists(
+            st.builds(Rejection, st.integers(1, 5), s.names, s.texts, s.texts), max_size=2
+        ).map(tuple),
+        tools=st.lists(
+            st.builds(
+                ToolRecord,
+                st.integers(1, 5),
+                st.integers(1, 5),
+                s.tool_calls(),
+                s.tool_calls(),
+                s.tool_results(),
+            ),
+            max_size=2,
+        ).map(tuple),
+    )
+
+
+@given(audit=audit_records())
+def test_an_audit_dict_is_what_the_generated_converter_builds(audit):
+    """Catches: the hand-built audit dict (the commit path's) drifting from the converter's
+    generated hooks — a field added to a record and not written, a key out of order, a tool
+    record's call written with a part's tag."""
+    from turns import serde
+
+    expected = serde._make_converter().unstructure(audit)
+    expected["hooks"] = [record._asdict() for record in audit.hooks]
+    expected["halt"] = (
+        None
+        if audit.halt is None
+        else {
+            "reason": audit.halt.reason,
+            "reply": serde.to_dict(audit.halt.reply)
+            if isinstance(audit.halt.reply, Message)
+            else audit.halt.reply,
+            "hook": audit.halt.hook,
+        }
+    )
+
+    assert json.dumps(entry_to_dict(LogEntry("t", (), audit))["audit"]) == json.dumps(expected)
+    assert entry_from_dict(entry_to_dict(LogEntry("t", (), audit))).audit == audit
+
+
+@given(
+    audit=st.none() | audit_records(),
+    messages=st.lists(turn_strategies.messages(), max_size=3),
+)
+def test_the_depth_check_looks_at_every_value_it_can_name(audit, messages):
+    """Catches: the depth check's fast pass (values without their paths) skipping a place
+    the path-naming pass covers, so a value too deep to read back there is stored."""
+    from pipeline.logs import _protocol
+
+    named = [value for _, value in _protocol._values(tuple(messages), audit)]
+
+    assert list(_protocol._opaque(tuple(messages), audit)) == named
