@@ -1,10 +1,11 @@
 """Blocking database connections driven from the event loop through worker threads.
 
 The durable logs use blocking drivers (stdlib `sqlite3`, psycopg's sync API: psycopg's async
-API is built on asyncio alone). Each database call runs in a worker thread (AnyIO's, under
-trio and asyncio alike) with a connection
-of its own: a connection is never used by two threads at once, but it moves from one
-worker thread to the next, so drivers must allow that (``check_same_thread=False``).
+API is built on asyncio alone). Each database call runs in a worker thread with a connection
+of its own: AnyIO's thread pool (under trio and asyncio alike) for a log with several
+connections, a `Worker` thread of the log's own for a log with one. A connection is never
+used by two threads at once, but it may move from one worker thread to the next, so drivers
+must allow that (``check_same_thread=False``).
 
 Cancellation: a worker thread cannot be interrupted, and a thread abandoned mid-transaction
 would leave the caller unsure whether its commit happened. So a call is not abandoned: a
@@ -14,13 +15,21 @@ cancellation is delivered at the next checkpoint. Database calls are short; conn
 lock timeouts bound them.
 """
 
+import asyncio
+import contextlib
 import functools
+import queue
+import threading
+import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Self, TypeVar, final
 
 import anyio
 import anyio.lowlevel
+import outcome
+import sniffio
+import trio
 
 from turns import Context, Message
 
@@ -30,6 +39,76 @@ from ._protocol import ConversationInfo, LogEntry, check_id
 
 C = TypeVar("C")
 T = TypeVar("T")
+
+
+@final
+class Worker:
+    """A thread of its own that runs blocking calls for the event loop, one at a time.
+
+    A log with one connection hands every call to the same thread: the hop costs about
+    two-thirds of a pass through the loop's thread pool (no pool lookup, limiter or context
+    copy), which a commit pays each time. A call, once handed over, is waited for to its end
+    whatever happens to the caller, as a pool thread's is; the cancellation comes at the
+    caller's next checkpoint. The thread starts on the first call and ends at `stop`; it
+    is a daemon, so a log never closed does not keep the process alive.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            self._thread.start()
+        if sniffio.current_async_library() == "trio":
+            task = trio.lowlevel.current_task()
+            token = trio.lowlevel.current_trio_token()
+
+            def answer_trio(result: outcome.Outcome[T]) -> None:
+                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+
+            self._calls.put((fn, args, answer_trio))
+            # Abort.FAILED: a cancellation waits for the call (see the class).
+            return await trio.lowlevel.wait_task_rescheduled(  # type: ignore[no-any-return]
+                lambda _: trio.lowlevel.Abort.FAILED
+            )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def answer_asyncio(result: outcome.Outcome[T]) -> None:
+            loop.call_soon_threadsafe(_settle, future, result)
+
+        self._calls.put((fn, args, answer_asyncio))
+        with anyio.CancelScope(shield=True):
+            value = await future
+        return value  # noqa: RET504 (returned from inside, mypy sees a scope that may swallow)
+
+    def stop(self) -> None:
+        """End the thread once the calls handed over so far have run."""
+        if self._thread is not None:
+            self._calls.put(None)
+            self._thread = None
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            fn, args, answer = call
+            result = outcome.capture(fn, *args)
+            # The caller waits for its answer, so its loop is running; should it be gone
+            # all the same, the thread must go on serving the next caller.
+            with contextlib.suppress(Exception):
+                answer(result)
+            del call, fn, args, answer, result  # nothing of a call outlives it here
+
+
+def _settle(future: "asyncio.Future[T]", result: "outcome.Outcome[T]") -> None:
+    if future.cancelled():
+        return
+    if isinstance(result, outcome.Error):
+        future.set_exception(result.error)
+    else:
+        future.set_result(result.unwrap())
 
 
 @final
@@ -43,6 +122,8 @@ class Connections(Generic[C]):
         usable: Whether a connection is still good after its call raised.
         translate: The seam for driver errors: the `LogError` to raise instead, or None
             to let the exception through.
+        own_thread: With `size` 1, run every call in one `Worker` thread of the log's own,
+            not in the loop's thread pool.
     """
 
     def __init__(
@@ -54,8 +135,14 @@ class Connections(Generic[C]):
         usable: Callable[[C], bool],
         translate: Callable[[Exception], LogError | None],
         name: str,
+        own_thread: bool = False,
     ) -> None:
+        if own_thread and size != 1:
+            raise ValueError(f"Connections(own_thread=True) takes size=1, got {size}")
         self._limiter = anyio.CapacityLimiter(size)
+        self._worker = Worker(f"{name} worker") if own_thread else None
+        if self._worker is not None:  # a log dropped unclosed does not keep its thread
+            weakref.finalize(self, self._worker.stop)
         self._connect = connect
         self._close = close
         self._usable = usable
@@ -79,6 +166,8 @@ class Connections(Generic[C]):
         try:
             holder: list[C | None] = [self._idle.pop() if self._idle else None]
             try:
+                if self._worker is not None:
+                    return await self._worker.run(self._call, holder, work)
                 return await anyio.to_thread.run_sync(self._call, holder, work)
             except Exception as exc:
                 error = self._translate(exc)
@@ -116,6 +205,8 @@ class Connections(Generic[C]):
         if idle:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(lambda: [self._close(c) for c in idle])
+        if self._worker is not None:
+            self._worker.stop()
 
 
 class DatabaseLog:

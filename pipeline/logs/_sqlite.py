@@ -90,6 +90,7 @@ class SQLiteLog(DatabaseLog):
             usable=lambda connection: True,
             translate=self._translate,
             name=repr(self),
+            own_thread=True,
         )
 
     def __repr__(self) -> str:

@@ -459,3 +459,57 @@ async def test_a_read_waits_for_the_connection_a_commit_holds(tmp_path, monkeypa
         trace.append("released")
         batches.gate.release()
     assert trace == ["released", "committed", "read 1"]
+
+
+# -- the log's own thread -------------------------------------------------------------------
+
+
+def log_threads(log: SQLiteLog) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"{log!r} worker"]
+
+
+async def wait_gone(name: str) -> None:
+    for thread in [t for t in threading.enumerate() if t.name == name]:
+        await anyio.to_thread.run_sync(thread.join, 5)
+        assert not thread.is_alive(), f"{name} is still running"
+
+
+async def test_closing_a_log_ends_its_thread(tmp_path):
+    """Catches: a thread left behind by every log opened and closed (a server that opens a
+    log per tenant would pile them up)."""
+    log = SQLiteLog(tmp_path / "log.db")
+    async with log:
+        await log.append("c", "t1", exchange("q", "a"))
+        assert len(log_threads(log)) == 1
+
+    await wait_gone(f"{log!r} worker")
+
+
+async def test_a_log_dropped_unclosed_does_not_keep_its_thread(tmp_path):
+    """Catches: a log never closed keeping a thread (and its connection) for the life of the
+    process."""
+    import gc
+
+    log = SQLiteLog(tmp_path / "log.db")
+    await log.append("c", "t1", exchange("q", "a"))
+    name = f"{log!r} worker"
+    assert [t for t in threading.enumerate() if t.name == name]
+
+    del log
+    gc.collect()
+    await wait_gone(name)
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_one_log_serves_one_event_loop_after_another(tmp_path, loop):
+    """Catches: the log's thread answering the loop it first served (gone by then), so that
+    a log kept across `anyio.run` calls hangs or fails on the second."""
+
+    async def commit(log: SQLiteLog, turn: str) -> tuple[str, ...]:
+        await log.append("c", turn, exchange(f"q {turn}", f"a {turn}"))
+        return tuple(e.turn_ref for e in await log.entries("c"))
+
+    log = SQLiteLog(tmp_path / "log.db")
+    assert anyio.run(commit, log, "t1", backend=loop) == ("t1",)
+    assert anyio.run(commit, log, "t2", backend=loop) == ("t1", "t2")
+    anyio.run(log.aclose, backend=loop)
