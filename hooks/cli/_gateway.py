@@ -156,7 +156,12 @@ class Feed:
         data = item if isinstance(item, Mapping) else page_event(item)
         if data is None:
             return None
-        return sse(self._scrub(json.dumps(data, ensure_ascii=False, default=str)))
+        try:
+            return sse(self._scrub(json.dumps(data, ensure_ascii=False, default=str)))
+        except UnicodeEncodeError:
+            # A lone surrogate (from a model or a hook) has no UTF-8 form: sent escaped, it
+            # still reaches the page, and the feed goes on for every watcher.
+            return sse(self._scrub(json.dumps(data, default=str)))
 
     @asynccontextmanager
     async def watch(self) -> AsyncIterator[AsyncIterator[bytes]]:

@@ -7,6 +7,7 @@ builders write a reply as a completion object, as stream chunks, or an error bod
 
 import functools
 import json
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, final
@@ -26,6 +27,8 @@ from turns import (
 )
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# A JSON escape of a UTF-16 surrogate: the only way a lone one gets into a parsed body.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _encode_string = json.encoder.encode_basestring
 TOOL_CHOICES = ("none", "auto", "required")
 
@@ -195,6 +198,8 @@ def parse_request(body: bytes) -> ChatRequest:
             None,
             "invalid_json",
         )
+    if _SURROGATE_ESCAPE.search(body):
+        _check_unicode(data)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise _bad(
@@ -237,8 +242,8 @@ def parse_request(body: bytes) -> ChatRequest:
             " message, or a continuation from the results of the tool calls it returned",
             f"messages[{len(raw) - 1}].role",
         )
-    n = data.get("n", 1)
-    if n not in (1, None):
+    n = _optional(data, "n", int, 1)
+    if n != 1:
         raise _bad(
             "'n' must be 1: the gateway answers one choice per request", "n", "unsupported_value"
         )
@@ -262,6 +267,45 @@ def parse_request(body: bytes) -> ChatRequest:
     )
 
 
+def _check_unicode(data: dict[str, Any]) -> None:
+    """Refuse a body holding a lone surrogate (``"\\ud800"``): valid JSON, but not text.
+
+    No UTF-8 encoder accepts one, so it could reach neither the model, the log nor the
+    client, and would fail the turn wherever it is first encoded.
+    """
+    stack: list[tuple[Any, str | None]] = [(data, None)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            if not _encodable(value):
+                raise _bad(
+                    f"'{where}' holds a lone UTF-16 surrogate escape (such as \\ud800), which"
+                    " is not a character — send valid Unicode text (a surrogate only as half of"
+                    " a pair)",
+                    where,
+                )
+        elif isinstance(value, dict):
+            for key in value:
+                if not _encodable(key):
+                    raise _bad(
+                        f"a key of '{where or 'the request body'}' holds a lone UTF-16"
+                        " surrogate escape (such as \\ud800) — send valid Unicode text",
+                        where,
+                    )
+            prefix = f"{where}." if where else ""
+            stack.extend((item, prefix + key) for key, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{i}]") for i, item in reversed(list(enumerate(value))))
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _optional(data: Mapping[str, Any], key: str, kind: type, default: Any, prefix: str = "") -> Any:
     value = data.get(key)
     if value is None:
@@ -279,11 +323,13 @@ def _options(data: Mapping[str, Any]) -> RequestOptions:
     temperature = _optional(data, "temperature", float, None)
     if temperature is not None and not 0 <= temperature <= 2:
         raise _bad(f"'temperature' must be between 0 and 2, got {temperature}", "temperature")
-    max_tokens = _optional(data, "max_completion_tokens", int, None)
-    if max_tokens is None:
-        max_tokens = _optional(data, "max_tokens", int, None)
+    # The newer name wins, as in the API; an error names the field the client sent.
+    field = (
+        "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    max_tokens = _optional(data, field, int, None)
     if max_tokens is not None and max_tokens < 1:
-        raise _bad(f"'max_tokens' must be at least 1, got {max_tokens}", "max_tokens")
+        raise _bad(f"'{field}' must be at least 1, got {max_tokens}", field)
     choice = data.get("tool_choice")
     tool_choice: str | None
     if choice is None or choice in TOOL_CHOICES:
@@ -358,7 +404,15 @@ def _message(item: Any, where: str) -> Message:
             )
         return Message.tool(ToolResult(call_id, text))
     parts: list[Part] = [Text(text)] if text else []
-    for j, call in enumerate(item.get("tool_calls") or ()):
+    calls = item.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise _bad(
+            f"'{where}.tool_calls' must be an array of function tool calls, got"
+            f" {type(calls).__name__}",
+            f"{where}.tool_calls",
+            "invalid_type",
+        )
+    for j, call in enumerate(calls or ()):
         parts.append(_tool_call(call, f"{where}.tool_calls[{j}]"))
     return Message.assistant(tuple(parts))
 

@@ -360,6 +360,76 @@ async def test_a_malformed_request_is_400_naming_the_field(
     assert model.requests == []
 
 
+@pytest.mark.parametrize(
+    ("field", "param"),
+    [
+        ({"tool_calls": 5}, "messages[1].tool_calls"),
+        ({"tool_calls": True}, "messages[1].tool_calls"),
+        ({"tool_calls": {"id": "c1"}}, "messages[1].tool_calls"),
+        ({"n": True}, "n"),
+        ({"n": "2"}, "n"),
+    ],
+)
+async def test_a_field_of_the_wrong_json_type_is_400_naming_it(
+    field: dict[str, Any], param: str
+) -> None:
+    """Catches: a field of the wrong JSON type reaching a Python operation (``tool_calls: 5``
+    iterated) and answered with a plain-text 500, or silently taken (``n: true`` as 1)."""
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, **({} if "n" in field else field)},
+        {"role": "user", "content": "x"},
+    ]
+    body = {"model": "m", "messages": messages, **(field if "n" in field else {})}
+    model = ScriptedModel([])
+    async with served(Pipeline(model=model)) as gw, gw.http() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["param"], error["code"]) == (param, "invalid_type")
+    assert model.requests == []
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+async def test_a_refused_token_limit_names_the_field_sent(field: str) -> None:
+    """Catches: ``max_completion_tokens: 0`` refused naming ``max_tokens``, a field the
+    client never sent."""
+    body = {"model": "m", "messages": user("x"), field: 0}
+    async with served(texts([])) as gw, gw.http() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["param"], error["code"]) == (field, "invalid_value")
+    assert field in error["message"]
+
+
+async def test_a_lone_surrogate_is_400_and_the_feed_goes_on() -> None:
+    """Catches: valid JSON holding a lone surrogate (``"\\ud800"``) answered 502 or 500,
+    and the page's feed broken for every watcher by the request's event."""
+    # json.dumps escapes the lone surrogate, as a client's encoder does.
+    bad = json.dumps({"model": "m", "messages": user("hi \ud800 there")})
+    feed: list[dict[str, Any]] = []
+    model = ScriptedModel(["fine"])
+    async with served(Pipeline(model=model)) as gw, anyio.create_task_group() as nursery:
+        await nursery.start(watch_feed, gw, feed)
+        async with gw.http() as client:
+            refused = await client.post("/v1/chat/completions", content=bad)
+        reply = await gw.sdk().chat.completions.create(model="m", messages=user("and now?"))
+        await anyio.sleep(0.2)
+        late: list[dict[str, Any]] = []
+        with anyio.move_on_after(0.5):
+            await watch_feed(gw, late, task_status=anyio.TASK_STATUS_IGNORED)
+        nursery.cancel_scope.cancel()
+    assert refused.status_code == 400
+    error = openai_error(refused.content)
+    assert (error["param"], error["code"]) == ("messages[0].content", "invalid_value")
+    assert model.requests[0].messages[-1].text == "and now?"
+    assert reply.choices[0].message.content == "fine"
+    # Both the page that watched and one that opened afterwards see the next turn whole.
+    for seen in (feed, late):
+        assert [e["event"] for e in seen][-1] == "TurnFinished"
+
+
 @pytest.mark.parametrize("header", [None, "Bearer wrong-key", f"Basic {KEY}", f"Bearer {KEY}x"])
 async def test_a_missing_or_wrong_key_is_401(header: str | None) -> None:
     """Catches: a gateway that serves without its key, or accepts a near miss."""
