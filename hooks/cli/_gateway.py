@@ -523,19 +523,21 @@ class Gateway:
             PipelineError, TimeoutError: The turn failed.
         """
         turn_ref = secrets.token_hex(16)
+        # Not the message yet: it is shown as the log would hold it, once the turn completed
+        # (a pre hook may scrub it first, and nothing of a failed turn is logged).
         self.feed.publish(
             {
                 "event": "GatewayRequest",
                 "turn_ref": turn_ref,
                 "conversation_id": conversation,
                 "stream": request.stream,
-                "message": _said(request.message),
             }
         )
         try:
             if conversation is None:
-                return await self._stateless(turn_ref, request, on_text)
-            return await self._in_conversation(turn_ref, request, conversation)
+                answered = await self._stateless(turn_ref, request, on_text)
+            else:
+                answered = await self._in_conversation(turn_ref, request, conversation)
         except Exception as exc:
             error = exc if isinstance(exc, WireError) else failure_error(exc)
             if error.status >= 500:
@@ -554,6 +556,14 @@ class Gateway:
             raise error from exc
         finally:
             self._refused.pop(turn_ref, None)
+        self.feed.publish(
+            {
+                "event": "GatewayMessage",
+                "turn_ref": turn_ref,
+                "message": _said(answered[0].turn.user_message),
+            }
+        )
+        return answered
 
     def _check(self, request: ChatRequest, context: Context) -> None:
         """Refuse what the turn could not run: client tools beside the pipeline's own, tool

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from hooks import deny
+from hooks import deny, pii, scrub_input
 from pipeline import Pipeline, block, cont, halt, hook
 from pipeline.logs import SQLiteLog
 from pipeline.providers import OpenAIChat
@@ -427,7 +427,7 @@ async def test_a_lone_surrogate_is_400_and_the_feed_goes_on() -> None:
     assert reply.choices[0].message.content == "fine"
     # Both the page that watched and one that opened afterwards see the next turn whole.
     for seen in (feed, late):
-        assert [e["event"] for e in seen][-1] == "TurnFinished"
+        assert [e["event"] for e in seen][-2:] == ["TurnFinished", "GatewayMessage"]
 
 
 @pytest.mark.parametrize("header", [None, "Bearer wrong-key", f"Basic {KEY}", f"Bearer {KEY}x"])
@@ -726,12 +726,37 @@ async def test_the_feed_carries_a_turns_hooks_and_its_reply() -> None:
         "ModelFinished",
         "ReplyReady",
         "TurnFinished",
+        "GatewayMessage",
     ]
+    assert feed[-1]["message"] == "hi"
     finished = feed[names.index("HookFinished")]
     assert (finished["hook"], finished["verdict"]) == ("note", "cont")
     assert feed[names.index("Injected")]["parts"][0]["text"] == "today is Monday"
     assert len({e["turn_ref"] for e in feed}) == 1
     assert re.fullmatch(r"[0-9a-f]+", feed[0]["turn_ref"])
+
+
+@pytest.mark.parametrize("strategy", ["redact", "block"])
+async def test_the_feed_shows_the_message_only_as_the_log_would_hold_it(strategy: Any) -> None:
+    """Catches: the page's feed carrying the user's message as sent, before a pre hook
+    (``scrub_input``) scrubbed it, or for a turn halted for holding it: neither the log nor
+    the model ever sees that text."""
+    feed: list[dict[str, Any]] = []
+    pipe = Pipeline(model=ScriptedModel(["noted"]), pre=[scrub_input(pii(), strategy=strategy)])
+    async with served(pipe) as gw, anyio.create_task_group() as nursery:
+        await nursery.start(watch_feed, gw, feed)
+        async with gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": user("mail bob@secret.org today")},
+            )
+        await anyio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    assert response.status_code == (200 if strategy == "redact" else 422)
+    assert feed
+    assert "bob@secret.org" not in json.dumps(feed)
+    said = [e["message"] for e in feed if e["event"] == "GatewayMessage"]
+    assert said == (["mail [EMAIL] today"] if strategy == "redact" else [])
 
 
 async def test_client_tool_calls_are_judged_with_every_hook_option() -> None:
