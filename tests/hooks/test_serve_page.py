@@ -39,6 +39,8 @@ def browse(url: str, key: str, send: Any, shot: Path) -> dict[str, Any]:
             page.wait_for_selector("#status:text('live')")
             send()
             page.wait_for_selector(".turn .outcome.completed", timeout=15_000)
+            # The message follows the turn's end: it is shown as the log holds it.
+            page.wait_for_selector(".turn .user:text('user: the plan?')", timeout=5_000)
             page.screenshot(path=str(shot), full_page=True)
             return {
                 "text": page.inner_text("main"),
