@@ -334,6 +334,11 @@ class Drive(Runner):
                     if held:
                         assert emit is not None
                         for event in held:
+                            if type(event) is ev.ReplyReady and accepted.reply is not reply:
+                                # Released as accepted: as the post hooks left the reply
+                                # (a hook may rewrite it), which is what the log holds.
+                                assert accepted.reply is not None
+                                event = attrs.evolve(event, reply=accepted.reply)
                             emit(event)
                     return await self.complete(accepted)
                 case Halted(turn=reached, halt=stop):

@@ -314,7 +314,11 @@ class ToolStepFinished(Event):
 @final
 @attrs.frozen
 class ReplyReady(Event):
-    """The model's reply for an attempt is complete."""
+    """The model's reply for an attempt is complete.
+
+    With ``hold_until_accepted=True`` it is released once the post hooks accept the attempt,
+    and carries the reply as they left it.
+    """
 
     reply: Reply
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import httpx
 import openai
 import pytest
@@ -18,7 +19,7 @@ from pipeline.logs import SQLiteLog
 from pipeline.providers import OpenAIChat
 from pipeline.testing import FunctionModel, ScriptedModel
 from tests.providers.server import json_error, openai_text, running, stream
-from turns import ToolCall, Turn
+from turns import Message, Text, ToolCall, Turn
 
 from .serve_support import KEY, MODEL, openai_error, served, sse_data, user, watch_feed
 
@@ -757,6 +758,37 @@ async def test_the_feed_shows_the_message_only_as_the_log_would_hold_it(strategy
     assert "bob@secret.org" not in json.dumps(feed)
     said = [e["message"] for e in feed if e["event"] == "GatewayMessage"]
     assert said == (["mail [EMAIL] today"] if strategy == "redact" else [])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_feed_shows_the_reply_as_the_client_got_it(stream: bool) -> None:
+    """Catches: the page's ``ReplyReady`` carrying the model's text from before a post hook
+    rewrote it, while the client and the log get the rewritten reply."""
+
+    def mask_mail(turn: Turn) -> Any:
+        assert turn.reply is not None
+        text = turn.reply.text.replace("alice@example.com", "[MAIL]")
+        message = Message.assistant((Text(text),))
+        reply = attrs.evolve(turn.reply, message=message, messages=(message,))
+        return cont(attrs.evolve(turn, reply=reply))
+
+    feed: list[dict[str, Any]] = []
+    pipe = Pipeline(
+        model=ScriptedModel(["write to alice@example.com"]), post=[hook(mask_mail, name="mask")]
+    )
+    async with served(pipe) as gw, anyio.create_task_group() as nursery:
+        await nursery.start(watch_feed, gw, feed)
+        if stream:
+            chunks = await gw.sdk_stream(model="m", messages=user("who?"))
+            got = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            reply = await gw.sdk().chat.completions.create(model="m", messages=user("who?"))
+            got = reply.choices[0].message.content
+        await anyio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    assert got == "write to [MAIL]"
+    assert [e["text"] for e in feed if e["event"] == "ReplyReady"] == ["write to [MAIL]"]
+    assert "alice@example.com" not in json.dumps(feed)
 
 
 async def test_client_tool_calls_are_judged_with_every_hook_option() -> None:
