@@ -30,6 +30,7 @@ from pipeline import (
     BudgetError,
     Cont,
     Halt,
+    Hook,
     LogConflict,
     Pipeline,
     PipelineError,
@@ -69,6 +70,9 @@ CONVERSATION_HEADER = "x-conversation-id"
 _REDACTED = "[REDACTED]"
 POLICY_HOOK = "client_tool_policy"
 """The post hook that judges tool calls returned to the client (see `Gateway._police`)."""
+ACCEPTED_HOOK = "gateway_accepted"
+"""The last post hook of a pipeline with background hooks: it keeps the accepted turn, which
+a stateless request is answered with when its background hooks outlast the turn timeout."""
 RETRY_AFTER = 1
 """Seconds a client refused while the gateway shuts down is asked to wait (``Retry-After``)."""
 _SHUTTING_DOWN = (
@@ -343,6 +347,11 @@ class Gateway:
             # last post hook, so a refusal stops the turn before anything is committed.
             police = hook(self._police, name=POLICY_HOOK)
             pipe = attrs.evolve(pipe, post=(*pipe.post, police))
+        # Accepted turns of stateless requests whose background hooks are still running.
+        self._accepted: dict[str, Turn] = {}
+        if any(isinstance(entry, Hook) and entry.background for entry in pipe.post):
+            keep = hook(self._keep_accepted, name=ACCEPTED_HOOK)
+            pipe = attrs.evolve(pipe, post=(*pipe.post, keep))
         self.pipe = attrs.evolve(pipe, hold_until_accepted=True) if self.holds else pipe
         self.settings = settings
         self._secrets = tuple(s for s in settings.secrets if s)
@@ -504,16 +513,21 @@ class Gateway:
     # -- one turn --------------------------------------------------------------------------------
 
     def publish(self, event: ev.Event) -> None:
-        if type(event) is not ev.TextDelta:
-            self.feed.publish(event)
+        if type(event) is ev.TextDelta:
+            return
+        if isinstance(event, ev.HookStarted | ev.HookFinished) and event.hook == ACCEPTED_HOOK:
+            return  # the gateway's bookkeeping, not the pipeline's
+        self.feed.publish(event)
 
     async def turn(
         self,
         request: ChatRequest,
         conversation: str | None,
         on_text: Callable[[str], Awaitable[None]] | None,
-    ) -> tuple[TurnResult, list[str]]:
+    ) -> tuple[Turn, list[str]]:
         """Run one turn; with a conversation, through a session of it, which commits it.
+
+        Returns the turn as answered (its accepted reply) and the text as it was streamed.
 
         `on_text` receives text as it may be shown (accepted, transformed); when it is None,
         text is collected and returned with the result.
@@ -556,11 +570,12 @@ class Gateway:
             raise error from exc
         finally:
             self._refused.pop(turn_ref, None)
+            self._accepted.pop(turn_ref, None)
         self.feed.publish(
             {
                 "event": "GatewayMessage",
                 "turn_ref": turn_ref,
-                "message": _said(answered[0].turn.user_message),
+                "message": _said(answered[0].user_message),
             }
         )
         return answered
@@ -584,16 +599,40 @@ class Gateway:
         turn_ref: str,
         request: ChatRequest,
         on_text: Callable[[str], Awaitable[None]] | None,
-    ) -> tuple[TurnResult, list[str]]:
+    ) -> tuple[Turn, list[str]]:
         context = request.context()
         self._check(request, context)
         turn = Turn.start(request.message, context=context, turn_ref=turn_ref)
         turn = turn.with_request(**_set(request.options))
         live = on_text if not self.holds else None
-        with anyio.fail_after(self.settings.turn_timeout):
+        timeout = self.settings.turn_timeout
+        running: dict[tuple[str, str], None] = {}
+        pieces: list[str] = []
+        with anyio.CancelScope(deadline=anyio.current_time() + timeout) as deadline:
             async with self.pipe.stream(turn) as events:
-                pieces = await self._watch(events, live)
-        return self._answered(events.result), pieces
+                pieces = await self._watch(events, live, running)
+        if not deadline.cancelled_caught:
+            return self._answered(events.result).turn, pieces
+        accepted = self._accepted.get(turn_ref)
+        if accepted is None:
+            raise TimeoutError(f"the turn did not finish within {timeout} s")
+        # Only background hooks were left: they cannot change the answer, which is sent.
+        self._cut_background(turn_ref, running, timeout)
+        return accepted, pieces
+
+    def _cut_background(
+        self, turn_ref: str, running: Mapping[tuple[str, str], None], timeout: float
+    ) -> None:
+        """Report the background hooks of an answered stateless turn that the turn timeout
+        cancelled, as a session reports those its drain timeout cancels."""
+        why = (
+            f"did not finish within the gateway's turn timeout of {timeout} s and was"
+            " cancelled; the answer was sent without it"
+        )
+        for name, stage in running:
+            _logger.warning("background hook %r of turn %s %s", name, turn_ref, why)
+            self.publish(ev.HookFailed(turn_ref, name, stage, why, False))
+        self.publish(ev.TurnFinished(turn_ref, "completed"))
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator["Gateway"]:
@@ -624,7 +663,7 @@ class Gateway:
 
     async def _in_conversation(
         self, turn_ref: str, request: ChatRequest, conversation: str
-    ) -> tuple[TurnResult, list[str]]:
+    ) -> tuple[Turn, list[str]]:
         """The turn through a session of the conversation, in a task of the gateway's
         (`_session`): it is answered as soon as the turn is committed, while the session
         goes on to commit the durable output of background hooks and close."""
@@ -658,7 +697,7 @@ class Gateway:
         finally:
             self._cuts.discard(cut)
         result, pieces = handoff.outcome()
-        return self._answered(result), pieces
+        return self._answered(result).turn, pieces
 
     async def _session(
         self, turn_ref: str, request: ChatRequest, conversation: str, handoff: "_Handoff"
@@ -736,9 +775,15 @@ class Gateway:
                 self._idle.set()
 
     async def _watch(
-        self, events: AsyncIterator[ev.Event], on_text: Callable[[str], Awaitable[None]] | None
+        self,
+        events: AsyncIterator[ev.Event],
+        on_text: Callable[[str], Awaitable[None]] | None,
+        running: dict[tuple[str, str], None] | None = None,
     ) -> list[str]:
-        """Publish a turn's events; its text goes to `on_text`, or is collected and returned."""
+        """Publish a turn's events; its text goes to `on_text`, or is collected and returned.
+
+        `running` receives the hooks started and not yet ended, as (name, stage).
+        """
         pieces: list[str] = []
         async for event in events:
             if type(event) is ev.TextDelta:
@@ -746,8 +791,13 @@ class Gateway:
                     await on_text(event.text)
                 else:
                     pieces.append(event.text)
-            else:
-                self.publish(event)
+                continue
+            if running is not None:
+                if type(event) is ev.HookStarted:
+                    running[event.hook, event.stage] = None
+                elif isinstance(event, ev.HookFinished | ev.HookFailed):
+                    running.pop((event.hook, event.stage), None)
+            self.publish(event)
         return pieces
 
     def _answered(self, result: TurnResult) -> TurnResult:
@@ -756,6 +806,11 @@ class Gateway:
         if error is not None:
             raise error
         return result
+
+    async def _keep_accepted(self, turn: Turn) -> Cont[Turn]:
+        """Keep the turn the post hooks accepted (this hook is the last of them)."""
+        self._accepted[turn.turn_ref] = turn
+        return cont(turn)
 
     async def _police(self, turn: Turn) -> Cont[Turn] | Halt:
         """The client tool policy: tool calls the client is to run, judged by the before-tool
@@ -867,7 +922,7 @@ class _Endpoint:
         completion = Completion(f"chatcmpl-{secrets.token_hex(12)}", gateway.settings.model)
         outbox = _Outbox(send, completion) if request.stream else None
 
-        result: TurnResult | None = None
+        result: Turn | None = None
         pieces: list[str] = []
         failure: WireError | None = None
         async with anyio.create_task_group() as group:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 from pipeline import Pipeline, cont, hook
@@ -15,7 +16,7 @@ from pipeline.logs import SQLiteLog
 from pipeline.providers import OpenAIChat
 from pipeline.testing import ScriptedModel
 from tests.providers.server import openai_text, running, stream
-from turns import Turn
+from turns import Message, Text, Turn
 
 from .serve_support import served, user, watch_feed
 
@@ -191,3 +192,52 @@ async def test_a_client_hanging_up_still_cancels_its_conversation_turn(tmp_path:
         stored = await log.load("c")
     assert stored.messages == ()
     assert ended == ["cancelled"]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_stateless_answer_is_sent_when_background_hooks_outlast_the_timeout(
+    streamed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Catches: a stateless turn's background hook that outlasts ``--turn-timeout`` turning
+    the accepted reply into a 504, though its failures cannot change the answer."""
+
+    async def hangs(turn: Turn) -> Any:
+        await anyio.sleep_forever()
+
+    def mark(turn: Turn) -> Any:
+        assert turn.reply is not None
+        message = Message.assistant((Text(turn.reply.text + "!"),))
+        reply = attrs.evolve(turn.reply, message=message, messages=(message,))
+        return cont(attrs.evolve(turn, reply=reply))
+
+    feed: list[dict[str, Any]] = []
+    pipe = Pipeline(
+        model=ScriptedModel(["fine"]),
+        post=[hook(mark, name="mark"), hook(hangs, name="hangs", background=True)],
+    )
+    async with served(pipe, turn_timeout=0.5) as gw, anyio.create_task_group() as nursery:
+        await nursery.start(watch_feed, gw, feed)
+        with caplog.at_level(logging.WARNING, logger="turnplug"):
+            if streamed:
+                chunks = await gw.sdk_stream(model="m", messages=user("hi"))
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+            else:
+                reply = await gw.sdk().chat.completions.create(model="m", messages=user("hi"))
+                text, finish = reply.choices[0].message.content, reply.choices[0].finish_reason
+        await anyio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    assert (text, finish) == ("fine!", "stop")
+    names = [e["event"] for e in feed]
+    assert "GatewayError" not in names
+    assert names[-3:] == ["HookFailed", "TurnFinished", "GatewayMessage"]
+    failed = feed[-3]
+    assert (failed["hook"], failed["enforced"]) == ("hangs", False)
+    assert "turn timeout of 0.5 s" in failed["error"]
+    assert feed[-2]["outcome"] == "completed"
+    assert "gateway_accepted" not in json.dumps(feed)
+    assert any(
+        "hangs" in r.getMessage() and "turn timeout" in r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+    )
