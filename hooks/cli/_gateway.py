@@ -54,6 +54,7 @@ from ._wire import (
     ChatRequest,
     Completion,
     WireError,
+    answer_text,
     check_continuation,
     parse_request,
     split_text,
@@ -986,7 +987,8 @@ class _Endpoint:
         if not started:
             await _start_stream(send)
             frames = [sse(completion.first())]
-            frames += [sse(completion.text(piece)) for piece in split_text(reply.text, pieces)]
+            text = answer_text(reply)
+            frames += [sse(completion.text(piece)) for piece in split_text(text, pieces)]
         else:
             frames = []
         frames += [sse(chunk) for chunk in completion.ending(reply, request.include_usage)]

@@ -500,6 +500,18 @@ def tool_calls(message: Message) -> list[dict[str, Any]]:
     ]
 
 
+def answer_text(reply: Reply) -> str:
+    """The reply's text as the client receives it: every assistant message's, in order.
+
+    A pipeline that runs its own tools answers with several assistant messages (text before
+    a tool call, then the answer after the results); a live stream sends each one's text as
+    the model writes it, so a whole answer holds all of it too, as the API's whole answer
+    holds everything its stream would have sent.
+    """
+    messages = (*reply.messages[:-1], reply.message) if reply.messages else (reply.message,)
+    return "".join(m.text for m in messages if m.role == "assistant")
+
+
 def usage(reply: Reply) -> dict[str, int]:
     used = reply.usage
     return {
@@ -521,9 +533,10 @@ class Completion:
     def whole(self, reply: Reply) -> dict[str, Any]:
         """The non-streaming response: a ``chat.completion`` object."""
         calls = tool_calls(reply.message)
+        text = answer_text(reply)
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": reply.message.text if not calls or reply.message.text else None,
+            "content": text if not calls or text else None,
         }
         if calls:
             message["tool_calls"] = calls

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from hooks import deny, pii, scrub_input
-from pipeline import Pipeline, block, cont, halt, hook
+from pipeline import Pipeline, block, cont, halt, hook, tool
 from pipeline.logs import SQLiteLog
 from pipeline.providers import OpenAIChat
 from pipeline.testing import FunctionModel, ScriptedModel
@@ -121,6 +121,29 @@ async def test_client_tool_calls_come_back_as_the_sdk_expects() -> None:
     deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
     assert [(d.index, d.id, d.function.name) for d in deltas] == [(0, "call_1", "get_weather")]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+@pytest.mark.parametrize("held", [False, True])
+async def test_text_around_the_pipelines_tool_calls_is_in_both_answers(held: bool) -> None:
+    """Catches: a pipeline running its own tools answering a stream with the text the model
+    wrote before a tool call ("Let me check. ") and a whole answer without it: the whole
+    answer holds everything the stream would have sent, as the API's does."""
+
+    def get_weather(city: str) -> str:
+        return f"sunny in {city}"
+
+    model = ScriptedModel(
+        [["Let me check. ", ToolCall("c1", "get_weather", {"city": "Oslo"})], "It is sunny."] * 2
+    )
+    # A guardrail that passes makes the gateway hold the text until it is accepted.
+    post = [deny("FORBIDDEN", feedback="no")] if held else []
+    pipe = Pipeline(model=model, tools=[tool(get_weather)], post=post)
+    async with served(pipe) as gw:
+        whole = await gw.sdk().chat.completions.create(model="m", messages=user("weather?"))
+        chunks = await gw.sdk_stream(model="m", messages=user("weather?"))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == "Let me check. It is sunny."
+    assert whole.choices[0].message.content == streamed
 
 
 async def test_models_and_healthz() -> None:
