@@ -555,20 +555,15 @@ class Gateway:
                 answered = await self._in_conversation(turn_ref, request, conversation)
         except Exception as exc:
             error = exc if isinstance(exc, WireError) else failure_error(exc)
-            if error.status >= 500:
-                _logger.warning(
-                    "turn %s failed (HTTP %d): %s", turn_ref, error.status, self.scrub(_text(exc))
-                )
-            self.feed.publish(
-                {
-                    "event": "GatewayError",
-                    "turn_ref": turn_ref,
-                    "status": error.status,
-                    "type": error.type,
-                    "message": error.message,
-                }
-            )
+            self._failed(turn_ref, error, _text(exc))
             raise error from exc
+        except anyio.get_cancelled_exc_class():
+            if self.cut and conversation is None:
+                # Stopped at the drain timeout: answered 503 (`_Endpoint`), so a failure
+                # like any other. (A conversation turn's session reports it as an error.)
+                error = _cut_short()
+                self._failed(turn_ref, error, error.message)
+            raise
         finally:
             self._refused.pop(turn_ref, None)
             self._accepted.pop(turn_ref, None)
@@ -580,6 +575,22 @@ class Gateway:
             }
         )
         return answered
+
+    def _failed(self, turn_ref: str, error: WireError, detail: str) -> None:
+        """Report a turn answered with `error`: on the page, and as a warning for a 5xx."""
+        if error.status >= 500:
+            _logger.warning(
+                "turn %s failed (HTTP %d): %s", turn_ref, error.status, self.scrub(detail)
+            )
+        self.feed.publish(
+            {
+                "event": "GatewayError",
+                "turn_ref": turn_ref,
+                "status": error.status,
+                "type": error.type,
+                "message": error.message,
+            }
+        )
 
     def _check(self, request: ChatRequest, context: Context) -> None:
         """Refuse what the turn could not run: client tools beside the pipeline's own, tool
@@ -897,7 +908,10 @@ class _Endpoint:
                 )
             if conversation is not None and not conversation.strip():
                 raise WireError(
-                    400, "X-Conversation-Id must not be empty", param="X-Conversation-Id"
+                    400,
+                    "X-Conversation-Id must not be empty",
+                    param="X-Conversation-Id",
+                    code="invalid_value",
                 )
             if gateway.shutting_down:
                 # The body came in after the signal: the turn is not started either.

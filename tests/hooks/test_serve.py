@@ -723,6 +723,47 @@ async def test_a_conversation_id_without_a_log_is_400() -> None:
     assert openai_error(response.content)["param"] == "X-Conversation-Id"
 
 
+async def test_the_codes_of_refused_requests_are_the_documented_ones(tmp_path: Path) -> None:
+    """Catches: 400s answered with a code the status table of docs/serve.md does not list
+    (``unsupported_parameter``, ``no_log``), or with none (an empty X-Conversation-Id)."""
+
+    def get_time() -> str:
+        return "noon"
+
+    clock = [{"type": "function", "function": {"name": "get_time"}}]
+    async with served(texts(["x"])) as gw, gw.http() as client:
+        no_log = await client.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": user("x")},
+            headers={"X-Conversation-Id": "c"},
+        )
+    async with SQLiteLog(tmp_path / "log.db") as log, served(texts(["x"]), log=log) as gw:
+        async with gw.http() as client:
+            empty = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": user("x")},
+                headers={"X-Conversation-Id": ""},
+            )
+    async with served(Pipeline(model=ScriptedModel(["x"]), tools=[tool(get_time)])) as gw:
+        async with gw.http() as client:
+            tools = await client.post(
+                "/v1/chat/completions", json={"model": "m", "messages": user("x"), "tools": clock}
+            )
+    codes = {
+        (openai_error(r.content)["param"], openai_error(r.content)["code"])
+        for r in (no_log, empty, tools)
+    }
+    assert codes == {
+        ("X-Conversation-Id", "no_log"),
+        ("X-Conversation-Id", "invalid_value"),
+        ("tools", "unsupported_parameter"),
+    }
+    table = (Path(__file__).parents[2] / "docs" / "serve.md").read_text()
+    table = table.split("## Status codes", 1)[1].split("\n## ", 1)[0]
+    for _param, code in codes:
+        assert f"`{code}`" in table, code
+
+
 # -- the page's feed -------------------------------------------------------------------------
 
 

@@ -629,6 +629,21 @@ def test_a_conversation_turn_still_running_at_the_drain_timeout_commits_nothing(
     assert stored_texts(log, "c-held") == []
 
 
+@pytest.mark.parametrize("conversation", [None, "c-held"])
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_a_turn_cut_at_the_drain_timeout_is_logged_as_a_5xx(
+    tmp_path: Path, loop: str, conversation: str | None
+) -> None:
+    """Catches: a stateless turn cut at the drain timeout answered 503 without the warning
+    every other 5xx answer (a conversation turn's cut included) leaves on stderr."""
+    answer, _took, code, said = answer_held_past_the_drain_timeout(
+        tmp_path, "--log", str(tmp_path / "log.db"), "--loop", loop, conversation=conversation
+    )
+    assert code == 0, said
+    assert_cut_short(answer)
+    assert re.search(r"WARNING turnplug\.serve: turn [0-9a-f]+ failed \(HTTP 503\)", said), said
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 def test_a_stream_still_running_at_the_drain_timeout_ends_with_a_shutting_down_frame(
     tmp_path: Path, loop: str
