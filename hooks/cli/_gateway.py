@@ -56,6 +56,7 @@ from ._wire import (
     WireError,
     answer_text,
     check_continuation,
+    json_bytes,
     parse_request,
     split_text,
     sse,
@@ -161,12 +162,8 @@ class Feed:
         data = item if isinstance(item, Mapping) else page_event(item)
         if data is None:
             return None
-        try:
-            return sse(self._scrub(json.dumps(data, ensure_ascii=False, default=str)))
-        except UnicodeEncodeError:
-            # A lone surrogate (from a model or a hook) has no UTF-8 form: sent escaped, it
-            # still reaches the page, and the feed goes on for every watcher.
-            return sse(self._scrub(json.dumps(data, default=str)))
+        # (`sse` writes a lone surrogate escaped: the feed goes on for every watcher.)
+        return sse(self._scrub(json.dumps(data, ensure_ascii=False, default=str)))
 
     @asynccontextmanager
     async def watch(self) -> AsyncIterator[AsyncIterator[bytes]]:
@@ -454,7 +451,7 @@ class Gateway:
     async def reply_error(
         self, send: Send, error: WireError, headers: list[tuple[bytes, bytes]] | None = None
     ) -> None:
-        body = self.scrub(json.dumps(error.body(), ensure_ascii=False)).encode()
+        body = json_bytes(self.scrub(json.dumps(error.body(), ensure_ascii=False)))
         await send(
             {
                 "type": "http.response.start",
@@ -985,7 +982,7 @@ class _Endpoint:
         reply = result.reply
         assert reply is not None
         if not request.stream:
-            body = json.dumps(completion.whole(reply), ensure_ascii=False).encode()
+            body = json_bytes(json.dumps(completion.whole(reply), ensure_ascii=False))
             await send(
                 {
                     "type": "http.response.start",

@@ -578,7 +578,7 @@ class Completion:
         head, tail = self._text_envelope
         # What json.dumps(text, ensure_ascii=False) returns, without building an encoder per
         # call (dumps does, for any non-default option): the C string encoder itself.
-        return head + _encode_string(text).encode() + tail
+        return head + json_bytes(_encode_string(text)) + tail
 
     @functools.cached_property
     def _text_envelope(self) -> tuple[bytes, bytes]:
@@ -603,6 +603,16 @@ class Completion:
             }
 
 
+def json_bytes(text: str) -> bytes:
+    """JSON text (from `json.dumps(..., ensure_ascii=False)`) as UTF-8.
+
+    A lone surrogate (a model or a hook may produce one) has no UTF-8 form; in JSON text it
+    can only stand inside a string, where its escape (``\\ud800``) means the same, so that
+    is what it is written as instead of failing the response.
+    """
+    return text.encode("utf-8", "backslashreplace")
+
+
 def sse(data: Mapping[str, Any] | str) -> bytes:
     """One server-sent event carrying `data` (JSON-encoded unless already a string)."""
     text = (
@@ -610,7 +620,7 @@ def sse(data: Mapping[str, Any] | str) -> bytes:
         if isinstance(data, str)
         else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     )
-    return b"data: " + text.encode() + b"\n\n"
+    return b"data: " + json_bytes(text) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"

@@ -454,6 +454,34 @@ async def test_a_lone_surrogate_is_400_and_the_feed_goes_on() -> None:
         assert [e["event"] for e in seen][-2:] == ["TurnFinished", "GatewayMessage"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_reply_holding_a_lone_surrogate_reaches_the_client_and_the_page(
+    stream: bool,
+) -> None:
+    """Catches: a model's (or a hook's) lone surrogate failing the response with a plain-text
+    500, and breaking the page's feed, where JSON can carry it escaped."""
+    odd = "odd \ud800 text"
+    feed: list[dict[str, Any]] = []
+    async with served(texts([odd])) as gw, anyio.create_task_group() as nursery:
+        await nursery.start(watch_feed, gw, feed)
+        async with gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": user("x"), "stream": stream},
+            )
+        await anyio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    assert response.status_code == 200
+    if stream:
+        chunks = [json.loads(data) for data in sse_data(response.text)[:-1]]
+        got = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    else:
+        got = response.json()["choices"][0]["message"]["content"]
+    assert got == odd
+    assert [e["text"] for e in feed if e["event"] == "ReplyReady"] == [odd]
+    assert feed[-1]["event"] == "GatewayMessage"
+
+
 @pytest.mark.parametrize("header", [None, "Bearer wrong-key", f"Basic {KEY}", f"Bearer {KEY}x"])
 async def test_a_missing_or_wrong_key_is_401(header: str | None) -> None:
     """Catches: a gateway that serves without its key, or accepts a near miss."""
