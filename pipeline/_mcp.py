@@ -328,33 +328,37 @@ class Connection:
         stage = "start"
         try:
             async with AsyncExitStack() as stack:
-                try:
-                    read, write = await self._transport(stack, errlog)
-                    from mcp.client.session import ClientSession
+                read, write = await self._transport(stack, errlog)
+                from mcp.client.session import ClientSession
 
-                    session = await stack.enter_async_context(ClientSession(read, write))
-                    with anyio.move_on_after(self.spec.connect_timeout) as scope:
-                        stage = "initialize"
-                        await session.initialize()
-                        stage = "tools/list"
-                        listed = await _list_tools(session)
-                    if scope.cancelled_caught:
-                        raise _Startup(
-                            f"did not answer {stage} within its connect_timeout of"
-                            f" {self.spec.connect_timeout:g} s"
-                        )
-                    self._adopt(session, listed)
-                except Exception as exc:
-                    failure.append(self._startup_failure(stage, exc, errlog))
-                    return
-                finally:
-                    ready.set()
+                session = await stack.enter_async_context(ClientSession(read, write))
+                with anyio.move_on_after(self.spec.connect_timeout) as scope:
+                    stage = "initialize"
+                    await session.initialize()
+                    stage = "tools/list"
+                    listed = await _list_tools(session)
+                if scope.cancelled_caught:
+                    raise _Startup(
+                        f"did not answer {stage} within its connect_timeout of"
+                        f" {self.spec.connect_timeout:g} s"
+                    )
+                self._adopt(session, listed)
+                ready.set()
                 await self._stop.wait()
         except Exception as exc:
-            # Closing the transport of a server that crashed can fail: nothing is left.
-            logger.debug("closing %s: %s", self.label, exc_text(exc))
+            # A transport's own task can fail (an HTTP server that cannot be reached): it
+            # cancels this body, and its error comes out of the stack, maybe in a group.
+            if not ready.is_set():
+                failure.append(self._startup_failure(stage, exc, errlog))
+            elif not self._stop.is_set():
+                self.fail(f"its connection broke: {exc_text(_leaf(exc))}")
+            else:
+                # Closing the transport of a server that crashed can fail: nothing is left.
+                logger.debug("closing %s: %s", self.label, exc_text(exc))
         finally:
             self.session = None
+            if not ready.is_set() and not failure:
+                failure.append(f"{self.label} was stopped while it was being connected")
             errlog.close()
             ready.set()
             self._stopped.set()
@@ -393,6 +397,8 @@ class Connection:
             why = str(cause)
         elif _closed(cause):
             why = f"closed the connection during {stage} (did it exit?)"
+        elif _unreachable(cause):
+            why = f"could not be reached: {exc_text(cause)} (is it running at that url?)"
         elif stage == "start":
             why = f"could not be started: {exc_text(cause)}"
         else:
@@ -505,3 +511,9 @@ def _closed(exc: BaseException) -> bool:
     return isinstance(
         exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream
     )
+
+
+def _unreachable(exc: BaseException) -> bool:
+    import httpx2
+
+    return isinstance(exc, httpx2.ConnectError)

@@ -10,7 +10,7 @@ from hooks.config import load_pipeline
 from pipeline import ConfigError
 from pipeline.logs import MemoryLog
 from tests.hooks.cli_support import environment, turnplug, write_config
-from tests.pipeline.mcp.servers import memory_server, server_processes
+from tests.pipeline.mcp.servers import free_port, memory_server, server_processes
 
 TIME = f"""
     [model]
@@ -59,6 +59,30 @@ def test_check_connects_and_lists_the_tools_under_their_final_names(tmp_path: Pa
     assert (done.returncode, done.stderr) == (0, "")
     assert "  clock: clock_convert_time, clock_get_current_time" in done.stdout
     assert "s3cret-value" not in done.stdout
+
+
+def test_check_fails_naming_a_server_nobody_listens_on(tmp_path: Path):
+    """Catches: check printing ok and "(no tools)" for an HTTP server it never reached."""
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    path = write_config(
+        tmp_path,
+        f"""
+        [model]
+        provider = "openai"
+        name = "gpt-4o-mini"
+
+        [[toolsets]]
+        kind = "mcp"
+        name = "tickets"
+        url = "{url}"
+        """,
+    )
+
+    done = turnplug("check", path, env=environment(OPENAI_API_KEY="sk-test"))
+
+    assert done.returncode == 1
+    assert f"ToolsetError: MCP server 'tickets' ({url}) could not be reached" in done.stderr
+    assert "tickets: (no tools)" not in done.stdout
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,8 @@
 - ``silent``: reads the requests and never answers one (not even ``initialize``);
 - ``changing``: offers ``alpha`` on its first start and ``beta`` on later ones (the starts
   are counted in STATE_FILE);
-- ``colliding``: offers ``a.b`` and ``a_b``, one name once sanitized.
+- ``colliding``: offers ``a.b`` and ``a_b``, one name once sanitized;
+- ``http PORT``: the ``tools`` server over streamable HTTP on 127.0.0.1:PORT.
 """
 
 import base64
@@ -115,5 +116,7 @@ if __name__ == "__main__":
         changing_server(Path(sys.argv[2])).run()
     elif mode == "colliding":
         colliding_server().run()
+    elif mode == "http":
+        tools_server().run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -8,8 +8,10 @@ once, or is skipped with the reason when ``node`` is missing — never under CI.
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -42,6 +44,55 @@ def faulty_toolset(mode: str, *extra: str, name: str = "faulty", **options: obje
         args=[str(FAULTY), mode, *extra],
         **options,  # type: ignore[arg-type]
     )
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 nobody listens on (just now)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+class HttpServer:
+    """faulty_server.py's ``tools`` over streamable HTTP, in a process of its own on a free
+    port of 127.0.0.1, that a test stops and starts again (a restart forgets every session).
+    """
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def toolset(self, name: str = "web", **options: object) -> MCPToolset:
+        return mcp_toolset(name, url=self.url, **options)  # type: ignore[arg-type]
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        self.process = subprocess.Popen(
+            [sys.executable, str(FAULTY), "http", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the HTTP MCP server on port {self.port} did not start")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Kill the server (its sessions die with it)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
 
 
 def memory_server() -> Path:

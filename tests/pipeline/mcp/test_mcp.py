@@ -4,17 +4,52 @@ Every test ends by checking the process table: no server process outlives its ow
 """
 
 import json
+import logging
 import time
+from collections.abc import Iterator
 
 import anyio
 import pytest
 
-from pipeline import Pipeline, ToolsetError, cont
+from pipeline import Pipeline, ToolsetError, cont, mcp_toolset
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
 from turns import ToolCall, Turn
 
-from .servers import faulty_toolset, server_processes, time_toolset
+from .servers import HttpServer, faulty_toolset, free_port, server_processes, time_toolset
+
+# The SDK's HTTP transport cancels its GET stream without closing httpx2's async iterators;
+# trio warns when it collects them. The SDK's to fix, not ours.
+sdk_unclosed_streams = pytest.mark.filterwarnings(
+    r"ignore:Async generator '(httpx2|httpcore2)\..*' was garbage collected:ResourceWarning"
+)
+
+
+@pytest.fixture
+def http_server() -> Iterator[HttpServer]:
+    """faulty_server.py's tools over streamable HTTP, running; killed after the test."""
+    server = HttpServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def echo_turns(toolset: str, count: int) -> ScriptedModel:
+    """A model that calls ``<toolset>_echo`` with the turn's number, `count` turns long."""
+    replies: list[object] = []
+    for n in range(count):
+        replies += [[ToolCall(f"c{n}", f"{toolset}_echo", {"text": str(n)})], "ok"]
+    return ScriptedModel(replies)
+
+
+def mcp_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "turnplug.mcp" and r.levelno == logging.WARNING
+    ]
 
 
 async def test_a_turn_calls_the_time_server_through_tool_hooks():
@@ -194,4 +229,48 @@ async def test_an_error_in_the_block_comes_out_as_it_was_raised():
     with pytest.raises(KeyError):
         async with pipe:
             raise KeyError("mine")
+    assert server_processes() == []
+
+
+async def test_an_http_server_nobody_listens_on_fails_the_open_naming_it():
+    """Catches: an unreachable HTTP server opening silently with no tools (the transport's
+    connect error cancelled the start, and the cancellation passed for a success)."""
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    pipe = Pipeline(
+        model=ScriptedModel(["hi"]),
+        toolsets=[mcp_toolset("tickets", url=url, connect_timeout=5)],
+    )
+    with pytest.raises(ToolsetError) as caught:
+        async with pipe:
+            pass
+
+    assert caught.value.toolset == "tickets"
+    assert f"MCP server 'tickets' ({url}) could not be reached: ConnectError" in str(caught.value)
+
+
+@sdk_unclosed_streams
+async def test_a_failed_http_reconnect_warns_and_a_later_turn_reconnects(http_server, caplog):
+    """Catches: a failed reconnect of an HTTP server passing for a success: no warning, and
+    calls failing with "not connected (None)" for good, even once the server is back."""
+    pipe = Pipeline(
+        model=echo_turns("web", 4), toolsets=[http_server.toolset(timeout=5, connect_timeout=5)]
+    )
+    results = []
+    async with pipe:
+        for n in range(4):
+            if n == 1:
+                http_server.stop()
+            if n == 3:
+                http_server.start()
+            result = await pipe.run(Turn.start(str(n)))
+            results.append(result.reply.messages[1].parts[0])
+    http_server.stop()
+
+    assert [r.error_class for r in results] == [None, "tool_error", "tool_error", None]
+    assert (results[0].content, results[3].content) == ("echo: 0", "echo: 3")
+    assert "MCP server 'web' is not connected (" in results[2].content
+    assert "could not be reached: ConnectError" in results[2].content
+    warnings = mcp_warnings(caplog)
+    assert warnings
+    assert all(w.startswith("reconnecting failed: MCP server 'web'") for w in warnings)
     assert server_processes() == []
