@@ -14,6 +14,7 @@ one turn run outside both), each kept by a task of the owner's task group.
 """
 
 import hashlib
+import logging
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -26,6 +27,8 @@ import attrs
 from ._errors import ConfigError, ToolsetError
 from ._excgroups import first_failure, own_error
 from ._tools import Tool, tool
+
+logger = logging.getLogger("turnplug.mcp")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _LIMIT = 64
@@ -306,6 +309,7 @@ class Toolbox:
                 self.tools = self._merged()
             except ConfigError as error:
                 # A server that came back with a clashing tool list: its old list stays.
+                logger.warning("reconnecting failed: %s", error)
                 for connection in dead:
                     connection.fail(str(error))
         return self.tools

@@ -274,3 +274,34 @@ async def test_a_failed_http_reconnect_warns_and_a_later_turn_reconnects(http_se
     assert warnings
     assert all(w.startswith("reconnecting failed: MCP server 'web'") for w in warnings)
     assert server_processes() == []
+
+
+async def test_a_reconnect_whose_tools_collide_is_a_warning(tmp_path, caplog):
+    """Catches: a server that came back with a tool clashing with a local one staying down
+    without a word in the turnplug.mcp log."""
+
+    def changing_beta() -> str:
+        """A local tool named as the server's tool ``beta`` is offered."""
+        return "local"
+
+    state = tmp_path / "starts"
+    model = ScriptedModel(["one", [ToolCall("c1", "changing_alpha", {})], "two", "three"])
+    pipe = Pipeline(
+        model=model,
+        tools=[changing_beta],
+        toolsets=[faulty_toolset("changing", str(state), name="changing")],
+    )
+    async with pipe:
+        await pipe.run(Turn.start("one"))
+        for process in server_processes():
+            process.kill()
+        crashed = await pipe.run(Turn.start("two"))  # its call finds the server gone
+        await pipe.run(Turn.start("three"))  # reconnects: beta clashes
+
+    assert crashed.reply.messages[1].parts[0].error_class == "tool_error"
+    assert mcp_warnings(caplog) == [
+        "reconnecting failed: tool 'changing_beta' of the pipeline and tool 'beta' of MCP"
+        " toolset 'changing' are both offered as 'changing_beta'; the model calls tools by"
+        " name — rename a toolset or exclude one of them (exclude = [...])"
+    ]
+    assert server_processes() == []
