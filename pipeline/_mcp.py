@@ -42,6 +42,7 @@ DEFAULT_CONNECT_TIMEOUT = 60.0
 download the server)."""
 
 _STDERR_TAIL = 800
+_SESSION_HEADER = "mcp-session-id"
 
 
 def _hidden(values: Mapping[str, str] | None) -> str:
@@ -272,6 +273,7 @@ class Connection:
         self._stopped = anyio.Event()
         self._stopped.set()
         self._lock = anyio.Lock()
+        self._session_lost = False
 
     @property
     def label(self) -> str:
@@ -283,6 +285,7 @@ class Connection:
         failure: list[str] = []
         self._stop = anyio.Event()
         self._stopped = anyio.Event()
+        self._session_lost = False
         group.start_soon(self._keep, ready, failure)
         await ready.wait()
         if failure:
@@ -380,10 +383,17 @@ class Connection:
         from mcp.client.streamable_http import streamable_http_client
 
         assert spec.url is not None
+
+        async def answered(response: httpx2.Response) -> None:
+            # The SDK hands a call only the JSON-RPC error; the status says what it means.
+            if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
+                self._session_lost = True
+
         client = await stack.enter_async_context(
             httpx2.AsyncClient(
                 headers=dict(spec.headers or {}),
                 timeout=httpx2.Timeout(spec.timeout, read=max(spec.timeout, 300.0)),
+                event_hooks={"response": [answered]},
             )
         )
         read, write = await stack.enter_async_context(
@@ -457,6 +467,14 @@ class Connection:
             with anyio.move_on_after(self.spec.timeout) as scope:
                 result = await session.call_tool(own, arguments)
         except MCPError as exc:
+            if self._session_lost:
+                # A 404 for the session: the server forgot it (it restarted, say), and the
+                # protocol's answer is a new session.
+                self.fail(f"it no longer knew its session during a call of {own!r}")
+                raise ToolFailure(
+                    f"MCP server {name!r} no longer knows this connection's session (HTTP"
+                    " 404: was it restarted?); it is connected again on the next turn"
+                ) from None
             if _closed(exc):
                 self.fail(f"it closed the connection during a call of {own!r}")
                 raise ToolFailure(

@@ -305,3 +305,31 @@ async def test_a_reconnect_whose_tools_collide_is_a_warning(tmp_path, caplog):
         " name — rename a toolset or exclude one of them (exclude = [...])"
     ]
     assert server_processes() == []
+
+
+@sdk_unclosed_streams
+async def test_an_http_server_restarted_between_turns_is_found_by_a_call_then_reconnected(
+    http_server,
+):
+    """Catches: a server that forgot the connection's session (a 404 for it) answering
+    "Session not found" to every later call instead of being connected again."""
+    pipe = Pipeline(
+        model=echo_turns("web", 3), toolsets=[http_server.toolset(timeout=5, connect_timeout=5)]
+    )
+    results = []
+    async with pipe:
+        for n in range(3):
+            result = await pipe.run(Turn.start(str(n)))
+            results.append(result.reply.messages[1].parts[0])
+            if n == 0:
+                http_server.stop()
+                http_server.start()
+        connects = pipe._lifetime.toolbox.connections[0].connects
+    http_server.stop()
+
+    assert results[0].content == "echo: 0"
+    assert results[1].error_class == "tool_error"
+    assert "MCP server 'web' no longer knows this connection's session" in results[1].content
+    assert results[2].content == "echo: 2"
+    assert connects == 2
+    assert server_processes() == []
