@@ -228,8 +228,17 @@ def render_result(result: Any) -> str:
     return "\n".join(parts)
 
 
-def _validator(schema: Mapping[str, Any]) -> Callable[[Any], list[str]]:
-    """What is wrong with arguments for a tool of this input schema (jsonschema)."""
+def _validator(
+    schema: Mapping[str, Any],
+) -> tuple[Callable[[Any], list[str]], Callable[[Any], str | None]]:
+    """What is wrong with arguments for a tool of this input schema (jsonschema), and why
+    the schema itself cannot check them (None when it can).
+
+    A schema can be well-formed and still fail while it checks a value (a ``$ref`` that
+    points nowhere): that is the server's fault, not the arguments', so `problems` lists
+    only what it found before the failure, and the second function names the failure,
+    which the call reports as a ``tool_error`` instead of sending unchecked arguments.
+    """
     import jsonschema  # type: ignore[import-untyped]
 
     try:
@@ -238,16 +247,34 @@ def _validator(schema: Mapping[str, Any]) -> Callable[[Any], list[str]]:
         validator = cls(schema)
     except Exception:
         # A schema the validator cannot read: the server has the last word on arguments.
-        return lambda value: [] if isinstance(value, dict) else ["expected an object"]
+        return (lambda value: [] if isinstance(value, dict) else ["expected an object"]), (
+            lambda value: None
+        )
+
+    def evaluated(value: Any) -> tuple[list[Any], Exception | None]:
+        # The errors found in `value`, and what stopped the schema before it finished.
+        errors: list[Any] = []
+        try:
+            errors.extend(validator.iter_errors(value))  # keeps those found before a failure
+        except Exception as exc:
+            return errors, exc
+        return errors, None
 
     def problems(value: Any) -> list[str]:
         found = []
-        for error in sorted(validator.iter_errors(value), key=lambda e: list(e.path)):
+        for error in sorted(evaluated(value)[0], key=lambda e: list(e.path)):
             path = ".".join(str(p) for p in error.path)
             found.append(f"{path}: {error.message}" if path else error.message)
         return found
 
-    return problems
+    def fault(value: Any) -> str | None:
+        failure = evaluated(value)[1]
+        if failure is None:
+            return None
+        text = str(failure) or type(failure).__name__
+        return text if len(text) <= 200 else text[:197] + "..."
+
+    return problems, fault
 
 
 # -- the connection ---------------------------------------------------------------------------
@@ -433,20 +460,28 @@ class Connection:
                     f" offered as {final!r}; exclude one of them (exclude = [...])"
                 )
             schema = dict(item.input_schema or {"type": "object"})
+            problems, fault = _validator(schema)
             tools[final] = schema_tool(
-                self._caller(own),
+                self._caller(own, fault),
                 final,
                 item.description or item.title or "",
                 schema,
-                _validator(schema),
+                problems,
             )
             raw[final] = own
         self.session = session
         self.tools = tools
         self.raw_names = raw
 
-    def _caller(self, own: str) -> Callable[..., Any]:
+    def _caller(self, own: str, fault: Callable[[Any], str | None]) -> Callable[..., Any]:
         async def call(**arguments: Any) -> str:
+            why = fault(arguments)
+            if why is not None:
+                raise ToolFailure(
+                    f"MCP server {self.spec.name!r} lists an input schema for {own!r} that"
+                    f" cannot check these arguments ({why}); the call was not sent — the"
+                    " server's schema needs fixing"
+                )
             return await self.call(own, arguments)
 
         call.__name__ = call.__qualname__ = toolset_tool_name(self.spec.name, own)

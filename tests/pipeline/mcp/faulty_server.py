@@ -8,6 +8,7 @@
 - ``changing``: offers ``alpha`` on its first start and ``beta`` on later ones (the starts
   are counted in STATE_FILE);
 - ``colliding``: offers ``a.b`` and ``a_b``, one name once sanitized;
+- ``badref``: offers ``refd``, whose listed input schema has a ``$ref`` that points nowhere;
 - ``http PORT``: the ``tools`` server over streamable HTTP on 127.0.0.1:PORT.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import EmbeddedResource, ImageContent, TextResourceContents
+from mcp_types import Tool as ListedTool
 
 
 def tools_server() -> MCPServer:
@@ -101,6 +103,28 @@ def colliding_server() -> MCPServer:
     return server
 
 
+class BadRefServer(MCPServer):
+    """Lists ``refd`` with an input schema whose ``$ref`` points nowhere."""
+
+    async def list_tools(self) -> list[ListedTool]:
+        broken = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+        return [
+            tool.model_copy(update={"input_schema": broken}) if tool.name == "refd" else tool
+            for tool in await super().list_tools()
+        ]
+
+
+def badref_server() -> MCPServer:
+    server = BadRefServer("badref")
+
+    @server.tool()
+    def refd(a: int) -> str:
+        """Take a number (as the server lists it, an argument it cannot check)."""
+        return f"refd got {a}"
+
+    return server
+
+
 def silent() -> None:
     for _line in sys.stdin:
         pass  # read everything, answer nothing
@@ -116,6 +140,8 @@ if __name__ == "__main__":
         changing_server(Path(sys.argv[2])).run()
     elif mode == "colliding":
         colliding_server().run()
+    elif mode == "badref":
+        badref_server().run()
     elif mode == "http":
         tools_server().run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

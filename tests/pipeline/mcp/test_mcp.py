@@ -333,3 +333,21 @@ async def test_an_http_server_restarted_between_turns_is_found_by_a_call_then_re
     assert results[2].content == "echo: 2"
     assert connects == 2
     assert server_processes() == []
+
+
+async def test_a_schema_whose_ref_points_nowhere_gives_the_call_a_tool_error():
+    """Catches: a server's input schema that fails while it checks the arguments (an
+    unresolvable $ref) failing the whole turn."""
+    model = ScriptedModel([[ToolCall("c1", "badref_refd", {"a": 1})], "done"])
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("badref", name="badref")])
+
+    result = await pipe.run(Turn.start("go"))
+
+    refd = result.reply.messages[1].parts[0]
+    assert refd.error_class == "tool_error"
+    assert (
+        "MCP server 'badref' lists an input schema for 'refd' that cannot check these"
+        " arguments (PointerToNowhere: '/$defs/missing' does not exist" in refd.content
+    )
+    assert result.reply.message.text == "done"
+    assert server_processes() == []
