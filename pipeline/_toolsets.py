@@ -364,25 +364,41 @@ async def turn_tools(pipe: ToolOwner, toolbox: Toolbox | None) -> AsyncIterator[
 
 @final
 class Lifetime:
-    """What ``async with pipe`` opened: the toolbox, kept while the outermost block runs."""
+    """What ``async with pipe`` opened: the toolbox, kept while the outermost block runs.
+
+    The first task to enter owns the connections; its nested blocks count, and blocks of
+    other tasks borrow the connections (waiting while the owner is still connecting, so
+    that one task opens them, never two).
+    """
 
     def __init__(self) -> None:
         self.toolbox: Toolbox | None = None
         self._stack: AsyncExitStack | None = None
         self._owner: object = None
         self._depth = 0
+        self._opened = anyio.Event()
 
     async def enter(self, pipe: ToolOwner) -> None:
         if not remote_toolsets(pipe.toolsets):
             return
         task = anyio.get_current_task().id
-        if self._stack is not None:
+        while self._owner is not None:
             if task == self._owner:
                 self._depth += 1
-            return  # another task's block: it borrows the open connections
+                return
+            if self._stack is not None:
+                return  # another task's block: it borrows the open connections
+            await self._opened.wait()  # the owner is connecting; if that fails, try again
+        self._owner, self._depth, self._opened = task, 1, anyio.Event()
         stack = AsyncExitStack()
-        self.toolbox = await stack.enter_async_context(open_toolbox(pipe))
-        self._stack, self._owner, self._depth = stack, task, 1
+        try:
+            self.toolbox = await stack.enter_async_context(open_toolbox(pipe))
+            self._stack = stack
+        except BaseException:
+            self._owner, self._depth = None, 0
+            raise
+        finally:
+            self._opened.set()
 
     async def exit(self, exc: BaseException | None) -> None:
         if self._stack is None or anyio.get_current_task().id != self._owner:

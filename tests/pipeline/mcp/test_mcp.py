@@ -351,3 +351,30 @@ async def test_a_schema_whose_ref_points_nowhere_gives_the_call_a_tool_error():
     )
     assert result.reply.message.text == "done"
     assert server_processes() == []
+
+
+async def test_two_tasks_entering_the_block_at_once_share_one_connection():
+    """Catches: a second task entering `async with pipe` while the first was connecting
+    opening connections of its own over the first's, and the exits corrupting the cancel
+    scopes."""
+    pipe = Pipeline(model=ScriptedModel([]), toolsets=[faulty_toolset("tools")])
+    inside, counted = anyio.Event(), anyio.Event()
+    entered, servers = [], []
+
+    async def user(n: int) -> None:
+        async with pipe:
+            entered.append(n)
+            if len(entered) == 2:
+                inside.set()
+            await inside.wait()
+            servers.append(len(server_processes()))
+            if len(servers) == 2:
+                counted.set()
+            await counted.wait()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(user, 1)
+        group.start_soon(user, 2)
+
+    assert servers == [1, 1]
+    assert server_processes() == []
