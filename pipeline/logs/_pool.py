@@ -27,7 +27,6 @@ from typing import Any, ClassVar, Generic, Self, TypeVar, final
 
 import anyio
 import anyio.lowlevel
-import outcome
 import sniffio
 import trio
 
@@ -62,28 +61,31 @@ class Worker:
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
+        answer: list[tuple[bool, Any]] = []  # (returned, its value or what it raised)
         if sniffio.current_async_library() == "trio":
             task = trio.lowlevel.current_task()
             token = trio.lowlevel.current_trio_token()
 
-            def answer_trio(result: outcome.Outcome[T]) -> None:
-                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+            def wake_trio() -> None:
+                token.run_sync_soon(trio.lowlevel.reschedule, task)
 
-            self._calls.put((fn, args, answer_trio))
+            self._calls.put((fn, args, answer, wake_trio))
             # Abort.FAILED: a cancellation waits for the call (see the class).
-            return await trio.lowlevel.wait_task_rescheduled(  # type: ignore[no-any-return]
-                lambda _: trio.lowlevel.Abort.FAILED
-            )
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+            await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        else:
+            loop = asyncio.get_running_loop()
+            done = loop.create_future()
 
-        def answer_asyncio(result: outcome.Outcome[T]) -> None:
-            loop.call_soon_threadsafe(_settle, future, result)
+            def wake_asyncio() -> None:
+                loop.call_soon_threadsafe(_settle, done)
 
-        self._calls.put((fn, args, answer_asyncio))
-        with anyio.CancelScope(shield=True):
-            value = await future
-        return value  # noqa: RET504 (returned from inside, mypy sees a scope that may swallow)
+            self._calls.put((fn, args, answer, wake_asyncio))
+            with anyio.CancelScope(shield=True):
+                await done
+        returned, value = answer.pop()
+        if returned:
+            return value  # type: ignore[no-any-return]
+        raise value
 
     def stop(self) -> None:
         """End the thread once the calls handed over so far have run."""
@@ -93,22 +95,24 @@ class Worker:
 
     def _serve(self) -> None:
         while (call := self._calls.get()) is not None:
-            fn, args, answer = call
-            result = outcome.capture(fn, *args)
+            fn, args, answer, wake = call
+            try:
+                answer.append((True, fn(*args)))
+            except BaseException as exc:  # the caller's to raise, in its own task
+                answer.append((False, exc))
+            # Nothing of the call is kept past this point: once woken, its caller may drop
+            # the last reference to the log, whose collection ends this thread.
+            del call, fn, args, answer
             # The caller waits for its answer, so its loop is running; should it be gone
             # all the same, the thread must go on serving the next caller.
             with contextlib.suppress(Exception):
-                answer(result)
-            del call, fn, args, answer, result  # nothing of a call outlives it here
+                wake()
+            del wake
 
 
-def _settle(future: "asyncio.Future[T]", result: "outcome.Outcome[T]") -> None:
-    if future.cancelled():
-        return
-    if isinstance(result, outcome.Error):
-        future.set_exception(result.error)
-    else:
-        future.set_result(result.unwrap())
+def _settle(done: "asyncio.Future[None]") -> None:
+    if not done.cancelled():
+        done.set_result(None)
 
 
 @final
