@@ -13,7 +13,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-import attrs
 import trio
 
 from pipeline import ConfigError, LogError, Pipeline, PipelineError
@@ -56,7 +55,8 @@ def _pipeline(args: argparse.Namespace) -> Pipeline:
             f"--model {args.model} needs {variable} set in the environment (the key is read"
             " from there only)"
         )
-    return attrs.evolve(_config._load(args.config).pipeline, model=model)
+    # The config's own model is not built: its key need not be set, as it is never called.
+    return _config._load(args.config, model=model).pipeline
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -36,7 +36,7 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, override
 from cattrs.strategies import configure_tagged_union
 
-from pipeline import ConfigError, LocalToolset, MCPToolset, Pipeline, Tool
+from pipeline import ConfigError, LocalToolset, MCPToolset, Model, Pipeline, Tool
 from pipeline.providers import model_from_string
 
 from ._entry import Env
@@ -360,12 +360,17 @@ def _salvage(data: Mapping[str, Any]) -> tuple[Config, dict[str, list[int]]]:
 
 
 def _build(
-    config: Config, positions: Mapping[str, list[int]], env: Env, data: Mapping[str, Any]
+    config: Config,
+    positions: Mapping[str, list[int]],
+    env: Env,
+    data: Mapping[str, Any],
+    model: Model | None = None,
 ) -> tuple[dict[str, Any], list[_Problem]]:
     """Build every entry; the keyword arguments of `Pipeline` and the problems met.
 
     The tools are built first: entries that name a tool (``tool_call``, a tool hook's
-    ``match``) are checked against them.
+    ``match``) are checked against them. With `model`, the config's model is not built (its
+    API key is not needed): `model` answers instead.
     """
     problems: list[_Problem] = []
 
@@ -426,7 +431,9 @@ def _build(
             "their annotations would overwrite each other — give one another name",
         )
     )
-    if config.model is not None:
+    if model is not None:
+        built["model"] = model
+    elif config.model is not None:
         built["model"] = attempt("model", config.model.build)
     if config.budget is not None:
         built["budget"] = attempt("budget", config.budget.build)
@@ -491,7 +498,11 @@ def _tool_name(ref: str) -> str:
 
 
 def _resolve(
-    data: Any, source: str, environ: Mapping[str, str] | None, offline: bool = False
+    data: Any,
+    source: str,
+    environ: Mapping[str, str] | None,
+    offline: bool = False,
+    model: Model | None = None,
 ) -> _Loaded:
     if not isinstance(data, dict):
         raise ConfigError(
@@ -500,13 +511,17 @@ def _resolve(
             problems=(("", f"expected a table of settings at the top level, got {shown(data)}"),),
         )
     try:
-        return _resolve_checked(data, source, environ, offline)
+        return _resolve_checked(data, source, environ, offline, model)
     except RecursionError:
         raise _too_deep(source) from None
 
 
 def _resolve_checked(
-    data: dict[str, Any], source: str, environ: Mapping[str, str] | None, offline: bool
+    data: dict[str, Any],
+    source: str,
+    environ: Mapping[str, str] | None,
+    offline: bool,
+    model: Model | None,
 ) -> _Loaded:
     problems: list[_Problem] = []
     positions: dict[str, list[int]] = {}
@@ -516,10 +531,10 @@ def _resolve_checked(
         problems.extend(_problems(exc, ""))
         config, positions = _salvage(data)
     env = Env(os.environ if environ is None else environ, offline=offline)
-    built, more = _build(config, positions, env, data)
+    built, more = _build(config, positions, env, data, model)
     problems.extend(more)
     if not problems:
-        if config.model is None:
+        if "model" not in built:
             built["model"] = model_from_string("scripted")
         try:
             pipeline = Pipeline(
@@ -631,9 +646,11 @@ def _load(
     environ: Mapping[str, str] | None = None,
     *,
     offline: bool = False,
+    model: Model | None = None,
 ) -> _Loaded:
     """Read, check and build the config at `path` (see `load_pipeline`); `offline` lets a
-    missing API key or environment variable pass (``turnplug check --offline``)."""
+    missing API key or environment variable pass (``turnplug check --offline``); `model`
+    replaces the config's, which is then not built (``--model``)."""
     path = Path(path)
     data = _read(path)
     # References resolve next to the config file first, as a script's imports resolve next
@@ -641,7 +658,7 @@ def _load(
     directory = str(path.resolve().parent)
     if directory not in sys.path:
         sys.path.insert(0, directory)
-    return _resolve(data, str(path), environ, offline)
+    return _resolve(data, str(path), environ, offline, model)
 
 
 def load_pipeline(

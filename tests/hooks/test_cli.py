@@ -244,6 +244,28 @@ def test_run_with_a_model_it_cannot_use_is_a_usage_error(
     assert "Traceback" not in done.stderr
 
 
+def test_run_with_a_model_does_not_need_the_configs_model_key(tmp_path: Path) -> None:
+    """Catches: --model building the config's own model and throwing it away, so that a
+    config whose [model] key is not set fails (exit 2) although that model is never called."""
+    config = tmp_path / "oai.toml"
+    config.write_text('[model]\nprovider = "openai"\nname = "gpt-4o"\n')
+    done = turnplug("run", config, "hi", "--model", "scripted")
+    assert done.returncode == 0, done.stderr
+    assert "Hello from the offline scripted model" in done.stdout
+    assert "OPENAI_API_KEY" not in done.stderr
+
+
+def test_run_with_a_model_still_checks_the_rest_of_the_config(tmp_path: Path) -> None:
+    """Catches: --model skipping the config's checks along with its model (an unknown key
+    in the [model] table, or elsewhere, let through)."""
+    config = tmp_path / "oai.toml"
+    config.write_text('sytem = "x"\n[model]\nprovider = "openai"\nname = "g"\nbogus = 1\n')
+    done = turnplug("run", config, "hi", "--model", "scripted")
+    assert done.returncode == 2, done.stderr
+    assert "sytem: unknown key" in done.stderr
+    assert "model.bogus: unknown key" in done.stderr
+
+
 def test_demo_whose_reader_goes_away_exits_quietly() -> None:
     # As in `turnplug demo | head -n 1`: the reader takes one line and closes the pipe.
     demo = subprocess.Popen(
