@@ -1,6 +1,7 @@
 """The ``[model]`` table: one record per provider."""
 
-from collections.abc import AsyncIterator, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, TypeAlias, final
 
@@ -71,6 +72,24 @@ def _key(env: Env, variable: str, provider: str) -> None:
         )
 
 
+def _base_url(given: str | None, env: Env, variable: str, default: str) -> str:
+    return given or env.environ.get(variable) or default
+
+
+@contextlib.contextmanager
+def _bad_base_url(given: str | None, variable: str) -> Iterator[None]:
+    """A base URL the provider refuses, as a problem of ``base_url`` (naming `variable`
+    when the URL came from there)."""
+    try:
+        yield
+    except ValueError as exc:
+        text = str(exc)
+        if not text.startswith("base_url "):
+            raise
+        where = "" if given else f" (from the environment variable {variable})"
+        raise Invalid(f"{text.removeprefix('base_url ')}{where}", key="base_url") from None
+
+
 @final
 @attrs.frozen(kw_only=True)
 class ScriptedSpec:
@@ -125,15 +144,16 @@ class OpenAISpec:
 
     def build(self, env: Env) -> Model:
         _key(env, self.api_key_env, "OpenAI")
-        base_url = self.base_url or env.environ.get("OPENAI_BASE_URL") or _OPENAI_BASE
+        base_url = _base_url(self.base_url, env, "OPENAI_BASE_URL", _OPENAI_BASE)
         extra: dict[str, Any] = {} if self.timeout is None else {"timeout": self.timeout}
-        model = OpenAIChat(
-            self.name,
-            base_url=base_url,
-            api_key=env.environ.get(self.api_key_env) if self.api_key_env else None,
-            api_key_env=None,
-            **extra,
-        )
+        with _bad_base_url(self.base_url, "OPENAI_BASE_URL"):
+            model = OpenAIChat(
+                self.name,
+                base_url=base_url,
+                api_key=env.environ.get(self.api_key_env) if self.api_key_env else None,
+                api_key_env=None,
+                **extra,
+            )
         return _shaped(model, max_tokens=self.max_tokens, temperature=self.temperature)
 
 
@@ -168,16 +188,17 @@ class AnthropicSpec:
 
     def build(self, env: Env) -> Model:
         _key(env, self.api_key_env, "Anthropic")
-        base_url = self.base_url or env.environ.get("ANTHROPIC_BASE_URL") or _ANTHROPIC_BASE
+        base_url = _base_url(self.base_url, env, "ANTHROPIC_BASE_URL", _ANTHROPIC_BASE)
         extra: dict[str, Any] = {} if self.timeout is None else {"timeout": self.timeout}
-        model = AnthropicMessages(
-            self.name,
-            base_url=base_url,
-            api_key=env.environ.get(self.api_key_env) if self.api_key_env else None,
-            api_key_env=None,
-            max_tokens=self.max_tokens,
-            **extra,
-        )
+        with _bad_base_url(self.base_url, "ANTHROPIC_BASE_URL"):
+            model = AnthropicMessages(
+                self.name,
+                base_url=base_url,
+                api_key=env.environ.get(self.api_key_env) if self.api_key_env else None,
+                api_key_env=None,
+                max_tokens=self.max_tokens,
+                **extra,
+            )
         return _shaped(model, temperature=self.temperature)
 
 

@@ -26,11 +26,26 @@ def _scripted(name: str) -> Model:
 def _openai(name: str) -> Model:
     # As the official SDKs do, a base URL in the environment points the provider elsewhere
     # (a proxy, a gateway, a local server speaking the same protocol).
-    return OpenAIChat(name, base_url=os.environ.get("OPENAI_BASE_URL") or OPENAI_BASE)
+    return _from_environment(OpenAIChat, name, "OPENAI_BASE_URL", OPENAI_BASE)
 
 
 def _anthropic(name: str) -> Model:
-    return AnthropicMessages(name, base_url=os.environ.get("ANTHROPIC_BASE_URL") or ANTHROPIC_BASE)
+    return _from_environment(AnthropicMessages, name, "ANTHROPIC_BASE_URL", ANTHROPIC_BASE)
+
+
+def _from_environment(make: Callable[..., Model], name: str, variable: str, default: str) -> Model:
+    """The provider at the base URL `variable` names, else at `default`; a URL it refuses
+    is a `ConfigError` naming the variable (the caller's to fix, not a crash)."""
+    base_url = os.environ.get(variable)
+    try:
+        return make(name, base_url=base_url or default)
+    except ValueError as exc:
+        if not base_url:
+            raise
+        problem = str(exc).removeprefix("base_url ")
+        raise ConfigError(
+            f"the environment variable {variable}: {problem}; fix it, or unset it to use {default}"
+        ) from None
 
 
 _PROVIDERS: dict[str, Callable[[str], Model]] = {
@@ -52,8 +67,8 @@ def model_from_string(spec: str) -> Model:
     ``OPENROUTER_API_KEY``), or ``"scripted"`` (an offline model with a fixed reply).
 
     Raises:
-        ConfigError: The spec is malformed or names an unknown provider; the message lists
-            the valid prefixes.
+        ConfigError: The spec is malformed or names an unknown provider (the message lists
+            the valid prefixes), or the base URL variable holds no usable URL.
     """
     valid = ", ".join([*(f"{prefix}:<model>" for prefix in _PROVIDERS), "scripted"])
     if not isinstance(spec, str):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.hooks.cli_support import TURNPLUG, turnplug
+from tests.hooks.cli_support import TURNPLUG, environment, turnplug
 
 
 @pytest.fixture(scope="module")
@@ -264,6 +264,21 @@ def test_run_with_a_model_still_checks_the_rest_of_the_config(tmp_path: Path) ->
     assert done.returncode == 2, done.stderr
     assert "sytem: unknown key" in done.stderr
     assert "model.bogus: unknown key" in done.stderr
+
+
+def test_run_with_a_model_whose_base_url_variable_is_no_url_is_a_usage_error(
+    tmp_path: Path,
+) -> None:
+    """Catches: OPENAI_BASE_URL without a scheme failing as `ValueError` with exit 1, instead
+    of a usage error naming the variable."""
+    config = tmp_path / "bare.toml"
+    config.write_text(CONFIG_WITHOUT_MODEL)
+    env = environment(OPENAI_API_KEY="k", OPENAI_BASE_URL="localhost:8000")
+    done = turnplug("run", config, "hi", "--model", "openai:gpt-4o", env=env)
+    assert done.returncode == 2, done.stderr
+    assert "ConfigError" in done.stderr
+    assert "OPENAI_BASE_URL" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_demo_whose_reader_goes_away_exits_quietly() -> None:

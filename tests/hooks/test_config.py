@@ -319,6 +319,31 @@ def test_a_missing_api_key_names_the_variable() -> None:
     pipeline_from_dict(data, environ={"OPENAI_API_KEY": "sk-test"})  # and with it, it loads
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_base_url_requests_cannot_go_to_is_a_problem_of_base_url(provider: str) -> None:
+    """Catches: a base_url without a scheme escaping the loader as a bare ValueError (the
+    CLI's exit 1 and no path) instead of a problem at model.base_url."""
+    data = {
+        "model": {"provider": provider, "name": "m", "base_url": "localhost:11434/v1"},
+        "system": 3,
+    }
+    problems = dict(_problems(data, environ={"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"}))
+    assert "system" in problems  # found in the same pass
+    assert "'localhost:11434/v1' is not a URL" in problems["model.base_url"]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_bad_base_url_from_the_environment_names_the_variable(provider: str) -> None:
+    """Catches: a base URL variable holding no URL failing as a bare ValueError, or as a
+    problem that does not say where the URL came from."""
+    variable = f"{provider.upper()}_BASE_URL"
+    environ = {variable: "localhost:8000", "OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"}
+    ((path, message),) = _problems({"model": {"provider": provider, "name": "m"}}, environ=environ)
+    assert path == "model.base_url"
+    assert variable in message
+    assert "'localhost:8000'" in message
+
+
 def test_a_pipeline_level_mistake_is_reported_too() -> None:
     # compact= needs a budget: only the Pipeline itself knows; it is still a ConfigError.
     with pytest.raises(ConfigError, match="needs a budget"):
