@@ -327,6 +327,14 @@ def _import(module_name: str) -> Any:
         raise Invalid(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
     except Exception as exc:  # the module's own code failed: say how, keep going
         raise Invalid(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:
+        # A module that exits when imported (a script's `sys.exit()` run at the top level)
+        # would end the loading process silently. Ctrl-C (KeyboardInterrupt) still stops it.
+        raise Invalid(
+            f"importing {module_name!r} called sys.exit({exc.code!r}) — a module a config"
+            " names must not exit when imported; guard its script part with"
+            ' `if __name__ == "__main__":`'
+        ) from None
 
 
 def _check_arguments(

@@ -395,6 +395,23 @@ def test_refs_resolve_next_to_the_config_file(tmp_path: Path) -> None:
     assert load_pipeline(path).pre[0].name == "mine"
 
 
+@pytest.mark.parametrize(("code", "shown"), [("", "sys.exit(None)"), ("'bye'", "'bye'")])
+def test_a_module_that_exits_when_imported_is_a_problem_of_its_ref(
+    tmp_path: Path, code: str, shown: str
+) -> None:
+    """Catches: sys.exit() at a referenced module's top level escaping the loader as
+    SystemExit, which ended `turnplug check` and `run` silently with exit 0."""
+    (tmp_path / "exits_on_import_xyz.py").write_text(f"import sys\nsys.exit({code})\n")
+    path = tmp_path / "c.toml"
+    path.write_text('[[pre]]\nkind = "python"\nref = "exits_on_import_xyz:f"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    ((where, message),) = caught.value.problems
+    assert where == "pre[0].ref"
+    assert "'exits_on_import_xyz'" in message
+    assert shown in message
+
+
 @pytest.mark.parametrize(
     ("name", "content", "expected"),
     [
