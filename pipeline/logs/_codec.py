@@ -279,14 +279,34 @@ def read_entry(
     turn_ref: str,
     messages: str,
     audit: str | None,
-    committed_at: datetime | None = None,
+    committed_at: datetime | str | None = None,
 ) -> LogEntry:
-    """One stored turn with its audit record and commit time."""
+    """One stored turn with its audit record and commit time (see `read_time`)."""
+    where = f"turn {turn_ref!r} of conversation {conversation_id!r}"
+    when = None if committed_at is None else read_time(where, committed_at)
     try:
-        return LogEntry(
-            turn_ref, messages_from_json(messages), audit_from_json(audit), committed_at
-        )
+        return LogEntry(turn_ref, messages_from_json(messages), audit_from_json(audit), when)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise StoredDataError(
-            f"turn {turn_ref!r} of conversation {conversation_id!r} cannot be read: {exc}"
-        ) from exc
+        raise StoredDataError(f"{where} cannot be read: {exc}") from exc
+
+
+def read_time(where: str, value: object) -> datetime:
+    """A stored commit time: a timezone-aware datetime (PostgreSQL's timestamptz) or ISO
+    8601 text with its offset (SQLite, which writes UTC with a ``Z``).
+
+    Anything else — text that is no time, a time without its zone, which could not be
+    compared with the others — is a `StoredDataError` naming `where` (the turn), as a
+    row's unreadable messages are.
+    """
+    if isinstance(value, datetime):
+        when = value
+    else:
+        try:
+            when = datetime.fromisoformat(value if isinstance(value, str) else repr(value))
+        except ValueError as exc:
+            raise StoredDataError(
+                f"{where} cannot be read: its commit time {value!r} is not an ISO 8601 time ({exc})"
+            ) from exc
+    if when.tzinfo is None:
+        raise StoredDataError(f"{where} cannot be read: its commit time {value!r} has no time zone")
+    return when

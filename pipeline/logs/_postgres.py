@@ -315,7 +315,17 @@ def _conversations(connection: "psycopg.Connection[Any]") -> tuple[ConversationI
         " FROM turnplug_conversations AS c JOIN turnplug_turns AS t USING (conversation_id)"
         " GROUP BY c.conversation_id, c.turns, c.length"
     ).fetchall()
-    return by_recency([ConversationInfo(*row) for row in rows])
+    return by_recency(
+        [
+            ConversationInfo(
+                id_,
+                turns,
+                length,
+                _codec.read_time(f"the last turn of conversation {id_!r}", last),
+            )
+            for id_, turns, length, last in rows
+        ]
+    )
 
 
 # The queries DatabaseLog runs for load(), entries() and conversations().

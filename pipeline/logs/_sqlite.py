@@ -6,7 +6,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Literal, TypeAlias, final
 
 import anyio
@@ -394,10 +393,7 @@ def _entries(conversation_id: str, connection: sqlite3.Connection) -> tuple[LogE
         " WHERE conversation_id = ? ORDER BY position",
         (conversation_id,),
     ).fetchall()
-    return tuple(
-        _codec.read_entry(conversation_id, turn_ref, messages, audit, _when(committed_at))
-        for turn_ref, messages, audit, committed_at in rows
-    )
+    return tuple(_codec.read_entry(conversation_id, *row) for row in rows)
 
 
 def _conversations(connection: sqlite3.Connection) -> tuple[ConversationInfo, ...]:
@@ -406,14 +402,19 @@ def _conversations(connection: sqlite3.Connection) -> tuple[ConversationInfo, ..
         " FROM turnplug_conversations AS c JOIN turnplug_turns AS t USING (conversation_id)"
         " GROUP BY c.conversation_id"
     ).fetchall()
+    # committed_at is written by strftime('%Y-%m-%dT%H:%M:%fZ'): UTC, which fromisoformat
+    # reads from 3.11; a value changed by hand is a StoredDataError (a LogError).
     return by_recency(
-        [ConversationInfo(id_, turns, length, _when(last)) for id_, turns, length, last in rows]
+        [
+            ConversationInfo(
+                id_,
+                turns,
+                length,
+                _codec.read_time(f"the last turn of conversation {id_!r}", last),
+            )
+            for id_, turns, length, last in rows
+        ]
     )
-
-
-def _when(text: str) -> datetime:
-    # Written by strftime('%Y-%m-%dT%H:%M:%fZ'): UTC, which fromisoformat reads from 3.11.
-    return datetime.fromisoformat(text)
 
 
 # The queries DatabaseLog runs for load(), entries() and conversations().

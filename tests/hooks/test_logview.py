@@ -4,8 +4,10 @@ The conversation is written by a real session: a durable note, a transient note,
 synthetic tool call, a rejected first attempt, and a background hook's durable summary.
 """
 
+import contextlib
 import json
 import re
+import sqlite3
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -197,6 +199,25 @@ def test_a_file_that_is_not_a_log_is_an_error(tmp_path):
 
     assert "not an SQLite database" in line
     assert str(path) in line
+
+
+@pytest.mark.parametrize("listing", [False, True])
+def test_a_commit_time_changed_by_hand_is_a_log_error_naming_the_turn(tmp_path, listing):
+    """Catches: a committed_at that is no time failing as `ValueError: Invalid isoformat
+    string` with exit 1, instead of a LogError (exit 2) as for unreadable messages."""
+    path = str(tmp_path / "log.db")
+    entries = trio.run(write_conversation, Backend("sqlite", path, lambda: SQLiteLog(path)))
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE turnplug_turns SET committed_at = 'garbage'")
+
+    args = ["log", "--log", path] if listing else ["log", CONVERSATION, "--log", path]
+    line = one_line_error(turnplug(*args))
+
+    assert line.startswith("turnplug: error: LogError:")
+    assert "'garbage'" in line
+    assert repr(CONVERSATION) in line
+    if not listing:
+        assert repr(entries[0].turn_ref) in line
 
 
 def test_a_malformed_dsn_is_an_error_that_does_not_echo_the_password():
