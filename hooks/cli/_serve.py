@@ -349,6 +349,20 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def _port(text: str) -> int:
+    # Checked here, as the other options are: a port out of range would otherwise reach the
+    # socket as an OverflowError, after the config was loaded.
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"expected a port from 0 to 65535 (0 picks a free one), got {text!r}"
+        )
+    return value
+
+
 def add_parser(
     commands: Any, common: argparse.ArgumentParser, *, handler: Callable[..., int]
 ) -> None:
@@ -369,7 +383,7 @@ def add_parser(
         "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)"
     )
     serve.add_argument(
-        "--port", type=int, default=8000, help="the port (default: 8000; 0 picks a free one)"
+        "--port", type=_port, default=8000, help="the port (default: 8000; 0 picks a free one)"
     )
     serve.add_argument(
         "--log",

@@ -144,6 +144,24 @@ def test_the_gateway_refuses_to_start_without_a_key(tmp_path: Path) -> None:
     assert "--no-auth" in done.stderr
 
 
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_a_port_out_of_range_is_a_usage_error(tmp_path: Path, port: str) -> None:
+    """Catches: --port 99999 or -1 accepted by the parser and failing at the socket as an
+    OverflowError with exit 1, instead of a usage error (exit 2) naming the option."""
+    config = write_config(tmp_path)
+    environ = os.environ | {"TURNPLUG_GATEWAY_KEY": "k" * 32}
+    done = subprocess.run(
+        [str(SCRIPT), "serve", str(config), "--port", port],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "argument --port" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_upstream_key_appears_nowhere_a_client_can_see(tmp_path: Path) -> None:
     """Catches: the upstream or gateway key echoed in a response, the page, its feed or stderr
     (the library's warnings included, which the command writes there)."""
