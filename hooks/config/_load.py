@@ -441,6 +441,17 @@ def _build(
         ref = getattr(config, key)
         if ref is not None:
             built[key] = ref.target
+    if config.compact is not None and "budget" not in data:
+        # Pipeline refuses this too, but without the path; a budget given but invalid is
+        # reported at budget already.
+        problems.append(
+            (
+                "compact",
+                "needs a budget: compaction targets budget.context_tokens -"
+                " budget.injection_reserve — add budget = { context_tokens = ...,"
+                " injection_reserve = ... }",
+            )
+        )
     return built, problems
 
 

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, TypeAlias, final
 import attrs
 
 from pipeline import (
+    Transformer,
     TransformerFactory,
 )
 
@@ -56,7 +57,41 @@ class PythonTransformer:
 
     def build(self, env: Env) -> TransformerFactory:
         factory = self.ref.target
+        _check_factory(self.ref.text, factory)
         return _Named(factory, self.name) if self.name is not None else factory
+
+
+def _check_factory(text: str, factory: Callable[[], Any]) -> None:
+    """What `Pipeline` checks of a transformer factory, checked here first so that a problem
+    is reported at the entry's ``ref`` (the Pipeline's own error has no config path)."""
+    try:
+        first, second = factory(), factory()
+    except Exception as exc:
+        raise Invalid(
+            f"calling the factory {json.dumps(text)} raised {type(exc).__name__}: {exc}",
+            key="ref",
+        ) from exc
+    if not isinstance(first, Transformer):
+        raise Invalid(
+            f"the factory {json.dumps(text)} returned {type(first).__name__} {first!r}, which"
+            " lacks feed(text) -> str and flush() -> str: expected a factory fn() returning a"
+            " new transformer on each call",
+            key="ref",
+        )
+    if first is second:
+        raise Invalid(
+            f"the factory {json.dumps(text)} returned the same object twice; each attempt needs"
+            " a fresh instance (held text must not cross turns) — return a new object on"
+            " every call",
+            key="ref",
+        )
+    annotations = getattr(first, "annotations", None)
+    if annotations is not None and not callable(annotations):
+        raise Invalid(
+            f"the factory {json.dumps(text)} returned a transformer whose annotations is not"
+            " a method",
+            key="ref",
+        )
 
 
 @final

@@ -344,10 +344,50 @@ def test_a_bad_base_url_from_the_environment_names_the_variable(provider: str) -
     assert "'localhost:8000'" in message
 
 
-def test_a_pipeline_level_mistake_is_reported_too() -> None:
-    # compact= needs a budget: only the Pipeline itself knows; it is still a ConfigError.
-    with pytest.raises(ConfigError, match="needs a budget"):
-        pipeline_from_dict({"compact": ref("keep_history")})
+def test_compact_without_a_budget_is_a_problem_of_compact() -> None:
+    """Catches: compact without budget reported only by Pipeline, as `Pipeline(compact=...)
+    needs a budget` with no config path."""
+    ((path, message),) = _problems({"compact": ref("keep_history")})
+    assert path == "compact"
+    assert "needs a budget" in message
+
+
+def test_compact_with_an_invalid_budget_is_reported_once_at_the_budget() -> None:
+    """Catches: an invalid budget reported twice, once as itself and once as missing."""
+    problems = _problems({"compact": ref("keep_history"), "budget": {"context_tokens": 0}})
+    assert [path for path, _ in problems if not path.startswith("budget")] == []
+
+
+SHARED = support.Upper()
+
+
+def same_every_time() -> support.Upper:
+    return SHARED
+
+
+def raising_factory() -> support.Upper:
+    raise RuntimeError("no transformer today")
+
+
+@pytest.mark.parametrize(
+    ("factory", "says"),
+    [
+        (ref("days"), "returned int 2, which lacks feed(text)"),
+        ("tests.hooks.test_config:same_every_time", "the same object twice"),
+        ("tests.hooks.test_config:raising_factory", "RuntimeError: no transformer today"),
+    ],
+)
+def test_a_transformer_factory_that_makes_no_transformer_is_a_problem_of_its_ref(
+    factory: str, says: str
+) -> None:
+    """Catches: a python transformer's factory checked by Pipeline only, reported as
+    `transformer 'days' (transformers, position 1): ...` without the config path, counted
+    from 1."""
+    data = {"transformers": [{"kind": "pii"}, {"kind": "python", "ref": factory}]}
+    ((path, message),) = _problems(data)
+    assert path == "transformers[1].ref"
+    assert says in message
+    assert factory in message
 
 
 def test_the_top_level_must_be_a_table() -> None:
