@@ -85,6 +85,12 @@ def _chat(args: argparse.Namespace) -> int:
     from ._logs import open_log
     from ._run import Console, chat, read_stdin
 
+    if sys.stdin is None:  # started with standard input closed (`<&-`)
+        raise ConfigError(
+            "chat reads its messages from standard input, which is closed — give it a"
+            " terminal or a pipe (`echo hi | turnplug chat CONFIG`), or use turnplug run"
+            " CONFIG MESSAGE"
+        )
     pipe = _pipeline(args)
     console = Console(sys.stdout, sys.stderr)
     interactive = sys.stdin.isatty()

@@ -1,6 +1,7 @@
 """`turnplug run` and `turnplug chat`, driven as a new user would: a subprocess, real files."""
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -235,6 +236,23 @@ def test_chat_answers_each_line_in_one_conversation_and_ends_at_eof(tmp_path: Pa
 def test_chat_with_input_closed_exits_at_once(tmp_path: Path) -> None:
     done = _chat(write_config(tmp_path, CHAT), "")
     assert (done.returncode, done.stdout) == (0, "")
+
+
+def test_chat_without_a_standard_input_is_a_usage_error(tmp_path: Path) -> None:
+    """Catches: `turnplug chat CONFIG <&-` (file descriptor 0 closed, so sys.stdin is None)
+    failing with AttributeError: 'NoneType' object has no attribute 'isatty', exit 1."""
+    done = subprocess.run(
+        [TURNPLUG, "chat", str(write_config(tmp_path, CHAT))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=environment(),
+        preexec_fn=lambda: os.close(0),  # as `<&-` does
+    )
+    assert done.returncode == 2, done.stderr
+    assert "standard input, which is closed" in done.stderr
+    assert "AttributeError" not in done.stderr
 
 
 def test_a_failed_turn_in_chat_is_reported_and_the_chat_goes_on(tmp_path: Path) -> None:
