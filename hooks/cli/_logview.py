@@ -29,9 +29,16 @@ def existing_log(where: str) -> SQLiteLog | PostgresLog:
     """The log `where` names: a ``postgresql://`` DSN, or the path of an SQLite file.
 
     Raises:
-        LogError: No SQLite file at that path (it is not created: this only reads).
+        LogError: No SQLite file at that path (it is not created: this only reads), or a
+            directory there.
         ConfigError: A malformed DSN, or psycopg is not installed.
     """
+    if not where.startswith(POSTGRES_SCHEMES) and os.path.isdir(where):
+        raise LogError(
+            f"no log at {where!r}: it is a directory, not an SQLite database file — pass the"
+            " path of the log file (the one --log was given when the turns were run)",
+            log=f"SQLiteLog({where!r})",
+        )
     if not where.startswith(POSTGRES_SCHEMES) and not os.path.isfile(where):
         raise LogError(
             f"no log at {where!r}: the file does not exist — pass the path of an existing"

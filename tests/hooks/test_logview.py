@@ -191,6 +191,18 @@ def test_a_missing_sqlite_file_is_an_error_and_is_not_created(tmp_path):
     assert not path.exists()
 
 
+def test_a_directory_is_an_error_that_says_so(tmp_path):
+    """Catches: `turnplug log --log DIR` saying the file does not exist when there is a
+    directory at that path."""
+    path = tmp_path / "logs.db"
+    path.mkdir()
+
+    line = one_line_error(turnplug("log", "--log", str(path)))
+
+    assert "is a directory, not an SQLite database file" in line
+    assert "does not exist" not in line
+
+
 def test_a_file_that_is_not_a_log_is_an_error(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("not a database " * 100)
