@@ -268,6 +268,7 @@ def _conversation_options(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--conversation",
         metavar="ID",
+        type=_conversation_id,  # checked before the log is opened (and a file created)
         default=DEFAULT_CONVERSATION,
         help=f"the conversation to continue (default: {DEFAULT_CONVERSATION})",
     )

@@ -238,6 +238,20 @@ def test_chat_with_input_closed_exits_at_once(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout) == (0, "")
 
 
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_an_empty_conversation_id_is_refused_before_the_log_is_created(
+    tmp_path: Path, command: str
+) -> None:
+    """Catches: `run --conversation "" --log e.db` creating e.db, then rejecting the id."""
+    config = write_config(tmp_path, CHAT)
+    message = ["hi"] if command == "run" else []
+    log = tmp_path / "e.db"
+    done = turnplug(command, config, *message, "--conversation", "", "--log", log)
+    assert done.returncode == 2, done.stderr
+    assert "conversation id must not be empty" in done.stderr
+    assert not log.exists()
+
+
 def test_chat_without_a_standard_input_is_a_usage_error(tmp_path: Path) -> None:
     """Catches: `turnplug chat CONFIG <&-` (file descriptor 0 closed, so sys.stdin is None)
     failing with AttributeError: 'NoneType' object has no attribute 'isatty', exit 1."""
