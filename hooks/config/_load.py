@@ -591,7 +591,9 @@ def _read(path: Path) -> Any:
             source=source,
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: a byte order mark, as some Windows editors write, is dropped rather
+        # than read as a stray character at line 1, column 1.
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such file", source=source) from None
     except IsADirectoryError:

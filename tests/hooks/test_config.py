@@ -426,6 +426,17 @@ def test_a_json_config_may_name_its_schema(tmp_path: Path) -> None:
     assert load_pipeline(path).system == "x"
 
 
+@pytest.mark.parametrize(
+    ("name", "text"), [("c.toml", 'system = "x"\n'), ("c.json", '{"system": "x"}')]
+)
+def test_a_file_starting_with_a_byte_order_mark_loads(tmp_path: Path, name: str, text: str) -> None:
+    """Catches: a UTF-8 byte order mark (Notepad writes one) failing as `Invalid statement
+    (at line 1, column 1)`."""
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load_pipeline(path).system == "x"
+
+
 def test_refs_resolve_next_to_the_config_file(tmp_path: Path) -> None:
     (tmp_path / "beside_the_config_xyz.py").write_text(
         "from pipeline import cont\ndef mine(turn):\n    return cont(turn)\n"
