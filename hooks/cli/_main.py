@@ -119,11 +119,11 @@ def _check(args: argparse.Namespace) -> int:
     from ._check import connected, describe
 
     loaded = _config._load(args.config, offline=args.offline)
-    for line in describe(args.config, loaded.config, loaded.pipeline):
+    # The servers are started before anything is printed: "ok" is said only once they were.
+    # One that cannot start is a ToolsetError (exit 1, as a provider that fails a turn).
+    toolsets = connected(loaded.pipeline, offline=args.offline) if loaded.config.toolsets else []
+    for line in [*describe(args.config, loaded.config, loaded.pipeline), *toolsets]:
         print(line)
-    if loaded.config.toolsets:
-        for line in connected(loaded.pipeline, offline=args.offline):
-            print(line)
     return 0
 
 

@@ -85,6 +85,22 @@ def test_check_fails_naming_a_server_nobody_listens_on(tmp_path: Path):
     assert "tickets: (no tools)" not in done.stdout
 
 
+def test_check_of_a_server_that_cannot_start_prints_no_ok(tmp_path: Path):
+    """Catches: check printing "ok" and the whole pipeline before starting the servers, so
+    that a stdio server that cannot start followed an "ok" with a ToolsetError."""
+    missing = tmp_path / "no-such-server"
+    path = write_config(
+        tmp_path, f'[[toolsets]]\nkind = "mcp"\nname = "m"\ncommand = "{missing}"\n'
+    )
+
+    done = turnplug("check", path, env=environment())
+
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert "ToolsetError: MCP server 'm'" in done.stderr
+    assert "could not be started" in done.stderr
+
+
 @pytest.mark.parametrize(
     ("entry", "expected"),
     [
