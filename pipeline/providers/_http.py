@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import random
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -76,14 +77,37 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 def scrub(text: str, secret: str | None) -> str:
-    """`text` with every occurrence of `secret` replaced: no key may leak into an error.
+    """`text` with every occurrence of `secret` replaced, JSON-escaped ones included: no key
+    may leak into an error.
 
     A placeholder key a few characters long (``"ollama"``, ``"EMPTY"``) is no secret, and
     replacing it would mangle words of the message.
     """
     if not secret or len(secret) < _SHORTEST_SECRET:
         return text
-    return text.replace(secret, _REDACTED)
+    text = text.replace(secret, _REDACTED)
+    if "\\" in text:
+        # A JSON body may echo the key escaped ("sk-a\\/b", "\\u0073k-..."): once decoded,
+        # it would be the key again.
+        text = _escaped_key(secret).sub(_REDACTED, text)
+    return text
+
+
+_JSON_SHORT_ESCAPES = frozenset('"\\/')
+
+
+@functools.lru_cache(maxsize=8)
+def _escaped_key(secret: str) -> re.Pattern[str]:
+    """The key with any of its characters written as a JSON escape (``\\/``, ``\\u002f``);
+    the backslash may be doubled, as ``repr`` writes it."""
+    units = []
+    for char in secret:
+        code = "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{ord(char):04x}")
+        forms = [re.escape(char), rf"\\\\?u{code}"]
+        if char in _JSON_SHORT_ESCAPES:
+            forms.append(rf"\\\\?{re.escape(char)}")
+        units.append(f"(?:{'|'.join(forms)})")
+    return re.compile("".join(units))
 
 
 def scrub_error(error: BaseException, secret: str | None) -> None:
@@ -437,8 +461,10 @@ def status_error(
     endpoint: Endpoint, status: int, headers: Mapping[str, str], body: str, attempts: int
 ) -> ProviderStatusError:
     """The error for a non-2xx answer; the message keeps the provider's type and message."""
-    body = scrub(body, endpoint.secret)
-    kind, text = error_detail(body)
+    secret = endpoint.secret
+    body = scrub(body, secret)
+    # Decoding may turn an escaped key back into the key: scrub what was decoded too.
+    kind, text = (None if part is None else scrub(part, secret) for part in error_detail(body))
     request_id = request_id_of(headers)
     said = f"{kind}: {text}" if kind and text else (text or kind or body[:200] or "(empty body)")
     message = f"{endpoint.provider} answered HTTP {status} at {endpoint.url}: {said}"

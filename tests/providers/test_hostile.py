@@ -271,3 +271,37 @@ async def test_an_error_quoting_what_the_stream_said_never_holds_the_key(
     chain = "".join(traceback.format_exception(caught.value))
     assert KEY not in chain
     assert "[redacted]" in str(caught.value)
+
+
+# --- An error body that echoes the key JSON-escaped -----------------------------------------
+
+SLASHED_KEY = "sk-live/AbCdEf0123456789+xyz"
+
+
+def escaped_echoes() -> list[Any]:
+    """(key, how the error body writes it): escapes its JSON decoder turns back into the key."""
+    every_char = "".join(f"\\u{ord(char):04X}" for char in KEY)
+    return [
+        pytest.param(SLASHED_KEY, SLASHED_KEY.replace("/", "\\/"), id="escaped slash"),
+        pytest.param(KEY, every_char, id="unicode escapes"),
+        pytest.param(KEY, KEY[:2] + "\\u002d" + KEY[3:], id="one unicode escape"),
+    ]
+
+
+@pytest.mark.parametrize(("key", "echoed"), escaped_echoes())
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_an_error_body_echoing_the_key_json_escaped_never_shows_it(
+    server: ProtocolServer, provider: str, key: str, echoed: str
+) -> None:
+    """Catches: the body scrubbed before it was JSON-decoded, so that the decoded provider
+    message put the key in the error's message (and a span's exception.message), and the
+    escaped key stayed in `.body`."""
+    message = '"message":"Incorrect key: ' + echoed + '"'
+    body = '{"error":{"type":"invalid_request_error",' + message + "}}"
+    server.script(wire.json_error(401, body))
+    with pytest.raises(ProviderStatusError) as caught:
+        await collect(make(provider, server, api_key=key))
+    error = caught.value
+    assert key not in str(error)
+    assert "invalid_request_error: Incorrect key: [redacted]" in str(error)
+    assert json.loads(error.body)["error"]["message"] == "Incorrect key: [redacted]"
