@@ -680,7 +680,12 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
             # A request httpx refuses to send (a bad header) fails the same way every time.
             if last or isinstance(exc, httpx.LocalProtocolError):
                 raise translate(exc, endpoint, streaming=False) from exc
-            log.warning("%s: request %d failed (%s); retrying", endpoint.provider, attempt, exc)
+            log.warning(
+                "%s: request %d failed (%s); retrying",
+                endpoint.provider,
+                attempt,
+                scrub(str(exc), endpoint.secret),  # httpx may quote a malformed answer
+            )
             await anyio.sleep(backoff(attempt - 1, random.random()))
             continue
         except HTTPX_ERRORS as exc:
@@ -789,7 +794,13 @@ async def open_stream(
     """
     content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     async with _client(endpoint, pool, owner or endpoint.provider) as (client, pooled):
-        response = await _send(client, endpoint, content)
+        try:
+            response = await _send(client, endpoint, content)
+        except ProviderError as error:
+            # The httpx error it was raised from may quote what the server sent (an illegal
+            # header line echoing the key): formatted tracebacks print the whole chain.
+            scrub_error(error, endpoint.secret)
+            raise
         try:
             request_id = request_id_of(response.headers)
             _check_content_type(endpoint, response)

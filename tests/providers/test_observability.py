@@ -1,6 +1,7 @@
 """What the providers tell the logs and the traces: retries at WARNING, and never a key."""
 
 import logging
+import traceback
 
 import pytest
 import trio
@@ -9,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pipeline import Pipeline, otel
+from pipeline import Pipeline, ProviderConnectionError, otel
 from pipeline.providers import OpenAIChat
 from turns import Turn
 
@@ -66,3 +67,25 @@ async def test_a_traced_provider_turn_names_the_provider_and_never_the_key(
     ) == ("openai", 9, 3)
     for span in spans:
         assert KEY not in repr(dict(span.attributes)) + repr(span.events) + span.name
+
+
+async def test_a_malformed_answer_quoting_the_key_stays_out_of_logs_and_tracebacks(
+    server: ProtocolServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Catches: the httpx error for an answer httpx cannot parse (an illegal header line that
+    quotes the key) logged unscrubbed by the retry, and kept unscrubbed in the final error's
+    chain, which every formatted traceback prints."""
+    illegal = wire.Reply(401, ((f"Invalid key {KEY}", "x"),), framing="length")
+    server.script(illegal, illegal)
+    model = OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY, max_retries=1)
+    with (
+        caplog.at_level(logging.WARNING, logger="turnplug"),
+        pytest.raises(ProviderConnectionError) as caught,
+    ):
+        await Pipeline(model=model).run(Turn.start("hi"))
+
+    assert len(server.requests) == 2
+    assert "request 1 failed" in caplog.text
+    assert KEY not in caplog.text
+    assert KEY not in "".join(traceback.format_exception(caught.value))
+    assert "[redacted]" in caplog.text
