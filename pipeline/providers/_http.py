@@ -77,29 +77,46 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 def scrub(text: str, secret: str | None) -> str:
-    """`text` with every occurrence of `secret` replaced, JSON-escaped ones included: no key
-    may leak into an error.
+    """`text` with the key replaced wherever it shows: whole, JSON-escaped, or cut short.
 
-    A placeholder key a few characters long (``"ollama"``, ``"EMPTY"``) is no secret, and
-    replacing it would mangle words of the message.
+    A JSON body may echo the key escaped (``sk-a\\/b``, ``\\u0073k-...``), which decodes to the
+    key again; a quote cut at a fixed length (ours, or Python's own ``int()`` message) may end
+    inside it. So any run of `_SHORTEST_SECRET` or more of its leading characters, any of them
+    escaped, is replaced too. A placeholder key a few characters long (``"ollama"``,
+    ``"EMPTY"``) is no secret, and replacing it would mangle words of the message.
     """
     if not secret or len(secret) < _SHORTEST_SECRET:
         return text
     text = text.replace(secret, _REDACTED)
-    if "\\" in text:
-        # A JSON body may echo the key escaped ("sk-a\\/b", "\\u0073k-..."): once decoded,
-        # it would be the key again.
-        text = _escaped_key(secret).sub(_REDACTED, text)
+    if secret[:_SHORTEST_SECRET] in text or "\\" in text:
+        text = _redact_key_runs(text, secret)
     return text
+
+
+def _redact_key_runs(text: str, secret: str) -> str:
+    head, rest = _key_patterns(secret)
+    pieces: list[str] = []
+    done = 0
+    while (found := head.search(text, done)) is not None:
+        end = found.end()
+        for unit in rest:  # extend the run as far as the key goes on
+            more = unit.match(text, end)
+            if more is None:
+                break
+            end = more.end()
+        pieces += (text[done : found.start()], _REDACTED)
+        done = end
+    return "".join(pieces) + text[done:] if pieces else text
 
 
 _JSON_SHORT_ESCAPES = frozenset('"\\/')
 
 
 @functools.lru_cache(maxsize=8)
-def _escaped_key(secret: str) -> re.Pattern[str]:
-    """The key with any of its characters written as a JSON escape (``\\/``, ``\\u002f``);
-    the backslash may be doubled, as ``repr`` writes it."""
+def _key_patterns(secret: str) -> tuple[re.Pattern[str], tuple[re.Pattern[str], ...]]:
+    """The key's first `_SHORTEST_SECRET` characters, and each later one, as patterns that
+    also match the character JSON-escaped (``\\/``, ``\\u002f``), the backslash doubled too, as
+    ``repr`` writes it."""
     units = []
     for char in secret:
         code = "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{ord(char):04x}")
@@ -107,7 +124,8 @@ def _escaped_key(secret: str) -> re.Pattern[str]:
         if char in _JSON_SHORT_ESCAPES:
             forms.append(rf"\\\\?{re.escape(char)}")
         units.append(f"(?:{'|'.join(forms)})")
-    return re.compile("".join(units))
+    head = re.compile("".join(units[:_SHORTEST_SECRET]))
+    return head, tuple(re.compile(unit) for unit in units[_SHORTEST_SECRET:])
 
 
 def scrub_error(error: BaseException, secret: str | None) -> None:
@@ -239,9 +257,11 @@ def _detail(data: Any) -> tuple[str | None, str | None]:
     )
 
 
-def request_id_of(headers: Mapping[str, str]) -> str | None:
-    """The provider's request id (``x-request-id`` for OpenAI, ``request-id`` for Anthropic)."""
-    return headers.get("x-request-id") or headers.get("request-id")
+def request_id_of(headers: Mapping[str, str], secret: str | None) -> str | None:
+    """The provider's request id (``x-request-id`` for OpenAI, ``request-id`` for Anthropic),
+    scrubbed: it is shown in messages, and a proxy may echo anything there."""
+    found = headers.get("x-request-id") or headers.get("request-id")
+    return None if found is None else scrub(found, secret)
 
 
 def as_timeout(value: float | httpx.Timeout) -> httpx.Timeout:
@@ -440,7 +460,7 @@ def translate(
             f"{name} answered HTTP {response.status_code} at {url}",
             provider=name,
             status=response.status_code,
-            request_id=request_id or request_id_of(response.headers),
+            request_id=request_id or request_id_of(response.headers, endpoint.secret),
         )
     if isinstance(exc, httpx.InvalidURL):
         return ProviderError(
@@ -465,7 +485,7 @@ def status_error(
     body = scrub(body, secret)
     # Decoding may turn an escaped key back into the key: scrub what was decoded too.
     kind, text = (None if part is None else scrub(part, secret) for part in error_detail(body))
-    request_id = request_id_of(headers)
+    request_id = request_id_of(headers, secret)
     said = f"{kind}: {text}" if kind and text else (text or kind or body[:200] or "(empty body)")
     message = f"{endpoint.provider} answered HTTP {status} at {endpoint.url}: {said}"
     if request_id:
@@ -696,7 +716,10 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
             body = (await response.aread()).decode("utf-8", "replace")
         except HTTPX_ERRORS as exc:
             raise translate(
-                exc, endpoint, streaming=False, request_id=request_id_of(response.headers)
+                exc,
+                endpoint,
+                streaming=False,
+                request_id=request_id_of(response.headers, endpoint.secret),
             ) from exc
         finally:
             await response.aclose()
@@ -726,7 +749,7 @@ def _check_content_type(endpoint: Endpoint, response: httpx.Response) -> None:
             " base_url right, and does the server support streaming?",
             provider=endpoint.provider,
             status=response.status_code,
-            request_id=request_id_of(response.headers),
+            request_id=request_id_of(response.headers, endpoint.secret),
         )
 
 
@@ -802,7 +825,7 @@ async def open_stream(
             scrub_error(error, endpoint.secret)
             raise
         try:
-            request_id = request_id_of(response.headers)
+            request_id = request_id_of(response.headers, endpoint.secret)
             _check_content_type(endpoint, response)
             events = _events(endpoint, response, request_id)
             try:
@@ -876,9 +899,11 @@ async def _model_events(
             except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
                 # A payload of the right JSON shape with wrong types inside (or nested too
                 # deep to handle): still a protocol error, never a bare Python one.
+                # Scrubbed before it is cut: a key cut in two would no longer match.
+                data = scrub(event.data, endpoint.secret)[:200]
                 raise ProviderProtocolError(
                     f"{provider} sent an event the parser could not read:"
-                    f" {type(exc).__name__}: {exc} (data: {event.data[:200]!r})",
+                    f" {type(exc).__name__}: {exc} (data: {data!r})",
                     provider=provider,
                     request_id=opened.request_id,
                 ) from exc

@@ -305,3 +305,61 @@ async def test_an_error_body_echoing_the_key_json_escaped_never_shows_it(
     assert key not in str(error)
     assert "invalid_request_error: Incorrect key: [redacted]" in str(error)
     assert json.loads(error.body)["error"]["message"] == "Incorrect key: [redacted]"
+
+
+# --- A quote cut inside the key, a request id that echoes it --------------------------------
+
+
+def streams_cut_inside_the_key() -> list[Any]:
+    """Streams whose error quotes 200 characters of an event that holds the key past them."""
+    usage = '{"choices": [], "usage": {"prompt_tokens": "' + "x" * 185 + KEY + '"}}'
+    start = {"type": "message_start", "message": {"usage": {"input_tokens": "x" * 185 + KEY}}}
+    return [
+        pytest.param("openai", wire.sse("x" * 190 + KEY), id="openai bad json"),
+        pytest.param("openai", wire.sse(usage), id="openai bad usage count"),
+        pytest.param("anthropic", wire.sse("x" * 190 + KEY, "message_start"), id="anthropic json"),
+        pytest.param("anthropic", wire.sse(start, "message_start"), id="anthropic bad count"),
+    ]
+
+
+@pytest.mark.parametrize(("provider", "event"), streams_cut_inside_the_key())
+async def test_a_quote_cut_inside_the_key_shows_none_of_it(
+    server: ProtocolServer, provider: str, event: bytes
+) -> None:
+    """Catches: an event quoted to 200 characters (by us, or by Python's own int() message)
+    before the key was scrubbed: the cut key no longer matched, and its first characters
+    stayed in the message."""
+    server.script(wire.stream((event,)))
+    with pytest.raises(ProviderProtocolError) as caught:
+        await collect(make(provider, server))
+    chain = "".join(traceback.format_exception(caught.value))
+    assert KEY[:8] not in chain
+    assert "[redacted]" in str(caught.value)
+
+
+@pytest.mark.parametrize("header", ["x-request-id", "request-id"])
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_request_id_that_echoes_the_key_is_scrubbed(
+    server: ProtocolServer, provider: str, header: str
+) -> None:
+    """Catches: a key echoed in the request id header (a misconfigured proxy) put in the
+    message and in `.request_id` unscrubbed."""
+    server.script(wire.json_error(401, {}, [(header, f"req-{KEY}")]))
+    with pytest.raises(ProviderStatusError) as caught:
+        await collect(make(provider, server))
+    assert caught.value.request_id == "req-[redacted]"
+    assert KEY not in str(caught.value)
+    assert "(request id req-[redacted])" in str(caught.value)
+
+
+async def test_a_streamed_errors_request_id_that_echoes_the_key_is_scrubbed(
+    server: ProtocolServer,
+) -> None:
+    """Catches: the request id of a 2xx answer, quoted by every mid-stream error and kept in
+    `.request_id`, left unscrubbed."""
+    server.script(
+        wire.stream((wire.sse("{oops"),), headers=(*wire.Reply().headers, ("x-request-id", KEY)))
+    )
+    with pytest.raises(ProviderProtocolError) as caught:
+        await collect(make("openai", server))
+    assert caught.value.request_id == "[redacted]"
