@@ -358,8 +358,9 @@ class AnthropicMessages(PooledProvider):
         max_retries: Retries of a failed request before its stream starts.
         transport: An httpx transport to send requests through; the caller owns it.
         api_key_env: The environment variable holding the key, or ``None``.
-        max_line_bytes: The longest event-stream line accepted (16 MiB); a longer one is a
-            `ProviderProtocolError` naming the cap, and memory stays bounded by it.
+        max_line_bytes: The longest event-stream line accepted (16 MiB), and the most data
+            an event may hold; more is a `ProviderProtocolError` naming the cap, and memory
+            stays bounded by it.
     """
 
     model: str

@@ -45,7 +45,13 @@ from .._errors import (
 )
 from .._model import ModelEvent
 from ._convert import decode_json
-from ._sse import DEFAULT_MAX_LINE_BYTES, LineTooLong, ServerSentEvent, SSEDecoder
+from ._sse import (
+    DEFAULT_MAX_LINE_BYTES,
+    EventTooLong,
+    LineTooLong,
+    ServerSentEvent,
+    SSEDecoder,
+)
 
 log = logging.getLogger("turnplug.providers")
 
@@ -776,10 +782,15 @@ async def _events(
             try:
                 events = decoder.feed(chunk)
             except LineTooLong as exc:
+                what = (
+                    "event whose data lines are"
+                    if isinstance(exc, EventTooLong)
+                    else "event-stream line"
+                )
                 raise ProviderProtocolError(
-                    f"{endpoint.provider} sent an event-stream line longer than"
+                    f"{endpoint.provider} sent an {what} longer than"
                     f" max_line_bytes={exc.limit} bytes ({endpoint.url}); raise the provider's"
-                    " max_line_bytes= if such lines are expected",
+                    " max_line_bytes= if such events are expected",
                     provider=endpoint.provider,
                     request_id=request_id,
                 ) from exc

@@ -336,8 +336,9 @@ class OpenAIChat(PooledProvider):
         transport: An httpx transport to send requests through (tests, proxies); the caller
             owns it.
         api_key_env: The environment variable holding the key, or ``None``.
-        max_line_bytes: The longest event-stream line accepted (16 MiB); a longer one is a
-            `ProviderProtocolError` naming the cap, and memory stays bounded by it.
+        max_line_bytes: The longest event-stream line accepted (16 MiB), and the most data
+            an event may hold; more is a `ProviderProtocolError` naming the cap, and memory
+            stays bounded by it.
         max_tokens_field: The body field `RequestOptions.max_tokens` goes to; ``None`` picks
             ``max_completion_tokens`` for api.openai.com and ``max_tokens`` elsewhere.
     """

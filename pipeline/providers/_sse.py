@@ -9,7 +9,8 @@ next are one line end.
 Decoding is linear in the input: the bytes of an unfinished line are kept in one growing
 buffer and looked at again only once its line end arrives, so a line arriving in many reads
 costs what it would cost in one. A line longer than `max_line_bytes` is refused
-(`LineTooLong`) as soon as the buffer passes the cap: memory stays bounded by it.
+(`LineTooLong`) as soon as the buffer passes the cap, and so is an event whose data lines,
+joined, pass it (`EventTooLong`): memory stays bounded by the cap whatever the server sends.
 """
 
 import re
@@ -44,6 +45,25 @@ class LineTooLong(ValueError):
         self.size = size
 
 
+class EventTooLong(LineTooLong):
+    """An event's data lines, joined, grew past the decoder's cap before the blank line that
+    ends the event (many short ``data:`` lines are as unbounded as one long line).
+
+    Attributes:
+        limit: The cap, in bytes.
+        size: How many bytes of data the event held when it was refused.
+    """
+
+    def __init__(self, limit: int, size: int) -> None:
+        ValueError.__init__(
+            self,
+            f"an event-stream event's data is longer than max_line_bytes={limit} bytes"
+            f" ({size} bytes of data lines arrived without the blank line that ends it)",
+        )
+        self.limit = limit
+        self.size = size
+
+
 @final
 @attrs.frozen
 class ServerSentEvent:
@@ -71,15 +91,20 @@ class SSEDecoder:
 
     Args:
         max_line_bytes: The longest line accepted, in bytes (line end excluded); a longer
-            one raises `LineTooLong`.
+            one raises `LineTooLong`. It also caps an event's data (its ``data:`` lines
+            joined, in UTF-8): a larger one raises `EventTooLong`.
     """
 
     __slots__ = (
+        "_counted",
         "_data",
         "_event",
         "_id",
         "_limit",
+        "_open",
+        "_quarter",
         "_retry",
+        "_size",
         "_skip_lf",
         "_started",
         "_tail",
@@ -87,6 +112,11 @@ class SSEDecoder:
 
     def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
         self._limit = max_line_bytes
+        # Data of at most a quarter of the cap in characters is within it in UTF-8 bytes.
+        self._quarter = max_line_bytes // 4
+        self._open: list[str] = []  # the open event's data lines, as last measured
+        self._counted = 0  # how many of them were measured
+        self._size = 0  # their size joined, in bytes
         self._tail = bytearray()  # the unfinished line
         self._skip_lf = False
         self._started = False
@@ -99,7 +129,7 @@ class SSEDecoder:
         """Decode one read of the body; return the events it completed, in order.
 
         Raises:
-            LineTooLong: A line passed `max_line_bytes`.
+            LineTooLong: A line passed `max_line_bytes` (`EventTooLong`: an event's data).
         """
         if not chunk:
             return []
@@ -147,33 +177,59 @@ class SSEDecoder:
                 lines[0] = lines[0][1:]
         events: list[ServerSentEvent] = []
         data = self._data
+        quarter = self._quarter
         for line in lines:
             if line.startswith("data:"):
                 # The hot path: nearly every line of a model's stream is a data line.
                 data.append(line[6:] if line[5:6] == " " else line[5:])
             elif not line:
                 if data:
+                    text = "\n".join(data)
+                    if len(text) > quarter:
+                        # As for an event still open at the end of a read (below), so that
+                        # the cap does not depend on how the body was cut into reads.
+                        self._check_event(len(text.encode()))
                     events.append(
-                        ServerSentEvent(
-                            self._event or "message", "\n".join(data), self._id, self._retry
-                        )
+                        ServerSentEvent(self._event or "message", text, self._id, self._retry)
                     )
                     data = self._data = []
                 self._event = ""
             else:
                 self._field(line)
+        if data:
+            # An event still open: its data lines must stay under the cap too, or a server
+            # that never sends the blank line would grow them without end.
+            self._measure(data)
         return events
 
     def close(self) -> list[ServerSentEvent]:
         """Mark the end of the stream; an unterminated event is discarded."""
         self._tail = bytearray()
-        self._data = []
+        self._data, self._open = [], []
         return []
 
     def _refuse(self, size: int) -> None:
         self._tail = bytearray()
         self._data = []
         raise LineTooLong(self._limit, size)
+
+    def _measure(self, data: list[str]) -> None:
+        """Add the lines of `data` not measured yet to the open event's size (each line is
+        measured once, so an event arriving in many reads costs what it costs in one)."""
+        if data is not self._open:  # another event than at the last measure
+            self._open, self._counted, self._size = data, 0, -1  # n lines, n - 1 newlines
+        size = self._size
+        for index in range(self._counted, len(data)):
+            line = data[index]
+            size += 1 + (len(line) if line.isascii() else len(line.encode()))
+        self._counted, self._size = len(data), size
+        self._check_event(size)
+
+    def _check_event(self, size: int) -> None:
+        if size > self._limit:
+            self._tail = bytearray()
+            self._data, self._open = [], []
+            raise EventTooLong(self._limit, size)
 
     def _field(self, line: str) -> None:
         if line[0] == ":":

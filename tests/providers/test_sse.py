@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pipeline import ProviderProtocolError
 from pipeline.providers import AnthropicMessages, OpenAIChat
-from pipeline.providers._sse import LineTooLong, ServerSentEvent, SSEDecoder
+from pipeline.providers._sse import EventTooLong, LineTooLong, ServerSentEvent, SSEDecoder
 
 from . import server as wire
 from .server import ProtocolServer
@@ -142,6 +142,67 @@ def test_an_unfinished_line_is_refused_once_it_passes_the_cap() -> None:
         feed_forever()
     assert fed <= 64 * 1024 < fed + 4096
     assert caught.value.limit == 64 * 1024
+
+
+def test_an_event_of_many_short_data_lines_is_refused_once_it_passes_the_cap() -> None:
+    """Catches: memory not bounded by the cap for an event made of many short data lines
+    without the blank line that ends it (only single lines were capped)."""
+    decoder = SSEDecoder(max_line_bytes=64 * 1024)
+    fed = 0
+
+    def feed_forever() -> None:
+        nonlocal fed
+        for _ in range(10_000):  # 40 MB if nothing stopped it
+            decoder.feed(b"data: " + b"y" * 4089 + b"\n")  # 4096 bytes a read
+            fed += 4090  # the data joined: 4089 bytes and a newline
+
+    with pytest.raises(EventTooLong, match="max_line_bytes=65536") as caught:
+        feed_forever()
+    assert fed <= 64 * 1024 + 4096 < fed + 2 * 4096
+    assert caught.value.limit == 64 * 1024
+
+
+@pytest.mark.parametrize(
+    ("lines", "refused"),
+    [
+        (["x" * 500, "y" * 499], False),  # 1000 bytes joined: at the cap
+        (["x" * 500, "y" * 500], True),
+        (["é" * 250, "y" * 499], False),  # counted in UTF-8 bytes, not characters
+        (["é" * 251, "y" * 499], True),
+    ],
+)
+def test_an_events_data_is_capped_in_bytes_however_it_is_split(
+    lines: list[str], refused: bool
+) -> None:
+    """Catches: the event cap counted in characters, or applied only to an event still open
+    at the end of a read (it would then depend on how the body was cut into reads)."""
+    body = "".join(f"data: {line}\n" for line in lines).encode() + b"\n"
+    for reads in ([body], [body[:-1], body[-1:]], [body[:1], body[1:]]):
+        decoder = SSEDecoder(max_line_bytes=1000)
+        if refused:
+            with pytest.raises(EventTooLong):
+                [event for read in reads for event in decoder.feed(read)]
+        else:
+            events = [event for read in reads for event in decoder.feed(read)]
+            assert events == [ServerSentEvent("message", "\n".join(lines))]
+
+
+@pytest.mark.parametrize("name", ["openai", "anthropic"])
+async def test_a_provider_refuses_an_event_of_many_lines_over_its_cap(
+    server: ProtocolServer, name: str
+) -> None:
+    """Catches: an event of many short data lines (no blank line) accumulated without end."""
+    line = b"data: " + b"z" * 100 + b"\n"
+    server.script(wire.stream([line * 10] * 100))  # 100 KB of data, never a blank line
+    model: Any = (
+        OpenAIChat("m", base_url=f"{server.url}/v1", api_key=KEY, max_line_bytes=4096)
+        if name == "openai"
+        else AnthropicMessages("m", base_url=server.url, api_key=KEY, max_line_bytes=4096)
+    )
+    with pytest.raises(
+        ProviderProtocolError, match=r"data lines are longer than max_line_bytes=4096"
+    ):
+        await collect(model)
 
 
 @pytest.mark.parametrize("name", ["openai", "anthropic"])
