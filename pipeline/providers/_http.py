@@ -484,9 +484,18 @@ def translate(
 
 
 def status_error(
-    endpoint: Endpoint, status: int, headers: Mapping[str, str], body: str, attempts: int
+    endpoint: Endpoint,
+    status: int,
+    headers: Mapping[str, str],
+    body: str,
+    attempts: int,
+    *,
+    cut: str | None = None,
 ) -> ProviderStatusError:
-    """The error for a non-2xx answer; the message keeps the provider's type and message."""
+    """The error for a non-2xx answer; the message keeps the provider's type and message.
+
+    `cut` says what cut the body short, when something did (the body is what arrived).
+    """
     secret = endpoint.secret
     body = scrub(body, secret)
     # Decoding may turn an escaped key back into the key: scrub what was decoded too.
@@ -496,6 +505,8 @@ def status_error(
     message = f"{endpoint.provider} answered HTTP {status} at {endpoint.url}: {said}"
     if request_id:
         message += f" (request id {request_id})"
+    if cut is not None:
+        message += f" — its body was cut short ({cut})"
     if attempts > 1:
         message += f" — after {attempts} attempts"
     if endpoint.missing_key:
@@ -718,22 +729,14 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
             raise translate(exc, endpoint, streaming=False) from exc
         if response.is_success:
             return response
-        try:
-            body = (await response.aread()).decode("utf-8", "replace")
-        except HTTPX_ERRORS as exc:
-            raise translate(
-                exc,
-                endpoint,
-                streaming=False,
-                request_id=request_id_of(response.headers, endpoint.secret),
-            ) from exc
-        finally:
-            await response.aclose()
+        body, cut = await _error_body(response, endpoint)
         delay = None
         if not last and should_retry(response.status_code, response.headers, body):
             delay = retry_delay(attempt - 1, response.headers, random.random())
         if delay is None:
-            raise status_error(endpoint, response.status_code, response.headers, body, attempt)
+            raise status_error(
+                endpoint, response.status_code, response.headers, body, attempt, cut=cut
+            )
         # The status and the delay only: never a header, so never a key.
         log.warning(
             "%s: request %d answered %d; retrying in %.2f s",
@@ -744,6 +747,25 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
         )
         await anyio.sleep(delay)
     raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+
+async def _error_body(response: httpx.Response, endpoint: Endpoint) -> tuple[str, str | None]:
+    """The body of an error answer as text, and what cut it short if something did.
+
+    A 503 whose body breaks off or stalls is still a 503: retried as one, and reported with
+    the body that arrived, rather than as a failure "before any response" that loses the
+    status.
+    """
+    received = bytearray()
+    cut = None
+    try:
+        async for chunk in response.aiter_bytes():
+            received += chunk
+    except HTTPX_ERRORS as exc:
+        cut = f"{type(exc).__name__}: {scrub(str(exc) or 'no detail', endpoint.secret)}"
+    finally:
+        await response.aclose()
+    return received.decode("utf-8", "replace"), cut
 
 
 def _check_content_type(endpoint: Endpoint, response: httpx.Response) -> None:

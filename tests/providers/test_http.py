@@ -216,6 +216,40 @@ async def test_connection_refused_is_retried_then_a_connection_error(
     assert trio.current_time() - started >= 0.375 + 0.75  # two backoffs: 0.5 s and 1 s, jittered
 
 
+def error_body_cut_short(status: int = 503, stall: bool = False) -> wire.Reply:
+    """An error answer whose JSON body breaks off (no final chunk, the connection closed), or
+    stalls."""
+    head = (("content-type", "application/json"),)
+    return wire.Reply(status, head, (b'{"error": {"message": "overl',), complete=False, stall=stall)
+
+
+@pytest.mark.parametrize("stall", [False, True], ids=["cut", "stalled"])
+async def test_a_5xx_whose_body_is_cut_short_or_stalls_is_retried(
+    server: ProtocolServer, stall: bool
+) -> None:
+    """Catches: a failure while reading an error body raised at once as a connection error
+    "before any response", losing the 503 (every 5xx is retried)."""
+    server.script(error_body_cut_short(stall=stall), wire.stream(wire.openai_text(["ok"])))
+    events = await collect(openai(server, timeout=httpx.Timeout(5, read=0.2)))
+    assert (events[0], len(server.requests)) == (ModelText("ok"), 2)
+
+
+async def test_an_error_body_cut_short_gives_the_status_error_with_what_arrived(
+    server: ProtocolServer,
+) -> None:
+    """Catches: the status lost (a ProviderConnectionError with .status None) when the retries
+    run out on error bodies that break off."""
+    server.script(error_body_cut_short(), error_body_cut_short())
+    error = await fails(openai(server, max_retries=1), ProviderStatusError)
+    assert (error.status, error.body, len(server.requests)) == (  # type: ignore[attr-defined]
+        503,
+        '{"error": {"message": "overl',
+        2,
+    )
+    assert "answered HTTP 503" in str(error)
+    assert "its body was cut short (RemoteProtocolError" in str(error)
+
+
 # --- Non-2xx answers --------------------------------------------------------------------------
 
 
