@@ -12,10 +12,12 @@ from turns import Message, Text, ToolCall, ToolResult, Usage
 from .._errors import RequestError
 from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
 from ._convert import (
+    HIGH_HALVES,
     INVALID_ARGUMENTS,
     decode_arguments,
     load_json,
     protocol_error,
+    rejoin_halves,
     tokens,
     wire_fields,
 )
@@ -33,6 +35,7 @@ from ._http import (
 from ._sse import DEFAULT_MAX_LINE_BYTES, ServerSentEvent
 
 META_KEY = "anthropic"
+HIGH, LAST_HIGH = HIGH_HALVES
 
 _KNOWN_EVENTS = frozenset(
     {
@@ -200,6 +203,7 @@ class AnthropicStreamParser:
         self._input = 0
         self._inputs: dict[str, int] = {}
         self._output = 0
+        self._held = ""  # the first half of a character split across deltas
         self._done = False
 
     @property
@@ -226,7 +230,7 @@ class AnthropicStreamParser:
         if name == "content_block_start":
             return self._start(payload)
         if name == "content_block_stop":
-            return self._stop_block(payload.get("index"))
+            return [*self._release(), *self._stop_block(payload.get("index"))]
         if name == "message_start":
             message = payload.get("message")
             if isinstance(message, dict):
@@ -238,7 +242,8 @@ class AnthropicStreamParser:
             self._count(payload.get("usage"))
         elif name == "message_stop":
             self._done = True
-            events = [call for index in sorted(self._blocks) for call in self._stop_block(index)]
+            events = self._release()
+            events += [call for index in sorted(self._blocks) for call in self._stop_block(index)]
             reason = None if self._stop is None else STOP_REASONS.get(self._stop, self._stop)
             events.append(ModelFinish(reason, Usage(self._input, self._output)))
             return events
@@ -276,10 +281,20 @@ class AnthropicStreamParser:
         self._blocks[index] = _Block(str(block.get("type")), block)
         text = block.get("text")
         return (
-            [ModelText(text)]
+            self._text(text)
             if block.get("type") == "text" and isinstance(text, str) and text
             else []
         )
+
+    def _text(self, text: str) -> list[ModelEvent]:
+        if self._held or HIGH <= text[-1] <= LAST_HIGH:  # a character's half: see rejoin_halves
+            text, self._held = rejoin_halves(self._held, text)
+        return [ModelText(text)] if text else []
+
+    def _release(self) -> list[ModelEvent]:
+        """The half character still held when the text ends (it stays a lone one)."""
+        held, self._held = self._held, ""
+        return [ModelText(held)] if held else []
 
     def _delta(self, payload: dict[str, Any]) -> list[ModelEvent]:
         block = self._blocks.get(payload.get("index"))  # type: ignore[arg-type]
@@ -289,7 +304,7 @@ class AnthropicStreamParser:
         kind = delta.get("type")
         if kind == "text_delta":
             text = delta.get("text")
-            return [ModelText(text)] if isinstance(text, str) and text else []
+            return self._text(text) if isinstance(text, str) and text else []
         if kind == "input_json_delta":
             block.pieces.append(str(delta.get("partial_json") or ""))
         elif kind == "thinking_delta":

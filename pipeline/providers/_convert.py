@@ -46,6 +46,30 @@ def decode_arguments(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return value, {}
 
 
+HIGH_HALVES = ("\ud800", "\udbff")
+"""The first and last high surrogate: the first half of an astral character in UTF-16."""
+
+
+def rejoin_halves(held: str, text: str) -> tuple[str, str]:
+    """Join a character's UTF-16 halves sent in separate deltas: (text to pass on, half held).
+
+    Servers that count UTF-16 code units (JavaScript ones) may end a delta between the two
+    halves of an astral character (an emoji), each sent as a ``\\uXXXX`` escape; passed on
+    apart, the halves would stay lone surrogates in the reply. A delta's trailing high half
+    is held and put before the next delta's text; a parser passes on what it still holds at
+    the end of the text (then a lone half, which the request encoder replaces).
+    """
+    if held:
+        if text and "\udc00" <= text[0] <= "\udfff":  # the low half: make the character
+            code = 0x10000 + (ord(held) - 0xD800) * 0x400 + (ord(text[0]) - 0xDC00)
+            text = chr(code) + text[1:]
+        else:
+            text = held + text
+    if text and HIGH_HALVES[0] <= text[-1] <= HIGH_HALVES[1]:
+        return text[:-1], text[-1]
+    return text, ""
+
+
 def synthesize_id() -> str:
     """An id for a tool call the server sent without one (old llama.cpp, old Ollama)."""
     return f"call_{secrets.token_hex(8)}"

@@ -839,6 +839,22 @@ async def _abandon(response: httpx.Response, chunks: AsyncIterator[bytes]) -> No
         pass  # the connection was closed on purpose: a failing read is expected
 
 
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """The request body as UTF-8 JSON, whatever its text holds.
+
+    A lone surrogate (half of a character a server split across deltas and never completed,
+    kept in the conversation) has no UTF-8 form: the encoding would fail, and so would every
+    later turn of the conversation. Then the text goes through UTF-16, which makes a pair of
+    halves the character it stands for and a lone half U+FFFD. The ``\\udXXX`` escape
+    ``ensure_ascii`` would write keeps a lone half, but strict JSON parsers reject it.
+    """
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode()
+
+
 @asynccontextmanager
 async def open_stream(
     endpoint: Endpoint, body: Mapping[str, Any], pool: Pool | None = None, owner: str = ""
@@ -848,7 +864,7 @@ async def open_stream(
     The request goes through `pool`'s client when it is held, else through a client of its
     own. `owner` names the provider in the errors of a closed pool.
     """
-    content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    content = encode_body(body)
     async with _client(endpoint, pool, owner or endpoint.provider) as (client, pooled):
         try:
             response = await _send(client, endpoint, content)

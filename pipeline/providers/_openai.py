@@ -19,10 +19,12 @@ from turns import Message, Text, ToolCall, ToolResult, Usage
 from .._errors import RequestError
 from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
 from ._convert import (
+    HIGH_HALVES,
     INVALID_ARGUMENTS,
     decode_arguments,
     load_json,
     protocol_error,
+    rejoin_halves,
     synthesize_id,
     tokens,
     wire_fields,
@@ -47,6 +49,7 @@ and filled from unknown fields of streamed tool calls (e.g. a gateway's signatur
 MaxTokensField = Literal["max_tokens", "max_completion_tokens"]
 _TOOL_CALL_KEYS = frozenset({"index", "id", "type", "function"})
 _KEYWORD_CHOICES = frozenset({"auto", "none", "required"})
+HIGH, LAST_HIGH = HIGH_HALVES
 
 
 def max_tokens_field_for(base_url: str) -> MaxTokensField:
@@ -183,6 +186,7 @@ class OpenAIStreamParser:
         self._finish: str | None = None
         self._usage = Usage()
         self._said_something = False
+        self._held = ""  # the first half of a character split across deltas
         self._done = False
 
     @property
@@ -220,13 +224,19 @@ class OpenAIStreamParser:
                 content = delta.get("content")
                 if isinstance(content, str) and content:
                     self._said_something = True
-                    events.append(ModelText(content))
+                    if self._held or HIGH <= content[-1] <= LAST_HIGH:  # a character's half
+                        content, self._held = rejoin_halves(self._held, content)
+                    if content:
+                        events.append(ModelText(content))
                 # A refusal is what the model said: it reaches the reply (and the guardrails)
                 # rather than leaving an empty answer that looks like success.
                 refusal = delta.get("refusal")
                 if isinstance(refusal, str) and refusal:
                     self._said_something = True
-                    events.append(ModelText(refusal))
+                    if self._held or HIGH <= refusal[-1] <= LAST_HIGH:
+                        refusal, self._held = rejoin_halves(self._held, refusal)
+                    if refusal:
+                        events.append(ModelText(refusal))
                 for fragment in delta.get("tool_calls") or ():
                     if isinstance(fragment, dict):
                         self._add_fragment(fragment)
@@ -235,6 +245,7 @@ class OpenAIStreamParser:
                 if reason == "error":
                     raise self._stream_error(error or {"message": "finish_reason 'error'"})
                 self._finish = str(reason)
+                events.extend(self._release())
                 events.extend(self._flush_calls())
         return events
 
@@ -291,8 +302,13 @@ class OpenAIStreamParser:
         self._calls.clear()
         return events
 
+    def _release(self) -> list[ModelEvent]:
+        """The half character still held when the text ends (it stays a lone one)."""
+        held, self._held = self._held, ""
+        return [ModelText(held)] if held else []
+
     def _close(self) -> list[ModelEvent]:
-        events = self._flush_calls()
+        events = [*self._release(), *self._flush_calls()]
         if self._finish is None and not self._said_something:
             raise protocol_error(
                 self.provider,

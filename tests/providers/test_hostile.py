@@ -17,6 +17,7 @@ from pipeline import (
     ProviderStatusError,
     tool,
 )
+from pipeline.logs import MemoryLog
 from pipeline.providers import AnthropicMessages, OpenAIChat
 from pipeline.providers._http import Endpoint, translate
 from turns import Turn
@@ -363,3 +364,51 @@ async def test_a_streamed_errors_request_id_that_echoes_the_key_is_scrubbed(
     with pytest.raises(ProviderProtocolError) as caught:
         await collect(make("openai", server))
     assert caught.value.request_id == "[redacted]"
+
+
+# --- A character's UTF-16 halves in separate deltas -----------------------------------------
+
+
+async def two_turns(provider: str, server: ProtocolServer, pieces: list[str]) -> str:
+    """Two turns of a session whose first reply streams `pieces`: the first reply's text,
+    once the second turn has gone through."""
+    first_reply = (
+        wire.stream(wire.openai_text(pieces))
+        if provider == "openai"
+        else wire.stream(wire.anthropic_text(pieces))
+    )
+    server.script(first_reply, text_stream(provider, "ok"))
+    pipe = Pipeline(model=make(provider, server))
+    async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+        first = await session.send("one")
+        second = await session.send("two")
+    assert (second.reply.text, len(server.requests)) == ("ok", 2)
+    return first.reply.text
+
+
+def sent(server: ProtocolServer, index: int) -> str:
+    """The text of a request's body, as the server decoded it."""
+    return json.dumps(server.requests[index].body, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_character_split_into_utf16_halves_across_deltas_is_rejoined(
+    server: ProtocolServer, provider: str
+) -> None:
+    """Catches: an emoji whose UTF-16 halves came in separate deltas ("\\ud83d" then
+    "\\ude00") kept as two lone surrogates in the committed reply, which made every later
+    turn of the conversation fail before sending (UnicodeEncodeError)."""
+    text = await two_turns(provider, server, ["hi \ud83d", "\ude00 there"])
+    assert text == "hi \U0001f600 there"
+    assert "hi \U0001f600 there" in sent(server, 1)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_lone_utf16_half_goes_out_as_a_replacement_character(
+    server: ProtocolServer, provider: str
+) -> None:
+    """Catches: a half never completed (kept as the server sent it) making the request body
+    unencodable, so that the conversation could never be continued."""
+    text = await two_turns(provider, server, ["a \ud83d", "b \ude00", "c \ud83d"])
+    assert text == "a \ud83db \ude00c \ud83d"
+    assert "a \ufffdb \ufffdc \ufffd" in sent(server, 1)
