@@ -326,9 +326,12 @@ class AnthropicStreamParser:
         elif block.kind == "redacted_thinking":
             self._thinking.append({"type": "redacted_thinking", "data": block.start.get("data")})
         elif block.kind == "tool_use":
-            arguments, meta = decode_arguments("".join(block.pieces))
-            if not block.pieces and isinstance(block.start.get("input"), dict):
-                arguments = block.start["input"]  # a server that sends the input whole
+            raw = "".join(block.pieces)
+            arguments, meta = decode_arguments(raw)
+            if not raw.strip() and isinstance(block.start.get("input"), dict):
+                # A server that sends the input whole, perhaps followed by an empty
+                # input_json_delta: nothing streamed, so the start's input stands.
+                arguments = block.start["input"]
             if self._thinking:
                 meta[THINKING_KEY] = self._thinking
                 self._thinking = []

@@ -415,3 +415,50 @@ def test_cache_counts_survive_a_delta_that_repeats_only_input_tokens() -> None:
 def test_unknown_events_are_ignored_without_decoding_them() -> None:
     parser = AnthropicStreamParser()
     assert parser.feed(ServerSentEvent("future_event", "not json")) == []
+
+
+@pytest.mark.parametrize("fragments", [[], [""], ["", " "]], ids=["none", "empty", "blank"])
+async def test_an_input_sent_whole_in_the_block_start_survives_empty_deltas(
+    server: ProtocolServer, fragments: list[str]
+) -> None:
+    """Catches: the whole input a content_block_start carried replaced by {} when empty
+    input_json_delta fragments followed it (only the absence of any fragment kept it)."""
+    start = {
+        "type": "tool_use",
+        "id": "toolu_1",
+        "name": "stat_file",
+        "input": {"path": "README.md"},
+    }
+    deltas = [
+        wire.sse(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": fragment},
+            },
+            "content_block_delta",
+        )
+        for fragment in fragments
+    ]
+    server.script(
+        wire.stream(
+            (
+                wire.anthropic_start(),
+                wire.sse(
+                    {"type": "content_block_start", "index": 0, "content_block": start},
+                    "content_block_start",
+                ),
+                *deltas,
+                wire.sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+                *wire.anthropic_end("tool_use"),
+            )
+        )
+    )
+    events = await collect(AnthropicMessages("claude-test", base_url=server.url, api_key=KEY))
+    [call] = [event.call for event in events if isinstance(event, ModelToolCall)]
+    assert (call.id, call.name, call.arguments, dict(call.meta)) == (
+        "toolu_1",
+        "stat_file",
+        {"path": "README.md"},
+        {},
+    )
