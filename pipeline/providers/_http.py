@@ -415,8 +415,9 @@ def translate(
     Args:
         exc: What httpx raised (any of `HTTPX_ERRORS`).
         endpoint: Where the request went.
-        streaming: Whether a 2xx response had arrived: a connection cut then is a truncated
-            stream (`ProviderProtocolError`), before it a connection failure.
+        streaming: Whether a 2xx response had arrived: a connection reset, cut or garbled
+            then is a truncated stream (`ProviderProtocolError`), before it a connection
+            failure.
         request_id: The response's request id, if one had arrived.
     """
     name, url = endpoint.provider, endpoint.url
@@ -435,7 +436,9 @@ def translate(
             message = f"{name}: {type(exc).__name__} {where} ({url}): {detail}"
         return ProviderTimeout(message, provider=name, request_id=request_id)
     if isinstance(exc, httpx.DecodingError) or (
-        streaming and isinstance(exc, httpx.RemoteProtocolError)
+        # After a 2xx the reply has begun (tokens may have been passed on): a reset or a
+        # cut connection truncates it, which no retry of the caller's can mend silently.
+        streaming and isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError)
     ):
         return ProviderProtocolError(
             f"{name} stream from {url} was cut off or garbled: {detail}",

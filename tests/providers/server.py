@@ -19,6 +19,8 @@ serves the same recorded stream to every request and prints its port.
 
 import argparse
 import json
+import socket
+import struct
 import sys
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -58,6 +60,8 @@ class Reply:
         complete: False to stop before the body's end: no final chunk, or an early close.
         stall: After the pieces, send nothing more and wait until the client hangs up.
         bytewise: Write the body one byte per send.
+        reset: After the pieces, close the connection with a TCP reset (RST), as a crashed
+            upstream or a proxy's timeout does.
     """
 
     status: int = 200
@@ -67,6 +71,7 @@ class Reply:
     complete: bool = True
     stall: bool = False
     bytewise: bool = False
+    reset: bool = False
 
 
 def _reason(status: int) -> str:
@@ -98,6 +103,9 @@ class ProtocolServer:
         self.before_reply: Callable[[Recorded], Awaitable[None]] | None = None
         """Awaited with each request before its answer is written (the connection stays
         busy meanwhile): a test can hold requests until enough are in flight."""
+        self.before_reset: Callable[[], Awaitable[None]] | None = None
+        """Awaited before a `Reply.reset` resets the connection: a test can hold the reset
+        until the client has read what came before it (a reset discards unread data)."""
         self._replies: deque[Reply] = deque(replies)
         self._hung_up: anyio.Event | None = None  # made in start(), under the running loop
 
@@ -180,6 +188,14 @@ class ProtocolServer:
                     await anyio.lowlevel.checkpoint()
             else:
                 await stream.send(data)
+        if reply.reset:
+            if self.before_reset is not None:
+                await self.before_reset()
+            # SO_LINGER with a zero timeout: closing sends RST instead of FIN.
+            raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            await stream.aclose()
+            return False
         if reply.complete and not reply.stall and reply.framing == "chunked":
             await stream.send(b"0\r\n\r\n")
         if reply.stall:

@@ -351,6 +351,35 @@ async def test_an_anthropic_stream_without_message_stop_is_a_protocol_error(
     assert "before message_stop" in str(error)
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_connection_reset_after_a_2xx_is_a_protocol_error(
+    server: ProtocolServer, provider: str
+) -> None:
+    """Catches: a TCP reset in the middle of a reply raised as a ProviderConnectionError, the
+    error of a server that could not be reached (which callers retry), where the docs say a
+    connection cut after a 2xx is a ProviderProtocolError: the reply had begun."""
+    pieces = (
+        wire.openai_text(["Hel"])[:2] if provider == "openai" else wire.anthropic_text(["Hel"])[:4]
+    )
+    server.script(wire.stream(pieces, reset=True))
+    read = anyio.Event()
+    server.before_reset = read.wait  # a reset discards what the client has not read yet
+    model = openai(server) if provider == "openai" else anthropic(server)
+    events: list[Any] = []
+
+    async def read_all() -> None:
+        async with model.stream(hi()) as stream:
+            async for event in stream:
+                events.append(event)
+                read.set()
+
+    with pytest.raises(ProviderProtocolError) as caught:
+        await read_all()
+    assert events == [ModelText("Hel")]
+    assert "was cut off or garbled" in str(caught.value)
+    assert len(server.requests) == 1
+
+
 async def test_an_openai_mid_stream_error_keeps_type_and_message(server: ProtocolServer) -> None:
     pieces = (*wire.openai_text(["partial"])[:2], wire.sse(SERVER_ERROR))
     server.script(wire.stream(pieces))
@@ -546,8 +575,9 @@ def test_every_httpx_exception_maps_into_the_provider_error_tree(
     endpoint = Endpoint("openai", url, {}, KEY, httpx.Timeout(5), 0)
     error = translate(_instance(cls), endpoint, streaming=streaming, request_id="req_1")
     expected = EXPECTED_BEFORE_RESPONSE[cls]
-    if streaming and cls is httpx.RemoteProtocolError:
-        expected = ProviderProtocolError  # a cut stream after a 2xx: truncated, not unreachable
+    if streaming and issubclass(cls, httpx.NetworkError | httpx.RemoteProtocolError):
+        # A reset or cut connection after a 2xx: a truncated reply, not an unreachable server.
+        expected = ProviderProtocolError
     assert type(error) is expected
     assert (error.provider, error.request_id) == ("openai", "req_1")
     assert KEY not in str(error)
