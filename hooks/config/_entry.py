@@ -43,6 +43,8 @@ class Env:
         remote: The names of the MCP toolsets, whose tools are known once connected.
         offline: Checking without the environment's secrets (``turnplug check --offline``):
             a missing API key or variable is not a problem.
+        folder: The config file's directory, against which relative paths in it resolve;
+            None for a config given as data (they resolve against the working directory).
     """
 
     environ: Mapping[str, str]
@@ -50,6 +52,7 @@ class Env:
     declared: frozenset[str] = frozenset()
     remote: frozenset[str] = frozenset()
     offline: bool = False
+    folder: str | None = None
 
     def known(self, name: str) -> bool:
         """Whether a tool of this name is declared, or may be one of an MCP toolset's."""

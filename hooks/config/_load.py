@@ -514,6 +514,7 @@ def _resolve(
     environ: Mapping[str, str] | None,
     offline: bool = False,
     model: Model | None = None,
+    folder: str | None = None,
 ) -> _Loaded:
     if not isinstance(data, dict):
         raise ConfigError(
@@ -522,7 +523,7 @@ def _resolve(
             problems=(("", f"expected a table of settings at the top level, got {shown(data)}"),),
         )
     try:
-        return _resolve_checked(data, source, environ, offline, model)
+        return _resolve_checked(data, source, environ, offline, model, folder)
     except RecursionError:
         raise _too_deep(source) from None
 
@@ -533,6 +534,7 @@ def _resolve_checked(
     environ: Mapping[str, str] | None,
     offline: bool,
     model: Model | None,
+    folder: str | None,
 ) -> _Loaded:
     problems: list[_Problem] = []
     positions: dict[str, list[int]] = {}
@@ -541,7 +543,7 @@ def _resolve_checked(
     except Exception as exc:
         problems.extend(_problems(exc, ""))
         config, positions = _salvage(data)
-    env = Env(os.environ if environ is None else environ, offline=offline)
+    env = Env(os.environ if environ is None else environ, offline=offline, folder=folder)
     built, more = _build(config, positions, env, data, model)
     problems.extend(more)
     if not problems:
@@ -671,7 +673,7 @@ def _load(
     directory = str(path.resolve().parent)
     if directory not in sys.path:
         sys.path.insert(0, directory)
-    return _resolve(data, str(path), environ, offline, model)
+    return _resolve(data, str(path), environ, offline, model, directory)
 
 
 def load_pipeline(

@@ -1,5 +1,6 @@
 """The entries that build tools and tool hooks."""
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeAlias, final
@@ -101,6 +102,13 @@ def _expand(values: Mapping[str, str] | None, key: str, env: Env) -> dict[str, s
     return expanded
 
 
+def _beside(path: str | None, env: Env) -> str | None:
+    """A path from the config, relative to the config file's directory as `ref` is."""
+    if path is None or env.folder is None or os.path.isabs(path):
+        return path
+    return os.path.join(env.folder, path)
+
+
 @final
 @attrs.frozen(kw_only=True)
 class MCPToolsetEntry:
@@ -116,7 +124,10 @@ class MCPToolsetEntry:
         default=None,
         metadata=doc("Environment variables for the server; ${VARIABLE} reads one of yours."),
     )
-    cwd: Text | None = attrs.field(default=None, metadata=doc("The server's working directory."))
+    cwd: Text | None = attrs.field(
+        default=None,
+        metadata=doc("The server's working directory; a relative one is the config file's."),
+    )
     url: Text | None = attrs.field(
         default=None, metadata=doc("The server's streamable HTTP endpoint (instead of command).")
     )
@@ -153,7 +164,7 @@ class MCPToolsetEntry:
                 command=self.command,
                 args=self.args,
                 env=_expand(self.env, "env", env),
-                cwd=self.cwd,
+                cwd=_beside(self.cwd, env),
                 url=self.url,
                 headers=_expand(self.headers, "headers", env),
                 include=self.include,

@@ -61,6 +61,36 @@ def test_check_connects_and_lists_the_tools_under_their_final_names(tmp_path: Pa
     assert "s3cret-value" not in done.stdout
 
 
+def test_a_relative_cwd_is_the_config_files_directory_as_refs_are(tmp_path: Path):
+    """Catches: an MCP server's relative `cwd` resolved against wherever turnplug was run
+    from, so a config that works from its own folder fails to start its server elsewhere."""
+    folder = tmp_path / "config"
+    (folder / "servers").mkdir(parents=True)
+    (folder / "servers" / "clock.py").write_text(
+        "import runpy, sys\n"
+        "sys.argv = ['mcp_server_time', '--local-timezone', 'UTC']\n"
+        "runpy.run_module('mcp_server_time', run_name='__main__', alter_sys=True)\n"
+    )
+    path = write_config(
+        folder,
+        f"""
+        [[toolsets]]
+        kind = "mcp"
+        name = "clock"
+        command = {json.dumps(sys.executable)}
+        args = ["clock.py"]
+        cwd = "servers"
+        """,
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    done = turnplug("check", path, cwd=elsewhere, env=environment())
+
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "  clock: clock_convert_time, clock_get_current_time" in done.stdout
+
+
 def test_check_fails_naming_a_server_nobody_listens_on(tmp_path: Path):
     """Catches: check printing ok and "(no tools)" for an HTTP server it never reached."""
     url = f"http://127.0.0.1:{free_port()}/mcp"
