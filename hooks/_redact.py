@@ -354,6 +354,23 @@ def _run_splitter(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
     return splitter if splitter.groups == 1 else None
 
 
+_SETTLED_AHEAD = 2  # characters after a match that its end assertions may read
+_GLOBAL_FLAGS = re.compile(r"\A(?:\(\?[aiLmsux]+\))+")
+
+
+def _settled(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
+    """`pattern` matching only where `_SETTLED_AHEAD` characters follow the match, or None.
+
+    Groups keep their numbers and names; leading global flags move to the flags argument.
+    """
+    body = _GLOBAL_FLAGS.sub("", pattern.pattern)
+    end = "\n)" if pattern.flags & re.VERBOSE else ")"  # a trailing comment ends at "\n"
+    try:
+        return re.compile(f"(?:{body}{end}(?=[\\s\\S]{{{_SETTLED_AHEAD}}})", pattern.flags)
+    except (re.error, RecursionError):
+        return None
+
+
 # Characters ordinary prose is made of: a first-character class holding none of them is rare
 # enough in text to be worth looking for on its own.
 _PROSE = "etaoinsrhldcumfpgwybvk "
@@ -371,10 +388,20 @@ class _Scan:
     finds, in time proportional to the stretches where a match is possible.
     """
 
-    __slots__ = ("first", "pattern", "required", "run_start", "spaced", "splitter", "validate")
+    __slots__ = (
+        "first",
+        "pattern",
+        "required",
+        "run_start",
+        "settled",
+        "spaced",
+        "splitter",
+        "validate",
+    )
 
     def __init__(self, pattern: re.Pattern[str], validate: Validator | None = None) -> None:
         self.pattern = pattern
+        self.settled = _settled(pattern)
         self.validate = validate  # None: every match of this pattern is redacted
         self.required: str | None = None
         self.run_start: re.Pattern[str] | None = None
@@ -407,8 +434,14 @@ class _Scan:
             if candidate is not None and candidate.search(_PROSE) is None:
                 self.first = candidate
 
-    def next(self, text: str, pos: int) -> re.Match[str] | None:
-        """The leftmost match from `pos` that `validate` accepts, as ``pattern.search``."""
+    def next(self, text: str, pos: int, window: int = 0) -> re.Match[str] | None:
+        """The leftmost match from `pos` that `validate` accepts, as ``pattern.search``.
+
+        With a `window` (`text` is the start of a text still arriving), a match whose end
+        could be told apart from the end of `text` by what follows (\\b, ``$``, a
+        lookahead at the end of `text`) is replaced by the leftmost match that later text
+        cannot change: see `_settle`.
+        """
         validate = self.validate
         pattern = self.pattern
         required = self.required
@@ -438,9 +471,33 @@ class _Scan:
             found = pattern.search(text, start)
             if found is None:
                 return None
+            if window and found.end() > len(text) - _SETTLED_AHEAD:
+                found = self._settle(text, found.start(), window)
+                if found is None:
+                    return None
             if validate is None or validate(found):
                 return found
             pos = found.start() + 1
+
+    def _settle(self, text: str, pos: int, window: int) -> re.Match[str] | None:
+        """The leftmost match from `pos` that later text cannot change, or one that is not
+        shorter than `window` in the whole text either (the chunking law leaves those out).
+
+        `settled` matches only where two characters follow the match, so every end
+        assertion reads real text; each search is bounded to the text a match shorter than
+        `window` starting in its first `window` positions (and its lookahead) can read, so
+        a long run costs time in proportion to its length times `window`, not its square.
+        """
+        settled = self.settled
+        if settled is None:
+            return self.pattern.search(text, pos)  # no settled form: the match as found
+        size = len(text)
+        while pos < size:
+            found = settled.search(text, pos, min(size, pos + 2 * window + _SETTLED_AHEAD))
+            if found is not None and found.start() < pos + window:
+                return found
+            pos += window
+        return None
 
 
 @final
@@ -493,6 +550,12 @@ class _Compiled:
             _Scan(pattern, validate if checks is None else checks.get(pattern))
             for pattern in patterns
         )
+        if labels is not None:  # a settled form's matches (`_Scan.next`) carry its label
+            labels = dict(labels)
+            for scan in self.scans:
+                if scan.settled is not None:
+                    labels[scan.settled] = labels[scan.pattern]
+            self.labels = labels
         self.spaced = (
             self.scans[0]
             if len(self.scans) == 1 and self.scans[0].spaced and self.scans[0].first is None
@@ -602,8 +665,11 @@ class _Compiled:
             return required[0] in text
         return any(char in text for char in required)
 
-    def replace(self, text: str, pos: int, end: int) -> tuple[str, int, int]:
+    def replace(self, text: str, pos: int, end: int, window: int = 0) -> tuple[str, int, int]:
         """Redact matches starting in ``text[pos:end]``.
+
+        A `window` says that `text` is the start of a text still arriving: matches are those
+        later text cannot change (see `_Scan.next`).
 
         Returns the output, where it stopped (past `end` when a match ran over it) and the
         number of matches replaced.
@@ -622,7 +688,8 @@ class _Compiled:
             done = self._replace_split(text, pos, end)
             if done is not None:
                 return done
-        if self.spaced is not None:  # one pattern, searched from its required character
+        # One pattern, searched from its required character.
+        if self.spaced is not None and not window:
             return self._replace_spaced(self.spaced, text, pos, end, [], 0)
         scans = self.scans
         replacement = self.replacement
@@ -634,7 +701,7 @@ class _Compiled:
             # [next match, scan] of the patterns that may match again, in pattern order.
             rare = self.rare
             live = self.common if rare is not None and rare.search(text, pos) is None else scans
-            ahead = [[scan.next(text, pos), scan] for scan in live]
+            ahead = [[scan.next(text, pos, window), scan] for scan in live]
             ahead = [entry for entry in ahead if entry[0] is not None]
         while len(ahead) > 1:
             best: re.Match[str] | None = None
@@ -643,7 +710,7 @@ class _Compiled:
                 found = entry[0]
                 if found.start() < pos:
                     # Overlapped by the last match: search again from where it ended.
-                    found = entry[0] = entry[1].next(text, pos)
+                    found = entry[0] = entry[1].next(text, pos, window)
                     if found is None:
                         spent = True
                         continue
@@ -670,16 +737,16 @@ class _Compiled:
         scan: _Scan | None = None
         if len(scans) == 1:
             scan = scans[0]
-            if scan.spaced and scan.first is None:
+            if scan.spaced and scan.first is None and not window:
                 return self._replace_spaced(scan, text, pos, end, pieces, count)
-            found = scan.next(text, pos)
+            found = scan.next(text, pos, window)
         elif ahead:
             found, scan = ahead[0]
             assert scan is not None
-            if scan.spaced and scan.first is None:
+            if scan.spaced and scan.first is None and not window:
                 return self._replace_spaced(scan, text, pos, end, pieces, count)
             if found is not None and found.start() < pos:
-                found = scan.next(text, pos)
+                found = scan.next(text, pos, window)
         else:
             found = None
         while found is not None and found.start() < end:
@@ -695,7 +762,7 @@ class _Compiled:
             if pos >= end:
                 return "".join(pieces), pos, count
             assert scan is not None
-            found = scan.next(text, pos)
+            found = scan.next(text, pos, window)
         if not count:
             return text[pos:end], end, 0
         pieces.append(text[pos:end])
@@ -1046,15 +1113,18 @@ class RedactStream:
         """More than a window held: decide the starts followed by ``max_match`` characters.
 
         A match shorter than ``max_match`` starting there ends at least two characters
-        before the text that has arrived so far does, so no end anchor (``$`` also matches
-        before a final newline) can mistake that for the end of the text.
+        before the text that has arrived so far does, so no end assertion (``\\b``, ``$``,
+        which also matches before a final newline, a lookahead) reads past it. A match the
+        search finds running up to that end is not one: the text that follows may end it
+        elsewhere or undo it, so only matches with two characters after them are taken
+        (`_Scan.next`); one reaching further is not shorter than ``max_match``.
         """
         compiled = self._compiled
         context = self._context[-compiled.behind :]
         text = context + self._pending
         start = len(context)
         limit = len(text) - compiled.window
-        out, stop, count = compiled.replace(text, start, limit)
+        out, stop, count = compiled.replace(text, start, limit, compiled.window)
         self.count += count
         self._context = text[max(0, stop - compiled.behind) : stop]
         self._pending = text[stop:]

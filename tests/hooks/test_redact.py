@@ -4,7 +4,7 @@ import re
 from typing import NamedTuple
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hooks import redact
@@ -148,6 +148,24 @@ CASES = {
         ("jo", "a", "@", "x", ".io", ".", "io", "r", "y@z.eu", " ", "\n"),
         max_match=12,
     ),
+    # Matches of no fixed length, ended by an assertion on what follows, with runs longer
+    # than the window: the window's release must not take the end of the text that has
+    # arrived for the end of the text.
+    "run before a word boundary, small window": Case(
+        [r"[a-c]+\b", r"ab\d{3}"],
+        re.compile(r"[a-c]+\b|ab\d{3}"),
+        ("ab", "a", "b", "c", "y", "1", "123", " ", "\n"),
+        max_match=6,
+    ),
+    "run before an end anchor, small window": Case(
+        [r"\d+$"], re.compile(r"\d+$"), ("1", "23", "\n", "x", " "), max_match=4
+    ),
+    "run before a lookahead, small window": Case(
+        [r"x+(?!y)", r"x\d{2}"],
+        re.compile(r"x+(?!y)|x\d{2}"),
+        ("x", "xx", "y", "1", "22", " "),
+        max_match=5,
+    ),
     "several, mixed case sensitivity": Case(
         [r"#[^a-z\s]+", re.compile("secret", re.IGNORECASE)],
         re.compile(r"#[^a-z\s]+|(?i:secret)"),
@@ -163,8 +181,14 @@ CASE_PARAMS = [pytest.param(case, id=name) for name, case in CASES.items()]
 @settings(max_examples=60)
 @given(data=st.data())
 def test_any_chunking_adds_up_to_the_whole_text_redaction(case: Case, data):
+    """Catches: a window release taking the end of the text so far for the end of the text
+    (``[a-c]+\\b`` redacting "ababab" of "abababy"), which texts longer than a small window
+    with matches of no fixed length expose.
+    """
     factory = redact(case.patterns, max_match=case.max_match)
     text = data.draw(texts(case.pieces), label="text")
+    # The law holds when every match of the whole text is shorter than max_match.
+    assume(all(len(found.group()) < case.max_match for found in case.reference.finditer(text)))
     chunks = data.draw(chunkings(text), label="chunks")
     assert through(factory, chunks) == factory.redact_text(text)
 
@@ -350,6 +374,19 @@ def test_in_the_fallback_mode_at_most_max_match_characters_are_held():
     out = stream.feed("0123456789")
     assert "0123456789".startswith(out)
     assert len("0123456789") - len(out) <= 6
+
+
+def test_a_run_longer_than_the_window_is_not_redacted_for_a_boundary_at_its_end_so_far():
+    """Catches: the window's release taking "ababab", the text so far, for a whole word."""
+    factory = redact(r"[a-c]+\b", max_match=5)
+    assert through(factory, list("abababy")) == "abababy"
+
+
+def test_a_false_match_at_the_windows_end_does_not_swallow_a_real_one():
+    """Catches: "[a-c]+\\b" matching at the end of the text so far and eating the "ab" of
+    "ab123", whose rest then leaked."""
+    factory = redact([r"[a-c]+\b", r"ab\d{3}"], max_match=6)
+    assert through(factory, list("abababab123")) == "ababab" + MARK
 
 
 def test_a_match_starting_past_a_full_window_waits_for_the_text_that_may_extend_it():
