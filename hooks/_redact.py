@@ -58,6 +58,7 @@ _CATEGORIES = {
 
 _LOOKBEHIND_CONTEXT = 1
 _SPLIT_BLOCK = 1 << 16  # characters `_Compiled._replace_split` hands the engine at a time
+_CUT_SCAN = 64  # characters `RedactStream._last_cut` reads one by one before searching
 _MEMO_LIMIT = 4096  # \b and \B look one character back
 
 
@@ -478,6 +479,20 @@ class _Scan:
             if validate is None or validate(found):
                 return found
             pos = found.start() + 1
+            # Refused matches come one after another in text of look-alikes (IBAN-shaped
+            # codes): the next is searched for at once, without the shortcuts above.
+            while validate(found) is False or not validate(found):
+                pos = found.start() + 1
+                if required is not None and text.find(required, pos) < 0:
+                    return None
+                found = pattern.search(text, pos)
+                if found is None:
+                    return None
+                if window and found.end() > len(text) - _SETTLED_AHEAD:
+                    found = self._settle(text, found.start(), window)
+                    if found is None:
+                        return None
+            return found
 
     def _settle(self, text: str, pos: int, window: int) -> re.Match[str] | None:
         """The leftmost match from `pos` that later text cannot change, or one that is not
@@ -509,6 +524,7 @@ class _Compiled:
         "behind",
         "common",
         "crossing",
+        "cuts",
         "full",
         "labels",
         "last_separator",
@@ -622,6 +638,8 @@ class _Compiled:
         distinct = tuple(dict.fromkeys(alphabets)) if self.member is not None else ()
         self.crossing = len(distinct) > 1
         self.alphabets = tuple(re.compile(alphabet) for alphabet in distinct)
+        # Per alphabet: matches text up to and including its last separator, in C.
+        self.cuts = tuple(re.compile(rf"(?s:.*)(?!{alphabet})(?s:.)") for alphabet in distinct)
         self.full = (1 << len(distinct)) - 1
         self.masks: dict[str, int] = {}
         # A character every match must contain, per pattern: a stretch without any of them
@@ -1029,7 +1047,11 @@ class RedactStream:
         compiled = self._compiled
         masks = compiled.masks
         alive = compiled.full  # the alphabets that have not met a separator yet
-        for index in range(len(text) - 1, -1, -1):
+        # Character by character near the end, where the cut mostly is (after the last
+        # word); past that, one backward search per alphabet in C, so that a chunk where
+        # some pattern meets no separator (IBAN-like codes) is not read in Python.
+        stop = max(-1, len(text) - 1 - _CUT_SCAN)
+        for index in range(len(text) - 1, stop, -1):
             char = text[index]
             bits = masks.get(char)
             if bits is None:
@@ -1037,7 +1059,16 @@ class RedactStream:
             alive &= bits
             if not alive:
                 return index + 1
-        return 0
+        if stop < 0:
+            return 0
+        cut = stop + 1
+        for bit, last in enumerate(compiled.cuts):
+            if alive >> bit & 1:
+                found = last.match(text, 0, stop + 1)
+                if found is None:
+                    return 0
+                cut = min(cut, found.end())
+        return cut
 
     def _hold(self, text: str) -> str:
         pending = self._pending = self._pending + text
