@@ -37,6 +37,12 @@ def _not_a_file(endings: tuple[str, ...]) -> str:
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 
+# Lookbehinds refusing a start just after an IBAN's country code and check digits and up to
+# six of its groups ("DE89 3704 "): one per number of groups, as each must have a fixed width.
+_NOT_IN_IBAN = "".join(
+    rf"(?<![A-Z]{{2}}[0-9]{{2}}(?: [A-Z0-9]{{4}}){{{groups}}} )" for groups in range(7)
+)
+
 # The patterns of each kind, in the order ties between kinds are settled (the first wins).
 _PATTERNS: Final = MappingProxyType(
     {
@@ -55,9 +61,10 @@ _PATTERNS: Final = MappingProxyType(
         ),
         "card": (
             # 13 to 19 digits, together or in groups of four (Amex and Diners: 4-6-5, 4-6-4),
-            # starting as the card networks do (2 to 6), and not in the middle of a longer
-            # run of digit groups (the account number inside an IBAN).
-            r"(?<![\w-])(?<![0-9][ -])(?:[2-6][0-9]{3}(?:[ -]?[0-9]{4}){2}[ -]?[0-9]{1,7}"
+            # starting as the card networks do (2 to 6), and not among the groups of an
+            # IBAN written with spaces (its account number may pass the Luhn check): after
+            # a date, a quantity or another card it is one.
+            rf"(?<![\w-]){_NOT_IN_IBAN}(?:[2-6][0-9]{{3}}(?:[ -]?[0-9]{{4}}){{2}}[ -]?[0-9]{{1,7}}"
             r"|3[0-9]{3}[ -]?[0-9]{6}[ -]?[0-9]{4,5})(?![\w-])",
         ),
         "ssn": (

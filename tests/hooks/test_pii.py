@@ -230,6 +230,42 @@ def test_every_valid_card_number_is_redacted_however_it_arrives(card, data):
 
 @settings(max_examples=100)
 @given(
+    card=valid_cards(),
+    before=st.sampled_from(["on 12 May 2024 ", "Step 2 ", "qty 3 ", "5555 5555 5555 4444 "]),
+    data=st.data(),
+)
+def test_a_valid_card_number_after_a_number_is_redacted(card, before, data):
+    """Catches: a card after a number and a space or dash (a date, a quantity, another
+    card) left whole, taken for the account number inside an IBAN."""
+    text = f"charged {before}{card} today"
+    chunks = data.draw(chunkings(text, max_cuts=10), label="chunks")
+    assert (
+        through(pii("card"), chunks)
+        == f"charged {before.replace('5555 5555 5555 4444', '[CARD]')}[CARD] today"
+    )
+
+
+@settings(max_examples=100)
+@given(card=valid_cards(), groups=st.integers(0, 2), data=st.data())
+def test_a_card_shaped_account_number_inside_an_iban_is_not_a_card(card, groups, data):
+    """Catches (with the fix for cards after a number): the groups of an IBAN that fails
+    its checksum read as a card."""
+    body = " ".join(
+        ["1234"] * groups
+        + [card.replace("-", " ").replace(" ", "")[i : i + 4] for i in range(0, 16, 4)]
+    )
+    iban = next(
+        code
+        for check in range(100)
+        if not iban_valid((code := f"DE{check:02d} {body}").replace(" ", ""))
+    )
+    text = f"iban {iban} please"
+    chunks = data.draw(chunkings(text, max_cuts=10), label="chunks")
+    assert through(pii(), chunks) == text
+
+
+@settings(max_examples=100)
+@given(
     digits=st.text(alphabet="0123456789", min_size=15, max_size=15), first=st.sampled_from("23456")
 )
 def test_a_number_failing_the_luhn_check_is_never_redacted(digits, first):
@@ -335,6 +371,16 @@ def test_a_bad_replacement_is_refused(replacement):
 
 
 # -- in a pipeline --------------------------------------------------------------------------
+
+
+async def test_a_card_after_a_date_is_redacted_in_the_reply():
+    """Catches: "Charged on 12 May 2024 4111 1111 1111 1111" reaching the user whole."""
+    chunks = ["Charged on 12 May 2024 4111 11", "11 1111 1111 for the order."]
+    pipe = Pipeline(model=ScriptedModel([chunks]), transformers=[pii()])
+    result = await pipe.run(Turn.start("what was charged?"))
+    assert result.reply is not None
+    assert result.reply.text == "Charged on 12 May 2024 [CARD] for the order."
+    assert result.reply.annotations["pii"] == {"redactions": 1}
 
 
 async def test_a_card_number_split_across_chunks_never_reaches_anyone():
