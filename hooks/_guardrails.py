@@ -15,6 +15,7 @@ from pipeline import ConfigError, Cont, Hook, Model, Regenerate, cont, hook, reg
 from turns import Turn
 
 from ._ask import ask, check_callable, check_model, check_text, name_of
+from ._redact import matches_empty
 
 Check: TypeAlias = Callable[[str], bool | str | Awaitable[bool | str]]
 """``check(text) -> bool | str``, sync or async: True accepts, False or feedback rejects."""
@@ -102,7 +103,7 @@ def deny(*patterns: str | re.Pattern[str], feedback: str) -> Hook:
                 f"deny pattern {index}: expected a string or compiled text regex, got"
                 f" {type(pattern).__name__} {pattern!r}"
             )
-        if regex.search("") is not None:
+        if matches_empty(regex):
             raise ConfigError(
                 f"deny pattern {index} {regex.pattern!r} matches the empty string, so it would"
                 " reject every reply — require at least one character"

@@ -187,6 +187,15 @@ def test_deny_refuses_bad_patterns_by_name(patterns, culprit):
     assert culprit in str(info.value)
 
 
+@pytest.mark.parametrize("pattern", [r"\b", r"(?=\w)", r"(?s)(?=.)", r"(?<=.)", r"x|\B"])
+def test_deny_refuses_a_zero_width_pattern_by_name(pattern):
+    """Catches: zero-width patterns (empty only next to some text, so search("") missed
+    them) accepted, then rejecting every reply."""
+    with pytest.raises(ConfigError, match="matches the empty string") as info:
+        deny(pattern, feedback="No.")
+    assert repr(pattern) in str(info.value)
+
+
 @pytest.mark.parametrize("feedback", ["", "  ", None, 7])
 def test_deny_needs_feedback_text(feedback):
     with pytest.raises(ConfigError, match=r"deny\(feedback="):
