@@ -1180,6 +1180,26 @@ class Redact:
         """The redaction of a whole text at once: what the stream must add up to."""
         return self._compiled.replace(text, 0, len(text))[0]
 
+    def _replacements(self, text: str) -> list[tuple[int, int, str]]:
+        """Where `redact_text` replaces matches in `text`: start, end and the replacement
+        of each, in order (for text whose pieces must be scrubbed as one, `scrub_input`).
+        """
+        compiled = self._compiled
+        spans: list[tuple[int, int, str]] = []
+
+        def record(found: re.Match[str]) -> str:
+            if compiled.replacement is not None:
+                replaced = compiled.replacement
+            elif compiled.labels is not None:
+                replaced = compiled.labels[found.re]
+            else:
+                replaced = compiled.computed(found)
+            spans.append((found.start(), found.end(), replaced))
+            return replaced
+
+        self.with_replacement(record).redact_text(text)
+        return spans
+
     def with_replacement(self, replacement: "Replacement") -> "Redact":
         """A factory finding the same matches (patterns and validator) that puts
         `replacement` in their place: text, or a function ``match -> str``."""

@@ -28,7 +28,7 @@ from typing import Literal
 import attrs
 
 from pipeline import ConfigError, Cont, Halt, Hook, cont, halt, hook
-from turns import Text, ToolCall, ToolResult, Turn
+from turns import Part, Text, ToolCall, ToolResult, Turn
 
 from ._redact import Redact
 
@@ -62,13 +62,46 @@ def _digest(detector: Redact) -> Callable[[re.Match[str]], str]:
     return digest
 
 
-def _scrubber(detector: Redact, strategy: str) -> Callable[[str], str]:
-    """Whole-text scrubbing for a strategy other than ``"block"``."""
+def _replacer(detector: Redact, strategy: str) -> Redact:
+    """The detector with the replacement of a strategy other than ``"block"``."""
     if strategy == "redact":
-        return detector.redact_text
+        return detector
     if strategy == "mask":
-        return detector.with_replacement(_mask).redact_text
-    return detector.with_replacement(_digest(detector)).redact_text
+        return detector.with_replacement(_mask)
+    return detector.with_replacement(_digest(detector))
+
+
+def _scrub_parts(replacer: Redact, parts: tuple[Part, ...]) -> tuple[Part, ...]:
+    """`parts` with their text scrubbed as one text (``Message.text``, the text parts
+    joined), so that what spans two parts is found: a replacement goes in the part where
+    its match starts, and the rest of the match leaves the parts it runs on into.
+    """
+    whole = "".join([part.text for part in parts if type(part) is Text])
+    spans = replacer._replacements(whole)
+    if not spans:
+        return parts
+    scrubbed: list[Part] = []
+    start = 0  # where the part starts in `whole`
+    done = 0  # how far `whole` has been written (past `start` when a match runs on)
+    index = 0
+    for part in parts:
+        if type(part) is not Text:
+            scrubbed.append(part)
+            continue
+        end = start + len(part.text)
+        pieces: list[str] = []
+        pos = max(done, start)
+        while index < len(spans) and spans[index][0] < end:
+            begin, stop, replaced = spans[index]
+            pieces += (whole[pos:begin], replaced)
+            pos = stop
+            index += 1
+        pieces.append(whole[pos:end])
+        done = max(pos, end)
+        text = "".join(pieces)
+        scrubbed.append(part if text == part.text else attrs.evolve(part, text=text))
+        start = end
+    return tuple(scrubbed)
 
 
 def _check(where: str, detector: object, strategy: object) -> None:
@@ -122,11 +155,11 @@ def scrub_input(
         ConfigError: `detector` is not a `Redact`, or the strategy is unknown.
     """
     _check("scrub_input", detector, strategy)
-    scrub = None if strategy == "block" else _scrubber(detector, strategy)
+    replacer = None if strategy == "block" else _replacer(detector, strategy)
 
     def scrub_message(turn: Turn) -> Cont[Turn] | Halt:
         message = turn.user_message
-        if scrub is None:
+        if replacer is None:
             found = _found(detector, message.text)
             if not found:
                 return cont(turn)
@@ -138,10 +171,7 @@ def scrub_input(
                 else f"Your message seems to hold personal data ({kinds}). Please send it"
                 " again without it.",
             )
-        parts = tuple(
-            attrs.evolve(part, text=scrub(part.text)) if isinstance(part, Text) else part
-            for part in message.parts
-        )
+        parts = _scrub_parts(replacer, message.parts)
         if parts == message.parts:
             return cont(turn)
         return cont(attrs.evolve(turn, user_message=attrs.evolve(message, parts=parts)))
@@ -174,7 +204,7 @@ def scrub_tool_results(
         ConfigError: `detector` is not a `Redact`, or the strategy is unknown.
     """
     _check("scrub_tool_results", detector, strategy)
-    scrub = None if strategy == "block" else _scrubber(detector, strategy)
+    scrub = None if strategy == "block" else _replacer(detector, strategy).redact_text
 
     def scrub_result(call: ToolCall, result: ToolResult, turn: Turn) -> Cont[ToolResult]:
         if scrub is not None:
@@ -215,8 +245,4 @@ def scrub_output(detector: Redact, *, strategy: Strategy = "redact") -> Redact:
             " reply with a guardrail instead: guardrail(lambda text: detector.redact_text(text)"
             " == text, feedback='Do not repeat personal data.')"
         )
-    if strategy == "redact":
-        return detector
-    if strategy == "mask":
-        return detector.with_replacement(_mask)
-    return detector.with_replacement(_digest(detector))
+    return _replacer(detector, strategy)

@@ -21,7 +21,7 @@ from pipeline import ConfigError, Pipeline, cont, tool
 from pipeline import events as ev
 from pipeline.logs import MemoryLog, SQLiteLog
 from pipeline.testing import ScriptedModel
-from turns import ToolCall, Turn
+from turns import Message, Part, Text, ToolCall, ToolResult, Turn
 
 CARD = "4242 4242 4242 4242"
 EMAIL = "ada@example.com"
@@ -138,6 +138,55 @@ async def test_blocking_a_tool_result_gives_the_model_an_error_result_instead() 
     assert (record.result.is_error, record.result.error_class) == (True, SCRUB_BLOCKED)
     assert "personal data (EMAIL)" in record.result.content
     assert EMAIL not in sent_text(model)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "expected"),
+    [
+        ("redact", "My card is [CARD], thanks."),
+        ("mask", "My card is ***************4242, thanks."),
+    ],
+)
+async def test_a_card_spanning_two_text_parts_is_scrubbed(strategy, expected) -> None:
+    """Catches: each text part scrubbed alone, so a card split between two parts reached
+    the model and the log whole ("block", reading the parts joined, caught it)."""
+    model = ScriptedModel(["Noted."])
+    pipe = Pipeline(model=model, pre=[scrub_input(pii(), strategy=strategy)])
+    log = MemoryLog()
+    message = Message("user", (Text("My card is 4242 4242 "), Text("4242 4242, thanks.")))
+    async with pipe.session(log=log, conversation_id="c") as session:
+        result = await session.send(message)
+    assert result.turn.user_message.text == expected
+    assert model.requests[0].messages[-1].text == expected
+    assert (await log.load("c")).messages[0].text == expected
+
+
+@given(
+    text=st.text(alphabet="ab @.x-4", max_size=40).map(lambda t: f"{t} {EMAIL} {CARD} {t}"),
+    cuts=st.lists(st.integers(min_value=0, max_value=120), max_size=6),
+    strategy=st.sampled_from(["redact", "mask", "hash"]),
+    other=st.booleans(),
+)
+def test_scrubbed_input_does_not_depend_on_how_the_message_is_split_into_parts(
+    text, cuts, strategy, other
+):
+    """Catches: text parts scrubbed one by one. Law: for any split of the text into parts
+    (with other parts between them), the scrubbed message's text is the scrubbing of the
+    whole text, and the other parts stay where they were."""
+    bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
+    parts: list[Part] = []
+    for start, end in itertools.pairwise(bounds):
+        parts.append(Text(text[start:end]))
+        if other:
+            parts.append(ToolResult("r1", "not text: left as it is"))
+    hook = scrub_input(pii(), strategy=strategy)
+    signal = hook.fn(Turn.start(Message("user", tuple(parts))))
+    scrubbed = signal.value.user_message
+    assert scrubbed.text == scrub_output(pii(), strategy=strategy).redact_text(text)
+    assert [part for part in scrubbed.parts if type(part) is not Text] == [
+        part for part in parts if type(part) is not Text
+    ]
+    assert len(scrubbed.parts) == len(parts)
 
 
 @given(
