@@ -11,6 +11,7 @@ message's ``meta`` (`RENEWED_AT`), which the log keeps; the pair counts as fresh
 """
 
 import datetime
+import hashlib
 import math
 import re
 import time
@@ -83,7 +84,8 @@ class InjectToolCall:
             at = last[2]
             if isinstance(at, int | float) and now - at < self.ttl:
                 return cont(turn)
-        call = ToolCall(_call_id(self.tool_name, turn.turn_ref), tool.name, self.arguments)
+        call_id = _call_id(self.name, self.tool_name, turn.turn_ref)
+        call = ToolCall(call_id, tool.name, self.arguments)
         result = await tool.run(call, turn.scope)
         if result.is_error:
             raise RuntimeError(f"tool {tool.name!r} failed, nothing injected: {result.content}")
@@ -137,9 +139,22 @@ def _result_of(call_id: str, messages: tuple[Message, ...]) -> ToolResult | None
     return None
 
 
-def _call_id(tool_name: str, turn_ref: str) -> str:
-    # Providers accept ids of letters, digits, '_' and '-' (Anthropic checks).
-    return re.sub(r"[^A-Za-z0-9_-]", "_", f"injected_{tool_name}_{turn_ref}")[:64]
+_ID_CHARS = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what providers accept (Anthropic checks)
+
+
+def _call_id(hook_name: str, tool_name: str, turn_ref: str) -> str:
+    """The id of the pair a hook injects in a turn: unique per hook and per turn.
+
+    A hook with its default name (one per tool) reads ``injected_<tool>_<turn_ref>`` when
+    that is a valid id in full; any other gets a digest of its name, its tool and the turn,
+    so that two hooks on one tool, told apart by name, or a long tool name cut short, never
+    share an id.
+    """
+    readable = f"injected_{tool_name}_{turn_ref}"
+    if hook_name == f"inject_{tool_name}" and _ID_CHARS.fullmatch(readable):
+        return readable
+    key = "\0".join((hook_name, tool_name, turn_ref)).encode("utf-8", "surrogatepass")
+    return f"injected_{hashlib.sha256(key).hexdigest()[:40]}"
 
 
 def inject_tool_call(

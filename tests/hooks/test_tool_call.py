@@ -1,10 +1,14 @@
 """inject_tool_call: a real tool's call and result injected before the user message."""
 
 import datetime
+import re
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hooks import INJECTED_AT, inject_tool_call
 from pipeline import INJECTED_BY, ConfigError, Pipeline, tool
@@ -344,3 +348,75 @@ async def test_a_renewal_does_not_hide_a_changed_value_once_the_ttl_runs_out() -
 
     # 150: the renewal at 100 is fresh, so the change is not seen yet; 161: stale, changed.
     assert injected == [True, False, False, True]
+
+
+# -- call ids -------------------------------------------------------------------------------
+
+
+def call_ids(messages: tuple[Message, ...]) -> list[str]:
+    return [part.id for message in messages for part in message.parts if type(part) is ToolCall]
+
+
+async def test_two_hooks_on_one_tool_inject_pairs_with_ids_of_their_own() -> None:
+    """Catches: two hooks on one tool, told apart by name, giving their pairs one id, so
+    that the model read one call with two results."""
+    prefs = Preferences()
+    model = ScriptedModel(["ok"])
+    pipe = Pipeline(
+        model=model,
+        tools=[prefs.make()],
+        pre=[
+            inject_tool_call("get_preferences", {"user": "ada"}, name="ada_prefs"),
+            inject_tool_call("get_preferences", {"user": "bob"}, name="bob_prefs"),
+        ],
+    )
+    await pipe.run(Turn.start("hi"))
+    ids = call_ids(model.requests[0].messages)
+    assert len(ids) == len(set(ids)) == 2
+
+
+async def test_a_long_tool_names_pairs_keep_ids_of_their_own_turn() -> None:
+    """Catches: an id cut to 64 characters losing the turn_ref, so that every turn's pair
+    of a tool with a long name had the same id in the history."""
+
+    @tool(name="crm_customer_preferences_and_account_state_lookup_v2_eu_west")
+    def prefs() -> str:
+        """Preferences."""
+        return "fr"
+
+    model = ScriptedModel(["ok", "ok"])
+    pipe = Pipeline(model=model, tools=[prefs], pre=[inject_tool_call(prefs)])
+    async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+        await session.send("hi")
+        await session.send("again")
+    ids = call_ids(model.requests[1].messages)
+    assert len(ids) == len(set(ids)) == 2
+
+
+@settings(max_examples=60)
+@given(
+    pairs=st.lists(
+        st.tuples(
+            st.sampled_from(["", "ada", "bob", "a.b", "a_b", "x" * 70]),
+            st.sampled_from(["t1", "t2", "t" * 60, "t/1", "t_1"]),
+        ),
+        min_size=2,
+        max_size=6,
+        unique=True,
+    )
+)
+def test_every_hook_and_turn_gets_a_valid_id_of_its_own(pairs) -> None:
+    """Catches: ids shared between pairs (hook names or turn refs that differ only in the
+    characters an id cannot hold, or past its 64th character). Law: distinct (hook, turn)
+    give distinct ids, each of letters, digits, '_' and '-', at most 64 long."""
+    get_preferences = Preferences().make()
+
+    async def inject(name: str, turn_ref: str) -> str:
+        hook = inject_tool_call(get_preferences, {"user": "ada"}, name=name or None)
+        signal = await hook(Turn.start("hi", turn_ref=turn_ref))
+        [injection] = signal.value.injections
+        return injection.parts[0].id
+
+    ids = [anyio.run(inject, name, turn_ref) for name, turn_ref in pairs]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", call_id) for call_id in ids)
