@@ -231,12 +231,14 @@ def test_every_valid_card_number_is_redacted_however_it_arrives(card, data):
 @settings(max_examples=100)
 @given(
     card=valid_cards(),
-    before=st.sampled_from(["on 12 May 2024 ", "Step 2 ", "qty 3 ", "5555 5555 5555 4444 "]),
+    before=st.sampled_from(["on 12 May 1999 ", "Step 2 ", "qty 3 ", "5555 5555 5555 4444 "]),
     data=st.data(),
 )
 def test_a_valid_card_number_after_a_number_is_redacted(card, before, data):
     """Catches: a card after a number and a space or dash (a date, a quantity, another
-    card) left whole, taken for the account number inside an IBAN."""
+    card) left whole, taken for the account number inside an IBAN. (The numbers before it
+    cannot start a card themselves: "2024 2000 0030 9249" may be one, and the leftmost
+    match wins.)"""
     text = f"charged {before}{card} today"
     chunks = data.draw(chunkings(text, max_cuts=10), label="chunks")
     assert (
