@@ -37,6 +37,8 @@ from typing import Any, TypeAlias, final
 
 from pipeline import ConfigError
 
+from ._ask import check_callable, check_text
+
 # The standard library's own regex parser: the only complete reading of `re`'s syntax. It is
 # private (``re._parser`` since 3.11), so it is reached dynamically and used read-only.
 sre_parse: Any = importlib.import_module("re._parser")
@@ -1227,6 +1229,10 @@ class Redact:
         return f"redact([{shown}], replacement={given}{validate})"
 
 
+# What a replacement or validator is called with, for checking that it can be: a match.
+_SAMPLE_MATCH = re.match("x", "x")
+
+
 def _function_name(fn: object) -> str:
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     return name.replace("<locals>.", "") if isinstance(name, str) else type(fn).__name__
@@ -1264,7 +1270,8 @@ def redact(
 
     Raises:
         ConfigError: A pattern does not compile, can match the empty string, or an option is
-            out of range.
+            out of range: a replacement or validator that cannot take a match, a name that
+            is not text.
     """
     given: object = patterns  # callers without a type checker pass anything
     if isinstance(given, bytes | bytearray):
@@ -1311,10 +1318,15 @@ def redact(
         raise ConfigError(
             f"redact(replacement=...) must be text or a function match -> str, got {replacement!r}"
         )
+    if not isinstance(replacement, str):
+        check_callable("redact", "replacement", replacement, (_SAMPLE_MATCH,))
     if validate is not None and not callable(validate):
         raise ConfigError(
             f"redact(validate=...) must be a function match -> bool or None, got {validate!r}"
         )
+    if validate is not None:
+        check_callable("redact", "validate", validate, (_SAMPLE_MATCH,))
+    check_text("redact", "name", name, optional=False)
     if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
         raise ConfigError(f"redact(max_match=...) must be a positive int, got {max_match!r}")
     return Redact(_Compiled(tuple(compiled), replacement, max_match, validate), name, max_match)

@@ -30,6 +30,7 @@ import attrs
 from pipeline import ConfigError, Cont, Halt, Hook, cont, halt, hook
 from turns import Part, Text, ToolCall, ToolResult, Turn
 
+from ._ask import check_text
 from ._redact import Redact
 
 Strategy = Literal["redact", "mask", "hash", "block"]
@@ -155,6 +156,8 @@ def scrub_input(
         ConfigError: `detector` is not a `Redact`, or the strategy is unknown.
     """
     _check("scrub_input", detector, strategy)
+    check_text("scrub_input", "reply", reply)
+    check_text("scrub_input", "name", name)
     replacer = None if strategy == "block" else _replacer(detector, strategy)
 
     def scrub_message(turn: Turn) -> Cont[Turn] | Halt:
@@ -204,6 +207,7 @@ def scrub_tool_results(
         ConfigError: `detector` is not a `Redact`, or the strategy is unknown.
     """
     _check("scrub_tool_results", detector, strategy)
+    check_text("scrub_tool_results", "name", name)
     scrub = None if strategy == "block" else _replacer(detector, strategy).redact_text
 
     def scrub_result(call: ToolCall, result: ToolResult, turn: Turn) -> Cont[ToolResult]:

@@ -37,7 +37,7 @@ from pipeline import (
 )
 from turns import Message, Part, Text, ToolCall, ToolResult, Turn
 
-from ._ask import ask, check_model
+from ._ask import ask, check_callable, check_model
 
 RUNNING_SUMMARY = "running_summary"
 """The `meta` key marking a running summary's text part.
@@ -141,6 +141,8 @@ def drop_oldest(
         raise ConfigError(
             f"drop_oldest(keep=...) must be a predicate message -> bool, got {keep!r}"
         )
+    if keep is not None:
+        check_callable("drop_oldest", "keep", keep, (Message.user(""),))
 
     def compact(
         history: tuple[Message, ...], target_tokens: int, tokenizer: Tokenizer

@@ -32,6 +32,8 @@ from pipeline import (
 )
 from turns import Message, ToolCall, ToolResult, Turn
 
+from ._ask import check_callable
+
 INJECTED_AT = "injected_at"
 """The `meta` key of a synthetic tool call and its result: when it was injected, in seconds
 since the epoch (the hook's clock)."""
@@ -219,6 +221,7 @@ def inject_tool_call(
         )
     if not callable(clock):
         raise ConfigError(f"inject_tool_call({tool_name!r}): clock must be callable")
+    check_callable("inject_tool_call", "clock", clock, ())
     label = name if name is not None else f"inject_{tool_name}"
     fn = InjectToolCall(tool, arguments, frequency, seconds, label, clock)
     return hook(fn, name=label, durable=durable, on_error="skip")

@@ -516,6 +516,24 @@ def test_a_pattern_that_is_not_a_string_is_refused_by_name():
     assert "12345" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("options", "culprit"),
+    [
+        ({"replacement": lambda: "#"}, "redact(replacement="),
+        ({"replacement": lambda match, extra: "#"}, "redact(replacement="),
+        ({"validate": lambda: True}, "redact(validate="),
+        ({"name": 123}, "redact(name=...) must be non-empty text, got 123"),
+        ({"name": ""}, "redact(name=...) must be non-empty text, got ''"),
+    ],
+)
+def test_bad_functions_and_names_are_refused_when_built(options, culprit):
+    """Catches: a replacement or validator of the wrong arity accepted, then failing the
+    turn at the first match; a name that is not text giving annotations another key."""
+    with pytest.raises(ConfigError) as info:
+        redact(r"\d{4}", **options)
+    assert culprit in str(info.value)
+
+
 def test_no_patterns_is_refused():
     with pytest.raises(ConfigError, match="pattern"):
         redact([])

@@ -212,10 +212,17 @@ def test_scrubbed_output_does_not_depend_on_how_the_stream_was_split(text, cuts,
         (lambda: scrub_input(pii(), strategy="wipe"), "strategy must be one of"),
         (lambda: scrub_tool_results("email"), "expected a detector built by hooks.pii"),
         (lambda: scrub_output(pii(), strategy="block"), "reject such a reply with a guardrail"),
+        (
+            lambda: scrub_input(pii(), strategy="block", reply=123),
+            r"scrub_input\(reply=\.\.\.\) must be non-empty text or None, got 123",
+        ),
+        (lambda: scrub_input(pii(), name=""), r"scrub_input\(name="),
+        (lambda: scrub_tool_results(pii(), name=7), r"scrub_tool_results\(name="),
     ],
 )
 def test_bad_options_are_config_errors_naming_the_culprit(build, culprit) -> None:
-    """Catches: a typo in a strategy failing mid-turn, or silently meaning "redact"."""
+    """Catches: a typo in a strategy failing mid-turn, or silently meaning "redact"; a
+    blocking reply that is not text accepted and failing the turn it blocks."""
     with pytest.raises(ConfigError, match=culprit):
         build()
 

@@ -472,6 +472,12 @@ def test_keep_must_be_a_predicate():
         drop_oldest(keep="pinned")  # type: ignore[arg-type]
 
 
+def test_a_keep_that_takes_no_message_is_refused_when_built():
+    """Catches: keep=lambda: True accepted, then failing the turn when compaction ran."""
+    with pytest.raises(ConfigError, match=r"drop_oldest\(keep=.*1 argument"):
+        drop_oldest(keep=lambda: True)  # type: ignore[arg-type]
+
+
 async def test_in_a_session_the_model_sees_the_summary_and_the_latest_turns_the_log_keeps_all():
     model = answers(7)
     summarizer = ScriptedModel(["Ada asked six questions."])

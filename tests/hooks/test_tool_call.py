@@ -420,3 +420,9 @@ def test_every_hook_and_turn_gets_a_valid_id_of_its_own(pairs) -> None:
     ids = [anyio.run(inject, name, turn_ref) for name, turn_ref in pairs]
     assert len(set(ids)) == len(ids)
     assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", call_id) for call_id in ids)
+
+
+def test_a_clock_that_needs_arguments_is_refused_when_built() -> None:
+    """Catches: clock=lambda now: 0.0 accepted, then failing (open) on every turn."""
+    with pytest.raises(ConfigError, match=r"inject_tool_call\(clock="):
+        inject_tool_call(Preferences().make(), {"user": "ada"}, clock=lambda now: 0.0)
