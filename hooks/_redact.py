@@ -8,7 +8,10 @@ the standard `re` engine, and released; only the run of alphabet characters afte
 separator is held (for an e-mail pattern, the word being written). When a pattern can match
 any character (``.`` with DOTALL, ``[^x]``), there are no separators, and text is released
 once ``max_match`` characters follow it; likewise when a run without separators outgrows
-``max_match``. Held text never exceeds ``max_match`` characters.
+``max_match``. Held text never exceeds ``max_match`` characters. Such a release takes only
+matches that two characters which have arrived follow, so that an end assertion (``\\b``,
+``$``, a lookahead) never reads the end of the text so far as the end of the text; a match
+running up to that end is not shorter than ``max_match``, and the law leaves it out.
 
 Lookarounds: a lookbehind looks back into released text, kept as context for it, and a
 one-character lookahead examines only the character after a match, which has arrived when
@@ -441,7 +444,7 @@ class _Scan:
         """The leftmost match from `pos` that `validate` accepts, as ``pattern.search``.
 
         With a `window` (`text` is the start of a text still arriving), a match whose end
-        could be told apart from the end of `text` by what follows (\\b, ``$``, a
+        could be told apart from the end of `text` by what follows (``\\b``, ``$``, a
         lookahead at the end of `text`) is replaced by the leftmost match that later text
         cannot change: see `_settle`.
         """
