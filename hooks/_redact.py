@@ -443,10 +443,10 @@ class _Scan:
     def next(self, text: str, pos: int, window: int = 0) -> re.Match[str] | None:
         """The leftmost match from `pos` that `validate` accepts, as ``pattern.search``.
 
-        With a `window` (`text` is the start of a text still arriving), a match whose end
-        could be told apart from the end of `text` by what follows (``\\b``, ``$``, a
-        lookahead at the end of `text`) is replaced by the leftmost match that later text
-        cannot change: see `_settle`.
+        With a `window` (`text` is the start of a text still arriving), the leftmost match
+        that later text cannot change instead (see `_settle`): a match whose end could be
+        told apart from the end of `text` by what follows (``\\b``, ``$``, a lookahead at
+        the end of `text`) is not one.
         """
         validate = self.validate
         pattern = self.pattern
@@ -474,13 +474,11 @@ class _Scan:
                 if candidate is None:
                     return None
                 start = candidate.start()
-            found = pattern.search(text, start)
+            # With a window, matches are searched in bounded blocks: a search running to the
+            # end of `text` from every match would make a long run cost its square.
+            found = self._settle(text, start, window) if window else pattern.search(text, start)
             if found is None:
                 return None
-            if window and found.end() > len(text) - _SETTLED_AHEAD:
-                found = self._settle(text, found.start(), window)
-                if found is None:
-                    return None
             if validate is None or validate(found):
                 return found
             pos = found.start() + 1
