@@ -2,7 +2,6 @@
 
 import random
 import re
-import time
 
 import anyio
 import pytest
@@ -303,24 +302,6 @@ def test_every_valid_iban_is_redacted_however_it_arrives(iban, data):
 @given(iban=ibans(valid=False))
 def test_an_iban_failing_its_checksum_is_never_redacted(iban):
     assert pii().redact_text(f"send to {iban} today") == f"send to {iban} today"
-
-
-@pytest.mark.parametrize("code", ["GB82 ", "AB12 CD34 ", "GB82 WEST "])
-def test_one_piece_of_iban_like_codes_is_redacted_within_the_loops_budget(code):
-    """Catches: one 64 KiB piece of IBAN-shaped codes holding the loop 100-300 ms, each
-    code a candidate whose mod-97 check was computed afresh (the budget is 50 ms a call).
-    """
-    piece = (code * (65536 // len(code) + 1))[:65536]
-    stream = pii()()
-    stream.feed(piece)  # the first piece fills the window held back
-    best = min(timed(stream.feed, piece) for _ in range(3))
-    assert best < 0.05, f"one 64 KiB piece took {best * 1000:.0f} ms"
-
-
-def timed(feed, piece: str) -> float:
-    start = time.perf_counter()
-    feed(piece)
-    return time.perf_counter() - start
 
 
 def test_the_order_of_kinds_does_not_change_the_result():
