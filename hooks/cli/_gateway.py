@@ -345,12 +345,15 @@ class Gateway:
             # last post hook, so a refusal stops the turn before anything is committed.
             police = hook(self._police, name=POLICY_HOOK)
             pipe = attrs.evolve(pipe, post=(*pipe.post, police))
-        # Accepted turns of stateless requests whose background hooks are still running.
-        self._accepted: dict[str, Turn] = {}
-        if any(isinstance(entry, Hook) and entry.background for entry in pipe.post):
-            keep = hook(self._keep_accepted, name=ACCEPTED_HOOK)
-            pipe = attrs.evolve(pipe, post=(*pipe.post, keep))
         self.pipe = attrs.evolve(pipe, hold_until_accepted=True) if self.holds else pipe
+        # Accepted turns of stateless requests whose background hooks are still running.
+        # Only a stateless turn runs its background hooks before it is answered, so only its
+        # pipeline keeps the accepted turn; a conversation's audit record never names the hook.
+        self._accepted: dict[str, Turn] = {}
+        self._stateless_pipe = self.pipe
+        if any(isinstance(entry, Hook) and entry.background for entry in self.pipe.post):
+            keep = hook(self._keep_accepted, name=ACCEPTED_HOOK)
+            self._stateless_pipe = attrs.evolve(self.pipe, post=(*self.pipe.post, keep))
         self.settings = settings
         self._secrets = tuple(s for s in settings.secrets if s)
         self.feed = Feed(settings.recent, self.scrub)
@@ -618,7 +621,7 @@ class Gateway:
         running: dict[tuple[str, str], None] = {}
         pieces: list[str] = []
         with anyio.CancelScope(deadline=anyio.current_time() + timeout) as deadline:
-            async with self.pipe.stream(turn) as events:
+            async with self._stateless_pipe.stream(turn) as events:
                 pieces = await self._watch(events, live, running)
         if not deadline.cancelled_caught:
             return self._answered(events.result).turn, pieces

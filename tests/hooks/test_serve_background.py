@@ -28,7 +28,8 @@ async def test_a_conversation_is_answered_while_its_background_hook_still_runs(
 ) -> None:
     """Catches: the answer of a conversation request held back until the session closes,
     i.e. until every background hook of the turn has finished (a slow summary delaying
-    each reply), or the hook's durable output lost once it finishes after the answer."""
+    each reply), or the hook's durable output lost once it finishes after the answer; and
+    the gateway's own hook for stateless turns written into the conversation's audit."""
     entered = anyio.Event()
     release = anyio.Event()
 
@@ -58,7 +59,12 @@ async def test_a_conversation_is_answered_while_its_background_hook_still_runs(
                 assert await gw.gateway.drain(10)
                 after = (await plain.get("/healthz")).json()
             stored = await log.load("c")
+            entries = await log.entries("c")
     assert reply.choices[0].message.content == "the answer"
+    # The turn's commit: no post hook had finished by then (the background one ran after).
+    assert [[h.hook for h in e.audit.hooks if h.stage == "post"] for e in entries if e.audit] == [
+        []
+    ]
     assert [(m.role, m.text) for m in while_blocked] == [
         ("user", "hi"),
         ("assistant", "the answer"),
