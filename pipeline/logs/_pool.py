@@ -56,8 +56,11 @@ class Worker:
         self._name = name
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._stopped = False
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._stopped:
+            raise RuntimeError(f"{self._name} was stopped with its log")
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
@@ -89,6 +92,7 @@ class Worker:
 
     def stop(self) -> None:
         """End the thread once the calls handed over so far have run."""
+        self._stopped = True
         if self._thread is not None:
             self._calls.put(None)
             self._thread = None
@@ -168,6 +172,8 @@ class Connections(Generic[C]):
         except anyio.WouldBlock:
             await self._limiter.acquire()
         try:
+            if self._closed:  # while this call waited for a connection
+                raise RuntimeError(f"{self._name} is closed; open a new one to use it again")
             holder: list[C | None] = [self._idle.pop() if self._idle else None]
             try:
                 if self._worker is not None:

@@ -513,3 +513,34 @@ def test_one_log_serves_one_event_loop_after_another(tmp_path, loop):
     assert anyio.run(commit, log, "t1", backend=loop) == ("t1",)
     assert anyio.run(commit, log, "t2", backend=loop) == ("t1", "t2")
     anyio.run(log.aclose, backend=loop)
+
+
+async def test_a_call_waiting_when_the_log_closes_is_refused_and_no_thread_is_left(
+    tmp_path, monkeypatch
+):
+    """Catches: a read that waited for the connection while the log was closed starting a
+    new thread for itself after the close, which nothing then stopped."""
+    batches = GatedBatches(monkeypatch)
+    log = SQLiteLog(tmp_path / "log.db")
+    outcomes: list[str] = []
+
+    async def commit() -> None:
+        await log.append("c", "t1", exchange("q", "a"))
+        outcomes.append("committed")
+
+    async def read() -> None:
+        try:
+            await log.entries("c")
+        except RuntimeError as exc:
+            outcomes.append(str(exc))
+
+    async with anyio.create_task_group() as nursery:
+        nursery.start_soon(commit)
+        await batches.wait_entered()
+        nursery.start_soon(read)
+        await anyio.wait_all_tasks_blocked()
+        await log.aclose()
+        batches.gate.release()
+
+    assert outcomes == ["committed", f"{log!r} is closed; open a new one to use it again"]
+    await wait_gone(f"{log!r} worker")
