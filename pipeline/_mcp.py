@@ -358,21 +358,28 @@ class Connection:
         stage = "start"
         try:
             async with AsyncExitStack() as stack:
-                read, write = await self._transport(stack, errlog)
-                from mcp.client.session import ClientSession
+                try:
+                    read, write = await self._transport(stack, errlog)
+                    from mcp.client.session import ClientSession
 
-                session = await stack.enter_async_context(ClientSession(read, write))
-                with anyio.move_on_after(self.spec.connect_timeout) as scope:
-                    stage = "initialize"
-                    await session.initialize()
-                    stage = "tools/list"
-                    listed = await _list_tools(session)
-                if scope.cancelled_caught:
-                    raise _Startup(
-                        f"did not answer {stage} within its connect_timeout of"
-                        f" {self.spec.connect_timeout:g} s"
-                    )
-                self._adopt(session, listed)
+                    session = await stack.enter_async_context(ClientSession(read, write))
+                    with anyio.move_on_after(self.spec.connect_timeout) as scope:
+                        stage = "initialize"
+                        await session.initialize()
+                        stage = "tools/list"
+                        listed = await _list_tools(session)
+                    if scope.cancelled_caught:
+                        raise _Startup(
+                            f"did not answer {stage} within its connect_timeout of"
+                            f" {self.spec.connect_timeout:g} s"
+                        )
+                    self._adopt(session, listed)
+                except Exception as exc:
+                    # Reported before the transport closes: closing it can take long (an
+                    # HTTP server that stopped answering), and the opener waits for this.
+                    failure.append(self._startup_failure(stage, exc, errlog))
+                    ready.set()
+                    return
                 ready.set()
                 await self._stop.wait()
         except Exception as exc:
@@ -380,6 +387,8 @@ class Connection:
             # cancels this body, and its error comes out of the stack, maybe in a group.
             if not ready.is_set():
                 failure.append(self._startup_failure(stage, exc, errlog))
+            elif failure:
+                logger.debug("closing %s after its failed start: %s", self.label, exc_text(exc))
             elif not self._stop.is_set():
                 self.fail(f"its connection broke: {exc_text(_leaf(exc))}")
             else:
@@ -413,7 +422,13 @@ class Connection:
 
         async def answered(response: httpx2.Response) -> None:
             # The SDK hands a call only the JSON-RPC error; the status says what it means.
-            if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
+            # Only a call's (a POST's): a server may answer the optional GET stream with 404.
+            request = response.request
+            if (
+                response.status_code == 404
+                and request.method == "POST"
+                and _SESSION_HEADER in request.headers
+            ):
                 self._session_lost = True
 
         client = await stack.enter_async_context(

@@ -378,3 +378,127 @@ async def test_two_tasks_entering_the_block_at_once_share_one_connection():
 
     assert servers == [1, 1]
     assert server_processes() == []
+
+
+class RawMCP:
+    """A hand-written streamable HTTP MCP server with one tool, `echo`, on 127.0.0.1, whose
+    answers a test bends: `hang` names the methods it never answers (and ``"DELETE"`` for
+    the session's end), `call_error` the JSON-RPC error a tools/call gets, and a GET (the
+    optional event stream) is answered 404, as by a server that routes POST alone."""
+
+    def __init__(self, *, hang: tuple[str, ...] = (), call_error: str | None = None) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.initialized = 0
+        self.release = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def answer(self, status: int, body: object = None) -> None:
+                data = json.dumps(body).encode() if body is not None else b""
+                self.send_response(status)
+                if body is not None:
+                    self.send_header("content-type", "application/json")
+                self.send_header("mcp-session-id", "s-1")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                message = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                method = message.get("method")
+                if "id" not in message:
+                    return self.answer(202)
+                if method in hang:
+                    server.release.wait(60)
+                    return None
+                result: object
+                if method == "initialize":
+                    server.initialized += 1
+                    result = {
+                        "protocolVersion": message["params"]["protocolVersion"],
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "raw", "version": "1"},
+                    }
+                elif method == "tools/list":
+                    result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}
+                else:
+                    error = {"code": -32602, "message": call_error or "no"}
+                    return self.answer(200, {"jsonrpc": "2.0", "id": message["id"], "error": error})
+                return self.answer(200, {"jsonrpc": "2.0", "id": message["id"], "result": result})
+
+            def do_GET(self) -> None:
+                self.send_response(404)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def do_DELETE(self) -> None:
+                if "DELETE" in hang:
+                    server.release.wait(60)
+                self.answer(200)
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http.server_port}/mcp"
+
+    def __enter__(self) -> "RawMCP":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.http.shutdown()
+        self.http.server_close()
+
+
+async def test_a_server_that_stops_answering_while_listed_fails_the_open_with_its_timeout():
+    """Catches: the open of a server that answered initialize and then hung (tools/list and
+    the session's end alike) waiting for the transport to close (httpx's 300 s read
+    timeout) instead of its connect_timeout, and then reporting the close's error."""
+    with RawMCP(hang=("tools/list", "DELETE")) as server:
+        pipe = Pipeline(
+            model=ScriptedModel([]),
+            toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=0.5, timeout=1)],
+        )
+        with anyio.fail_after(30), pytest.raises(ToolsetError) as caught:
+            async with pipe:
+                pass
+
+    assert str(caught.value) == (
+        f"MCP server 'raw' ({server.url}) did not answer tools/list within its"
+        " connect_timeout of 0.5 s"
+    )
+
+
+@sdk_unclosed_streams
+async def test_a_404_for_the_optional_event_stream_is_not_a_lost_session():
+    """Catches: a server answering the SDK's GET stream with 404 (one that routes POST
+    alone) marking the session lost for good: every later call's own error reported as a
+    restart, and the server connected again on every turn."""
+    with RawMCP(call_error="quota exceeded for echo") as server:
+        model = ScriptedModel(
+            [[ToolCall("c1", "raw_echo", {})], "ok", [ToolCall("c2", "raw_echo", {})], "ok"]
+        )
+        pipe = Pipeline(
+            model=model, toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5)]
+        )
+        results = []
+        async with pipe:
+            for n in range(2):
+                result = await pipe.run(Turn.start(str(n)))
+                results.append(result.reply.messages[1].parts[0].content)
+
+    assert (
+        results
+        == ["tool 'raw_echo' failed: MCP server 'raw' refused the call: quota exceeded for echo"]
+        * 2
+    )
+    assert server.initialized == 1
