@@ -176,6 +176,7 @@ class SSEDecoder:
             if lines[0].startswith(_BOM):
                 lines[0] = lines[0][1:]
         events: list[ServerSentEvent] = []
+        emit = events.append
         data = self._data
         quarter = self._quarter
         for line in lines:
@@ -189,10 +190,8 @@ class SSEDecoder:
                         # As for an event still open at the end of a read (below), so that
                         # the cap does not depend on how the body was cut into reads.
                         self._check_event(len(text.encode()))
-                    events.append(
-                        ServerSentEvent(self._event or "message", text, self._id, self._retry)
-                    )
-                    data = self._data = []
+                    emit(ServerSentEvent(self._event or "message", text, self._id, self._retry))
+                    data = self._data = []  # `_field` adds a bare "data" line to it
                 self._event = ""
             else:
                 self._field(line)
