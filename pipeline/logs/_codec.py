@@ -18,7 +18,7 @@ from turns import Message, ToolCall, ToolResult, serde
 
 from .._audit import AuditRecord, HookRecord
 from .._signals import Halt
-from ._protocol import LogEntry
+from ._protocol import ConversationInfo, LogEntry, by_recency
 
 _HOOK_KEYS = HookRecord._fields
 _HOOK_FIELDS = frozenset(_HOOK_KEYS)
@@ -310,3 +310,18 @@ def read_time(where: str, value: object) -> datetime:
     if when.tzinfo is None:
         raise StoredDataError(f"{where} cannot be read: its commit time {value!r} has no time zone")
     return when
+
+
+def read_conversations(
+    rows: Sequence[tuple[str, int, int, object]],
+) -> tuple[ConversationInfo, ...]:
+    """Rows of (conversation id, turns, messages, last commit time), most recent first; a
+    commit time is read as `read_time` reads one."""
+    return by_recency(
+        [
+            ConversationInfo(
+                id_, turns, length, read_time(f"the last turn of conversation {id_!r}", last)
+            )
+            for id_, turns, length, last in rows
+        ]
+    )

@@ -19,7 +19,7 @@ from .._audit import AuditRecord
 from .._errors import ConfigError, LogError
 from . import _codec
 from ._pool import Connections, DatabaseLog
-from ._protocol import ConversationInfo, LogEntry, by_recency, check_append, check_depth, conflict
+from ._protocol import ConversationInfo, LogEntry, check_append, check_depth, conflict
 
 if TYPE_CHECKING:
     import psycopg
@@ -315,17 +315,7 @@ def _conversations(connection: "psycopg.Connection[Any]") -> tuple[ConversationI
         " FROM turnplug_conversations AS c JOIN turnplug_turns AS t USING (conversation_id)"
         " GROUP BY c.conversation_id, c.turns, c.length"
     ).fetchall()
-    return by_recency(
-        [
-            ConversationInfo(
-                id_,
-                turns,
-                length,
-                _codec.read_time(f"the last turn of conversation {id_!r}", last),
-            )
-            for id_, turns, length, last in rows
-        ]
-    )
+    return _codec.read_conversations(rows)
 
 
 # The queries DatabaseLog runs for load(), entries() and conversations().

@@ -17,7 +17,7 @@ from .._errors import LogError
 from .._loop import shielded
 from . import _codec
 from ._pool import Connections, DatabaseLog
-from ._protocol import ConversationInfo, LogEntry, by_recency, check_append, check_depth, conflict
+from ._protocol import ConversationInfo, LogEntry, check_append, check_depth, conflict
 
 _Outcome: TypeAlias = tuple[Literal["committed", "duplicate", "conflict"], int]
 
@@ -404,17 +404,7 @@ def _conversations(connection: sqlite3.Connection) -> tuple[ConversationInfo, ..
     ).fetchall()
     # committed_at is written by strftime('%Y-%m-%dT%H:%M:%fZ'): UTC, which fromisoformat
     # reads from 3.11; a value changed by hand is a StoredDataError (a LogError).
-    return by_recency(
-        [
-            ConversationInfo(
-                id_,
-                turns,
-                length,
-                _codec.read_time(f"the last turn of conversation {id_!r}", last),
-            )
-            for id_, turns, length, last in rows
-        ]
-    )
+    return _codec.read_conversations(rows)
 
 
 # The queries DatabaseLog runs for load(), entries() and conversations().
