@@ -299,11 +299,16 @@ def strip_slash(base_url: str) -> str:
         if url.scheme not in ("http", "https") or not url.host:
             problem = "it needs http:// or https:// and a host"
     if problem is not None:
+        # Credentials in the URL (``https://user:secret@host``) are not shown.
+        shown = _USERINFO.sub(r"\1***@", base_url) if isinstance(base_url, str) else base_url
         raise ValueError(
-            f"base_url {base_url!r} is not a URL requests can go to ({problem}) — e.g."
+            f"base_url {shown!r} is not a URL requests can go to ({problem}) — e.g."
             " 'https://api.openai.com/v1' or 'http://localhost:11434/v1'"
         )
     return base_url.rstrip("/")
+
+
+_USERINFO = re.compile(r"^([^/]*//)?[^/?#]*@")
 
 
 @final

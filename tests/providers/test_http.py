@@ -590,3 +590,13 @@ def test_a_base_url_requests_cannot_go_to_is_refused_when_built(provider: Any, u
     urlsplit or an httpx.InvalidURL (not an httpx.HTTPError) escaping the seam."""
     with pytest.raises(ValueError, match=re.escape(f"base_url {url!r} is not a URL requests can")):
         provider("m", base_url=url)
+
+
+@pytest.mark.parametrize("url", ["ftp://user:hunter2@host/v1", "localhost:hunter2@host/v1"])
+@pytest.mark.parametrize("provider", [OpenAIChat, AnthropicMessages])
+def test_a_refused_base_url_does_not_show_the_credentials_in_it(provider: Any, url: str) -> None:
+    """Catches: the error for a bad base_url quoting a password written into it."""
+    with pytest.raises(ValueError, match="is not a URL requests can go to") as caught:
+        provider("m", base_url=url)
+    assert "hunter2" not in str(caught.value)
+    assert "***@host/v1" in str(caught.value)
