@@ -319,6 +319,17 @@ class Pipeline:
                     f"hook {step.label} runs the tools {missing}, which are not among the"
                     f" pipeline's tools {list(tools)} — add them to tools=[...]"
                 )
+        if not self._remote:
+            return
+        # A tool hook matching one tool by name, which may be a server's: known now.
+        for step in (*plan.before_tool, *plan.after_tool):
+            match = step.hook.match
+            if isinstance(match, str) and match not in tools:
+                raise ConfigError(
+                    f"hook {step.label} matches the tool {match!r}, which is not among the"
+                    f" pipeline's tools {list(tools)} once its MCP servers are connected —"
+                    " check the name (a server's tools are named <toolset>_<tool>)"
+                )
 
     async def __aenter__(self) -> Self:
         """Hold the model's connections and connect the MCP servers of the toolsets, for

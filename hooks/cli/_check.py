@@ -256,6 +256,7 @@ async def _list_remote(pipe: Pipeline) -> list[tuple[str, list[str]]]:
         model=pipe.model, tools=pipe.tools, toolsets=pipe.toolsets, pre=[hook(grab, name="list")]
     )
     await probe.run(Turn.start("list the tools"))
+    pipe._check_needed_tools(seen)  # what names a server's tool, checked as a turn would
     local = {t.name for t in pipe.tools} | {
         t.name
         for each in pipe.toolsets

@@ -220,3 +220,29 @@ def test_the_schema_accepts_and_refuses_toolsets_as_the_loader_does():
     assert list(validator.iter_errors(bad)) != []
     with pytest.raises(ConfigError, match=r"toolsets\[0\].env.A: expected a string"):
         pipeline_from_dict(bad)
+
+
+def test_check_fails_naming_a_tool_hook_match_no_server_lists(tmp_path: Path):
+    """Catches: check (and run) passing a tool hook's `match` that names a server's tool with
+    a typo, so that the hook never applied."""
+    (tmp_path / "guards.py").write_text(
+        "from pipeline import cont\n\ndef allow(call, turn):\n    return cont(call)\n"
+    )
+    path = write_config(
+        tmp_path,
+        TIME
+        + """
+        [[before_tool]]
+        kind = "python"
+        ref = "guards:allow"
+        match = "clock_get_curent_time"
+        """,
+    )
+
+    done = turnplug(
+        "check", path, env=environment(OPENAI_API_KEY="sk-test", CLOCK_TOKEN="s3cret-value")
+    )
+
+    assert done.returncode == 2
+    assert "matches the tool 'clock_get_curent_time', which is not among" in done.stderr
+    assert "'clock_get_current_time'" in done.stderr

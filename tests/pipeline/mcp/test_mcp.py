@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from pipeline import Pipeline, ToolsetError, cont, mcp_toolset
+from pipeline import ConfigError, Pipeline, ToolsetError, cont, hook, mcp_toolset
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
 from turns import ToolCall, Turn
@@ -502,3 +502,26 @@ async def test_a_404_for_the_optional_event_stream_is_not_a_lost_session():
         * 2
     )
     assert server.initialized == 1
+
+
+async def test_a_tool_hook_matching_a_name_no_server_lists_fails_the_open():
+    """Catches: a tool hook whose `match` names a server's tool with a typo (known only once
+    the server is connected) never being checked: the hook silently never ran."""
+
+    def guard(call, turn):
+        return cont(call)
+
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        toolsets=[time_toolset()],
+        before_tool=[hook(guard, name="guard", match="time_get_curent_time")],
+    )
+    with pytest.raises(ConfigError) as caught:
+        async with pipe:
+            pass
+
+    assert "hook 'guard' (before_tool, position 1) matches the tool 'time_get_curent_time'" in (
+        str(caught.value)
+    )
+    assert "'time_get_current_time'" in str(caught.value)
+    assert server_processes() == []
