@@ -72,6 +72,18 @@ stream open longer gets its connection closed instead."""
 HINT_CAP = 60.0
 """A server's delay hint above this many seconds means "give up now", not "block the turn"."""
 
+ERROR_BODY_CAP = 64 * 1024
+"""The most bytes of an error answer's body that are read; the rest is not read, and the
+connection is closed. Error bodies are short JSON documents or HTML pages (a few KiB): 64 KiB
+keeps all of any real one, while a misbehaving server or proxy that sends megabytes (or never
+stops) costs no more memory than this, in `ProviderStatusError.body` or while reading."""
+
+ERROR_BODY_SECONDS = 10.0
+"""The longest an error answer's body is read, whatever its pace. The read timeout bounds only
+the silence between bytes, so a body that trickles a byte at a time would hold the call for
+hours (64 KiB at a byte a second) before the cap is reached. An error body comes with its
+headers (no model is thinking behind it): ten seconds is ample."""
+
 _REDACTED = "[redacted]"
 _SHORTEST_SECRET = 8
 
@@ -762,17 +774,28 @@ async def _error_body(response: httpx.Response, endpoint: Endpoint) -> tuple[str
 
     A 503 whose body breaks off or stalls is still a 503: retried as one, and reported with
     the body that arrived, rather than as a failure "before any response" that loses the
-    status.
+    status. At most `ERROR_BODY_CAP` bytes are kept, read for at most `ERROR_BODY_SECONDS`;
+    then the response is closed without reading further.
     """
     received = bytearray()
     cut = None
+    chunks = response.aiter_bytes()
     try:
-        async for chunk in response.aiter_bytes():
-            received += chunk
+        with anyio.move_on_after(ERROR_BODY_SECONDS) as deadline:
+            async for chunk in chunks:
+                received += chunk
+                if len(received) > ERROR_BODY_CAP:
+                    # Cut before scrubbing, so that a key the cut ends inside is scrubbed as
+                    # the start of a key (`scrub` removes any run of its leading characters).
+                    del received[ERROR_BODY_CAP:]
+                    cut = f"at {ERROR_BODY_CAP} bytes, the most read of an error body"
+                    break
+        if deadline.cancelled_caught:
+            cut = f"not finished after {ERROR_BODY_SECONDS:g} s, the longest an error body is read"
     except HTTPX_ERRORS as exc:
         cut = f"{type(exc).__name__}: {scrub(str(exc) or 'no detail', endpoint.secret)}"
     finally:
-        await response.aclose()
+        await _abandon(response, chunks)
     return received.decode("utf-8", "replace"), cut
 
 

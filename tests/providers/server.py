@@ -62,6 +62,7 @@ class Reply:
         bytewise: Write the body one byte per send.
         reset: After the pieces, close the connection with a TCP reset (RST), as a crashed
             upstream or a proxy's timeout does.
+        pace: Seconds to wait before each piece after the first (a body that trickles).
     """
 
     status: int = 200
@@ -72,6 +73,7 @@ class Reply:
     stall: bool = False
     bytewise: bool = False
     reset: bool = False
+    pace: float = 0.0
 
 
 def _reason(status: int) -> str:
@@ -180,7 +182,9 @@ class ProtocolServer:
             lines.append(f"content-length: {sum(len(piece) for piece in reply.pieces)}")
         lines.append("connection: keep-alive" if reuse else "connection: close")
         await stream.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-        for piece in reply.pieces:
+        for number, piece in enumerate(reply.pieces):
+            if number and reply.pace:
+                await anyio.sleep(reply.pace)
             data = b"%x\r\n%s\r\n" % (len(piece), piece) if reply.framing == "chunked" else piece
             if reply.bytewise:
                 for index in range(len(data)):

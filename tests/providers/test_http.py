@@ -24,8 +24,15 @@ from pipeline import (
     ProviderTimeout,
     RateLimited,
 )
-from pipeline.providers import AnthropicMessages, OpenAIChat
-from pipeline.providers._http import backoff, retry_after, retry_delay, scrub, should_retry
+from pipeline.providers import AnthropicMessages, OpenAIChat, _http
+from pipeline.providers._http import (
+    ERROR_BODY_CAP,
+    backoff,
+    retry_after,
+    retry_delay,
+    scrub,
+    should_retry,
+)
 from turns import Usage
 
 from . import server as wire
@@ -248,6 +255,62 @@ async def test_an_error_body_cut_short_gives_the_status_error_with_what_arrived(
     )
     assert "answered HTTP 503" in str(error)
     assert "its body was cut short (RemoteProtocolError" in str(error)
+
+
+def huge_error_body(status: int = 500, *, endless: bool = False) -> wire.Reply:
+    """An error answer whose body is far over the cap: 16 MiB with a Content-Length, or (when
+    `endless`) two caps' worth and then nothing more, the body never ending."""
+    head = (("content-type", "text/html"),)
+    if endless:
+        return wire.Reply(status, head, (b"x" * 2 * ERROR_BODY_CAP,), complete=False, stall=True)
+    return wire.Reply(status, head, (b"x" * 16 * 1024 * 1024,), "length")
+
+
+@pytest.mark.parametrize("endless", [False, True], ids=["16MiB", "endless"])
+async def test_a_huge_error_body_is_cut_at_the_cap(server: ProtocolServer, endless: bool) -> None:
+    """Catches: an error body read whole, however large, and kept in
+    ProviderStatusError.body (a 100 MB 500 cost 350 MB), and one that never ends holding the
+    call until the read timeout."""
+    server.script(huge_error_body(endless=endless))
+    with anyio.fail_after(5):
+        error = await fails_in_pipeline(openai(server, max_retries=0), ProviderStatusError)
+    assert (error.status, error.body) == (500, "x" * ERROR_BODY_CAP)
+    assert f"its body was cut short (at {ERROR_BODY_CAP} bytes" in str(error)
+
+
+@pytest.mark.parametrize("kept", [8, 13, len(KEY) - 1])
+async def test_a_key_the_cap_cuts_through_is_not_shown(server: ProtocolServer, kept: int) -> None:
+    """Catches: the start of a key that the cap cuts through left in the body (whole keys
+    are scrubbed; one cut short must be too)."""
+    before = b"x" * (ERROR_BODY_CAP - kept)
+    body = before + KEY.encode() + b"y" * ERROR_BODY_CAP
+    server.script(wire.Reply(500, (("content-type", "text/plain"),), (body,), "length"))
+    error = await fails(openai(server, max_retries=0), ProviderStatusError)
+    assert error.body == before.decode() + "[redacted]"  # type: ignore[attr-defined]
+    assert KEY[:8] not in str(error)
+
+
+async def test_a_5xx_with_a_huge_body_is_still_retried(server: ProtocolServer) -> None:
+    """Catches: the cap changing the retry decision, or a body that never ends holding the
+    call until the read timeout before the retry."""
+    server.script(huge_error_body(503, endless=True), wire.stream(wire.openai_text(["ok"])))
+    with anyio.fail_after(5):
+        events = await collect(openai(server))
+    assert (events[0], len(server.requests)) == (ModelText("ok"), 2)
+
+
+async def test_an_error_body_that_trickles_is_read_for_a_bounded_time(
+    server: ProtocolServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catches: an error body sent a byte at a time holding the call for as long as it lasts
+    (the read timeout bounds only the silence between bytes)."""
+    monkeypatch.setattr(_http, "ERROR_BODY_SECONDS", 0.3)  # 10 s in earnest: too long to wait
+    head = (("content-type", "text/plain"),)
+    server.script(wire.Reply(503, head, (b"x",) * 1000, pace=0.02))  # 20 s in all
+    with anyio.fail_after(5):
+        error = await fails(openai(server, max_retries=0), ProviderStatusError)
+    assert 0 < len(error.body) < 1000  # type: ignore[attr-defined]
+    assert "its body was cut short (not finished after 0.3 s" in str(error)
 
 
 # --- Non-2xx answers --------------------------------------------------------------------------
