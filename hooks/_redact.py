@@ -481,10 +481,10 @@ class _Scan:
                 return None
             if validate is None or validate(found):
                 return found
-            pos = found.start() + 1
             # Refused matches come one after another in text of look-alikes (IBAN-shaped
-            # codes): the next is searched for at once, without the shortcuts above.
-            while validate(found) is False or not validate(found):
+            # codes): the next is searched for at once, without the shortcuts above, and each
+            # candidate is put to `validate` once.
+            while True:
                 pos = found.start() + 1
                 if required is not None and text.find(required, pos) < 0:
                     return None
@@ -495,7 +495,8 @@ class _Scan:
                     found = self._settle(text, found.start(), window)
                     if found is None:
                         return None
-            return found
+                if validate(found):
+                    return found
 
     def _settle(self, text: str, pos: int, window: int) -> re.Match[str] | None:
         """The leftmost match from `pos` that later text cannot change, or one that is not

@@ -596,3 +596,25 @@ def test_redact_without_patterns_shows_how_to_pass_one():
     with pytest.raises(ConfigError, match=r"redact\(\) needs at least one pattern") as excinfo:
         redact([])
     assert "e.g. redact(" in str(excinfo.value)
+
+
+@pytest.mark.parametrize("how", ["redact_text", "one chunk"])
+def test_validate_is_asked_once_per_match(how):
+    """Catches: a refused match put to the validator twice, and after it every accepted one
+    (double the cost, and a user's validator with side effects run twice)."""
+    asked: list[str] = []
+
+    def odd_only(match: re.Match[str]) -> bool:
+        asked.append(match.group())
+        return match.group()[0] in "13579"
+
+    text = "a 1111 2222 1111 3333 4444 b"
+    factory = redact(r"\d{4}", validate=odd_only, max_match=8)
+    if how == "redact_text":
+        out = factory.redact_text(text)
+    else:
+        stream = factory()
+        out = stream.feed(text) + stream.flush()
+
+    assert out == "a [REDACTED] 2222 [REDACTED] [REDACTED] 4444 b"
+    assert asked == ["1111", "2222", "1111", "3333", "4444"]
