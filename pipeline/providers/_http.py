@@ -87,6 +87,24 @@ headers (no model is thinking behind it): ten seconds is ample."""
 _REDACTED = "[redacted]"
 _SHORTEST_SECRET = 8
 
+_PUBLIC_KEY_PREFIXES = (
+    "sk-ant-admin01-",
+    "sk-ant-api03-",
+    "sk-svcacct-",
+    "sk-admin-",
+    "sk-or-v1-",
+    "sk-proj-",
+    "sk-None-",
+    "sk-ant-",
+    "gsk_",
+    "xai-",
+    "sk-",
+    "hf_",
+)
+"""The vendors' published key formats start with these: the same for every key of a kind, so
+no part of the secret. Showing one (OpenAI's error for a wrong key quotes the key's start
+and end, stars between) tells a user which kind of key was sent, and gives nothing away."""
+
 
 @functools.cache
 def _ssl_context() -> ssl.SSLContext:
@@ -99,16 +117,30 @@ def scrub(text: str, secret: str | None) -> str:
 
     A JSON body may echo the key escaped (``sk-a\\/b``, ``\\u0073k-...``), which decodes to the
     key again; a quote cut at a fixed length (ours, or Python's own ``int()`` message) may end
-    inside it. So any run of `_SHORTEST_SECRET` or more of its leading characters, any of them
-    escaped, is replaced too. A placeholder key a few characters long (``"ollama"``,
-    ``"EMPTY"``) is no secret, and replacing it would mangle words of the message.
+    inside it. So any run of its leading characters (eight, or a published public prefix and
+    one character more: `_shortest_run`), any of them escaped, is replaced too. A placeholder key a few
+    characters long (``"ollama"``, ``"EMPTY"``) is no secret, and replacing it would mangle
+    words of the message.
     """
     if not secret or len(secret) < _SHORTEST_SECRET:
         return text
     text = text.replace(secret, _REDACTED)
-    if secret[:_SHORTEST_SECRET] in text or "\\" in text:
+    if secret[: _shortest_run(secret)] in text or "\\" in text:
         text = _redact_key_runs(text, secret)
     return text
+
+
+@functools.lru_cache(maxsize=8)
+def _shortest_run(secret: str) -> int:
+    """How many of the key's leading characters `scrub` replaces when they show together.
+
+    Eight, so that a few letters a key happens to start with are not replaced in every word
+    they start; or, for a key of a published format, its public prefix and one character
+    more: the prefix is no secret, and alone it must stay readable (``sk-proj-***...abcd``
+    says a project key was sent), but a single character past it is part of the secret.
+    """
+    prefix = next((p for p in _PUBLIC_KEY_PREFIXES if secret.startswith(p)), "")
+    return max(_SHORTEST_SECRET, len(prefix) + 1)
 
 
 def _redact_key_runs(text: str, secret: str) -> str:
@@ -132,7 +164,7 @@ _JSON_SHORT_ESCAPES = frozenset('"\\/')
 
 @functools.lru_cache(maxsize=8)
 def _key_patterns(secret: str) -> tuple[re.Pattern[str], tuple[re.Pattern[str], ...]]:
-    """The key's first `_SHORTEST_SECRET` characters, and each later one, as patterns that
+    """The key's first `_shortest_run` characters, and each later one, as patterns that
     also match the character JSON-escaped (``\\/``, ``\\u002f``), the backslash doubled too, as
     ``repr`` writes it."""
     units = []
@@ -142,8 +174,9 @@ def _key_patterns(secret: str) -> tuple[re.Pattern[str], tuple[re.Pattern[str], 
         if char in _JSON_SHORT_ESCAPES:
             forms.append(rf"\\\\?{re.escape(char)}")
         units.append(f"(?:{'|'.join(forms)})")
-    head = re.compile("".join(units[:_SHORTEST_SECRET]))
-    return head, tuple(re.compile(unit) for unit in units[_SHORTEST_SECRET:])
+    shortest = _shortest_run(secret)
+    head = re.compile("".join(units[:shortest]))
+    return head, tuple(re.compile(unit) for unit in units[shortest:])
 
 
 def scrub_error(error: BaseException, secret: str | None) -> None:

@@ -308,6 +308,63 @@ async def test_an_error_body_echoing_the_key_json_escaped_never_shows_it(
     assert json.loads(error.body)["error"]["message"] == "Incorrect key: [redacted]"
 
 
+# --- A key of a published format: its public prefix stays readable ------------------------
+
+PROJECT_KEY = "sk-proj-Zq8vLr2TnW5yXb7Kc1Md4Pf6Gh9Jabcd"
+
+
+def masked_hints() -> list[Any]:
+    """(the error's message as the upstream writes it, as the user must read it)."""
+    stars = "*" * 28
+    hint = f"Incorrect API key provided: sk-proj-{stars}abcd. Find your key in your account."
+    return [
+        pytest.param(hint, hint, id="the upstream's own masked hint"),
+        pytest.param(
+            "Incorrect API key provided: sk-proj-Z",
+            "Incorrect API key provided: [redacted]",
+            id="one secret character past the prefix",
+        ),
+        pytest.param(
+            "Incorrect API key provided: sk-proj-Zq8vLr2T",
+            "Incorrect API key provided: [redacted]",
+            id="a cut quote",
+        ),
+    ]
+
+
+@pytest.mark.parametrize(("message", "shown"), masked_hints())
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_keys_public_prefix_stays_readable_and_its_secret_does_not(
+    server: ProtocolServer, provider: str, message: str, shown: str
+) -> None:
+    """Catches: every run of a key's first eight characters scrubbed, which for an OpenAI
+    project key is its public prefix ``sk-proj-`` alone: the upstream's masked hint of which
+    key was sent (``sk-proj-***...abcd``) reached the user as ``[redacted]***...abcd``. The
+    other two cases guard the other side: one character of the secret past the prefix is
+    still scrubbed."""
+    body = {"error": {"type": "invalid_request_error", "message": message}}
+    server.script(wire.json_error(401, json.dumps(body)))
+    with pytest.raises(ProviderStatusError) as caught:
+        await collect(make(provider, server, api_key=PROJECT_KEY))
+    assert f"invalid_request_error: {shown}" in str(caught.value)
+    assert json.loads(caught.value.body)["error"]["message"] == shown
+
+
+async def test_a_long_public_prefix_with_one_secret_character_is_scrubbed(
+    server: ProtocolServer,
+) -> None:
+    """Guards the public prefixes: one longer than eight characters (Anthropic's
+    ``sk-ant-api03-``, 13) must not let the secret's first characters through when a quote is
+    cut a few characters past it, as a rule of "the prefix is public, so skip it" would."""
+    key = "sk-ant-api03-Hx7Qm2Lp9Rt4Vw6Yz1Bc3Dn5Fg8Jk"
+    body = {"error": {"type": "authentication_error", "message": f"bad key {key[:15]}"}}
+    server.script(wire.json_error(401, json.dumps(body)))
+    with pytest.raises(ProviderStatusError) as caught:
+        await collect(make("anthropic", server, api_key=key))
+    assert "authentication_error: bad key [redacted]" in str(caught.value)
+    assert key[13:15] not in caught.value.body
+
+
 # --- A quote cut inside the key, a request id that echoes it --------------------------------
 
 
