@@ -321,6 +321,10 @@ class Session:
                 )
                 runner.fail(step, error, elapsed)
                 continue
+            if step.hook.shadow:
+                # Recorded, never enforced: the session keeps the scope it had.
+                runner.shadow_verdict(step, elapsed, "cont", result)
+                continue
             runner.finished(step, elapsed, "cont")
             self._scope = result.value
 

@@ -499,6 +499,40 @@ async def test_a_start_hook_that_fails_open_is_an_event_and_the_session_opens():
     assert scope == Scope()
 
 
+async def test_a_shadow_start_hooks_scope_is_recorded_not_kept():
+    """A shadow start hook's scope used to become the session's scope, though a shadow
+    hook's changes are discarded."""
+    trace = []
+
+    def trial_profile(info: SessionInfo):
+        return cont(info.scope.assign(plan="trial"))
+
+    def look(turn: Turn):
+        trace.append(turn.scope)
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        pre=[look],
+        on_session_start=[hook(trial_profile, name="trial_profile", shadow=True)],
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        await session.send("hi")
+
+    assert trace == [Scope()]
+    assert session.info.scope == Scope()
+    assert [
+        (type(event), event.hook, getattr(event, "verdict", None))
+        for event in session.events
+        if event.turn_ref == ""
+    ] == [
+        (ev.HookStarted, "trial_profile", None),
+        (ev.HookFinished, "trial_profile", "cont"),
+        (ev.ShadowVerdict, "trial_profile", "cont"),
+    ]
+
+
 async def test_session_hooks_are_reported_as_events_in_session_events():
     pipe = Pipeline(
         model=ScriptedModel([]),
