@@ -4,6 +4,7 @@ A background hook (``hook(..., background=True)``) sees the committed turn. What
 cannot change the turn any more: its durable injections are committed on their own by a
 session; a failure, a timeout or a wrong return is recorded (a `HookFailed` event with
 ``enforced=False`` and an audit entry), never raised — the turn it follows already stands.
+A shadow background hook's verdict is recorded and its injections are discarded.
 """
 
 import logging
@@ -63,6 +64,10 @@ async def run_background(
         )
         _failed(runner, step, records, elapsed, exc_text(error))
         return ()
+    if step.hook.shadow:
+        # Recorded, never kept: nothing a shadow hook injects is committed.
+        runner.shadow_verdict(step, elapsed, "cont", result, records)
+        return ()
     runner.finished(step, elapsed, "cont", records=records)
     known = {id(injection) for injection in turn.injections}
     fresh = tuple(
@@ -103,7 +108,9 @@ def _failed(
     """Record a background hook's failure: an audit entry and an event, never raised."""
     log.warning("background hook %r failed after turn %s: %s", step.name, runner.turn_ref, detail)
     records.append(
-        HookRecord(step.name, step.stage, step.position, elapsed, "failed", False, detail)
+        HookRecord(
+            step.name, step.stage, step.position, elapsed, "failed", step.hook.shadow, detail
+        )
     )
     if runner.emit is not None:
         runner.emit(ev.HookFailed(runner.turn_ref, step.name, step.stage, detail, False))

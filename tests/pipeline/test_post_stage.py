@@ -949,6 +949,36 @@ async def test_a_failing_background_hook_is_an_unenforced_hook_failed_event() ->
     ]
 
 
+async def test_a_shadow_background_hook_is_audited_as_a_shadow_and_injects_nothing() -> None:
+    """A shadow background hook used to be audited as an enforced hook and its injection kept
+    in the audit record, though a shadow hook's changes are discarded."""
+
+    async def summarize(turn):
+        return cont(turn.inject("summary so far"))
+
+    pipe = Pipeline(
+        model=scripted(),
+        post=[hook(summarize, name="summary", background=True, durable=True, shadow=True)],
+    )
+
+    result = await pipe.run(start())
+
+    assert [(r.verdict, r.shadow) for r in records_of(result, "summary")] == [("cont", True)]
+    assert result.audit.injections == ()
+
+
+async def test_a_failing_shadow_background_hook_is_audited_as_a_shadow() -> None:
+    """A failing shadow background hook used to be audited as not a shadow."""
+    pipe = Pipeline(
+        model=scripted(),
+        post=[raiser("summary", RuntimeError("kaput"), background=True, shadow=True)],
+    )
+
+    result = await pipe.run(start())
+
+    assert [(r.verdict, r.shadow) for r in records_of(result, "summary")] == [("failed", True)]
+
+
 async def test_a_failing_background_hook_is_audited_as_failed() -> None:
     pipe = Pipeline(
         model=scripted(), post=[raiser("summary", RuntimeError("kaput"), background=True)]

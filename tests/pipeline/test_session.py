@@ -867,6 +867,29 @@ async def test_a_background_hooks_durable_injection_is_committed_as_its_own_entr
     ]
 
 
+async def test_a_shadow_background_hooks_durable_injection_is_not_committed(autojump_clock):
+    """A shadow background hook's durable injection used to be committed to the log, though a
+    shadow hook's changes are discarded."""
+    log = MemoryLog()
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[background([], "summary", 1, "user greeted us", durable=True, shadow=True)],
+    )
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        result = await session.send("hi")
+
+    entries = await log.entries(CONVERSATION)
+    assert [entry.turn_ref for entry in entries] == [result.turn.turn_ref]
+    assert [
+        (type(event), event.hook, getattr(event, "verdict", None)) for event in session.events
+    ] == [
+        (ev.HookStarted, "summary", None),
+        (ev.HookFinished, "summary", "cont"),
+        (ev.ShadowVerdict, "summary", "cont"),
+    ]
+
+
 async def test_a_background_hooks_committed_output_joins_the_history_of_the_next_turn(
     autojump_clock,
 ):
