@@ -75,6 +75,9 @@ class Session:
         # so a commit by anyone else since the load is a LogConflict.
         self._length = len(context.messages)
         self._turns = 0
+        # The turn_refs this session committed: the log keeps the first commit of a turn_ref
+        # and ignores the next, so a second turn under one of them would be lost.
+        self._committed: set[str] = set()
         self._task_group = task_group
         self._lock = anyio.Lock()
         self._running = 0  # background hooks still running
@@ -124,7 +127,8 @@ class Session:
                 tools of its own returns their calls in the reply).
             request: This turn's request options (temperature, max_tokens, tool_choice,
                 ...), as the pre hooks then find them on ``turn.request``.
-            turn_ref: The turn's correlation id; a fresh one by default.
+            turn_ref: The turn's correlation id; a fresh one by default. One this session
+                already committed is a ValueError: the log would keep only the first.
         """
         self._check_open("send")
         async with self._lock:
@@ -177,6 +181,12 @@ class Session:
         request: RequestOptions | None,
         turn_ref: str | None,
     ) -> Turn:
+        if turn_ref in self._committed:
+            raise ValueError(
+                f"session {self._conversation_id!r} already committed turn {turn_ref!r}, and a"
+                " log keeps one commit per turn_ref: this turn would be answered and then lost"
+                " — give each turn its own turn_ref (or none, for a fresh one)"
+            )
         context = self._context
         if system is not None or tools:
             context = attrs.evolve(
@@ -209,6 +219,7 @@ class Session:
     async def _commit(self, result: TurnResult) -> tuple[str, tuple[Message, ...]]:
         messages = result.log_messages
         await self._append(result.turn.turn_ref, messages, result)
+        self._committed.add(result.turn.turn_ref)
         return self._conversation_id, messages
 
     async def _append(

@@ -4,7 +4,7 @@ message that continues from the results of the calls the conversation ends with.
 
 import pytest
 
-from pipeline import Pipeline, cont, hook
+from pipeline import Pipeline, Session, cont, hook
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
@@ -97,3 +97,32 @@ async def test_background_output_of_a_turn_given_options_is_committed() -> None:
         ("user", "noted"),
     ]
     assert [type(e) for e in session.events if type(e) is ev.Committed] == [ev.Committed]
+
+
+@pytest.mark.parametrize("method", ["send", "stream"])
+async def test_a_turn_ref_the_session_already_committed_is_refused_before_the_turn_runs(
+    method: str,
+) -> None:
+    """Catches: a second turn under a turn_ref the session had committed was answered and
+    reported committed, though the log kept only the first; the session's history then
+    held messages the log did not, and its next turn failed with a LogConflict."""
+    model = ScriptedModel(["Hello.", "Bye."])
+    log = MemoryLog()
+    async with Pipeline(model=model).session(log=log, conversation_id="c") as session:
+        await session.send("hi", turn_ref="ref-1")
+        with pytest.raises(ValueError, match="'ref-1'"):
+            await again(session, method, "ref-1")
+        result = await session.send("bye")
+    assert (session.info.turns, len(model.requests)) == (2, 2)
+    assert result.outcome == "completed"
+    assert session.context == await log.load("c")
+
+
+async def again(session: Session, method: str, turn_ref: str) -> None:
+    """A turn under `turn_ref`, sent or streamed to its end."""
+    if method == "send":
+        await session.send("hi again", turn_ref=turn_ref)
+        return
+    async with session.stream("hi again", turn_ref=turn_ref) as events:
+        async for _ in events:
+            pass
