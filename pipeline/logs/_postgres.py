@@ -19,7 +19,14 @@ from .._audit import AuditRecord
 from .._errors import ConfigError, LogError
 from . import _codec
 from ._pool import Connections, DatabaseLog
-from ._protocol import ConversationInfo, LogEntry, check_append, check_depth, conflict
+from ._protocol import (
+    ConversationInfo,
+    LogEntry,
+    check_append,
+    check_depth,
+    check_keys,
+    conflict,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -167,6 +174,7 @@ class PostgresLog(DatabaseLog):
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
         check_depth(self, conversation_id, turn_ref, messages, audit)
         try:
+            check_keys(messages, audit)
             stored = _codec.messages_to_json(messages), _codec.audit_to_json(audit)
         except (TypeError, ValueError, RecursionError) as exc:
             raise LogError(

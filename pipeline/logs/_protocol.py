@@ -167,6 +167,38 @@ def check_depth(
             )
 
 
+def check_keys(messages: tuple[Message, ...], audit: AuditRecord | None) -> None:
+    """Raise `TypeError` if a mapping in the commit has a key that is not a string.
+
+    JSON writes such a key as text (``1`` as ``"1"``), so the commit would not read back as
+    it was made. The durable logs call this before they encode a commit.
+    """
+    if not any(value and _odd_key(value) is not None for value in _opaque(messages, audit)):
+        return
+    for path, value in _values(messages, audit):
+        key = _odd_key(value) if value else None
+        if key is not None:
+            raise TypeError(
+                f"{path} holds the key {key[0]!r} ({type(key[0]).__name__}), and JSON keys are"
+                " strings: it would read back as another value"
+            )
+
+
+def _odd_key(value: object) -> tuple[object] | None:
+    """The first key in `value` that is not a string (in a one-item tuple), or None."""
+    pending: list[Any] = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, Mapping):
+            for key in item:
+                if type(key) is not str:
+                    return (key,)
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return None
+
+
 def _opaque(messages: tuple[Message, ...], audit: AuditRecord | None) -> Iterator[object]:
     """What `_values` yields, without the paths."""
     for message in messages:

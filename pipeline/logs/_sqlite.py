@@ -17,7 +17,14 @@ from .._errors import LogError
 from .._loop import shielded
 from . import _codec
 from ._pool import Connections, DatabaseLog
-from ._protocol import ConversationInfo, LogEntry, check_append, check_depth, conflict
+from ._protocol import (
+    ConversationInfo,
+    LogEntry,
+    check_append,
+    check_depth,
+    check_keys,
+    conflict,
+)
 
 _Outcome: TypeAlias = tuple[Literal["committed", "duplicate", "conflict"], int]
 
@@ -187,6 +194,7 @@ class SQLiteLog(DatabaseLog):
         audit: AuditRecord | None,
     ) -> tuple[str, str | None]:
         try:
+            check_keys(messages, audit)
             return _codec.messages_to_json(messages), _codec.audit_to_json(audit)
         except (TypeError, ValueError, RecursionError) as exc:
             raise LogError(

@@ -667,6 +667,33 @@ async def test_a_value_as_deep_as_a_log_allows_round_trips(log):
     assert (await log.entries(CONVERSATION))[0].messages == messages
 
 
+@pytest.mark.parametrize(
+    ("message", "path"),
+    [
+        (Message.user([Text("hi", meta={"ranks": {1: "first"}})]), "messages[0].parts[0].meta"),
+        (Message.assistant([ToolCall("1", "t", {"by": [{True: 1}]})]), "parts[0].arguments"),
+    ],
+    ids=["meta", "arguments"],
+)
+async def test_a_key_json_would_turn_into_text_is_refused_by_a_durable_log(
+    durable: Backend, message: Message, path: str
+):
+    """Catches: the durable logs writing a non-string key as text, so that the commit read
+    back as another value ({1: ...} as {"1": ...}) instead of being refused as not JSON."""
+    from pipeline import LogError
+
+    log = durable.open()
+    try:
+        with pytest.raises(LogError, match="JSON values only") as caught:
+            await log.append(CONVERSATION, "t-1", (message,))
+        loaded = await log.load(CONVERSATION)
+    finally:
+        await close(log)
+    assert path in str(caught.value)
+    assert "'t-1'" in str(caught.value)
+    assert loaded == Context()
+
+
 async def test_conversations_lists_each_with_its_turns_messages_and_last_commit(log):
     """Catches: no way to list a log's conversations, and entries without commit times."""
     await log.append("a", "t-1", exchange("q", "a"))
