@@ -14,8 +14,8 @@ from ._protocol import (
     LogEntry,
     by_recency,
     check_append,
-    check_depth,
     check_id,
+    check_values,
     conflict,
 )
 
@@ -51,7 +51,7 @@ class MemoryLog:
     ) -> None:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
-        check_depth(self, conversation_id, turn_ref, messages, audit)
+        check_values(self, conversation_id, turn_ref, messages, audit)
         await anyio.lowlevel.checkpoint_if_cancelled()
         entry = LogEntry(turn_ref, messages, audit, datetime.now(UTC))
         entries = self._entries.setdefault(conversation_id, [])

@@ -23,8 +23,7 @@ from ._protocol import (
     ConversationInfo,
     LogEntry,
     check_append,
-    check_depth,
-    check_keys,
+    check_values,
     conflict,
 )
 
@@ -172,9 +171,8 @@ class PostgresLog(DatabaseLog):
     ) -> None:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
-        check_depth(self, conversation_id, turn_ref, messages, audit)
+        check_values(self, conversation_id, turn_ref, messages, audit)
         try:
-            check_keys(messages, audit)
             stored = _codec.messages_to_json(messages), _codec.audit_to_json(audit)
         except (TypeError, ValueError, RecursionError) as exc:
             raise LogError(

@@ -141,62 +141,45 @@ def check_append(
         )
 
 
-def check_depth(
+def check_values(
     log: object,
     conversation_id: str,
     turn_ref: str,
     messages: tuple[Message, ...],
     audit: AuditRecord | None,
 ) -> None:
-    """Raise `LogError` if a value in the commit nests deeper than `MAX_DEPTH` levels.
+    """Raise `LogError` if a value in the commit could not be stored and read back as it is.
 
-    Every log calls this, so that the three agree: a commit a durable log could not store
-    and read back is refused by the memory log too, and nothing is written.
+    A value nested deeper than `MAX_DEPTH` levels (JSON is read recursively), or a mapping
+    with a key that is not a string (JSON writes ``1`` as ``"1"``). Every log calls this, so
+    that the three agree: a commit a durable log could not store and read back is refused by
+    the memory log too, and nothing is written.
     """
-    # Most values are empty or flat: look for a deep one first, and name its path only then.
-    if not any(value and _too_deep(value) for value in _opaque(messages, audit)):
+    # Most values are empty or flat: look for a suspect one first, and name its path only then.
+    if not any(value and _suspect(value) for value in _opaque(messages, audit)):
         return
     for path, value in _values(messages, audit):
-        if value and _too_deep(value):
-            raise LogError(
-                f"{log!r} cannot store turn {turn_ref!r} of conversation {conversation_id!r}:"
-                f" {path} is nested more than {MAX_DEPTH} levels deep, more than a log can"
+        if not value:
+            continue
+        if _too_deep(value):
+            problem = (
+                f"{path} is nested more than {MAX_DEPTH} levels deep, more than a log can"
                 " store and read back; nothing was committed — refuse such arguments in a"
-                " before_tool hook, or keep meta shallower",
-                log=repr(log),
+                " before_tool hook, or keep meta shallower"
             )
-
-
-def check_keys(messages: tuple[Message, ...], audit: AuditRecord | None) -> None:
-    """Raise `TypeError` if a mapping in the commit has a key that is not a string.
-
-    JSON writes such a key as text (``1`` as ``"1"``), so the commit would not read back as
-    it was made. The durable logs call this before they encode a commit.
-    """
-    if not any(value and _odd_key(value) is not None for value in _opaque(messages, audit)):
-        return
-    for path, value in _values(messages, audit):
-        key = _odd_key(value) if value else None
-        if key is not None:
-            raise TypeError(
-                f"{path} holds the key {key[0]!r} ({type(key[0]).__name__}), and JSON keys are"
-                " strings: it would read back as another value"
+        elif (key := _odd_key(value)) is not None:
+            problem = (
+                f"{path} holds the key {key[0]!r} ({type(key[0]).__name__}): a log stores JSON"
+                " values only, whose keys are strings, so it would read back as another value;"
+                " nothing was committed — use string keys"
             )
-
-
-def _odd_key(value: object) -> tuple[object] | None:
-    """The first key in `value` that is not a string (in a one-item tuple), or None."""
-    pending: list[Any] = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, Mapping):
-            for key in item:
-                if type(key) is not str:
-                    return (key,)
-            pending.extend(item.values())
-        elif isinstance(item, list | tuple):
-            pending.extend(item)
-    return None
+        else:
+            continue
+        raise LogError(
+            f"{log!r} cannot store turn {turn_ref!r} of conversation {conversation_id!r}:"
+            f" {problem}",
+            log=repr(log),
+        )
 
 
 def _opaque(messages: tuple[Message, ...], audit: AuditRecord | None) -> Iterator[object]:
@@ -251,6 +234,41 @@ def _part_values(path: str, part: Part) -> Iterator[tuple[str, object]]:
     yield f"{path}.meta", part.meta
     if isinstance(part, ToolCall):
         yield f"{path}.arguments", part.arguments
+
+
+def _suspect(value: object) -> bool:
+    """Whether `value` nests too deep or holds a key that is not a string: one walk for both."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, Mapping):
+            for key in item:
+                if type(key) is not str:
+                    return True
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _odd_key(value: object) -> tuple[object] | None:
+    """The first key in `value` that is not a string (in a one-item tuple), or None."""
+    pending: list[Any] = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, Mapping):
+            for key in item:
+                if type(key) is not str:
+                    return (key,)
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return None
 
 
 def _too_deep(value: object) -> bool:

@@ -21,8 +21,7 @@ from ._protocol import (
     ConversationInfo,
     LogEntry,
     check_append,
-    check_depth,
-    check_keys,
+    check_values,
     conflict,
 )
 
@@ -113,7 +112,7 @@ class SQLiteLog(DatabaseLog):
     ) -> None:
         messages = tuple(messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
-        check_depth(self, conversation_id, turn_ref, messages, audit)
+        check_values(self, conversation_id, turn_ref, messages, audit)
         stored = self._encode(conversation_id, turn_ref, messages, audit)
         commit = _Commit((conversation_id, turn_ref, len(messages), *stored, expected_length))
         outcome, length = await self._commit(commit)
@@ -194,7 +193,6 @@ class SQLiteLog(DatabaseLog):
         audit: AuditRecord | None,
     ) -> tuple[str, str | None]:
         try:
-            check_keys(messages, audit)
             return _codec.messages_to_json(messages), _codec.audit_to_json(audit)
         except (TypeError, ValueError, RecursionError) as exc:
             raise LogError(
