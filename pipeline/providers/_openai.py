@@ -175,14 +175,21 @@ class OpenAIStreamParser:
     """Turns Chat Completions stream chunks into model events.
 
     Text is passed on as it arrives; tool calls are assembled per index and emitted, decoded,
-    when the finish reason arrives (or at ``[DONE]``); `ModelFinish` comes at ``[DONE]``,
-    after the usage-only chunk. Only choice 0 is read (``n`` > 1 is not supported).
+    when the finish reason arrives (or at ``[DONE]``), in the order the server began them;
+    `ModelFinish` comes at ``[DONE]``, after the usage-only chunk. Only choice 0 is read
+    (``n`` > 1 is not supported).
+
+    OpenAI sends a call's id and name on its first fragment only, and the fragments that
+    follow at its index carry arguments alone. Ollama sends each call whole in one fragment,
+    every one at index 0 with an id of its own: a fragment whose id differs from that of the
+    call open at its index begins a new call there.
     """
 
     def __init__(self, provider: str = "openai", request_id: str | None = None) -> None:
         self.provider = provider
         self.request_id = request_id
-        self._calls: dict[int, _Call] = {}
+        self._calls: list[_Call] = []  # in the order the server began them
+        self._open: dict[int, _Call] = {}  # the call each index's fragments continue
         self._finish: str | None = None
         self._usage = Usage()
         self._said_something = False
@@ -263,18 +270,21 @@ class OpenAIStreamParser:
         call_id = fragment.get("id") or ""
         function = fragment.get("function")
         function = function if isinstance(function, dict) else {}
-        if not isinstance(index, int):
+        call = None
+        if isinstance(index, int):
+            call = self._open.get(index)
+        else:
             # Gateways that leave the index out: match by id, else continue the last call.
-            by_id = [c.index for c in self._calls.values() if call_id and c.id == call_id]
+            by_id = [c for c in self._calls if call_id and c.id == call_id]
             if by_id:
-                index = by_id[0]
+                call = by_id[0]
             elif self._calls and not call_id:
-                index = max(self._calls)
-            else:
-                index = max(self._calls, default=-1) + 1
-        call = self._calls.get(index)
-        if call is None:
-            call = self._calls[index] = _Call(index, call_id, function.get("name") or "")
+                call = self._open[max(self._open)]
+            index = call.index if call is not None else max(self._open, default=-1) + 1
+        if call is None or (call_id and call.id and call_id != call.id):
+            call = _Call(index, call_id, function.get("name") or "")
+            self._calls.append(call)
+            self._open[index] = call
         else:
             # Some gateways repeat id and name on every fragment: keep the first, never append.
             call.id = call.id or call_id
@@ -290,8 +300,7 @@ class OpenAIStreamParser:
 
     def _flush_calls(self) -> list[ModelEvent]:
         events: list[ModelEvent] = []
-        for index in sorted(self._calls):
-            call = self._calls[index]
+        for call in self._calls:
             arguments, meta = decode_arguments("".join(call.arguments))
             if call.extra:
                 meta[META_KEY] = call.extra
@@ -300,6 +309,7 @@ class OpenAIStreamParser:
                 ModelToolCall(ToolCall(call.id or synthesize_id(), call.name, arguments, meta))
             )
         self._calls.clear()
+        self._open.clear()
         return events
 
     def _release(self) -> list[ModelEvent]:

@@ -342,6 +342,32 @@ def openai_tool_calls(
     return tuple(pieces)
 
 
+def ollama_tool_calls(
+    calls: Sequence[tuple[str, str, str]], *, usage: tuple[int, int] = (60, 15)
+) -> tuple[bytes, ...]:
+    """Ollama's stream of tool calls: ``(id, name, arguments)`` per call, each call whole in
+    a chunk of its own and every one at index 0, as Ollama's OpenAI-compatible API sends them."""
+    pieces = [
+        _chunk(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "index": 0,
+                        "type": "function",
+                        "function": {"name": name, "arguments": arguments},
+                    }
+                ],
+            }
+        )
+        for call_id, name, arguments in calls
+    ]
+    pieces += [_chunk({}, "tool_calls"), _usage_chunk(usage), b"data: [DONE]\n\n"]
+    return tuple(pieces)
+
+
 def _event(name: str, **payload: Any) -> bytes:
     return sse({"type": name, **payload}, name)
 

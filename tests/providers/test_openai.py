@@ -1,9 +1,12 @@
 """OpenAI Chat Completions: the pure core on recorded payloads, then over a real socket."""
 
+import itertools
 import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline import (
     ModelFinish,
@@ -229,6 +232,121 @@ def test_parallel_tool_call_fragments_are_assembled_per_index() -> None:
     ]
 
 
+def ollama_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """One tool call as Ollama streams it: whole, at index 0, in a chunk of its own."""
+    return {
+        "id": call_id,
+        "index": 0,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def test_calls_sharing_index_0_with_distinct_ids_are_separate_calls() -> None:
+    """Catches: Ollama's calls, each whole at index 0 with an id of its own, were merged into
+    one call (the second's name dropped, its arguments glued onto the first's)."""
+    events = parse(
+        chunk(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [ollama_call("call_a", "stat_file", '{"path":"a"}')],
+            }
+        ),
+        chunk(
+            {"role": "assistant", "content": "", "tool_calls": [ollama_call("call_b", "now", "{}")]}
+        ),
+        chunk(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [ollama_call("call_c", "stat_file", '{"path":"c"}')],
+            }
+        ),
+        chunk({"role": "assistant", "content": ""}, "tool_calls"),
+        "[DONE]",
+    )
+    assert events == [
+        ModelToolCall(ToolCall("call_a", "stat_file", {"path": "a"})),
+        ModelToolCall(ToolCall("call_b", "now", {})),
+        ModelToolCall(ToolCall("call_c", "stat_file", {"path": "c"})),
+        ModelFinish("tool_calls", Usage()),
+    ]
+
+
+def test_two_calls_at_index_0_in_one_delta_are_separate_calls() -> None:
+    """Catches: two whole calls at the same index in one delta's tool_calls were merged."""
+    events = parse(
+        chunk(
+            {
+                "tool_calls": [
+                    ollama_call("call_a", "f", '{"n":1}'),
+                    ollama_call("call_b", "g", '{"n":2}'),
+                ]
+            }
+        ),
+        chunk({}, "tool_calls"),
+    )
+    assert events == [
+        ModelToolCall(ToolCall("call_a", "f", {"n": 1})),
+        ModelToolCall(ToolCall("call_b", "g", {"n": 2})),
+    ]
+
+
+def test_calls_keep_the_order_the_server_began_them_in_across_reused_indices() -> None:
+    """Catches: calls sorted by index put a later call at index 0 before an earlier one at
+    index 1 (Ollama numbers the calls within each chunk, starting again at 0)."""
+    first = [ollama_call("call_a", "f", "{}"), {**ollama_call("call_b", "g", "{}"), "index": 1}]
+    events = parse(
+        chunk({"tool_calls": first}),
+        chunk({"tool_calls": [ollama_call("call_c", "h", "{}")]}),
+        chunk({}, "tool_calls"),
+    )
+    assert [event.call.id for event in events] == ["call_a", "call_b", "call_c"]  # type: ignore[attr-defined]
+
+
+CALLS = st.lists(
+    st.tuples(
+        st.text("abcdefghij_", min_size=1, max_size=8),
+        st.dictionaries(st.text(max_size=4), st.integers() | st.text(max_size=6), max_size=3),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@given(calls=CALLS, data=st.data())
+def test_how_arguments_are_split_over_deltas_does_not_change_the_calls(
+    calls: list[tuple[str, dict[str, Any]]], data: st.DataObject
+) -> None:
+    """Law: OpenAI's way (id and name first, the arguments spread over any number of deltas
+    at the call's index) and Ollama's way (each call whole at index 0) give the same calls.
+    Catches: Ollama's calls at one index merged into one."""
+    expected = [
+        ModelToolCall(ToolCall(f"call_{n}", name, arguments))
+        for n, (name, arguments) in enumerate(calls)
+    ]
+    openai: list[str] = []
+    ollama: list[str] = []
+    for n, (name, arguments) in enumerate(calls):
+        text = json.dumps(arguments)
+        cuts = sorted(data.draw(st.sets(st.integers(1, max(len(text) - 1, 1)), max_size=6)))
+        pieces = [text[start:end] for start, end in itertools.pairwise([0, *cuts, len(text)])]
+        first = {"index": n, "id": f"call_{n}", "type": "function"}
+        openai.append(
+            chunk({"tool_calls": [{**first, "function": {"name": name, "arguments": ""}}]})
+        )
+        openai += [
+            chunk({"tool_calls": [{"index": n, "function": {"arguments": piece}}]})
+            for piece in pieces
+        ]
+        ollama.append(chunk({"tool_calls": [ollama_call(f"call_{n}", name, text)]}))
+    finish = [chunk({}, "tool_calls"), "[DONE]"]
+    expected.append(ModelFinish("tool_calls", Usage()))
+    assert parse(*openai, *finish) == expected
+    assert parse(*ollama, *finish) == expected
+
+
 def test_tool_calls_are_emitted_at_the_finish_reason_before_usage_arrives() -> None:
     parser = OpenAIStreamParser()
     first = {"index": 0, "id": "c", "function": {"name": "f", "arguments": "{}"}}
@@ -383,6 +501,29 @@ async def test_a_tool_round_trip(server: ProtocolServer) -> None:
         {"role": "tool", "tool_call_id": "call_b", "content": "no such file"},
     ]
     assert second[0] == ModelText("README.md is 5 KB.")
+
+
+async def test_ollama_calls_at_one_index_arrive_as_separate_calls_over_the_socket(
+    server: ProtocolServer,
+) -> None:
+    """Catches: Ollama's tool calls, each whole at index 0 with its own id, were merged into
+    one call with both calls' arguments glued together."""
+    server.script(
+        wire.stream(
+            wire.ollama_tool_calls(
+                [
+                    ("call_a", "stat_file", '{"path":"README.md"}'),
+                    ("call_b", "stat_file", '{"path":"setup.py"}'),
+                ]
+            )
+        )
+    )
+    events = await collect(provider(server), ModelRequest((Message.user("sizes?"),), (SPEC,)))
+    assert events == [
+        ModelToolCall(ToolCall("call_a", "stat_file", {"path": "README.md"})),
+        ModelToolCall(ToolCall("call_b", "stat_file", {"path": "setup.py"})),
+        ModelFinish("tool_calls", Usage(60, 15)),
+    ]
 
 
 def test_a_refusal_is_text_the_reply_carries() -> None:
