@@ -2,9 +2,10 @@
 
 Everything that touches httpx lives here. `translate` is the one place where httpx's
 exceptions become the `ProviderError` tree; `status_error` is the one place where a non-2xx
-answer does. Retries happen only before a stream starts: once a 2xx status has been read,
-whatever goes wrong goes straight to the caller, because the pipeline may already have passed
-tokens on.
+answer does. Bodies are read as raw bytes and decoded by `_encoding` a bounded piece at a
+time, so that the caps on what is read hold on what a compressed body inflates to. Retries
+happen only before a stream starts: once a 2xx status has been read, whatever goes wrong goes
+straight to the caller, because the pipeline may already have passed tokens on.
 
 A total deadline is not ours to enforce: it is the caller's cancel scope (trio's or AnyIO's,
 on either loop), and its cancellation passes through untouched (neither loop's cancellation
@@ -45,6 +46,13 @@ from .._errors import (
 )
 from .._model import ModelEvent
 from ._convert import decode_json
+from ._encoding import (
+    ACCEPT_ENCODING,
+    Decode,
+    UndecodableBody,
+    UnsupportedEncoding,
+    decoder_for,
+)
 from ._sse import (
     DEFAULT_MAX_LINE_BYTES,
     EventTooLong,
@@ -406,7 +414,12 @@ def endpoint_for(
     return Endpoint(
         model.provider,
         url,
-        {"content-type": "application/json", "accept": "text/event-stream", **headers}
+        {
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+            "accept-encoding": ACCEPT_ENCODING,
+            **headers,
+        }
         | (auth(key) if key else {}),
         key,
         as_timeout(model.timeout),
@@ -808,15 +821,24 @@ async def _error_body(response: httpx.Response, endpoint: Endpoint) -> tuple[str
     A 503 whose body breaks off or stalls is still a 503: retried as one, and reported with
     the body that arrived, rather than as a failure "before any response" that loses the
     status. At most `ERROR_BODY_CAP` bytes are kept, read for at most `ERROR_BODY_SECONDS`;
-    then the response is closed without reading further.
+    then the response is closed without reading further. The cap counts decoded bytes, and a
+    compressed body is decoded a piece at a time (`_encoding`), so a small gzip body that
+    inflates to gigabytes costs no more than the cap either.
     """
+    try:
+        chunks, decode = _body(response)
+    except UnsupportedEncoding as exc:
+        await response.aclose()
+        return "", f"not read: {exc}"
     received = bytearray()
     cut = None
-    chunks = response.aiter_bytes()
     try:
         with anyio.move_on_after(ERROR_BODY_SECONDS) as deadline:
             async for chunk in chunks:
-                received += chunk
+                for piece in decode(chunk):
+                    received += piece
+                    if len(received) > ERROR_BODY_CAP:
+                        break
                 if len(received) > ERROR_BODY_CAP:
                     # Cut before scrubbing, so that a key the cut ends inside is scrubbed as
                     # the start of a key (`scrub` removes any run of its leading characters).
@@ -827,9 +849,26 @@ async def _error_body(response: httpx.Response, endpoint: Endpoint) -> tuple[str
             cut = f"not finished after {ERROR_BODY_SECONDS:g} s, the longest an error body is read"
     except HTTPX_ERRORS as exc:
         cut = f"{type(exc).__name__}: {scrub(str(exc) or 'no detail', endpoint.secret)}"
+    except UndecodableBody as exc:
+        cut = str(exc)
     finally:
         await _abandon(response, chunks)
     return received.decode("utf-8", "replace"), cut
+
+
+def _body(response: httpx.Response) -> tuple[AsyncIterator[bytes], Decode]:
+    """The reads of `response`'s body, and how to decode them.
+
+    httpx's own decoding is not used: it inflates each read whole, however large that makes
+    it. A body already read (an injected transport's ``httpx.Response(content=...)``) was
+    decoded by httpx when it was built: it is passed on as it is.
+
+    Raises:
+        UnsupportedEncoding: The body is compressed in a coding that is not decoded.
+    """
+    if response.is_stream_consumed:
+        return response.aiter_bytes(), decoder_for("identity")
+    return response.aiter_raw(), decoder_for(response.headers.get("content-encoding", ""))
 
 
 def _check_content_type(endpoint: Endpoint, response: httpx.Response) -> None:
@@ -845,11 +884,28 @@ def _check_content_type(endpoint: Endpoint, response: httpx.Response) -> None:
         )
 
 
+def _stream_body(
+    endpoint: Endpoint, response: httpx.Response
+) -> tuple[AsyncIterator[bytes], Decode]:
+    try:
+        return _body(response)
+    except UnsupportedEncoding as exc:
+        raise ProviderProtocolError(
+            f"{endpoint.provider} answered {response.status_code} at {endpoint.url}, but {exc}",
+            provider=endpoint.provider,
+            status=response.status_code,
+            request_id=request_id_of(response.headers, endpoint.secret),
+        ) from exc
+
+
 async def _events(
-    endpoint: Endpoint, response: httpx.Response, request_id: str | None
+    endpoint: Endpoint,
+    response: httpx.Response,
+    request_id: str | None,
+    reads: tuple[AsyncIterator[bytes], Decode],
 ) -> AsyncIterator[ServerSentEvent]:
     decoder = SSEDecoder(endpoint.max_line_bytes)
-    chunks = response.aiter_bytes()
+    chunks, decode = reads
     suspended = False  # whether httpx's byte generators are paused at a yield
     try:
         while True:
@@ -866,7 +922,10 @@ async def _events(
                 raise
             suspended = True
             try:
-                events = decoder.feed(chunk)
+                # One piece at a time: a compressed read may inflate far past the cap.
+                for piece in decode(chunk):
+                    for event in decoder.feed(piece):
+                        yield event
             except LineTooLong as exc:
                 what = (
                     "event whose data lines are"
@@ -880,8 +939,12 @@ async def _events(
                     provider=endpoint.provider,
                     request_id=request_id,
                 ) from exc
-            for event in events:
-                yield event
+            except UndecodableBody as exc:
+                raise ProviderProtocolError(
+                    f"{endpoint.provider} stream from {endpoint.url} was cut off or garbled: {exc}",
+                    provider=endpoint.provider,
+                    request_id=request_id,
+                ) from exc
         decoder.close()
     finally:
         if suspended:
@@ -940,7 +1003,8 @@ async def open_stream(
         try:
             request_id = request_id_of(response.headers, endpoint.secret)
             _check_content_type(endpoint, response)
-            events = _events(endpoint, response, request_id)
+            reads = _stream_body(endpoint, response)
+            events = _events(endpoint, response, request_id, reads)
             try:
                 yield OpenedStream(request_id, events, pooled)
             finally:

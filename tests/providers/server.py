@@ -18,10 +18,12 @@ serves the same recorded stream to every request and prints its port.
 """
 
 import argparse
+import functools
 import json
 import socket
 import struct
 import sys
+import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -281,6 +283,39 @@ def json_error(
         "length",
         **changes,
     )
+
+
+def compressed(body: bytes, encoding: str = "gzip") -> bytes:
+    """`body` in a content coding: ``gzip``, ``deflate`` (zlib's format) or ``raw-deflate``
+    (raw deflate, which servers also send as ``deflate``)."""
+    wbits = {"gzip": 31, "deflate": 15, "raw-deflate": -15}[encoding]
+    packer = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    return packer.compress(body) + packer.flush()
+
+
+@functools.cache
+def gzip_bomb(mib: int = 1024) -> bytes:
+    """A valid gzip body of `mib` MiB of zeros in about a thousandth of that (1 GiB: 1 MB).
+
+    Built in a fraction of a second: after a full flush the compressor starts afresh, so every
+    MiB of zeros compresses to the same bytes, and the body is those bytes repeated, then the
+    final block and the trailer (the CRC and the size of the whole).
+    """
+    block = bytes(1 << 20)
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    first = packer.compress(block) + packer.flush(zlib.Z_FULL_FLUSH)
+    again = packer.compress(block) + packer.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(mib):
+        crc = zlib.crc32(block, crc)
+    final_empty_block = b"\x03\x00"
+    trailer = struct.pack("<II", crc, (mib << 20) & 0xFFFFFFFF)
+    return first + again * (mib - 1) + final_empty_block + trailer
+
+
+def pieces_of(body: bytes, size: int = 64 * 1024) -> tuple[bytes, ...]:
+    """`body` cut into pieces of `size` bytes, each written with its own send."""
+    return tuple(body[start : start + size] for start in range(0, len(body), size))
 
 
 def _chunk(delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:

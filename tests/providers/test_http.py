@@ -3,8 +3,10 @@ the protocol server can play, each through `provider.stream` and the important o
 `Pipeline.run` too."""
 
 import email.utils
+import json
 import re
 import socket
+import tracemalloc
 from typing import Any
 
 import anyio
@@ -311,6 +313,149 @@ async def test_an_error_body_that_trickles_is_read_for_a_bounded_time(
         error = await fails(openai(server, max_retries=0), ProviderStatusError)
     assert 0 < len(error.body) < 1000  # type: ignore[attr-defined]
     assert "its body was cut short (not finished after 0.3 s" in str(error)
+
+
+# --- Compressed bodies ------------------------------------------------------------------------
+
+MEMORY_BOUND = 8 * 1024 * 1024
+"""The most a call may allocate at its peak while refusing a gzip bomb: the caps (64 KiB of
+error body, 1 MiB of line) and a few pieces, with room to spare. Inflating one read of the
+bomb whole takes about 64 MiB."""
+
+
+async def fails_within(model: Any, error: type[ProviderError], memory: int) -> ProviderError:
+    """`fails`, the call allocating less than `memory` bytes at its peak (tracemalloc traces
+    every allocation of the interpreter, zlib's output included)."""
+    tracing = tracemalloc.is_tracing()
+    if tracing:
+        tracemalloc.reset_peak()
+    else:
+        tracemalloc.start()
+    try:
+        failure = await fails(model, error)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    assert peak < memory, f"{peak} bytes allocated at the peak"
+    return failure
+
+
+def gzip_bomb_reply(status: int, content_type: str) -> wire.Reply:
+    """A gigabyte of zeros as a megabyte of gzip."""
+    head = (("content-type", content_type), ("content-encoding", "gzip"))
+    return wire.Reply(status, head, wire.pieces_of(wire.gzip_bomb()))
+
+
+async def test_a_gzip_bomb_error_body_is_cut_at_the_cap_in_bounded_memory(
+    server: ProtocolServer,
+) -> None:
+    """Catches: the error body's cap applied after httpx inflated a whole read (a 64 KiB read
+    of a gzip bomb is 64 MiB), so a megabyte of gzip could cost gigabytes."""
+    server.script(gzip_bomb_reply(500, "text/html"))
+    error = await fails_within(openai(server, max_retries=0), ProviderStatusError, MEMORY_BOUND)
+    assert (error.status, error.body) == (500, "\0" * ERROR_BODY_CAP)  # type: ignore[attr-defined]
+    assert f"its body was cut short (at {ERROR_BODY_CAP} bytes" in str(error)
+
+
+async def test_a_gzip_bomb_event_stream_is_refused_at_max_line_bytes_in_bounded_memory(
+    server: ProtocolServer,
+) -> None:
+    """Catches: max_line_bytes applied after httpx inflated a whole read of the stream (a
+    64 KiB read of a gzip bomb is 64 MiB), so a megabyte of gzip could cost gigabytes."""
+    server.script(gzip_bomb_reply(200, "text/event-stream"))
+    model = openai(server, max_line_bytes=1024 * 1024)
+    error = await fails_within(model, ProviderProtocolError, MEMORY_BOUND)
+    assert "event-stream line longer than max_line_bytes=1048576 bytes" in str(error)
+
+
+async def test_requests_accept_gzip_and_deflate_only(server: ProtocolServer) -> None:
+    """Catches: the codings asked for left to httpx, which adds br and zstd wherever their
+    packages are installed (those are not decoded within a bound)."""
+    server.script(wire.stream(wire.openai_text(["ok"])))
+    await collect(openai(server))
+    assert server.requests[0].headers["accept-encoding"] == "gzip, deflate"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw-deflate"])
+async def test_a_compressed_event_stream_gives_the_same_events(
+    server: ProtocolServer, encoding: str
+) -> None:
+    """Catches: a compressed stream no longer decoded once the shell reads raw bytes (raw
+    deflate, which servers also send as "deflate", included)."""
+    body = wire.compressed(b"".join(wire.openai_text(["Hello", ", world"])), encoding)
+    named = "deflate" if encoding == "raw-deflate" else encoding
+    head = (("content-type", "text/event-stream"), ("content-encoding", named))
+    server.script(wire.Reply(200, head, wire.pieces_of(body, 5)))
+    assert await collect(openai(server)) == [
+        ModelText("Hello"),
+        ModelText(", world"),
+        ModelFinish("stop", Usage(9, 2)),
+    ]
+
+
+async def test_a_gzip_error_body_keeps_the_providers_message(server: ProtocolServer) -> None:
+    """Catches: a compressed error body no longer decoded once the shell reads raw bytes."""
+    body = wire.compressed(json.dumps(OPENAI_ERROR).encode())
+    head = (("content-type", "application/json"), ("content-encoding", "gzip"))
+    server.script(wire.Reply(400, head, (body,), "length"))
+    error = await fails(openai(server), ProviderStatusError)
+    assert error.body == json.dumps(OPENAI_ERROR)  # type: ignore[attr-defined]
+    assert "requests: Rate limit reached" in str(error)
+
+
+async def test_an_event_stream_in_a_coding_not_asked_for_is_refused_by_name(
+    server: ProtocolServer,
+) -> None:
+    """Catches: a brotli stream passed on still compressed (parsed as garbage), or decoded
+    whole where the brotli package is installed."""
+    head = (("content-type", "text/event-stream"), ("content-encoding", "br"))
+    server.script(wire.Reply(200, head, (b"\x1b\x00\x00",)))
+    error = await fails(openai(server), ProviderProtocolError)
+    assert "answered 200" in str(error)
+    assert "content-encoding 'br' is not one decoded here" in str(error)
+
+
+async def test_an_error_body_in_a_coding_not_asked_for_keeps_its_status(
+    server: ProtocolServer,
+) -> None:
+    """Catches: a zstd error body kept compressed as the error's body (or decoded whole where
+    the zstandard package is installed), or its status lost."""
+    head = (("content-type", "application/json"), ("content-encoding", "zstd"))
+    server.script(wire.Reply(400, head, (b"(\xb5/\xfd",), "length"))
+    error = await fails(openai(server), ProviderStatusError)
+    assert (error.status, error.body) == (400, "")  # type: ignore[attr-defined]
+    assert "its body was cut short (not read: its content-encoding 'zstd'" in str(error)
+
+
+@pytest.mark.parametrize("encoding", ["identity", "gzip"])
+async def test_an_injected_transports_response_built_with_its_content_is_read(
+    encoding: str,
+) -> None:
+    """Catches: a body httpx has already read (an ``httpx.Response(content=...)`` an injected
+    transport returns, decoded when it was built) read again as raw bytes: StreamConsumed."""
+    body = b"".join(wire.openai_text(["ok"]))
+    if encoding == "gzip":
+        body = wire.compressed(body)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        head = {"content-type": "text/event-stream", "content-encoding": encoding}
+        return httpx.Response(200, headers=head, content=body)
+
+    transport = httpx.MockTransport(answer)
+    model = OpenAIChat("m", base_url="http://provider.test/v1", api_key=KEY, transport=transport)
+    assert (await collect(model))[0] == ModelText("ok")
+
+
+async def test_a_gzip_stream_that_does_not_decode_is_a_protocol_error(
+    server: ProtocolServer,
+) -> None:
+    """Catches: a body that does not decode raised as a bare zlib error, or leaving httpx's
+    byte generators unfinished (the loop reports them as garbage collected)."""
+    head = (("content-type", "text/event-stream"), ("content-encoding", "gzip"))
+    server.script(wire.Reply(200, head, (b"data: this is not gzip\n\n",)))
+    error = await fails(openai(server), ProviderProtocolError)
+    assert "its gzip body does not decode" in str(error)
 
 
 # --- Non-2xx answers --------------------------------------------------------------------------
