@@ -8,6 +8,7 @@ stream's hot path the loop's native primitive is used instead.
 """
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
@@ -56,6 +57,22 @@ def shielded() -> "trio.CancelScope | anyio.CancelScope":
     if sniffio.current_async_library() == "trio":
         return trio.CancelScope(shield=True)
     return anyio.CancelScope(shield=True)
+
+
+def cancelled_by_scope(cancellation: BaseException) -> bool:
+    """Whether `cancellation`, caught, is a cancel scope's, which comes again by itself.
+
+    Code that must not be abandoned halfway (a commit handed to a database thread) catches
+    a cancellation to wait for the work to end. A cancel scope's (trio's, AnyIO's) is then
+    delivered again at the next checkpoint, since the scope stays cancelled: the caller may
+    return what it waited for. asyncio's own (``Task.cancel``, ``asyncio.timeout``,
+    ``asyncio.wait_for``) is raised once and is lost if it is caught, so it must be raised
+    again as soon as the work has ended. Told apart by whether an enclosing AnyIO scope is
+    cancelled now (an effective deadline of minus infinity).
+    """
+    if not isinstance(cancellation, asyncio.CancelledError):
+        return True  # trio's
+    return anyio.current_effective_deadline() == -math.inf
 
 
 def clock_reader(loop: Loop) -> Callable[[], float]:

@@ -2,7 +2,7 @@
 
 The durable logs use blocking drivers (stdlib `sqlite3`, psycopg's sync API: psycopg's async
 API is built on asyncio alone). Each database call runs in a worker thread with a connection
-of its own: AnyIO's thread pool (under trio and asyncio alike) for a log with several
+of its own: the loop's thread pool (AnyIO's under trio, asyncio's own) for a log with several
 connections, a `Worker` thread of the log's own for a log with one. A connection is never
 used by two threads at once, but it may move from one worker thread to the next, so drivers
 must allow that (``check_same_thread=False``).
@@ -11,8 +11,10 @@ Cancellation: a worker thread cannot be interrupted, and a thread abandoned mid-
 would leave the caller unsure whether its commit happened. So a call is not abandoned: a
 cancelled task waits for its database call to finish (a commit then either happened, and
 the caller learns it before the cancellation is delivered, or did not), and the
-cancellation is delivered at the next checkpoint. Database calls are short; connection and
-lock timeouts bound them.
+cancellation is delivered at the next checkpoint. asyncio's own cancellation
+(``Task.cancel``, ``asyncio.timeout``), which no cancel scope holds, is raised as soon as the
+call has ended: the caller is cancelled, and the call ran to its end. Database calls are
+short; connection and lock timeouts bound them.
 """
 
 import asyncio
@@ -77,14 +79,29 @@ class Worker:
             await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
         else:
             loop = asyncio.get_running_loop()
-            done = loop.create_future()
+            # What the call's end wakes: a future, replaced if asyncio's own cancellation
+            # cancels the one awaited.
+            waiter = [loop.create_future()]
 
             def wake_asyncio() -> None:
-                loop.call_soon_threadsafe(_settle, done)
+                loop.call_soon_threadsafe(_settle, waiter)
 
             self._calls.put((fn, args, answer, wake_asyncio))
-            with anyio.CancelScope(shield=True):
-                await done
+            deferred: BaseException | None = None
+            with anyio.CancelScope(shield=True):  # AnyIO's cancellation waits for the call
+                while True:
+                    try:
+                        await waiter[0]
+                        break
+                    except asyncio.CancelledError as exc:
+                        # asyncio's own cancellation passes AnyIO's shield, and cancels the
+                        # future awaited: wait on for the call, and raise it once it ended.
+                        deferred = exc
+                        if answer:  # the call ended; its wake found the future cancelled
+                            break
+                        waiter[0] = loop.create_future()
+            if deferred is not None:
+                raise deferred
         returned, value = answer.pop()
         if returned:
             return value  # type: ignore[no-any-return]
@@ -114,9 +131,35 @@ class Worker:
             del wake
 
 
-def _settle(done: "asyncio.Future[None]") -> None:
-    if not done.cancelled():
-        done.set_result(None)
+def _settle(waiter: "list[asyncio.Future[None]]") -> None:
+    if not waiter[0].done():
+        waiter[0].set_result(None)
+
+
+async def _in_pool_thread(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a thread of asyncio's pool, waited for to its end whatever happens.
+
+    AnyIO's ``to_thread.run_sync`` holds off AnyIO's cancellation, but asyncio's own
+    (``Task.cancel``, ``asyncio.timeout``) cancels the future it awaits: its caller would
+    go on, told the call was cancelled, while the thread still ran it (and a connection it
+    released would be used by two threads at once). Here the thread's future is awaited
+    through ``asyncio.shield``, again after each such cancellation, which is raised once the
+    call has ended.
+    """
+    future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    deferred: BaseException | None = None
+    with anyio.CancelScope(shield=True):
+        while True:
+            try:
+                await asyncio.shield(future)
+                break
+            except asyncio.CancelledError as exc:
+                deferred = exc
+                if future.done():
+                    break
+    if deferred is not None:
+        raise deferred
+    return future.result()
 
 
 @final
@@ -178,6 +221,8 @@ class Connections(Generic[C]):
             try:
                 if self._worker is not None:
                     return await self._worker.run(self._call, holder, work)
+                if sniffio.current_async_library() == "asyncio":
+                    return await _in_pool_thread(self._call, holder, work)
                 return await anyio.to_thread.run_sync(self._call, holder, work)
             except Exception as exc:
                 error = self._translate(exc)

@@ -1,5 +1,6 @@
 """`SQLiteLog`: the embedded default, one file, stdlib `sqlite3` in worker threads."""
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -14,7 +15,7 @@ from turns import Message
 
 from .._audit import AuditRecord
 from .._errors import LogError
-from .._loop import shielded
+from .._loop import cancelled_by_scope, shielded
 from . import _codec
 from ._pool import Connections, DatabaseLog
 from ._protocol import (
@@ -132,13 +133,14 @@ class SQLiteLog(DatabaseLog):
         self._queue.append(commit)
         try:
             await self._write_lock.acquire()
-        except anyio.get_cancelled_exc_class():
+        except anyio.get_cancelled_exc_class() as cancelled:
             if not commit.taken:
                 self._queue.remove(commit)
                 raise
-            with anyio.CancelScope(shield=True):
-                await commit.done.wait()
-            return commit.result()
+            await _written(commit)
+            if not cancelled_by_scope(cancelled):
+                raise  # asyncio's own: the caller's `asyncio.timeout` must fire
+            return commit.result()  # the scope's cancellation comes at the next checkpoint
         try:
             if not commit.taken:
                 await self._write(self._take())
@@ -155,17 +157,25 @@ class SQLiteLog(DatabaseLog):
     async def _write(self, batch: "list[_Commit]") -> None:
         try:
             with shielded():  # taken: written whatever happens to us
-                outcomes = await self._connections.run(
-                    functools.partial(_append_batch, [commit.args for commit in batch])
-                )
+                # The outcomes are kept by the thread: the writer's task may be cancelled
+                # (by asyncio's own cancellation) once the transaction has ended, and the
+                # other commits of the batch must learn theirs all the same.
+                await self._connections.run(functools.partial(_write_batch, batch))
         except Exception as exc:
             for commit in batch:
                 commit.error = exc
-        else:
-            for commit, outcome in zip(batch, outcomes, strict=True):
-                commit.outcome = outcome
         finally:
             for commit in batch:
+                if commit.outcome is None and commit.error is None:
+                    # The writer was stopped before it handed the batch over (asyncio's own
+                    # cancellation, say, while it waited for the connection): none of it
+                    # was written, and the others must not wait for it.
+                    commit.error = LogError(
+                        f"{self!r} did not write turn {commit.args[1]!r} of conversation"
+                        f" {commit.args[0]!r}: the task writing its batch was stopped first;"
+                        " nothing of it was committed — send it again",
+                        log=repr(self),
+                    )
                 commit.done.set()
 
     # -- inside worker threads -------------------------------------------------------------
@@ -222,6 +232,21 @@ class SQLiteLog(DatabaseLog):
         else:
             why = f"SQLite failed: {type(exc).__name__}: {text}"
         return LogError(f"{self!r}: {why}", log=repr(self))
+
+
+async def _written(commit: "_Commit") -> None:
+    """Wait until another task's transaction has written `commit`, whatever cancels us.
+
+    A cancel scope's cancellation (trio's, AnyIO's) is held off by the shield; asyncio's own
+    passes it, and is caught here, to be delivered by the caller once the commit is known.
+    """
+    with anyio.CancelScope(shield=True):
+        while True:
+            try:
+                await commit.done.wait()
+                return
+            except asyncio.CancelledError:
+                continue
 
 
 class _Commit:
@@ -313,6 +338,12 @@ def _version(connection: sqlite3.Connection) -> int | None:
 def _rollback(connection: sqlite3.Connection) -> None:
     if connection.in_transaction:
         connection.execute("ROLLBACK")
+
+
+def _write_batch(batch: "list[_Commit]", connection: sqlite3.Connection) -> None:
+    outcomes = _append_batch([commit.args for commit in batch], connection)
+    for commit, outcome in zip(batch, outcomes, strict=True):
+        commit.outcome = outcome
 
 
 def _append_batch(

@@ -643,6 +643,160 @@ def test_a_postgres_commit_waiting_for_a_lock_keeps_the_loop_running(postgres: s
     assert ticks >= 20
 
 
+# -- asyncio's own cancellation of a commit in flight ---------------------------------------
+
+
+def test_an_asyncio_timeout_firing_during_a_sqlite_commit_fires_once_the_commit_ended(
+    tmp_path: Path,
+) -> None:
+    """Catches: asyncio's own cancellation passing the shield a commit's hand-over waits
+    behind: the caller was told "timed out" at once while the worker thread went on and
+    committed the turn, so the caller's view of the conversation (a session's) no longer
+    matched the log."""
+    path = tmp_path / "log.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE other (x)")
+    release = threading.Timer(0.4, lambda: holder.execute("ROLLBACK"))
+
+    async def main() -> tuple[float, list[str]]:
+        async with SQLiteLog(path, timeout=10) as log:
+            await log.append(CONVERSATION, "t1", exchange("q", "a"))
+            holder.execute("BEGIN IMMEDIATE")
+            release.start()
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await log.append(CONVERSATION, "t2", exchange("q2", "a2"))
+            waited = time.monotonic() - started
+            return waited, [entry.turn_ref for entry in await log.entries(CONVERSATION)]
+
+    try:
+        waited, refs = asyncio.run(main())
+    finally:
+        release.join()
+        holder.close()
+
+    assert refs == ["t1", "t2"]  # the commit was under way: it ran to its end
+    assert waited >= 0.3  # and the timeout came once it had, not at 0.05 s
+
+
+class GatedWrites:
+    """Holds each SQLite transaction until the test lets it go, and says when one started."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from pipeline.logs import _sqlite
+
+        self.gate = threading.Semaphore(0)
+        self.entered = threading.Semaphore(0)
+        write = _sqlite._append_batch
+
+        def gated(commits, connection):  # type: ignore[no-untyped-def]
+            self.entered.release()
+            self.gate.acquire()
+            return write(commits, connection)
+
+        monkeypatch.setattr(_sqlite, "_append_batch", gated)
+
+    async def wait_entered(self) -> None:
+        await asyncio.to_thread(self.entered.acquire)
+
+
+async def _a_batch_in_flight(log: SQLiteLog, writes: GatedWrites) -> tuple[asyncio.Task, ...]:
+    """Three commits: "a" written alone, then "b" and "c" in one transaction that "b"'s task
+    writes; returned once that transaction is in flight."""
+    tasks = [asyncio.create_task(log.append("a", "t1", exchange("q", "a")))]
+    await writes.wait_entered()
+    tasks += [asyncio.create_task(log.append(c, "t1", exchange("q", "a"))) for c in "bc"]
+    await asyncio.sleep(0.05)  # both queued behind "a"
+    writes.gate.release()
+    await writes.wait_entered()
+    return tuple(tasks)
+
+
+def test_the_writer_of_a_batch_cancelled_by_asyncio_leaves_the_others_their_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catches: the task writing a group commit, cancelled by asyncio's own cancellation
+    while the transaction ran, leaving its batch without outcomes: another task's commit,
+    written, failed with an AssertionError, and the cancelled one returned at once."""
+    writes = GatedWrites(monkeypatch)
+
+    async def main() -> tuple[bool, list[object], dict[str, int]]:
+        async with SQLiteLog(tmp_path / "log.db") as log:
+            a, b, c = await _a_batch_in_flight(log, writes)
+            b.cancel()
+            await asyncio.sleep(0.05)
+            waited = not b.done()
+            writes.gate.release()
+            results = await asyncio.gather(a, b, c, return_exceptions=True)
+            stored = {k: len(await log.entries(k)) for k in "abc"}
+            return waited, results, stored
+
+    waited, results, stored = asyncio.run(main())
+
+    assert waited  # b's transaction was under way: its task waited for it
+    assert [results[0], results[2]] == [None, None]
+    assert isinstance(results[1], asyncio.CancelledError)
+    assert stored == {"a": 1, "b": 1, "c": 1}
+
+
+def test_a_commit_cancelled_by_asyncio_inside_anothers_batch_is_cancelled_once_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catches: a commit taken into another task's transaction swallowing asyncio's own
+    cancellation while it waited for that transaction: its task went on as if never
+    cancelled, and an `asyncio.timeout` around it never fired."""
+    writes = GatedWrites(monkeypatch)
+
+    async def main() -> tuple[list[object], dict[str, int]]:
+        async with SQLiteLog(tmp_path / "log.db") as log:
+            a, b, c = await _a_batch_in_flight(log, writes)
+            c.cancel()
+            await asyncio.sleep(0.05)
+            writes.gate.release()
+            results = await asyncio.gather(a, b, c, return_exceptions=True)
+            return results, {k: len(await log.entries(k)) for k in "abc"}
+
+    results, stored = asyncio.run(main())
+
+    assert results[:2] == [None, None]
+    assert isinstance(results[2], asyncio.CancelledError)
+    assert stored == {"a": 1, "b": 1, "c": 1}  # c was in the transaction: written
+
+
+def test_an_asyncio_timeout_firing_during_a_postgres_commit_fires_once_the_commit_ended(
+    postgres: str,
+) -> None:
+    """Catches: PostgresLog's call in the loop's thread pool abandoned by asyncio's own
+    cancellation: the caller was told "timed out" at once, the thread went on and committed
+    the turn, and the connection it still used went back to the pool for the next call."""
+    import psycopg
+
+    holder = psycopg.connect(postgres)
+    release = threading.Timer(0.4, holder.rollback)
+
+    async def main() -> tuple[float, list[str]]:
+        async with PostgresLog(postgres) as log:
+            await log.append(CONVERSATION, "t1", exchange("q", "a"))
+            holder.execute("LOCK TABLE turnplug_turns IN ACCESS EXCLUSIVE MODE")
+            release.start()
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await log.append(CONVERSATION, "t2", exchange("q2", "a2"))
+            waited = time.monotonic() - started
+            return waited, [entry.turn_ref for entry in await log.entries(CONVERSATION)]
+
+    try:
+        waited, refs = asyncio.run(main())
+    finally:
+        release.join()
+        holder.close()
+
+    assert refs == ["t1", "t2"]
+    assert waited >= 0.3
+
+
 def test_an_asyncio_timeout_around_a_turn_cancels_it() -> None:
     """Catches: a caller's `asyncio.timeout` not reaching the turn (it runs to its end) or
     surfacing as something other than TimeoutError."""
