@@ -37,6 +37,18 @@ def _not_a_file(endings: tuple[str, ...]) -> str:
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 
+
+def _card_number(separator: str) -> str:
+    """13 to 19 digits starting as the card networks do (2 to 6), together or in groups of
+    four (Amex and Diners: 4-6-5, 4-6-4), with `separator` (a class) between groups.
+    """
+    between = f"{separator}?"
+    return (
+        rf"(?:[2-6][0-9]{{3}}(?:{between}[0-9]{{4}}){{2}}{between}[0-9]{{1,7}}"
+        rf"|3[0-9]{{3}}{between}[0-9]{{6}}{between}[0-9]{{4,5}})"
+    )
+
+
 # Lookbehinds refusing a start just after an IBAN's country code and check digits and up to
 # six of its groups ("DE89 3704 "): one per number of groups, as each must have a fixed width.
 _NOT_IN_IBAN = "".join(
@@ -60,12 +72,13 @@ _PATTERNS: Final = MappingProxyType(
             r"(?<![\w.+-])(?:\([0-9]{3}\)[ .-]?|[0-9]{3}[ .-])[0-9]{3}[ .-][0-9]{4}(?![\w-])",
         ),
         "card": (
-            # 13 to 19 digits, together or in groups of four (Amex and Diners: 4-6-5, 4-6-4),
-            # starting as the card networks do (2 to 6), and not among the groups of an
-            # IBAN written with spaces (its account number may pass the Luhn check): after
-            # a date, a quantity or another card it is one.
-            rf"(?<![\w-]){_NOT_IN_IBAN}(?:[2-6][0-9]{{3}}(?:[ -]?[0-9]{{4}}){{2}}[ -]?[0-9]{{1,7}}"
-            r"|3[0-9]{3}[ -]?[0-9]{6}[ -]?[0-9]{4,5})(?![\w-])",
+            # A dash next to a card separates it from what is around it ("ref-", "3-",
+            # "-exp"), except around a card written with dashes, where it joins the card's
+            # groups to more digits: "1234-4111-1111-1111-1111" is one longer number. Not
+            # among the groups of an IBAN written with spaces (its account number may pass
+            # the Luhn check): after a date, a quantity or another card it is one.
+            rf"(?<!\w){_NOT_IN_IBAN}(?:{_card_number(' ')}(?!\w)"
+            rf"|(?<![0-9]-){_card_number('[ -]')}(?!\w)(?!-[0-9]))",
         ),
         "ssn": (
             # US social security numbers, dashed, without the ranges never issued.

@@ -95,6 +95,10 @@ LOOKALIKES = [
     "price $1,234.56",
     "score +12 or 3 + 4",
     "call ext. 1234",
+    # dash-separated numbers longer than a card, with a valid card among their groups
+    "account 1234-4111-1111-1111-1111",
+    "id 4111-1111-1111-1111-2345",
+    "ref 1234-3782-822463-10005",
     "ip 10.0.300.1 or 01.02.03.04",
     # addresses that are not addresses
     "icon logo@2x.png",
@@ -244,6 +248,43 @@ def test_a_valid_card_number_after_a_number_is_redacted(card, before, data):
         through(pii("card"), chunks)
         == f"charged {before.replace('5555 5555 5555 4444', '[CARD]')}[CARD] today"
     )
+
+
+@settings(max_examples=100)
+@given(
+    card=valid_cards(),
+    before=st.sampled_from(["", "ref-", "ORD-", "item 3-", "(-"]),
+    after=st.sampled_from(["", "-", "-exp", "-12"]),
+    data=st.data(),
+)
+def test_a_valid_card_number_next_to_a_dash_is_redacted(card, before, after, data):
+    """Catches: a valid card right after a dash ("ref-4111111111111111", "3-4111 1111 1111
+    1111") or right before one ("4111111111111111-exp") left whole, the dash taken for part
+    of a longer number. Only a card written with dashes is joined by a dash to digits next
+    to it ("3-4111-1111-1111-1111" is one number of five groups)."""
+    text = f"paid {before}{card}{after} today"
+    joined = "-" in card and (before[-2:-1].isdigit() or after[1:2].isdigit())
+    expected = text if joined else f"paid {before}[CARD]{after} today"
+    chunks = data.draw(chunkings(text, max_cuts=10), label="chunks")
+    assert through(pii(), chunks) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("charged 3-4111 1111 1111 1111 today", "charged 3-[CARD] today"),
+        ("ref-4111111111111111", "ref-[CARD]"),
+        ("ref-4111-1111-1111-1111, paid", "ref-[CARD], paid"),
+        ("card 4111111111111111-exp 12/27", "card [CARD]-exp 12/27"),
+        ("amex 3782 822463 10005-2", "amex [CARD]-2"),
+        ("call +1-4111111111111111", "call +1-[CARD]"),
+    ],
+)
+def test_a_card_number_after_or_before_a_dash_is_redacted(text, expected):
+    """Catches: a Luhn-valid card next to a dash reaching the user whole: the card refused
+    any start after a dash and any end before one."""
+    assert pii().redact_text(text) == expected
+    assert through(pii(), list(text)) == expected
 
 
 @settings(max_examples=100)
