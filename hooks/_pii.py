@@ -49,12 +49,6 @@ def _card_number(separator: str) -> str:
     )
 
 
-# Lookbehinds refusing a start just after an IBAN's country code and check digits and up to
-# six of its groups ("DE89 3704 "): one per number of groups, as each must have a fixed width.
-_NOT_IN_IBAN = "".join(
-    rf"(?<![A-Z]{{2}}[0-9]{{2}}(?: [A-Z0-9]{{4}}){{{groups}}} )" for groups in range(7)
-)
-
 # The patterns of each kind, in the order ties between kinds are settled (the first wins).
 _PATTERNS: Final = MappingProxyType(
     {
@@ -74,10 +68,10 @@ _PATTERNS: Final = MappingProxyType(
         "card": (
             # A dash next to a card separates it from what is around it ("ref-", "3-",
             # "-exp"), except around a card written with dashes, where it joins the card's
-            # groups to more digits: "1234-4111-1111-1111-1111" is one longer number. Not
-            # among the groups of an IBAN written with spaces (its account number may pass
-            # the Luhn check): after a date, a quantity or another card it is one.
-            rf"(?<!\w){_NOT_IN_IBAN}(?:{_card_number(' ')}(?!\w)"
+            # groups to more digits: "1234-4111-1111-1111-1111" is one longer number. After
+            # an IBAN-shaped prefix the digits are a card like any other: a valid IBAN
+            # starts first and is redacted whole, and one failing its check is no IBAN.
+            rf"(?<!\w)(?:{_card_number(' ')}(?!\w)"
             rf"|(?<![0-9]-){_card_number('[ -]')}(?!\w)(?!-[0-9]))",
         ),
         "ssn": (

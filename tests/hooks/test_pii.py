@@ -287,23 +287,52 @@ def test_a_card_number_after_or_before_a_dash_is_redacted(text, expected):
     assert through(pii(), list(text)) == expected
 
 
+def test_a_card_after_an_iban_shaped_prefix_is_redacted():
+    """Catches: "Ref AB12 4111 1111 1111 1111" reaching the user whole: the card refused any
+    start after two capitals, two digits and a space, whether or not they began an IBAN."""
+    assert pii().redact_text("Ref AB12 4111 1111 1111 1111") == "Ref AB12 [CARD]"
+
+
+@settings(max_examples=100)
+@given(
+    card=valid_cards(),
+    country=st.sampled_from(["AB", "DE", "GB", "ZZ"]),
+    groups=st.integers(0, 2),
+    data=st.data(),
+)
+def test_a_card_among_the_groups_of_a_code_failing_the_iban_check_is_redacted(
+    card, country, groups, data
+):
+    """Catches: a valid card after an IBAN-shaped prefix ("AB12 ", "DE07 1234 ") left whole,
+    although the code it ends fails the IBAN check: it is no IBAN, and the card leaked."""
+    digits = card.replace("-", "").replace(" ", "")
+    spaced = " ".join(digits[i : i + 4] for i in range(0, 16, 4))
+    head = " ".join([f"{country}{{:02d}}", *["1234"] * groups])
+    prefix = next(
+        start
+        for check in range(100)
+        if not iban_valid(((start := head.format(check)) + spaced).replace(" ", ""))
+    )
+    text = f"iban {prefix} {spaced} please"
+    chunks = data.draw(chunkings(text, max_cuts=10), label="chunks")
+    assert through(pii(), chunks) == f"iban {prefix} [CARD] please"
+
+
 @settings(max_examples=100)
 @given(card=valid_cards(), groups=st.integers(0, 2), data=st.data())
-def test_a_card_shaped_account_number_inside_an_iban_is_not_a_card(card, groups, data):
-    """Catches (with the fix for cards after a number): the groups of an IBAN that fails
-    its checksum read as a card."""
-    body = " ".join(
-        ["1234"] * groups
-        + [card.replace("-", " ").replace(" ", "")[i : i + 4] for i in range(0, 16, 4)]
-    )
+def test_a_valid_iban_whose_account_number_passes_the_luhn_check_is_one_iban(card, groups, data):
+    """Catches (with the card after an IBAN-shaped prefix redacted): a valid IBAN whose
+    account number reads as a card redacted in part, as a card, and not whole."""
+    digits = card.replace("-", "").replace(" ", "")
+    body = " ".join(["1234"] * groups + [digits[i : i + 4] for i in range(0, 16, 4)])
     iban = next(
         code
         for check in range(100)
-        if not iban_valid((code := f"DE{check:02d} {body}").replace(" ", ""))
+        if iban_valid((code := f"DE{check:02d} {body}").replace(" ", ""))
     )
     text = f"iban {iban} please"
     chunks = data.draw(chunkings(text, max_cuts=10), label="chunks")
-    assert through(pii(), chunks) == text
+    assert through(pii(), chunks) == "iban [IBAN] please"
 
 
 @settings(max_examples=100)
@@ -341,8 +370,11 @@ def test_every_valid_iban_is_redacted_however_it_arrives(iban, data):
 
 @settings(max_examples=60)
 @given(iban=ibans(valid=False))
-def test_an_iban_failing_its_checksum_is_never_redacted(iban):
-    assert pii().redact_text(f"send to {iban} today") == f"send to {iban} today"
+def test_an_iban_failing_its_checksum_is_never_redacted_as_an_iban(iban):
+    # Its groups may still hold a valid card, which `pii()` redacts as one.
+    text = f"send to {iban} today"
+    assert pii("iban").redact_text(text) == text
+    assert "[IBAN]" not in pii().redact_text(text)
 
 
 def test_the_order_of_kinds_does_not_change_the_result():
