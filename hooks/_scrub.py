@@ -76,12 +76,17 @@ def _scrub_parts(replacer: Redact, parts: tuple[Part, ...]) -> tuple[Part, ...]:
     """`parts` with their text scrubbed as one text (``Message.text``, the text parts
     joined), so that what spans two parts is found: a replacement goes in the part where
     its match starts, and the rest of the match leaves the parts it runs on into.
+
+    A text part the scrubbing empties (a match ran over all of it, or was replaced by no
+    text) is dropped, meta and all: providers refuse empty text parts. A message it would
+    leave without any part keeps the first of them, empty, as ``Message.user("")`` is.
     """
     whole = "".join([part.text for part in parts if type(part) is Text])
     spans = replacer._replacements(whole)
     if not spans:
         return parts
     scrubbed: list[Part] = []
+    emptied: list[Text] = []
     start = 0  # where the part starts in `whole`
     done = 0  # how far `whole` has been written (past `start` when a match runs on)
     index = 0
@@ -100,8 +105,13 @@ def _scrub_parts(replacer: Redact, parts: tuple[Part, ...]) -> tuple[Part, ...]:
         pieces.append(whole[pos:end])
         done = max(pos, end)
         text = "".join(pieces)
-        scrubbed.append(part if text == part.text else attrs.evolve(part, text=text))
+        if text or not part.text:
+            scrubbed.append(part if text == part.text else attrs.evolve(part, text=text))
+        else:
+            emptied.append(attrs.evolve(part, text=""))
         start = end
+    if not scrubbed:
+        return (emptied[0],)
     return tuple(scrubbed)
 
 
