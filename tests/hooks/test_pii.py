@@ -287,6 +287,25 @@ def test_a_card_number_after_or_before_a_dash_is_redacted(text, expected):
     assert through(pii(), list(text)) == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("call 1-555-010-0199 now", "call [PHONE] now"),
+        ("call 1.555.010.0199 now", "call [PHONE] now"),
+        ("call 1 (555) 010-0199 now", "call [PHONE] now"),
+        ("call 1 555 010 0199 now", "call [PHONE] now"),
+        ("id 21-555-010-0199", "id 21-555-010-0199"),
+    ],
+)
+def test_a_north_american_phone_with_its_country_code_is_redacted_whole(text, expected):
+    """Catches: "1-555-010-0199" and "1.555.010.0199", the way the numbers are dialled in
+    North America, reaching the user whole: the number refused any start after a dash or a
+    dot, so the "1-" in front hid it (and "1 555 010 0199" kept its "1" outside the
+    redaction). A longer number ("21-555-...") is still no phone."""
+    assert pii().redact_text(text) == expected
+    assert through(pii(), list(text)) == expected
+
+
 def test_a_card_after_an_iban_shaped_prefix_is_redacted():
     """Catches: "Ref AB12 4111 1111 1111 1111" reaching the user whole: the card refused any
     start after two capitals, two digits and a space, whether or not they began an IBAN."""
