@@ -256,6 +256,37 @@ async def test_undecodable_arguments_from_the_provider_never_reach_the_tool() ->
     )
 
 
+async def test_a_hook_that_repairs_undecodable_arguments_runs_the_tool_with_them() -> None:
+    """A rewrite of arguments that did not decode used to be refused as invalid_arguments:
+    the provider's mark, which described the model's arguments, stayed on the repaired call."""
+    trace: list[str] = []
+    broken = ToolCall(
+        "c1", "lookup", {}, {"invalid_arguments": {"raw": '{"city": "a",}', "error": "bad JSON"}}
+    )
+    repair = before("repair", lambda c: cont(c.with_arguments({"city": "a"})))
+    pipe, _ = pipe_with([[broken], "done"], lookup_tool(trace), before_tool=[repair])
+
+    result = await pipe.run(start())
+
+    (answer,) = results_of(result.reply.messages)
+    assert (trace, answer.content, answer.is_error) == (["lookup:a"], "lookup(a)", False)
+
+
+async def test_a_hook_that_passes_undecodable_arguments_on_still_gets_invalid_arguments() -> None:
+    """Clearing the provider's mark on a rewrite must not let unchanged arguments through."""
+    trace: list[str] = []
+    broken = ToolCall("c1", "lookup", {}, {"invalid_arguments": {"raw": "{", "error": "bad JSON"}})
+    keep = before("keep", lambda c: cont(c.with_arguments({})))
+    pipe, _ = pipe_with([[broken], "done"], lookup_tool(trace), before_tool=[keep])
+
+    result = await pipe.run(start())
+
+    assert (trace, [r.error_class for r in results_of(result.reply.messages)]) == (
+        [],
+        ["invalid_arguments"],
+    )
+
+
 @attrs.frozen
 class Order:
     quantity: int = attrs.field(validator=attrs.validators.gt(0))
