@@ -498,8 +498,8 @@ def tool(
 
     Each parameter becomes an argument of the JSON Schema: str, int, float, bool, list[...],
     dict[str, ...], Literal[...], optional values (``X | None``), attrs classes; a parameter
-    with a default is not required. A parameter annotated `Scope` receives the turn's scope
-    and is not shown to the model. The description is the docstring's text, and each
+    with a default is not required. A parameter annotated `Scope` (or ``Scope | None``)
+    receives the turn's scope and is not shown to the model. The description is the docstring's text, and each
     argument's note in its ``Args:`` section describes that argument.
 
     Raises:
@@ -540,7 +540,7 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
         if parameter.kind is parameter.POSITIONAL_ONLY:
             raise ConfigError(f"{where}: tools are called with keyword arguments, not positional")
         annotation = hints.get(parameter.name, inspect.Parameter.empty)
-        if annotation is Scope:
+        if _is_scope(annotation):
             scope = parameter.name
             continue
         if annotation is inspect.Parameter.empty:
@@ -562,6 +562,17 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
         arguments=arguments,
         scope=scope,
     )
+
+
+def _is_scope(annotation: Any) -> bool:
+    """Whether a parameter annotated so receives the turn's scope: `Scope`, or an optional
+    one (``Scope | None = None``, so that the function can still be called without it)."""
+    if annotation is Scope:
+        return True
+    origin = typing.get_origin(annotation)
+    return (origin is typing.Union or origin is types.UnionType) and set(
+        typing.get_args(annotation)
+    ) == {Scope, type(None)}
 
 
 def schema_tool(

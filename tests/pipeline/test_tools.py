@@ -2,7 +2,7 @@
 
 import json
 import threading
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 import attrs
 import hypothesis.strategies as st
@@ -216,6 +216,26 @@ def test_a_scope_parameter_is_not_shown_to_the_model() -> None:
     def whoami(greeting: str, scope: Scope) -> str:
         return greeting
 
+    parameters = tool(whoami).parameters
+    assert (list(parameters["properties"]), parameters["required"]) == (
+        ["greeting"],
+        ["greeting"],
+    )
+
+
+# Optional[Scope] is a typing.Union at run time, unlike Scope | None: both must be recognized.
+OPTIONAL_SCOPES = [Scope | None, Optional[Scope]]  # noqa: UP045
+
+
+@pytest.mark.parametrize("annotation", OPTIONAL_SCOPES, ids=["union", "Optional"])
+def test_an_optional_scope_parameter_is_not_shown_to_the_model(annotation) -> None:
+    """`scope: Scope | None = None` used to be described to the model as an object (and
+    refused, since a Scope's assigns are no JSON type), not recognized as the scope."""
+
+    def whoami(greeting: str, scope=None) -> str:
+        return greeting
+
+    whoami.__annotations__ = {"greeting": str, "scope": annotation}
     parameters = tool(whoami).parameters
     assert (list(parameters["properties"]), parameters["required"]) == (
         ["greeting"],
@@ -568,6 +588,22 @@ async def test_a_scope_parameter_receives_an_empty_scope_when_none_is_given() ->
 
     await whoami.run(call("whoami"))
     assert seen == [Scope()]
+
+
+async def test_an_optional_scope_parameter_receives_the_scope_given() -> None:
+    """`scope: Scope | None = None` used to fail the tool's build instead of receiving the
+    scope."""
+    seen: list[Scope | None] = []
+
+    @tool
+    async def whoami(scope: Scope | None = None) -> str:
+        seen.append(scope)
+        return "me"
+
+    scope = Scope(current_user="ann")
+    await whoami.run(call("whoami"), scope)
+    await whoami.run(call("whoami"))
+    assert seen == [scope, Scope()]
 
 
 async def test_the_function_receives_the_attrs_instance() -> None:
