@@ -8,6 +8,7 @@ so a tool only ever sees arguments of the types it declared.
 """
 
 import contextvars
+import functools
 import inspect
 import json
 import re
@@ -499,8 +500,10 @@ def tool(
     Each parameter becomes an argument of the JSON Schema: str, int, float, bool, list[...],
     dict[str, ...], Literal[...], optional values (``X | None``), attrs classes; a parameter
     with a default is not required. A parameter annotated `Scope` (or ``Scope | None``)
-    receives the turn's scope and is not shown to the model. The description is the docstring's text, and each
-    argument's note in its ``Args:`` section describes that argument.
+    receives the turn's scope and is not shown to the model. The description is the
+    docstring's text, and each argument's note in its ``Args:`` section describes that
+    argument. `fn` may also be a `functools.partial` (what it binds by keyword is fixed, not
+    shown to the model) or an object with a typed ``__call__``.
 
     Raises:
         ConfigError: The function cannot be described to the model (a missing or
@@ -516,17 +519,18 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
         raise ConfigError(f"tool {fn.name!r} is already a Tool; pass it as it is")
     if not callable(fn):
         raise ConfigError(f"tool(...) needs a function, got {describe(fn)}")
-    label = name if name is not None else getattr(fn, "__name__", callable_name(fn))
+    inner, bound = _unwrapped(fn)
+    label = name if name is not None else getattr(inner, "__name__", callable_name(fn))
     if not isinstance(label, str) or not _NAME.fullmatch(label):
         raise ConfigError(
             f"tool name {label!r} is not one providers accept: use 1-64 letters, digits, '_' or '-'"
         )
     if description is not None and not isinstance(description, str):
         raise ConfigError(f"tool {label!r}: description must be text, got {describe(description)}")
-    doc, notes = _docstring(fn)
+    doc, notes = _docstring(inner)
     try:
         signature = inspect.signature(fn)
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(_annotated(inner))
     except (TypeError, ValueError, NameError) as exc:
         raise ConfigError(f"tool {label!r}: cannot read the signature of {fn!r}: {exc}") from exc
     fields: dict[str, _Shape] = {}
@@ -534,6 +538,8 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
     defaults: dict[str, Any] = {}
     scope: str | None = None
     for parameter in signature.parameters.values():
+        if parameter.name in bound:
+            continue  # fixed by a partial: not the model's to choose
         where = f"tool {label!r}, argument {parameter.name!r}"
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise ConfigError(f"{where}: *args and **kwargs cannot be described to the model")
@@ -562,6 +568,24 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
         arguments=arguments,
         scope=scope,
     )
+
+
+def _unwrapped(fn: Callable[..., Any]) -> tuple[Callable[..., Any], frozenset[str]]:
+    """The function inside `fn`'s partials (what names and describes it), and the
+    arguments they bind by keyword."""
+    bound: set[str] = set()
+    while isinstance(fn, functools.partial):
+        bound.update(fn.keywords)
+        fn = fn.func
+    return fn, frozenset(bound)
+
+
+def _annotated(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """What holds the annotations of `fn`'s parameters: a callable object's ``__call__``."""
+    if inspect.isroutine(fn) or isinstance(fn, type):
+        return fn
+    call: Callable[..., Any] = type(fn).__call__
+    return call
 
 
 def _is_scope(annotation: Any) -> bool:

@@ -1,5 +1,6 @@
 """`tool()`: schemas derived from signatures, argument checks, running and encoding results."""
 
+import functools
 import json
 import threading
 from typing import Any, Literal, Optional
@@ -193,6 +194,43 @@ def test_the_name_defaults_to_the_function_name() -> None:
         return city
 
     assert tool(forecast).name == "forecast"
+
+
+def search_index(query: str, index: dict[str, str], limit: int = 3) -> str:
+    """Search the index."""
+    return ",".join(v for k, v in index.items() if query in k)[: limit * 10]
+
+
+def test_a_partial_is_named_and_described_by_its_function() -> None:
+    """A functools.partial used to be refused: its annotations were not read through it."""
+    made = tool(functools.partial(search_index, index={}))
+    assert (made.name, made.description) == ("search_index", "Search the index.")
+
+
+def test_an_argument_a_partial_binds_is_not_shown_to_the_model() -> None:
+    """The arguments a partial fixes are not the model's to choose (nor to be described)."""
+    parameters = tool(functools.partial(search_index, index={}, limit=1)).parameters
+    assert (list(parameters["properties"]), parameters["required"]) == (["query"], ["query"])
+
+
+class Forecaster:
+    """Forecasts for one region."""
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+
+    async def __call__(self, city: str, days: int = 1) -> str:
+        return f"{self.region}/{city}/{days}"
+
+
+def test_a_callable_object_is_described_by_its_call_method() -> None:
+    """An object with a typed __call__ used to be refused: its annotations were not read."""
+    made = tool(Forecaster("eu"), name="forecast")
+    assert (made.description, made.parameters["required"], made.is_async) == (
+        "Forecasts for one region.",
+        ["city"],
+        True,
+    )
 
 
 def test_tool_works_as_a_bare_decorator() -> None:
@@ -604,6 +642,27 @@ async def test_an_optional_scope_parameter_receives_the_scope_given() -> None:
     await whoami.run(call("whoami"), scope)
     await whoami.run(call("whoami"))
     assert seen == [scope, Scope()]
+
+
+async def test_a_partial_runs_with_what_it_binds_and_the_models_arguments() -> None:
+    made = tool(functools.partial(search_index, index={"oslo": "rain", "bergen": "fog"}))
+    result = await made.run(call("search_index", {"query": "oslo"}))
+    assert (result.content, result.is_error) == ("rain", False)
+
+
+async def test_a_model_cannot_set_an_argument_a_partial_binds() -> None:
+    made = tool(functools.partial(search_index, index={}))
+    result = await made.run(call("search_index", {"query": "x", "index": {"a": "b"}}))
+    assert (result.error_class, "index: unexpected argument" in result.content) == (
+        "invalid_arguments",
+        True,
+    )
+
+
+async def test_a_callable_object_runs_as_a_tool() -> None:
+    made = tool(Forecaster("eu"), name="forecast")
+    result = await made.run(call("forecast", {"city": "Oslo", "days": 2}))
+    assert (result.content, result.is_error) == ("eu/Oslo/2", False)
 
 
 async def test_the_function_receives_the_attrs_instance() -> None:
