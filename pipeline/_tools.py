@@ -119,8 +119,13 @@ class _Literal(_Shape):
             self.schema = {"type": kinds.pop(), "enum": list(values)}
 
     def convert(self, value: Any, path: str, problems: _Problems) -> Any:
+        # As for int and float: JSON has one number type (1.0 is 1), and no bool among them.
+        numbers = (int, float)
         for allowed in self.values:
-            if type(value) is type(allowed) and value == allowed:
+            if value == allowed and (
+                type(value) is type(allowed)
+                or (type(value) in numbers and type(allowed) in numbers)
+            ):
                 return allowed
         problems.add(path, f"expected one of {list(self.values)!r}, got {_json_describe(value)}")
         return _INVALID

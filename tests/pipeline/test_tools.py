@@ -453,6 +453,24 @@ def test_a_literal_accepts_only_its_values() -> None:
     ) == ("value: expected one of ['celsius', 'kelvin'], got string \"fahrenheit\"")
 
 
+def test_a_whole_float_is_accepted_as_an_int_literal_value() -> None:
+    """A number literal used to demand the exact JSON spelling (1.0 refused for Literal[1])
+    while an int argument accepts 3.0: JSON has one number type."""
+    checked = probe_for(Literal[1, 2]).check(call(arguments={"value": 1.0}))
+    assert (checked, type(checked["value"])) == ({"value": 1}, int)
+
+
+def test_an_int_is_accepted_as_a_float_literal_value() -> None:
+    checked = probe_for(Literal[0.5, 2.0]).check(call(arguments={"value": 2}))
+    assert (checked, type(checked["value"])) == ({"value": 2.0}, float)
+
+
+def test_a_bool_is_not_a_number_literal_value() -> None:
+    assert probe_for(Literal[1, 2]).check(call(arguments={"value": True})) == (
+        "value: expected one of [1, 2], got boolean true"
+    )
+
+
 def test_an_optional_accepts_null() -> None:
     assert probe_for(int | None).check(call(arguments={"value": None})) == {"value": None}
 
