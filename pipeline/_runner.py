@@ -104,7 +104,7 @@ class Runner:
             if hook.is_async:
                 return await hook.fn(*args)
             if threaded:
-                result = await anyio.to_thread.run_sync(hook.fn, *args)
+                (result,) = await anyio.to_thread.run_sync(_boxed, hook.fn, *args)
                 # A cancellation that came while the thread ran is left pending (the thread
                 # could not be interrupted): the turn stops here, not at a later checkpoint
                 # it may never reach.
@@ -114,9 +114,10 @@ class Runner:
         with anyio.move_on_after(hook.timeout) as scope:
             if hook.is_async:
                 return await hook.fn(*args)
-            return await _settle(
-                await anyio.to_thread.run_sync(hook.fn, *args, abandon_on_cancel=True)
+            (result,) = await anyio.to_thread.run_sync(
+                _boxed, hook.fn, *args, abandon_on_cancel=True
             )
+            return await _settle(result)
         assert scope.cancelled_caught
         raise HookTimeout(
             f"hook {step.label} did not finish within its timeout of {hook.timeout} s",
@@ -496,6 +497,15 @@ def _reason(signal: object) -> str | None:
     if type(signal) is Ask:
         return signal.question
     return None
+
+
+def _boxed(fn: Callable[..., Any], *args: Any) -> tuple[Any]:
+    """`fn`'s result in a tuple, so that a worker thread may hand back a coroutine.
+
+    trio refuses a thread's coroutine result (it takes the function for an async one that
+    looked sync); asyncio passes it on. Boxed, both pass it to `_settle`, which awaits it.
+    """
+    return (fn(*args),)
 
 
 async def _settle(result: Any) -> Any:

@@ -154,6 +154,17 @@ async def test_in_a_group_a_sync_search_runs_in_a_worker_thread():
     assert threads == [False]
 
 
+async def test_in_a_group_a_sync_search_returning_an_awaitable_is_awaited():
+    """A sync search returning a coroutine (a lambda around an async search) used to fail
+    the turn on trio, which refuses a coroutine from a worker thread; asyncio awaited it."""
+    around = retrieve(lambda query, k: search_memory(query, k), k=1)
+    pipe = Pipeline(model=ScriptedModel(["ok"]), pre=[parallel(around)])
+    result = await pipe.run(Turn.start("refund"))
+    assert [i.parts for i in result.turn.injections] == [
+        (Text("Ada asked about 'refund' before."),)
+    ]
+
+
 async def test_a_hanging_sync_search_is_abandoned_when_its_timeout_fires(autojump_clock):
     release = threading.Event()
 

@@ -238,6 +238,27 @@ async def test_sync_member_runs_in_a_worker_thread():
     assert len(threads) == 1
 
 
+async def parts_named(name):
+    await anyio.lowlevel.checkpoint()
+    return [Text(name)]
+
+
+async def test_a_sync_member_returning_an_awaitable_is_awaited():
+    """A sync member that returns a coroutine (a lambda around an async function) used to
+    fail on trio, which refuses a coroutine from a worker thread, while asyncio awaited it."""
+    result = await pipe_with(parallel(hook(lambda turn: parts_named("a"), name="a"))).run(
+        Turn.start("hi")
+    )
+    assert sources(result) == ["a"]
+
+
+async def test_a_sync_member_with_a_timeout_returning_an_awaitable_is_awaited():
+    """The same through the timeout's worker thread."""
+    late = hook(lambda turn: parts_named("a"), name="a", timeout=5)
+    result = await pipe_with(parallel(late)).run(Turn.start("hi"))
+    assert sources(result) == ["a"]
+
+
 # -- halts ------------------------------------------------------------------------------------
 
 
