@@ -426,7 +426,8 @@ class Tool:
         """Run the tool on arguments `check` gave; an exception becomes a ``tool_error``.
 
         A sync tool runs in a worker thread, so that it cannot block the turn's other tool
-        calls; a thread cannot be interrupted, so a cancelled turn waits for it to return.
+        calls; a thread cannot be interrupted, so a cancelled turn waits for it to return. An
+        awaitable it returns is awaited.
         """
         if self._scope is not None:
             arguments = {**arguments, self._scope: scope if scope is not None else Scope()}
@@ -434,10 +435,14 @@ class Tool:
             if self.is_async:
                 value = await self.fn(**arguments)
             else:
-                value = await anyio.to_thread.run_sync(_call_with, self.fn, arguments)
+                (value,) = await anyio.to_thread.run_sync(_call_with, self.fn, arguments)
                 # A cancellation that came while the thread ran is left pending: the call is
                 # cancelled now, as an async tool would have been.
                 await anyio.lowlevel.checkpoint_if_cancelled()
+                if inspect.isawaitable(value):
+                    # A function that looked sync but returned an awaitable (a decorated
+                    # coroutine function), as for hooks.
+                    value = await value
             content = encode_result(value)
         except ToolFailure as exc:
             return ToolResult(
@@ -464,8 +469,9 @@ def invalid_arguments(tool: Tool, call: ToolCall, problems: str) -> ToolResult:
     )
 
 
-def _call_with(fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
-    return fn(**arguments)
+def _call_with(fn: Callable[..., Any], arguments: dict[str, Any]) -> tuple[Any]:
+    # Boxed: trio refuses a coroutine a worker thread returns, asyncio passes it on.
+    return (fn(**arguments),)
 
 
 def encode_result(value: Any) -> str:

@@ -5,6 +5,7 @@ import json
 import threading
 from typing import Any, Literal, Optional
 
+import anyio
 import attrs
 import hypothesis.strategies as st
 import pytest
@@ -619,6 +620,30 @@ async def test_an_async_tool_is_awaited() -> None:
         return {"city": city}
 
     assert (await where.run(call("where", {"city": "Oslo"}))).content == '{"city": "Oslo"}'
+
+
+def logged(fn):
+    """A decorator unaware of coroutines: its wrapper looks sync and returns fn's result."""
+
+    def wrapper(city: str):
+        return fn(city)
+
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+async def test_a_sync_looking_tool_returning_an_awaitable_is_awaited() -> None:
+    """A decorated async tool whose wrapper looks sync used to fail with a tool_error, whose
+    text even differed by loop (trio refused the coroutine, asyncio could not encode it)."""
+
+    @tool
+    @logged
+    async def where(city: str) -> dict:
+        await anyio.lowlevel.checkpoint()
+        return {"city": city}
+
+    result = await where.run(call("where", {"city": "Oslo"}))
+    assert (result.content, result.is_error) == ('{"city": "Oslo"}', False)
 
 
 async def test_a_scope_parameter_receives_the_scope_given() -> None:
