@@ -62,6 +62,17 @@ def wrong_return_hint(result: object, *, group: bool, stage: str = "pre") -> str
         return " — regenerate() is for post hooks, which see the reply"
     if type(result) in (Block, Ask):
         return f" — {type(result).__name__.lower()}() is for before_tool hooks"
+    if (
+        not group
+        and isinstance(result, list | tuple)
+        and result
+        and all(type(item) in PART_TYPES for item in result)
+    ):
+        return (
+            " — parts are what a parallel member returns: if it is one (`retrieve(...)`"
+            " is), place it inside `parallel(...)`; else inject them:"
+            " `return cont(turn.inject(*parts))`"
+        )
     if isinstance(result, str | list) or type(result) in PART_TYPES:
         if group:
             return " — return a list of parts: `return [Text(...)]`"

@@ -127,6 +127,20 @@ async def test_a_search_returning_something_else_fails_naming_it(returned, culpr
     assert culprit in str(info.value)
 
 
+async def test_retrieve_placed_as_an_ordered_hook_is_told_to_go_in_a_group():
+    """Catches: `retrieve(...)` put straight into ``pre`` (not in ``parallel(...)``) failing
+    with advice to `return cont(turn.inject(...))`, a fix for a hook the user wrote, not for
+    one the library built."""
+    from pipeline import HookReturnError
+
+    pipe = Pipeline(model=ScriptedModel(["ok"]), pre=[retrieve(search_docs)])
+    with pytest.raises(HookReturnError) as info:
+        await pipe.run(Turn.start("refund?"))
+    message = str(info.value)
+    assert "search_docs" in message
+    assert "place it inside `parallel(...)`" in message
+
+
 async def test_in_a_group_passages_join_in_declaration_order(autojump_clock):
     async def slow(query: str, k: int) -> list[str]:
         await anyio.sleep(3)
