@@ -12,6 +12,7 @@ from .._audit import AuditRecord
 from ._protocol import (
     ConversationInfo,
     LogEntry,
+    as_messages,
     by_recency,
     check_append,
     check_id,
@@ -49,7 +50,7 @@ class MemoryLog:
         *,
         expected_length: int | None = None,
     ) -> None:
-        messages = tuple(messages)
+        messages = as_messages(turn_ref, messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
         check_values(self, conversation_id, turn_ref, messages, audit)
         await anyio.lowlevel.checkpoint_if_cancelled()

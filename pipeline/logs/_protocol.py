@@ -3,7 +3,7 @@
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol, final, runtime_checkable
+from typing import Any, Protocol, cast, final, runtime_checkable
 
 import attrs
 
@@ -103,9 +103,37 @@ def by_recency(infos: Iterable[ConversationInfo]) -> tuple[ConversationInfo, ...
 
 
 def check_id(conversation_id: object) -> None:
-    """Raise unless `conversation_id` is a non-empty string."""
+    """Raise unless `conversation_id` is a non-empty string a log can store."""
     if not isinstance(conversation_id, str) or not conversation_id:
         raise ValueError(f"a conversation id must be a non-empty string, got {conversation_id!r}")
+    if "\x00" in conversation_id:
+        raise ValueError(
+            f"a conversation id must not hold a NUL character, got {conversation_id!r}{_NUL}"
+        )
+
+
+_NUL = " — PostgreSQL cannot store one in text, so no log takes it (the logs agree)"
+
+
+def as_messages(turn_ref: object, messages: object) -> tuple[Message, ...]:
+    """`append`'s messages as a tuple, or a TypeError saying what was passed instead."""
+    if isinstance(messages, Context):
+        raise TypeError(
+            f"append({turn_ref!r}): messages is a Context; pass the messages to add, not a"
+            " conversation: e.g. result.log_messages"
+        )
+    if isinstance(messages, Message):
+        raise TypeError(
+            f"append({turn_ref!r}): messages is one Message; pass a sequence of them: (message,)"
+        )
+    try:
+        items = iter(cast("Iterable[Message]", messages))
+    except TypeError:
+        raise TypeError(
+            f"append({turn_ref!r}): messages must be a sequence of turns.Message, got"
+            f" {type(messages).__name__}"
+        ) from None
+    return tuple(items)
 
 
 def check_append(
@@ -119,6 +147,8 @@ def check_append(
     check_id(conversation_id)
     if not isinstance(turn_ref, str) or not turn_ref:
         raise ValueError(f"a turn_ref must be a non-empty string, got {turn_ref!r}")
+    if "\x00" in turn_ref:
+        raise ValueError(f"a turn_ref must not hold a NUL character, got {turn_ref!r}{_NUL}")
     for index, message in enumerate(messages):
         if not isinstance(message, Message):
             raise TypeError(

@@ -21,6 +21,7 @@ from ._pool import Connections, DatabaseLog
 from ._protocol import (
     ConversationInfo,
     LogEntry,
+    as_messages,
     check_append,
     check_values,
     conflict,
@@ -111,7 +112,7 @@ class SQLiteLog(DatabaseLog):
         *,
         expected_length: int | None = None,
     ) -> None:
-        messages = tuple(messages)
+        messages = as_messages(turn_ref, messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
         check_values(self, conversation_id, turn_ref, messages, audit)
         stored = self._encode(conversation_id, turn_ref, messages, audit)

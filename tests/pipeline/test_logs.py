@@ -423,7 +423,14 @@ async def test_a_session_cancelled_during_its_commit_stays_in_step_with_the_log(
 # -- bad arguments --------------------------------------------------------------------------
 
 
-BAD_IDS = [pytest.param("", id="empty"), pytest.param(None, id="none"), pytest.param(7, id="int")]
+BAD_IDS = [
+    pytest.param("", id="empty"),
+    pytest.param(None, id="none"),
+    pytest.param(7, id="int"),
+    # Catches: a NUL stored by SQLite and the memory log but failing PostgreSQL's commit
+    # with a DataError that named no argument, so the logs disagreed.
+    pytest.param("conv\x00", id="nul"),
+]
 
 
 @pytest.mark.parametrize("conversation_id", BAD_IDS)
@@ -444,7 +451,7 @@ async def test_entries_rejects_a_bad_conversation_id(log, conversation_id):
         await log.entries(conversation_id)
 
 
-@pytest.mark.parametrize("turn_ref", ["", None, 3])
+@pytest.mark.parametrize("turn_ref", ["", None, 3, "turn\x00"])
 async def test_append_rejects_a_bad_turn_ref(log, turn_ref):
     with pytest.raises(ValueError, match="turn_ref"):
         await log.append(CONVERSATION, turn_ref, exchange("hi", "hello"))
@@ -455,6 +462,24 @@ async def test_append_rejects_something_that_is_not_a_message_naming_its_positio
         await log.append(CONVERSATION, "turn-1", [Message.user("hi"), "hello"])
 
     assert "Message.user" in str(excinfo.value)
+    assert await log.entries(CONVERSATION) == ()
+
+
+@pytest.mark.parametrize(
+    ("messages", "said"),
+    [
+        pytest.param(Context(messages=exchange("hi", "hello")), "is a Context", id="context"),
+        pytest.param(Message.user("hi"), "is one Message", id="message"),
+        pytest.param(5, "sequence of turns.Message, got int", id="int"),
+    ],
+)
+async def test_append_says_what_its_messages_were_instead_of_a_sequence(log, messages, said):
+    """Catches: a Context, a lone Message or a number passed as `messages` failing with
+    Python's own "object is not iterable", which named neither the call nor the fix."""
+    with pytest.raises(TypeError, match=said) as excinfo:
+        await log.append(CONVERSATION, "turn-1", messages)
+
+    assert "append('turn-1')" in str(excinfo.value)
     assert await log.entries(CONVERSATION) == ()
 
 
