@@ -8,7 +8,8 @@ Every wait on the server is bounded by the toolset's ``timeout``: a server that 
 crashes or disconnects gives that call a ``tool_error`` naming the server, marks the
 connection dead, and the next turn connects again. Closing stops the server process (the
 SDK's stdio transport closes its stdin, then terminates and kills its process group), also
-when the owner is cancelled.
+when the owner is cancelled; a connection closed while it is still starting stops its start
+at once instead of waiting for its ``connect_timeout``.
 
 The SDK (extra ``turnplug[mcp]``) is imported when a server is first connected.
 """
@@ -299,6 +300,8 @@ class Connection:
         self._stop = anyio.Event()
         self._stopped = anyio.Event()
         self._stopped.set()
+        self._starting = anyio.CancelScope()
+        self._ready = anyio.Event()
         self._lock = anyio.Lock()
         self._session_lost = False
 
@@ -307,13 +310,20 @@ class Connection:
         return f"MCP server {self.spec.name!r} ({self.spec.where})"
 
     async def open(self, group: anyio.abc.TaskGroup) -> None:
-        """Connect, initialize and list the tools; `ToolsetError` when that fails."""
+        """Connect, initialize and list the tools; `ToolsetError` when that fails.
+
+        Cancelled while the server is still starting, the start goes on in the owner's task
+        group until `close` (or `_halt`) stops it.
+        """
         ready = anyio.Event()
         failure: list[str] = []
         self._stop = anyio.Event()
         self._stopped = anyio.Event()
+        # Created here, before the task runs, so that a close that comes first still stops it.
+        self._starting = anyio.CancelScope()
+        self._ready = ready
         self._session_lost = False
-        group.start_soon(self._keep, ready, failure)
+        group.start_soon(self._keep, ready, failure, self._starting)
         await ready.wait()
         if failure:
             self.fail(failure[0])
@@ -346,11 +356,27 @@ class Connection:
 
     async def _halt(self) -> None:
         self._stop.set()
+        if not self._ready.is_set():
+            # Still starting (it only sees `_stop` once ready): a server that hangs would be
+            # waited for until its connect_timeout. Its transport closes all the same (the
+            # SDK's stdio shutdown is shielded).
+            self._starting.cancel()
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.spec.connect_timeout + 10):
             await self._stopped.wait()
 
-    async def _keep(self, ready: anyio.Event, failure: list[str]) -> None:
-        """The task that owns the connection: open it, report, hold it until stopped."""
+    async def _keep(
+        self, ready: anyio.Event, failure: list[str], starting: anyio.CancelScope
+    ) -> None:
+        """The task that owns the connection: open it, report, hold it until stopped.
+
+        `starting` is cancelled when the connection is closed before it is ready.
+        """
+        with starting:
+            await self._hold(ready, failure)
+
+    async def _hold(self, ready: anyio.Event, failure: list[str]) -> None:
+        """Open the connection, report on `ready` (a failure in `failure`), hold it until
+        `_stop`."""
         # The server's stderr, kept to explain a failed start (closed in `finally`).
         errlog: TextIO = tempfile.TemporaryFile(  # noqa: SIM115
             "w+", encoding="utf-8", errors="replace"

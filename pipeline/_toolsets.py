@@ -280,7 +280,12 @@ class Toolbox:
         self.closed = False
 
     async def open(self) -> None:
-        """Connect every server (concurrently); the first failure raises `ToolsetError`."""
+        """Connect every server (concurrently); the first failure raises `ToolsetError`.
+
+        The first failure stops the other servers' starts at once (`close` ends them): a
+        server that failed straight away is not reported only once the slowest of the
+        others has started or run out its connect_timeout.
+        """
         failures: list[BaseException] = []
 
         async def connect(connection: Connection) -> None:
@@ -288,6 +293,7 @@ class Toolbox:
                 await connection.open(self.group)
             except ToolsetError as error:
                 failures.append(error)
+                group.cancel_scope.cancel()
 
         async with anyio.create_task_group() as group:
             for connection in self.connections:

@@ -10,6 +10,9 @@
 - ``colliding``: offers ``a.b`` and ``a_b``, one name once sanitized;
 - ``badref``: offers ``refd``, whose listed input schema has a ``$ref`` that points nowhere;
 - ``http PORT``: the ``tools`` server over streamable HTTP on 127.0.0.1:PORT.
+
+With ``FAULTY_STARTS`` set in its environment, every start appends the process's id to the
+file it names, before it serves.
 """
 
 import base64
@@ -132,6 +135,10 @@ def silent() -> None:
 
 if __name__ == "__main__":
     mode = sys.argv[1]
+    starts = os.environ.get("FAULTY_STARTS")
+    if starts:
+        with open(starts, "a", encoding="utf-8") as log:
+            log.write(f"{os.getpid()}\n")
     if mode == "silent":
         silent()
     elif mode == "tools":

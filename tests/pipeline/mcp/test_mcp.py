@@ -5,10 +5,12 @@ Every test ends by checking the process table: no server process outlives its ow
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Iterator
 
 import anyio
+import psutil
 import pytest
 
 from pipeline import ConfigError, Pipeline, ToolsetError, cont, hook, mcp_toolset
@@ -167,6 +169,39 @@ async def test_a_server_that_never_answers_initialize_fails_the_open_naming_it()
     assert caught.value.toolset == "faulty"
     assert "MCP server 'faulty'" in str(caught.value)
     assert "did not answer initialize within its connect_timeout of 1 s" in str(caught.value)
+    assert server_processes() == []
+
+
+async def test_a_server_that_fails_at_once_fails_the_open_without_waiting_for_a_hung_one(
+    tmp_path,
+):
+    """Catches: the open of several servers waiting for a hung one's connect_timeout (30 s
+    here) before reporting another that failed at once, and a start it stopped left
+    running."""
+    starts = tmp_path / "starts"
+    hung = faulty_toolset(
+        "silent", name="hung", env={"FAULTY_STARTS": str(starts)}, connect_timeout=30
+    )
+    # Exits as soon as the hung server is running: its failure comes while that one hangs.
+    waits = "import os, sys, time\nwhile not os.path.getsize(sys.argv[1]):\n    time.sleep(0.01)"
+    starts.write_text("")
+    broken = mcp_toolset(
+        "broken",
+        command=sys.executable,
+        args=["-c", f"{waits}\nsys.exit(3)", str(starts)],
+        connect_timeout=30,
+    )
+    pipe = Pipeline(model=ScriptedModel([]), toolsets=[hung, broken])
+    started = time.monotonic()
+    with pytest.raises(ToolsetError) as caught:
+        async with pipe:
+            pass
+
+    assert time.monotonic() - started < 15
+    assert caught.value.toolset == "broken"
+    assert "closed the connection during initialize (did it exit?)" in str(caught.value)
+    (pid,) = map(int, starts.read_text().split())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert server_processes() == []
 
 
