@@ -16,8 +16,8 @@ one turn run outside both), each kept by a task of the owner's task group.
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from typing import Any, Protocol, final
 
 import anyio
@@ -358,23 +358,33 @@ async def open_toolbox(pipe: ToolOwner) -> AsyncIterator[Toolbox]:
 
 @asynccontextmanager
 async def turn_tools(pipe: ToolOwner, toolbox: Toolbox | None) -> AsyncIterator[Mapping[str, Tool]]:
-    """The tools of one turn: from the toolbox of its session or of ``async with pipe``, or
-    from connections opened for this turn alone."""
-    box = toolbox if toolbox is not None else pipe._lifetime.toolbox
-    if box is not None and not box.closed:
-        yield await box.refresh()
+    """The tools of one turn: from the toolbox of its session, else from that of ``async with
+    pipe`` (in use until the turn ends), else from connections opened for this turn alone."""
+    if toolbox is not None and not toolbox.closed:
+        yield await toolbox.refresh()
         return
+    with pipe._lifetime.borrowed() as box:
+        if box is not None:
+            yield await box.refresh()
+            return
     async with open_toolbox(pipe) as opened:
         yield opened.tools
 
 
 @final
 class Lifetime:
-    """What ``async with pipe`` opened: the toolbox, kept while the outermost block runs.
+    """What ``async with pipe`` opened: the toolbox, kept while a block that uses it runs.
 
-    The first task to enter owns the connections; its nested blocks count, and blocks of
-    other tasks borrow the connections (waiting while the owner is still connecting, so
-    that one task opens them, never two).
+    The first task to enter owns the connections: they are kept by tasks of a task group
+    that this task entered, so this task must be the one to close them (AnyIO's rule). Its
+    nested blocks count; blocks of other tasks, and sessions and turns that use the toolbox,
+    borrow it (a block entered while the owner is still connecting waits for it, so that one
+    task opens the connections, never two). When the owner's outermost block ends normally
+    while others still borrow, its exit waits for the last of them to end, then closes: the
+    connections are never closed under a borrower. When it ends with an error or a
+    cancellation, it closes at once (the borrowers' next turns connect for themselves):
+    holding an error back until other tasks finish could wait for ever, since those tasks
+    are often in the task group that the error is to cancel.
     """
 
     def __init__(self) -> None:
@@ -383,6 +393,9 @@ class Lifetime:
         self._owner: object = None
         self._depth = 0
         self._opened = anyio.Event()
+        # Borrows by task (a task's own borrows never hold up its own exit as the owner).
+        self._borrows: dict[object, int] = {}
+        self._returned = anyio.Event()
 
     async def enter(self, pipe: ToolOwner) -> None:
         if not remote_toolsets(pipe.toolsets):
@@ -393,7 +406,8 @@ class Lifetime:
                 self._depth += 1
                 return
             if self._stack is not None:
-                return  # another task's block: it borrows the open connections
+                self._borrow(task)  # another task's block: it borrows the open connections
+                return
             await self._opened.wait()  # the owner is connecting; if that fails, try again
         self._owner, self._depth, self._opened = task, 1, anyio.Event()
         stack = AsyncExitStack()
@@ -407,12 +421,54 @@ class Lifetime:
             self._opened.set()
 
     async def exit(self, exc: BaseException | None) -> None:
-        if self._stack is None or anyio.get_current_task().id != self._owner:
+        task = anyio.get_current_task().id
+        if task != self._owner:
+            self._give_back(task)  # a borrowing block (or a pipeline without MCP toolsets)
             return
         self._depth -= 1
         if self._depth:
             return
+        if exc is None:
+            try:
+                while any(borrower != task for borrower in self._borrows):
+                    self._returned = anyio.Event()
+                    await self._returned.wait()
+            except BaseException as cut:
+                await self._close(cut)
+                raise
+        await self._close(exc)
+
+    @contextmanager
+    def borrowed(self) -> Iterator[Toolbox | None]:
+        """The open toolbox, in use until the block ends (None when none is open)."""
+        box = self.toolbox
+        if box is None:
+            yield None
+            return
+        task = anyio.get_current_task().id
+        self._borrow(task)
+        try:
+            yield box
+        finally:
+            self._give_back(task)
+
+    def _borrow(self, task: object) -> None:
+        self._borrows[task] = self._borrows.get(task, 0) + 1
+
+    def _give_back(self, task: object) -> None:
+        count = self._borrows.get(task)
+        if count is None:
+            return
+        if count > 1:
+            self._borrows[task] = count - 1
+        else:
+            del self._borrows[task]
+        self._returned.set()
+
+    async def _close(self, exc: BaseException | None) -> None:
         stack, self._stack, self.toolbox, self._owner = self._stack, None, None, None
+        if stack is None:
+            return
         if exc is None:
             await stack.aclose()
         else:

@@ -415,6 +415,110 @@ async def test_two_tasks_entering_the_block_at_once_share_one_connection():
     assert server_processes() == []
 
 
+def counted_tools(starts) -> object:
+    """faulty_server.py's tools, each start of its process logged (its pid) in `starts`."""
+    return faulty_toolset("tools", env={"FAULTY_STARTS": str(starts)})
+
+
+def started_pids(starts) -> list[int]:
+    return [int(line) for line in starts.read_text().split()]
+
+
+def alive(pid: int) -> bool:
+    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+
+async def test_a_block_of_another_task_keeps_the_connections_after_the_first_block_leaves(
+    tmp_path,
+):
+    """Catches: the first task's `async with pipe` closing the connections when it leaves
+    while another task's block is still inside, whose turns then start servers of their
+    own; the connections stay open until the last block leaves, and then close."""
+    starts = tmp_path / "starts"
+    pipe = Pipeline(model=echo_turns("faulty", 1), toolsets=[counted_tools(starts)])
+    owner_in, owner_leaving = anyio.Event(), anyio.Event()
+    trace, seen = [], []
+
+    async def owner() -> None:
+        async with pipe:
+            owner_in.set()
+            await borrower_in.wait()
+            owner_leaving.set()  # the borrower runs once this task is in its block's exit
+        trace.append("owner left")
+
+    async def borrower() -> None:
+        await owner_in.wait()
+        async with pipe:
+            borrower_in.set()
+            await owner_leaving.wait()
+            result = await pipe.run(Turn.start("hi"))
+            seen.extend([result.reply.messages[1].parts[0].content, list(trace)])
+            seen.append([alive(pid) for pid in started_pids(starts)])
+        trace.append("borrower left")
+
+    borrower_in = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(owner)
+        group.start_soon(borrower)
+
+    assert seen == ["echo: 0", [], [True]]
+    assert trace == ["borrower left", "owner left"]
+    (pid,) = started_pids(starts)
+    assert not alive(pid)
+    assert server_processes() == []
+
+
+async def test_a_session_of_another_task_keeps_the_connections_after_the_block_leaves(tmp_path):
+    """Catches: a session opened in another task inside `async with pipe` losing the
+    block's connections when the block leaves, its turns then starting a server each."""
+    starts = tmp_path / "starts"
+    pipe = Pipeline(model=echo_turns("faulty", 2), toolsets=[counted_tools(starts)])
+    opened, block_leaving = anyio.Event(), anyio.Event()
+    contents = []
+
+    async def conversation() -> None:
+        async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+            opened.set()
+            await block_leaving.wait()
+            for text in ("one", "two"):
+                result = await session.send(text)
+                contents.append(result.reply.messages[1].parts[0].content)
+
+    async with anyio.create_task_group() as group, pipe:
+        group.start_soon(conversation)
+        await opened.wait()
+        block_leaving.set()
+
+    assert contents == ["echo: 0", "echo: 1"]
+    assert len(started_pids(starts)) == 1
+    assert server_processes() == []
+
+
+async def test_an_error_leaving_the_first_block_is_not_held_back_by_other_blocks():
+    """Catches: the first block's exit waiting for other tasks' blocks also when it ends with
+    an error: a deadlock when those blocks wait for the task group the error is to cancel."""
+    pipe = Pipeline(model=ScriptedModel([]), toolsets=[faulty_toolset("tools")])
+    inside = anyio.Event()
+
+    async def borrower() -> None:
+        async with pipe:
+            inside.set()
+            await anyio.sleep_forever()
+
+    async def owner() -> None:
+        try:
+            async with anyio.create_task_group() as group, pipe:
+                group.start_soon(borrower)
+                await inside.wait()
+                raise KeyError("mine")
+        except BaseExceptionGroup as caught:
+            raise caught.exceptions[0] from None
+
+    with anyio.fail_after(60), pytest.raises(KeyError):
+        await owner()
+    assert server_processes() == []
+
+
 class RawMCP:
     """A hand-written streamable HTTP MCP server with one tool, `echo`, on 127.0.0.1, whose
     answers a test bends: `hang` names the methods it never answers (and ``"DELETE"`` for
