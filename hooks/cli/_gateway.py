@@ -13,7 +13,7 @@ import json
 import logging
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, final
 
@@ -351,7 +351,11 @@ class Gateway:
         # pipeline keeps the accepted turn; a conversation's audit record never names the hook.
         self._accepted: dict[str, Turn] = {}
         self._stateless_pipe = self.pipe
-        if any(isinstance(entry, Hook) and entry.background for entry in self.pipe.post):
+        # The background hooks' names, which a stateless turn cut at its timeout reports.
+        self._background = [
+            entry.name for entry in self.pipe.post if isinstance(entry, Hook) and entry.background
+        ]
+        if self._background:
             keep = hook(self._keep_accepted, name=ACCEPTED_HOOK)
             self._stateless_pipe = attrs.evolve(self.pipe, post=(*self.pipe.post, keep))
         self.settings = settings
@@ -618,32 +622,40 @@ class Gateway:
         turn = turn.with_request(**_set(request.options))
         live = on_text if not self.holds else None
         timeout = self.settings.turn_timeout
-        running: dict[tuple[str, str], None] = {}
+        ended: list[str] = []
         pieces: list[str] = []
         with anyio.CancelScope(deadline=anyio.current_time() + timeout) as deadline:
             async with self._stateless_pipe.stream(turn) as events:
-                pieces = await self._watch(events, live, running)
+                pieces = await self._watch(events, live, ended)
         if not deadline.cancelled_caught:
             return self._answered(events.result).turn, pieces
         accepted = self._accepted.get(turn_ref)
         if accepted is None:
             raise TimeoutError(f"the turn did not finish within {timeout} s")
         # Only background hooks were left: they cannot change the answer, which is sent.
-        self._cut_background(turn_ref, running, timeout)
+        self._cut_background(turn_ref, ended, timeout)
         return accepted, pieces
 
-    def _cut_background(
-        self, turn_ref: str, running: Mapping[tuple[str, str], None], timeout: float
-    ) -> None:
+    def _cut_background(self, turn_ref: str, ended: Sequence[str], timeout: float) -> None:
         """Report the background hooks of an answered stateless turn that the turn timeout
-        cancelled, as a session reports those its drain timeout cancels."""
+        cancelled, as a session reports those its drain timeout cancels.
+
+        Every background hook that was not read ending (`ended`) was cut: also one whose
+        `HookStarted` the timeout kept from being read, or that had not started yet (the
+        timeout cancels the reading of the events with the turn, and the hooks start after
+        the accepted reply).
+        """
         why = (
             f"did not finish within the gateway's turn timeout of {timeout} s and was"
             " cancelled; the answer was sent without it"
         )
-        for name, stage in running:
+        cut = list(self._background)
+        for name in ended:
+            if name in cut:
+                cut.remove(name)
+        for name in cut:
             _logger.warning("background hook %r of turn %s %s", name, turn_ref, why)
-            self.publish(ev.HookFailed(turn_ref, name, stage, why, False))
+            self.publish(ev.HookFailed(turn_ref, name, "post", why, False))
         self.publish(ev.TurnFinished(turn_ref, "completed"))
 
     @asynccontextmanager
@@ -790,13 +802,15 @@ class Gateway:
         self,
         events: AsyncIterator[ev.Event],
         on_text: Callable[[str], Awaitable[None]] | None,
-        running: dict[tuple[str, str], None] | None = None,
+        ended: list[str] | None = None,
     ) -> list[str]:
         """Publish a turn's events; its text goes to `on_text`, or is collected and returned.
 
-        `running` receives the hooks started and not yet ended, as (name, stage).
+        `ended` receives the names of the hooks that ended (finished, failed or were
+        skipped) after the gateway's accepted hook: the background hooks.
         """
         pieces: list[str] = []
+        accepted = False
         async for event in events:
             if type(event) is ev.TextDelta:
                 if on_text is not None:
@@ -804,11 +818,13 @@ class Gateway:
                 else:
                     pieces.append(event.text)
                 continue
-            if running is not None:
-                if type(event) is ev.HookStarted:
-                    running[event.hook, event.stage] = None
-                elif isinstance(event, ev.HookFinished | ev.HookFailed):
-                    running.pop((event.hook, event.stage), None)
+            if ended is not None and isinstance(
+                event, ev.HookFinished | ev.HookFailed | ev.HookSkipped
+            ):
+                if accepted:
+                    ended.append(event.hook)
+                elif event.hook == ACCEPTED_HOOK:
+                    accepted = True
             self.publish(event)
         return pieces
 

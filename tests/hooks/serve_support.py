@@ -95,8 +95,15 @@ def sse_data(body: str) -> list[str]:
     return [line[6:] for line in body.split("\n") if line.startswith("data: ")]
 
 
-async def watch_feed(served: Served, into: list[dict[str, Any]], *, task_status: Any) -> None:
-    """Collect the page's event feed into `into` (run it in a nursery; cancel to stop)."""
+async def watch_feed(
+    served: Served,
+    into: list[dict[str, Any]],
+    *,
+    task_status: Any,
+    answered: anyio.Event | None = None,
+) -> None:
+    """Collect the page's event feed into `into` (run it in a nursery; cancel to stop);
+    `answered` is set when a request's last record (``GatewayMessage``) arrives."""
     async with served.http() as client, client.stream("GET", "/v1/turnplug/events") as response:
         assert response.status_code == 200
         task_status.started()
@@ -107,6 +114,8 @@ async def watch_feed(served: Served, into: list[dict[str, Any]], *, task_status:
                 frame, buffer = buffer.split("\n\n", 1)
                 for data in sse_data(frame + "\n"):
                     into.append(json.loads(data))
+                    if answered is not None and into[-1]["event"] == "GatewayMessage":
+                        answered.set()
 
 
 def openai_error(body: bytes | str) -> dict[str, Any]:

@@ -247,3 +247,46 @@ async def test_a_stateless_answer_is_sent_when_background_hooks_outlast_the_time
         for r in caplog.records
         if r.levelno == logging.WARNING
     )
+
+
+async def test_background_hooks_not_yet_seen_starting_at_the_turn_timeout_are_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Catches: a stateless turn cut by ``--turn-timeout`` as its background hooks started
+    reporting none of them (the timeout had stopped the reading of the turn's events before
+    their ``HookStarted``), and reporting instead an ordinary post hook whose end was unread.
+    """
+
+    async def slow(turn: Turn) -> Any:
+        # Shielded: the turn timeout stops the gateway's reading of the events while this
+        # hook runs, and the turn goes on to its accepted reply and its background hooks.
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(0.6)
+        return cont(turn)
+
+    async def hangs(turn: Turn) -> Any:
+        await anyio.sleep_forever()
+
+    feed: list[dict[str, Any]] = []
+    pipe = Pipeline(
+        model=ScriptedModel(["fine"]),
+        post=[
+            hook(slow, name="slow"),
+            hook(hangs, name="first", background=True),
+            hook(hangs, name="second", background=True),
+        ],
+    )
+    answered = anyio.Event()
+    async with served(pipe, turn_timeout=0.5) as gw, anyio.create_task_group() as nursery:
+        await nursery.start(partial(watch_feed, gw, feed, answered=answered))
+        with caplog.at_level(logging.WARNING, logger="turnplug"):
+            reply = await gw.sdk().chat.completions.create(model="m", messages=user("hi"))
+        with anyio.fail_after(10):
+            await answered.wait()
+        nursery.cancel_scope.cancel()
+    assert reply.choices[0].message.content == "fine"
+    failed = [(e["hook"], e["enforced"]) for e in feed if e["event"] == "HookFailed"]
+    assert failed == [("first", False), ("second", False)]
+    assert all("turn timeout of 0.5 s" in e["error"] for e in feed if e["event"] == "HookFailed")
+    warned = [r.getMessage() for r in caplog.records if "turn timeout" in r.getMessage()]
+    assert [message.split("'")[1] for message in warned] == ["first", "second"]
