@@ -7,6 +7,7 @@ surprise mid-turn. The model's arguments are checked against the same shapes bef
 so a tool only ever sees arguments of the types it declared.
 """
 
+import collections.abc
 import contextvars
 import functools
 import inspect
@@ -132,15 +133,19 @@ class _Literal(_Shape):
 
 
 class _List(_Shape):
-    def __init__(self, item: _Shape) -> None:
+    """A JSON array, given to the tool as a list, or as a tuple (``tuple[X, ...]``)."""
+
+    def __init__(self, item: _Shape, into: type = list) -> None:
         self.item = item
+        self.into = into
         self.schema = {"type": "array", "items": item.schema}
 
     def convert(self, value: Any, path: str, problems: _Problems) -> Any:
         if type(value) is not list:
             problems.add(path, f"expected array, got {_json_describe(value)}")
             return _INVALID
-        return [self.item.convert(v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+        items = [self.item.convert(v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+        return items if self.into is list else self.into(items)
 
 
 class _Dict(_Shape):
@@ -218,7 +223,8 @@ class _Object(_Shape):
             if name in descriptions:
                 schema["description"] = descriptions[name]
             if name in defaults and _is_json(defaults[name]):
-                schema["default"] = defaults[name]
+                # As JSON holds it (a tuple default is an array), so the schema round-trips.
+                schema["default"] = json.loads(json.dumps(defaults[name]))
             properties[name] = schema
         self.schema = {
             "type": "object",
@@ -296,11 +302,24 @@ def _shape(annotation: Any, where: str) -> _Shape:
     origin = typing.get_origin(annotation)
     arguments = typing.get_args(annotation)
     if origin is Literal:
-        if not all(type(v) in _JSON_TYPES for v in arguments):
-            raise ConfigError(f"{where}: Literal values must be str, int, float or bool")
-        return _Literal(arguments)
+        # None among the values (Literal["a", None]) is the optional Literal["a"] | None.
+        values = tuple(v for v in arguments if v is not None)
+        if not values or not all(type(v) in _JSON_TYPES for v in values):
+            raise ConfigError(f"{where}: Literal values must be str, int, float, bool or None")
+        literal = _Literal(values)
+        return literal if len(values) == len(arguments) else _Union((literal,), nullable=True)
     if origin is list or annotation is list:
         return _List(_shape(arguments[0], where) if arguments else _Any())
+    if origin is tuple or annotation is tuple:
+        # tuple[X, ...]: any number of X, as the frozen records of this library hold them.
+        if arguments and (len(arguments) != 2 or arguments[1] is not Ellipsis):
+            raise ConfigError(
+                f"{where}: cannot describe {annotation!r} to the model; a tuple argument is"
+                " tuple[X, ...] (any number of X)"
+            )
+        return _List(_shape(arguments[0], where) if arguments else _Any(), into=tuple)
+    if origin is collections.abc.Sequence or annotation is collections.abc.Sequence:
+        return _List(_shape(arguments[0], where) if arguments else _Any(), into=tuple)
     if origin is dict or annotation is dict:
         if arguments and arguments[0] is not str:
             raise ConfigError(f"{where}: dict keys must be str (JSON object keys are strings)")
@@ -312,7 +331,8 @@ def _shape(annotation: Any, where: str) -> _Shape:
         return _attrs_shape(annotation, where)
     raise ConfigError(
         f"{where}: cannot describe {annotation!r} to the model; use str, int, float, bool,"
-        " list[...], dict[str, ...], Literal[...], an optional (X | None) or an attrs class"
+        " list[...], tuple[..., ...], dict[str, ...], Literal[...], an optional (X | None) or"
+        " an attrs class"
     )
 
 
@@ -509,7 +529,8 @@ def tool(
     """Turn a typed function into a `Tool`; usable as ``@tool`` or ``@tool(name=...)``.
 
     Each parameter becomes an argument of the JSON Schema: str, int, float, bool, list[...],
-    dict[str, ...], Literal[...], optional values (``X | None``), attrs classes; a parameter
+    tuple[X, ...] and Sequence[X] (given as tuples), dict[str, ...], Literal[...], optional
+    values (``X | None``), attrs classes; a parameter
     with a default is not required. A parameter annotated `Scope` (or ``Scope | None``)
     receives the turn's scope and is not shown to the model. The description is the
     docstring's text, and each argument's note in its ``Args:`` section describes that

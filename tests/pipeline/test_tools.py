@@ -3,6 +3,7 @@
 import functools
 import json
 import threading
+from collections.abc import Sequence
 from typing import Any, Literal, Optional
 
 import anyio
@@ -84,6 +85,13 @@ def recorder(trace: list):
             id="literal",
         ),
         pytest.param(int | None, {"anyOf": [{"type": "integer"}, {"type": "null"}]}, id="optional"),
+        pytest.param(tuple[str, ...], {"type": "array", "items": {"type": "string"}}, id="tuple"),
+        pytest.param(Sequence[int], {"type": "array", "items": {"type": "integer"}}, id="sequence"),
+        pytest.param(
+            Literal["a", None],
+            {"anyOf": [{"type": "string", "enum": ["a"]}, {"type": "null"}]},
+            id="literal-or-none",
+        ),
         pytest.param(
             list[dict[str, bool]],
             {
@@ -720,6 +728,34 @@ async def test_the_function_receives_the_attrs_instance() -> None:
     assert seen == [Box(Point(1, 2), "a")]
 
 
+@attrs.frozen
+class Tagged:
+    name: str
+    tags: tuple[str, ...] = ()
+
+
+async def test_a_tuple_argument_and_an_attrs_field_of_tuples_reach_the_tool_as_tuples() -> None:
+    """Catches: `tuple[X, ...]` refused as a parameter, so that an attrs class written the
+    way this library writes its records (frozen, tuple fields) could not be a tool's
+    argument; the model's arrays now arrive as tuples, as the annotations say."""
+    seen: list = []
+
+    @tool
+    def label(item: Tagged, extra: tuple[int, ...] = ()) -> str:
+        seen.append((item, extra))
+        return "ok"
+
+    assert label.parameters["properties"]["extra"] == {
+        "type": "array",
+        "items": {"type": "integer"},
+        "default": [],
+    }
+    await label.run(call("label", {"item": {"name": "a", "tags": ["x", "y"]}, "extra": [1, 2]}))
+    assert seen == [(Tagged("a", ("x", "y")), (1, 2))]
+    assert type(seen[0][0].tags) is tuple
+    assert type(seen[0][1]) is tuple
+
+
 async def test_execute_runs_already_checked_arguments() -> None:
     trace: list = []
     result = await recorder(trace).execute(call("lookup"), {"city": "Rome", "days": 4}, None)
@@ -743,7 +779,7 @@ def strategy_for(annotation: Any) -> st.SearchStrategy:
         return st.fixed_dictionaries({"x": st.integers()}, optional={"y": st.integers()})
     origin = getattr(annotation, "__origin__", None)
     arguments = getattr(annotation, "__args__", ())
-    if origin is list:
+    if origin in (list, tuple, Sequence):
         return st.lists(strategy_for(arguments[0]), max_size=5)
     if origin is dict:
         return st.dictionaries(st.text(), strategy_for(arguments[1]), max_size=5)
@@ -762,6 +798,8 @@ def expected(annotation: Any, value: Any) -> Any:
     origin = getattr(annotation, "__origin__", None)
     if origin is list:
         return [expected(annotation.__args__[0], item) for item in value]
+    if origin in (tuple, Sequence):
+        return tuple(expected(annotation.__args__[0], item) for item in value)
     return value
 
 
@@ -776,6 +814,10 @@ FITTING = [
     str | None,
     list[str | None],
     list[Point],
+    tuple[int, ...],
+    list[tuple[str, ...]],
+    Sequence[Point],
+    Literal["a", "b", None],
 ]
 
 
