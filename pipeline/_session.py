@@ -78,6 +78,9 @@ class Session:
         # The turn_refs this session committed: the log keeps the first commit of a turn_ref
         # and ignores the next, so a second turn under one of them would be lost.
         self._committed: set[str] = set()
+        # Whether a commit ended unsure (asyncio's own cancellation raised out of an append
+        # that may have written): the log alone knows, so the next commit or turn reloads.
+        self._unsure = False
         self._task_group = task_group
         self._lock = anyio.Lock()
         self._running = 0  # background hooks still running
@@ -100,7 +103,11 @@ class Session:
 
     @property
     def context(self) -> Context:
-        """The conversation as the next turn will see it (history from the log)."""
+        """The conversation as the next turn will see it (history from the log).
+
+        After a turn cancelled by asyncio's own cancellation while its commit was written,
+        the next turn reloads it first: until then, it may lack that turn.
+        """
         return self._context
 
     @property
@@ -132,6 +139,7 @@ class Session:
         """
         self._check_open("send")
         async with self._lock:
+            await self._settle()
             turn = self._turn(message, system, tools, request, turn_ref)
             try:
                 return await self._drive(None).run(turn)
@@ -152,6 +160,7 @@ class Session:
         arguments."""
         self._check_open("stream")
         async with self._lock:
+            await self._settle()
             events = TurnEvents()
             turn = self._turn(message, system, tools, request, turn_ref)
             drive = self._drive(events._emit, events._caught_up, events._relay)
@@ -225,6 +234,7 @@ class Session:
     async def _append(
         self, turn_ref: str, messages: tuple[Message, ...], result: TurnResult | None
     ) -> None:
+        await self._settle()
         try:
             await self._log.append(
                 self._conversation_id,
@@ -237,13 +247,25 @@ class Session:
             # Someone else wrote: the next turn answers from the conversation as it is.
             await self._reload()
             raise
+        except anyio.get_cancelled_exc_class():
+            # A cancel scope's cancellation never leaves an append that wrote (it comes at the
+            # next checkpoint), but asyncio's own does, once the write ended (logs.md,
+            # "Cancellation"): whether this one wrote, only the log knows.
+            self._unsure = True
+            raise
         # No checkpoint between the append and this bookkeeping: they stay in step.
         self._length += len(messages)
         self._context = attrs.evolve(self._context, messages=(*self._context.messages, *messages))
 
+    async def _settle(self) -> None:
+        """Reload the conversation if a commit ended unsure whether it wrote."""
+        if self._unsure:
+            await self._reload()
+
     async def _reload(self) -> None:
         self._context = await self._log.load(self._conversation_id)
         self._length = len(self._context.messages)
+        self._unsure = False
 
     # -- background hooks ---------------------------------------------------------------------
 

@@ -764,6 +764,39 @@ def test_a_commit_cancelled_by_asyncio_inside_anothers_batch_is_cancelled_once_w
     assert stored == {"a": 1, "b": 1, "c": 1}  # c was in the transaction: written
 
 
+def test_a_send_cancelled_by_asyncio_during_its_commit_leaves_the_session_in_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catches: a `send` cancelled by asyncio's own cancellation while its commit was being
+    written: the turn was in the log, but the session never counted it, so its next `send`
+    failed with a LogConflict against its own commit."""
+    writes = GatedWrites(monkeypatch)
+    pipe = Pipeline(model=FunctionModel(lambda request: f"re: {request.messages[-1].text}"))
+
+    async def main() -> tuple[Context, Context, str]:
+        async with SQLiteLog(tmp_path / "log.db") as log:
+            async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+                first = asyncio.create_task(session.send("first"))
+                await writes.wait_entered()
+                first.cancel()
+                writes.gate.release()
+                with pytest.raises(asyncio.CancelledError):
+                    await first
+                writes.gate.release()  # the next commit's transaction
+                second = await session.send("second")
+                seen = session.context
+            return await log.load(CONVERSATION), seen, second.outcome
+
+    stored, seen, outcome = asyncio.run(main())
+
+    assert outcome == "completed"
+    assert (
+        stored
+        == seen
+        == Context(messages=(*exchange("first", "re: first"), *exchange("second", "re: second")))
+    )
+
+
 def test_an_asyncio_timeout_firing_during_a_postgres_commit_fires_once_the_commit_ended(
     postgres: str,
 ) -> None:
