@@ -23,7 +23,7 @@ from ._hooks import callable_name
 from ._plan import Plan, Step
 from ._runner import Emit, Runner
 from ._signals import Ask, Block, Cont, Halt
-from ._tools import HOOK_BLOCKED, INVALID_ARGUMENTS
+from ._tools import HOOK_BLOCKED
 
 
 class ToolJob:
@@ -65,7 +65,7 @@ async def run_before_hooks(runner: Runner, job: ToolJob, turn: Turn) -> ToolCall
             runner.finished(step, elapsed, "cont", records=job.records)
             if signal.value != call:
                 job.call_rewritten_by.append(step.name)
-                call = job.call = _rewritten(call, signal.value)
+                call = job.call = signal.value
         elif type(signal) is Halt:
             runner.finished(step, elapsed, "halt", signal.reason, job.records)
             job.halt = signal
@@ -88,19 +88,6 @@ async def run_before_hooks(runner: Runner, job: ToolJob, turn: Turn) -> ToolCall
                 _block(runner, job, step, call, reason)
                 return None
     return call
-
-
-def _rewritten(call: ToolCall, rewrite: ToolCall) -> ToolCall:
-    """The call a before-tool hook's rewrite runs as.
-
-    A provider marks arguments the model sent that did not decode (`INVALID_ARGUMENTS` in
-    ``meta``); the mark describes those arguments, so a hook that replaced them (a repair of
-    the model's JSON, say) clears it, else the tool loop would refuse the repaired call.
-    """
-    if rewrite.arguments == call.arguments or INVALID_ARGUMENTS not in rewrite.meta:
-        return rewrite
-    meta = {key: value for key, value in rewrite.meta.items() if key != INVALID_ARGUMENTS}
-    return attrs.evolve(rewrite, meta=meta)
 
 
 def _before_signal(runner: Runner, step: Step, args: tuple[Any, ...], result: object) -> object:

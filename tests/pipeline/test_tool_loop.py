@@ -256,14 +256,19 @@ async def test_undecodable_arguments_from_the_provider_never_reach_the_tool() ->
     )
 
 
+def repaired(call: ToolCall) -> ToolCall:
+    """The call with its arguments fixed from the raw text, and the provider's mark dropped."""
+    meta = {key: value for key, value in call.meta.items() if key != "invalid_arguments"}
+    return attrs.evolve(call, arguments={"city": "a"}, meta=meta)
+
+
 async def test_a_hook_that_repairs_undecodable_arguments_runs_the_tool_with_them() -> None:
-    """A rewrite of arguments that did not decode used to be refused as invalid_arguments:
-    the provider's mark, which described the model's arguments, stayed on the repaired call."""
+    """A deliberate repair (the fixed arguments, the mark dropped) runs the tool."""
     trace: list[str] = []
     broken = ToolCall(
         "c1", "lookup", {}, {"invalid_arguments": {"raw": '{"city": "a",}', "error": "bad JSON"}}
     )
-    repair = before("repair", lambda c: cont(c.with_arguments({"city": "a"})))
+    repair = before("repair", lambda c: cont(repaired(c)))
     pipe, _ = pipe_with([[broken], "done"], lookup_tool(trace), before_tool=[repair])
 
     result = await pipe.run(start())
@@ -272,11 +277,22 @@ async def test_a_hook_that_repairs_undecodable_arguments_runs_the_tool_with_them
     assert (trace, answer.content, answer.is_error) == (["lookup:a"], "lookup(a)", False)
 
 
-async def test_a_hook_that_passes_undecodable_arguments_on_still_gets_invalid_arguments() -> None:
-    """Clearing the provider's mark on a rewrite must not let unchanged arguments through."""
+@pytest.mark.parametrize(
+    "rewrite",
+    [
+        pytest.param(lambda c: c.with_arguments({}), id="unchanged"),
+        pytest.param(lambda c: c.with_arguments({**c.arguments, "city": "x"}), id="added"),
+    ],
+)
+async def test_a_rewrite_that_keeps_the_mark_of_undecodable_arguments_is_refused(
+    rewrite,
+) -> None:
+    """Catches: any rewrite that changed the arguments clearing the provider's mark, so a
+    hook adding an argument to every call (a tenant) ran a cut-off call with defaults for
+    the rest, and the model never learned its JSON was broken."""
     trace: list[str] = []
     broken = ToolCall("c1", "lookup", {}, {"invalid_arguments": {"raw": "{", "error": "bad JSON"}})
-    keep = before("keep", lambda c: cont(c.with_arguments({})))
+    keep = before("keep", lambda c: cont(rewrite(c)))
     pipe, _ = pipe_with([[broken], "done"], lookup_tool(trace), before_tool=[keep])
 
     result = await pipe.run(start())
