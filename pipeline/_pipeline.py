@@ -451,16 +451,14 @@ class Pipeline:
 
     @asynccontextmanager
     async def _held(self, opened: AbstractAsyncContextManager[Session]) -> AsyncIterator[Session]:
-        # The model's connections, and the MCP servers, live as long as the session: its
-        # turns reuse them. Those of `async with pipe` are borrowed, so that they stay open
-        # until the session ends, even if the block that opened them ends first.
+        # The model's connections, and the MCP servers unless `async with pipe` holds them,
+        # live as long as the session: its turns reuse them. Those of `async with pipe` are
+        # borrowed by each turn (`turn_tools`): a session does not hold the block open.
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(hold_model(self.model))
             toolbox = None
-            if self._remote:
-                toolbox = stack.enter_context(self._lifetime.borrowed())
-                if toolbox is None:
-                    toolbox = await stack.enter_async_context(open_toolbox(self))
+            if self._remote and self._lifetime.toolbox is None:
+                toolbox = await stack.enter_async_context(open_toolbox(self))
             session = await stack.enter_async_context(opened)
             if toolbox is not None:
                 session._open_tools = self._open_tools(toolbox)

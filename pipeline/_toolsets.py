@@ -278,6 +278,24 @@ class Toolbox:
         ]
         self.tools: Mapping[str, Tool] = pipe._tool_map
         self.closed = False
+        # Borrows by task: the turns using this toolbox.
+        self._borrows: dict[object, int] = {}
+        self._returned = anyio.Event()
+
+    def borrow(self, task: object) -> None:
+        self._borrows[task] = self._borrows.get(task, 0) + 1
+
+    def give_back(self, task: object) -> None:
+        count = self._borrows.pop(task, 0)
+        if count > 1:
+            self._borrows[task] = count - 1
+        self._returned.set()
+
+    async def returned(self, owner: object) -> None:
+        """Wait until no task but `owner` borrows this toolbox."""
+        while any(borrower != owner for borrower in self._borrows):
+            self._returned = anyio.Event()
+            await self._returned.wait()
 
     async def open(self) -> None:
         """Connect every server (concurrently); the first failure raises `ToolsetError`.
@@ -373,18 +391,21 @@ async def turn_tools(pipe: ToolOwner, toolbox: Toolbox | None) -> AsyncIterator[
 
 @final
 class Lifetime:
-    """What ``async with pipe`` opened: the toolbox, kept while a block that uses it runs.
+    """What ``async with pipe`` opened: the toolbox, kept while the outermost block runs.
 
     The first task to enter owns the connections: they are kept by tasks of a task group
     that this task entered, so this task must be the one to close them (AnyIO's rule). Its
-    nested blocks count; blocks of other tasks, and sessions and turns that use the toolbox,
-    borrow it (a block entered while the owner is still connecting waits for it, so that one
-    task opens the connections, never two). When the owner's outermost block ends normally
-    while others still borrow, its exit waits for the last of them to end, then closes: the
-    connections are never closed under a borrower. When it ends with an error or a
-    cancellation, it closes at once (the borrowers' next turns connect for themselves):
-    holding an error back until other tasks finish could wait for ever, since those tasks
-    are often in the task group that the error is to cancel.
+    nested blocks count, and blocks of other tasks use the connections while they are open
+    (waiting while the owner is still connecting, so that one task opens them, never two).
+    Each turn that uses them borrows them until it ends: when the owner's outermost block
+    ends normally, its exit waits for the turns in flight, then closes, so a tool call is
+    never cut by the close. Nothing borrows them from then on: a turn starting meanwhile (a
+    session's or another block's next turn) connects for itself, and a block of another
+    task entered meanwhile waits and opens them anew. Sessions and other blocks are not
+    waited for: they may be waiting for what the owner does after its block. When the block
+    ends with an error or a cancellation, it closes at once: holding the error back until
+    other tasks finish could wait for ever, since those tasks are often in the task group
+    that the error is to cancel.
     """
 
     def __init__(self) -> None:
@@ -393,9 +414,8 @@ class Lifetime:
         self._owner: object = None
         self._depth = 0
         self._opened = anyio.Event()
-        # Borrows by task (a task's own borrows never hold up its own exit as the owner).
-        self._borrows: dict[object, int] = {}
-        self._returned = anyio.Event()
+        self._closing = False
+        self._closed = anyio.Event()
 
     async def enter(self, pipe: ToolOwner) -> None:
         if not remote_toolsets(pipe.toolsets):
@@ -405,11 +425,14 @@ class Lifetime:
             if task == self._owner:
                 self._depth += 1
                 return
+            if self._closing:
+                await self._closed.wait()  # the owner is closing: open them anew after
+                continue
             if self._stack is not None:
-                self._borrow(task)  # another task's block: it borrows the open connections
-                return
+                return  # another task's block: its turns use the open connections
             await self._opened.wait()  # the owner is connecting; if that fails, try again
         self._owner, self._depth, self._opened = task, 1, anyio.Event()
+        self._closing, self._closed = False, anyio.Event()
         stack = AsyncExitStack()
         try:
             self.toolbox = await stack.enter_async_context(open_toolbox(pipe))
@@ -422,17 +445,16 @@ class Lifetime:
 
     async def exit(self, exc: BaseException | None) -> None:
         task = anyio.get_current_task().id
-        if task != self._owner:
-            self._give_back(task)  # a borrowing block (or a pipeline without MCP toolsets)
-            return
+        if self._stack is None or task != self._owner:
+            return  # another task's block, or a pipeline without MCP toolsets
         self._depth -= 1
         if self._depth:
             return
-        if exc is None:
+        box = self.toolbox
+        if exc is None and box is not None:
+            self._closing = True
             try:
-                while any(borrower != task for borrower in self._borrows):
-                    self._returned = anyio.Event()
-                    await self._returned.wait()
+                await box.returned(task)
             except BaseException as cut:
                 await self._close(cut)
                 raise
@@ -440,36 +462,28 @@ class Lifetime:
 
     @contextmanager
     def borrowed(self) -> Iterator[Toolbox | None]:
-        """The open toolbox, in use until the block ends (None when none is open)."""
+        """The open toolbox, in use until the block ends (None when none is open, or when
+        its owner is closing it)."""
         box = self.toolbox
-        if box is None:
+        if box is None or self._closing:
             yield None
             return
         task = anyio.get_current_task().id
-        self._borrow(task)
+        box.borrow(task)
         try:
             yield box
         finally:
-            self._give_back(task)
-
-    def _borrow(self, task: object) -> None:
-        self._borrows[task] = self._borrows.get(task, 0) + 1
-
-    def _give_back(self, task: object) -> None:
-        count = self._borrows.get(task)
-        if count is None:
-            return
-        if count > 1:
-            self._borrows[task] = count - 1
-        else:
-            del self._borrows[task]
-        self._returned.set()
+            box.give_back(task)
 
     async def _close(self, exc: BaseException | None) -> None:
         stack, self._stack, self.toolbox, self._owner = self._stack, None, None, None
-        if stack is None:
-            return
-        if exc is None:
-            await stack.aclose()
-        else:
-            await stack.__aexit__(type(exc), exc, exc.__traceback__)
+        try:
+            if stack is None:
+                return
+            if exc is None:
+                await stack.aclose()
+            else:
+                await stack.__aexit__(type(exc), exc, exc.__traceback__)
+        finally:
+            self._closing = False
+            self._closed.set()

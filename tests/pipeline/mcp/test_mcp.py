@@ -428,69 +428,75 @@ def alive(pid: int) -> bool:
     return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
 
 
-async def test_a_block_of_another_task_keeps_the_connections_after_the_first_block_leaves(
+async def test_a_turn_in_flight_keeps_the_connections_until_it_ends_when_the_block_leaves(
     tmp_path,
 ):
     """Catches: the first task's `async with pipe` closing the connections when it leaves
-    while another task's block is still inside, whose turns then start servers of their
-    own; the connections stay open until the last block leaves, and then close."""
+    while another task's turn is between its tool hook and its tool call, which then failed
+    on a closed connection; the block's exit now waits for the turn, then closes."""
     starts = tmp_path / "starts"
-    pipe = Pipeline(model=echo_turns("faulty", 1), toolsets=[counted_tools(starts)])
-    owner_in, owner_leaving = anyio.Event(), anyio.Event()
-    trace, seen = [], []
+    in_call, release = anyio.Event(), anyio.Event()
+    trace: list[object] = []
 
-    async def owner() -> None:
+    async def hold(call, turn):
+        in_call.set()
+        await release.wait()
+        return cont(call)
+
+    pipe = Pipeline(
+        model=echo_turns("faulty", 1), toolsets=[counted_tools(starts)], before_tool=[hold]
+    )
+
+    async def turn() -> None:
+        result = await pipe.run(Turn.start("hi"))
+        trace.append(result.reply.messages[1].parts[0].content)
+        trace.append([alive(pid) for pid in started_pids(starts)])
+
+    async def owner(group) -> None:
         async with pipe:
-            owner_in.set()
-            await borrower_in.wait()
-            owner_leaving.set()  # the borrower runs once this task is in its block's exit
-        trace.append("owner left")
+            group.start_soon(turn)
+            await in_call.wait()
+            group.start_soon(let_go)
+        trace.append("block left")
 
-    async def borrower() -> None:
-        await owner_in.wait()
-        async with pipe:
-            borrower_in.set()
-            await owner_leaving.wait()
-            result = await pipe.run(Turn.start("hi"))
-            seen.extend([result.reply.messages[1].parts[0].content, list(trace)])
-            seen.append([alive(pid) for pid in started_pids(starts)])
-        trace.append("borrower left")
+    async def let_go() -> None:
+        await anyio.wait_all_tasks_blocked()  # the owner waits in its block's exit
+        trace.append("released")
+        release.set()
 
-    borrower_in = anyio.Event()
     async with anyio.create_task_group() as group:
-        group.start_soon(owner)
-        group.start_soon(borrower)
+        group.start_soon(owner, group)
 
-    assert seen == ["echo: 0", [], [True]]
-    assert trace == ["borrower left", "owner left"]
+    assert trace == ["released", "echo: 0", [True], "block left"]
     (pid,) = started_pids(starts)
     assert not alive(pid)
     assert server_processes() == []
 
 
-async def test_a_session_of_another_task_keeps_the_connections_after_the_block_leaves(tmp_path):
-    """Catches: a session opened in another task inside `async with pipe` losing the
-    block's connections when the block leaves, its turns then starting a server each."""
+async def test_a_session_of_another_task_does_not_hold_the_block_open(tmp_path):
+    """Catches: the block's exit waiting for a session of another task that itself waits for
+    what comes after the block (a hang); the session's next turn connects for itself."""
     starts = tmp_path / "starts"
-    pipe = Pipeline(model=echo_turns("faulty", 2), toolsets=[counted_tools(starts)])
-    opened, block_leaving = anyio.Event(), anyio.Event()
+    pipe = Pipeline(model=echo_turns("faulty", 1), toolsets=[counted_tools(starts)])
+    opened, after_block = anyio.Event(), anyio.Event()
     contents = []
 
     async def conversation() -> None:
         async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
             opened.set()
-            await block_leaving.wait()
-            for text in ("one", "two"):
-                result = await session.send(text)
-                contents.append(result.reply.messages[1].parts[0].content)
+            await after_block.wait()  # set by the owner once its block has ended
+            result = await session.send("one")
+            contents.append(result.reply.messages[1].parts[0].content)
 
-    async with anyio.create_task_group() as group, pipe:
-        group.start_soon(conversation)
-        await opened.wait()
-        block_leaving.set()
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as group:
+            async with pipe:
+                group.start_soon(conversation)
+                await opened.wait()
+            after_block.set()
 
-    assert contents == ["echo: 0", "echo: 1"]
-    assert len(started_pids(starts)) == 1
+    assert contents == ["echo: 0"]
+    assert len(started_pids(starts)) == 2  # the block's, then the turn's own
     assert server_processes() == []
 
 
