@@ -202,18 +202,39 @@ class Connections(Generic[C]):
         self._idle: list[C] = []
         self._closed = False
 
-    async def run(self, work: Callable[[C], T]) -> T:
-        """`work(connection)` in a worker thread; driver errors become `LogError`."""
+    async def run(self, work: Callable[[C], T], *, held: bool = False) -> T:
+        """`work(connection)` in a worker thread; driver errors become `LogError`.
+
+        Args:
+            held: The call must be made whatever cancels the caller (a group commit others
+                wait for), which holds off its cancel scopes with a shield: asyncio's own
+                cancellation, which no shield holds, is then not taken while it waits for a
+                connection either, but raised once the call has ended.
+        """
         if self._closed:
             raise RuntimeError(f"{self._name} is closed; open a new one to use it again")
         current_loop(self._name)
         # A free connection is taken without a pass through the scheduler (the thread hop
         # below is one): the cancellation check of a checkpoint, not its yield.
         await anyio.lowlevel.checkpoint_if_cancelled()
+        deferred: BaseException | None = None
         try:
             self._limiter.acquire_nowait()
         except anyio.WouldBlock:
-            await self._limiter.acquire()
+            while True:
+                try:
+                    await self._limiter.acquire()
+                    break
+                except asyncio.CancelledError as exc:
+                    if not held:
+                        raise
+                    deferred = exc  # the limiter gave back a token granted meanwhile
+        if deferred is None:
+            return await self._run(work)
+        await self._run(work)  # what the call raises is raised as it is
+        raise deferred
+
+    async def _run(self, work: Callable[[C], T]) -> T:
         try:
             if self._closed:  # while this call waited for a connection
                 raise RuntimeError(f"{self._name} is closed; open a new one to use it again")

@@ -138,7 +138,9 @@ class SQLiteLog(DatabaseLog):
             if not commit.taken:
                 self._queue.remove(commit)
                 raise
-            await _written(commit)
+            native = await _written(commit)
+            if native is not None:
+                raise native  # asyncio's own, caught while waiting: it must not be lost
             if not cancelled_by_scope(cancelled):
                 raise  # asyncio's own: the caller's `asyncio.timeout` must fire
             return commit.result()  # the scope's cancellation comes at the next checkpoint
@@ -161,7 +163,7 @@ class SQLiteLog(DatabaseLog):
                 # The outcomes are kept by the thread: the writer's task may be cancelled
                 # (by asyncio's own cancellation) once the transaction has ended, and the
                 # other commits of the batch must learn theirs all the same.
-                await self._connections.run(functools.partial(_write_batch, batch))
+                await self._connections.run(functools.partial(_write_batch, batch), held=True)
         except Exception as exc:
             for commit in batch:
                 commit.error = exc
@@ -235,19 +237,21 @@ class SQLiteLog(DatabaseLog):
         return LogError(f"{self!r}: {why}", log=repr(self))
 
 
-async def _written(commit: "_Commit") -> None:
+async def _written(commit: "_Commit") -> BaseException | None:
     """Wait until another task's transaction has written `commit`, whatever cancels us.
 
     A cancel scope's cancellation (trio's, AnyIO's) is held off by the shield; asyncio's own
-    passes it, and is caught here, to be delivered by the caller once the commit is known.
+    passes it, and is caught here and returned, for the caller to raise once the commit is
+    known.
     """
+    native: BaseException | None = None
     with anyio.CancelScope(shield=True):
-        while True:
+        while not commit.done.is_set():
             try:
                 await commit.done.wait()
-                return
-            except asyncio.CancelledError:
-                continue
+            except asyncio.CancelledError as exc:
+                native = exc
+    return native
 
 
 class _Commit:

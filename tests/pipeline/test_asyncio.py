@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 import sniffio
 
@@ -795,6 +796,90 @@ def test_a_send_cancelled_by_asyncio_during_its_commit_leaves_the_session_in_ste
         == seen
         == Context(messages=(*exchange("first", "re: first"), *exchange("second", "re: second")))
     )
+
+
+def test_the_writer_of_a_batch_cancelled_by_asyncio_while_it_waits_for_the_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catches: the task writing a group commit, cancelled by asyncio's own cancellation
+    while a read held the log's one connection, failing every other commit of its batch
+    ("the task writing its batch was stopped first"), although their tasks were not
+    cancelled: the batch is now written, and only the writer's task is cancelled after."""
+    gate, entered = threading.Semaphore(0), threading.Semaphore(0)
+    load = SQLiteLog._load_rows
+
+    def gated_load(conversation_id, connection):  # type: ignore[no-untyped-def]
+        entered.release()
+        gate.acquire()
+        return load(conversation_id, connection)
+
+    monkeypatch.setattr(SQLiteLog, "_load_rows", gated_load)
+
+    async def main() -> tuple[list[object], dict[str, int]]:
+        async with SQLiteLog(tmp_path / "log.db") as log:
+            reads = [asyncio.create_task(log.load("x"))]
+            await asyncio.to_thread(entered.acquire)  # the read holds the connection
+            writer = asyncio.create_task(log.append("w", "t1", exchange("q", "a")))
+            await asyncio.sleep(0.05)  # w holds the write lock, waits for the connection
+            reads.append(asyncio.create_task(log.load("y")))  # next for it after w
+            a = asyncio.create_task(log.append("a", "t1", exchange("q", "a")))
+            b = asyncio.create_task(log.append("b", "t1", exchange("q", "a")))
+            await asyncio.sleep(0.05)  # a and b queue behind w
+            gate.release()
+            await writer
+            await asyncio.to_thread(entered.acquire)  # the second read holds it again
+            await asyncio.sleep(0.05)  # a took [a, b] and waits for the connection
+            a.cancel()
+            await asyncio.sleep(0.05)
+            gate.release()
+            results = await asyncio.gather(a, b, *reads, return_exceptions=True)
+            return results, {k: len(await log.entries(k)) for k in "wab"}
+
+    results, stored = asyncio.run(main())
+
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert results[1] is None
+    assert stored == {"w": 1, "a": 1, "b": 1}
+
+
+def test_an_asyncio_timeout_is_not_lost_by_a_commit_inside_anothers_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catches: a commit inside another task's transaction, cancelled first by an AnyIO
+    scope and then by an `asyncio.timeout` around it, swallowing the timeout's cancellation
+    while it waited for the transaction: the timeout block exited without TimeoutError."""
+    writes = GatedWrites(monkeypatch)
+    outcome: list[str] = []
+
+    async def timed(log: SQLiteLog) -> None:
+        try:
+            async with asyncio.timeout(0.2):
+                with anyio.CancelScope() as scope:
+                    asyncio.get_running_loop().call_later(0.1, scope.cancel)
+                    await log.append("c", "t1", exchange("q", "a"))
+                outcome.append("the scope ended")
+            outcome.append("no TimeoutError")
+        except TimeoutError:
+            outcome.append("TimeoutError")
+
+    async def main() -> dict[str, int]:
+        async with SQLiteLog(tmp_path / "log.db") as log:
+            a = asyncio.create_task(log.append("a", "t1", exchange("q", "a")))
+            await writes.wait_entered()
+            b = asyncio.create_task(log.append("b", "t1", exchange("q", "a")))
+            c = asyncio.create_task(timed(log))
+            await asyncio.sleep(0.05)
+            writes.gate.release()
+            await writes.wait_entered()  # [b, c] in flight
+            await asyncio.sleep(0.4)  # the scope's cancel at 0.1 s, the timeout at 0.2 s
+            writes.gate.release()
+            await asyncio.gather(a, b, c)
+            return {k: len(await log.entries(k)) for k in "abc"}
+
+    stored = asyncio.run(main())
+
+    assert outcome == ["TimeoutError"]
+    assert stored == {"a": 1, "b": 1, "c": 1}
 
 
 def test_an_asyncio_timeout_firing_during_a_postgres_commit_fires_once_the_commit_ended(
