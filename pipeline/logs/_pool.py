@@ -2,8 +2,8 @@
 
 The durable logs use blocking drivers (stdlib `sqlite3`, psycopg's sync API: psycopg's async
 API is built on asyncio alone). Each database call runs in a worker thread with a connection
-of its own: the loop's thread pool (AnyIO's under trio, asyncio's own) for a log with several
-connections, a `Worker` thread of the log's own for a log with one. A connection is never
+of its own: a pool of threads (AnyIO's under trio, the log's own under asyncio) for a log
+with several connections, a `Worker` thread of the log's own for a log with one. A connection is never
 used by two threads at once, but it may move from one worker thread to the next, so drivers
 must allow that (``check_same_thread=False``).
 
@@ -24,6 +24,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Self, TypeVar, final
 
@@ -136,8 +137,8 @@ def _settle(waiter: "list[asyncio.Future[None]]") -> None:
         waiter[0].set_result(None)
 
 
-async def _in_pool_thread(fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` in a thread of asyncio's pool, waited for to its end whatever happens.
+async def _in_pool_thread(executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a thread of `executor`, waited for to its end whatever happens.
 
     AnyIO's ``to_thread.run_sync`` holds off AnyIO's cancellation, but asyncio's own
     (``Task.cancel``, ``asyncio.timeout``) cancels the future it awaits: its caller would
@@ -146,7 +147,7 @@ async def _in_pool_thread(fn: Callable[..., T], *args: Any) -> T:
     through ``asyncio.shield``, again after each such cancellation, which is raised once the
     call has ended.
     """
-    future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    future = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
     deferred: BaseException | None = None
     with anyio.CancelScope(shield=True):
         while True:
@@ -191,6 +192,8 @@ class Connections(Generic[C]):
         if own_thread and size != 1:
             raise ValueError(f"Connections(own_thread=True) takes size=1, got {size}")
         self._limiter = anyio.CapacityLimiter(size)
+        self._size = size
+        self._executor: ThreadPoolExecutor | None = None
         self._worker = Worker(f"{name} worker") if own_thread else None
         if self._worker is not None:  # a log dropped unclosed does not keep its thread
             weakref.finalize(self, self._worker.stop)
@@ -243,7 +246,7 @@ class Connections(Generic[C]):
                 if self._worker is not None:
                     return await self._worker.run(self._call, holder, work)
                 if sniffio.current_async_library() == "asyncio":
-                    return await _in_pool_thread(self._call, holder, work)
+                    return await _in_pool_thread(self._threads(), self._call, holder, work)
                 return await anyio.to_thread.run_sync(self._call, holder, work)
             except Exception as exc:
                 error = self._translate(exc)
@@ -255,6 +258,14 @@ class Connections(Generic[C]):
                     self._release(holder[0])
         finally:
             self._limiter.release()
+
+    def _threads(self) -> ThreadPoolExecutor:
+        """The log's own threads under asyncio, one per connection: not the loop's default
+        executor, whose few threads also resolve host names for every connection a provider
+        opens, and which calls blocked on a lock would take from it."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._size, thread_name_prefix=self._name)
+        return self._executor
 
     def _release(self, connection: C) -> None:
         if self._closed:  # closed while the call ran
@@ -283,6 +294,8 @@ class Connections(Generic[C]):
                 await anyio.to_thread.run_sync(lambda: [self._close(c) for c in idle])
         if self._worker is not None:
             self._worker.stop()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)  # its threads end once their calls have
 
 
 class DatabaseLog:

@@ -915,6 +915,44 @@ def test_an_asyncio_timeout_firing_during_a_postgres_commit_fires_once_the_commi
     assert waited >= 0.3
 
 
+def test_postgres_calls_blocked_on_a_lock_leave_the_loops_default_threads_free(
+    postgres: str,
+) -> None:
+    """Catches: PostgresLog's calls run in asyncio's default executor (at most 32 threads,
+    a handful on a small machine), which also resolves host names for every connection a
+    provider opens: calls blocked on a lock took every thread, and DNS and
+    `asyncio.to_thread` waited for them. The log now has threads of its own."""
+    import psycopg
+
+    async def first() -> None:
+        async with PostgresLog(postgres) as log:
+            await log.append(CONVERSATION, "t1", exchange("q", "a"))
+
+    asyncio.run(first())
+    holder = psycopg.connect(postgres)
+    holder.execute("LOCK TABLE turnplug_turns IN ACCESS EXCLUSIVE MODE")
+    release = threading.Timer(2.0, holder.rollback)
+
+    async def main() -> float:
+        async with PostgresLog(postgres, max_connections=40) as log:
+            release.start()
+            reads = [asyncio.create_task(log.entries(CONVERSATION)) for _ in range(40)]
+            await asyncio.sleep(0.3)  # every read is blocked on the lock, in a thread
+            started = time.monotonic()
+            await asyncio.to_thread(lambda: None)
+            waited = time.monotonic() - started
+            await asyncio.gather(*reads)
+            return waited
+
+    try:
+        waited = asyncio.run(main())
+    finally:
+        release.join()
+        holder.close()
+
+    assert waited < 1.0  # not the 1.7 s left of the lock
+
+
 def test_an_asyncio_timeout_around_a_turn_cancels_it() -> None:
     """Catches: a caller's `asyncio.timeout` not reaching the turn (it runs to its end) or
     surfacing as something other than TimeoutError."""
