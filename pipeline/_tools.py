@@ -457,8 +457,14 @@ class Tool:
             else:
                 (value,) = await anyio.to_thread.run_sync(_call_with, self.fn, arguments)
                 # A cancellation that came while the thread ran is left pending: the call is
-                # cancelled now, as an async tool would have been.
-                await anyio.lowlevel.checkpoint_if_cancelled()
+                # cancelled now, as an async tool would have been (a coroutine it returned
+                # is closed unrun, not left to warn that it was never awaited).
+                try:
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                except BaseException:
+                    if inspect.iscoroutine(value):
+                        value.close()
+                    raise
                 if inspect.isawaitable(value):
                     # A function that looked sync but returned an awaitable (a decorated
                     # coroutine function), as for hooks.

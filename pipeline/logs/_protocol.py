@@ -273,7 +273,7 @@ def _suspect(value: object) -> bool:
         item, depth = pending.pop()
         if isinstance(item, Mapping):
             for key in item:
-                if type(key) is not str:
+                if not isinstance(key, str):
                     return True
             children: Any = item.values()
         elif isinstance(item, list | tuple):
@@ -293,7 +293,7 @@ def _odd_key(value: object) -> tuple[object] | None:
         item = pending.pop()
         if isinstance(item, Mapping):
             for key in item:
-                if type(key) is not str:
+                if not isinstance(key, str):
                     return (key,)
             pending.extend(item.values())
         elif isinstance(item, list | tuple):

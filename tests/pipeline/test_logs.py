@@ -717,6 +717,20 @@ async def test_a_key_json_would_turn_into_text_is_refused_alike_by_every_log(
     assert loaded == Context()
 
 
+async def test_a_str_enum_key_is_a_string_key_for_every_log(log):
+    """Guards the check for keys that are not strings: a `StrEnum` key is a string, which
+    JSON writes as its value and reads back equal, so no log refuses it."""
+    import enum
+
+    class Kind(enum.StrEnum):
+        NOTE = "note"
+
+    message = Message.user([Text("hi", meta={Kind.NOTE: "x"})])
+    await log.append(CONVERSATION, "t-1", (message,))
+    (stored,) = (await log.load(CONVERSATION)).messages
+    assert stored.parts[0].meta == {"note": "x"}
+
+
 async def test_conversations_lists_each_with_its_turns_messages_and_last_commit(log):
     """Catches: no way to list a log's conversations, and entries without commit times."""
     await log.append("a", "t-1", exchange("q", "a"))

@@ -654,6 +654,35 @@ async def test_a_sync_looking_tool_returning_an_awaitable_is_awaited() -> None:
     assert (result.content, result.is_error) == ('{"city": "Oslo"}', False)
 
 
+async def test_a_coroutine_a_sync_looking_tool_returned_is_closed_when_the_call_is_cancelled():
+    """Catches: the coroutine a sync-looking tool returned from its worker thread left
+    unawaited when the call was cancelled as the thread returned, warning that it was never
+    awaited (an error under this suite's filterwarnings) instead of being closed unrun."""
+    import gc
+    import warnings
+
+    ran: list[str] = []
+
+    async def body() -> str:
+        ran.append("body")
+        return "late"
+
+    def looks_sync(city: str) -> object:
+        anyio.from_thread.run_sync(scope.cancel)  # the call is cancelled while it runs
+        return body()
+
+    where = tool(looks_sync)
+    with anyio.CancelScope() as scope:
+        await where.run(call("looks_sync", {"city": "Oslo"}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+
+    assert scope.cancelled_caught
+    assert ran == []
+    assert [w for w in caught if "never awaited" in str(w.message)] == []
+
+
 async def test_a_scope_parameter_receives_the_scope_given() -> None:
     seen: list[Scope] = []
 
