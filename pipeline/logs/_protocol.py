@@ -185,26 +185,26 @@ def check_values(
     that the three agree: a commit a durable log could not store and read back is refused by
     the memory log too, and nothing is written.
     """
-    # Most values are empty or flat: look for a suspect one first, and name its path only then.
-    if not any(value and _suspect(value) for value in _opaque(messages, audit)):
+    # Most values are empty or flat: look for a problem first, and name its path only then.
+    if not any(value and _problem(value) for value in _opaque(messages, audit)):
         return
     for path, value in _values(messages, audit):
-        if not value:
+        found = _problem(value) if value else None
+        if found is None:
             continue
-        if _too_deep(value):
+        kind, key = found
+        if kind == "deep":
             problem = (
                 f"{path} is nested more than {MAX_DEPTH} levels deep, more than a log can"
                 " store and read back; nothing was committed — refuse such arguments in a"
                 " before_tool hook, or keep meta shallower"
             )
-        elif (key := _odd_key(value)) is not None:
+        else:
             problem = (
-                f"{path} holds the key {key[0]!r} ({type(key[0]).__name__}): a log stores JSON"
+                f"{path} holds the key {key!r} ({type(key).__name__}): a log stores JSON"
                 " values only, whose keys are strings, so it would read back as another value;"
                 " nothing was committed — use string keys"
             )
-        else:
-            continue
         raise LogError(
             f"{log!r} cannot store turn {turn_ref!r} of conversation {conversation_id!r}:"
             f" {problem}",
@@ -266,56 +266,28 @@ def _part_values(path: str, part: Part) -> Iterator[tuple[str, object]]:
         yield f"{path}.arguments", part.arguments
 
 
-def _suspect(value: object) -> bool:
-    """Whether `value` nests too deep or holds a key that is not a string: one walk for both."""
+def _problem(value: object) -> tuple[str, object] | None:
+    """What keeps `value` from being stored and read back: ``("deep", None)`` when it nests
+    deeper than `MAX_DEPTH`, ``("key", key)`` for a mapping key that is not a string, or None.
+
+    A loop, not recursion: the point is to measure values too deep to recurse through.
+    """
     pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
         item, depth = pending.pop()
         if isinstance(item, Mapping):
             for key in item:
                 if not isinstance(key, str):
-                    return True
+                    return ("key", key)
             children: Any = item.values()
         elif isinstance(item, list | tuple):
             children = item
         else:
             continue
         if depth > MAX_DEPTH:
-            return True
+            return ("deep", None)
         pending.extend((child, depth + 1) for child in children)
-    return False
-
-
-def _odd_key(value: object) -> tuple[object] | None:
-    """The first key in `value` that is not a string (in a one-item tuple), or None."""
-    pending: list[Any] = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, Mapping):
-            for key in item:
-                if not isinstance(key, str):
-                    return (key,)
-            pending.extend(item.values())
-        elif isinstance(item, list | tuple):
-            pending.extend(item)
     return None
-
-
-def _too_deep(value: object) -> bool:
-    # A loop, not recursion: the point is to measure values too deep to recurse through.
-    pending: list[tuple[Any, int]] = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        if isinstance(item, Mapping):
-            children: Any = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
-            continue
-        if depth > MAX_DEPTH:
-            return True
-        pending.extend((child, depth + 1) for child in children)
-    return False
 
 
 def conflict(conversation_id: str, turn_ref: str, length: int, expected: int) -> LogConflict:

@@ -13,7 +13,9 @@ import contextvars
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -647,6 +649,32 @@ def test_a_postgres_commit_waiting_for_a_lock_keeps_the_loop_running(postgres: s
 # -- asyncio's own cancellation of a commit in flight ---------------------------------------
 
 
+def commit_under_an_asyncio_timeout(
+    open_log: Callable[[], Any], lock: Callable[[], object], unlock: Callable[[], object]
+) -> tuple[float, list[str]]:
+    """Commit "t1", then "t2" under a 0.05 s `asyncio.timeout` while another connection
+    holds the lock the commit needs for 0.4 s: how long the timeout took to fire, and the
+    turns the log then holds."""
+    release = threading.Timer(0.4, unlock)
+
+    async def main() -> tuple[float, list[str]]:
+        async with open_log() as log:
+            await log.append(CONVERSATION, "t1", exchange("q", "a"))
+            lock()
+            release.start()
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await log.append(CONVERSATION, "t2", exchange("q2", "a2"))
+            waited = time.monotonic() - started
+            return waited, [entry.turn_ref for entry in await log.entries(CONVERSATION)]
+
+    try:
+        return asyncio.run(main())
+    finally:
+        release.join()
+
+
 def test_an_asyncio_timeout_firing_during_a_sqlite_commit_fires_once_the_commit_ended(
     tmp_path: Path,
 ) -> None:
@@ -657,24 +685,13 @@ def test_an_asyncio_timeout_firing_during_a_sqlite_commit_fires_once_the_commit_
     path = tmp_path / "log.db"
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     holder.execute("CREATE TABLE other (x)")
-    release = threading.Timer(0.4, lambda: holder.execute("ROLLBACK"))
-
-    async def main() -> tuple[float, list[str]]:
-        async with SQLiteLog(path, timeout=10) as log:
-            await log.append(CONVERSATION, "t1", exchange("q", "a"))
-            holder.execute("BEGIN IMMEDIATE")
-            release.start()
-            started = time.monotonic()
-            with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.05):
-                    await log.append(CONVERSATION, "t2", exchange("q2", "a2"))
-            waited = time.monotonic() - started
-            return waited, [entry.turn_ref for entry in await log.entries(CONVERSATION)]
-
     try:
-        waited, refs = asyncio.run(main())
+        waited, refs = commit_under_an_asyncio_timeout(
+            lambda: SQLiteLog(path, timeout=10),
+            lambda: holder.execute("BEGIN IMMEDIATE"),
+            lambda: holder.execute("ROLLBACK"),
+        )
     finally:
-        release.join()
         holder.close()
 
     assert refs == ["t1", "t2"]  # the commit was under way: it ran to its end
@@ -891,24 +908,13 @@ def test_an_asyncio_timeout_firing_during_a_postgres_commit_fires_once_the_commi
     import psycopg
 
     holder = psycopg.connect(postgres)
-    release = threading.Timer(0.4, holder.rollback)
-
-    async def main() -> tuple[float, list[str]]:
-        async with PostgresLog(postgres) as log:
-            await log.append(CONVERSATION, "t1", exchange("q", "a"))
-            holder.execute("LOCK TABLE turnplug_turns IN ACCESS EXCLUSIVE MODE")
-            release.start()
-            started = time.monotonic()
-            with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.05):
-                    await log.append(CONVERSATION, "t2", exchange("q2", "a2"))
-            waited = time.monotonic() - started
-            return waited, [entry.turn_ref for entry in await log.entries(CONVERSATION)]
-
     try:
-        waited, refs = asyncio.run(main())
+        waited, refs = commit_under_an_asyncio_timeout(
+            lambda: PostgresLog(postgres),
+            lambda: holder.execute("LOCK TABLE turnplug_turns IN ACCESS EXCLUSIVE MODE"),
+            holder.rollback,
+        )
     finally:
-        release.join()
         holder.close()
 
     assert refs == ["t1", "t2"]
