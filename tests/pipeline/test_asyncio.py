@@ -617,8 +617,8 @@ def test_a_sqlite_commit_waiting_for_a_lock_keeps_the_loop_running(tmp_path: Pat
     assert ticks >= 20  # 0.3 s of waiting at one tick per 2 ms; a blocked loop ticks ~once
 
 
-def test_a_postgres_commit_waiting_for_a_lock_keeps_the_loop_running(postgres: str) -> None:
-    """Catches: PostgresLog doing its blocking work on the asyncio loop's thread."""
+def committed_and_locked(postgres: str) -> Any:
+    """A psycopg connection holding PostgresLog's turns table locked, after one commit."""
     import psycopg
 
     async def first() -> None:
@@ -628,6 +628,12 @@ def test_a_postgres_commit_waiting_for_a_lock_keeps_the_loop_running(postgres: s
     asyncio.run(first())
     holder = psycopg.connect(postgres)
     holder.execute("LOCK TABLE turnplug_turns IN ACCESS EXCLUSIVE MODE")
+    return holder
+
+
+def test_a_postgres_commit_waiting_for_a_lock_keeps_the_loop_running(postgres: str) -> None:
+    """Catches: PostgresLog doing its blocking work on the asyncio loop's thread."""
+    holder = committed_and_locked(postgres)
     release = threading.Timer(0.3, holder.rollback)
 
     async def commit() -> list[str]:
@@ -928,15 +934,7 @@ def test_postgres_calls_blocked_on_a_lock_leave_the_loops_default_threads_free(
     a handful on a small machine), which also resolves host names for every connection a
     provider opens: calls blocked on a lock took every thread, and DNS and
     `asyncio.to_thread` waited for them. The log now has threads of its own."""
-    import psycopg
-
-    async def first() -> None:
-        async with PostgresLog(postgres) as log:
-            await log.append(CONVERSATION, "t1", exchange("q", "a"))
-
-    asyncio.run(first())
-    holder = psycopg.connect(postgres)
-    holder.execute("LOCK TABLE turnplug_turns IN ACCESS EXCLUSIVE MODE")
+    holder = committed_and_locked(postgres)
     release = threading.Timer(2.0, holder.rollback)
 
     async def main() -> float:
