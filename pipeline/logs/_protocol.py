@@ -1,6 +1,7 @@
 """The `Log` protocol every conversation log implements."""
 
 import logging
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, cast, final, runtime_checkable
@@ -180,8 +181,9 @@ def check_values(
 ) -> None:
     """Raise `LogError` if a value in the commit could not be stored and read back as it is.
 
-    A value nested deeper than `MAX_DEPTH` levels (JSON is read recursively), or a mapping
-    with a key that is not a string (JSON writes ``1`` as ``"1"``). Every log calls this, so
+    A value nested deeper than `MAX_DEPTH` levels (JSON is read recursively), a mapping
+    with a key that is not a string (JSON writes ``1`` as ``"1"``), or a leaf JSON cannot
+    hold (a set, a date, NaN). Every log calls this, so
     that the three agree: a commit a durable log could not store and read back is refused by
     the memory log too, and nothing is written.
     """
@@ -199,11 +201,17 @@ def check_values(
                 " store and read back; nothing was committed — refuse such arguments in a"
                 " before_tool hook, or keep meta shallower"
             )
-        else:
+        elif kind == "key":
             problem = (
                 f"{path} holds the key {key!r} ({type(key).__name__}): a log stores JSON"
                 " values only, whose keys are strings, so it would read back as another value;"
                 " nothing was committed — use string keys"
+            )
+        else:
+            problem = (
+                f"{path} holds {key!r} ({type(key).__name__}): a log stores JSON values only"
+                " (str, finite numbers, bools, None, lists and dicts); nothing was committed"
+                " — convert it first (a date to its ISO text, a set to a sorted list)"
             )
         raise LogError(
             f"{log!r} cannot store turn {turn_ref!r} of conversation {conversation_id!r}:"
@@ -268,7 +276,8 @@ def _part_values(path: str, part: Part) -> Iterator[tuple[str, object]]:
 
 def _problem(value: object) -> tuple[str, object] | None:
     """What keeps `value` from being stored and read back: ``("deep", None)`` when it nests
-    deeper than `MAX_DEPTH`, ``("key", key)`` for a mapping key that is not a string, or None.
+    deeper than `MAX_DEPTH`, ``("key", key)`` for a mapping key that is not a string,
+    ``("value", leaf)`` for a leaf JSON has no value for (a set, a date, NaN), or None.
 
     A loop, not recursion: the point is to measure values too deep to recurse through.
     """
@@ -282,8 +291,14 @@ def _problem(value: object) -> tuple[str, object] | None:
             children: Any = item.values()
         elif isinstance(item, list | tuple):
             children = item
-        else:
+        elif (
+            item is None
+            or isinstance(item, str | int)
+            or (isinstance(item, float) and math.isfinite(item))
+        ):
             continue
+        else:
+            return ("value", item)
         if depth > MAX_DEPTH:
             return ("deep", None)
         pending.extend((child, depth + 1) for child in children)

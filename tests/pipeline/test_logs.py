@@ -4,6 +4,7 @@ The `log` fixture (tests/conftest.py, tests/logs.py) is each kind of log in turn
 own; `durable` is each durable kind, for what only a database can show (reopening).
 """
 
+import datetime
 import json
 import uuid
 
@@ -715,6 +716,27 @@ async def test_a_key_json_would_turn_into_text_is_refused_alike_by_every_log(
     assert path in str(caught.value)
     assert "'t-1'" in str(caught.value)
     assert loaded == Context()
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        pytest.param({"when": datetime.date(2024, 1, 1)}, id="date"),
+        pytest.param({"ids": [{1, 2}]}, id="set"),
+        pytest.param({"score": float("nan")}, id="nan"),
+        pytest.param({"blob": b"raw"}, id="bytes"),
+    ],
+)
+async def test_a_value_json_cannot_hold_is_refused_alike_by_every_log(log, meta):
+    """Catches: the memory log keeping a date, a set, NaN or bytes that every durable log
+    refuses, so a test run against it passed where production failed."""
+    from pipeline import LogError
+
+    with pytest.raises(LogError, match="JSON values only") as caught:
+        await log.append(CONVERSATION, "t-1", (Message.user([Text("hi", meta=meta)]),))
+
+    assert "messages[0].parts[0].meta" in str(caught.value)
+    assert await log.entries(CONVERSATION) == ()
 
 
 async def test_a_str_enum_key_is_a_string_key_for_every_log(log):
