@@ -22,6 +22,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import Token
 from typing import Any, final
 
 import attrs
@@ -189,6 +190,8 @@ class _TurnTrace:
         self.boxes: dict[str | None, list[_Box]] = {}
         self.chat: Span | None = None
         self.tools: dict[str, Span] = {}
+        # The context tokens of the tool spans made current in their calls' tasks.
+        self.current: dict[str, Token[otel_context.Context]] = {}
         self.names: dict[str, str] = {}
         self.blocked: set[str] = set()
         self.executed: set[str] = set()
@@ -571,6 +574,12 @@ class _TurnTrace:
         self.executed.add(event.call.id)
         if self.capture:
             span.set_attribute("gen_ai.tool.call.arguments", _json(dict(event.call.arguments)))
+        # The call's own task emits its ToolStarted just before it runs the tool, and its
+        # ToolFinished after the after-tool hooks: the span is the current one in between,
+        # so the spans the tool opens (its own, an instrumented client's) are its children,
+        # in a sync tool's worker thread too (the thread runs in a copy of the task's
+        # context). A call that raises instead ends its task, and the context with it.
+        self.current[event.call.id] = otel_context.attach(trace.set_span_in_context(span))
 
     def tool_blocked(self, event: ev.ToolBlocked) -> None:
         at = self.ns(event.at)
@@ -601,6 +610,9 @@ class _TurnTrace:
             # Finished without starting: invalid arguments, an unknown tool.
             span.set_attribute("turnplug.tool.executed", False)
         del self.tools[call_id]
+        token = self.current.pop(call_id, None)
+        if token is not None:
+            otel_context.detach(token)
         span.end(end)
 
 

@@ -479,6 +479,52 @@ async def test_a_cancelled_turn_ends_every_span(spans) -> None:
     assert turn.status.status_code is StatusCode.UNSET
 
 
+async def test_a_tools_own_spans_are_children_of_its_execute_tool_span(spans) -> None:
+    """Catches: the execute_tool span not current while its tool runs, so that the spans a
+    tool opens (its own, an instrumented HTTP client's) left the turn's trace as roots of
+    their own — for a sync tool in its worker thread and for an async tool alike."""
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.instrument(tracer_provider=provider)
+    app = provider.get_tracer("app")
+
+    @tool
+    def fetch(url: str) -> str:
+        """A sync tool: runs in a worker thread."""
+        with app.start_as_current_span("GET"):
+            return "page"
+
+    @tool
+    async def search(query: str) -> str:
+        """An async tool."""
+        with app.start_as_current_span("query"):
+            return "hits"
+
+    pipe = Pipeline(
+        model=ScriptedModel(
+            [
+                [ToolCall("c1", "fetch", {"url": "u"}), ToolCall("c2", "search", {"query": "q"})],
+                "ok",
+            ]
+        ),
+        tools=[fetch, search],
+    )
+    await pipe.run(Turn.start("hi"))
+
+    assert tree(exporter.get_finished_spans()) == [
+        [
+            "turn",
+            [
+                "chat ScriptedModel",
+                ["execute_tool fetch", ["GET"]],
+                ["execute_tool search", ["query"]],
+                "chat ScriptedModel",
+            ],
+        ]
+    ]
+
+
 async def test_the_callers_current_span_is_the_turns_parent(spans) -> None:
     """Catches: each turn starting a trace of its own inside an application's request span."""
     provider = TracerProvider()
