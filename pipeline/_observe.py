@@ -117,8 +117,13 @@ class Watch:
             return self.own_relay if self.own_relay is not None else [sink]
 
         def dispatch(event: ev.Event) -> None:
+            nonlocal tracer
             if tracer is not None:
-                tracer.event(event)
+                try:
+                    tracer.event(event)
+                except Exception as error:
+                    tracer = None
+                    self.drop_tracer(error)
             if debug and type(event) is not ev.TextDelta:
                 log.debug("turn %s: %s", event.turn_ref, _brief(event))
             if sink is not None:
@@ -130,7 +135,10 @@ class Watch:
         """The turn as it ends, before its `TurnFinished`: the final turn and the reply it
         commits, which bound what the tracer may record of its content."""
         if self.tracer is not None:
-            self.tracer.settled(turn, reply)
+            try:
+                self.tracer.settled(turn, reply)
+            except Exception as failure:
+                self.drop_tracer(failure)
 
     def failed(self, error: BaseException) -> None:
         """The turn raised (or was cancelled) instead of finishing: end its trace."""
@@ -139,7 +147,17 @@ class Watch:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("turn %s: ended by %s", self.runner.turn_ref, type(error).__name__)
         if self.tracer is not None:
-            self.tracer.ended(error, at)
+            try:
+                self.tracer.ended(error, at)
+            except Exception as failure:
+                # Never in place of the turn's own error.
+                self.drop_tracer(failure)
+
+    def drop_tracer(self, error: Exception) -> None:
+        """The tracer raised (a span processor or exporter failed): the turn goes on, and
+        ends as it would have, untraced from here on."""
+        self.tracer = None
+        _tracer_failed(self.runner.turn_ref, error)
 
 
 def watch_turn(
@@ -151,11 +169,27 @@ def watch_turn(
 
     Called where the turn is set up, in the caller's context (see the module docstring).
     """
-    tracer = _tracing[0](runner.plan) if _tracing else None
+    tracer = None
+    if _tracing:
+        try:
+            tracer = _tracing[0](runner.plan)
+        except Exception as error:
+            _tracer_failed(None, error)
     debug = log.isEnabledFor(logging.DEBUG)
     if sink is None and tracer is None and not debug:
         return None
     return Watch(runner, sink, tracer, debug, own_relay)
+
+
+def _tracer_failed(turn_ref: str | None, error: Exception) -> None:
+    # Tracing watches a turn; a failure of its own must not fail the turn it watches.
+    log.warning(
+        "turn %s: the tracer failed (%s: %s); the turn goes on untraced",
+        turn_ref or "(not started)",
+        type(error).__name__,
+        error,
+        exc_info=error,
+    )
 
 
 def _brief(event: ev.Event) -> str:

@@ -2,9 +2,10 @@
 
 import itertools
 import json
+import logging
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import anyio
 import attrs
@@ -20,6 +21,7 @@ from opentelemetry.trace import NoOpTracerProvider, StatusCode
 from hooks import redact
 from pipeline import (
     ConfigError,
+    HookFailed,
     Pipeline,
     block,
     chain,
@@ -523,6 +525,63 @@ async def test_a_tools_own_spans_are_children_of_its_execute_tool_span(spans) ->
             ],
         ]
     ]
+
+
+class FailingProcessor(SimpleSpanProcessor):
+    """A span processor that raises when a span named `name` starts or ends."""
+
+    def __init__(self, name: str, when: str) -> None:
+        super().__init__(InMemorySpanExporter())
+        self.name = name
+        self.when = when
+
+    def on_start(self, span, parent_context=None) -> None:
+        if self.when == "start" and span.name == self.name:
+            raise RuntimeError(f"processor broke on {span.name}")
+
+    def on_end(self, span) -> None:
+        if self.when == "end" and span.name == self.name:
+            raise RuntimeError(f"processor broke on {span.name}")
+
+
+@pytest.fixture
+def failing() -> Iterator[Callable[[str, str], None]]:
+    """Instrument with a `FailingProcessor`; uninstrument after the test."""
+
+    def instrument(name: str, when: str) -> None:
+        provider = TracerProvider()
+        provider.add_span_processor(FailingProcessor(name, when))
+        otel.instrument(tracer_provider=provider)
+
+    yield instrument
+    otel.uninstrument()
+
+
+@pytest.mark.parametrize(
+    ("name", "when"), [("turn", "start"), ("note", "start"), ("chat ScriptedModel", "end")]
+)
+async def test_a_failing_tracer_leaves_the_turn_to_finish_untraced(
+    failing, caplog, name, when
+) -> None:
+    """Catches: a span processor (or exporter) that raised failing the turn it traced with
+    its own RuntimeError — when the turn's span started, a hook's, or a model call's ended."""
+    failing(name, when)
+    pipe = Pipeline(model=ScriptedModel(["fine"]), pre=[note])
+    with caplog.at_level(logging.WARNING, logger="turnplug"):
+        result = await pipe.run(Turn.start("hi"))
+
+    assert (result.outcome, result.reply.text) == ("completed", "fine")
+    (record,) = caplog.records
+    assert (record.name, record.levelname) == ("turnplug.pipeline", "WARNING")
+    assert f"the tracer failed (RuntimeError: processor broke on {name})" in record.getMessage()
+
+
+async def test_a_failing_tracer_never_replaces_the_turns_own_error(failing) -> None:
+    """Catches: a span processor that raised while the trace of a failed turn was ended
+    raising its RuntimeError in place of the turn's HookFailed."""
+    failing("turn", "end")
+    with pytest.raises(HookFailed, match="boom"):
+        await Pipeline(model=ScriptedModel(["ok"]), pre=[broken]).run(Turn.start("hi"))
 
 
 async def test_the_callers_current_span_is_the_turns_parent(spans) -> None:
