@@ -38,6 +38,7 @@ from ._errors import ConfigError, ProviderError
 from ._hooks import Chain, Hook, Parallel
 from ._observe import TOOL_CALL, set_tracing
 from ._plan import Plan
+from ._toolloop import TOOL_HOOKS
 from ._tools import HOOK_BLOCKED
 
 __all__ = ["CAPTURE_CONTENT_ENV", "instrument", "uninstrument"]
@@ -202,6 +203,10 @@ class _TurnTrace:
         # content if that survived.
         self.turn_events: list[tuple[str, dict[str, Any], int] | ev.Injected] = []
         self.chats: list[tuple[Span, str, str | None, int]] = []
+        # Finished tool calls, ended when the turn ends too: (span, call id, the arguments
+        # it ran with, its result — None when blocked, end).
+        self.calls: list[tuple[Span, str, dict[str, Any] | None, str | None, int]] = []
+        self.arguments: dict[str, dict[str, Any]] = {}
         self.done = False
         self.handlers: dict[type, Callable[[Any], None]] = {
             ev.TurnStarted: self.started,
@@ -346,21 +351,27 @@ class _TurnTrace:
         self.final = (turn, reply)
 
     def flush_content(self) -> None:
-        """Record the injections and end the chat spans, with the content that survived.
+        """Record the injections and end the chat and tool spans, with the content that
+        survived.
 
         An injection's content is recorded when the final turn still holds it; a model
         call's text when the accepted reply holds it as the call gave it (not a rejected
-        attempt's, not one a post hook rewrote).
+        attempt's, not one a post hook rewrote); a tool call's arguments and result when
+        the accepted reply holds them (not a rejected attempt's calls, not a result a post
+        hook rewrote).
         """
         final = self.final
         # Compared by equality (parts carry mappings, so they do not hash).
         kept: list[tuple[str | None, tuple[Part, ...]]] = []
         said: set[str] = set()
+        held_arguments: dict[str, list[dict[str, Any]]] = {}
+        held_results: dict[str, str] = {}
         if self.capture and final is not None:
             turn, reply = final
             kept = [(injection.source, injection.parts) for injection in turn.injections]
             if reply is not None:
                 said = {m.text for m in reply.messages if m.role == "assistant"}
+                held_arguments, held_results = _held_calls(reply)
         for item in self.turn_events:
             if type(item) is not ev.Injected:
                 self.turn.add_event(*item)
@@ -383,6 +394,13 @@ class _TurnTrace:
                 )
             span.end(end)
         self.chats.clear()
+        for span, call_id, arguments, result, end in self.calls:
+            if arguments is not None and arguments in held_arguments.get(call_id, ()):
+                span.set_attribute("gen_ai.tool.call.arguments", _json(arguments))
+            if result is not None and held_results.get(call_id) == result:
+                span.set_attribute("gen_ai.tool.call.result", result)
+            span.end(end)
+        self.calls.clear()
 
     def halted(self, event: ev.Halted) -> None:
         self.turn.set_attribute("turnplug.halt.hook", event.hook)
@@ -573,7 +591,8 @@ class _TurnTrace:
         span.set_attribute("turnplug.tool.executed", True)
         self.executed.add(event.call.id)
         if self.capture:
-            span.set_attribute("gen_ai.tool.call.arguments", _json(dict(event.call.arguments)))
+            # Recorded when the turn ends, if its accepted reply holds the call.
+            self.arguments[event.call.id] = dict(event.call.arguments)
         # The call's own task emits its ToolStarted just before it runs the tool, and its
         # ToolFinished after the after-tool hooks: the span is the current one in between,
         # so the spans the tool opens (its own, an instrumented client's) are its children,
@@ -604,8 +623,6 @@ class _TurnTrace:
         if result.is_error and result.error_class != HOOK_BLOCKED:
             span.set_attribute("error.type", result.error_class or "tool_error")
             span.set_status(Status(StatusCode.ERROR, result.error_class or "tool_error"))
-        if self.capture and call_id not in self.blocked:
-            span.set_attribute("gen_ai.tool.call.result", result.content)
         if call_id not in self.executed:
             # Finished without starting: invalid arguments, an unknown tool.
             span.set_attribute("turnplug.tool.executed", False)
@@ -613,7 +630,9 @@ class _TurnTrace:
         token = self.current.pop(call_id, None)
         if token is not None:
             otel_context.detach(token)
-        span.end(end)
+        # Ended (at this instant) when the turn ends, with the content the log holds.
+        content = None if call_id in self.blocked else result.content
+        self.calls.append((span, call_id, self.arguments.pop(call_id, None), content, end))
 
 
 # What a cancelled turn raises, on either event loop.
@@ -631,6 +650,23 @@ def _own(error: BaseException) -> BaseException | None:
     if isinstance(error, _CANCELLED):
         return None
     return error
+
+
+def _held_calls(reply: Reply) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """The tool calls the accepted reply holds: by call id, the arguments it holds for the
+    call (the model's, and those a before-tool hook rewrote them to) and the result."""
+    arguments: dict[str, list[dict[str, Any]]] = {}
+    results: dict[str, str] = {}
+    for message in reply.messages:
+        for part in message.parts:
+            if isinstance(part, ToolCall):
+                arguments.setdefault(part.id, []).append(dict(part.arguments))
+            elif isinstance(part, ToolResult):
+                results[part.call_id] = part.content
+                hooks = part.meta.get(TOOL_HOOKS)
+                if isinstance(hooks, dict) and isinstance(hooks.get("arguments"), dict):
+                    arguments.setdefault(part.call_id, []).append(hooks["arguments"])
+    return arguments, results
 
 
 def _json(value: object) -> str:

@@ -1,5 +1,6 @@
 """pipeline.otel: each turn is one trace, checked with the real OpenTelemetry SDK."""
 
+import contextlib
 import itertools
 import json
 import logging
@@ -841,3 +842,84 @@ async def test_a_call_that_never_ran_is_traced_as_not_executed(spans) -> None:
         if span.name.startswith("execute_tool")
     }
     assert executed == {"execute_tool lookup": False, "execute_tool ghost": False}
+
+
+@tool
+def vault(key: str) -> str:
+    """A secret's value."""
+    return f"VAULT-VALUE of {key}"
+
+
+def to_safe_key(call, turn):
+    return cont(attrs.evolve(call, arguments={"key": "public"}))
+
+
+def shorten(call, result, turn):
+    return cont(result.with_content(result.content.upper()))
+
+
+def tool_calls_then(*replies: str) -> ScriptedModel:
+    return ScriptedModel([[ToolCall("c1", "vault", {"key": "VAULT-KEY"})], *replies])
+
+
+async def test_with_capture_a_tool_calls_arguments_and_result_are_traced_as_rewritten(
+    capturing,
+) -> None:
+    """Catches: tool content missing from the execute_tool span of a completed turn, or
+    recorded before the before-tool and after-tool rewrites."""
+    pipe = Pipeline(
+        model=tool_calls_then("done"),
+        tools=[vault],
+        before_tool=[to_safe_key],
+        after_tool=[shorten],
+    )
+    await pipe.run(Turn.start("hi"))
+
+    (span,) = named(capturing.get_finished_spans(), "execute_tool vault")
+    assert (
+        span.attributes["gen_ai.tool.call.arguments"],
+        span.attributes["gen_ai.tool.call.result"],
+    ) == ('{"key": "public"}', "VAULT-VALUE OF PUBLIC")
+
+
+def reject_first(turn):
+    return regenerate("again") if turn.reply.attempt == 1 else cont(turn)
+
+
+def hide_tool_results(turn):
+    messages = tuple(
+        attrs.evolve(
+            message, parts=[attrs.evolve(part, content="[hidden]") for part in message.parts]
+        )
+        if message.role == "tool"
+        else message
+        for message in turn.reply.messages
+    )
+    return cont(attrs.evolve(turn, reply=attrs.evolve(turn.reply, messages=messages)))
+
+
+@pytest.mark.parametrize(
+    ("replies", "post", "absent"),
+    [
+        (["done"], [broken], ["VAULT-KEY", "VAULT-VALUE"]),  # the turn failed
+        (["done"], [stop], ["VAULT-KEY", "VAULT-VALUE"]),  # the turn halted
+        # The call belonged to a rejected attempt.
+        (["long", "short"], [reject_first], ["VAULT-KEY", "VAULT-VALUE"]),
+        # A post hook rewrote the result (the log holds the call's arguments).
+        (["done"], [hide_tool_results], ["VAULT-VALUE"]),
+    ],
+    ids=["failed", "halted", "rejected", "rewritten-by-post-hook"],
+)
+async def test_with_capture_tool_content_the_log_never_holds_is_not_traced(
+    capturing, replies, post, absent
+) -> None:
+    """Catches: a tool call's arguments and raw result recorded on its execute_tool span as
+    soon as it finished, though the log never holds them: of a turn that failed or halted,
+    of an attempt a guardrail rejected, or a result a post hook rewrote."""
+    pipe = Pipeline(model=tool_calls_then(*replies), tools=[vault], post=post)
+    with contextlib.suppress(HookFailed):
+        await pipe.run(Turn.start("hi"))
+
+    spans = capturing.get_finished_spans()
+    assert named(spans, "execute_tool vault")
+    assert [secret for secret in absent if secret in everything(spans)] == []
