@@ -11,6 +11,7 @@ import hmac
 import importlib.resources
 import json
 import logging
+import math
 import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
@@ -247,11 +248,17 @@ def failure_error(exc: BaseException) -> WireError:
             code="conflict",
         )
     if isinstance(exc, RateLimited):
+        # The upstream's wait goes on to the client: the SDKs wait as `Retry-After` says
+        # instead of retrying within a second into the same limit.
+        wait = exc.retry_after
+        seconds = math.ceil(wait) if wait is not None and math.isfinite(wait) else None
         return WireError(
             429,
-            "the upstream model is rate limited; retry later",
+            "the upstream model is rate limited; retry later"
+            + (f" (in {seconds} s)" if seconds is not None else ""),
             type="upstream_error",
             code="rate_limited",
+            headers=((b"retry-after", str(seconds).encode()),) if seconds is not None else (),
         )
     if isinstance(exc, ProviderTimeout):
         return WireError(

@@ -284,6 +284,21 @@ async def test_an_upstream_error_is_502_and_never_shows_the_key() -> None:
     assert upstream.requests[0].headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
 
 
+async def test_a_rate_limited_upstream_is_429_with_its_retry_after() -> None:
+    """Catches: the upstream's ``retry-after`` dropped from the gateway's 429, so the SDK
+    retries on its own backoff (half a second) into the same rate limit."""
+    limited = json_error(
+        429, {"error": {"message": "slow down", "type": "rate"}}, [("retry-after", "6.2")]
+    )
+    async with running(limited) as upstream:
+        model = OpenAIChat("up", base_url=upstream.url + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
+        async with served(Pipeline(model=model)) as gw:
+            with pytest.raises(openai.RateLimitError) as caught:
+                await gw.sdk().chat.completions.create(model="m", messages=user("x"))
+    assert caught.value.response.headers["retry-after"] == "7"
+    assert openai_error(caught.value.response.content)["code"] == "rate_limited"
+
+
 async def test_an_upstream_stream_reaches_the_client_through_the_pipeline() -> None:
     """Catches: the gateway not speaking to a real OpenAI-protocol upstream."""
     async with running(stream(openai_text(["up", "stream"]))) as upstream:
