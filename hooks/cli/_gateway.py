@@ -616,6 +616,19 @@ class Gateway:
             )
         if request.message.role == "tool":
             check_continuation(request, context)
+            return
+        last = context.messages[-1] if context.messages else None
+        waiting = [p.id for p in last.parts if type(p) is ToolCall] if last is not None else []
+        if waiting:
+            # Only a conversation's log can end so: a request's own history is checked as
+            # it is read. The upstream would refuse the turn (a 502, retried by the SDKs).
+            raise WireError(
+                400,
+                f"the conversation's last message holds tool calls {waiting} that have no"
+                " result yet: send the results first (the assistant message with its"
+                " 'tool_calls', then one tool message per call), then the new message",
+                param="messages",
+            )
 
     async def _stateless(
         self,

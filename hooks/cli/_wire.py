@@ -223,6 +223,7 @@ def parse_request(body: bytes) -> ChatRequest:
     while messages and messages[0].role == "system" and len(messages) > 1:
         system_parts.append(messages.pop(0).text)
     last = messages[-1]
+    _check_tool_order(messages, len(raw) - len(messages))
     positions: tuple[int, ...] = ()
     if last.role == "tool":
         # The client ran the tool calls the gateway returned and sends their results: the
@@ -264,6 +265,55 @@ def parse_request(body: bytes) -> ChatRequest:
         options=_options(data),
         stream=stream,
         include_usage=include_usage,
+    )
+
+
+def _check_tool_order(messages: Sequence[Message], offset: int) -> None:
+    """Refuse a history the API refuses: tool calls not answered by the tool messages right
+    after them (each call once), or a tool message that answers no call before it.
+
+    The trailing tool messages of a continuation are left to `check_continuation` (in a
+    conversation they answer the log's calls, not the request's). `offset` is the index in
+    the request's ``messages`` of ``messages[0]`` (leading system messages were taken off).
+    """
+    end = len(messages)
+    while end > 0 and messages[end - 1].role == "tool":
+        end -= 1
+    if end == len(messages):
+        end -= 1  # the user's message: after the history, below
+    calls: dict[str, str] = {}  # the calls still waiting for their results
+    asked = ""  # where they were asked
+    for index, message in enumerate(messages[:end]):
+        where = f"messages[{index + offset}]"
+        if message.role == "tool":
+            for result in message.parts:
+                assert type(result) is ToolResult
+                if result.call_id not in calls:
+                    waiting = f" (those of '{asked}': {sorted(calls)})" if calls else ""
+                    raise _bad(
+                        f"'{where}.tool_call_id' is {result.call_id!r}, which answers no tool"
+                        f" call waiting for a result{waiting} — tool messages must follow the"
+                        " assistant message whose calls they answer, one per call",
+                        f"{where}.tool_call_id",
+                    )
+                del calls[result.call_id]
+            continue
+        if calls:
+            raise _unanswered(calls, asked, where)
+        if message.role == "assistant":
+            calls = {part.id: part.name for part in message.parts if type(part) is ToolCall}
+            asked = where
+    if calls and messages[-1].role != "tool":
+        raise _unanswered(calls, asked, f"messages[{len(messages) - 1 + offset}]")
+
+
+def _unanswered(calls: Mapping[str, str], asked: str, where: str) -> WireError:
+    missing = [f"{call_id} ({name})" for call_id, name in calls.items()]
+    return _bad(
+        f"the tool calls {missing} of '{asked}' have no tool message before '{where}': an"
+        " assistant message with 'tool_calls' must be followed by one tool message per call"
+        " (with an error message as the content for a call that was not run)",
+        f"{where}.role",
     )
 
 

@@ -255,6 +255,101 @@ async def test_a_malformed_continuation_is_400_naming_the_message(
     assert upstream.requests == []
 
 
+@pytest.mark.parametrize(
+    ("messages", "param", "says"),
+    [
+        ([*user("q"), ASKED, *user("never mind")], "messages[2].role", "c1 (get_weather)"),
+        (
+            [
+                {"role": "system", "content": "Be brief."},
+                *user("q"),
+                ASKED,
+                {"role": "tool", "tool_call_id": "c1", "content": "x"},
+                {"role": "assistant", "content": "It is x."},
+                *user("and?"),
+            ],
+            "messages[4].role",
+            "['c2 (get_time)'] of 'messages[2]'",
+        ),
+        (
+            [
+                *user("q"),
+                {"role": "tool", "tool_call_id": "c9", "content": "x"},
+                {"role": "assistant", "content": "ok"},
+                *user("and?"),
+            ],
+            "messages[1].tool_call_id",
+            "'c9', which answers no tool call",
+        ),
+    ],
+)
+async def test_tool_calls_unanswered_in_the_history_are_400_naming_the_message(
+    messages: list[dict[str, Any]], param: str, says: str
+) -> None:
+    """Catches: a history whose tool calls have no tool messages after them (or a tool
+    message answering no call) sent upstream, which refuses it: the client got a 502
+    "upstream failed", which the SDK retries, instead of a 400 naming the message."""
+    async with running(stream(openai_text(["never"]))) as upstream:
+        async with served(Pipeline(model=upstream_model(upstream.url))) as gw:
+            with pytest.raises(openai.BadRequestError) as caught:
+                await gw.sdk().chat.completions.create(
+                    model="m", messages=messages, tools=[WEATHER, CLOCK]
+                )
+    error = openai_error(caught.value.response.content)
+    assert error["param"] == param
+    assert says in error["message"]
+    assert upstream.requests == []
+
+
+async def test_a_history_with_answered_tool_calls_reaches_the_upstream() -> None:
+    """Catches: a history check that refuses the SDK's ordinary tool loop, earlier turns'
+    calls and results followed by a new question."""
+    history = [
+        *user("q"),
+        ASKED,
+        {"role": "tool", "tool_call_id": "c1", "content": "x"},
+        {"role": "tool", "tool_call_id": "c2", "content": "y"},
+        {"role": "assistant", "content": "x and y"},
+        *user("thanks"),
+    ]
+    async with running(stream(openai_text(["You're welcome."]))) as upstream:
+        async with served(Pipeline(model=upstream_model(upstream.url))) as gw:
+            reply = await gw.sdk().chat.completions.create(
+                model="m", messages=history, tools=[WEATHER, CLOCK]
+            )
+    assert reply.choices[0].message.content == "You're welcome."
+    sent = upstream.requests[0].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "assistant", "user"]
+
+
+async def test_a_new_message_on_a_conversation_awaiting_tool_results_is_400(
+    tmp_path: Path,
+) -> None:
+    """Catches: a conversation whose log ends with tool calls returned to the client taking
+    a new user message: the upstream refuses the history, so the turn was a 502 (retried
+    by the SDK) and every later message of the conversation failed the same way."""
+    async with running(calls_weather(), stream(openai_text(["never"]))) as upstream:
+        async with (
+            SQLiteLog(tmp_path / "log.db") as log,
+            served(Pipeline(model=upstream_model(upstream.url)), log=log) as gw,
+        ):
+            sdk = gw.sdk()
+            headers = {"X-Conversation-Id": "c"}
+            await sdk.chat.completions.create(
+                model="m", messages=user("weather?"), tools=[WEATHER], extra_headers=headers
+            )
+            with pytest.raises(openai.BadRequestError) as caught:
+                await sdk.chat.completions.create(
+                    model="m", messages=user("never mind"), tools=[WEATHER], extra_headers=headers
+                )
+            stored = await log.load("c")
+    error = openai_error(caught.value.response.content)
+    assert error["param"] == "messages"
+    assert "call_1" in error["message"]
+    assert len(upstream.requests) == 1
+    assert [m.role for m in stored.messages] == ["user", "assistant"]
+
+
 async def test_a_conversation_commits_the_tool_results_and_the_answer(tmp_path: Path) -> None:
     """Catches: a conversation continuation checked against the request instead of the log,
     or committing nothing (or the results twice)."""
