@@ -269,12 +269,18 @@ def failure_error(exc: BaseException) -> WireError:
         )
     if isinstance(exc, ProviderError):
         # The upstream's own message is not passed on: some quote the (masked) key.
-        status = f" (HTTP {exc.status})" if getattr(exc, "status", None) else ""
+        upstream = getattr(exc, "status", None)
+        status = f" (HTTP {upstream})" if upstream else ""
+        # An upstream that refused the request itself (a 4xx other than a timeout, a
+        # conflict or a rate limit) refuses it again: the SDKs, which retry every 5xx,
+        # are told not to run the turn again for nothing.
+        final = isinstance(upstream, int) and 400 <= upstream < 500 and upstream not in (408, 409)
         return WireError(
             502,
             f"the upstream model failed: {name}{status}",
             type="upstream_error",
             code="upstream_failed",
+            headers=((b"x-should-retry", b"false"),) if final else (),
         )
     if isinstance(exc, TimeoutError):
         return WireError(

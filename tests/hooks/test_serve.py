@@ -284,6 +284,22 @@ async def test_an_upstream_error_is_502_and_never_shows_the_key() -> None:
     assert upstream.requests[0].headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
 
 
+async def test_the_sdk_does_not_run_again_a_turn_the_upstream_refused() -> None:
+    """Catches: an upstream 4xx (a refused request, a wrong upstream key) answered as a plain
+    502, which the SDK retries: the turn ran three times, each refused again."""
+    refused = json_error(400, {"error": {"message": "bad request", "type": "invalid"}})
+    async with running(refused, refused, refused) as upstream:
+        model = OpenAIChat("up", base_url=upstream.url + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
+        async with served(Pipeline(model=model)) as gw:
+            retrying = openai.AsyncOpenAI(base_url=gw.base, api_key=KEY, max_retries=2)
+            gw.clients.append(retrying)
+            with pytest.raises(openai.InternalServerError) as caught:
+                await retrying.chat.completions.create(model="m", messages=user("x"))
+    assert caught.value.status_code == 502
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert len(upstream.requests) == 1
+
+
 async def test_a_rate_limited_upstream_is_429_with_its_retry_after() -> None:
     """Catches: the upstream's ``retry-after`` dropped from the gateway's 429, so the SDK
     retries on its own backoff (half a second) into the same rate limit."""
