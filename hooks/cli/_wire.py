@@ -31,6 +31,9 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _encode_string = json.encoder.encode_basestring
 TOOL_CHOICES = ("none", "auto", "required")
+INVALID_ARGUMENTS = "invalid_arguments"
+"""The meta mark of a tool call whose arguments the model wrote undecodable, ``{"raw",
+"error"}``, as the providers set it (see docs/providers.md)."""
 
 # Provider finish reasons that mean the same as an OpenAI one.
 _FINISH = {
@@ -507,21 +510,25 @@ def _tool_call(call: Any, where: str) -> ToolCall:
             f"'{where}' needs a string 'id', 'function.name' and 'function.arguments'", where
         )
     try:
-        parsed = json.loads(arguments) if arguments else {}
+        parsed = json.loads(arguments) if arguments.strip() else {}
     except RecursionError:
-        raise _bad(
-            f"'{where}.function.arguments' nests too deeply to read",
-            f"{where}.function.arguments",
-        )
+        return _undecodable(call_id, name, arguments, "nested too deeply to decode")
     except json.JSONDecodeError as exc:
-        raise _bad(
-            f"'{where}.function.arguments' is not valid JSON: {exc}", f"{where}.function.arguments"
-        )
+        return _undecodable(call_id, name, arguments, f"not valid JSON ({exc})")
     if not isinstance(parsed, dict):
-        raise _bad(
-            f"'{where}.function.arguments' must encode a JSON object", f"{where}.function.arguments"
+        return _undecodable(
+            call_id, name, arguments, f"expected a JSON object, got {type(parsed).__name__}"
         )
     return ToolCall(call_id, name, parsed)
+
+
+def _undecodable(call_id: str, name: str, raw: str, error: str) -> ToolCall:
+    """A call whose arguments the model wrote undecodable, as the client echoes it back (the
+    gateway returned the model's text, `tool_calls`): marked as a provider marks it."""
+    quoted = raw[:200] + ("..." if len(raw) > 200 else "")
+    return ToolCall(
+        call_id, name, {}, {INVALID_ARGUMENTS: {"raw": raw, "error": f"{error}: {quoted!r}"}}
+    )
 
 
 # -- responses --------------------------------------------------------------------------------
@@ -540,14 +547,20 @@ def tool_calls(message: Message) -> list[dict[str, Any]]:
         {
             "id": part.id,
             "type": "function",
-            "function": {
-                "name": part.name,
-                "arguments": json.dumps(dict(part.arguments), ensure_ascii=False),
-            },
+            "function": {"name": part.name, "arguments": _arguments(part)},
         }
         for part in message.parts
         if type(part) is ToolCall
     ]
+
+
+def _arguments(call: ToolCall) -> str:
+    mark = call.meta.get(INVALID_ARGUMENTS)
+    if isinstance(mark, Mapping) and isinstance(mark.get("raw"), str):
+        # The model's own text, as the API returns it: the client's decoding fails and it
+        # can answer with an error, instead of running the tool with no arguments ("{}").
+        return str(mark["raw"])
+    return json.dumps(dict(call.arguments), ensure_ascii=False)
 
 
 def answer_text(reply: Reply) -> str:

@@ -180,6 +180,55 @@ async def test_a_continuation_may_call_tools_again_and_answers_every_call() -> N
     ]
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_undecodable_arguments_reach_the_client_as_the_model_wrote_them(
+    streamed: bool,
+) -> None:
+    """Catches: a client tool call whose arguments the model wrote as broken JSON returned
+    as ``"{}"``, so the client ran the tool with no arguments instead of seeing the model's
+    mistake; and the client's echo of that text in its continuation refused with a 400."""
+    broken = '{"city": "Os'
+    cut = stream(openai_tool_calls([("call_1", "get_weather", [broken])]))
+    async with running(cut, stream(openai_text(["Which city?"]))) as upstream:
+        async with served(Pipeline(model=upstream_model(upstream.url))) as gw:
+            sdk = gw.sdk()
+            if streamed:
+                chunks = await gw.sdk_stream(model="m", messages=user("weather?"), tools=[WEATHER])
+                [delta] = [
+                    d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []
+                ]
+                assert delta.function is not None
+                arguments = delta.function.arguments
+                assistant = {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "id": delta.id,
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": arguments},
+                        }
+                    ],
+                }
+            else:
+                first = await sdk.chat.completions.create(
+                    model="m", messages=user("weather?"), tools=[WEATHER]
+                )
+                [call] = first.choices[0].message.tool_calls or []
+                arguments = call.function.arguments  # type: ignore[union-attr]
+                assistant = first.choices[0].message.model_dump(exclude_none=True)
+            second = await sdk.chat.completions.create(
+                model="m",
+                messages=continuation(assistant, "error: arguments are not JSON"),
+                tools=[WEATHER],
+            )
+    assert arguments == broken
+    assert second.choices[0].message.content == "Which city?"
+    sent = upstream.requests[1].body["messages"]
+    # Upstream, the call goes out with valid JSON, as the providers send such a call.
+    assert sent[1]["tool_calls"][0]["function"]["arguments"] == "{}"
+    assert sent[2]["content"] == "error: arguments are not JSON"
+
+
 ASKED = {
     "role": "assistant",
     "content": None,
