@@ -8,9 +8,11 @@ provided its opaque values (`meta`, `arguments`, `assigns`, ...) are JSON values
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar, get_args, get_origin
 
 import cattrs
+from cattrs.cols import homogenous_tuple_structure_factory
 from cattrs.strategies import configure_tagged_union
 from cattrs.v import format_exception
 
@@ -32,16 +34,25 @@ def _make_converter() -> cattrs.Converter:
     converter.register_unstructure_hook(
         tuple, lambda value: [converter.unstructure(item) for item in value]
     )
+    # cattrs' own scalar hooks call the type on the value (``bool("false")`` is True,
+    # ``str(3)`` is "3"): a value of the wrong type is refused instead, naming its path.
+    for kind, accepted in _SCALARS.items():
+        converter.register_structure_hook(kind, _strict_scalar(kind, accepted))
+    converter.register_structure_hook_factory(
+        _is_homogeneous_tuple, lambda cls: _strict_sequence(cls, converter)
+    )
     configure_tagged_union(Part, converter, tag_generator=_TAGS.__getitem__, tag_name="type")
     tagged = converter.get_structure_hook(Part)
 
     def structure_part(value: Any, cls: Any) -> Any:
-        # cattrs reports an unknown tag as a bare KeyError ("required field missing"); say
-        # which tag was wrong and which ones exist instead.
-        if isinstance(value, dict) and "type" in value and value["type"] not in _KNOWN_TAGS:
-            raise _UnknownTag(
-                f"unknown part type {value['type']!r}, expected one of {sorted(_KNOWN_TAGS)}"
-            )
+        # cattrs reports an unknown or missing tag as a bare KeyError ("required field
+        # missing"), and data that is no object as an AttributeError; say what was wrong
+        # and which tags exist instead.
+        if not isinstance(value, dict):
+            raise _Refused(f'a part must be an object with a "type" tag, got {_shown(value)}')
+        if value.get("type") not in _KNOWN_TAGS:
+            found = repr(value["type"]) if "type" in value else "none"
+            raise _Refused(f"unknown part type {found}, expected one of {sorted(_KNOWN_TAGS)}")
         return tagged(value, cls)
 
     converter.register_structure_hook(Part, structure_part)
@@ -49,6 +60,45 @@ def _make_converter() -> cattrs.Converter:
 
 
 _PLAIN: frozenset[type] = frozenset((str, int, float, bool, type(None)))
+# The JSON values each scalar field accepts: an int where a float is meant (JSON writes
+# ``1.0`` as ``1`` in other encoders), never a bool where a number is meant.
+_SCALARS: dict[type, tuple[type, ...]] = {
+    str: (str,),
+    bool: (bool,),
+    int: (int,),
+    float: (float, int),
+}
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
+def _strict_scalar(kind: type, accepted: tuple[type, ...]) -> Callable[[Any, Any], Any]:
+    def structure(value: Any, _cls: Any) -> Any:
+        if type(value) not in accepted:
+            raise _Refused(f"expected {kind.__name__}, got {_shown(value)}")
+        return kind(value)
+
+    return structure
+
+
+def _is_homogeneous_tuple(cls: Any) -> bool:
+    args = get_args(cls)
+    return get_origin(cls) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+
+def _strict_sequence(cls: Any, converter: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    # cattrs would iterate any iterable: a string would become a tuple of its characters.
+    items = homogenous_tuple_structure_factory(cls, converter)
+
+    def structure(value: Any, target: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            raise _Refused(f"expected a list, got {_shown(value)}")
+        return items(value, target)
+
+    return structure
 
 
 def _with_direct_hooks(converter: cattrs.Converter) -> cattrs.Converter:
@@ -118,12 +168,17 @@ def _with_direct_hooks(converter: cattrs.Converter) -> cattrs.Converter:
 _converter = _with_direct_hooks(_make_converter())
 
 
-class _UnknownTag(ValueError):
+class _Refused(ValueError):
     pass
 
 
+def _name(cls: Any) -> str:
+    # `Part` is a union, which has no __name__.
+    return getattr(cls, "__name__", None) or ("Part" if cls == Part else repr(cls))
+
+
 def _describe(exc: BaseException, type_: Any) -> str:
-    if isinstance(exc, _UnknownTag):
+    if isinstance(exc, _Refused):
         return str(exc)
     return format_exception(exc, type_)
 
@@ -146,6 +201,7 @@ def from_dict(cls: type[T], data: Any) -> T:
             types); the message lists every problem with its path.
     """
     target: Any = cls
+    name = _name(cls)
     if cls in _TAGS and isinstance(data, dict) and "type" in data:
         # A tagged part read as its own class: read it as a part, then check the class.
         if data["type"] != _TAGS[cls]:
@@ -158,12 +214,10 @@ def from_dict(cls: type[T], data: Any) -> T:
         return _converter.structure(data, target)  # type: ignore[no-any-return]
     except (cattrs.BaseValidationError, KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, cattrs.BaseValidationError):
-            problems = "; ".join(
-                cattrs.transform_error(exc, path=cls.__name__, format_exception=_describe)
-            )
+            problems = "; ".join(cattrs.transform_error(exc, path=name, format_exception=_describe))
         else:
-            problems = f"{cls.__name__}: {exc}"
-        raise ValueError(f"cannot read a {cls.__name__} from this data: {problems}") from exc
+            problems = f"{name}: {exc}"
+        raise ValueError(f"cannot read a {name} from this data: {problems}") from exc
 
 
 def to_json(obj: Any) -> str:

@@ -262,3 +262,75 @@ def test_to_dict_builds_what_cattrs_generated_hooks_build(cls: type, strategy, d
     )
 
     assert json.dumps(to_dict(obj)) == json.dumps(expected)
+
+
+@pytest.mark.parametrize(
+    ("cls", "data", "path"),
+    [
+        (ToolResult, {"call_id": "c", "content": "r", "is_error": "false"}, "is_error"),
+        (Injection, {"parts": [{"type": "text", "text": "a"}], "durable": 1}, "durable"),
+        (Text, {"text": 3}, "text"),
+        (Turn, {**to_dict(Turn.start("hi", turn_ref="r")), "turn_ref": 5}, "turn_ref"),
+        (Usage, {"input_tokens": 3.7}, "input_tokens"),
+        (RequestOptions, {"temperature": True}, "temperature"),
+    ],
+    ids=[
+        "bool-from-str",
+        "bool-from-int",
+        "str-from-int",
+        "ref-from-int",
+        "int-from-float",
+        "float-from-bool",
+    ],
+)
+def test_a_scalar_of_the_wrong_type_is_rejected_not_converted(cls, data, path) -> None:
+    """Catches: `from_dict` calling the field's type on the value, so that
+    ``"is_error": "false"`` read back as True, ``3`` as ``"3"`` and ``3.7`` tokens as 3,
+    instead of refusing data of the wrong type as its docstring says."""
+    with pytest.raises(ValueError, match=rf"expected \w+, got .* @ {cls.__name__}\.{path}$"):
+        from_dict(cls, data)
+
+
+def test_a_number_where_a_float_is_meant_is_read() -> None:
+    """Catches: the strict reading refusing ``1`` for a float field, which JSON encoders
+    other than Python's write for ``1.0``."""
+    assert from_dict(RequestOptions, {"temperature": 1}) == RequestOptions(temperature=1.0)
+
+
+@pytest.mark.parametrize(
+    ("cls", "data", "path"),
+    [
+        (RequestOptions, {"active_tools": "search"}, r"RequestOptions\.active_tools"),
+        (Message, {"role": "user", "parts": "hi"}, r"Message\.parts"),
+        (Message, {"role": "user", "parts": {"type": "text", "text": "hi"}}, r"Message\.parts"),
+    ],
+    ids=["names-from-str", "parts-from-str", "parts-from-object"],
+)
+def test_a_list_field_given_no_list_is_rejected(cls, data, path) -> None:
+    """Catches: a string (or an object) where a list belongs being iterated, so that
+    ``"active_tools": "search"`` read back as the tools ``s``, ``e``, ``a``, ... and a
+    string of parts failed with cattrs' ``'str' object has no attribute 'copy'``."""
+    with pytest.raises(ValueError, match=rf"expected a list, got \w+ .* @ {path}$"):
+        from_dict(cls, data)
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ({"text": "a", "meta": {}}, "unknown part type none"),
+        ({"type": "image"}, "unknown part type 'image'"),
+        ("a", "a part must be an object"),
+    ],
+    ids=["untagged", "unknown-tag", "not-an-object"],
+)
+def test_bad_data_read_as_a_part_is_a_value_error(data: Any, problem: str) -> None:
+    """Catches: `from_dict(Part, ...)` failing with AttributeError (the union `Part` has no
+    ``__name__``, and a non-object reached cattrs' ``.copy()``) instead of the ValueError
+    naming the problem."""
+    with pytest.raises(ValueError, match=f"cannot read a Part from this data: .*{problem}"):
+        from_dict(Part, data)
+
+
+def test_a_part_without_its_tag_in_a_message_names_the_missing_tag() -> None:
+    with pytest.raises(ValueError, match=r"unknown part type none, .* @ Message\.parts\[0\]$"):
+        from_dict(Message, {"role": "user", "parts": [{"text": "a", "meta": {}}]})
