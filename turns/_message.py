@@ -93,6 +93,13 @@ class Message:
     @classmethod
     def tool(cls, result: ToolResult, *, meta: Mapping[str, Any] = _NO_META) -> Self:
         """A tool message carrying one result."""
+        given: object = result  # callers without a type checker pass anything
+        if type(given) is not ToolResult:
+            raise TypeError(
+                f"Message.tool takes one ToolResult, got {type(given).__name__} {given!r:.60}"
+                " — build it as Message.tool(ToolResult(call_id, content)); text goes in"
+                " Message.user or Message.assistant"
+            )
         return cls("tool", (result,), meta)
 
     @property

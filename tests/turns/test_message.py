@@ -93,6 +93,20 @@ def test_text_leaves_out_tool_calls_and_results(items: list[Part]) -> None:
     assert Message.assistant(items).text == expected
 
 
+@pytest.mark.parametrize(
+    "given",
+    [Text("42"), "42", ToolCall("call-1", "f", {}), [ToolResult("call-1", "42")]],
+    ids=["text", "str", "tool-call", "list"],
+)
+def test_tool_refuses_anything_but_one_result(given: object) -> None:
+    """Catches: `Message.tool` building a tool message from a Text (or a ToolCall, or a list
+    of results), which no provider can send, instead of refusing it where it was made."""
+    with pytest.raises(
+        TypeError, match=f"Message.tool takes one ToolResult, got {type(given).__name__}"
+    ):
+        Message.tool(given)  # type: ignore[arg-type]
+
+
 def test_text_of_a_tool_message_is_empty() -> None:
     assert Message.tool(ToolResult("call-1", "42")).text == ""
 
