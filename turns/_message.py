@@ -19,6 +19,11 @@ def _check_role(_instance: object, _attribute: object, role: str) -> None:
         raise ValueError(f"message role must be one of {sorted(ROLES)}, got {role!r}")
 
 
+def _check_meta(_instance: object, _attribute: object, meta: object) -> None:
+    if meta is not _NO_META and not isinstance(meta, Mapping):
+        raise TypeError(f"Message.meta must be a mapping, got {type(meta).__name__} {meta!r:.60}")
+
+
 def _as_parts(content: str | Part | Iterable[Part]) -> tuple[Part, ...]:
     if isinstance(content, str):
         return (Text(content),)
@@ -45,8 +50,8 @@ def _parts(parts: Iterable[Part]) -> tuple[Part, ...]:
         )
     parts = tuple(parts)
     for part in parts:
-        # A lone well-formed Text, the commonest, costs two type checks.
-        if type(part) is not Text or type(part.text) is not str:
+        # A lone well-formed Text without meta, the commonest, costs three checks.
+        if type(part) is not Text or type(part.text) is not str or part.meta is not EMPTY:
             problem = part_problem(part)
             if problem is not None:
                 raise TypeError(problem)
@@ -69,7 +74,7 @@ class Message:
 
     role: Role = attrs.field(validator=_check_role)
     parts: tuple[Part, ...] = attrs.field(default=(), converter=_parts)
-    meta: Mapping[str, Any] = _NO_META
+    meta: Mapping[str, Any] = attrs.field(default=_NO_META, validator=_check_meta)
 
     @classmethod
     def user(

@@ -99,7 +99,8 @@ def _shown(value: object) -> str:
 
 def part_problem(part: object) -> str | None:
     """What makes `part` no message part (a part of another type, or a field of the wrong
-    type, which would otherwise fail later, when the turn is rendered), or None."""
+    type, which would otherwise fail later, when the turn is rendered or committed), or
+    None."""
     # The fields are read as plain objects: callers without a type checker pass anything.
     if isinstance(part, Text):
         text: object = part.text
@@ -129,4 +130,7 @@ def part_problem(part: object) -> str | None:
             f"a message part must be Text, ToolCall or ToolResult, got {_shown(part)} — wrap"
             " plain strings in Text(...)"
         )
+    meta: object = part.meta
+    if meta is not EMPTY and not isinstance(meta, Mapping):
+        return f"{type(part).__name__}.meta must be a mapping, got {_shown(meta)}"
     return None

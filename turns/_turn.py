@@ -191,8 +191,13 @@ class Turn:
         a hook runs, the runtime's `Stamper` stamps it here, as it is made; outside a hook it
         is left unstamped (``source=None``).
         """
-        # A lone Text holding a str, the commonest, has nothing more to check.
-        if len(parts) != 1 or type(parts[0]) is not Text or type(parts[0].text) is not str:
+        # A lone Text holding a str and no meta, the commonest, has nothing more to check.
+        if (
+            len(parts) != 1
+            or type(parts[0]) is not Text
+            or type(parts[0].text) is not str
+            or parts[0].meta is not EMPTY
+        ):
             parts = _checked_parts(parts)
         # The new Injection and Turn are built by filling their slots (see the fast builders
         # below): this runs once per injecting hook.

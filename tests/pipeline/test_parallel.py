@@ -601,3 +601,15 @@ async def test_a_member_returning_a_malformed_part_fails_naming_it():
         await pipe.run(Turn.start("hi"))
     assert info.value.hook == "bad"
     assert "returned a malformed part: Text.text must be a str, got int 3" in str(info.value)
+
+
+async def test_a_member_returning_a_part_whose_meta_is_no_mapping_fails_naming_it():
+    """Catches: a member's [Text("a", meta=[...])] accepted, so a durable member's injection
+    failed only at commit, after the model call, as a bare TypeError naming no hook."""
+    pipe = pipe_with(
+        parallel(member("ok"), returning("bad", lambda turn: [Text("a", meta=[("k", 1)])]))
+    )
+    with pytest.raises(HookReturnError) as info:
+        await pipe.run(Turn.start("hi"))
+    assert info.value.hook == "bad"
+    assert "returned a malformed part: Text.meta must be a mapping, got list" in str(info.value)

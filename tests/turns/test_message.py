@@ -107,6 +107,27 @@ def test_tool_refuses_anything_but_one_result(given: object) -> None:
         Message.tool(given)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        (lambda: Message.user("hi", meta=[("k", 1)]), "Message.meta must be a mapping, got list"),
+        (lambda: Message("user", (Text("hi"),), None), "Message.meta must be a mapping"),
+        (lambda: Message.user([Text("hi", meta=[1])]), "Text.meta must be a mapping, got list"),
+        (
+            lambda: Message.assistant([ToolCall("1", "f", {}, meta="x")]),
+            "ToolCall.meta must be a mapping, got str",
+        ),
+    ],
+    ids=["message", "message-none", "text", "tool-call"],
+)
+def test_a_meta_that_is_no_mapping_is_refused_where_it_is_built(build, says: str) -> None:
+    """Catches: a message or part whose meta is a list accepted, to fail only when the turn
+    is committed, after the model was paid for, as a bare "'list' object is not a mapping"
+    (or an AttributeError in `turns.serde.to_dict`) naming neither the record nor the hook."""
+    with pytest.raises(TypeError, match=says):
+        build()
+
+
 def test_text_of_a_tool_message_is_empty() -> None:
     assert Message.tool(ToolResult("call-1", "42")).text == ""
 

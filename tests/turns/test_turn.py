@@ -216,6 +216,18 @@ def test_inject_rejects_what_is_not_a_part_naming_its_type(bad: object, type_nam
         Turn.start("hi").inject("ok", bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "part",
+    [Text("a", meta=[("k", 1)]), ToolResult("c", "r", meta="provider data")],
+    ids=["lone-text", "result"],
+)
+def test_inject_rejects_a_part_whose_meta_is_no_mapping(part: Part) -> None:
+    """Catches: `Turn.inject` checking a part's text and arguments but not its meta, so the
+    injection failed only at commit, as a bare TypeError naming no hook."""
+    with pytest.raises(TypeError, match=rf"Turn.inject: {type(part).__name__}\.meta must be a"):
+        Turn.start("hi").inject(part)
+
+
 # --- Turn.with_request --------------------------------------------------------------------
 
 
