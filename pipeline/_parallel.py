@@ -4,7 +4,7 @@ import anyio
 import anyio.lowlevel
 
 from turns import Part, Turn
-from turns._parts import part_problem
+from turns._parts import exchange_problem, part_problem
 
 from ._audit import HookRecord
 from ._describe import PART_TYPES
@@ -75,6 +75,13 @@ async def _run_member(
                         hook=step.name,
                         stage=step.stage,
                     )
+            problem = exchange_problem(result)
+            if problem is not None:
+                raise HookReturnError(
+                    f"hook {step.label} returned unpaired tool parts: {problem}",
+                    hook=step.name,
+                    stage=step.stage,
+                )
             verdict, outcome = "parts", tuple(result)
         else:
             raise runner.wrong_return(step, result, "a list of parts or Halt", group=True)

@@ -15,6 +15,7 @@ import anyio.lowlevel
 import attrs
 
 from turns import Injection, Message, Part, Stage, Stamper, Turn
+from turns._parts import exchange_problem
 
 from . import events as ev
 from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord, new_record
@@ -370,6 +371,15 @@ class Runner:
         else:
             stamped, fresh, gone = self.restamp(step, old, new, stage, made)
             self.known = None
+        for injection in fresh:
+            # `Turn.inject` checks this; an injection built by hand is checked here.
+            problem = exchange_problem(injection.parts)
+            if problem is not None:
+                raise HookReturnError(
+                    f"hook {step.label} added an injection with unpaired tool parts: {problem}",
+                    hook=step.name,
+                    stage=step.stage,
+                )
         if stage == "pre":
             if plan.budget is not None or self.emit is not None or plan.tokenizer is not None:
                 self.charge(step, fresh, gone)

@@ -1,6 +1,6 @@
 """Message parts: the pieces a message is made of."""
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Self, TypeAlias, final
 
 import attrs
@@ -133,4 +133,41 @@ def part_problem(part: object) -> str | None:
     meta: object = part.meta
     if meta is not EMPTY and not isinstance(meta, Mapping):
         return f"{type(part).__name__}.meta must be a mapping, got {_shown(meta)}"
+    return None
+
+
+def exchange_problem(parts: Iterable[Part]) -> str | None:
+    """What keeps the tool calls and results among one injection's `parts` from pairing up,
+    or None.
+
+    An injection's calls render as one assistant message followed by a tool message per
+    result (see `render`), so every call needs exactly one result among the same parts and
+    every result a call: a lone call or result is a request no provider accepts, and a
+    durable one would be committed to the log and break every later turn.
+    """
+    calls: list[str] = []
+    answered: list[str] = []
+    for part in parts:
+        if type(part) is ToolCall:
+            if part.id in calls:
+                return f"two tool calls have the id {part.id!r}"
+            calls.append(part.id)
+        elif type(part) is ToolResult:
+            if part.call_id in answered:
+                return f"tool call {part.call_id!r} is answered twice"
+            answered.append(part.call_id)
+    if not calls and not answered:
+        return None
+    stray = [call_id for call_id in answered if call_id not in calls]
+    if stray:
+        return (
+            f"tool results {stray} answer no tool call among the same parts — inject each"
+            " ToolCall together with its ToolResult"
+        )
+    missing = [call_id for call_id in calls if call_id not in answered]
+    if missing:
+        return (
+            f"tool calls {missing} have no result among the same parts — inject each"
+            " ToolCall together with its ToolResult"
+        )
     return None

@@ -10,7 +10,7 @@ import attrs
 
 from ._context import Context, RequestOptions, Scope, _messages, merge_extra, narrow_tools
 from ._message import Message, _parts
-from ._parts import EMPTY, Part, Text, ToolCall, ToolResult, part_problem
+from ._parts import EMPTY, Part, Text, ToolCall, ToolResult, exchange_problem, part_problem
 
 Stage: TypeAlias = Literal["pre", "post"]
 
@@ -347,6 +347,9 @@ def _checked_parts(parts: tuple[Part | str, ...]) -> tuple[Part, ...]:
         problem = part_problem(part)
         if problem is not None:
             raise TypeError(f"Turn.inject: {problem}")
+    problem = exchange_problem(checked)
+    if problem is not None:
+        raise ValueError(f"Turn.inject: {problem}")
     return checked
 
 

@@ -22,7 +22,7 @@ from pipeline import (
 )
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
-from turns import Injection, Message, Text, Turn
+from turns import Injection, Message, Text, ToolCall, Turn
 
 from .support import collect
 
@@ -613,3 +613,16 @@ async def test_a_member_returning_a_part_whose_meta_is_no_mapping_fails_naming_i
         await pipe.run(Turn.start("hi"))
     assert info.value.hook == "bad"
     assert "returned a malformed part: Text.meta must be a mapping, got list" in str(info.value)
+
+
+async def test_a_member_returning_a_lone_tool_call_fails_naming_it():
+    """Catches: a member's [ToolCall] without its ToolResult accepted and sent as an
+    assistant tool-call message no tool message follows, which the provider refuses (and a
+    durable member's lone call committed to the log, breaking every later turn)."""
+    pipe = pipe_with(
+        parallel(member("ok"), returning("bad", lambda turn: [ToolCall("c1", "lookup", {})]))
+    )
+    with pytest.raises(HookReturnError) as info:
+        await pipe.run(Turn.start("hi"))
+    assert info.value.hook == "bad"
+    assert "returned unpaired tool parts: tool calls ['c1'] have no result" in str(info.value)

@@ -23,7 +23,7 @@ from pipeline import (
 )
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
-from turns import Injection, Message, Text, Turn
+from turns import Injection, Message, Text, ToolResult, Turn
 
 from .support import live_tasks
 
@@ -402,6 +402,23 @@ async def test_a_wrong_return_error_carries_the_hook_and_stage() -> None:
         await pipe.run(Turn.start("hi"))
 
     assert (raised.value.hook, raised.value.stage) == ("sloppy", "pre")
+
+
+async def test_a_hand_built_injection_with_a_lone_tool_result_fails_naming_the_hook() -> None:
+    """Catches: an injection a hook built itself (not through `Turn.inject`) holding a
+    ToolResult with no ToolCall accepted and sent as a tool message answering no call,
+    which the provider refuses, as if the provider had failed."""
+
+    def lone(turn: Turn) -> Turn:
+        added = Injection((ToolResult("c1", "42"),))
+        return cont(attrs.evolve(turn, injections=(*turn.injections, added)))
+
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[hook(lone, name="lone")])
+
+    with pytest.raises(HookReturnError, match=r"'lone' \(pre, position 1\) added an injection"):
+        await pipe.run(Turn.start("hi"))
+    assert model.requests == []
 
 
 async def test_a_wrong_return_error_is_a_type_error() -> None:

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+import attrs
 from hypothesis import strategies as st
 
 from turns import (
@@ -67,6 +68,27 @@ def tool_results() -> st.SearchStrategy[ToolResult]:
 
 def parts() -> st.SearchStrategy[Part]:
     return st.one_of(text_parts(), tool_calls(), tool_results())
+
+
+def _paired(units: list[tuple[Part, ...]]) -> list[Part]:
+    """The units' parts in order, each call and its result given an id of their own."""
+    out: list[Part] = []
+    for index, unit in enumerate(units):
+        for part in unit:
+            if isinstance(part, ToolCall):
+                part = attrs.evolve(part, id=f"call-{index}")
+            elif isinstance(part, ToolResult):
+                part = attrs.evolve(part, call_id=f"call-{index}")
+            out.append(part)
+    return out
+
+
+def injectable_parts(min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[list[Part]]:
+    """What `Turn.inject` takes: text, and tool calls each with its one result."""
+    unit = st.one_of(
+        text_parts().map(lambda part: (part,)), st.tuples(tool_calls(), tool_results())
+    )
+    return st.lists(unit, min_size=min_size, max_size=max_size).map(_paired)
 
 
 def messages(roles: tuple[str, ...] = ROLES) -> st.SearchStrategy[Message]:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.turns.strategies import identifiers, json_values, names, parts
+from tests.turns.strategies import identifiers, injectable_parts, json_values, names
 from turns import (
     Context,
     Injection,
@@ -161,7 +161,7 @@ def test_inject_turns_strings_into_text_parts() -> None:
     assert turn.injections[-1].parts == (Text("Today is Monday."), Text("Be kind."))
 
 
-@given(st.lists(parts(), min_size=1, max_size=4))
+@given(injectable_parts())
 def test_inject_keeps_the_parts_in_order_as_a_tuple(items: list[Part]) -> None:
     assert Turn.start("hi").inject(*items).injections == (Injection(tuple(items)),)
 
@@ -226,6 +226,47 @@ def test_inject_rejects_a_part_whose_meta_is_no_mapping(part: Part) -> None:
     injection failed only at commit, as a bare TypeError naming no hook."""
     with pytest.raises(TypeError, match=rf"Turn.inject: {type(part).__name__}\.meta must be a"):
         Turn.start("hi").inject(part)
+
+
+@pytest.mark.parametrize(
+    ("items", "says"),
+    [
+        ((ToolCall("c1", "lookup", {}),), r"tool calls \['c1'\] have no result"),
+        (("note", ToolResult("c1", "42")), r"tool results \['c1'\] answer no tool call"),
+        (
+            (ToolCall("c1", "f", {}), ToolResult("c2", "42")),
+            r"tool results \['c2'\] answer no tool call",
+        ),
+        (
+            (ToolCall("c1", "f", {}), ToolResult("c1", "a"), ToolResult("c1", "b")),
+            "tool call 'c1' is answered twice",
+        ),
+        (
+            (ToolCall("c1", "f", {}), ToolCall("c1", "g", {}), ToolResult("c1", "a")),
+            "two tool calls have the id 'c1'",
+        ),
+    ],
+    ids=["lone-call", "lone-result", "other-id", "answered-twice", "same-id"],
+)
+def test_inject_rejects_tool_parts_that_do_not_pair_up(items: tuple, says: str) -> None:
+    """Catches: an injected ToolCall without its ToolResult (or a result without its call)
+    accepted, rendered as an assistant tool-call message no tool message follows — a
+    request every provider refuses (reported as the provider's failure), and, from a
+    durable hook, committed to the log so that every later turn fails too."""
+    with pytest.raises(ValueError, match=f"Turn.inject: {says}"):
+        Turn.start("hi").inject(*items)
+
+
+def test_inject_takes_several_calls_each_with_its_result_in_any_order() -> None:
+    """Catches: the pairing check refusing calls whose results come in another order."""
+    items = (
+        ToolCall("c1", "f", {}),
+        ToolCall("c2", "g", {}),
+        ToolResult("c2", "b"),
+        "note",
+        ToolResult("c1", "a"),
+    )
+    assert Turn.start("hi").inject(*items).injections[0].parts[0] == items[0]
 
 
 # --- Turn.with_request --------------------------------------------------------------------
