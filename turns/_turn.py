@@ -239,7 +239,9 @@ class Turn:
 
         ``temperature``, ``max_tokens`` and ``tool_choice``: the last writer wins.
         ``active_tools`` only narrows: it is intersected with the tools currently active (all
-        of the context's tools when none were narrowed yet). ``extra`` shallow-merges into
+        of the context's tools when none were narrowed yet). On a turn whose context has no
+        tools yet (the pipeline's ``tools=`` fill it when it runs), the names are kept as
+        given, and the pipeline intersects them with its tools. ``extra`` shallow-merges into
         the current mapping: a later hook wins per key, and a key set to ``None`` is removed,
         so two hooks that each add a provider option both take effect.
         """
@@ -250,9 +252,15 @@ class Turn:
             if isinstance(wanted, str):
                 raise TypeError("active_tools must be a collection of tool names, not a str")
             current = self.request.active_tools
-            if current is None:
-                current = self.context.tool_names
-            changes["active_tools"] = narrow_tools(current, wanted)
+            if current is None and not self.context.tools:
+                # No tools known yet (the pipeline fills them when the turn runs): keep the
+                # names, which the pipeline intersects with its tools; intersecting them
+                # with none would drop every tool.
+                changes["active_tools"] = tuple(dict.fromkeys(wanted))
+            else:
+                if current is None:
+                    current = self.context.tool_names
+                changes["active_tools"] = narrow_tools(current, wanted)
         elif "active_tools" in changes and self.request.active_tools is not None:
             raise ValueError(
                 "active_tools can only narrow: this turn already narrowed it to "

@@ -16,6 +16,7 @@ from pipeline import (
     RateLimited,
     RequestError,
     cont,
+    tool,
 )
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
@@ -117,6 +118,27 @@ async def test_model_is_sent_only_the_active_tools_after_a_pre_hook_narrows_them
     await Pipeline(model=model, pre=pre).run(with_tools(*TOOLS))
 
     assert model.requests[0].tools == (SEARCH, DELETE)
+
+
+async def test_a_turn_narrowed_before_it_runs_keeps_the_named_pipeline_tools():
+    """Catches: `Turn.start(...).with_request(active_tools=["lookup"])` on a turn whose
+    context has no tools yet (the pipeline's `tools=` fill it) intersecting the names with
+    no tools at all, so the model was silently sent no tools instead of `lookup`."""
+
+    def lookup(query: str) -> str:
+        """Look something up."""
+        return query
+
+    def clock() -> str:
+        """Tell the time."""
+        return "noon"
+
+    model = ScriptedModel(["ok"])
+    turn = Turn.start("hi").with_request(active_tools=["lookup"])
+
+    await Pipeline(model=model, tools=[tool(lookup), tool(clock)]).run(turn)
+
+    assert [spec.name for spec in model.requests[0].tools] == ["lookup"]
 
 
 async def test_model_is_sent_no_tools_when_a_pre_hook_narrows_to_none():

@@ -356,10 +356,11 @@ def test_active_tools_none_is_accepted_while_nothing_is_narrowed() -> None:
 tool_sets = st.lists(names, max_size=6, unique=True)
 
 
-@given(tool_sets, st.lists(names, max_size=6))
+@given(st.lists(names, min_size=1, max_size=6, unique=True), st.lists(names, max_size=6))
 def test_active_tools_are_the_context_tools_that_were_asked_for(
     context_tools: list[str], wanted: list[str]
 ) -> None:
+    # A context without tools yet keeps the names: see the test of that case below.
     turn = turn_with_tools(*context_tools).with_request(active_tools=wanted)
 
     assert turn.request.active_tools == tuple(name for name in context_tools if name in wanted)
@@ -564,3 +565,12 @@ def test_a_stamper_cannot_be_made_current_twice_at_once() -> None:
     with stamper, pytest.raises(RuntimeError, match="already current"):
         stamper.__enter__()
     assert Turn.start("hi").inject("x").injections[0].source is None
+
+
+def test_active_tools_on_a_turn_without_tools_yet_keeps_the_names() -> None:
+    """Catches: narrowing a turn whose context has no tools yet (the pipeline fills them)
+    intersecting the names with nothing, leaving no tool active at all."""
+    turn = Turn.start("hi").with_request(active_tools=["search", "weather", "search"])
+
+    assert turn.request.active_tools == ("search", "weather")
+    assert turn.with_request(active_tools=["weather"]).request.active_tools == ("weather",)
