@@ -14,6 +14,7 @@ from typing import Any, Literal, final
 import attrs
 
 from turns import ToolCall, ToolResult, Turn
+from turns._parts import part_problem
 
 from . import events as ev
 from ._audit import HookRecord
@@ -104,6 +105,7 @@ def _before_signal(runner: Runner, step: Step, args: tuple[Any, ...], result: ob
                 hook=step.name,
                 stage=step.stage,
             )
+        _check_rewrite(step, value, "call")
         return result
     if type(result) is Halt:
         return runner.halt_of(step, result)
@@ -123,6 +125,22 @@ def _before_signal(runner: Runner, step: Step, args: tuple[Any, ...], result: ob
             )
         return result
     raise runner.wrong_return(step, result, "Cont(call), Block, Ask or Halt", group=False)
+
+
+def _check_rewrite(step: Step, part: ToolCall | ToolResult, what: str) -> None:
+    """A rewritten call or result whose fields have the wrong types is the hook's error.
+
+    `with_arguments` and `with_content` do not check what they are given; unchecked, a
+    call's arguments that are no mapping or a result's content that is no text would fail
+    later, far from the hook, as a bare TypeError naming none.
+    """
+    problem = part_problem(part)
+    if problem is not None:
+        raise HookReturnError(
+            f"hook {step.label} returned a malformed {what}: {problem}",
+            hook=step.name,
+            stage=step.stage,
+        )
 
 
 def _verdict(signal: object) -> str:
@@ -214,6 +232,7 @@ def _after_signal(runner: Runner, step: Step, args: tuple[Any, ...], value: obje
                 hook=step.name,
                 stage=step.stage,
             )
+        _check_rewrite(step, rewritten, "result")
         return value
     if type(value) is Halt:
         return runner.halt_of(step, value)

@@ -1075,6 +1075,26 @@ async def test_a_before_hook_changing_the_tool_name_is_a_hook_return_error() -> 
         await pipe.run(start())
 
 
+async def test_a_before_hook_rewriting_the_arguments_to_no_mapping_is_a_hook_return_error():
+    """Catches: `call.with_arguments([...])` accepted from a before-tool hook, so the turn
+    failed later with a bare "cannot convert dictionary update sequence" naming no hook."""
+    other = before("rewrite", lambda c: cont(c.with_arguments(["q"])))
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[other])
+
+    with pytest.raises(HookReturnError, match=r"'rewrite'.*malformed call: ToolCall.arguments"):
+        await pipe.run(start())
+
+
+async def test_an_after_hook_rewriting_the_content_to_no_text_is_a_hook_return_error():
+    """Catches: `result.with_content(3)` accepted from an after-tool hook, so the turn failed
+    later with a bare TypeError naming no hook."""
+    other = after("rewrite", lambda r: cont(r.with_content(3)))
+    pipe, _ = pipe_with([calls("a"), "done"], after_tool=[other])
+
+    with pytest.raises(HookReturnError, match=r"'rewrite'.*malformed result: ToolResult.call_id"):
+        await pipe.run(start())
+
+
 async def test_a_raising_before_hook_fails_the_turn_by_default() -> None:
     def broken(c, turn):
         raise RuntimeError("policy unavailable")
