@@ -60,12 +60,14 @@ def _make_converter() -> cattrs.Converter:
 
 
 _PLAIN: frozenset[type] = frozenset((str, int, float, bool, type(None)))
-# The JSON values each scalar field accepts: an int where a float is meant (JSON writes
-# ``1.0`` as ``1`` in other encoders), never a bool where a number is meant.
+# The values each scalar field accepts: whatever a record of that type may have been written
+# with (the records do not check their scalar fields, and logs written earlier must stay
+# readable), never a value of another kind that a conversion would turn into a wrong one
+# ("false" read as True, "12" as 12, 1 as "1").
 _SCALARS: dict[type, tuple[type, ...]] = {
     str: (str,),
-    bool: (bool,),
-    int: (int,),
+    bool: (bool, int),
+    int: (int, float),
     float: (float, int),
 }
 
@@ -77,7 +79,13 @@ def _shown(value: object) -> str:
 
 def _strict_scalar(kind: type, accepted: tuple[type, ...]) -> Callable[[Any, Any], Any]:
     def structure(value: Any, _cls: Any) -> Any:
-        if type(value) not in accepted:
+        # isinstance: a str subclass (a StrEnum) is a str, and a bool is an int; but a bool
+        # is no number of a record (a count, a temperature), and an int as a bool is 0 or 1.
+        if (
+            not isinstance(value, accepted)
+            or (kind is not bool and type(value) is bool)
+            or (kind is bool and type(value) is int and value not in (0, 1))
+        ):
             raise _Refused(f"expected {kind.__name__}, got {_shown(value)}")
         return kind(value)
 

@@ -626,8 +626,9 @@ class Gateway:
         last = context.messages[-1] if context.messages else None
         waiting = [p.id for p in last.parts if type(p) is ToolCall] if last is not None else []
         if waiting:
-            # Only a conversation's log can end so: a request's own history is checked as
-            # it is read. The upstream would refuse the turn (a 502, retried by the SDKs).
+            # Only a conversation's log can end so: a stateless request's own history is
+            # checked before its turn. The upstream would refuse the turn (a 502, retried
+            # by the SDKs).
             raise WireError(
                 400,
                 f"the conversation's last message holds tool calls {waiting} that have no"
@@ -642,6 +643,8 @@ class Gateway:
         request: ChatRequest,
         on_text: Callable[[str], Awaitable[None]] | None,
     ) -> tuple[Turn, list[str]]:
+        if request.history_problem is not None:
+            raise request.history_problem
         context = request.context()
         self._check(request, context)
         turn = Turn.start(request.message, context=context, turn_ref=turn_ref)

@@ -105,6 +105,9 @@ class ChatRequest:
         options: temperature, max_tokens and tool_choice as the client set them.
         stream: Whether the client asked for a stream of chunks.
         include_usage: ``stream_options.include_usage``.
+        history_problem: Why the history would be refused upstream (tool calls without
+            their results), raised for a stateless turn; a conversation's turn ignores the
+            request's history, as the API's own sliding windows of it do.
     """
 
     model: str
@@ -116,6 +119,7 @@ class ChatRequest:
     options: RequestOptions
     stream: bool
     include_usage: bool
+    history_problem: "WireError | None" = None
 
     def context(self) -> Context:
         """The conversation the request carries, as the turn's context."""
@@ -226,7 +230,12 @@ def parse_request(body: bytes) -> ChatRequest:
     while messages and messages[0].role == "system" and len(messages) > 1:
         system_parts.append(messages.pop(0).text)
     last = messages[-1]
-    _check_tool_order(messages, len(raw) - len(messages))
+    # Checked for a stateless turn only: a conversation's turn ignores the request's history.
+    try:
+        _check_tool_order(messages, len(raw) - len(messages))
+        history_problem = None
+    except WireError as problem:
+        history_problem = problem
     positions: tuple[int, ...] = ()
     if last.role == "tool":
         # The client ran the tool calls the gateway returned and sends their results: the
@@ -268,6 +277,7 @@ def parse_request(body: bytes) -> ChatRequest:
         options=_options(data),
         stream=stream,
         include_usage=include_usage,
+        history_problem=history_problem,
     )
 
 

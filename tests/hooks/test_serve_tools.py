@@ -399,6 +399,38 @@ async def test_a_new_message_on_a_conversation_awaiting_tool_results_is_400(
     assert [m.role for m in stored.messages] == ["user", "assistant"]
 
 
+async def test_a_conversation_turn_ignores_a_cut_history_the_request_carries(
+    tmp_path: Path,
+) -> None:
+    """Catches: a conversation's request refused for the history it carries, which the turn
+    ignores (the log is the history): a client keeping a sliding window that begins with a
+    tool message, whose call was cut off, got a 400 where it got its answer before."""
+    async with running(
+        calls_weather(), stream(openai_text(["Sunny."])), stream(openai_text(["Third."]))
+    ) as upstream:
+        async with (
+            SQLiteLog(tmp_path / "log.db") as log,
+            served(Pipeline(model=upstream_model(upstream.url)), log=log) as gw,
+        ):
+            sdk = gw.sdk()
+            headers = {"X-Conversation-Id": "c"}
+            first = await sdk.chat.completions.create(
+                model="m", messages=user("weather?"), tools=[WEATHER], extra_headers=headers
+            )
+            assistant = first.choices[0].message.model_dump(exclude_none=True)
+            answered = continuation(assistant, "sunny")
+            await sdk.chat.completions.create(
+                model="m", messages=answered, tools=[WEATHER], extra_headers=headers
+            )
+            window = [answered[-1], {"role": "assistant", "content": "Sunny."}, *user("three")]
+            third = await sdk.chat.completions.create(
+                model="m", messages=window, tools=[WEATHER], extra_headers=headers
+            )
+            stored = await log.load("c")
+    assert third.choices[0].message.content == "Third."
+    assert [m.role for m in stored.messages][-2:] == ["user", "assistant"]
+
+
 async def test_a_conversation_commits_the_tool_results_and_the_answer(tmp_path: Path) -> None:
     """Catches: a conversation continuation checked against the request instead of the log,
     or committing nothing (or the results twice)."""

@@ -264,22 +264,38 @@ def test_to_dict_builds_what_cattrs_generated_hooks_build(cls: type, strategy, d
     assert json.dumps(to_dict(obj)) == json.dumps(expected)
 
 
+def test_what_a_record_may_have_been_written_with_reads_back() -> None:
+    """Catches: the strict reader refusing values the records themselves accept and the
+    logs write (``is_error=0``, a model's ``Usage(12.5, 3)``, a `StrEnum` error class), so
+    that a conversation committed with one could never be loaded again."""
+    import enum
+
+    class Failure(enum.StrEnum):
+        TIMEOUT = "timeout"
+
+    result = ToolResult("c", "r", is_error=0, error_class=Failure.TIMEOUT)  # type: ignore[arg-type]
+    assert from_dict(ToolResult, json.loads(json.dumps(to_dict(result)))) == ToolResult(
+        "c", "r", is_error=False, error_class="timeout"
+    )
+    assert from_dict(Usage, {"input_tokens": 12.0, "output_tokens": 3}) == Usage(12, 3)
+
+
 @pytest.mark.parametrize(
     ("cls", "data", "path"),
     [
         (ToolResult, {"call_id": "c", "content": "r", "is_error": "false"}, "is_error"),
-        (Injection, {"parts": [{"type": "text", "text": "a"}], "durable": 1}, "durable"),
+        (Injection, {"parts": [{"type": "text", "text": "a"}], "durable": 2}, "durable"),
         (Text, {"text": 3}, "text"),
         (Turn, {**to_dict(Turn.start("hi", turn_ref="r")), "turn_ref": 5}, "turn_ref"),
-        (Usage, {"input_tokens": 3.7}, "input_tokens"),
+        (Usage, {"input_tokens": "12"}, "input_tokens"),
         (RequestOptions, {"temperature": True}, "temperature"),
     ],
     ids=[
         "bool-from-str",
-        "bool-from-int",
+        "bool-from-2",
         "str-from-int",
         "ref-from-int",
-        "int-from-float",
+        "int-from-str",
         "float-from-bool",
     ],
 )
