@@ -145,17 +145,18 @@ def exchange_problem(parts: Iterable[Part]) -> str | None:
     every result a call: a lone call or result is a request no provider accepts, and a
     durable one would be committed to the log and break every later turn.
     """
-    calls: list[str] = []
-    answered: list[str] = []
+    # Dicts: ids in the order they came (for the messages), looked up in constant time.
+    calls: dict[str, None] = {}
+    answered: dict[str, None] = {}
     for part in parts:
         if type(part) is ToolCall:
             if part.id in calls:
                 return f"two tool calls have the id {part.id!r}"
-            calls.append(part.id)
+            calls[part.id] = None
         elif type(part) is ToolResult:
             if part.call_id in answered:
                 return f"tool call {part.call_id!r} is answered twice"
-            answered.append(part.call_id)
+            answered[part.call_id] = None
     if not calls and not answered:
         return None
     stray = [call_id for call_id in answered if call_id not in calls]

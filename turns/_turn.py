@@ -256,7 +256,11 @@ class Turn:
                 # No tools known yet (the pipeline fills them when the turn runs): keep the
                 # names, which the pipeline intersects with its tools; intersecting them
                 # with none would drop every tool.
-                changes["active_tools"] = tuple(dict.fromkeys(wanted))
+                names = tuple(dict.fromkeys(wanted))
+                odd = [name for name in names if not isinstance(name, str)]
+                if odd:
+                    raise TypeError(f"active_tools must be tool names (str), got {odd!r}")
+                changes["active_tools"] = names
             else:
                 if current is None:
                     current = self.context.tool_names

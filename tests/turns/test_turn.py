@@ -567,6 +567,13 @@ def test_a_stamper_cannot_be_made_current_twice_at_once() -> None:
     assert Turn.start("hi").inject("x").injections[0].source is None
 
 
+def test_active_tools_names_kept_before_the_turn_runs_must_be_names() -> None:
+    """Catches: names kept as given on a turn without tools yet, so `[1, None]` became the
+    turn's active tools and failed later (in serde, in the tracer) instead of here."""
+    with pytest.raises(TypeError, match="tool names"):
+        Turn.start("hi").with_request(active_tools=[1, None])
+
+
 def test_active_tools_on_a_turn_without_tools_yet_keeps_the_names() -> None:
     """Catches: narrowing a turn whose context has no tools yet (the pipeline fills them)
     intersecting the names with nothing, leaving no tool active at all."""
