@@ -8,10 +8,10 @@ from turns._parts import exchange_problem, part_problem
 
 from ._audit import HookRecord
 from ._describe import PART_TYPES
-from ._errors import HookError, HookReturnError
+from ._errors import HookError
 from ._excgroups import first_failure
 from ._plan import Group, Step
-from ._runner import Runner
+from ._runner import Runner, malformed
 from ._signals import Halt
 
 
@@ -70,18 +70,10 @@ async def _run_member(
             for part in result:
                 problem = part_problem(part)
                 if problem is not None:
-                    raise HookReturnError(
-                        f"hook {step.label} returned a malformed part: {problem}",
-                        hook=step.name,
-                        stage=step.stage,
-                    )
+                    raise malformed(step, f"a malformed part: {problem}")
             problem = exchange_problem(result)
             if problem is not None:
-                raise HookReturnError(
-                    f"hook {step.label} returned unpaired tool parts: {problem}",
-                    hook=step.name,
-                    stage=step.stage,
-                )
+                raise malformed(step, f"unpaired tool parts: {problem}")
             verdict, outcome = "parts", tuple(result)
         else:
             raise runner.wrong_return(step, result, "a list of parts or Halt", group=True)

@@ -509,6 +509,11 @@ def _reason(signal: object) -> str | None:
     return None
 
 
+def malformed(step: Step, what: str) -> HookReturnError:
+    """The error for a hook that returned `what` (a malformed part, unpaired tool parts)."""
+    return HookReturnError(f"hook {step.label} returned {what}", hook=step.name, stage=step.stage)
+
+
 def _boxed(fn: Callable[..., Any], *args: Any) -> tuple[Any]:
     """`fn`'s result in a tuple, so that a worker thread may hand back a coroutine.
 

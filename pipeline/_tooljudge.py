@@ -22,7 +22,7 @@ from ._describe import describe, exc_text
 from ._errors import HookError, HookFailed, HookReturnError
 from ._hooks import callable_name
 from ._plan import Plan, Step
-from ._runner import Emit, Runner
+from ._runner import Emit, Runner, malformed
 from ._signals import Ask, Block, Cont, Halt
 from ._tools import HOOK_BLOCKED
 
@@ -136,11 +136,7 @@ def _check_rewrite(step: Step, part: ToolCall | ToolResult, what: str) -> None:
     """
     problem = part_problem(part)
     if problem is not None:
-        raise HookReturnError(
-            f"hook {step.label} returned a malformed {what}: {problem}",
-            hook=step.name,
-            stage=step.stage,
-        )
+        raise malformed(step, f"a malformed {what}: {problem}")
 
 
 def _verdict(signal: object) -> str:
