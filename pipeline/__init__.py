@@ -17,6 +17,7 @@ from ._budget import (
     message_tokens,
     part_tokens,
     parts_tokens,
+    tiktoken_tokenizer,
 )
 from ._commit import INJECTED_BY
 from ._errors import (
@@ -132,6 +133,7 @@ __all__ = [
     "parts_tokens",
     "per_chunk",
     "regenerate",
+    "tiktoken_tokenizer",
     "tool",
     "toolset",
     "toolset_tool_name",

@@ -2,7 +2,7 @@
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeAlias, final
+from typing import TYPE_CHECKING, Any, TypeAlias, final
 
 import attrs
 
@@ -10,6 +10,9 @@ from turns import Message, Part, Text, ToolCall, ToolResult
 
 from ._errors import BudgetError, ConfigError
 from ._hooks import callable_name
+
+if TYPE_CHECKING:
+    import tiktoken
 
 Tokenizer: TypeAlias = Callable[[str], int]
 
@@ -28,6 +31,60 @@ MESSAGE_OVERHEAD = 4
 def estimate_tokens(text: str) -> int:
     """The default tokenizer: ``ceil(len(text) / 4)``."""
     return -(-len(text) // CHARS_PER_TOKEN)
+
+
+def tiktoken_tokenizer(encoding: "str | tiktoken.Encoding" = "o200k_base") -> Tokenizer:
+    """A tokenizer that counts with tiktoken: ``pip install 'turnplug[tiktoken]'``.
+
+    Args:
+        encoding: An encoding's name (``"o200k_base"``, the GPT-4o family's; ``"cl100k_base"``,
+            GPT-4's), or a ``tiktoken.Encoding`` — ``tiktoken.encoding_for_model(name)``
+            gives a model's.
+
+    Text is counted as text: a special token's spelling in a message (``<|endoftext|>``)
+    counts as the tokens of its characters, never as a special token, and never fails.
+    tiktoken downloads a named encoding the first time and caches it; a machine without
+    network access needs ``TIKTOKEN_CACHE_DIR`` pointing at a folder that holds it.
+
+    Raises:
+        ConfigError: tiktoken is not installed, the encoding is unknown or cannot be loaded.
+    """
+    try:
+        import tiktoken
+    except ImportError:
+        raise ConfigError(
+            "tiktoken_tokenizer needs tiktoken: pip install 'turnplug[tiktoken]'"
+        ) from None
+    if isinstance(encoding, tiktoken.Encoding):
+        loaded = encoding
+    elif isinstance(encoding, str):
+        known = tiktoken.list_encoding_names()
+        if encoding not in known:
+            raise ConfigError(
+                f"tiktoken_tokenizer: tiktoken has no encoding {encoding!r};"
+                f" it has {', '.join(map(repr, known))}"
+            )
+        try:
+            loaded = tiktoken.get_encoding(encoding)
+        except Exception as exc:
+            raise ConfigError(
+                f"tiktoken_tokenizer: tiktoken could not load encoding {encoding!r}:"
+                f" {type(exc).__name__}: {exc} — it downloads an encoding once and caches"
+                " it; without network access, set TIKTOKEN_CACHE_DIR to a folder that"
+                " holds it"
+            ) from exc
+    else:
+        raise ConfigError(
+            "tiktoken_tokenizer(encoding=) takes an encoding's name or a tiktoken.Encoding,"
+            f" not {type(encoding).__name__}"
+        )
+    encode = loaded.encode_ordinary
+
+    def count(text: str) -> int:
+        return len(encode(text))
+
+    count.__qualname__ = count.__name__ = f"tiktoken_tokenizer({loaded.name!r})"
+    return count
 
 
 def part_tokens(part: Part, tokenizer: Tokenizer) -> int:

@@ -34,6 +34,8 @@ OPTIONAL_IMPORTS = {
     "httpx2": {"pipeline/_mcp.py"},
     "jsonschema": {"pipeline/_mcp.py"},
     "opentelemetry": {"pipeline/otel.py"},
+    # The tiktoken extra: tiktoken_tokenizer imports it when called.
+    "tiktoken": {"pipeline/_budget.py"},
 }
 # The HTTP stack of `turnplug serve`, kept to the gateway's modules.
 OPTIONAL_IMPORTS |= {
