@@ -26,7 +26,7 @@ from ._parallel import run_group
 from ._plan import Group, Plan, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import Emit, Runner, check_history
+from ._runner import Emit, Runner, check_history, raised_by
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool
@@ -229,7 +229,7 @@ class Drive(Runner):
                     result = await step.hook.fn(turn)
                 except Exception as exc:
                     stamper.stamp = None
-                    self.fail(step, exc, now() - started)
+                    self.fail(step, raised_by(step, exc), now() - started)
                     continue
                 stamper.stamp = None
                 ended = now()

@@ -99,6 +99,8 @@ class Runner:
         a worker thread it cannot block its siblings. A thread cannot be interrupted: without
         a timeout, a cancelled turn waits for it to return (no work is left behind); with a
         timeout, it is abandoned when the timeout fires.
+
+        Every exception out of it is the hook's own; a timeout is `TIMED_OUT`, returned.
         """
         hook = step.hook
         if hook.timeout is None:
@@ -120,12 +122,7 @@ class Runner:
             )
             return await _settle(result)
         assert scope.cancelled_caught
-        raise HookTimeout(
-            f"hook {step.label} did not finish within its timeout of {hook.timeout} s",
-            hook=step.name,
-            stage=step.stage,
-            timeout=hook.timeout,
-        )
+        return TIMED_OUT
 
     async def timed(
         self,
@@ -149,7 +146,19 @@ class Runner:
             else:
                 result = await self.call(step, *args, threaded=threaded)
         except Exception as exc:
-            (self.fail if failed is None else failed)(step, exc, self.now() - started, records)
+            error = raised_by(step, exc)
+            (self.fail if failed is None else failed)(step, error, self.now() - started, records)
+            return None
+        if result is TIMED_OUT:
+            timeout = step.hook.timeout
+            assert timeout is not None
+            error = HookTimeout(
+                f"hook {step.label} did not finish within its timeout of {timeout} s",
+                hook=step.name,
+                stage=step.stage,
+                timeout=timeout,
+            )
+            (self.fail if failed is None else failed)(step, error, self.now() - started, records)
             return None
         return result, self.now() - started
 
@@ -179,30 +188,31 @@ class Runner:
         anything but a bool a `HookReturnError`; either is recorded (and raised, when
         enforced) like a failure of the hook itself.
         """
+        error: HookError
         try:
             verdict = check(value)
-            if type(verdict) is not bool:
-                raise HookReturnError(
-                    f"the {option} predicate of hook {step.label} must return True or False,"
-                    f" got {describe(verdict)}",
-                    hook=step.name,
-                    stage=step.stage,
-                )
         except Exception as exc:
-            if not isinstance(exc, HookError):
-                error = HookFailed(
-                    f"the {option} predicate of hook {step.label} raised {exc_text(exc)}",
-                    hook=step.name,
-                    stage=step.stage,
-                )
-                error.__cause__ = exc
-                exc = error
-            if self.emit is not None:
-                # The failure closes a HookStarted, like every hook failure.
-                self.emit(hook_started(self.turn_ref, step.name, step.stage))
-            self.fail(step, exc, 0.0, records)
-            return None
-        return verdict
+            # Whatever it raised, a HookError of a pipeline it ran included, is its failure.
+            error = HookFailed(
+                f"the {option} predicate of hook {step.label} raised {exc_text(exc)}",
+                hook=step.name,
+                stage=step.stage,
+            )
+            error.__cause__ = exc
+        else:
+            if type(verdict) is bool:
+                return verdict
+            error = HookReturnError(
+                f"the {option} predicate of hook {step.label} must return True or False,"
+                f" got {describe(verdict)}",
+                hook=step.name,
+                stage=step.stage,
+            )
+        if self.emit is not None:
+            # The failure closes a HookStarted, like every hook failure.
+            self.emit(hook_started(self.turn_ref, step.name, step.stage))
+        self.fail(step, error, 0.0, records)
+        return None
 
     # -- judging ------------------------------------------------------------------------------
 
@@ -496,6 +506,28 @@ class Runner:
             for (member, _), injection in zip(parts, injections, strict=True):
                 self.charge(member, (injection,))
         return attrs.evolve(turn, injections=turn.injections + tuple(injections))
+
+
+TIMED_OUT: Any = object()
+"""What `Runner.call` returns for a hook that ran past its timeout, so that an exception out
+of the call is always the hook's own (a `HookTimeout` it raised included)."""
+
+
+def raised_by(step: Step, exc: Exception) -> Exception:
+    """What an exception a hook's own code raised is recorded and raised as.
+
+    A `HookError` out of a hook is not a verdict of this pipeline on it: a pipeline the
+    hook ran, or a hook it called, raised it about a hook of its own. It is this hook's
+    failure (`HookFailed` naming it, subject to its ``on_error``), the original as the
+    cause. Any other exception is left to `Runner.fail`, which wraps it alike.
+    """
+    if not isinstance(exc, HookError):
+        return exc
+    error = HookFailed(
+        f"hook {step.label} raised {exc_text(exc)}", hook=step.name, stage=step.stage
+    )
+    error.__cause__ = exc
+    return error
 
 
 def _reason(signal: object) -> str | None:

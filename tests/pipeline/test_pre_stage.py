@@ -613,6 +613,97 @@ async def test_a_failing_open_hook_runs_the_later_hooks() -> None:
     assert trace == ["before", "after"]
 
 
+def runs_a_pipeline(label: str, inner: Pipeline, *, is_async: bool, **options):
+    """A pre hook that runs a turn through a pipeline of its own (a triage, a sub-agent)."""
+
+    async def triage(turn):
+        await inner.run(Turn.start(turn.user_message.text))
+        return cont(turn)
+
+    def triage_sync(turn):
+        anyio.from_thread.run(inner.run, Turn.start(turn.user_message.text))
+        return cont(turn)
+
+    return hook(triage if is_async else triage_sync, name=label, **options)
+
+
+def sloppy_pipeline() -> Pipeline:
+    """A pipeline whose pre hook forgets to return: running it raises a HookReturnError."""
+    return Pipeline(model=scripted(), pre=[returning("sloppy", lambda turn: None)])
+
+
+@pytest.mark.parametrize("is_async", [True, False], ids=["async", "sync"])
+async def test_a_hook_error_from_a_pipeline_a_hook_runs_is_that_hooks_failure(
+    is_async: bool,
+) -> None:
+    """Bug: a HookError raised out of a hook (by a pipeline it ran) was re-raised as it was,
+    naming the inner pipeline's hook, as if this pipeline's own verdict on it."""
+    options = {} if is_async else {"timeout": 60}  # sync: in a worker thread
+    pipe = Pipeline(
+        model=scripted(),
+        pre=[runs_a_pipeline("triage", sloppy_pipeline(), is_async=is_async, **options)],
+    )
+
+    with pytest.raises(HookFailed) as raised:
+        await pipe.run(Turn.start("hi"))
+
+    error, cause = raised.value, raised.value.__cause__
+    assert (error.hook, error.stage, "'triage' (pre, position 1)" in str(error)) == (
+        "triage",
+        "pre",
+        True,
+    )
+    assert isinstance(cause, HookReturnError)
+    assert cause.hook == "sloppy"
+
+
+@pytest.mark.parametrize("is_async", [True, False], ids=["async", "sync"])
+async def test_a_failing_open_hook_fails_open_on_a_hook_error_of_a_pipeline_it_runs(
+    is_async: bool,
+) -> None:
+    """Bug: a hook with on_error="skip" whose inner pipeline raised a HookReturnError failed
+    the turn: the error was taken for a wrong return of the hook itself, always enforced."""
+    options = {} if is_async else {"timeout": 60}
+    pipe = Pipeline(
+        model=scripted("fine"),
+        pre=[
+            runs_a_pipeline(
+                "triage", sloppy_pipeline(), is_async=is_async, on_error="skip", **options
+            )
+        ],
+    )
+
+    events, result = await streamed(pipe, Turn.start("hi"))
+
+    [failed] = of_type(events, ev.HookFailed)
+    assert (result.outcome, failed.hook, failed.enforced) == ("completed", "triage", False)
+    assert "'sloppy'" in failed.error
+
+
+async def test_a_when_predicate_raising_a_hook_error_fails_its_hook_open_when_skipping() -> None:
+    """Bug: a when= predicate that raised a HookError (a pipeline it ran failed) had it passed
+    on as it was: the hook's on_error="skip" did not apply to a HookReturnError."""
+    inner = sloppy_pipeline()
+
+    def when(turn):
+        with anyio.from_thread.start_blocking_portal() as portal:
+            portal.call(inner.run, Turn.start("probe"))
+        return True
+
+    async def check(turn):
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=scripted("fine"), pre=[hook(check, name="check", when=when, on_error="skip")]
+    )
+
+    events, result = await streamed(pipe, Turn.start("hi"))
+
+    [failed] = of_type(events, ev.HookFailed)
+    assert (result.outcome, failed.hook, failed.enforced) == ("completed", "check", False)
+    assert "'sloppy'" in failed.error
+
+
 # -- shadow hooks ---------------------------------------------------------------------------
 
 
