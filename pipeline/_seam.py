@@ -12,7 +12,7 @@ from typing import Any, Protocol, final, runtime_checkable
 import anyio.lowlevel
 
 from ._errors import ConfigError, HookFailed, HookReturnError
-from ._hooks import callable_name
+from ._hooks import callable_name, is_async_callable
 
 
 @runtime_checkable
@@ -81,6 +81,12 @@ def per_chunk(fn: Callable[[str], str], *, name: str | None = None) -> PerChunk:
     """
     if not callable(fn):
         raise ConfigError(f"per_chunk() needs a function str -> str, got {fn!r}")
+    if is_async_callable(fn):
+        raise ConfigError(
+            f"per_chunk({callable_name(fn)}) needs a plain function str -> str, got an async"
+            " one: the seam is synchronous and on the hot path, so no I/O in transformers —"
+            " do the I/O in a hook instead"
+        )
     try:
         inspect.signature(fn).bind("")
     except TypeError as exc:
@@ -164,6 +170,22 @@ def compile_transformers(entries: Iterable[Any]) -> tuple[CompiledTransformer, .
         annotations = getattr(first, "annotations", None)
         if annotations is not None and not callable(annotations):
             raise ConfigError(f"transformer {entry.label}: annotations must be a method")
+        asynchronous = [
+            f"{method}()"
+            for method, fn in (
+                ("feed", first.feed),
+                ("flush", first.flush),
+                ("annotations", annotations),
+            )
+            if fn is not None and is_async_callable(fn)
+        ]
+        if asynchronous:
+            raise ConfigError(
+                f"transformer {entry.label}: {' and '.join(asynchronous)}"
+                f" {'is' if len(asynchronous) == 1 else 'are'} async; a transformer's methods"
+                " must be plain ones: the seam is synchronous and on the hot path, so no I/O in"
+                " transformers — do the I/O in a hook instead"
+            )
         compiled.append(entry)
     return tuple(compiled)
 
@@ -249,6 +271,8 @@ class Seam:
 
     def _wrong(self, index: int, method: str, value: object) -> HookReturnError:
         entry = self._compiled[index]
+        if inspect.iscoroutine(value):
+            value.close()  # never to be awaited: no "never awaited" warning after the error
         return HookReturnError(
             f"expected transformer {entry.label} to return str from {method}, got"
             f" {type(value).__name__} {value!r:.80}",

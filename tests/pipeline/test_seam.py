@@ -1,5 +1,6 @@
 """Stage 6, the stream-transformer seam: every text chunk passes through it before anyone sees it."""
 
+import inspect
 import re
 import time
 from collections.abc import Callable
@@ -510,6 +511,66 @@ def test_a_factory_is_validated_when_the_pipeline_is_built():
 
     Pipeline(model=ScriptedModel(["ok"]), transformers=[counted])
     assert built, "the factory was not called when the pipeline was built"
+
+
+class AsyncFeed(Shout):
+    async def feed(self, text: str) -> str:  # type: ignore[override]
+        return text.upper()
+
+
+class AsyncFlush(Shout):
+    async def flush(self) -> str:  # type: ignore[override]
+        return ""
+
+
+class AsyncAnnotations(Shout):
+    async def annotations(self) -> dict[str, int]:
+        return {}
+
+
+@pytest.mark.parametrize(
+    ("build", "method"),
+    [(AsyncFeed, "feed()"), (AsyncFlush, "flush()"), (AsyncAnnotations, "annotations()")],
+    ids=["feed", "flush", "annotations"],
+)
+def test_an_async_transformer_method_is_refused_when_the_pipeline_is_built(build, method):
+    """Bug: an async feed/flush/annotations passed the build and failed mid-turn, after the
+    model call, leaving a coroutine never awaited; the seam is synchronous."""
+    with pytest.raises(ConfigError) as info:
+        Pipeline(model=ScriptedModel(["ok"]), transformers=[Factory("lookup", build)])
+    message = str(info.value)
+    assert ("'lookup' (transformers, position 1)" in message, method in message) == (True, True)
+    assert "async" in message
+
+
+def test_per_chunk_refuses_an_async_function():
+    """Bug: per_chunk(async_fn) was accepted, and every chunk failed mid-turn with a coroutine
+    for text."""
+
+    async def translate(text: str) -> str:
+        return text
+
+    with pytest.raises(ConfigError, match=r"per_chunk\(.*translate\).*async"):
+        per_chunk(translate)
+
+
+async def test_a_coroutine_returned_by_feed_is_closed_with_the_return_error():
+    """Bug: a feed that looks sync but returns a coroutine failed the turn and left the
+    coroutine unclosed (a "never awaited" RuntimeWarning later, an error under -W error)."""
+    made: list[object] = []
+
+    async def lookup(text: str) -> str:
+        return text
+
+    class Deferred(Shout):
+        def feed(self, text: str) -> str:
+            coroutine = lookup(text)
+            made.append(coroutine)
+            return coroutine  # type: ignore[return-value]
+
+    with pytest.raises(HookReturnError, match=r"'deferred'.*coroutine"):
+        await pipe_with(Factory("deferred", Deferred)).run(start())
+    assert [inspect.getcoroutinestate(c) for c in made] == [inspect.CORO_CLOSED]  # type: ignore[arg-type]
 
 
 # -- failures during a turn ----------------------------------------------------------------
