@@ -10,7 +10,7 @@ from typing import TypeAlias, final
 
 import attrs
 
-from turns import Message, Reply, Stage, Stamper, Text, Turn, Usage
+from turns import Context, Message, Reply, RequestOptions, Scope, Stage, Stamper, Text, Turn, Usage
 
 from . import events as ev
 from ._audit import AuditRecord, HookRecord, Rejection, new_record
@@ -236,14 +236,17 @@ class Drive(Runner):
                 elapsed = ended - started
                 if type(result) is Cont:
                     outcome = result.value
-                    # The turn came back with its request, context, reply and correlation
-                    # as they were (injections may have changed): nothing to check.
+                    # The turn came back with its request, context, reply, message and
+                    # correlation as they were, and a scope (injections may have changed):
+                    # nothing to check.
                     if (
                         type(outcome) is Turn
                         and outcome.request is turn.request
                         and outcome.context is turn.context
                         and outcome.reply is turn.reply
                         and outcome.turn_ref is turn.turn_ref
+                        and outcome.user_message is turn.user_message
+                        and type(outcome.scope) is Scope
                     ):
                         # finished(), inlined.
                         record = (
@@ -540,8 +543,58 @@ def _with_tools(turn: Turn, tools: tuple[Tool, ...]) -> Turn:
     return turn
 
 
+# The turn's other fields a hook may replace, each with the one record type it holds.
+_RECORD_FIELDS = (
+    ("user_message", Message, "build it with Message.user(...)"),
+    ("scope", Scope, "change it with turn.assign(...)"),
+    ("request", RequestOptions, "change it with turn.with_request(...)"),
+)
+
+
+def _check_fields(step: Step, before: Turn, after: Turn) -> None:
+    """What a hook changed on the turn holds records of the right types.
+
+    `Turn` does not check its fields (``attrs.evolve`` passes anything): unchecked, a context
+    set to None or a history holding text would fail later, in rendering, the model call or
+    the commit, as an AttributeError naming no hook or a ProviderError blaming the model.
+    """
+    problem: tuple[str, str] | None = None
+    context: object = after.context  # a hook may have set anything
+    view = "a history view is attrs.evolve(turn.context, messages=(...))"
+    if context is not before.context:
+        if not isinstance(context, Context):
+            problem = f"turn.context to {describe(context)}, not a Context", view
+        else:
+            strays = [
+                m
+                for m in (() if context.messages is before.context.messages else context.messages)
+                if type(m) is not Message
+            ]
+            system: object = context.system
+            if strays:
+                problem = (
+                    f"turn.context.messages to hold {describe(strays[0])}, not a Message",
+                    view,
+                )
+            elif system is not None and not isinstance(system, str):
+                problem = f"turn.context.system to {describe(system)}", "it is text or None"
+    for field, kind, fix in _RECORD_FIELDS:
+        value = getattr(after, field)
+        if problem is None and value is not getattr(before, field) and type(value) is not kind:
+            problem = f"turn.{field} to {describe(value)}, not a {kind.__name__}", fix
+    if problem is not None:
+        what, fix = problem
+        raise HookReturnError(
+            f"hook {step.label} set {what}, so the turn it returned cannot be sent or"
+            f" committed — {fix}",
+            hook=step.name,
+            stage=step.stage,
+        )
+
+
 def _check_unchanged(step: Step, before: Turn, after: Turn) -> None:
     """A hook may not re-correlate the turn, change its tools, or widen the active ones."""
+    _check_fields(step, before, after)
     if after.turn_ref != before.turn_ref:
         raise HookReturnError(
             f"hook {step.label} changed the turn_ref from {before.turn_ref!r} to"

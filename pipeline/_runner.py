@@ -367,6 +367,7 @@ class Runner:
             fresh = []
             for added in new[count:]:
                 if id(added) not in known:
+                    _check_injection(step, added)
                     fresh.append(Injection(added.parts, step.name, durable, stage))
             if len(fresh) == len(new) - count:
                 stamped = old + tuple(fresh)
@@ -434,6 +435,7 @@ class Runner:
             if id(added) in known:
                 stamped.append(added)
                 continue
+            _check_injection(step, added)
             own = made is not None and (added.source, added.durable, added.stage) == made
             origin = None if own or index >= len(old) else old[index]
             if origin is not None and added == origin:
@@ -528,6 +530,17 @@ def raised_by(step: Step, exc: Exception) -> Exception:
     )
     error.__cause__ = exc
     return error
+
+
+def _check_injection(step: Step, injection: object) -> None:
+    """An injection a hook put on the turn itself (not through `Turn.inject`) is one."""
+    if type(injection) is not Injection:
+        raise HookReturnError(
+            f"hook {step.label} put {describe(injection)} among turn.injections, not an"
+            " Injection — add content with turn.inject(...)",
+            hook=step.name,
+            stage=step.stage,
+        )
 
 
 def _reason(signal: object) -> str | None:

@@ -1113,6 +1113,22 @@ async def test_a_post_hooks_scrub_leaves_the_unscrubbed_text_out_of_the_logged_m
     assert [message.text for message in result.log_messages] == logged
 
 
+async def test_a_post_hook_setting_the_user_message_to_text_fails_it_and_commits_nothing() -> None:
+    """Bug: a post hook could set turn.user_message to a str; the turn completed and the
+    session's commit failed with an AttributeError naming no hook."""
+    log = MemoryLog()
+    pipe = Pipeline(
+        model=scripted(),
+        post=[returning("echo", lambda turn: cont(attrs.evolve(turn, user_message="hi")))],
+    )
+
+    with pytest.raises(HookReturnError, match=r"'echo' \(post, position 1\).*user_message"):
+        async with pipe.session(log=log, conversation_id="c1") as session:
+            await session.send("hi")
+
+    assert await log.load("c1") == Context()
+
+
 async def test_a_post_hook_setting_the_reply_to_text_is_a_hook_return_error_naming_it() -> None:
     pipe = Pipeline(
         model=scripted(),

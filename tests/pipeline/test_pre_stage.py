@@ -463,6 +463,54 @@ async def test_an_async_hook_that_returns_none_raises_hook_return_error() -> Non
         await pipe.run(Turn.start("hi"))
 
 
+def with_context(turn: Turn, **changes) -> Turn:
+    return attrs.evolve(turn, context=attrs.evolve(turn.context, **changes))
+
+
+# What a hook might set on the turn by hand, and a word of the error naming it.
+MALFORMED_TURNS = {
+    "context": (lambda turn: attrs.evolve(turn, context=None), "turn.context"),
+    "history": (lambda turn: with_context(turn, messages=("earlier",)), "messages"),
+    "system": (lambda turn: with_context(turn, system=["be brief"]), "system"),
+    "user_message": (lambda turn: attrs.evolve(turn, user_message="hi"), "user_message"),
+    "scope": (lambda turn: attrs.evolve(turn, scope=None), "turn.scope"),
+    "request": (lambda turn: attrs.evolve(turn, request={"temperature": 0}), "request"),
+    "injection": (
+        lambda turn: attrs.evolve(turn, injections=(*turn.injections, "note")),
+        "injections",
+    ),
+}
+
+
+@pytest.mark.parametrize("is_async", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize("field", list(MALFORMED_TURNS))
+async def test_a_turn_with_a_malformed_field_is_a_hook_return_error_naming_the_hook(
+    field: str, is_async: bool
+) -> None:
+    """Bug: attrs.evolve lets a hook put anything in a turn's field; the turn went on and failed
+    later as an AttributeError naming no hook, or as a ProviderError blaming the model."""
+    make, word = MALFORMED_TURNS[field]
+
+    async def careless_async(turn):
+        return cont(make(turn))
+
+    def careless(turn):
+        return cont(make(turn))
+
+    model = scripted()
+    pipe = Pipeline(
+        model=model, pre=[hook(careless_async if is_async else careless, name="careless")]
+    )
+
+    with pytest.raises(HookReturnError) as raised:
+        await pipe.run(Turn.start("hi"))
+
+    error = raised.value
+    assert (error.hook, error.stage, model.requests) == ("careless", "pre", [])
+    assert "'careless' (pre, position 1)" in str(error)
+    assert word in str(error)
+
+
 # -- failures: fail closed by default, fail open with on_error="skip" ------------------------
 
 
