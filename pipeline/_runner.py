@@ -116,13 +116,17 @@ class Runner:
             return await _settle(hook.fn(*args))
         with anyio.move_on_after(hook.timeout) as scope:
             if hook.is_async:
-                return await hook.fn(*args)
-            (result,) = await anyio.to_thread.run_sync(
-                _boxed, hook.fn, *args, abandon_on_cancel=True
-            )
-            return await _settle(result)
-        assert scope.cancelled_caught
-        return TIMED_OUT
+                result = await hook.fn(*args)
+            else:
+                (result,) = await anyio.to_thread.run_sync(
+                    _boxed, hook.fn, *args, abandon_on_cancel=True
+                )
+                result = await _settle(result)
+        # Past its timeout, whatever the hook returned is too late: one that shielded itself
+        # from the cancellation, or caught it and returned, does not outlast its timeout.
+        if scope.cancel_called or anyio.current_time() >= scope.deadline:
+            return TIMED_OUT
+        return result
 
     async def timed(
         self,

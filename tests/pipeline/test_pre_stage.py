@@ -1031,6 +1031,43 @@ async def test_a_timed_out_hook_that_fails_open_lets_the_turn_complete(
     assert result.outcome == "completed"
 
 
+async def test_a_hook_that_catches_its_timeouts_cancellation_still_times_out() -> None:
+    """Bug: a hook that caught the cancellation of its timeout and returned had its late
+    verdict used, as if it had finished in time; exceeding the timeout is a HookTimeout."""
+
+    async def stubborn(turn):
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            return cont(turn.inject("late news"))
+        raise AssertionError("sleep_forever returned")
+
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[hook(stubborn, name="stubborn", timeout=0.05)])
+
+    with pytest.raises(HookTimeout, match="'stubborn'"):
+        await pipe.run(Turn.start("hi"))
+
+    assert model.requests == []
+
+
+async def test_a_hook_shielded_from_its_timeout_times_out_when_it_returns(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Bug: a hook that shielded its work from cancellation ran past its timeout and had its
+    late verdict used, as if it had finished in time."""
+
+    async def shielded(turn):
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(60)
+        return halt("too late to decide")
+
+    pipe = Pipeline(model=scripted(), pre=[hook(shielded, name="shielded", timeout=1)])
+
+    with pytest.raises(HookTimeout, match="'shielded'"):
+        await pipe.run(Turn.start("hi"))
+
+
 # -- chains ---------------------------------------------------------------------------------
 
 
