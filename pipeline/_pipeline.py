@@ -402,8 +402,8 @@ class Pipeline:
             A `ToolVerdict`: the call as the hooks left it, and whether it may run.
 
         Raises:
-            HookError: An enforced hook (``on_error="raise"``) failed, timed out or returned
-                the wrong signal, or the permission callback failed.
+            HookError: An enforced hook (``on_error="halt"``, the default) failed, timed out
+                or returned the wrong signal, or the permission callback failed.
         """
         if not isinstance(call, ToolCall):
             raise TypeError(f"judge_tool_call() takes a turns.ToolCall, got {type(call).__name__}")
