@@ -10,7 +10,20 @@ from typing import TypeAlias, final
 
 import attrs
 
-from turns import Context, Message, Reply, RequestOptions, Scope, Stage, Stamper, Text, Turn, Usage
+from turns import (
+    Context,
+    Message,
+    Reply,
+    RequestOptions,
+    Scope,
+    Stage,
+    Stamper,
+    Text,
+    ToolCall,
+    ToolResult,
+    Turn,
+    Usage,
+)
 
 from . import events as ev
 from ._audit import AuditRecord, HookRecord, Rejection, new_record
@@ -356,7 +369,7 @@ class Drive(Runner):
                         emit(ev.AttemptRejected(self.turn_ref, attempt, hook, feedback))
                     # The model sees what it said and why it was rejected; the log never does.
                     note = Message("user", (Text(feedback),), {"feedback_for_attempt": attempt})
-                    extra = (*extra, *reply.messages, note)
+                    extra = (*extra, *_shown_again(reply, attempt), note)
                     request = build_request(self, turn, extra)
         return self.finish("exhausted", turn, None, None)
 
@@ -494,6 +507,41 @@ class Drive(Runner):
             tuple(self.calls),
         )
         return TurnResult(outcome, turn, reply, stop, rejections, audit)
+
+
+NOT_RUN = "not run: this reply was rejected (the reason follows)"
+"""The result a rejected reply's unanswered tool call is shown with when the model is asked
+again."""
+
+
+def _shown_again(reply: Reply, attempt: int) -> tuple[Message, ...]:
+    """A rejected attempt's messages as the model is shown them with the feedback.
+
+    A tool call the attempt left unanswered (a pipeline without tools keeps the model's calls
+    in its reply, for the caller to run) is followed by a result saying it was not run:
+    providers refuse a request in which a tool call has no result, so regenerating would
+    fail with a 400 instead of asking the model again.
+    """
+    answered = {
+        part.call_id
+        for message in reply.messages
+        if message.role == "tool"
+        for part in message.parts
+        if type(part) is ToolResult
+    }
+    shown: list[Message] = []
+    for message in reply.messages:
+        shown.append(message)
+        if message.role == "assistant":
+            shown.extend(
+                Message.tool(
+                    ToolResult(part.id, NOT_RUN, is_error=True),
+                    meta={"feedback_for_attempt": attempt},
+                )
+                for part in message.parts
+                if type(part) is ToolCall and part.id not in answered
+            )
+    return tuple(shown)
 
 
 def _checked_reply(step: Step, before: Turn, after: Turn) -> Turn:

@@ -23,7 +23,7 @@ from pipeline import (
 )
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
-from turns import Message, Text, Turn
+from turns import Message, Text, ToolCall, Turn
 
 from .support import collect as streamed
 
@@ -106,6 +106,27 @@ async def test_the_next_attempt_is_sent_the_rejected_reply_and_the_feedback() ->
         Message.assistant("bad"),
         feedback_note("too rude", 1),
     )
+
+
+async def test_a_rejected_replys_unanswered_tool_call_is_shown_again_with_a_result() -> None:
+    """Bug: a pipeline without tools keeps the model's tool calls in its reply; rejecting such
+    a reply sent the call back with no tool result after it, a request every provider refuses
+    (400), so the turn failed instead of regenerating."""
+    call = ToolCall("call_1", "lookup", {"q": "hours"})
+    model = ScriptedModel([["Let me look.", call], "We open at nine."])
+    pipe = Pipeline(model=model, post=[judge(bad="look", feedback="answer from what you know")])
+
+    result = await pipe.run(start())
+
+    sent = model.requests[1].messages
+    assert (result.outcome, sent[:2]) == (
+        "completed",
+        (Message.user("hi"), Message("assistant", (Text("Let me look."), call))),
+    )
+    assert sent[2].role == "tool"
+    [answer] = sent[2].parts
+    assert (answer.call_id, answer.is_error, "not run" in answer.content) == ("call_1", True, True)
+    assert sent[3:] == (feedback_note("answer from what you know", 1),)
 
 
 async def test_the_first_attempt_is_sent_no_feedback() -> None:
