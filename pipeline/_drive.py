@@ -12,6 +12,7 @@ import attrs
 
 from turns import (
     Context,
+    Injection,
     Message,
     Reply,
     RequestOptions,
@@ -594,46 +595,52 @@ def _with_tools(turn: Turn, tools: tuple[Tool, ...]) -> Turn:
 # The turn's other fields a hook may replace, each with the one record type it holds.
 _RECORD_FIELDS = (
     ("user_message", Message, "build it with Message.user(...)"),
-    ("scope", Scope, "change it with turn.assign(...)"),
+    ("scope", Scope, "build it with Scope(...), change it with turn.assign(...)"),
     ("request", RequestOptions, "change it with turn.with_request(...)"),
 )
 
 
-def _check_fields(step: Step, before: Turn, after: Turn) -> None:
-    """What a hook changed on the turn holds records of the right types.
+def turn_problem(turn: Turn, before: Turn | None = None) -> tuple[str, str] | None:
+    """What is malformed in `turn` (what, and the fix), or None; only what changed since
+    `before`, when given.
 
-    `Turn` does not check its fields (``attrs.evolve`` passes anything): unchecked, a context
-    set to None or a history holding text would fail later, in rendering, the model call or
-    the commit, as an AttributeError naming no hook or a ProviderError blaming the model.
+    `Turn` does not check its fields (``attrs.evolve`` or the constructor pass anything), and
+    `Context` does not check its history: unchecked, a context set to None or a history
+    holding text would fail later, in rendering, the model call or the commit, as an
+    AttributeError naming no culprit or a ProviderError blaming the model.
     """
-    problem: tuple[str, str] | None = None
-    context: object = after.context  # a hook may have set anything
-    view = "a history view is attrs.evolve(turn.context, messages=(...))"
-    if context is not before.context:
+    context: object = turn.context  # anything may have been set
+    view = "the history is Message records (a view: attrs.evolve(turn.context, messages=...))"
+    if before is None or context is not before.context:
         if not isinstance(context, Context):
-            problem = f"turn.context to {describe(context)}, not a Context", view
-        else:
-            strays = [
-                m
-                for m in (() if context.messages is before.context.messages else context.messages)
-                if type(m) is not Message
-            ]
-            system: object = context.system
-            if strays:
-                problem = (
-                    f"turn.context.messages to hold {describe(strays[0])}, not a Message",
-                    view,
-                )
-            elif system is not None and not isinstance(system, str):
-                problem = f"turn.context.system to {describe(system)}", "it is text or None"
+            return f"turn.context is {describe(context)}, not a Context", view
+        unchanged = before is not None and context.messages is before.context.messages
+        history = () if unchanged else context.messages
+        strays = [m for m in history if type(m) is not Message]
+        if strays:
+            return f"turn.context.messages holds {describe(strays[0])}, not a Message", view
+        system: object = context.system
+        if system is not None and not isinstance(system, str):
+            return f"turn.context.system is {describe(system)}", "it is text or None"
     for field, kind, fix in _RECORD_FIELDS:
-        value = getattr(after, field)
-        if problem is None and value is not getattr(before, field) and type(value) is not kind:
-            problem = f"turn.{field} to {describe(value)}, not a {kind.__name__}", fix
+        value = getattr(turn, field)
+        if (before is None or value is not getattr(before, field)) and type(value) is not kind:
+            return f"turn.{field} is {describe(value)}, not a {kind.__name__}", fix
+    if before is None:
+        odd = [i for i in turn.injections if type(i) is not Injection]
+        if odd:
+            what = f"turn.injections holds {describe(odd[0])}, not an Injection"
+            return what, "add content with turn.inject(...)"
+    return None
+
+
+def _check_fields(step: Step, before: Turn, after: Turn) -> None:
+    """What a hook changed on the turn holds records of the right types (`turn_problem`)."""
+    problem = turn_problem(after, before)
     if problem is not None:
         what, fix = problem
         raise HookReturnError(
-            f"hook {step.label} set {what}, so the turn it returned cannot be sent or"
+            f"hook {step.label} returned a turn in which {what}, so it cannot be sent or"
             f" committed — {fix}",
             hook=step.name,
             stage=step.stage,

@@ -12,7 +12,7 @@ from turns import Message, Scope, ToolCall, Turn
 
 from . import events as ev
 from ._budget import Budget, Tokenizer
-from ._drive import Drive, OpenTools
+from ._drive import Drive, OpenTools, turn_problem
 from ._errors import ConfigError
 from ._excgroups import raise_single
 from ._hooks import Chain, Hook, Parallel, as_hook, callable_name
@@ -470,4 +470,13 @@ def _check_turn(turn: object) -> None:
         raise TypeError(
             f"a pipeline runs a Turn, got {type(turn).__name__} {turn!r} — build one with"
             " Turn.start(text)"
+        )
+    problem = turn_problem(turn)
+    if problem is not None:
+        what, fix = problem
+        raise TypeError(f"a pipeline runs a well-formed Turn, but {what} — {fix}")
+    if type(turn.turn_ref) is not str or not turn.turn_ref:
+        raise TypeError(
+            f"a pipeline runs a well-formed Turn, but its turn_ref is {turn.turn_ref!r}, not"
+            " a non-empty string — Turn.start(...) gives a fresh one"
         )

@@ -1,4 +1,7 @@
-"""What an ordered pre hook may not change, and how provenance and halts are checked."""
+"""What an ordered pre hook may not change, how provenance and halts are checked, and which
+turns a pipeline refuses to run."""
+
+import re
 
 import attrs
 import pytest
@@ -202,3 +205,41 @@ async def test_every_hook_started_event_is_closed_once():
     opened = [e.hook for e in seen if isinstance(e, ev.HookStarted)]
     closed = [e.hook for e in seen if isinstance(e, ev.HookFinished | ev.HookFailed)]
     assert opened == closed == ["plain", "watch"]
+
+
+# -- the turn a pipeline is given -----------------------------------------------------------
+
+# Turns built by hand or with attrs.evolve, which check nothing, and the word naming the field.
+MALFORMED_TURNS = {
+    "history": (
+        lambda: Turn.start("hi", context=Context(messages=("earlier",))),
+        "turn.context.messages",
+    ),
+    "context": (lambda: attrs.evolve(Turn.start("hi"), context=None), "turn.context"),
+    "user_message": (lambda: attrs.evolve(Turn.start("hi"), user_message="hi"), "user_message"),
+    "scope": (lambda: attrs.evolve(Turn.start("hi"), scope={"user": "ada"}), "turn.scope"),
+    "injections": (lambda: attrs.evolve(Turn.start("hi"), injections=["note"]), "injections"),
+    "turn_ref": (lambda: attrs.evolve(Turn.start("hi"), turn_ref=""), "turn_ref"),
+}
+
+
+@pytest.mark.parametrize("field", list(MALFORMED_TURNS))
+async def test_run_refuses_a_malformed_turn_naming_the_field(field: str) -> None:
+    """Bug: a turn with a malformed field (a history holding text, say) was run, and failed
+    mid-turn as an AttributeError or as a ProviderError blaming the model."""
+    make, word = MALFORMED_TURNS[field]
+    model = ScriptedModel(["ok"])
+
+    with pytest.raises(TypeError, match=re.escape(word)):
+        await Pipeline(model=model).run(make())
+
+    assert model.requests == []
+
+
+@pytest.mark.parametrize("field", list(MALFORMED_TURNS))
+def test_stream_refuses_a_malformed_turn_naming_the_field(field: str) -> None:
+    """Bug: as for run(): a streamed malformed turn failed mid-turn, blaming the model."""
+    make, word = MALFORMED_TURNS[field]
+
+    with pytest.raises(TypeError, match=re.escape(word)):
+        Pipeline(model=ScriptedModel(["ok"])).stream(make())
