@@ -3,6 +3,8 @@
 A leaf: every layer that words an error (tools, the runner, the stages, sessions) uses these, so they import nothing of the runtime.
 """
 
+import inspect
+
 from turns import Reply, Text, ToolCall, ToolResult, Turn
 
 from ._signals import Ask, Block, Cont, Regenerate
@@ -36,6 +38,8 @@ def describe(value: object) -> str:
 
 def wrong_return_hint(result: object, *, group: bool, stage: str = "pre") -> str:
     """The likely fix for a hook that returned `result`, or "" when none is obvious."""
+    if inspect.iscoroutine(result):
+        return " — did you forget `await`? (the hook returned a coroutine without awaiting it)"
     if stage in _TOOL_HINTS:
         value, kind = _TOOL_HINTS[stage]
         if result is None:

@@ -244,7 +244,13 @@ class Runner:
     def wrong_return(
         self, step: Step, result: object, expected: str, *, group: bool
     ) -> HookReturnError:
-        """The error for a hook that returned something its stage does not allow."""
+        """The error for a hook that returned something its stage does not allow.
+
+        A coroutine it returned (an ``await`` forgotten) is closed: it will never be awaited,
+        and would otherwise add a "never awaited" RuntimeWarning to the error.
+        """
+        if inspect.iscoroutine(result):
+            result.close()
         return HookReturnError(
             f"expected hook {step.label} to return {expected}, got {describe(result)}"
             f"{wrong_return_hint(result, group=group, stage=step.stage)}",

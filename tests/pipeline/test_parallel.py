@@ -1,5 +1,6 @@
 """Parallel groups in the pre list: concurrency, declaration order, halts and failures."""
 
+import inspect
 import threading
 
 import anyio
@@ -461,6 +462,25 @@ async def test_member_returning_the_turn_is_told_members_are_append_only(make):
     pipe = pipe_with(parallel(returning("bad", make)))
     with pytest.raises(HookReturnError, match="append-only"):
         await pipe.run(Turn.start("hi"))
+
+
+async def test_member_returning_a_coroutine_it_forgot_to_await_is_told_to_await_it():
+    """Bug: a member returning a search's coroutine without awaiting it got no hint, and the
+    coroutine was left to warn "never awaited" after the error."""
+    made = []
+
+    async def search(turn):
+        return [Text("doc")]
+
+    async def sloppy(turn):
+        coroutine = search(turn)
+        made.append(coroutine)
+        return coroutine
+
+    pipe = pipe_with(parallel(member("ok"), hook(sloppy, name="sloppy")))
+    with pytest.raises(HookReturnError, match=r"'sloppy' \(pre, position 1\.2\).*forget `await`"):
+        await pipe.run(Turn.start("hi"))
+    assert [inspect.getcoroutinestate(c) for c in made] == [inspect.CORO_CLOSED]
 
 
 async def test_member_wrong_return_is_enforced_even_with_on_error_skip():

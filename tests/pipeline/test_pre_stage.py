@@ -1,6 +1,9 @@
 """The ordered pre-hook runner, driven through Pipeline.run and Pipeline.stream."""
 
+import inspect
 import threading
+from collections.abc import Coroutine
+from typing import Any
 
 import anyio
 import attrs
@@ -509,6 +512,27 @@ async def test_a_turn_with_a_malformed_field_is_a_hook_return_error_naming_the_h
     assert (error.hook, error.stage, model.requests) == ("careless", "pre", [])
     assert "'careless' (pre, position 1)" in str(error)
     assert word in str(error)
+
+
+async def test_a_hook_returning_a_coroutine_it_forgot_to_await_is_told_to_await_it() -> None:
+    """Bug: an async hook that returned another hook's coroutine without awaiting it got no
+    hint, and the coroutine was left to warn "never awaited" after the error."""
+    made: list[Coroutine[Any, Any, object]] = []
+
+    async def check(turn):
+        return cont(turn)
+
+    async def sloppy(turn):
+        coroutine = check(turn)
+        made.append(coroutine)
+        return coroutine
+
+    pipe = Pipeline(model=scripted(), pre=[hook(sloppy, name="sloppy")])
+
+    with pytest.raises(HookReturnError, match=r"'sloppy' \(pre, position 1\).*forget `await`"):
+        await pipe.run(Turn.start("hi"))
+
+    assert [inspect.getcoroutinestate(c) for c in made] == [inspect.CORO_CLOSED]
 
 
 # -- failures: fail closed by default, fail open with on_error="skip" ------------------------
