@@ -172,12 +172,14 @@ async def call_model(
                         " ModelText(str), ModelToolCall(ToolCall) and ModelFinish",
                         provider=_model_name(model),
                     )
-    except HookError as error:
-        _transformer_failed(runner, error)
-        raise
-    except PipelineError:
-        raise
     except Exception as exc:
+        if seam is not None and seam.failure is not None and exc is seam.failure:
+            _transformer_failed(runner, seam.failure)
+            raise
+        # A model's PipelineError (a provider's, or a wrapped model's) is raised as it is; a
+        # HookError is not one: a pipeline the model ran failed, so the model failed.
+        if isinstance(exc, PipelineError) and not isinstance(exc, HookError):
+            raise
         raise ProviderError(
             f"model {model!r} failed: {exc_text(exc)}", provider=_model_name(model)
         ) from exc

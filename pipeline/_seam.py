@@ -11,7 +11,7 @@ from typing import Any, Protocol, final, runtime_checkable
 
 import anyio.lowlevel
 
-from ._errors import ConfigError, HookFailed, HookReturnError
+from ._errors import ConfigError, HookError, HookFailed, HookReturnError
 from ._hooks import callable_name, is_async_callable
 
 
@@ -194,9 +194,11 @@ def compile_transformers(entries: Iterable[Any]) -> tuple[CompiledTransformer, .
 class Seam:
     """One attempt's transformer instances, chained in order."""
 
-    __slots__ = ("_compiled", "_feeds", "_instances", "feed")
+    __slots__ = ("_compiled", "_feeds", "_instances", "failure", "feed")
 
     def __init__(self, compiled: tuple[CompiledTransformer, ...]) -> None:
+        self.failure: HookError | None = None
+        """The error the seam raised, to tell it from one the model raised around it."""
         self._compiled = compiled
         self._instances = [entry.factory() for entry in compiled]
         self._feeds = [instance.feed for instance in self._instances]
@@ -214,19 +216,15 @@ class Seam:
         return text
 
     def _feed_many(self, text: str) -> str:
-        index = 0
-        try:
-            for feed in self._feeds:
+        for index, feed in enumerate(self._feeds):
+            try:
                 text = feed(text)
-                if type(text) is not str:
-                    raise self._wrong(index, "feed()", text)
-                if not text:
-                    break
-                index += 1
-        except (HookFailed, HookReturnError):
-            raise
-        except Exception as exc:
-            raise self._failed(index, "feed()", exc) from exc
+            except Exception as exc:
+                raise self._failed(index, "feed()", exc) from exc
+            if type(text) is not str:
+                raise self._wrong(index, "feed()", text)
+            if not text:
+                break
         return text
 
     async def feed_pieces(self, text: str) -> str:
@@ -244,11 +242,12 @@ class Seam:
             try:
                 if text:
                     text = instance.feed(text)
-                    if type(text) is not str:
-                        raise self._wrong(index, "feed()", text)
+            except Exception as exc:
+                raise self._failed(index, "flush()", exc) from exc
+            if type(text) is not str:
+                raise self._wrong(index, "feed()", text)
+            try:
                 tail = instance.flush()
-            except (HookFailed, HookReturnError):
-                raise
             except Exception as exc:
                 raise self._failed(index, "flush()", exc) from exc
             if type(tail) is not str:
@@ -273,18 +272,21 @@ class Seam:
         entry = self._compiled[index]
         if inspect.iscoroutine(value):
             value.close()  # never to be awaited: no "never awaited" warning after the error
-        return HookReturnError(
+        self.failure = HookReturnError(
             f"expected transformer {entry.label} to return str from {method}, got"
             f" {type(value).__name__} {value!r:.80}",
             hook=entry.name,
             stage="transformers",
         )
+        return self.failure
 
     def _failed(self, index: int, method: str, exc: Exception) -> HookFailed:
         entry = self._compiled[index]
-        return HookFailed(
+        failure = HookFailed(
             f"transformer {entry.label} raised {type(exc).__name__}: {exc} in {method}; the"
             " turn stops, since its text cannot be released untransformed",
             hook=entry.name,
             stage="transformers",
         )
+        self.failure = failure
+        return failure

@@ -6,6 +6,7 @@ import attrs
 import pytest
 
 from pipeline import (
+    HookReturnError,
     ModelFinish,
     ModelRequest,
     ModelText,
@@ -16,6 +17,7 @@ from pipeline import (
     RateLimited,
     RequestError,
     cont,
+    per_chunk,
     tool,
 )
 from pipeline import events as ev
@@ -325,6 +327,33 @@ async def test_provider_error_raised_by_the_model_passes_through_unchanged(mid_s
         await Pipeline(model=FailingModel(original, mid_stream=mid_stream)).run(Turn.start("hi"))
 
     assert excinfo.value is original
+
+
+@pytest.mark.parametrize("mid_stream", [False, True], ids=["on-entry", "mid-stream"])
+async def test_a_hook_error_raised_by_the_model_is_its_provider_error(mid_stream):
+    """Bug: a HookError out of a model (a pipeline it runs failed) was taken for a transformer
+    failure: a HookFailed event naming the inner hook, then the error as it was, not the
+    model's failure."""
+    inner = Pipeline(model=ScriptedModel(["x"]), pre=[lambda turn: None])
+    with pytest.raises(HookReturnError) as raised:
+        await inner.run(Turn.start("route me"))
+    original = raised.value
+    pipe = Pipeline(
+        model=FailingModel(original, mid_stream=mid_stream), transformers=[per_chunk(str.upper)]
+    )
+
+    events: list[ev.Event] = []
+
+    async def consume() -> None:
+        async with pipe.stream(Turn.start("hi")) as stream:
+            async for event in stream:
+                events.append(event)
+
+    with pytest.raises(ProviderError) as excinfo:
+        await consume()
+
+    assert excinfo.value.__cause__ is original
+    assert [e for e in events if type(e) is ev.HookFailed] == []
 
 
 @pytest.mark.parametrize(

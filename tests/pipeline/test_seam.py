@@ -607,6 +607,33 @@ async def test_a_failure_names_the_position_that_raised_when_a_function_is_share
     assert "position 2" in str(info.value)
 
 
+@pytest.mark.parametrize("in_flush", [False, True], ids=["feed", "flush"])
+async def test_a_hook_error_a_transformer_raises_is_its_own_failure(in_flush: bool):
+    """Bug: with several transformers, a HookError a transformer's own code raised (from a
+    helper it shares with hooks, say) passed as it was, naming that helper's hook instead of
+    the transformer, and so was not reported as a transformer failure; a lone transformer's
+    was wrapped."""
+
+    def check() -> None:
+        raise HookReturnError("the check returned None", hook="check", stage="post")
+
+    class Checker(Shout):
+        def feed(self, text: str) -> str:
+            if not in_flush:
+                check()
+            return text
+
+        def flush(self) -> str:
+            if in_flush:
+                check()
+            return ""
+
+    with pytest.raises(HookFailed) as info:
+        await pipe_with(shout, Factory("checker", Checker)).run(start())
+    assert (info.value.hook, info.value.stage) == ("checker", "transformers")
+    assert isinstance(info.value.__cause__, HookReturnError)
+
+
 async def test_a_transformer_failure_commits_nothing():
     log = MemoryLog()
     pipe = pipe_with(failing("scrubber"))
