@@ -111,9 +111,29 @@ def check_id(conversation_id: object) -> None:
         raise ValueError(
             f"a conversation id must not hold a NUL character, got {conversation_id!r}{_NUL}"
         )
+    if not _encodable(conversation_id):
+        raise ValueError(
+            f"a conversation id must not hold a lone surrogate, got {conversation_id!r}{_LONE}"
+        )
 
 
 _NUL = " — PostgreSQL cannot store one in text, so no log takes it (the logs agree)"
+_LONE = (
+    " — UTF-8 cannot encode one, so neither database can store it, and no log takes it"
+    " (the logs agree)"
+)
+
+
+def _encodable(text: str) -> bool:
+    """Whether `text` can be written as UTF-8 (it holds no lone surrogate, such as a
+    ``\\ud800`` escape decoded from JSON)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def as_messages(turn_ref: object, messages: object) -> tuple[Message, ...]:
@@ -150,6 +170,8 @@ def check_append(
         raise ValueError(f"a turn_ref must be a non-empty string, got {turn_ref!r}")
     if "\x00" in turn_ref:
         raise ValueError(f"a turn_ref must not hold a NUL character, got {turn_ref!r}{_NUL}")
+    if not _encodable(turn_ref):
+        raise ValueError(f"a turn_ref must not hold a lone surrogate, got {turn_ref!r}{_LONE}")
     for index, message in enumerate(messages):
         if not isinstance(message, Message):
             raise TypeError(

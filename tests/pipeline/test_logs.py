@@ -431,6 +431,9 @@ BAD_IDS = [
     # Catches: a NUL stored by SQLite and the memory log but failing PostgreSQL's commit
     # with a DataError that named no argument, so the logs disagreed.
     pytest.param("conv\x00", id="nul"),
+    # Catches: a lone surrogate (a "\ud800" escape decoded from JSON) taken by the memory
+    # log but failing SQLite and PostgreSQL with a bare UnicodeEncodeError naming no argument.
+    pytest.param("conv\ud800", id="lone-surrogate"),
 ]
 
 
@@ -452,7 +455,18 @@ async def test_entries_rejects_a_bad_conversation_id(log, conversation_id):
         await log.entries(conversation_id)
 
 
-@pytest.mark.parametrize("turn_ref", ["", None, 3, "turn\x00"])
+@pytest.mark.parametrize(
+    "turn_ref",
+    [
+        "",
+        None,
+        3,
+        "turn\x00",
+        # Catches: a lone surrogate stored by the memory log but failing the durable logs'
+        # commit with a bare UnicodeEncodeError.
+        pytest.param("turn\udc80", id="lone-surrogate"),
+    ],
+)
 async def test_append_rejects_a_bad_turn_ref(log, turn_ref):
     with pytest.raises(ValueError, match="turn_ref"):
         await log.append(CONVERSATION, turn_ref, exchange("hi", "hello"))
