@@ -293,8 +293,11 @@ def _is_json(value: Any) -> bool:
     return True
 
 
-def _shape(annotation: Any, where: str) -> _Shape:
-    """The shape of `annotation`, or a ConfigError naming `where`."""
+def _shape(annotation: Any, where: str, within: tuple[type, ...] = ()) -> _Shape:
+    """The shape of `annotation`, or a ConfigError naming `where`.
+
+    `within` holds the attrs classes whose fields are being described, outermost first.
+    """
     if annotation is Any:
         return _Any()
     if annotation in _JSON_TYPES:
@@ -309,7 +312,7 @@ def _shape(annotation: Any, where: str) -> _Shape:
         literal = _Literal(values)
         return literal if len(values) == len(arguments) else _Union((literal,), nullable=True)
     if origin is list or annotation is list:
-        return _List(_shape(arguments[0], where) if arguments else _Any())
+        return _List(_shape(arguments[0], where, within) if arguments else _Any())
     if origin is tuple or annotation is tuple:
         # tuple[X, ...]: any number of X, as the frozen records of this library hold them.
         if arguments and (len(arguments) != 2 or arguments[1] is not Ellipsis):
@@ -317,18 +320,18 @@ def _shape(annotation: Any, where: str) -> _Shape:
                 f"{where}: cannot describe {annotation!r} to the model; a tuple argument is"
                 " tuple[X, ...] (any number of X)"
             )
-        return _List(_shape(arguments[0], where) if arguments else _Any(), into=tuple)
+        return _List(_shape(arguments[0], where, within) if arguments else _Any(), into=tuple)
     if origin is collections.abc.Sequence or annotation is collections.abc.Sequence:
-        return _List(_shape(arguments[0], where) if arguments else _Any(), into=tuple)
+        return _List(_shape(arguments[0], where, within) if arguments else _Any(), into=tuple)
     if origin is dict or annotation is dict:
         if arguments and arguments[0] is not str:
             raise ConfigError(f"{where}: dict keys must be str (JSON object keys are strings)")
-        return _Dict(_shape(arguments[1], where) if arguments else _Any())
+        return _Dict(_shape(arguments[1], where, within) if arguments else _Any())
     if origin is typing.Union or origin is types.UnionType:
-        options = tuple(_shape(a, where) for a in arguments if a is not type(None))
+        options = tuple(_shape(a, where, within) for a in arguments if a is not type(None))
         return _Union(options, nullable=len(options) < len(arguments))
     if isinstance(annotation, type) and attrs.has(annotation):
-        return _attrs_shape(annotation, where)
+        return _attrs_shape(annotation, where, within)
     raise ConfigError(
         f"{where}: cannot describe {annotation!r} to the model; use str, int, float, bool,"
         " list[...], tuple[..., ...], dict[str, ...], Literal[...], an optional (X | None) or"
@@ -336,8 +339,21 @@ def _shape(annotation: Any, where: str) -> _Shape:
     )
 
 
-def _attrs_shape(cls: type, where: str) -> _Object:
-    hints = typing.get_type_hints(cls)
+def _attrs_shape(cls: type, where: str, within: tuple[type, ...]) -> _Object:
+    if cls in within:
+        # Described inline, a class that holds itself would never end.
+        path = " -> ".join(c.__name__ for c in (*within[within.index(cls) :], cls))
+        raise ConfigError(
+            f"{where}: cannot describe the attrs class {cls.__name__} to the model: it holds"
+            f" itself ({path}); give the tool a flat shape (e.g. a list of nodes with parent"
+            " ids)"
+        )
+    try:
+        hints = typing.get_type_hints(cls)
+    except (TypeError, NameError) as exc:
+        raise ConfigError(
+            f"{where}: cannot read the annotations of the attrs class {cls.__name__}: {exc}"
+        ) from exc
     fields: dict[str, _Shape] = {}
     required: list[str] = []
     defaults: dict[str, Any] = {}
@@ -347,7 +363,9 @@ def _attrs_shape(cls: type, where: str) -> _Object:
         name = field.alias or field.name
         if field.name not in hints:
             raise ConfigError(f"{where}: field {cls.__name__}.{field.name} has no annotation")
-        fields[name] = _shape(hints[field.name], f"{where} ({cls.__name__}.{field.name})")
+        fields[name] = _shape(
+            hints[field.name], f"{where} ({cls.__name__}.{field.name})", (*within, cls)
+        )
         if field.default is attrs.NOTHING:
             required.append(name)
         elif not isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]

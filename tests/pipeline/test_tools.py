@@ -378,6 +378,46 @@ def test_a_dict_with_non_str_keys_is_a_config_error_naming_the_argument() -> Non
         probe_for(dict[int, str])
 
 
+@attrs.frozen
+class Node:
+    value: int
+    children: "tuple[Node, ...]" = ()
+
+
+@attrs.frozen
+class Tree:
+    root: Node
+
+
+def test_an_attrs_class_that_holds_itself_is_a_config_error_naming_the_cycle() -> None:
+    """Catches: a recursive attrs class (a tree of nodes) described inline for ever, so that
+    `tool()` died with a RecursionError naming neither the tool nor the argument."""
+
+    def walk(tree: Tree) -> int:
+        return tree.root.value
+
+    with pytest.raises(ConfigError, match=r"tool 'walk', argument 'tree'") as excinfo:
+        tool(walk)
+
+    assert "Node -> Node" in str(excinfo.value)
+
+
+@attrs.frozen
+class Unresolved:
+    x: "NoSuchName"  # noqa: F821
+
+
+def test_an_attrs_field_with_an_unresolvable_annotation_is_a_config_error() -> None:
+    """Catches: a bare NameError out of `tool()` for an attrs class whose annotation names
+    nothing, where a function's own unresolvable annotation is a ConfigError."""
+
+    def use(value: Unresolved) -> str:
+        return ""
+
+    with pytest.raises(ConfigError, match=r"tool 'use', argument 'value'.*NoSuchName"):
+        tool(use)
+
+
 # -- checking the model's arguments ----------------------------------------------------------
 
 
