@@ -87,6 +87,16 @@ class SQLiteLog(DatabaseLog):
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise ValueError(f"SQLiteLog(timeout=...) must be seconds > 0, got {timeout!r}")
         self._path = os.fspath(path)
+        # What sqlite3 would refuse at the first call, with an error naming no log.
+        try:
+            file = os.fsencode(self._path)
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"SQLiteLog(path): {self._path!r} cannot be a file name on this system (it holds"
+                " a lone surrogate)"
+            ) from None
+        if b"\x00" in file:
+            raise ValueError(f"SQLiteLog(path): {self._path!r} holds a NUL character")
         self._timeout = float(timeout)
         self._queue: list[_Commit] = []
         self._write_lock = anyio.Lock(fast_acquire=True)

@@ -123,6 +123,10 @@ def test_repr_shows_the_path():
         (("",), {}, TypeError),
         (("x.db",), {"timeout": 0}, ValueError),
         (("x.db",), {"timeout": True}, ValueError),
+        # Catches: a path holding a NUL or a lone surrogate taken when the log was built and
+        # failing its first call with a bare ValueError or UnicodeEncodeError naming no log.
+        pytest.param(("chat\x00.db",), {}, ValueError, id="nul"),
+        pytest.param(("chat\ud800.db",), {}, ValueError, id="lone-surrogate"),
     ],
 )
 def test_bad_arguments_fail_when_the_log_is_built(args, kwargs, error):
