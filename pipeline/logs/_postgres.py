@@ -97,6 +97,8 @@ MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (
     ),
 )
 
+_BIGINT = 2**63 - 1
+
 # Serializes migrations of workers starting at once (a transaction-scoped advisory lock).
 _MIGRATION_LOCK = zlib.crc32(b"turnplug schema migration")
 
@@ -183,10 +185,10 @@ class PostgresLog(DatabaseLog):
                 " dicts",
                 log=repr(self),
             ) from exc
+        # A length no bigint holds is one no conversation has: a conflict, as in every log.
+        expected = expected_length if expected_length is None else min(expected_length, _BIGINT)
         outcome, length = await self._connections.run(
-            functools.partial(
-                _append, conversation_id, turn_ref, len(messages), *stored, expected_length
-            )
+            functools.partial(_append, conversation_id, turn_ref, len(messages), *stored, expected)
         )
         if outcome == "conflict":
             assert expected_length is not None

@@ -246,6 +246,18 @@ async def test_a_log_conflict_carries_the_conversation_and_both_lengths(log):
     assert (error.conversation_id, error.expected, error.actual) == (CONVERSATION, 0, 2)
 
 
+async def test_an_expected_length_past_any_database_integer_is_a_conflict(log):
+    """Catches: PostgreSQL failing such a commit with a LogError ("bigint out of range")
+    where the other logs raise the LogConflict a wrong expected_length gets."""
+    await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
+
+    with pytest.raises(LogConflict) as excinfo:
+        await log.append(CONVERSATION, "turn-2", exchange("late", "writer"), expected_length=2**64)
+
+    assert (excinfo.value.expected, excinfo.value.actual) == (2**64, 2)
+    assert await log.load(CONVERSATION) == Context(messages=exchange("hi", "hello"))
+
+
 async def test_a_conflict_writes_nothing(log):
     await log.append(CONVERSATION, "turn-1", exchange("hi", "hello"))
     before = await log.entries(CONVERSATION)
