@@ -28,6 +28,7 @@ from ._runner import Emit, Runner
 from ._signals import Cont
 from ._stream import TurnEvents, stream_turn
 from .logs import Log
+from .logs._protocol import check_turn_ref
 
 Reason: TypeAlias = Literal["closed", "error", "cancelled"]
 
@@ -190,6 +191,9 @@ class Session:
         request: RequestOptions | None,
         turn_ref: str | None,
     ) -> Turn:
+        if turn_ref is not None:
+            # As the log will check it at the commit: refused now, before the turn runs.
+            check_turn_ref(turn_ref)
         if turn_ref in self._committed:
             raise ValueError(
                 f"session {self._conversation_id!r} already committed turn {turn_ref!r}, and a"

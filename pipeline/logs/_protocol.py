@@ -157,6 +157,16 @@ def as_messages(turn_ref: object, messages: object) -> tuple[Message, ...]:
     return tuple(items)
 
 
+def check_turn_ref(turn_ref: object) -> None:
+    """Raise unless `turn_ref` is a non-empty string a log can store."""
+    if not isinstance(turn_ref, str) or not turn_ref:
+        raise ValueError(f"a turn_ref must be a non-empty string, got {turn_ref!r}")
+    if "\x00" in turn_ref:
+        raise ValueError(f"a turn_ref must not hold a NUL character, got {turn_ref!r}{_NUL}")
+    if not _encodable(turn_ref):
+        raise ValueError(f"a turn_ref must not hold a lone surrogate, got {turn_ref!r}{_LONE}")
+
+
 def check_append(
     conversation_id: object,
     turn_ref: object,
@@ -166,12 +176,7 @@ def check_append(
 ) -> None:
     """Raise unless `append`'s arguments are what a log can commit."""
     check_id(conversation_id)
-    if not isinstance(turn_ref, str) or not turn_ref:
-        raise ValueError(f"a turn_ref must be a non-empty string, got {turn_ref!r}")
-    if "\x00" in turn_ref:
-        raise ValueError(f"a turn_ref must not hold a NUL character, got {turn_ref!r}{_NUL}")
-    if not _encodable(turn_ref):
-        raise ValueError(f"a turn_ref must not hold a lone surrogate, got {turn_ref!r}{_LONE}")
+    check_turn_ref(turn_ref)
     for index, message in enumerate(messages):
         if not isinstance(message, Message):
             raise TypeError(

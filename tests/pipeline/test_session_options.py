@@ -118,6 +118,24 @@ async def test_a_turn_ref_the_session_already_committed_is_refused_before_the_tu
     assert session.context == await log.load("c")
 
 
+@pytest.mark.parametrize("method", ["send", "stream"])
+@pytest.mark.parametrize("turn_ref", ["ref\x00", "ref\ud800"], ids=["nul", "lone-surrogate"])
+async def test_a_turn_ref_no_log_can_store_is_refused_before_the_turn_runs(
+    method: str, turn_ref: str
+) -> None:
+    """Catches: a turn_ref holding a NUL or a lone surrogate ran the whole turn (the model
+    called, its tools run) and only then failed at the commit, which every log refuses."""
+    model = ScriptedModel(["Hello."])
+    log = MemoryLog()
+    async with Pipeline(model=model).session(log=log, conversation_id="c") as session:
+        with pytest.raises(ValueError, match="turn_ref"):
+            await again(session, method, turn_ref)
+        assert (session.info.turns, len(model.requests)) == (0, 0)
+        result = await session.send("hi")
+    assert result.outcome == "completed"
+    assert session.context == await log.load("c")
+
+
 async def again(session: Session, method: str, turn_ref: str) -> None:
     """A turn under `turn_ref`, sent or streamed to its end."""
     if method == "send":
