@@ -14,7 +14,9 @@ the caller learns it before the cancellation is delivered, or did not), and the
 cancellation is delivered at the next checkpoint. asyncio's own cancellation
 (``Task.cancel``, ``asyncio.timeout``), which no cancel scope holds, is raised as soon as the
 call has ended: the caller is cancelled, and the call ran to its end. Database calls are
-short; connection and lock timeouts bound them.
+short, and SQLite's lock timeout and PostgreSQL's ``connect_timeout`` bound their waits; a
+PostgreSQL server that stops answering mid-call is not bounded by either (docs/logs.md,
+"Cancellation").
 """
 
 import asyncio
