@@ -115,6 +115,11 @@ def check_id(conversation_id: object) -> None:
         raise ValueError(
             f"a conversation id must not hold a lone surrogate, got {conversation_id!r}{_LONE}"
         )
+    if _too_long(conversation_id):
+        raise ValueError(
+            f"a conversation id must be at most {_MAX_ID_BYTES} bytes as UTF-8, got"
+            f" {_byte_length(conversation_id)} ({conversation_id[:40]!r}...){_LONG}"
+        )
 
 
 _NUL = " — PostgreSQL cannot store one in text, so no log takes it (the logs agree)"
@@ -122,6 +127,24 @@ _LONE = (
     " — UTF-8 cannot encode one, so neither database can store it, and no log takes it"
     " (the logs agree)"
 )
+
+
+_MAX_ID_BYTES = 1024
+"""How long a conversation id or a turn_ref may be, in UTF-8 bytes. PostgreSQL indexes the
+two together, and an index entry must fit in about a third of a page (2.7 kB)."""
+_LONG = (
+    " — PostgreSQL cannot index a longer one, so no log takes it (the logs agree); use a"
+    " shorter key, such as a hash of this one"
+)
+
+
+def _too_long(text: str) -> bool:
+    # A character is at most 4 bytes: most ids are decided without encoding them.
+    return len(text) * 4 > _MAX_ID_BYTES and _byte_length(text) > _MAX_ID_BYTES
+
+
+def _byte_length(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 def _encodable(text: str) -> bool:
@@ -165,6 +188,11 @@ def check_turn_ref(turn_ref: object) -> None:
         raise ValueError(f"a turn_ref must not hold a NUL character, got {turn_ref!r}{_NUL}")
     if not _encodable(turn_ref):
         raise ValueError(f"a turn_ref must not hold a lone surrogate, got {turn_ref!r}{_LONE}")
+    if _too_long(turn_ref):
+        raise ValueError(
+            f"a turn_ref must be at most {_MAX_ID_BYTES} bytes as UTF-8, got"
+            f" {_byte_length(turn_ref)} ({turn_ref[:40]!r}...){_LONG}"
+        )
 
 
 def check_append(

@@ -6,6 +6,8 @@ own; `durable` is each durable kind, for what only a database can show (reopenin
 
 import datetime
 import json
+import random
+import string
 import uuid
 
 import anyio
@@ -446,6 +448,10 @@ BAD_IDS = [
     # Catches: a lone surrogate (a "\ud800" escape decoded from JSON) taken by the memory
     # log but failing SQLite and PostgreSQL with a bare UnicodeEncodeError naming no argument.
     pytest.param("conv\ud800", id="lone-surrogate"),
+    # Catches: an id too long for PostgreSQL's index (about 2.7 kB) taken by the memory log
+    # and SQLite but failing PostgreSQL's commit with a LogError (ProgramLimitExceeded).
+    pytest.param("c" * 1025, id="too-long"),
+    pytest.param("\U0001f600" * 257, id="too-long-in-bytes"),
 ]
 
 
@@ -477,11 +483,25 @@ async def test_entries_rejects_a_bad_conversation_id(log, conversation_id):
         # Catches: a lone surrogate stored by the memory log but failing the durable logs'
         # commit with a bare UnicodeEncodeError.
         pytest.param("turn\udc80", id="lone-surrogate"),
+        # Catches: a turn_ref too long for PostgreSQL's index, taken by the other logs.
+        pytest.param("t" * 1025, id="too-long"),
     ],
 )
 async def test_append_rejects_a_bad_turn_ref(log, turn_ref):
     with pytest.raises(ValueError, match="turn_ref"):
         await log.append(CONVERSATION, turn_ref, exchange("hi", "hello"))
+
+
+async def test_a_conversation_id_and_turn_ref_at_the_length_limit_are_stored(log):
+    """Catches: a length limit that PostgreSQL could not index, an id and a turn_ref of the
+    largest length every log takes together (random, so not compressed) failing its commit."""
+    rng = random.Random(7)
+    conversation_id = "".join(rng.choice(string.ascii_letters) for _ in range(1024))
+    turn_ref = "".join(chr(rng.randrange(0x10000, 0x10FFFF)) for _ in range(256))
+
+    await log.append(conversation_id, turn_ref, exchange("hi", "hello"))
+
+    assert [e.turn_ref for e in await log.entries(conversation_id)] == [turn_ref]
 
 
 async def test_append_rejects_something_that_is_not_a_message_naming_its_position(log):

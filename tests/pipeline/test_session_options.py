@@ -119,12 +119,15 @@ async def test_a_turn_ref_the_session_already_committed_is_refused_before_the_tu
 
 
 @pytest.mark.parametrize("method", ["send", "stream"])
-@pytest.mark.parametrize("turn_ref", ["ref\x00", "ref\ud800"], ids=["nul", "lone-surrogate"])
+@pytest.mark.parametrize(
+    "turn_ref", ["ref\x00", "ref\ud800", "r" * 1025], ids=["nul", "lone-surrogate", "too-long"]
+)
 async def test_a_turn_ref_no_log_can_store_is_refused_before_the_turn_runs(
     method: str, turn_ref: str
 ) -> None:
-    """Catches: a turn_ref holding a NUL or a lone surrogate ran the whole turn (the model
-    called, its tools run) and only then failed at the commit, which every log refuses."""
+    """Catches: a turn_ref holding a NUL or a lone surrogate, or too long for a log, ran the
+    whole turn (the model called, its tools run) and only then failed at the commit, which
+    every log refuses."""
     model = ScriptedModel(["Hello."])
     log = MemoryLog()
     async with Pipeline(model=model).session(log=log, conversation_id="c") as session:
