@@ -45,7 +45,7 @@ from pipeline import (
     hook,
 )
 from pipeline import events as ev
-from pipeline.logs import Log
+from pipeline.logs import MAX_ID_BYTES, Log
 from turns import Context, Message, Reply, ToolCall, ToolResult, Turn
 from turns.serde import to_dict
 
@@ -955,6 +955,15 @@ class _Endpoint:
                 raise WireError(
                     400,
                     "X-Conversation-Id must not be empty",
+                    param="X-Conversation-Id",
+                    code="invalid_value",
+                )
+            if conversation is not None and len(conversation.encode()) > MAX_ID_BYTES:
+                # What the log would refuse once the session opens: a 400, not a 500.
+                raise WireError(
+                    400,
+                    f"X-Conversation-Id must be at most {MAX_ID_BYTES} bytes as UTF-8 (a log"
+                    " cannot store a longer one) — use a shorter key, such as a hash",
                     param="X-Conversation-Id",
                     code="invalid_value",
                 )

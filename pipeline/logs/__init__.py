@@ -9,14 +9,15 @@ holds exactly that many messages, else `pipeline.LogConflict` and nothing is wri
 machine); `PostgresLog` serves several worker processes or machines (``pip install
 'turnplug[postgres]'``). Storage failures of the durable logs are `pipeline.LogError`, and
 every log refuses alike (`pipeline.LogError`, nothing written) a commit holding a value nested
-deeper than `MAX_DEPTH` levels.
+deeper than `MAX_DEPTH` levels, and (`ValueError`) a conversation id or turn_ref longer than
+`MAX_ID_BYTES` bytes as UTF-8.
 `entry_to_dict` and `entry_from_dict` give a log entry's JSON shape.
 """
 
 from ._codec import entry_from_dict, entry_to_dict
 from ._memory import MemoryLog
 from ._postgres import PostgresLog
-from ._protocol import MAX_DEPTH, ConversationInfo, Log, LogEntry
+from ._protocol import MAX_DEPTH, MAX_ID_BYTES, ConversationInfo, Log, LogEntry
 from ._sqlite import SQLiteLog
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "Log",
     "LogEntry",
     "MAX_DEPTH",
+    "MAX_ID_BYTES",
     "MemoryLog",
     "PostgresLog",
     "SQLiteLog",

@@ -117,7 +117,7 @@ def check_id(conversation_id: object) -> None:
         )
     if _too_long(conversation_id):
         raise ValueError(
-            f"a conversation id must be at most {_MAX_ID_BYTES} bytes as UTF-8, got"
+            f"a conversation id must be at most {MAX_ID_BYTES} bytes as UTF-8, got"
             f" {_byte_length(conversation_id)} ({conversation_id[:40]!r}...){_LONG}"
         )
 
@@ -129,9 +129,12 @@ _LONE = (
 )
 
 
-_MAX_ID_BYTES = 1024
-"""How long a conversation id or a turn_ref may be, in UTF-8 bytes. PostgreSQL indexes the
-two together, and an index entry must fit in about a third of a page (2.7 kB)."""
+MAX_ID_BYTES = 1024
+"""How long a conversation id or a turn_ref may be, in bytes as UTF-8.
+
+PostgreSQL indexes the two together, and an index entry must fit in about a third of a page
+(2.7 kB). Every log refuses a longer one alike.
+"""
 _LONG = (
     " — PostgreSQL cannot index a longer one, so no log takes it (the logs agree); use a"
     " shorter key, such as a hash of this one"
@@ -140,7 +143,7 @@ _LONG = (
 
 def _too_long(text: str) -> bool:
     # A character is at most 4 bytes: most ids are decided without encoding them.
-    return len(text) * 4 > _MAX_ID_BYTES and _byte_length(text) > _MAX_ID_BYTES
+    return len(text) * 4 > MAX_ID_BYTES and _byte_length(text) > MAX_ID_BYTES
 
 
 def _byte_length(text: str) -> int:
@@ -190,7 +193,7 @@ def check_turn_ref(turn_ref: object) -> None:
         raise ValueError(f"a turn_ref must not hold a lone surrogate, got {turn_ref!r}{_LONE}")
     if _too_long(turn_ref):
         raise ValueError(
-            f"a turn_ref must be at most {_MAX_ID_BYTES} bytes as UTF-8, got"
+            f"a turn_ref must be at most {MAX_ID_BYTES} bytes as UTF-8, got"
             f" {_byte_length(turn_ref)} ({turn_ref[:40]!r}...){_LONG}"
         )
 

@@ -796,6 +796,27 @@ async def test_a_conversation_id_without_a_log_is_400() -> None:
     assert openai_error(response.content)["param"] == "X-Conversation-Id"
 
 
+async def test_a_conversation_id_too_long_for_a_log_is_400_before_the_turn_runs(
+    tmp_path: Path,
+) -> None:
+    """Catches: an X-Conversation-Id no log takes (over 1024 bytes) answered with a 500
+    once the session opened, instead of a 400 naming the header."""
+    model = ScriptedModel(["x"])
+    pipe = Pipeline(model=model)
+    async with SQLiteLog(tmp_path / "log.db") as log, served(pipe, log=log) as gw:
+        async with gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": user("x")},
+                headers={"X-Conversation-Id": "c" * 1025},
+            )
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["param"], error["code"]) == ("X-Conversation-Id", "invalid_value")
+    assert "1024 bytes" in error["message"]
+    assert model.requests == []
+
+
 async def test_the_codes_of_refused_requests_are_the_documented_ones(tmp_path: Path) -> None:
     """Catches: 400s answered with a code the status table of docs/serve.md does not list
     (``unsupported_parameter``, ``no_log``), or with none (an empty X-Conversation-Id)."""
