@@ -40,7 +40,7 @@ from ._parallel import run_group
 from ._plan import Group, Plan, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import Emit, Runner, check_history, raised_by
+from ._runner import RUNNING, Emit, Runner, check_history, raised_by
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool
@@ -147,6 +147,7 @@ class Drive(Runner):
         # Hooks that run a pipeline tool themselves (a synthetic tool call) find it here,
         # and so does the tool loop.
         token = CURRENT_TOOLS.set(tools)
+        running = RUNNING.set(self)
         try:
             turn = await self.prepare(turn)
             match await self.ordered(self.plan.pre, turn):
@@ -161,6 +162,7 @@ class Drive(Runner):
                 self.watch.failed(error)
             raise
         finally:
+            RUNNING.reset(running)
             CURRENT_TOOLS.reset(token)
 
     # -- stage 0: the turn as the pipeline sees it -------------------------------------------

@@ -5,6 +5,7 @@ every stage shares; the drive loop (`_drive.py`) and parallel groups (`_parallel
 on it. `emit` is None when nobody listens, and then no event object is built.
 """
 
+import contextvars
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -33,6 +34,13 @@ log = logging.getLogger("turnplug.pipeline")
 
 # Shadow verdicts an operator rolling out a guardrail needs to hear about.
 _REFUSALS = frozenset(("halt", "regenerate", "block", "ask"))
+
+
+RUNNING: contextvars.ContextVar["Runner | None"] = contextvars.ContextVar(
+    "turnplug_running", default=None
+)
+"""The runner of the turn whose hooks are running (set for the drive), or None outside a turn:
+`judge_tool_call` stamps its events' `at` on the turn's clock when a hook of that turn calls it."""
 
 
 class Runner:

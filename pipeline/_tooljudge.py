@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal, final
 
+import anyio
 import attrs
 
 from turns import ToolCall, ToolResult, Turn
@@ -22,7 +23,7 @@ from ._describe import describe, exc_text
 from ._errors import HookError, HookFailed, HookReturnError
 from ._hooks import callable_name
 from ._plan import Plan, Step
-from ._runner import Emit, Runner, malformed
+from ._runner import RUNNING, Emit, Runner, malformed
 from ._signals import Ask, Block, Cont, Halt
 from ._tools import HOOK_BLOCKED
 
@@ -308,7 +309,7 @@ class ToolVerdict:
 
 async def judge_call(plan: Plan, call: ToolCall, turn: Turn, emit: Emit | None) -> ToolVerdict:
     """Run `plan`'s before-tool hooks on `call`, exactly as the tool loop runs them."""
-    runner = Runner(plan, emit)
+    runner = Runner(plan, None if emit is None else _stamping(emit, turn.turn_ref))
     runner.turn_ref = turn.turn_ref
     job = ToolJob(call)
     allowed = await run_before_hooks(runner, job, turn)
@@ -331,3 +332,23 @@ async def judge_call(plan: Plan, call: ToolCall, turn: Turn, emit: Emit | None) 
         reason=str(job.result.content),
         records=records,
     )
+
+
+_set_at = ev.Event.at.__set__  # type: ignore[attr-defined]
+
+
+def _stamping(emit: Emit, turn_ref: str) -> Emit:
+    """`emit`, handed each event with its `at`: on the turn's clock when a hook of that turn
+    (the gateway's client-tool policy, say) judges the call; else from the judgment's start."""
+    running = RUNNING.get()
+    if running is not None and running.turn_ref == turn_ref and running.relay is not None:
+        now, start = running.now, running.start
+    else:
+        now = anyio.current_time
+        start = now()
+
+    def stamped(event: ev.Event) -> None:
+        _set_at(event, now() - start)
+        emit(event)
+
+    return stamped

@@ -82,3 +82,46 @@ async def test_a_wrong_argument_is_a_clear_error() -> None:
     """Catches: a dict passed for a ToolCall failing deep inside a hook."""
     with pytest.raises(TypeError, match="ToolCall"):
         await pipe().judge_tool_call({"name": "search"}, Turn.start("hi"))  # type: ignore[arg-type]
+
+
+async def test_events_carry_their_time_since_the_judgment_started() -> None:
+    """Catches: every event of a judgment stamped `at` 0.0, so a hook that took 50 ms shows
+    as finishing when it started."""
+    seen: list[ev.Event] = []
+
+    async def slow(call: ToolCall, turn: Turn) -> Any:
+        await anyio.sleep(0.05)
+        return cont(call)
+
+    await pipe(hook(slow, name="slow")).judge_tool_call(CALL, Turn.start("hi"), emit=seen.append)
+    started, finished = seen
+    assert [type(started), type(finished)] == [ev.HookStarted, ev.HookFinished]
+    assert 0.0 <= started.at < 0.05 <= finished.at
+
+
+async def test_a_judgment_inside_a_turn_is_stamped_on_the_turns_clock() -> None:
+    """Catches: a hook of a turn (the gateway's client-tool policy) judging a call whose
+    events sit at 0 ms on the turn's timeline, before the hook that judged them started."""
+    judged: list[ev.Event] = []
+    policy = pipe(hook(lambda call, turn: cont(call), name="policy"))
+
+    async def wait(turn: Turn) -> Any:
+        await anyio.sleep(0.05)
+        return cont(turn)
+
+    async def police(turn: Turn) -> Any:
+        await policy.judge_tool_call(CALL, turn, emit=judged.append)
+        return cont(turn)
+
+    turn_pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        pre=[hook(wait, name="wait")],
+        post=[hook(police, name="police")],
+    )
+    async with turn_pipe.stream(Turn.start("hi")) as events:
+        own = [event async for event in events]
+    police_started, police_finished = (
+        e for e in own if isinstance(e, ev.HookStarted | ev.HookFinished) and e.hook == "police"
+    )
+    assert [type(e) for e in judged] == [ev.HookStarted, ev.HookFinished]
+    assert 0.05 <= police_started.at <= judged[0].at <= judged[1].at <= police_finished.at
