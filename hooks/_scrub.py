@@ -152,7 +152,9 @@ def scrub_input(
     """A pre hook that scrubs the user's message with `detector` before anything reads it.
 
     Put it first in ``pre``: the hooks after it, the model, the events, the audit record and
-    the log see only the scrubbed message.
+    the log see only the scrubbed message. A turn that continues from tool results its
+    caller ran (a tool message, such as a gateway's client tools send) has each result's
+    content scrubbed: they come in with the turn, and no after-tool hook sees them.
 
     Args:
         detector: What to look for: ``pii(...)`` or ``redact(...)``.
@@ -174,6 +176,9 @@ def scrub_input(
         message = turn.user_message
         if replacer is None:
             found = _found(detector, message.text)
+            for part in message.parts:
+                if type(part) is ToolResult:
+                    found += [kind for kind in _found(detector, part.content) if kind not in found]
             if not found:
                 return cont(turn)
             kinds = ", ".join(found)
@@ -184,12 +189,26 @@ def scrub_input(
                 else f"Your message seems to hold personal data ({kinds}). Please send it"
                 " again without it.",
             )
-        parts = _scrub_parts(replacer, message.parts)
+        parts = _scrub_results(replacer, _scrub_parts(replacer, message.parts))
         if parts == message.parts:
             return cont(turn)
         return cont(attrs.evolve(turn, user_message=attrs.evolve(message, parts=parts)))
 
     return hook(scrub_message, name=name if name is not None else "scrub_input")
+
+
+def _scrub_results(replacer: Redact, parts: tuple[Part, ...]) -> tuple[Part, ...]:
+    """`parts` with the content of each tool result scrubbed, on its own."""
+    if not any(type(part) is ToolResult for part in parts):
+        return parts
+    scrubbed: list[Part] = []
+    for part in parts:
+        if type(part) is ToolResult:
+            content = replacer.redact_text(part.content)
+            if content != part.content:
+                part = part.with_content(content)
+        scrubbed.append(part)
+    return tuple(scrubbed)
 
 
 def scrub_tool_results(

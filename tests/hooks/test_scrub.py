@@ -21,7 +21,7 @@ from pipeline import ConfigError, Pipeline, cont, tool
 from pipeline import events as ev
 from pipeline.logs import MemoryLog, SQLiteLog
 from pipeline.testing import ScriptedModel
-from turns import Message, Part, Text, ToolCall, ToolResult, Turn
+from turns import Context, Message, Part, Text, ToolCall, ToolResult, Turn
 
 CARD = "4242 4242 4242 4242"
 EMAIL = "ada@example.com"
@@ -329,3 +329,38 @@ def test_a_match_that_needs_its_context_is_still_replaced(strategy) -> None:
     stream = scrub_output(detector, strategy=strategy)()
     out = stream.feed("my pin 1234 ok") + stream.flush()
     assert "123" not in out
+
+
+def continuing_from_a_client_tool(content: str) -> Turn:
+    """A turn that continues from the result of a tool its caller ran (a gateway's client)."""
+    asked = Message.assistant([ToolCall("c1", "lookup_customer", {"name": "Ada"})])
+    history = Context(messages=(Message.user("Who is Ada?"), asked))
+    return Turn.start(Message.tool(ToolResult("c1", content)), context=history)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "expected"),
+    [("redact", "Ada: [EMAIL], plan Pro"), ("mask", "Ada: ***********.com, plan Pro")],
+)
+async def test_a_result_a_caller_ran_is_scrubbed_like_the_users_text(strategy, expected) -> None:
+    """Catches: scrub_input reading only text parts, so an address in a client tool's result
+    (which no after-tool hook sees) reached the model, the audit record and the log."""
+    model = ScriptedModel(["Ada is on Pro."])
+    pipe = Pipeline(model=model, pre=[scrub_input(pii(), strategy=strategy)])
+    result = await pipe.run(continuing_from_a_client_tool(f"Ada: {EMAIL}, plan Pro"))
+    [sent] = [m for m in model.requests[0].messages if m.role == "tool"]
+    assert [part.content for part in sent.parts] == [expected]
+    assert EMAIL not in sent_text(model)
+    assert EMAIL not in repr(result.turn)
+    assert EMAIL not in repr(result.audit)
+
+
+async def test_blocking_input_halts_on_a_result_a_caller_ran() -> None:
+    """Catches: strategy="block" letting personal data through when it came in a client
+    tool's result rather than in the user's text."""
+    model = ScriptedModel(["never"])
+    pipe = Pipeline(model=model, pre=[scrub_input(pii(), strategy="block")])
+    result = await pipe.run(continuing_from_a_client_tool(f"Ada: {EMAIL}"))
+    assert (result.outcome, result.halt.hook) == ("halted", "scrub_input")
+    assert "EMAIL" in result.halt.reason
+    assert model.requests == []
