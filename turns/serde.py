@@ -87,7 +87,10 @@ def _strict_scalar(kind: type, accepted: tuple[type, ...]) -> Callable[[Any, Any
             or (kind is bool and type(value) is int and value not in (0, 1))
         ):
             raise _Refused(f"expected {kind.__name__}, got {_shown(value)}")
-        return kind(value)
+        # Converted only when nothing is lost (12.0 tokens read as 12, 0 as False): a
+        # fractional count a record was written with is given back as it was, not cut.
+        converted = kind(value)
+        return converted if converted == value else value
 
     return structure
 

@@ -280,6 +280,15 @@ def test_what_a_record_may_have_been_written_with_reads_back() -> None:
     assert from_dict(Usage, {"input_tokens": 12.0, "output_tokens": 3}) == Usage(12, 3)
 
 
+def test_a_fractional_count_round_trips_exactly() -> None:
+    """Catches: a count written as a fraction (a model's ``Usage(12.5, 3)``, which the
+    record accepts) read back cut to ``Usage(12, 3)``, so the record did not round-trip."""
+    usage = Usage(12.5, 3)  # type: ignore[arg-type]
+
+    assert from_dict(Usage, to_dict(usage)) == usage
+    assert from_json(Usage, to_json(usage)) == usage
+
+
 @pytest.mark.parametrize(
     ("cls", "data", "path"),
     [
