@@ -8,11 +8,13 @@ provided its opaque values (`meta`, `arguments`, `assigns`, ...) are JSON values
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, get_args, get_origin
 
+import attrs
 import cattrs
 from cattrs.cols import homogenous_tuple_structure_factory
+from cattrs.gen import make_dict_structure_fn
 from cattrs.strategies import configure_tagged_union
 from cattrs.v import format_exception
 
@@ -29,6 +31,11 @@ _KNOWN_TAGS = frozenset(_TAGS.values())
 
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
+    # cattrs reads a record from anything with keys, and reports other data as an
+    # AttributeError (``'list' object has no attribute 'keys'``) or worse: say what it got.
+    converter.register_structure_hook_factory(
+        attrs.has, lambda cls: _strict_object(cls, make_dict_structure_fn(cls, converter))
+    )
     # Sequences unstructure to lists so that `to_dict` output is JSON-shaped; they are
     # structured back into the tuples the records hold.
     converter.register_unstructure_hook(
@@ -91,6 +98,17 @@ def _strict_scalar(kind: type, accepted: tuple[type, ...]) -> Callable[[Any, Any
         # fractional count a record was written with is given back as it was, not cut.
         converted = kind(value)
         return converted if converted == value else value
+
+    return structure
+
+
+def _strict_object(cls: Any, fields: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def structure(value: Any, target: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise _Refused(
+                f"expected an object with the fields of a {cls.__name__}, got {_shown(value)}"
+            )
+        return fields(value, target)
 
     return structure
 

@@ -356,6 +356,29 @@ def test_bad_data_read_as_a_part_is_a_value_error(data: Any, problem: str) -> No
         from_dict(Part, data)
 
 
+@pytest.mark.parametrize(
+    ("cls", "data", "problem"),
+    [
+        (Message, [], r"Message: expected an object with the fields of a Message, got list \[\]"),
+        (Turn, "hi", "Turn: expected an object with the fields of a Turn, got str 'hi'"),
+        (Usage, None, "Usage: expected an object with the fields of a Usage, got NoneType None"),
+        (
+            Context,
+            {"messages": [["user", "hi"]]},
+            r"expected an object with the fields of a Message, got list .* @ Context\.messages\[0\]",
+        ),
+    ],
+    ids=["list", "str", "none", "nested-list"],
+)
+def test_a_record_read_from_data_that_is_no_object_is_a_value_error(cls, data, problem) -> None:
+    """Catches: a record read from a list or a string failing with a bare AttributeError
+    (``'list' object has no attribute 'keys'``) instead of the ValueError `from_dict`
+    documents, and ``None`` or a nested list reported as ``argument of type 'NoneType' is
+    not iterable`` or an "unknown error", naming neither the record nor what was found."""
+    with pytest.raises(ValueError, match=f"cannot read a {cls.__name__} from this data: {problem}"):
+        from_dict(cls, data)
+
+
 def test_a_part_without_its_tag_in_a_message_names_the_missing_tag() -> None:
     with pytest.raises(ValueError, match=r"unknown part type none, .* @ Message\.parts\[0\]$"):
         from_dict(Message, {"role": "user", "parts": [{"text": "a", "meta": {}}]})
