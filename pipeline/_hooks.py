@@ -90,15 +90,54 @@ def _check_when(instance: Any, _attribute: Any, when: Any) -> None:
             f"hook {instance.name!r}: when= must be a plain (sync) predicate turn -> bool;"
             f" {callable_name(when)} is async — do the async work in the hook itself"
         )
+    if when is not None:
+        _check_predicate(instance, "when", when, "turn")
 
 
 def _check_match(instance: Any, _attribute: Any, match: Any) -> None:
-    if match is None or isinstance(match, str | re.Pattern) or callable(match):
+    if match is None:
+        return
+    if isinstance(match, str):
+        if not match:
+            raise ConfigError(
+                f"hook {instance.name!r}: match='' names no tool, so the hook would never run"
+                " — give the tool's name, a compiled regex or a predicate name -> bool"
+            )
+        return
+    if isinstance(match, re.Pattern):
+        if not isinstance(match.pattern, str):
+            raise ConfigError(
+                f"hook {instance.name!r}: match={match!r} is a bytes regex, which cannot match"
+                " a tool's name (text) — compile it from a str"
+            )
+        return
+    if callable(match):
+        _check_predicate(instance, "match", match, "name")
         return
     raise ConfigError(
         f"hook {instance.name!r}: match must be a tool name, a compiled regex or a predicate"
         f" name -> bool, got {match!r}"
     )
+
+
+def _check_predicate(instance: Any, option: str, predicate: Any, argument: str) -> None:
+    """Raise unless `predicate` can be called with one positional argument.
+
+    Checked when the hook is built, so that a predicate of the wrong shape is not found
+    mid-turn as a failure of the hook. A signature that cannot be read is trusted.
+    """
+    try:
+        signature = inspect.signature(predicate)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        raise ConfigError(
+            f"hook {instance.name!r}: {option}= must be a predicate {argument} -> bool, called"
+            f" with the {argument} alone; {callable_name(predicate)}({argument}) cannot be"
+            f" called: {exc}"
+        ) from None
 
 
 @final

@@ -235,6 +235,31 @@ def test_a_match_of_the_wrong_type_raises_config_error_naming_the_hook(match: ob
 
 
 @pytest.mark.parametrize(
+    "when", [lambda: True, lambda turn, extra: True, math.isclose], ids=["none", "two", "builtin"]
+)
+def test_a_when_predicate_that_cannot_take_the_turn_raises_config_error(when: object) -> None:
+    """Catches: a ``when=`` that cannot be called with the turn alone accepted when the
+    hook is built, and found only mid-turn, as a HookFailed of the hook."""
+    with pytest.raises(ConfigError, match=r"'tag_request': when= must be a predicate turn"):
+        hook(tag_request, when=when)  # type: ignore[call-overload]
+
+
+def test_a_match_predicate_that_cannot_take_the_name_raises_config_error() -> None:
+    """Catches: a ``match=`` predicate that cannot be called with the tool's name alone
+    accepted when the hook is built, and found only when a tool is called, as a HookFailed."""
+    with pytest.raises(ConfigError, match=r"'tag_request': match= must be a predicate name"):
+        hook(tag_request, match=lambda name, turn: True)
+
+
+@pytest.mark.parametrize("match", ["", re.compile(b"search")], ids=repr)
+def test_a_match_that_can_match_no_tool_name_raises_config_error(match: object) -> None:
+    """Catches: ``match=""`` (a hook that silently never runs) and a bytes regex (which
+    failed with a bare TypeError, naming no hook, at the first tool call) accepted."""
+    with pytest.raises(ConfigError, match=r"'tag_request': match="):
+        hook(tag_request, match=match)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
     "match", ["search", re.compile(r"search_\w+"), lambda name: name.startswith("s")], ids=repr
 )
 def test_a_tool_name_regex_or_predicate_is_a_valid_match(match: object) -> None:
