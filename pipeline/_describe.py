@@ -41,14 +41,7 @@ def wrong_return_hint(result: object, *, group: bool, stage: str = "pre") -> str
     if inspect.iscoroutine(result):
         return " — did you forget `await`? (the hook returned a coroutine without awaiting it)"
     if stage in _TOOL_HINTS:
-        value, kind = _TOOL_HINTS[stage]
-        if result is None:
-            return f" — did you forget `return cont({value})`?"
-        if type(result) is kind:
-            return f" — wrap it: `return cont({value})`"
-        if type(result) is Cont:
-            return f" — Cont must carry the {kind.__name__}: `return cont({value})`"
-        return ""
+        return _tool_hint(result, stage)
     if group and (result is None or type(result) in (Turn, Cont)):
         return (
             " — parallel members are append-only: return the parts to add, e.g."
@@ -81,4 +74,24 @@ def wrong_return_hint(result: object, *, group: bool, stage: str = "pre") -> str
         if group:
             return " — return a list of parts: `return [Text(...)]`"
         return " — to add content, inject it: `return cont(turn.inject(...))`"
+    return ""
+
+
+def _tool_hint(result: object, stage: str) -> str:
+    value, kind = _TOOL_HINTS[stage]
+    if result is None:
+        return f" — did you forget `return cont({value})`?"
+    if type(result) is kind:
+        return f" — wrap it: `return cont({value})`"
+    if type(result) is Cont:
+        return f" — Cont must carry the {kind.__name__}: `return cont({value})`"
+    if type(result) is Turn:
+        return f" — {stage} hooks continue with the {kind.__name__}: `return cont({value})`"
+    if type(result) is Regenerate:
+        return " — regenerate() is for post hooks, which see the reply"
+    if type(result) in (Block, Ask) and stage == "after_tool":
+        return (
+            f" — {type(result).__name__.lower()}() is for before_tool hooks; the call has run:"
+            " rewrite its result (`return cont(result.with_content(...))`) or halt"
+        )
     return ""

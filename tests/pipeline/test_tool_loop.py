@@ -1059,6 +1059,33 @@ async def test_an_after_hook_returning_the_bare_result_is_told_to_wrap_it() -> N
     assert "inject" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("stage", "returned", "fix"),
+    [
+        ("before_tool", lambda turn: turn, "return cont(call)"),
+        ("after_tool", lambda turn: turn, "return cont(result)"),
+        ("before_tool", lambda turn: regenerate("again"), "regenerate() is for post hooks"),
+        ("after_tool", lambda turn: block("no"), "block() is for before_tool hooks"),
+        ("after_tool", lambda turn: ask("may I?"), "ask() is for before_tool hooks"),
+    ],
+    ids=["before-turn", "after-turn", "before-regenerate", "after-block", "after-ask"],
+)
+async def test_a_tool_hook_returning_another_stage_s_value_is_told_the_fix(
+    stage: str, returned, fix: str
+) -> None:
+    """Catches: a tool hook returning the turn (as a pre hook does), a regenerate, or a
+    block or ask after the call ran, told only what it returned, without the likely fix."""
+
+    def sloppy(*arguments):
+        return returned(arguments[-1])
+
+    pipe, _ = pipe_with([calls("a"), "done"], **{stage: [hook(sloppy, name="sloppy")]})
+
+    with pytest.raises(HookReturnError, match=r"'sloppy' .* — ") as caught:
+        await pipe.run(start())
+    assert fix in str(caught.value)
+
+
 async def test_a_before_hook_changing_the_call_id_is_a_hook_return_error() -> None:
     other = before("swap", lambda c: cont(attrs.evolve(c, id="c9")))
     pipe, _ = pipe_with([calls("a"), "done"], before_tool=[other])
