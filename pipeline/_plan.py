@@ -144,8 +144,15 @@ def check_arity(hook: Hook, label: str, arguments: str, count: int) -> None:
     """Raise unless `hook`'s function can be called with `count` positional arguments.
 
     Functions whose signature cannot be read (some builtins) are given the benefit of the
-    doubt: the call itself will tell.
+    doubt: the call itself will tell. A generator function is refused: calling it gives a
+    generator, never what the stage expects.
     """
+    if inspect.isgeneratorfunction(hook.fn) or inspect.isasyncgenfunction(hook.fn):
+        raise ConfigError(
+            f"{label} is a generator function (it yields): calling it gives a generator, not"
+            " what a hook returns — `return` the result once (e.g. `return cont(turn)`)"
+            " instead of `yield`"
+        )
     try:
         signature = inspect.signature(hook.fn)
     except (TypeError, ValueError):

@@ -232,6 +232,35 @@ def test_a_compact_that_cannot_take_its_three_arguments_is_rejected_when_built()
         Pipeline(model=ScriptedModel(["ok"]), budget=Budget(100, 10), compact=squash)
 
 
+def _yields(turn):
+    yield cont(turn)
+
+
+async def _yields_async(turn):
+    yield cont(turn)
+
+
+@pytest.mark.parametrize(
+    ("stage", "entry", "label"),
+    [
+        ("pre", _yields, r"'_yields' \(pre, position 1\)"),
+        ("pre", parallel(_yields), r"'_yields' \(pre, position 1\.1\)"),
+        ("post", _yields_async, r"'_yields_async' \(post, position 1\)"),
+        (
+            "before_tool",
+            hook(lambda call, turn: (yield), name="gen"),
+            r"'gen' \(before_tool, position 1\)",
+        ),
+    ],
+    ids=["pre", "parallel-member", "post-async", "before-tool"],
+)
+def test_a_generator_function_hook_is_rejected_when_built(stage, entry, label):
+    """Catches: a hook written with `yield` accepted when the pipeline is built, then failing
+    every turn with a HookReturnError that says a generator came back but not why."""
+    with pytest.raises(ConfigError, match=rf"{label} is a generator function .*instead of `yield`"):
+        Pipeline(model=ScriptedModel(["ok"]), **{stage: [entry]})
+
+
 def test_hooks_taking_the_turn_through_defaults_or_partials_are_accepted():
     import functools
 
