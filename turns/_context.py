@@ -11,12 +11,56 @@ from ._parts import EMPTY
 _NO_VALUES = EMPTY
 
 
+def _records(field: str, kind: type, given: object, hint: str) -> tuple[Any, ...]:
+    """`given` as a tuple of `kind` records, or a TypeError naming `field` and the culprit.
+
+    Checked as the record is built: a string or a dict in a history would otherwise travel
+    to the model call and fail there, reported as if the provider had failed.
+    """
+    if type(given) is tuple:
+        items: tuple[Any, ...] = given
+    elif isinstance(given, str | bytes | Mapping) or not isinstance(given, Iterable):
+        raise TypeError(
+            f"{field} must be an iterable of {kind.__name__} records, got"
+            f" {type(given).__name__} {given!r:.60}{hint}"
+        )
+    else:
+        items = tuple(given)
+    # Counted in C (records are built on every evolve); the loop only names the culprit.
+    if items and list(map(type, items)).count(kind) != len(items):
+        for index, item in enumerate(items):
+            if type(item) is not kind:
+                raise TypeError(
+                    f"{field}[{index}] must be a {kind.__name__}, got {type(item).__name__}"
+                    f" {item!r:.60}{hint}"
+                )
+    return items
+
+
+_MESSAGE_HINT = " — build them with Message.user(...), Message.assistant(...), ..."
+
+
 def _messages(messages: Iterable[Message]) -> tuple[Message, ...]:
-    return tuple(messages)
+    return _records("Context.messages", Message, messages, _MESSAGE_HINT)
+
+
+def reply_messages(messages: Iterable[Message]) -> tuple[Message, ...]:
+    """`Reply.messages` as a tuple of messages (the converter of that field)."""
+    return _records("Reply.messages", Message, messages, _MESSAGE_HINT)
 
 
 def _specs(specs: Iterable["ToolSpec"]) -> tuple["ToolSpec", ...]:
-    return tuple(specs)
+    return _records(
+        "Context.tools", ToolSpec, specs, " — describe each tool as ToolSpec(name, ...)"
+    )
+
+
+def _check_system(_instance: Any, _attribute: Any, system: Any) -> None:
+    if system is not None and not isinstance(system, str):
+        raise TypeError(
+            f"Context.system must be the system prompt's text or None, got"
+            f" {type(system).__name__} {system!r:.60}"
+        )
 
 
 def _names(names: Iterable[str] | None) -> tuple[str, ...] | None:
@@ -53,7 +97,7 @@ class Context:
     """
 
     messages: tuple[Message, ...] = attrs.field(default=(), converter=_messages)
-    system: str | None = None
+    system: str | None = attrs.field(default=None, validator=_check_system)
     tools: tuple[ToolSpec, ...] = attrs.field(default=(), converter=_specs)
 
     @property

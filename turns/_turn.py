@@ -8,7 +8,7 @@ from typing import Any, Literal, Self, TypeAlias, final
 
 import attrs
 
-from ._context import Context, RequestOptions, Scope, _messages, merge_extra, narrow_tools
+from ._context import Context, RequestOptions, Scope, merge_extra, narrow_tools, reply_messages
 from ._message import Message, _parts
 from ._parts import EMPTY, Part, Text, ToolCall, ToolResult, exchange_problem, part_problem
 
@@ -78,7 +78,7 @@ class Reply:
     """
 
     message: Message
-    messages: tuple[Message, ...] = attrs.field(default=(), converter=_messages)
+    messages: tuple[Message, ...] = attrs.field(default=(), converter=reply_messages)
     attempt: int = 1
     finish_reason: str | None = None
     usage: Usage = Usage()

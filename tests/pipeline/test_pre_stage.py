@@ -487,11 +487,13 @@ MALFORMED_TURNS = {
 
 @pytest.mark.parametrize("is_async", [True, False], ids=["async", "sync"])
 @pytest.mark.parametrize("field", list(MALFORMED_TURNS))
-async def test_a_turn_with_a_malformed_field_is_a_hook_return_error_naming_the_hook(
+async def test_a_turn_with_a_malformed_field_fails_naming_the_hook(
     field: str, is_async: bool
 ) -> None:
     """Bug: attrs.evolve lets a hook put anything in a turn's field; the turn went on and failed
-    later as an AttributeError naming no hook, or as a ProviderError blaming the model."""
+    later as an AttributeError naming no hook, or as a ProviderError blaming the model. (A
+    Context refuses a bad history or system prompt as it is built: that hook fails with a
+    HookFailed; the turn's own fields are checked when it returns: a HookReturnError.)"""
     make, word = MALFORMED_TURNS[field]
 
     async def careless_async(turn):
@@ -505,7 +507,8 @@ async def test_a_turn_with_a_malformed_field_is_a_hook_return_error_naming_the_h
         model=model, pre=[hook(careless_async if is_async else careless, name="careless")]
     )
 
-    with pytest.raises(HookReturnError) as raised:
+    expected = HookFailed if field in ("history", "system") else HookReturnError
+    with pytest.raises(expected) as raised:
         await pipe.run(Turn.start("hi"))
 
     error = raised.value
@@ -602,6 +605,23 @@ async def test_an_async_raising_hook_fails_closed_too() -> None:
         await pipe.run(Turn.start("hi"))
 
     assert raised.value.__cause__ is original
+
+
+async def test_a_hook_building_a_history_of_strings_fails_naming_the_hook() -> None:
+    """Catches: a hook that set the history to plain strings passing, the model then
+    failing on them (``'str' object has no attribute 'parts'``), reported as a
+    ProviderError, as if the provider had failed."""
+
+    def recall(turn):
+        context = attrs.evolve(turn.context, messages=["earlier question", "earlier answer"])
+        return cont(attrs.evolve(turn, context=context))
+
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[hook(recall, name="recall")])
+
+    with pytest.raises(HookFailed, match=r"'recall' .*Context\.messages\[0\]") as raised:
+        await pipe.run(Turn.start("hi"))
+    assert (raised.value.hook, model.requests) == ("recall", [])
 
 
 async def test_a_fail_closed_stream_reports_an_enforced_hook_failed_event() -> None:

@@ -209,11 +209,12 @@ async def test_every_hook_started_event_is_closed_once():
 
 # -- the turn a pipeline is given -----------------------------------------------------------
 
-# Turns built by hand or with attrs.evolve, which check nothing, and the word naming the field.
+# Turns built by hand or with attrs.evolve, which check nothing, and the word naming the field
+# (a Context checks its own fields, so a history holding text is refused as it is built).
 MALFORMED_TURNS = {
     "history": (
         lambda: Turn.start("hi", context=Context(messages=("earlier",))),
-        "turn.context.messages",
+        "Context.messages",
     ),
     "context": (lambda: attrs.evolve(Turn.start("hi"), context=None), "turn.context"),
     "user_message": (lambda: attrs.evolve(Turn.start("hi"), user_message="hi"), "user_message"),

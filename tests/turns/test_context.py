@@ -41,6 +41,29 @@ def test_context_keeps_its_messages_in_order() -> None:
     assert Context(messages=history).messages == history
 
 
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"messages": ["hi"]}, r"Context\.messages\[0\] must be a Message, got str 'hi'"),
+        (
+            {"messages": [Message.user("hi"), {"role": "assistant", "content": "hello"}]},
+            r"Context\.messages\[1\] must be a Message, got dict",
+        ),
+        ({"messages": "hi"}, r"Context\.messages must be an iterable of Message records, got str"),
+        ({"tools": ["search"]}, r"Context\.tools\[0\] must be a ToolSpec, got str 'search'"),
+        ({"system": 3}, r"Context\.system must be the system prompt's text or None, got int 3"),
+    ],
+    ids=["str-message", "dict-message", "str-history", "str-tool", "int-system"],
+)
+def test_a_context_of_the_wrong_pieces_is_refused_naming_the_culprit(fields, problem) -> None:
+    """Catches: a history of strings or dicts (or a string taken as a history of its
+    characters), a tool given by name and a system prompt that is no text accepted, to fail
+    later in the model call, reported as the provider's failure
+    (``AttributeError: 'str' object has no attribute 'parts'``)."""
+    with pytest.raises(TypeError, match=problem):
+        Context(**fields)
+
+
 def test_context_tool_names_are_the_tools_names_in_order() -> None:
     tools = (ToolSpec("search"), ToolSpec("calculator"), ToolSpec("weather"))
 

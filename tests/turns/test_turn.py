@@ -15,6 +15,7 @@ from turns import (
     Injection,
     Message,
     Part,
+    Reply,
     RequestOptions,
     Scope,
     Stage,
@@ -581,3 +582,10 @@ def test_active_tools_on_a_turn_without_tools_yet_keeps_the_names() -> None:
 
     assert turn.request.active_tools == ("search", "weather")
     assert turn.with_request(active_tools=["weather"]).request.active_tools == ("weather",)
+
+
+def test_a_reply_whose_messages_are_not_messages_is_refused_naming_the_culprit() -> None:
+    """Catches: `Reply.messages` accepting strings, which fail only when the reply is
+    committed or sent back to the model."""
+    with pytest.raises(TypeError, match=r"Reply\.messages\[1\] must be a Message, got str"):
+        Reply(Message.assistant("hi"), messages=[Message.assistant("hi"), "hi"])
