@@ -633,6 +633,18 @@ def turn_problem(turn: Turn, before: Turn | None = None) -> tuple[str, str] | No
         if odd:
             what = f"turn.injections holds {describe(odd[0])}, not an Injection"
             return what, "add content with turn.inject(...)"
+        return None
+    message, role = turn.user_message, before.user_message.role
+    if message is not before.user_message and message.role != role:
+        # An assistant message in its place would be committed as what the user said.
+        return (
+            f"turn.user_message is a {message.role!r} message, not the turn's {role!r} one",
+            "rewrite its parts instead: attrs.evolve(turn.user_message, parts=...)",
+        )
+    reply: object = turn.reply
+    if before.reply is None and reply is not None and type(reply) is not Reply:
+        # (A post hook's reply is checked by `_checked_reply`.)
+        return f"turn.reply is {describe(reply)}, not a Reply", "post hooks change the reply"
     return None
 
 

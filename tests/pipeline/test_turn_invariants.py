@@ -65,6 +65,44 @@ async def test_a_hook_that_widens_active_tools_back_fails():
         await pipe_of(narrow, reset).run(turn_with_tools())
 
 
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"context": None}, "turn.context is None, not a Context"),
+        ({"scope": {"plan": "pro"}}, "turn.scope is dict .*, not a Scope"),
+        ({"request": {"temperature": 0}}, "turn.request is dict .*, not a RequestOptions"),
+        ({"injections": ("a note",)}, "put str 'a note' among turn.injections, not an Injection"),
+        ({"reply": "an answer"}, "turn.reply is str 'an answer', not a Reply"),
+        ({"user_message": "hi again"}, "turn.user_message is str 'hi again', not a Message"),
+        (
+            {"user_message": Message.assistant("hi")},
+            "turn.user_message is a 'assistant' message, not the turn's 'user' one",
+        ),
+    ],
+    ids=["context", "scope", "request", "injections", "reply", "user-str", "user-role"],
+)
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_a_hook_returning_a_turn_with_a_field_of_the_wrong_kind_fails_naming_it(
+    changes, problem, sync
+):
+    """Catches: a turn whose fields a hook replaced with the wrong kind of value accepted,
+    to fail later as a bare AttributeError naming no hook, as the provider's failure, or
+    not at all (an assistant message committed as what the user said)."""
+    model = ScriptedModel(["ok"])
+
+    def mangle(turn):
+        return cont(attrs.evolve(turn, **changes))
+
+    async def mangle_async(turn):
+        return mangle(turn)
+
+    pipe = pipe_of(hook(mangle if sync else mangle_async, name="mangle"), model=model)
+
+    with pytest.raises(HookReturnError, match=rf"'mangle' \(pre, position 1\) .*{problem}"):
+        await pipe.run(Turn.start("hi"))
+    assert model.requests == []
+
+
 async def test_narrowing_tools_and_replacing_the_history_view_are_allowed():
     model = ScriptedModel(["ok"])
     view = returning(
