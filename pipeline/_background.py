@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import anyio
 
 from turns import Injection, Turn
+from turns._parts import exchange_problem
 
 from . import events as ev
 from ._audit import HookRecord
@@ -68,16 +69,34 @@ async def run_background(
         # Recorded, never kept: nothing a shadow hook injects is committed.
         runner.shadow_verdict(step, elapsed, "cont", result, records)
         return ()
-    runner.finished(step, elapsed, "cont", records=records)
     known = {id(injection) for injection in turn.injections}
+    added = [item for item in result.value.injections if id(item) not in known]
+    problem = _added_problem(added)
+    if problem is not None:
+        # Checked like an ordered hook's: what is committed must be sendable again.
+        _failed(runner, step, records, elapsed, f"HookReturnError: hook {step.label} {problem}")
+        return ()
+    runner.finished(step, elapsed, "cont", records=records)
     fresh = tuple(
-        Injection(injection.parts, step.name, step.hook.durable, "post")
-        for injection in result.value.injections
-        if id(injection) not in known
+        Injection(injection.parts, step.name, step.hook.durable, "post") for injection in added
     )
     if emit is not None:
         runner.announce(step, fresh)
     return fresh
+
+
+def _added_problem(added: Sequence[object]) -> str | None:
+    """What is wrong with the injections a background hook added, or None."""
+    for item in added:
+        if type(item) is not Injection:
+            return (
+                f"returned a turn whose injections hold {describe(item)}, not an Injection"
+                " — add content with `turn.inject(...)`"
+            )
+        problem = exchange_problem(item.parts)
+        if problem is not None:
+            return f"added an injection with unpaired tool parts: {problem}"
+    return None
 
 
 async def run_all_background(

@@ -27,7 +27,7 @@ from pipeline import (
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
-from turns import Context, Injection, Message, Text, Turn
+from turns import Context, Injection, Message, Text, ToolCall, Turn
 
 from .support import collect as streamed
 from .support import pairing_problems
@@ -1037,6 +1037,40 @@ async def test_a_background_hooks_wrong_signal_is_recorded_as_a_failure(make) ->
     assert [(e.hook, e.stage, e.enforced) for e in of_type(events, ev.HookFailed)] == [
         ("summary", "post", False)
     ]
+
+
+def _with_injection(injection: object):
+    return lambda turn: cont(attrs.evolve(turn, injections=(*turn.injections, injection)))
+
+
+BAD_BACKGROUND_INJECTIONS = [
+    pytest.param(_with_injection("a summary"), "not an Injection", id="not-an-injection"),
+    pytest.param(
+        _with_injection(Injection((ToolCall("c1", "lookup", {}),))),
+        "unpaired tool parts",
+        id="lone-tool-call",
+    ),
+]
+
+
+@pytest.mark.parametrize(("make", "problem"), BAD_BACKGROUND_INJECTIONS)
+async def test_a_background_hooks_bad_injection_is_recorded_as_a_failure(make, problem) -> None:
+    """Catches: a background hook adding a bare string to the injections failing `run`
+    (and the session) with an AttributeError after the turn completed, and one adding a
+    lone tool call having it committed, a history every later request is refused for."""
+    log = MemoryLog()
+    pipe = Pipeline(
+        model=scripted("one", "two"),
+        post=[returning("summary", make, background=True, durable=True)],
+    )
+
+    result = await pipe.run(start())
+    async with pipe.session(log=log, conversation_id="c1") as session:
+        await session.send("hi")
+
+    [record] = records_of(result, "summary")
+    assert (record.verdict, problem in (record.detail or "")) == ("failed", True)
+    assert [message.role for message in (await log.load("c1")).messages] == ["user", "assistant"]
 
 
 @pytest.mark.parametrize(
