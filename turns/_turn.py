@@ -283,17 +283,19 @@ def check_results(message: Message, context: Context | None) -> None:
     Raises:
         ValueError: It does not; the message names the call at fault.
     """
-    calls = []
+    # Dicts: the calls in their order (for the messages), looked up in constant time, so
+    # that a message answering many calls is checked in linear time.
+    calls: dict[str, None] = {}
     if context is not None and context.messages:
         last = context.messages[-1]
         if last.role == "assistant":
-            calls = [part.id for part in last.parts if type(part) is ToolCall]
+            calls = dict.fromkeys(part.id for part in last.parts if type(part) is ToolCall)
     if not calls:
         raise ValueError(
             "a turn that continues from tool results needs the tool calls they answer: the"
             " context's last message must be the assistant message with those tool calls"
         )
-    answered: list[str] = []
+    answered: set[str] = set()
     for part in message.parts:
         if type(part) is not ToolResult:
             raise ValueError(
@@ -302,17 +304,25 @@ def check_results(message: Message, context: Context | None) -> None:
         if part.call_id not in calls:
             raise ValueError(
                 f"tool result for call {part.call_id!r} answers no tool call of the context's"
-                f" last message (its calls are {calls})"
+                f" last message (its calls are {_some(calls)})"
             )
         if part.call_id in answered:
             raise ValueError(f"tool call {part.call_id!r} is answered twice")
-        answered.append(part.call_id)
+        answered.add(part.call_id)
     missing = [call for call in calls if call not in answered]
     if missing:
         raise ValueError(
-            f"tool calls {missing} have no result: every tool call of the context's last"
+            f"tool calls {_some(missing)} have no result: every tool call of the context's last"
             " message needs one (send an error result for a call that could not run)"
         )
+
+
+def _some(ids: Iterable[str], shown: int = 10) -> str:
+    """`ids` as a list for a message, cut after `shown` of them (a message may answer
+    thousands of calls)."""
+    listed = list(ids)
+    more = len(listed) - shown
+    return f"{listed[:shown]}" if more <= 0 else f"{listed[:shown]} and {more} more"
 
 
 # -- fast builders -----------------------------------------------------------------------------

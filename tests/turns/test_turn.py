@@ -143,6 +143,43 @@ def test_start_rejects_tool_results_that_do_not_answer_the_last_calls_naming_the
         Turn.start(Message("tool", results), context=context)
 
 
+class _CountedId(str):
+    """A call id that counts the comparisons made with it: the work of a check, untimed."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        _CountedId.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_start_checks_many_tool_results_in_linear_time() -> None:
+    """Catches: the results of a tool message checked against the calls (and each other)
+    with list lookups, quadratic in their number: a client answering 20,000 calls held
+    the event loop for about 17 s."""
+    count = 400
+    calls = [ToolCall(_CountedId(f"c{i}"), "lookup", {}) for i in range(count)]
+    context = Context(messages=(Message.user("look them up"), Message.assistant(calls)))
+    results = Message("tool", [ToolResult(_CountedId(f"c{i}"), "ok") for i in range(count)])
+    _CountedId.compared = 0
+
+    Turn.start(results, context=context)
+
+    assert _CountedId.compared <= 4 * count
+
+
+def test_a_long_list_of_unanswered_calls_is_cut_in_the_message() -> None:
+    """Catches: the error for a tool message leaving calls unanswered listing every one
+    of thousands of ids."""
+    calls = [ToolCall(f"c{i}", "lookup", {}) for i in range(30)]
+    context = Context(messages=(Message.user("look them up"), Message.assistant(calls)))
+
+    with pytest.raises(ValueError, match=re.escape("'c10'] and 19 more have no result")):
+        Turn.start(Message("tool", [ToolResult("c0", "ok")]), context=context)
+
+
 @pytest.mark.parametrize(
     ("value", "type_name"), [(42, "int"), (Text("hi"), "Text"), (None, "NoneType")]
 )
