@@ -38,8 +38,14 @@ class CitationStream:
         found = self._found
         start = seen.find("[")
         while start >= 0:
-            close = seen.find("]", start)
+            # A marker closes within `_DIGITS` + 1 characters: looking no further keeps a
+            # run of brackets (``[[[[...]``) linear instead of rescanning it per bracket.
+            end = start + _DIGITS + 2
+            close = seen.find("]", start + 1, end)
             if close < 0:
+                if end <= len(seen):  # no marker here, and none can complete it later
+                    start = seen.find("[", start + 1)
+                    continue
                 last = seen.rfind("[")  # only the last can still become a marker
                 digits = seen[last + 1 :]
                 self._open = seen[last:] if not digits or _number(digits) else ""

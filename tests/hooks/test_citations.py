@@ -100,3 +100,29 @@ async def test_a_rejected_attempts_markers_do_not_reach_the_accepted_reply():
     assert result.reply is not None
     assert result.reply.annotations == {"citations": (1,)}
     assert [rejection.text for rejection in result.rejections] == ["See [3]."]
+
+
+class _ScannedText(str):
+    """Text that counts the characters its searches look through: the work, untimed."""
+
+    scanned = 0
+
+    def find(self, sub, start=None, end=None):  # type: ignore[override]
+        found = str.find(self, sub, start, end)
+        first = 0 if start is None else start
+        last = (len(self) if end is None else min(end, len(self))) if found < 0 else found + 1
+        _ScannedText.scanned += max(0, last - first)
+        return found
+
+
+def test_a_run_of_brackets_is_read_in_linear_time():
+    """Catches: each `[` of a chunk searched for its `]` up to the end of the chunk, so a
+    reply of many brackets before one `]` cost the square of its length (a megabyte of
+    them would hold the loop for tens of seconds)."""
+    count = 2000
+    _ScannedText.scanned = 0
+
+    stream = citations()()
+    stream.feed(_ScannedText("[" * count + "[7]"))
+
+    assert (stream.annotations(), _ScannedText.scanned <= 20 * count) == ((7,), True)
