@@ -245,6 +245,13 @@ class Turn:
         the current mapping: a later hook wins per key, and a key set to ``None`` is removed,
         so two hooks that each add a provider option both take effect.
         """
+        unknown = changes.keys() - _REQUEST_FIELDS
+        if unknown:
+            raise TypeError(
+                f"with_request() has no option {', '.join(map(repr, sorted(unknown)))} — the"
+                f" options are {', '.join(sorted(_REQUEST_FIELDS))}; a provider's own option"
+                " goes in extra={...}"
+            )
         if "extra" in changes:
             changes["extra"] = merge_extra(self.request.extra, changes["extra"])
         if "active_tools" in changes and changes["active_tools"] is not None:
@@ -275,6 +282,9 @@ class Turn:
     def assign(self, **values: Any) -> Self:
         """Return a turn whose scope has `values` assigned (`Scope.assign`)."""
         return attrs.evolve(self, scope=self.scope.assign(**values))
+
+
+_REQUEST_FIELDS = frozenset(field.name for field in attrs.fields(RequestOptions))
 
 
 def check_results(message: Message, context: Context | None) -> None:

@@ -335,6 +335,14 @@ def test_with_request_rejects_an_unknown_option_naming_it() -> None:
         Turn.start("hi").with_request(temprature=0.2)
 
 
+def test_with_request_rejects_an_unknown_option_listing_the_real_ones() -> None:
+    """Catches: a misspelt option reported as attrs' ``RequestOptions.__init__() got an
+    unexpected keyword argument``, which names neither the options there are nor where a
+    provider's own option (``seed``) goes."""
+    with pytest.raises(TypeError, match=r"no option 'seed' — the options are .*temperature"):
+        Turn.start("hi").with_request(seed=7)
+
+
 def test_active_tools_intersects_with_the_context_tools() -> None:
     turn = turn_with_tools(*TOOLS).with_request(active_tools=["weather", "search", "unknown"])
 
