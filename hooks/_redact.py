@@ -1282,6 +1282,11 @@ def redact(
         )
     if isinstance(patterns, str | re.Pattern):
         patterns = (patterns,)
+    elif not isinstance(given, Iterable):
+        raise ConfigError(
+            f"redact(patterns=...) takes a pattern or a list of them (strings or compiled"
+            f" regexes), got {type(given).__name__} {given!r}"
+        )
     compiled: list[re.Pattern[str]] = []
     for index, pattern in enumerate(patterns, 1):
         if isinstance(pattern, re.Pattern):
@@ -1312,7 +1317,7 @@ def redact(
     if not compiled:
         raise ConfigError(
             "redact() needs at least one pattern, got none — pass the text to hide as"
-            r" strings or compiled regexes, e.g. redact(r\"\d{3}-\d{4}\")"
+            r' strings or compiled regexes, e.g. redact(r"\d{3}-\d{4}")'
         )
     if not isinstance(replacement, str) and (
         not callable(replacement) or isinstance(replacement, bytes | bytearray)

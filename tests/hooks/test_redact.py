@@ -598,6 +598,23 @@ def test_redact_without_patterns_shows_how_to_pass_one():
     assert "e.g. redact(" in str(excinfo.value)
 
 
+def test_the_example_pattern_in_the_refusal_is_written_as_python() -> None:
+    """Catches: the example shown with a backslash before each of its quotes (a raw
+    string keeps them), which is no Python a user can copy."""
+    with pytest.raises(ConfigError) as excinfo:
+        redact([])
+    assert 'e.g. redact(r"\\d{3}-\\d{4}")' in str(excinfo.value)
+
+
+@pytest.mark.parametrize("patterns", [3, None], ids=repr)
+def test_patterns_that_are_neither_a_pattern_nor_a_list_raise_config_error(patterns) -> None:
+    """Catches: ``redact(None)`` or ``redact(3)`` failing with a bare TypeError (``'int'
+    object is not iterable``) instead of the ConfigError naming redact every factory's bad
+    option gets."""
+    with pytest.raises(ConfigError, match=r"redact\(patterns=\.\.\.\) takes a pattern"):
+        redact(patterns)
+
+
 @pytest.mark.parametrize("how", ["redact_text", "one chunk"])
 def test_validate_is_asked_once_per_match(how):
     """Catches: a refused match put to the validator twice, and after it every accepted one
