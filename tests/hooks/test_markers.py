@@ -1,7 +1,9 @@
 """hooks.durable / hooks.transient: the durability markers."""
 
+import pytest
+
 from hooks import durable, transient
-from pipeline import Hook, Pipeline, cont, hook
+from pipeline import ConfigError, Hook, Pipeline, cont, hook
 from pipeline.testing import ScriptedModel
 from turns import Turn
 
@@ -18,6 +20,14 @@ def test_durable_marks_a_plain_function_durable():
 
 def test_transient_marks_a_plain_function_transient():
     assert transient(add_note).durable is False
+
+
+@pytest.mark.parametrize("marker", [durable, transient], ids=["durable", "transient"])
+def test_a_marker_given_none_raises_config_error_naming_it(marker):
+    """Catches: ``durable(None)`` returning `hook`'s decorator in place of a hook, which a
+    pipeline accepts and which fails only when a turn runs it."""
+    with pytest.raises(ConfigError, match=rf"{marker.__name__}\(fn\) marks a hook function"):
+        marker(None)
 
 
 def test_markers_keep_the_other_options_of_a_hook():
