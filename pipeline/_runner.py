@@ -214,9 +214,16 @@ class Runner:
         else:
             if type(verdict) is bool:
                 return verdict
+            hint = ""
+            if inspect.iscoroutine(verdict):
+                verdict.close()  # never awaited: it would warn again when collected
+                hint = (
+                    f" — {option} is called without await: make it a plain predicate and do"
+                    " the async work in the hook itself"
+                )
             error = HookReturnError(
                 f"the {option} predicate of hook {step.label} must return True or False,"
-                f" got {describe(verdict)}",
+                f" got {describe(verdict)}{hint}",
                 hook=step.name,
                 stage=step.stage,
             )

@@ -1572,6 +1572,26 @@ def pipe_with_pre(*pre, **options):
     return Pipeline(model=ScriptedModel(["ok"]), pre=list(pre), **options)
 
 
+async def test_a_when_returning_a_coroutine_is_told_it_is_not_awaited():
+    """Catches: a ``when=`` that returns a coroutine (a lambda around an async check)
+    reported only as a non-bool, without the fix, and the coroutine left to warn that it
+    was never awaited."""
+    made = []
+
+    async def allowed(turn):
+        return True
+
+    def gate(turn):
+        made.append(allowed(turn))
+        return made[0]
+
+    pipe = pipe_with_pre(hook(lambda turn: cont(turn), name="gated", when=gate))
+
+    with pytest.raises(HookReturnError, match=r"'gated'.*got coroutine.*called without await"):
+        await pipe.run(Turn.start("hi"))
+    assert inspect.getcoroutinestate(made[0]) == inspect.CORO_CLOSED
+
+
 async def test_a_when_returning_a_non_bool_fails_an_enforced_hook():
     def fn(turn):
         return cont(turn)
