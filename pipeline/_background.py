@@ -7,6 +7,7 @@ session; a failure, a timeout or a wrong return is recorded (a `HookFailed` even
 A shadow background hook's verdict is recorded and its injections are discarded.
 """
 
+import inspect
 import logging
 from collections.abc import Sequence
 
@@ -34,8 +35,10 @@ async def run_background(
     when = step.hook.when
     if when is not None:
         try:
-            runs = when(turn)
+            runs: object = when(turn)
             if type(runs) is not bool:
+                if inspect.iscoroutine(runs):
+                    runs.close()  # never awaited: it would warn again when collected
                 raise TypeError(f"when= must return True or False, got {describe(runs)}")
         except Exception as exc:
             if emit is not None:

@@ -1,5 +1,7 @@
 """The post stage: ordered post hooks judge the reply, background post hooks follow the turn."""
 
+import inspect
+
 import anyio
 import attrs
 import pytest
@@ -1037,6 +1039,26 @@ async def test_a_background_hooks_wrong_signal_is_recorded_as_a_failure(make) ->
     assert [(e.hook, e.stage, e.enforced) for e in of_type(events, ev.HookFailed)] == [
         ("summary", "post", False)
     ]
+
+
+async def test_a_background_hooks_when_returning_a_coroutine_is_a_failure_that_closes_it():
+    """Catches: a background hook's ``when=`` returning a coroutine recorded as a failure
+    but the coroutine left to warn, when collected, that it was never awaited."""
+    made = []
+
+    async def allowed(turn):
+        return True
+
+    def gate(turn):
+        made.append(allowed(turn))
+        return made[0]
+
+    pipe = Pipeline(model=scripted(), post=[returning("summary", cont, background=True, when=gate)])
+
+    result = await pipe.run(start())
+
+    assert [record.verdict for record in records_of(result, "summary")] == ["failed"]
+    assert inspect.getcoroutinestate(made[0]) == inspect.CORO_CLOSED
 
 
 def _with_injection(injection: object):
