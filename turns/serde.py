@@ -8,6 +8,7 @@ provided its opaque values (`meta`, `arguments`, `assigns`, ...) are JSON values
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, get_args, get_origin
 
@@ -250,8 +251,51 @@ def from_dict(cls: type[T], data: Any) -> T:
 
 
 def to_json(obj: Any) -> str:
-    """Serialize a record to a JSON string."""
-    return json.dumps(to_dict(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    """Serialize a record to a JSON string.
+
+    Raises:
+        TypeError, ValueError: An opaque value (`meta`, `arguments`, ...) JSON cannot hold
+            (a date, a set, bytes, NaN); the message names its path.
+    """
+    data = to_dict(obj)
+    try:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        found = _not_json(data, _name(type(obj)))
+        if found is None:  # a key JSON cannot hold (a tuple): its own message says which
+            raise
+        path, value = found
+        raise type(exc)(
+            f"cannot write a {_name(type(obj))} as JSON: {path} holds {_shown(value)}, which"
+            " JSON cannot hold — convert it first (a date to its ISO text, a set to a sorted"
+            " list; no NaN or infinity)"
+        ) from exc
+
+
+def _not_json(value: Any, path: str) -> tuple[str, Any] | None:
+    """The path and value of the first leaf in `value` that JSON cannot hold, or None."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            inner = (
+                f"{path}.{key}"
+                if isinstance(key, str) and key.isidentifier()
+                else f"{path}[{key!r}]"
+            )
+            found = _not_json(item, inner)
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _not_json(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if value is None or isinstance(value, str | int):
+        return None
+    return path, value
 
 
 def from_json(cls: type[T], text: str | bytes) -> T:

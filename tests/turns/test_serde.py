@@ -1,6 +1,8 @@
 """turns.serde: exact round trips of every record, the part tags, and path-naming errors."""
 
+import datetime
 import json
+import math
 from typing import Any
 
 import pytest
@@ -377,6 +379,28 @@ def test_a_record_read_from_data_that_is_no_object_is_a_value_error(cls, data, p
     not iterable`` or an "unknown error", naming neither the record nor what was found."""
     with pytest.raises(ValueError, match=f"cannot read a {cls.__name__} from this data: {problem}"):
         from_dict(cls, data)
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "shown"),
+    [
+        (datetime.date(2026, 1, 2), TypeError, r"date datetime\.date\(2026, 1, 2\)"),
+        ({"b", "a"}, TypeError, "set"),
+        (math.nan, ValueError, "float nan"),
+    ],
+    ids=["date", "set", "nan"],
+)
+def test_to_json_names_the_path_of_a_value_json_cannot_hold(value, error, shown) -> None:
+    """Catches: `to_json` of a record whose meta holds a date, a set or NaN failing with
+    json's bare "Object of type date is not JSON serializable" (or "Out of range float
+    values"), naming neither the record nor where the value is."""
+    message = Message.user([Text("hi"), Text("note", meta={"seen": [1, value]})])
+
+    with pytest.raises(
+        error,
+        match=rf"cannot write a Message as JSON: Message\.parts\[1\]\.meta\.seen\[1\] holds {shown}",
+    ):
+        to_json(message)
 
 
 def test_a_part_without_its_tag_in_a_message_names_the_missing_tag() -> None:
