@@ -64,7 +64,27 @@ def _check_system(_instance: Any, _attribute: Any, system: Any) -> None:
 
 
 def _names(names: Iterable[str] | None) -> tuple[str, ...] | None:
-    return None if names is None else tuple(names)
+    if names is None:
+        return None
+    given: object = names  # callers without a type checker pass anything
+    if isinstance(given, str) or not isinstance(given, Iterable):
+        raise TypeError(
+            f"RequestOptions.active_tools must be a collection of tool names or None, got"
+            f" {type(given).__name__} {given!r:.60}"
+        )
+    kept = tuple(names)
+    odd = [name for name in kept if not isinstance(name, str)]
+    if odd:
+        raise TypeError(f"RequestOptions.active_tools must be tool names (str), got {odd!r:.80}")
+    return kept
+
+
+def _check_mapping(instance: Any, attribute: Any, value: Any) -> None:
+    if value is not EMPTY and not isinstance(value, Mapping):
+        raise TypeError(
+            f"{type(instance).__name__}.{attribute.name} must be a mapping, got"
+            f" {type(value).__name__} {value!r:.60}"
+        )
 
 
 @final
@@ -117,7 +137,7 @@ class Scope:
     """
 
     current_user: Any = None
-    assigns: Mapping[str, Any] = _NO_VALUES
+    assigns: Mapping[str, Any] = attrs.field(default=_NO_VALUES, validator=_check_mapping)
 
     def assign(self, **values: Any) -> Self:
         """Return a scope with `values` added to (or replacing) `assigns`."""
@@ -162,7 +182,7 @@ class RequestOptions:
     max_tokens: int | None = attrs.field(default=None, validator=_check_max_tokens)
     tool_choice: str | None = attrs.field(default=None, validator=_check_tool_choice)
     active_tools: tuple[str, ...] | None = attrs.field(default=None, converter=_names)
-    extra: Mapping[str, Any] = _NO_VALUES
+    extra: Mapping[str, Any] = attrs.field(default=_NO_VALUES, validator=_check_mapping)
 
 
 def narrow_tools(current: Iterable[str], wanted: Iterable[str]) -> tuple[str, ...]:

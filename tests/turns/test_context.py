@@ -64,6 +64,26 @@ def test_a_context_of_the_wrong_pieces_is_refused_naming_the_culprit(fields, pro
         Context(**fields)
 
 
+@pytest.mark.parametrize(
+    ("build", "problem"),
+    [
+        (lambda: RequestOptions(extra=[("seed", 7)]), r"RequestOptions\.extra must be a mapping"),
+        (lambda: RequestOptions(extra="seed"), r"RequestOptions\.extra must be a mapping"),
+        (lambda: RequestOptions(active_tools="search"), "a collection of tool names or None"),
+        (lambda: RequestOptions(active_tools=["search", 3]), r"must be tool names \(str\)"),
+        (lambda: Scope(assigns=[("plan", "pro")]), r"Scope\.assigns must be a mapping"),
+    ],
+    ids=["extra-pairs", "extra-str", "tools-str", "tools-int", "assigns-pairs"],
+)
+def test_request_options_and_scope_of_the_wrong_shape_are_refused(build, problem) -> None:
+    """Catches: ``extra`` or ``assigns`` that is no mapping, and ``active_tools`` that is
+    a string or holds a non-name, accepted when built directly (only `with_request` checked
+    them), to fail in the provider's request (``body.update(extra)``) or a later
+    ``assign``, naming neither the record nor the field."""
+    with pytest.raises(TypeError, match=problem):
+        build()
+
+
 def test_context_tool_names_are_the_tools_names_in_order() -> None:
     tools = (ToolSpec("search"), ToolSpec("calculator"), ToolSpec("weather"))
 
