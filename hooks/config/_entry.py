@@ -22,6 +22,7 @@ from pipeline import (
 from ._types import (
     Invalid,
     Seconds,
+    Text,
 )
 
 
@@ -118,7 +119,7 @@ class HookEntry:
     """The keys every hook entry accepts (`pipeline.hook`'s options); unset keys keep the
     kind's default."""
 
-    name: str | None = attrs.field(
+    name: Text | None = attrs.field(
         default=None, metadata=doc("Name in events, errors and the audit record.")
     )
     timeout: Seconds | None = attrs.field(

@@ -127,7 +127,7 @@ class ParallelGroup:
     hooks: tuple[MemberEntry, ...] = attrs.field(
         metadata=doc("The members: hook entries returning lists of parts.", min_items=1)
     )
-    name: str | None = attrs.field(default=None, metadata=doc("The group's name in events."))
+    name: Text | None = attrs.field(default=None, metadata=doc("The group's name in events."))
 
     def build(self, env: Env) -> Parallel:
         if not self.hooks:

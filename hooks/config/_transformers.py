@@ -22,6 +22,7 @@ from ._types import (
     Invalid,
     PiiKind,
     Positive,
+    Text,
 )
 
 # -- stream transformers ----------------------------------------------------------------------
@@ -51,7 +52,7 @@ class PythonTransformer:
 
     KIND: ClassVar[str] = "python"
     ref: FactoryRef = attrs.field(metadata=doc("The factory, as 'module:attribute'."))
-    name: str | None = attrs.field(
+    name: Text | None = attrs.field(
         default=None, metadata=doc("The name its annotations and errors go under.")
     )
 
@@ -109,8 +110,8 @@ class RedactEntry:
     max_match: Positive = attrs.field(
         default=Positive(256), metadata=doc("The longest match redacted whatever the chunking.")
     )
-    name: str = attrs.field(
-        default="redact", metadata=doc("The name its annotations and errors go under.")
+    name: Text = attrs.field(
+        default=Text("redact"), metadata=doc("The name its annotations and errors go under.")
     )
 
     def build(self, env: Env) -> TransformerFactory:
@@ -153,8 +154,8 @@ class Pii:
             " [CARD], ...)."
         ),
     )
-    name: str = attrs.field(
-        default="pii", metadata=doc("The name its annotations and errors go under.")
+    name: Text = attrs.field(
+        default=Text("pii"), metadata=doc("The name its annotations and errors go under.")
     )
 
     def build(self, env: Env) -> TransformerFactory:
@@ -169,8 +170,8 @@ class CitationsEntry:
     """Report the reply's ``[n]`` markers in ``Reply.annotations`` (`hooks.citations`)."""
 
     KIND: ClassVar[str] = "citations"
-    name: str = attrs.field(
-        default="citations", metadata=doc("The name its annotations and errors go under.")
+    name: Text = attrs.field(
+        default=Text("citations"), metadata=doc("The name its annotations and errors go under.")
     )
 
     def build(self, env: Env) -> TransformerFactory:

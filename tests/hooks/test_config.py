@@ -299,6 +299,34 @@ def test_two_transformers_of_one_name_are_refused_at_the_second() -> None:
     assert "transformers[0]" in message
 
 
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        ({"pre": [{"kind": "static", "text": "a", "name": ""}]}, "pre[0].name"),
+        ({"post": [{"kind": "max_length", "chars": 9, "name": " "}]}, "post[0].name"),
+        (
+            {"pre": [{"kind": "parallel", "name": "", "hooks": [{"kind": "static", "text": "a"}]}]},
+            "pre[0].name",
+        ),
+        (
+            {"pre": [{"kind": "parallel", "hooks": [{"kind": "static", "text": "a", "name": ""}]}]},
+            "pre[0].hooks[0].name",
+        ),
+        ({"transformers": [{"kind": "pii", "name": ""}]}, "transformers[0].name"),
+        ({"transformers": [{"kind": "citations", "name": ""}]}, "transformers[0].name"),
+        (
+            {"transformers": [{"kind": "redact", "patterns": ["a"], "name": ""}]},
+            "transformers[0].name",
+        ),
+    ],
+)
+def test_an_empty_name_is_a_problem_at_its_key(data: dict[str, Any], path: str) -> None:
+    """Bug: an empty ``name`` was reported at the entry, not at ``.name``, with the hook's
+    internal qualified name in the message (``the name of the hook for Static.build.static``),
+    or was accepted (``pii``, ``citations``: a transformer named ``""``)."""
+    assert _problems(data) == ((path, "expected some text, got an empty string"),)
+
+
 def test_an_empty_parallel_group_is_refused() -> None:
     assert _problems({"pre": [{"kind": "parallel", "hooks": []}]})[0][0] == "pre[0].hooks"
 
