@@ -395,7 +395,8 @@ def _build(
 
     built: dict[str, Any] = {}
     tools = [(index, made) for index, made in build_list("tools") if made is not None]
-    toolsets = [made for _, made in build_list("toolsets") if made is not None]
+    named_toolsets = [(index, made) for index, made in build_list("toolsets") if made is not None]
+    toolsets = [made for _, made in named_toolsets]
     grouped = {
         made.name: made
         for each in toolsets
@@ -415,6 +416,13 @@ def _build(
             "tools",
             tools,
             'the model calls tools by name — give one another name (name = "...")',
+        )
+    )
+    problems.extend(
+        _same_names(
+            "toolsets",
+            named_toolsets,
+            "its tools' final names are built from it — give one another name",
         )
     )
     for stage in STAGE_LISTS:

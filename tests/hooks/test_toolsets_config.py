@@ -161,6 +161,18 @@ def test_a_tool_call_naming_an_unknown_toolset_is_an_error(tmp_path: Path):
         load_pipeline(path)
 
 
+def test_two_toolsets_of_one_name_are_refused_at_the_second(tmp_path: Path):
+    """Catches: a second toolset of the same name reported at no path (``""``), as
+    "toolsets, position 2", a count from 1 where config paths count from 0."""
+    entry = '[[toolsets]]\nkind = "mcp"\nname = "m"\ncommand = "x"\n'
+    path = write_config(tmp_path, entry * 2)
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    ((where, message),) = caught.value.problems
+    assert where == "toolsets[1].name"
+    assert '"m" is also the name of toolsets[0]' in message
+
+
 async def test_memory_from_the_memory_server_is_injected_at_conversation_start(tmp_path: Path):
     """Catches: tool_call with toolset + tool not running the MCP server's real tool."""
     program = memory_server()
