@@ -342,7 +342,7 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        if value <= 0:
+        if not value > 0:  # NaN too: it passes `<= 0`, then fails every turn's deadline
             raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
         return value
 

@@ -162,6 +162,24 @@ def test_a_port_out_of_range_is_a_usage_error(tmp_path: Path, port: str) -> None
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("option", ["--turn-timeout", "--drain-timeout"])
+def test_a_nan_timeout_is_a_usage_error(tmp_path: Path, option: str) -> None:
+    """Catches: --turn-timeout nan (or --drain-timeout nan) accepted by the parser, as NaN
+    is not <= 0: then every turn failed with HTTP 500 ("deadline must not be NaN"), or the
+    shutdown with an ExceptionGroup, instead of a usage error (exit 2) naming the option."""
+    config = write_config(tmp_path)
+    environ = os.environ | {"TURNPLUG_GATEWAY_KEY": "k" * 32}
+    done = subprocess.run(
+        [str(SCRIPT), "serve", str(config), "--port", "0", option, "nan"],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"argument {option}: expected a positive number, got 'nan'" in done.stderr
+
+
 def test_the_upstream_key_appears_nowhere_a_client_can_see(tmp_path: Path) -> None:
     """Catches: the upstream or gateway key echoed in a response, the page, its feed or stderr
     (the library's warnings included, which the command writes there)."""
