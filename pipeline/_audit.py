@@ -113,7 +113,7 @@ class AuditRecord:
         injections: Every injection, stamped with its hook, durability and stage.
         hooks: Every hook run, in the order they finished (group members in declaration
             order), with its timing and verdict.
-        attempts: Every attempt, including rejected ones.
+        attempts: Every attempt, including rejected ones and one a tool hook halted.
         halt: The halt that stopped the turn, if one did.
         rejections: Every rejected attempt, with its hook and feedback.
         tools: Every tool call of every attempt, in call order, with its effective result.

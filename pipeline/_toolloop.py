@@ -89,6 +89,11 @@ async def answer(
                 emit(ev.ToolCallRequested(runner.turn_ref, call, attempt, call_index))
         outcome = await run_batch(runner, turn, calls, request, attempt, call_index)
         if type(outcome) is Halt:
+            # The attempt stops here, but it happened: the audit keeps its model calls (and
+            # what they cost) beside the tool calls of its settled steps.
+            runner.attempts.append(
+                AttemptRecord(attempt, call_index, message.text, finish.reason, usage)
+            )
             return outcome
         if emit is not None:
             emit(ev.ToolStepFinished(runner.turn_ref, attempt, call_index, outcome))

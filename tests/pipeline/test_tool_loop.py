@@ -1502,6 +1502,23 @@ async def test_the_audit_records_the_tool_calls_of_a_rejected_attempt() -> None:
     ]
 
 
+async def test_the_audit_keeps_an_attempt_a_tool_hook_halted() -> None:
+    """Bug: an attempt halted by a tool hook was missing from ``audit.attempts`` (its model
+    calls and their usage lost) while ``audit.tools`` held the calls of its settled step."""
+    stop = before("stop", lambda c: halt("no more") if c.id == "c2" else cont(c))
+    pipe, _ = pipe_with([calls("a"), [call("c2", "b")], "never"], before_tool=[stop])
+
+    result = await pipe.run(start())
+
+    assert result.outcome == "halted"
+    assert [(record.attempt, record.step, record.call.id) for record in result.audit.tools] == [
+        (1, 1, "c1"),
+    ]
+    [attempt] = result.audit.attempts
+    assert (attempt.attempt, attempt.steps, attempt.finish_reason) == (1, 2, "tool_calls")
+    assert attempt.usage.output_tokens > 0
+
+
 # -- building -------------------------------------------------------------------------------------
 
 
