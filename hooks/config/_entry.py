@@ -42,6 +42,8 @@ class Env:
         declared: The names of every tool the file declares, also those that failed to
             build (already reported: an entry naming one is not reported again).
         remote: The names of the MCP toolsets, whose tools are known once connected.
+        local: Each local toolset's name, and the names of the tools it offers (their own,
+            without the toolset's prefix).
         offline: Checking without the environment's secrets (``turnplug check --offline``):
             a missing API key or variable is not a problem.
         folder: The config file's directory, against which relative paths in it resolve;
@@ -52,6 +54,7 @@ class Env:
     tools: Mapping[str, Tool] = attrs.field(factory=dict)
     declared: frozenset[str] = frozenset()
     remote: frozenset[str] = frozenset()
+    local: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     offline: bool = False
     folder: str | None = None
 

@@ -1,6 +1,7 @@
 """The entries that build hooks: pre hooks, parallel groups, synthetic tool calls, session
 hooks and post-stage guardrails."""
 
+import difflib
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -208,7 +209,10 @@ class ToolCallEntry(HookEntry):
                 problems.append(within("refresh", exc))
         name = self.tool if self.toolset is None else toolset_tool_name(self.toolset, self.tool)
         found = env.tools.get(name)
-        if self.toolset is not None and found is None and self.toolset not in env.remote:
+        offered = env.local.get(self.toolset) if self.toolset is not None else None
+        if offered is not None and found is None:
+            problems.append(_not_in_toolset(self.tool, str(self.toolset), offered))
+        elif self.toolset is not None and found is None and self.toolset not in env.remote:
             problems.append(
                 Invalid(
                     f"no toolset named {json.dumps(self.toolset)} in [[toolsets]]", key="toolset"
@@ -231,6 +235,16 @@ class ToolCallEntry(HookEntry):
             problems.append(Invalid(str(exc), key="arguments"))
         raise_all(problems)
         return self.wrap(made)
+
+
+def _not_in_toolset(tool: str, toolset: str, tools: tuple[str, ...]) -> Invalid:
+    close = difflib.get_close_matches(tool, tools, n=1)
+    hint = f" — did you mean {json.dumps(close[0])}?" if close else ""
+    return Invalid(
+        f"toolset {json.dumps(toolset)} has no tool named {json.dumps(tool)}{hint}; its tools:"
+        f" {', '.join(tools) or 'none'}",
+        key="tool",
+    )
 
 
 PreEntry: TypeAlias = PythonHook | Static | ParallelGroup | ToolCallEntry | ScrubInput

@@ -410,6 +410,16 @@ def _build(
         | frozenset(grouped)
         | _unbuilt_tools(data, {index for index, _ in tools}),
         remote=frozenset(each.name for each in toolsets if isinstance(each, MCPToolset)),
+        local={
+            each.name: tuple(
+                made.name
+                for made in each.tools
+                if (each.include is None or made.name in each.include)
+                and made.name not in (each.exclude or ())
+            )
+            for each in toolsets
+            if isinstance(each, LocalToolset)
+        },
     )
     problems.extend(
         _same_names(

@@ -672,6 +672,16 @@ def test_a_tool_call_without_tools_says_none_are_declared() -> None:
     assert "[[tools]] and [[toolsets]]: none" in message
 
 
+def test_a_tool_call_naming_a_tool_its_local_toolset_lacks_names_the_tool() -> None:
+    """Bug: ``toolset = "shop"`` with a ``tool`` the toolset does not have was reported at
+    ``.toolset`` as "no toolset named "shop"", though the toolset is declared."""
+    shop = {"kind": "python", "name": "shop", "refs": [ref("get_preferences")]}
+    data = {"toolsets": [shop], "pre": [{"kind": "tool_call", "toolset": "shop", "tool": "prefs"}]}
+    ((path, message),) = _problems(data)
+    assert path == "pre[0].tool"
+    assert message == 'toolset "shop" has no tool named "prefs"; its tools: get_preferences'
+
+
 def test_tool_call_arguments_are_checked_against_the_tools_schema() -> None:
     data = _tools(
         pre=[{"kind": "tool_call", "tool": "get_preferences", "arguments": {"detail": "yes"}}]
