@@ -626,15 +626,10 @@ def _read(path: Path) -> Any:
     try:
         if suffix == ".toml":
             return tomllib.loads(text)
-        return json.loads(text, object_pairs_hook=_no_repeated_keys)
-    except _RepeatedKey as exc:
-        message = (
-            f"the key {json.dumps(exc.key)} appears twice in one object — JSON would keep"
-            " only the last; write it once (TOML refuses this too)"
-        )
-        raise ConfigError(
-            f"{source}: {message}", source=source, problems=(("", message),)
-        ) from None
+        data = json.loads(text, object_pairs_hook=_no_repeated_keys)
+        repeated = _first_repeated(data, "")
+        if repeated is None:
+            return data
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: TOML syntax error: {exc}", source=source) from exc
     except json.JSONDecodeError as exc:
@@ -644,24 +639,52 @@ def _read(path: Path) -> Any:
         ) from exc
     except RecursionError:
         raise _too_deep(source) from None
+    where, key = repeated
+    message = (
+        f"the key {json.dumps(key)} appears twice in one object — JSON would keep only the"
+        " last; write it once (TOML refuses this too)"
+    )
+    raise ConfigError(f"{source}: {where}: {message}", source=source, problems=((where, message),))
 
 
-class _RepeatedKey(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
+class _Repeats(dict[str, Any]):
+    """A JSON object that gives a key twice; `repeated` is the first such key."""
+
+    repeated = ""
 
 
 def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object as a dict, refusing a key given twice (the parser keeps the last)."""
+    """A JSON object as a dict, marked when it gives a key twice (the parser keeps the last).
+
+    Marked rather than refused here: an object is built before the one holding it, so only
+    the whole document can tell where it stands (`_first_repeated`).
+    """
     table = dict(pairs)
     if len(table) != len(pairs):
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise _RepeatedKey(key)
+                marked = _Repeats(table)
+                marked.repeated = key
+                return marked
             seen.add(key)
     return table
+
+
+def _first_repeated(value: Any, path: str) -> tuple[str, str] | None:
+    """The path of a key given twice in `value` (outer objects first), and the key."""
+    if isinstance(value, _Repeats):
+        return _join(path, value.repeated), value.repeated
+    items: Iterable[tuple[str | int, Any]] = ()
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    for key, item in items:
+        found = _first_repeated(item, _join(path, key))
+        if found is not None:
+            return found
+    return None
 
 
 def _too_deep(source: str) -> ConfigError:

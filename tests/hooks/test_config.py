@@ -524,6 +524,37 @@ def test_file_problems_name_the_file(
     assert expected in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("content", "where", "key"),
+    [
+        ('{"system": "a", "system": "b"}', "system", "system"),
+        (
+            '{"pre": [{"kind": "static", "text": "a"}, {"kind": "static", "text": "a", "text": "b"}]}',
+            "pre[1].text",
+            "text",
+        ),
+        (
+            '{"model": {"provider": "scripted", "replies": ["x"], "replies": ["y"]}}',
+            "model.replies",
+            "replies",
+        ),
+    ],
+)
+def test_a_json_key_given_twice_is_a_problem_at_its_path(
+    tmp_path: Path, content: str, where: str, key: str
+) -> None:
+    """Bug: a JSON key given twice was reported at no path (``""``), so in a long file the
+    message ("the key "text" appears twice in one object") did not say which object."""
+    path = tmp_path / "c.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    ((found, message),) = caught.value.problems
+    assert found == where
+    assert message.startswith(f'the key "{key}" appears twice in one object')
+    assert str(caught.value).startswith(f"{path}: {where}: ")
+
+
 def test_a_directory_is_not_a_config(tmp_path: Path) -> None:
     directory = tmp_path / "c.toml"
     directory.mkdir()
