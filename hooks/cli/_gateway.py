@@ -942,7 +942,7 @@ class _Endpoint:
         try:
             body = await _read_body(scope, receive, gateway.settings.max_body)
             request = parse_request(body)
-            conversation = _header(scope, CONVERSATION_HEADER)
+            conversation = _conversation_id(scope)
             if conversation is not None and gateway.settings.log is None:
                 raise WireError(
                     400,
@@ -1212,6 +1212,24 @@ async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> N
         if message["type"] == "http.disconnect":
             scope.cancel()
             return
+
+
+def _conversation_id(scope: Scope) -> str | None:
+    """The request's X-Conversation-Id, if it has one; `WireError` if it has several.
+
+    A proxy may add its own header to the client's: which conversation the turn joins must
+    not depend on the order the two arrive in.
+    """
+    wanted = CONVERSATION_HEADER.encode()
+    given = [value for key, value in scope["headers"] if key == wanted]
+    if len(given) > 1:
+        raise WireError(
+            400,
+            f"X-Conversation-Id is given {len(given)} times: send it once, naming one conversation",
+            param="X-Conversation-Id",
+            code="invalid_value",
+        )
+    return str(given[0].decode("latin-1")) if given else None
 
 
 def _header(scope: Scope, name: str) -> str | None:

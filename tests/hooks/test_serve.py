@@ -19,7 +19,7 @@ from pipeline.logs import SQLiteLog
 from pipeline.providers import OpenAIChat
 from pipeline.testing import FunctionModel, ScriptedModel
 from tests.providers.server import json_error, openai_text, running, stream
-from turns import Message, Text, ToolCall, Turn
+from turns import Context, Message, Text, ToolCall, Turn
 
 from .serve_support import KEY, MODEL, openai_error, served, sse_data, user, watch_feed
 
@@ -815,6 +815,24 @@ async def test_a_conversation_id_too_long_for_a_log_is_400_before_the_turn_runs(
     assert (error["param"], error["code"]) == ("X-Conversation-Id", "invalid_value")
     assert "1024 bytes" in error["message"]
     assert model.requests == []
+
+
+async def test_a_conversation_id_given_twice_is_400(tmp_path: Path) -> None:
+    """Bug: a request with two X-Conversation-Id headers (a proxy adding its own to the
+    client's) joined the first one's conversation silently, whichever came first."""
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with served(texts(["x"]), log=log) as gw, gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": user("x")},
+                headers=[("X-Conversation-Id", "a"), ("X-Conversation-Id", "b")],
+            )
+        stored = (await log.load("a"), await log.load("b"))
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["param"], error["code"]) == ("X-Conversation-Id", "invalid_value")
+    assert "given 2 times" in error["message"]
+    assert stored == (Context(), Context())
 
 
 async def test_the_codes_of_refused_requests_are_the_documented_ones(tmp_path: Path) -> None:
