@@ -34,18 +34,41 @@ class Shaped:
     """A model whose requests get default options the turn did not set.
 
     ``temperature`` and ``max_tokens`` of the ``[model]`` table are defaults for every
-    request; a hook that shapes the request (``turn.with_request``) still wins.
+    request; a hook that shapes the request (``turn.with_request``) still wins. It stands
+    for the model it wraps everywhere else: its name and provider (in events and traces)
+    and its connection pool (``hold()``: a pipeline, a session or the CLI keep one pool of
+    connections open for their turns).
     """
 
-    __slots__ = ("defaults", "model")
+    __slots__ = ("defaults", "inner")
 
     def __init__(self, model: Model, defaults: Mapping[str, Any]) -> None:
-        self.model = model
+        self.inner = model
         self.defaults = dict(defaults)
 
     def __repr__(self) -> str:
         given = ", ".join(f"{key}={value!r}" for key, value in self.defaults.items())
-        return f"{self.model!r} with {given}"
+        return f"{self.inner!r} with {given}"
+
+    @property
+    def model(self) -> str:
+        """The wrapped model's name: a provider's ``model``, else its class name."""
+        name = getattr(self.inner, "model", None)
+        return name if isinstance(name, str) else type(self.inner).__name__
+
+    @property
+    def provider(self) -> str | None:
+        """The wrapped model's provider, where it has one."""
+        provider = getattr(self.inner, "provider", None)
+        return provider if isinstance(provider, str) else None
+
+    def hold(self) -> AbstractAsyncContextManager[object]:
+        """The wrapped model's ``hold()`` (its connection pool), where it has one."""
+        hold = getattr(self.inner, "hold", None)
+        if callable(hold):
+            held: AbstractAsyncContextManager[object] = hold()
+            return held
+        return contextlib.nullcontext(self)
 
     def stream(
         self, request: ModelRequest
@@ -54,7 +77,7 @@ class Shaped:
         unset = {k: v for k, v in self.defaults.items() if getattr(options, k) is None}
         if unset:
             request = attrs.evolve(request, options=attrs.evolve(options, **unset))
-        return self.model.stream(request)
+        return self.inner.stream(request)
 
 
 def _shaped(model: Model, **defaults: Any) -> Model:

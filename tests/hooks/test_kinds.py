@@ -221,6 +221,39 @@ def cool(turn: Turn) -> Any:
 
 
 @pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
+async def test_a_model_with_defaults_is_still_held_and_named_as_its_provider() -> None:
+    """Bug: ``temperature`` or ``max_tokens`` in ``[model]`` wrapped the provider in a model
+    that had no ``hold()``, so a session (and the CLI, and ``serve``) opened a connection per
+    model call instead of keeping one; and events named the model ``Shaped`` with no
+    provider."""
+    reply = wire.stream(wire.openai_text(["Hi."]))
+    server = wire.ProtocolServer([reply] * 3, keep_alive=True)
+    async with anyio.create_task_group() as group:
+        await server.start(group)
+        pipe = pipeline_from_dict(
+            {
+                "model": {
+                    "provider": "openai",
+                    "name": "local-model",
+                    "base_url": f"{server.url}/v1",
+                    "api_key_env": "",
+                    "temperature": 0.25,
+                }
+            },
+            environ={},
+        )
+        async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+            await session.send("one")
+            await session.send("two")
+            async with session.stream("three") as events:
+                called = [e async for e in events if isinstance(e, ev.ModelCalled)]
+        group.cancel_scope.cancel()
+    assert [request.body["temperature"] for request in server.requests] == [0.25] * 3
+    assert server.connections == 1
+    assert [(e.model, e.provider) for e in called] == [("local-model", "openai")]
+
+
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_an_openai_base_url_defaults_to_the_environment() -> None:
     async with wire.running(wire.stream(wire.openai_text(["Hi."]))) as server:
         pipe = pipeline_from_dict(
