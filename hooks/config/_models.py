@@ -24,6 +24,7 @@ from ._types import (
     Seconds,
     Temperature,
     Text,
+    UnitTemperature,
 )
 
 # -- the model --------------------------------------------------------------------------------
@@ -202,7 +203,7 @@ class AnthropicSpec:
         default=Positive(1024),
         metadata=doc("The output token limit when a turn sets none (the API requires one)."),
     )
-    temperature: Temperature | None = attrs.field(
+    temperature: UnitTemperature | None = attrs.field(
         default=None, metadata=doc("The sampling temperature when a turn sets none.")
     )
     timeout: Seconds | None = attrs.field(

@@ -30,6 +30,7 @@ from ._types import (
     Text,
     ToolMatch,
     ToolName,
+    UnitTemperature,
 )
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -44,6 +45,7 @@ _VALUES: dict[Any, dict[str, Any]] = {
     Minutes: {"type": "number", "exclusiveMinimum": 0},
     Hours: {"type": "number", "exclusiveMinimum": 0},
     Temperature: {"type": "number", "minimum": 0, "maximum": 2},
+    UnitTemperature: {"type": "number", "minimum": 0, "maximum": 1},
     ScriptReply: {
         "oneOf": [
             {"type": "string"},

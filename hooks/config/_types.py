@@ -84,6 +84,9 @@ Positive = NewType("Positive", int)
 Temperature = NewType("Temperature", float)
 """A sampling temperature, between 0 and 2."""
 
+UnitTemperature = NewType("UnitTemperature", float)
+"""A sampling temperature between 0 and 1: Anthropic's range (OpenAI's reaches 2)."""
+
 Text = NewType("Text", str)
 """A string that is not empty."""
 
@@ -179,6 +182,13 @@ def check_temperature(value: Any) -> float:
     temperature = _number(value)
     if temperature is None or not 0 <= temperature <= 2:
         raise Invalid(f"expected a number between 0 and 2, got {shown(value)}")
+    return temperature
+
+
+def check_unit_temperature(value: Any) -> float:
+    temperature = _number(value)
+    if temperature is None or not 0 <= temperature <= 1:
+        raise Invalid(f"expected a number between 0 and 1 (Anthropic's range), got {shown(value)}")
     return temperature
 
 
@@ -465,6 +475,7 @@ CHECKS: dict[Any, Callable[[Any], Any]] = {
     Minutes: check_minutes,
     Hours: check_hours,
     Temperature: check_temperature,
+    UnitTemperature: check_unit_temperature,
     ScriptReply: check_reply,
     re.Pattern: check_pattern,
     ToolName: check_tool_name,

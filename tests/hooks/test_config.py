@@ -339,6 +339,16 @@ def test_a_bad_model_provider_lists_the_providers() -> None:
         assert provider in message
 
 
+def test_an_anthropic_temperature_above_one_is_a_problem() -> None:
+    """Bug: an Anthropic model's ``temperature`` was checked against OpenAI's range (0-2),
+    so 1.5 loaded and every turn then failed with the API's 400 (its range is 0-1)."""
+    spec = {"provider": "anthropic", "name": "c", "api_key_env": "", "temperature": 1.5}
+    ((path, message),) = _problems({"model": spec})
+    assert path == "model.temperature"
+    assert message == "expected a number between 0 and 1 (Anthropic's range), got 1.5 (float)"
+    pipeline_from_dict({"model": spec | {"temperature": 1}})  # and 1 itself is fine
+
+
 def test_a_missing_api_key_names_the_variable() -> None:
     data = {"model": {"provider": "openai", "name": "gpt-4o-mini"}}
     ((path, message),) = _problems(data, environ={})

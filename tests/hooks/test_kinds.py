@@ -274,7 +274,7 @@ async def test_an_anthropic_model_sends_its_name_limits_and_key() -> None:
                     "name": "claude-test",
                     "base_url": server.url,
                     "max_tokens": 99,
-                    "temperature": 1.5,
+                    "temperature": 0.5,
                 }
             },
             environ={"ANTHROPIC_API_KEY": "sk-ant-local"},
@@ -286,7 +286,7 @@ async def test_an_anthropic_model_sends_its_name_limits_and_key() -> None:
     assert request.path == "/v1/messages"
     assert request.headers["x-api-key"] == "sk-ant-local"
     body = request.body
-    assert (body["model"], body["max_tokens"], body["temperature"]) == ("claude-test", 99, 1.5)
+    assert (body["model"], body["max_tokens"], body["temperature"]) == ("claude-test", 99, 0.5)
 
 
 @pytest.mark.parametrize(
