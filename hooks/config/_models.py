@@ -124,13 +124,21 @@ class ScriptedSpec:
         default=None,
         metadata=doc(
             "One reply per model call: a string, or a list of the chunks it streams in."
-            " Without it, a fixed greeting for every call."
+            " Without it, a fixed greeting for every call.",
+            min_items=1,
         ),
     )
 
     def build(self, env: Env) -> Model:
         if self.replies is None:
             return model_from_string("scripted")
+        if not self.replies:
+            # The first model call would fail, as "ran out of replies", mid-turn.
+            raise Invalid(
+                "expected at least one reply — leave replies out for a fixed greeting on"
+                " every call",
+                key="replies",
+            )
         return ScriptedModel([list(reply) for reply in self.replies])
 
 

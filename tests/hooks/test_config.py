@@ -339,6 +339,14 @@ def test_a_bad_model_provider_lists_the_providers() -> None:
         assert provider in message
 
 
+def test_a_scripted_model_with_no_replies_is_a_problem() -> None:
+    """Bug: ``replies = []`` loaded, and the first turn then failed mid-way with "ran out of
+    replies" (ScriptedModel with none) instead of the config being refused."""
+    ((path, message),) = _problems({"model": {"provider": "scripted", "replies": []}})
+    assert path == "model.replies"
+    assert "at least one reply" in message
+
+
 def test_an_anthropic_temperature_above_one_is_a_problem() -> None:
     """Bug: an Anthropic model's ``temperature`` was checked against OpenAI's range (0-2),
     so 1.5 loaded and every turn then failed with the API's 400 (its range is 0-1)."""
