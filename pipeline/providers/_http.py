@@ -783,13 +783,15 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
             # A request httpx refuses to send (a bad header) fails the same way every time.
             if last or isinstance(exc, httpx.LocalProtocolError):
                 raise translate(exc, endpoint, streaming=False) from exc
+            pause = backoff(attempt - 1, random.random())
             log.warning(
-                "%s: request %d failed (%s); retrying",
+                "%s: request %d failed (%s); retrying in %.2f s",
                 endpoint.provider,
                 attempt,
                 scrub(str(exc), endpoint.secret),  # httpx may quote a malformed answer
+                pause,
             )
-            await anyio.sleep(backoff(attempt - 1, random.random()))
+            await anyio.sleep(pause)
             continue
         except HTTPX_ERRORS as exc:
             raise translate(exc, endpoint, streaming=False) from exc

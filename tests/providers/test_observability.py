@@ -1,6 +1,8 @@
 """What the providers tell the logs and the traces: retries at WARNING, and never a key."""
 
 import logging
+import re
+import socket
 import traceback
 
 import pytest
@@ -42,6 +44,30 @@ async def test_a_retry_is_a_warning_with_status_attempt_and_delay_and_no_key(
         ("turnplug.providers", "WARNING", "openai: request 1 answered 429; retrying in 3.00 s")
     ]
     assert KEY not in caplog.text
+
+
+async def test_a_retried_connection_failure_is_a_warning_with_its_delay(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Catches: the retry of a request that reached no server logged without the delay
+    before the next attempt, which the retry of an error status logs (docs/observability.md:
+    "provider, attempt, status (or the connection error) and delay")."""
+    with socket.socket() as probe:  # a loopback port nothing listens on once it is closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = OpenAIChat("gpt-test", base_url=f"http://127.0.0.1:{port}/v1", max_retries=1)
+    with (
+        caplog.at_level(logging.WARNING, logger="turnplug"),
+        pytest.raises(ProviderConnectionError),
+    ):
+        await Pipeline(model=model).run(Turn.start("hi"))
+
+    [record] = caplog.records
+    assert (record.name, record.levelname) == ("turnplug.providers", "WARNING")
+    # The first backoff: 0.5 s times a jitter factor in (0.75, 1].
+    assert re.fullmatch(
+        r"openai: request 1 failed \(.+\); retrying in 0\.(3[89]|4\d|50) s", record.getMessage()
+    )
 
 
 async def test_a_traced_provider_turn_names_the_provider_and_never_the_key(
