@@ -459,6 +459,14 @@ def _build(
         ref = getattr(config, key)
         if ref is not None:
             built[key] = ref.target
+    if "tokenizer" in built:
+        # Pipeline probes the tokenizer when it is built, but its error has no config path:
+        # probed here first, a tokenizer that fails is a problem at `tokenizer`.
+        try:
+            Pipeline(model=model_from_string("scripted"), tokenizer=built["tokenizer"])
+        except ConfigError as exc:
+            problems.append(("tokenizer", str(exc)))
+            del built["tokenizer"]
     if config.compact is not None and "budget" not in data:
         # Pipeline refuses this too, but without the path; a budget given but invalid is
         # reported at budget already.

@@ -339,6 +339,14 @@ def test_a_bad_model_provider_lists_the_providers() -> None:
         assert provider in message
 
 
+def test_a_tokenizer_that_does_not_count_is_a_problem_at_tokenizer() -> None:
+    """Bug: a tokenizer returning a list (tiktoken's ``encode``) was refused by the Pipeline
+    with no config path (``""``), not at ``tokenizer``."""
+    ((path, message),) = _problems({"tokenizer": ref("encode")})
+    assert path == "tokenizer"
+    assert "returned list" in message
+
+
 def test_a_scripted_model_with_no_replies_is_a_problem() -> None:
     """Bug: ``replies = []`` loaded, and the first turn then failed mid-way with "ran out of
     replies" (ScriptedModel with none) instead of the config being refused."""
