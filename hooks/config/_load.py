@@ -435,6 +435,7 @@ def _build(
             "its tools' final names are built from it — give one another name",
         )
     )
+    problems.extend(_colliding_tools(tools, named_toolsets))
     for stage in STAGE_LISTS:
         if stage not in ("tools", "toolsets"):
             build_list(stage)
@@ -503,6 +504,31 @@ def _same_names(stage: str, built: Iterable[tuple[int, Any]], why: str) -> Itera
             )
         else:
             names[name] = index
+
+
+def _colliding_tools(
+    tools: Iterable[tuple[int, Tool]], toolsets: Iterable[tuple[int, Any]]
+) -> Iterator[_Problem]:
+    """A problem at each local toolset offering a tool under a final name already taken (by
+    a ``[[tools]]`` tool or an earlier toolset's); the Pipeline would refuse it at no path."""
+    taken = {made.name: f"tools[{index}]" for index, made in tools}
+    named: set[str] = set()
+    for index, each in toolsets:
+        if each.name in named or not isinstance(each, LocalToolset):
+            # A second toolset of one name is reported as such; an MCP server's tools are
+            # known, and checked, once it is connected.
+            continue
+        named.add(each.name)
+        for made in each.final_tools():
+            if made.name in taken:
+                yield (
+                    f"toolsets[{index}].name",
+                    f"toolset {json.dumps(each.name)} offers a tool as {json.dumps(made.name)},"
+                    f" the name of a tool of {taken[made.name]}; the model calls tools by name"
+                    " — rename the toolset, or exclude the tool (exclude = [...])",
+                )
+            else:
+                taken[made.name] = f"toolsets[{index}]"
 
 
 def _unbuilt_tools(data: Mapping[str, Any], built: set[int]) -> frozenset[str]:

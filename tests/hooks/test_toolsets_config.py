@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from hooks.config import load_pipeline
+from hooks.config import load_pipeline, pipeline_from_dict
 from pipeline import ConfigError
 from pipeline.logs import MemoryLog
 from tests.hooks.cli_support import environment, turnplug, write_config
+from tests.hooks.config_support import ref
 from tests.pipeline.mcp.servers import free_port, memory_server, server_processes
 
 TIME = f"""
@@ -171,6 +172,21 @@ def test_two_toolsets_of_one_name_are_refused_at_the_second(tmp_path: Path):
     ((where, message),) = caught.value.problems
     assert where == "toolsets[1].name"
     assert '"m" is also the name of toolsets[0]' in message
+
+
+def test_a_local_toolset_tool_named_as_a_declared_tool_is_refused_at_the_toolset():
+    """Catches: a [[toolsets]] tool whose final name (shop_lookup_order) is also a [[tools]]
+    tool's name reported at no path (``""``), with the Pipeline's message only."""
+    named = {"kind": "python", "ref": ref("get_preferences"), "name": "shop_lookup_order"}
+    data = {
+        "tools": [named],
+        "toolsets": [{"kind": "python", "name": "shop", "refs": [ref("lookup_order")]}],
+    }
+    with pytest.raises(ConfigError) as caught:
+        pipeline_from_dict(data)
+    ((where, message),) = caught.value.problems
+    assert where == "toolsets[0].name"
+    assert '"shop_lookup_order", the name of a tool of tools[0]' in message
 
 
 async def test_memory_from_the_memory_server_is_injected_at_conversation_start(tmp_path: Path):
