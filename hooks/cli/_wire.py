@@ -201,7 +201,7 @@ def parse_request(body: bytes) -> ChatRequest:
         )
     if not isinstance(data, dict):
         raise _bad(
-            f"the request body must be a JSON object, got {type(data).__name__}",
+            f"the request body must be a JSON object, got {_json_type(data)}",
             None,
             "invalid_json",
         )
@@ -369,13 +369,34 @@ def _encodable(text: str) -> bool:
     return True
 
 
+_KIND_NAMES: Mapping[type, str] = {int: "an integer", float: "a number", bool: "a boolean"}
+
+
+def _json_type(value: Any) -> str:
+    """What `value` is, in JSON's words (a client wrote JSON, not Python)."""
+    match value:
+        case bool():
+            return "a boolean"
+        case int() | float():
+            return "a number"
+        case str():
+            return "a string"
+        case list():
+            return "an array"
+        case dict():
+            return "an object"
+        case None:
+            return "null"
+    return type(value).__name__
+
+
 def _optional(data: Mapping[str, Any], key: str, kind: type, default: Any, prefix: str = "") -> Any:
     value = data.get(key)
     if value is None:
         return default
     if type(value) is not kind and not (kind is float and type(value) is int):
         raise _bad(
-            f"'{prefix}{key}' must be a {kind.__name__}, got {type(value).__name__}",
+            f"'{prefix}{key}' must be {_KIND_NAMES[kind]}, got {_json_type(value)}",
             prefix + key,
             "invalid_type",
         )
@@ -471,7 +492,7 @@ def _message(item: Any, where: str) -> Message:
     if calls is not None and not isinstance(calls, list):
         raise _bad(
             f"'{where}.tool_calls' must be an array of function tool calls, got"
-            f" {type(calls).__name__}",
+            f" {_json_type(calls)}",
             f"{where}.tool_calls",
             "invalid_type",
         )
@@ -504,7 +525,7 @@ def _content(content: Any, where: str, role: str) -> str:
             texts.append(part["text"])
         return "".join(texts)
     raise _bad(
-        f"'{where}' must be a string or an array of text parts, got {type(content).__name__}",
+        f"'{where}' must be a string or an array of text parts, got {_json_type(content)}",
         where,
         "invalid_type",
     )
@@ -527,7 +548,7 @@ def _tool_call(call: Any, where: str) -> ToolCall:
         return _undecodable(call_id, name, arguments, f"not valid JSON ({exc})")
     if not isinstance(parsed, dict):
         return _undecodable(
-            call_id, name, arguments, f"expected a JSON object, got {type(parsed).__name__}"
+            call_id, name, arguments, f"expected a JSON object, got {_json_type(parsed)}"
         )
     return ToolCall(call_id, name, parsed)
 

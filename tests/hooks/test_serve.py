@@ -459,6 +459,27 @@ async def test_a_field_of_the_wrong_json_type_is_400_naming_it(
     assert model.requests == []
 
 
+@pytest.mark.parametrize(
+    ("field", "said"),
+    [
+        ({"temperature": "hot"}, "'temperature' must be a number, got a string"),
+        ({"max_tokens": 1.5}, "'max_tokens' must be an integer, got a number"),
+        ({"stream": 1}, "'stream' must be a boolean, got a number"),
+        ({"n": [1]}, "'n' must be an integer, got an array"),
+    ],
+)
+async def test_a_field_of_the_wrong_json_type_is_named_in_jsons_words(
+    field: dict[str, Any], said: str
+) -> None:
+    """Bug: the message named Python's types, not JSON's, to a client that wrote JSON:
+    "'max_tokens' must be a int, got float", "'temperature' must be a float, got str"."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "q"}], **field}
+    async with served(Pipeline(model=ScriptedModel([]))) as gw, gw.http() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    assert openai_error(response.content)["message"] == said
+
+
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 async def test_a_refused_token_limit_names_the_field_sent(field: str) -> None:
     """Catches: ``max_completion_tokens: 0`` refused naming ``max_tokens``, a field the
