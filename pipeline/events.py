@@ -6,6 +6,7 @@ installed by `pipeline.otel.instrument`); `Pipeline.run` otherwise builds none.
 `timeline(events)` renders a list of them as the readable timeline ``turnplug demo`` prints.
 """
 
+import re
 from collections.abc import Iterable
 from typing import Literal, TypeAlias, final
 
@@ -371,7 +372,9 @@ def timeline(events: Iterable[Event]) -> str:
     `TextDelta` is shown as delivered (after stream transformers). Events the timeline does
     not show (`ModelFinished`, events of other kinds) add no line. An empty string when no
     event adds one. Lines end with a newline, so timelines of successive batches of events
-    concatenate.
+    concatenate. A line break or other control character in what an event carries (a
+    multi-line error, reason or feedback, a name the model wrote) is shown escaped (``\\n``),
+    so that an event is always one line and cannot pass for others.
 
     ``turnplug demo`` and ``turnplug run --events`` print it event by event.
     """
@@ -379,9 +382,20 @@ def timeline(events: Iterable[Event]) -> str:
     for event in events:
         described = _describe(event)
         if described is not None:
-            what, detail = described
+            what, detail = (_one_line(text) for text in described)
             lines.append(f"  {event.at * 1e3:6.1f} ms  {what:<44} {detail}".rstrip() + "\n")
     return "".join(lines)
+
+
+_BREAKING = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+"""Characters a terminal may break a line at or act on: control characters (the escape of
+a terminal sequence among them) and Unicode's line separators."""
+
+
+def _one_line(text: str) -> str:
+    if _BREAKING.search(text) is None:
+        return text
+    return _BREAKING.sub(lambda found: found[0].encode("unicode_escape").decode("ascii"), text)
 
 
 def _describe(event: Event) -> tuple[str, str] | None:

@@ -116,6 +116,27 @@ def test_an_empty_or_unshown_batch_renders_nothing() -> None:
     assert ev.timeline([ev.ModelFinished("t", 1, 1, "stop", Usage())]) == ""
 
 
+def test_every_event_is_one_line_whatever_its_text_holds() -> None:
+    """Bug: a multi-line error, reason or feedback (or a tool name the model wrote with a
+    line break or a terminal escape in it) was printed as is, so one event took several
+    lines, the later ones looking like events of their own."""
+    call = ToolCall("c1", "look\nup\x1b[2J", {})
+    events = [
+        ev.HookFailed("t", "guard", "pre", "ValueError: one\ntwo", enforced=False),
+        ev.AttemptRejected("t", 1, "guard", "first\r\nsecond\u2028third"),
+        ev.ToolCallRequested("t", call, 1, 1),
+        ev.Halted("t", "guard", "stop\n  99.0 ms  turn finished   completed"),
+    ]
+
+    text = ev.timeline(events)
+
+    assert text.count("\n") == len(events)
+    assert "ValueError: one\\ntwo" in text
+    assert "first\\r\\nsecond\\u2028third" in text
+    assert "model asks for tool look\\nup\\x1b[2J" in text
+    assert "\x1b" not in text
+
+
 async def slow_pre(turn: Turn):
     await anyio.sleep(0.005)
     return cont(turn)
