@@ -10,6 +10,7 @@ log's conversations are listed, the most recently committed first.
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -63,13 +64,29 @@ async def show_log(
             write(json.dumps({"conversations": [_info(c) for c in conversations]}, indent=2))
         else:
             for line in listing(where, conversations):
-                write(line)
+                write(printable(line))
         return
     if as_json:
         write(json.dumps(_as_json(conversation_id, entries, audit), ensure_ascii=False, indent=2))
         return
     for line in render(conversation_id, entries, audit=audit):
-        write(line)
+        write(printable(line))
+
+
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+"""Control characters but the tab: what a terminal would act on rather than show."""
+
+
+def printable(line: str) -> str:
+    """`line` with its control characters escaped (``\\x1b``, ``\\r``).
+
+    A log holds what clients and models wrote, and a terminal acts on an escape sequence in
+    it (it may clear the screen, rewrite the title, set the clipboard) or on a carriage
+    return (which draws over the line): shown escaped, what is stored is what is seen.
+    """
+    if _CONTROL.search(line) is None:
+        return line
+    return _CONTROL.sub(lambda found: found[0].encode("unicode_escape").decode("ascii"), line)
 
 
 def _as_json(conversation_id: str, entries: tuple[LogEntry, ...], audit: bool) -> Any:

@@ -181,6 +181,31 @@ def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+async def test_log_shows_control_characters_escaped_not_acted_on(tmp_path):
+    """Bug: `turnplug log` wrote what clients and models said as is, so an escape sequence
+    stored in a message (or in a conversation's id) reached the reader's terminal, which
+    acted on it (clear the screen, set the title or the clipboard), and a carriage return
+    drew over the line."""
+    path = tmp_path / "log.db"
+    pipe = Pipeline(model=ScriptedModel(["fine\rforged answer\x1b]0;pwned\x07"]))
+    async with SQLiteLog(path) as log, pipe.session(log=log, conversation_id="c\x1b[2J") as s:
+        await s.send("hi\x1b[31m there")
+
+    shown = await anyio.to_thread.run_sync(turnplug, "log", "c\x1b[2J", "--log", str(path))
+    listed = await anyio.to_thread.run_sync(turnplug, "log", "--log", str(path))
+
+    assert shown.returncode == listed.returncode == 0
+    assert "\x1b" not in shown.stdout + listed.stdout
+    assert "\r" not in shown.stdout
+    lines = shown.stdout.splitlines()
+    assert lines[0] == "conversation 'c\\x1b[2J': 1 commit, 2 messages"
+    assert lines[3:] == [
+        "  user       hi\\x1b[31m there",
+        "  assistant  fine\\rforged answer\\x1b]0;pwned\\x07",
+    ]
+    assert listed.stdout.splitlines()[2].startswith("  c\\x1b[2J ")
+
+
 def test_a_missing_sqlite_file_is_an_error_and_is_not_created(tmp_path):
     path = tmp_path / "nope.db"
 
