@@ -27,7 +27,9 @@ from ._http import (
     Pool,
     PooledProvider,
     check_line_cap,
+    check_model,
     check_retries,
+    check_timeout,
     endpoint_for,
     open_model_stream,
     strip_slash,
@@ -381,13 +383,15 @@ class AnthropicMessages(PooledProvider):
             stays bounded by it.
     """
 
-    model: str
+    model: str = attrs.field(validator=check_model)
     base_url: str = attrs.field(
         default="https://api.anthropic.com", converter=strip_slash, kw_only=True
     )
     api_key: str | None = attrs.field(default=None, repr=False, kw_only=True)
     max_tokens: int = attrs.field(default=1024, validator=_check_max_tokens, kw_only=True)
-    timeout: float | httpx.Timeout = attrs.field(default=DEFAULT_TIMEOUT, hash=False, kw_only=True)
+    timeout: float | httpx.Timeout = attrs.field(
+        default=DEFAULT_TIMEOUT, hash=False, validator=check_timeout, kw_only=True
+    )
     max_retries: int = attrs.field(default=2, validator=check_retries, kw_only=True)
     transport: httpx.AsyncBaseTransport | None = attrs.field(
         default=None, repr=False, eq=False, kw_only=True

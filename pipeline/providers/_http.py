@@ -334,6 +334,26 @@ def check_retries(_instance: object, _attribute: object, value: int) -> None:
         raise ValueError(f"max_retries must be an int >= 0, got {value!r}")
 
 
+def check_model(_instance: object, _attribute: object, value: str) -> None:
+    """Validate a provider's model name (sent in every request)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(
+            f"model must be the model's name, a non-empty string (e.g. 'gpt-4o-mini'), got"
+            f" {value!r}"
+        )
+
+
+def check_timeout(_instance: object, _attribute: object, value: float | httpx.Timeout) -> None:
+    """Validate a provider's ``timeout=``: refused now, not by every request it would fail."""
+    if isinstance(value, httpx.Timeout):
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(
+            f"timeout must be a positive number of seconds (the longest silence allowed"
+            f" between bytes) or an httpx.Timeout, got {value!r}"
+        )
+
+
 def check_line_cap(_instance: object, _attribute: object, value: int) -> None:
     """Validate a provider's ``max_line_bytes=``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -35,7 +35,9 @@ from ._http import (
     Pool,
     PooledProvider,
     check_line_cap,
+    check_model,
     check_retries,
+    check_timeout,
     endpoint_for,
     open_model_stream,
     strip_slash,
@@ -369,12 +371,14 @@ class OpenAIChat(PooledProvider):
             ``max_completion_tokens`` for api.openai.com and ``max_tokens`` elsewhere.
     """
 
-    model: str
+    model: str = attrs.field(validator=check_model)
     base_url: str = attrs.field(
         default="https://api.openai.com/v1", converter=strip_slash, kw_only=True
     )
     api_key: str | None = attrs.field(default=None, repr=False, kw_only=True)
-    timeout: float | httpx.Timeout = attrs.field(default=DEFAULT_TIMEOUT, hash=False, kw_only=True)
+    timeout: float | httpx.Timeout = attrs.field(
+        default=DEFAULT_TIMEOUT, hash=False, validator=check_timeout, kw_only=True
+    )
     max_retries: int = attrs.field(default=2, validator=check_retries, kw_only=True)
     transport: httpx.AsyncBaseTransport | None = attrs.field(
         default=None, repr=False, eq=False, kw_only=True

@@ -800,6 +800,27 @@ def test_a_base_url_requests_cannot_go_to_is_refused_when_built(provider: Any, u
         provider("m", base_url=url)
 
 
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), "30", None, True])
+@pytest.mark.parametrize("provider", [OpenAIChat, AnthropicMessages])
+def test_a_timeout_that_is_no_positive_number_is_refused_when_built(
+    provider: Any, timeout: Any
+) -> None:
+    """Catches: timeout=-1, nan or "30" accepted, then every request failing with httpx's
+    own "ValueError: `seconds`..." (or timeout=0 timing every request out at once)."""
+    with pytest.raises(ValueError, match=re.escape("timeout must be a positive number of seconds")):
+        provider("m", timeout=timeout)
+    provider("m", timeout=httpx.Timeout(None))  # httpx's own form for no timeout at all
+
+
+@pytest.mark.parametrize("model", ["", " ", None, 3])
+@pytest.mark.parametrize("provider", [OpenAIChat, AnthropicMessages])
+def test_a_model_name_that_is_no_text_is_refused_when_built(provider: Any, model: Any) -> None:
+    """Catches: OpenAIChat(None) or OpenAIChat(3) accepted and sent as "model": null or 3 in
+    every request."""
+    with pytest.raises(ValueError, match=re.escape("model must be the model's name")):
+        provider(model)
+
+
 @pytest.mark.parametrize("url", ["ftp://user:hunter2@host/v1", "localhost:hunter2@host/v1"])
 @pytest.mark.parametrize("provider", [OpenAIChat, AnthropicMessages])
 def test_a_refused_base_url_does_not_show_the_credentials_in_it(provider: Any, url: str) -> None:
