@@ -59,19 +59,30 @@ closes their connections."""
 def gateway_key(no_auth: bool, variable: str, environ: dict[str, str] | Any) -> str | None:
     """The key clients must send, from `variable`; None with ``--no-auth``.
 
+    Surrounding whitespace (a secret file's trailing newline) is not part of the key: a
+    client's ``Authorization`` header cannot carry it, so with it no client could ever be
+    let in.
+
     Raises:
-        ConfigError: No key and no ``--no-auth``: the gateway refuses to start open.
+        ConfigError: No key and no ``--no-auth``: the gateway refuses to start open. Or a
+            key with characters a header cannot carry (named by its variable, not shown).
     """
     if no_auth:
         return None
-    key = environ.get(variable, "")
+    key = str(environ.get(variable, "")).strip()
     if not key:
         raise ConfigError(
             f"the gateway needs a key: set {variable} to the bearer key clients must send (or"
             " name another variable with --api-key-env NAME), or pass --no-auth to serve"
             " without authentication on a trusted network"
         )
-    return str(key)
+    if not all("!" <= char <= "~" for char in key):
+        raise ConfigError(
+            f"the gateway key in {variable} contains characters an HTTP header cannot carry"
+            " (spaces, control characters or non-ASCII), so no client could send it; it is"
+            " not shown here — check the secret for a stray character"
+        )
+    return key
 
 
 @asynccontextmanager

@@ -144,6 +144,31 @@ def test_the_gateway_refuses_to_start_without_a_key(tmp_path: Path) -> None:
     assert "--no-auth" in done.stderr
 
 
+def test_a_gateway_key_with_a_trailing_newline_lets_clients_in(tmp_path: Path) -> None:
+    """Bug: a key read with its secret file's trailing newline was compared as it was, and a
+    client's Authorization header cannot carry a newline: every request got 401."""
+    with gateway(write_config(tmp_path), env={"TURNPLUG_GATEWAY_KEY": KEY + "\n"}) as (_, url):
+        answer = post(url, "hi")
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_gateway_key_no_header_can_carry_is_refused_without_showing_it(tmp_path: Path) -> None:
+    """Bug: a key with an inner space or a non-ASCII character started a gateway no client
+    could ever authenticate to (every request 401), instead of a usage error."""
+    config = write_config(tmp_path)
+    environ = os.environ | {"TURNPLUG_GATEWAY_KEY": "sekrit key-é"}
+    done = subprocess.run(
+        [str(SCRIPT), "serve", str(config), "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "TURNPLUG_GATEWAY_KEY contains characters an HTTP header cannot carry" in done.stderr
+    assert "sekrit" not in done.stderr
+
+
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])
 def test_a_port_out_of_range_is_a_usage_error(tmp_path: Path, port: str) -> None:
     """Catches: --port 99999 or -1 accepted by the parser and failing at the socket as an
