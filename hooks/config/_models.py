@@ -87,11 +87,20 @@ def _shaped(model: Model, **defaults: Any) -> Model:
 
 
 def _key(env: Env, variable: str, provider: str) -> None:
-    if variable and not env.environ.get(variable) and not env.offline:
+    key = env.environ.get(variable, "").strip() if variable else ""
+    if variable and not key and not env.offline:
         raise Invalid(
             f"the environment variable {variable} is not set — export it with your {provider}"
             ' key, or name the variable that holds it (api_key_env = "" for a server that'
             " needs no key)",
+            key="api_key_env",
+        )
+    if not all("!" <= char <= "~" for char in key):
+        # The provider would refuse it at the first request, after the turn's pre hooks.
+        raise Invalid(
+            f"the key in {variable} contains characters an HTTP header cannot carry (spaces,"
+            " control characters or non-ASCII); it is not shown here — check the secret for a"
+            " stray character",
             key="api_key_env",
         )
 

@@ -365,6 +365,18 @@ def test_an_anthropic_temperature_above_one_is_a_problem() -> None:
     pipeline_from_dict({"model": spec | {"temperature": 1}})  # and 1 itself is fine
 
 
+def test_an_api_key_no_header_can_carry_is_a_problem_naming_its_variable() -> None:
+    """Bug: a key with an inner space (a secret pasted badly) loaded, and ``check`` said ok;
+    the provider then refused it at the first request, after the turn's pre hooks had run,
+    naming "api_key=" rather than the variable the config reads it from."""
+    data = {"model": {"provider": "anthropic", "name": "c"}}
+    ((path, message),) = _problems(data, environ={"ANTHROPIC_API_KEY": "sk-ant secret"})
+    assert path == "model.api_key_env"
+    assert "the key in ANTHROPIC_API_KEY contains characters" in message
+    assert "secret" not in message.replace("the secret for", "")
+    pipeline_from_dict(data, environ={"ANTHROPIC_API_KEY": "sk-ant-secret\n"})  # stripped
+
+
 def test_a_missing_api_key_names_the_variable() -> None:
     data = {"model": {"provider": "openai", "name": "gpt-4o-mini"}}
     ((path, message),) = _problems(data, environ={})
