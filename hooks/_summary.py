@@ -150,7 +150,8 @@ def drop_oldest(
         total = message_tokens(history, tokenizer)
         if total <= target_tokens:
             return history
-        latest, _covered, uncovered = _coverage(history)
+        latest, _covered, uncovered_turns = _coverage(history)
+        uncovered = set(uncovered_turns)
         kept = {
             index
             for index, message in enumerate(history)
@@ -285,7 +286,8 @@ def _coverage(history: Sequence[Message]) -> tuple[int | None, int, list[tuple[i
     for start, end in reversed(before):
         if _turn_fingerprint(history, start, end) == marker["through"]:
             break
-        late.insert(0, (start, end))
+        late.append((start, end))
+    late.reverse()
     after = [(start, end) for start, end in turns if start > latest]
     return latest, marker["turns"], [*late, *after]
 
