@@ -29,6 +29,7 @@ from turns import (
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # A JSON escape of a UTF-16 surrogate: the only way a lone one gets into a parsed body.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _encode_string = json.encoder.encode_basestring
 TOOL_CHOICES = ("none", "auto", "required")
 INVALID_ARGUMENTS = "invalid_arguments"
@@ -452,6 +453,13 @@ def _tools(raw: Any) -> tuple[ToolSpec, ...]:
         name = function.get("name")
         if not isinstance(name, str) or not name:
             raise _bad(f"'{where}.function.name' is required", f"{where}.function.name")
+        if not _TOOL_NAME.fullmatch(name):
+            # What both providers accept: refused here, not as the upstream's 400 behind a 502.
+            raise _bad(
+                f"'{where}.function.name' must be 1 to 64 letters, digits, '_' or '-', got"
+                f" {name[:80]!r}",
+                f"{where}.function.name",
+            )
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict):
             raise _bad(

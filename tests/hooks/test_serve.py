@@ -384,6 +384,18 @@ async def test_a_turn_past_its_timeout_is_504() -> None:
             "invalid_type",
         ),
         (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type":'
+            b' "function", "function": {"name": "get weather"}}]}',
+            "tools[0].function.name",
+            "invalid_value",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type":'
+            b' "function", "function": {"name": "' + b"f" * 65 + b'"}}]}',
+            "tools[0].function.name",
+            "invalid_value",
+        ),
+        (
             b'{"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}',
             "messages[1].role",
             "invalid_value",
