@@ -596,12 +596,21 @@ def _leaf(exc: BaseException) -> BaseException:
     return exc
 
 
+# The messages of the errors the SDK itself gives a call whose connection closed (or whose
+# HTTP response stream broke), with the code CONNECTION_CLOSED.
+_SDK_CLOSED = ("Connection closed", "SSE stream ")
+
+
 def _closed(exc: BaseException) -> bool:
     from mcp.shared.exceptions import MCPError
     from mcp_types import CONNECTION_CLOSED
 
     if isinstance(exc, MCPError):
-        return exc.code == CONNECTION_CLOSED
+        # CONNECTION_CLOSED is -32000, the first code JSON-RPC leaves to servers for their
+        # own errors: a server's refusal may carry it too, and is told apart by its message.
+        return exc.code == CONNECTION_CLOSED and (
+            exc.error.message == _SDK_CLOSED[0] or exc.error.message.startswith(_SDK_CLOSED[1])
+        )
     return isinstance(
         exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream
     )

@@ -528,10 +528,13 @@ async def test_an_error_leaving_the_first_block_is_not_held_back_by_other_blocks
 class RawMCP:
     """A hand-written streamable HTTP MCP server with one tool, `echo`, on 127.0.0.1, whose
     answers a test bends: `hang` names the methods it never answers (and ``"DELETE"`` for
-    the session's end), `call_error` the JSON-RPC error a tools/call gets, and a GET (the
-    optional event stream) is answered 404, as by a server that routes POST alone."""
+    the session's end), `call_error` the JSON-RPC error a tools/call gets (with the code
+    `call_code`), and a GET (the optional event stream) is answered 404, as by a server that
+    routes POST alone."""
 
-    def __init__(self, *, hang: tuple[str, ...] = (), call_error: str | None = None) -> None:
+    def __init__(
+        self, *, hang: tuple[str, ...] = (), call_error: str | None = None, call_code: int = -32602
+    ) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -572,7 +575,7 @@ class RawMCP:
                 elif method == "tools/list":
                     result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}
                 else:
-                    error = {"code": -32602, "message": call_error or "no"}
+                    error = {"code": call_code, "message": call_error or "no"}
                     return self.answer(200, {"jsonrpc": "2.0", "id": message["id"], "error": error})
                 return self.answer(200, {"jsonrpc": "2.0", "id": message["id"], "result": result})
 
@@ -629,6 +632,33 @@ async def test_a_404_for_the_optional_event_stream_is_not_a_lost_session():
     alone) marking the session lost for good: every later call's own error reported as a
     restart, and the server connected again on every turn."""
     with RawMCP(call_error="quota exceeded for echo") as server:
+        model = ScriptedModel(
+            [[ToolCall("c1", "raw_echo", {})], "ok", [ToolCall("c2", "raw_echo", {})], "ok"]
+        )
+        pipe = Pipeline(
+            model=model, toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5)]
+        )
+        results = []
+        async with pipe:
+            for n in range(2):
+                result = await pipe.run(Turn.start(str(n)))
+                results.append(result.reply.messages[1].parts[0].content)
+
+    assert (
+        results
+        == ["tool 'raw_echo' failed: MCP server 'raw' refused the call: quota exceeded for echo"]
+        * 2
+    )
+    assert server.initialized == 1
+
+
+@sdk_unclosed_streams
+async def test_a_server_error_with_the_code_the_sdk_uses_for_a_closed_connection_is_a_refusal():
+    """Catches: a server's own JSON-RPC error with code -32000 (the first of the range the
+    protocol leaves to servers' errors, which the SDK also gives a call whose connection
+    closed) reported as a crash: the server's message lost, the connection marked dead and
+    the healthy server connected again on every turn."""
+    with RawMCP(call_error="quota exceeded for echo", call_code=-32000) as server:
         model = ScriptedModel(
             [[ToolCall("c1", "raw_echo", {})], "ok", [ToolCall("c2", "raw_echo", {})], "ok"]
         )
