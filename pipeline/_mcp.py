@@ -43,6 +43,7 @@ DEFAULT_CONNECT_TIMEOUT = 60.0
 download the server)."""
 
 _STDERR_TAIL = 800
+_SECRET_MIN = 4
 _SESSION_HEADER = "mcp-session-id"
 
 
@@ -483,9 +484,22 @@ class Connection:
             why = f"failed during {stage}: {exc_text(cause)}"
         errlog.flush()
         errlog.seek(0)
-        stderr = errlog.read()[-_STDERR_TAIL:].strip()
+        stderr = self._masked(errlog.read())[-_STDERR_TAIL:].strip()
         tail = f"; its stderr ends with: {stderr}" if stderr else ""
         return f"{self.label} {why}{tail}"
+
+    def _masked(self, text: str) -> str:
+        """`text` (what the server wrote) with the values of its `env` and `headers` hidden:
+        a server that rejects its key may well print it."""
+        secrets: set[str] = set()
+        for values in (self.spec.env, self.spec.headers):
+            for value in (values or {}).values():
+                # A header's token alone ("Bearer <token>") too; values this short hide
+                # nothing and hiding them would garble the text.
+                secrets.update(s for s in (value, *value.split()) if len(s) >= _SECRET_MIN)
+        for secret in sorted(secrets, key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
 
     def _adopt(self, session: "ClientSession", listed: list[Any]) -> None:
         by_name = {item.name: item for item in listed}

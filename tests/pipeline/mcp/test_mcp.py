@@ -205,6 +205,28 @@ async def test_a_server_that_fails_at_once_fails_the_open_without_waiting_for_a_
     assert server_processes() == []
 
 
+async def test_a_failed_start_quotes_the_servers_stderr_with_its_secrets_hidden():
+    """Catches: the stderr tail quoted in a failed start's `ToolsetError` (which `turnplug
+    check` prints) showing an `env` value the server wrote there, such as the API key it
+    rejected: secrets read from the environment must never be printed."""
+    secret = "sk-live-7Hx9Qw2ZLp4K"
+    says = "import os, sys; print('auth failed for', os.environ['API_TOKEN'], file=sys.stderr)"
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        toolsets=[
+            mcp_toolset(
+                "leaky", command=sys.executable, args=["-c", says], env={"API_TOKEN": secret}
+            )
+        ],
+    )
+    with pytest.raises(ToolsetError) as caught:
+        async with pipe:
+            pass
+
+    assert str(caught.value).endswith("its stderr ends with: auth failed for ***")
+    assert server_processes() == []
+
+
 async def test_a_tool_list_that_changes_between_connections_is_read_again(tmp_path):
     """Catches: a tool list cached across connections, offering tools the server dropped."""
     state = tmp_path / "starts"
