@@ -172,7 +172,17 @@ class MCPToolsetEntry:
                 **options,
             )
         except ConfigError as exc:
-            raise Invalid(str(exc).split(": ", 1)[-1]) from None
+            raise Invalid(_unowned(str(exc), f"mcp_toolset({self.name!r})")) from None
+
+
+def _unowned(text: str, *owners: str) -> str:
+    """An error of `pipeline.toolset` or `mcp_toolset` without the owner it starts with: the
+    config's path says where instead. (Cut at an owner, not at the first ": ", which may be
+    the toolset's name's or the message's own.)"""
+    for owner in owners:
+        if text.startswith(owner + ": "):
+            return text[len(owner) + 2 :]
+    return text
 
 
 @final
@@ -189,15 +199,19 @@ class PythonToolsetEntry:
     exclude: tuple[str, ...] | None = attrs.field(default=None, metadata=doc("Not these tools."))
 
     def build(self, env: Env) -> Toolset:
+        tools: list[Tool] = []
+        for index, ref in enumerate(self.refs):
+            target = ref.target
+            try:
+                tools.append(target if isinstance(target, Tool) else tool(target))
+            except ConfigError as exc:  # a signature the model cannot be told about
+                raise Invalid(str(exc), key=f"refs[{index}]") from None
         try:
-            return toolset(
-                self.name,
-                [ref.target for ref in self.refs],
-                include=self.include,
-                exclude=self.exclude,
-            )
+            return toolset(self.name, tools, include=self.include, exclude=self.exclude)
         except ConfigError as exc:
-            raise Invalid(str(exc).split(": ", 1)[-1]) from None
+            raise Invalid(
+                _unowned(str(exc), f"toolset({self.name!r})", f"toolset {self.name!r}")
+            ) from None
 
 
 ToolsetEntry: TypeAlias = MCPToolsetEntry | PythonToolsetEntry

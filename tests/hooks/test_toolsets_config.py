@@ -153,6 +153,41 @@ def test_bad_toolset_entries_are_errors_with_their_paths(tmp_path: Path, entry, 
     assert expected in str(caught.value)
 
 
+def test_a_python_toolset_ref_the_model_cannot_be_told_about_is_an_error_at_its_ref(
+    tmp_path: Path,
+):
+    """Catches: a python toolset's ref naming a function without type annotations reported
+    as a garbled message cut at the first ": " of its text (`toolsets[0]: str`)`), saying
+    neither which ref nor what is wrong with it."""
+    (tmp_path / "plain.py").write_text(
+        "def typed(city: str) -> str:\n    return city\n\ndef join(a, b):\n    return a + b\n"
+    )
+    path = write_config(
+        tmp_path,
+        '[[toolsets]]\nkind = "python"\nname = "p"\nrefs = ["plain:typed", "plain:join"]\n',
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+
+    assert "toolsets[0].refs[1]: tool 'join', argument 'a' has no type annotation" in str(
+        caught.value
+    )
+
+
+def test_a_toolset_error_is_whole_when_the_toolsets_name_holds_a_colon(tmp_path: Path):
+    """Catches: the error of a toolset named "crm: prod" cut at the ": " of its name, so that
+    the message began with the rest of the name (`prod'): url must ...`)."""
+    path = write_config(
+        tmp_path, '[[toolsets]]\nkind = "mcp"\nname = "crm: prod"\nurl = "ftp://x"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+
+    assert str(caught.value).endswith(
+        "toolsets[0]: url must start with http:// or https://, got 'ftp://x'"
+    )
+
+
 def test_a_tool_call_naming_an_unknown_toolset_is_an_error(tmp_path: Path):
     """Catches: a typo in `toolset` surfacing only as a skipped injection mid-conversation."""
     path = write_config(
