@@ -43,6 +43,14 @@ DEFAULT_CONNECT_TIMEOUT = 60.0
 download the server)."""
 
 _STDERR_TAIL = 800
+# What the SDK's HTTP transport makes of a refusal (an HTTP error status) whose body holds no
+# JSON-RPC error: a stand-in that does not say the status.
+_HTTP_STAND_INS = frozenset(("Server returned an error response", "Not Found"))
+_STATUS_HINTS = {
+    401: " — check the credentials in its headers",
+    403: " — check the credentials in its headers",
+    404: " — check its url",
+}
 _SECRET_MIN = 4
 _SESSION_HEADER = "mcp-session-id"
 
@@ -305,6 +313,7 @@ class Connection:
         self._ready = anyio.Event()
         self._lock = anyio.Lock()
         self._session_lost = False
+        self._http_status: int | None = None
 
     @property
     def label(self) -> str:
@@ -324,6 +333,7 @@ class Connection:
         self._starting = anyio.CancelScope()
         self._ready = ready
         self._session_lost = False
+        self._http_status = None
         group.start_soon(self._keep, ready, failure, self._starting)
         await ready.wait()
         if failure:
@@ -451,6 +461,8 @@ class Connection:
             # The SDK hands a call only the JSON-RPC error; the status says what it means.
             # Only a call's (a POST's): a server may answer the optional GET stream with 404.
             request = response.request
+            if request.method == "POST" and response.status_code >= 400:
+                self._http_status = response.status_code
             if (
                 response.status_code == 404
                 and request.method == "POST"
@@ -480,6 +492,8 @@ class Connection:
             why = f"could not be reached: {exc_text(cause)} (is it running at that url?)"
         elif stage == "start":
             why = f"could not be started: {exc_text(cause)}"
+        elif (refused := self._http_refusal(cause)) is not None:
+            why = f"failed during {stage}: {refused}"
         else:
             why = f"failed during {stage}: {exc_text(cause)}"
         errlog.flush()
@@ -487,6 +501,18 @@ class Connection:
         stderr = self._masked(errlog.read())[-_STDERR_TAIL:].strip()
         tail = f"; its stderr ends with: {stderr}" if stderr else ""
         return f"{self.label} {why}{tail}"
+
+    def _http_refusal(self, exc: BaseException) -> str | None:
+        """The HTTP status behind the SDK's stand-in for a refusal whose body held no
+        JSON-RPC error, with what to check; None for any other error."""
+        from mcp.shared.exceptions import MCPError
+
+        status = self._http_status
+        if status is None or not isinstance(exc, MCPError):
+            return None
+        if exc.error.message not in _HTTP_STAND_INS:
+            return None
+        return f"it answered HTTP {status}{_STATUS_HINTS.get(status, '')}"
 
     def _masked(self, text: str) -> str:
         """`text` (what the server wrote) with the values of its `env` and `headers` hidden:
@@ -571,9 +597,8 @@ class Connection:
                     f"MCP server {name!r} closed the connection during the call (did it"
                     " crash?); it is connected again on the next turn"
                 ) from None
-            raise ToolFailure(
-                f"MCP server {name!r} refused the call: {exc.error.message}"
-            ) from None
+            refused = self._http_refusal(exc) or exc.error.message
+            raise ToolFailure(f"MCP server {name!r} refused the call: {refused}") from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
             self.fail(f"its connection broke during a call of {own!r}")
             raise ToolFailure(

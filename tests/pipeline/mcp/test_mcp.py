@@ -551,11 +551,16 @@ class RawMCP:
     """A hand-written streamable HTTP MCP server with one tool, `echo`, on 127.0.0.1, whose
     answers a test bends: `hang` names the methods it never answers (and ``"DELETE"`` for
     the session's end), `call_error` the JSON-RPC error a tools/call gets (with the code
-    `call_code`), and a GET (the optional event stream) is answered 404, as by a server that
+    `call_code`), `status` the HTTP status that answers a method instead, and a GET (the optional event stream) is answered 404, as by a server that
     routes POST alone."""
 
     def __init__(
-        self, *, hang: tuple[str, ...] = (), call_error: str | None = None, call_code: int = -32602
+        self,
+        *,
+        hang: tuple[str, ...] = (),
+        call_error: str | None = None,
+        call_code: int = -32602,
+        status: dict[str, int] | None = None,
     ) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -586,6 +591,10 @@ class RawMCP:
                 if method in hang:
                     server.release.wait(60)
                     return None
+                if method in (status or {}):
+                    # An HTTP refusal whose body is no JSON-RPC error (a proxy's, say).
+                    assert status is not None
+                    return self.answer(status[method], {"detail": "invalid token"})
                 result: object
                 if method == "initialize":
                     server.initialized += 1
@@ -699,6 +708,38 @@ async def test_a_server_error_with_the_code_the_sdk_uses_for_a_closed_connection
         * 2
     )
     assert server.initialized == 1
+
+
+@sdk_unclosed_streams
+async def test_an_http_refusal_names_its_status_when_opening_and_calling():
+    """Catches: a server (or the proxy before it) refusing with HTTP 401 or 403 and no
+    JSON-RPC error reported as "Server returned an error response" alone: nothing said the
+    request was refused for its credentials, so the operator could not tell a bad token in
+    `headers` from a crashed server."""
+    with RawMCP(status={"initialize": 401}) as server:
+        pipe = Pipeline(
+            model=ScriptedModel([]),
+            toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5)],
+        )
+        with pytest.raises(ToolsetError) as caught:
+            async with pipe:
+                pass
+    assert str(caught.value) == (
+        f"MCP server 'raw' ({server.url}) failed during initialize: it answered HTTP 401"
+        " — check the credentials in its headers"
+    )
+
+    with RawMCP(status={"tools/call": 403}) as server:
+        pipe = Pipeline(
+            model=ScriptedModel([[ToolCall("c1", "raw_echo", {})], "ok"]),
+            toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5)],
+        )
+        async with pipe:
+            result = await pipe.run(Turn.start("hi"))
+    assert result.reply.messages[1].parts[0].content == (
+        "tool 'raw_echo' failed: MCP server 'raw' refused the call: it answered HTTP 403"
+        " — check the credentials in its headers"
+    )
 
 
 async def test_a_tool_hook_matching_a_name_no_server_lists_fails_the_open():
