@@ -377,9 +377,17 @@ def timeline(events: Iterable[Event]) -> str:
     so that an event is always one line and cannot pass for others.
 
     ``turnplug demo`` and ``turnplug run --events`` print it event by event.
+
+    Raises:
+        TypeError: An item of `events` is not an `Event`.
     """
     lines = []
-    for event in events:
+    for position, event in enumerate(events, 1):
+        if not isinstance(event, Event):
+            raise TypeError(
+                f"timeline() renders pipeline.events events; item {position} is a"
+                f" {type(event).__name__}: {event!r:.100}"
+            )
         described = _describe(event)
         if described is not None:
             what, detail = (_one_line(text) for text in described)

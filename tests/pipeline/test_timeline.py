@@ -137,6 +137,19 @@ def test_every_event_is_one_line_whatever_its_text_holds() -> None:
     assert "\x1b" not in text
 
 
+def test_something_that_is_not_an_event_is_a_type_error_naming_it() -> None:
+    """Catches: the timeline of events that are not events (a list of dicts read back from
+    JSON, a turn's result) rendering as nothing at all, with nothing said."""
+    started = ev.TurnStarted("t")
+    with pytest.raises(TypeError) as caught:
+        ev.timeline([started, {"type": "TurnFinished", "turn_ref": "t"}])
+
+    assert str(caught.value) == (
+        "timeline() renders pipeline.events events; item 2 is a dict:"
+        " {'type': 'TurnFinished', 'turn_ref': 't'}"
+    )
+
+
 async def slow_pre(turn: Turn):
     await anyio.sleep(0.005)
     return cont(turn)
