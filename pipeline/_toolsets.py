@@ -41,7 +41,16 @@ def toolset_tool_name(toolset: str, tool_name: str) -> str:
     ``f"{toolset}_{tool_name}"`` with every character outside ``[A-Za-z0-9_-]`` replaced by
     ``_``; a result over 64 characters keeps its first 55, then ``_`` and the first 8 hex
     digits of the SHA-256 of the unsanitized name, so long names stay distinct and stable.
+
+    Raises:
+        TypeError: `toolset` or `tool_name` is not a string.
     """
+    for what, value in (("toolset", toolset), ("tool_name", tool_name)):
+        if not isinstance(value, str):
+            raise TypeError(
+                f"toolset_tool_name() takes two strings; {what} {value!r} ({type(value).__name__})"
+                " is not one"
+            )
     raw = f"{toolset}_{tool_name}"
     name = _UNSAFE.sub("_", raw)
     if len(name) > _LIMIT:

@@ -64,6 +64,20 @@ def test_final_names_are_prefixed_sanitized_and_shortened_deterministically():
     assert re.fullmatch(r"memory_x{48}_[0-9a-f]{8}", shortened)
 
 
+@pytest.mark.parametrize(
+    ("toolset_name", "tool_name", "culprit"),
+    [(3, "lookup", "toolset 3 (int)"), ("shop", None, "tool_name None (NoneType)")],
+)
+def test_a_final_name_of_something_that_is_not_a_name_is_a_type_error(
+    toolset_name, tool_name, culprit
+):
+    """Catches: toolset_tool_name building a name out of any object's str() ("3_lookup",
+    "shop_None"), so that a caller's mistake became a tool name nothing offers."""
+    with pytest.raises(TypeError) as caught:
+        toolset_tool_name(toolset_name, tool_name)
+    assert culprit in str(caught.value)
+
+
 async def test_a_local_toolset_offers_its_tools_under_final_names():
     """Catches: toolset tools offered or run under their own, unprefixed names."""
     model = ScriptedModel([[ToolCall("c1", "weather_forecast", {"city": "Oslo"})], "done"])
