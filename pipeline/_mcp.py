@@ -314,6 +314,9 @@ class Connection:
         self._lock = anyio.Lock()
         self._session_lost = False
         self._http_status: int | None = None
+        # The last thing the server wrote that is no JSON-RPC message, and how many so far.
+        self._garbage: str | None = None
+        self._garbage_count = 0
 
     @property
     def label(self) -> str:
@@ -334,6 +337,7 @@ class Connection:
         self._ready = ready
         self._session_lost = False
         self._http_status = None
+        self._garbage = None
         group.start_soon(self._keep, ready, failure, self._starting)
         await ready.wait()
         if failure:
@@ -399,7 +403,9 @@ class Connection:
                     read, write = await self._transport(stack, errlog)
                     from mcp.client.session import ClientSession
 
-                    session = await stack.enter_async_context(ClientSession(read, write))
+                    session = await stack.enter_async_context(
+                        ClientSession(read, write, message_handler=self._received)
+                    )
                     with anyio.move_on_after(self.spec.connect_timeout) as scope:
                         stage = "initialize"
                         await session.initialize()
@@ -408,7 +414,7 @@ class Connection:
                     if scope.cancelled_caught:
                         raise _Startup(
                             f"did not answer {stage} within its connect_timeout of"
-                            f" {self.spec.connect_timeout:g} s"
+                            f" {self.spec.connect_timeout:g} s{self._garbage_note()}"
                         )
                     self._adopt(session, listed)
                 except Exception as exc:
@@ -502,6 +508,29 @@ class Connection:
         tail = f"; its stderr ends with: {stderr}" if stderr else ""
         return f"{self.label} {why}{tail}"
 
+    async def _received(self, message: Any) -> None:
+        """The session's `message_handler`: keeps the last line a stdio server wrote that
+        is no JSON-RPC message (the transport hands it over as the error parsing it), which
+        says more than a timeout when a request then goes unanswered."""
+        if isinstance(message, Exception) and self.spec.command is not None:
+            errors = getattr(message, "errors", None)
+            line = errors()[0].get("input") if callable(errors) and errors() else None
+            if isinstance(line, bytes):
+                line = line.decode("utf-8", "replace")
+            text = line if isinstance(line, str) else exc_text(message)
+            self._garbage = self._masked(text.strip())
+            self._garbage_count += 1
+        await anyio.lowlevel.checkpoint()
+
+    def _garbage_note(self) -> str:
+        if self._garbage is None:
+            return ""
+        shown = self._garbage if len(self._garbage) <= 200 else self._garbage[:197] + "..."
+        return (
+            f"; it wrote on its stdout what is not a JSON-RPC message: {shown!r} (a server"
+            " writes only protocol messages there, its logs go to stderr)"
+        )
+
     def _http_refusal(self, exc: BaseException) -> str | None:
         """The HTTP status behind the SDK's stand-in for a refusal whose body held no
         JSON-RPC error, with what to check; None for any other error."""
@@ -579,6 +608,7 @@ class Connection:
             )
         from mcp.shared.exceptions import MCPError
 
+        garbage = self._garbage_count
         try:
             with anyio.move_on_after(self.spec.timeout) as scope:
                 result = await session.call_tool(own, arguments)
@@ -608,8 +638,10 @@ class Connection:
         except Exception as exc:
             raise ToolFailure(f"MCP server {name!r}: {exc_text(exc)}") from None
         if scope.cancelled_caught:
+            note = self._garbage_note() if self._garbage_count > garbage else ""
             raise ToolFailure(
-                f"MCP server {name!r} did not answer within its timeout of {self.spec.timeout:g} s"
+                f"MCP server {name!r} did not answer within its timeout of"
+                f" {self.spec.timeout:g} s{note}"
             )
         text = render_result(result)
         if result.is_error:

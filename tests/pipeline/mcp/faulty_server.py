@@ -5,6 +5,10 @@
 - ``tools``: ``echo`` answers, ``boom`` raises, ``hang`` never returns, ``crash`` exits the
   process in the middle of the call, ``picture`` returns an image and a resource;
 - ``silent``: reads the requests and never answers one (not even ``initialize``);
+- ``chatty``: answers every request with a line of plain text on stdout, never with a
+  JSON-RPC message (a program that is no MCP server, or logs to stdout);
+- ``babbling``: written by hand (the SDK's server keeps stdout for the protocol), answers
+  ``initialize`` and lists ``babble``, whose calls it answers with a log line on stdout;
 - ``changing``: offers ``alpha`` on its first start and ``beta`` on later ones (the starts
   are counted in STATE_FILE);
 - ``colliding``: offers ``a.b`` and ``a_b``, one name once sanitized;
@@ -16,6 +20,7 @@ file it names, before it serves.
 """
 
 import base64
+import json
 import os
 import sys
 import time
@@ -133,6 +138,31 @@ def silent() -> None:
         pass  # read everything, answer nothing
 
 
+def chatty() -> None:
+    for _line in sys.stdin:
+        print("usage: faulty [--port N] (got a request)", flush=True)
+
+
+def babbling() -> None:
+    for line in sys.stdin:
+        message = json.loads(line)
+        method = message.get("method")
+        if "id" not in message:
+            continue
+        if method == "tools/call":
+            print("DEBUG babble: connecting to the backend", flush=True)
+            continue
+        if method == "initialize":
+            version = message["params"]["protocolVersion"]
+            info = {"name": "babbling", "version": "1"}
+            result = {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": info}
+        elif method == "tools/list":
+            result = {"tools": [{"name": "babble", "inputSchema": {"type": "object"}}]}
+        else:
+            result = {}
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     starts = os.environ.get("FAULTY_STARTS")
@@ -141,6 +171,10 @@ if __name__ == "__main__":
             log.write(f"{os.getpid()}\n")
     if mode == "silent":
         silent()
+    elif mode == "chatty":
+        chatty()
+    elif mode == "babbling":
+        babbling()
     elif mode == "tools":
         tools_server().run()
     elif mode == "changing":

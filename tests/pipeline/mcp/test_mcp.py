@@ -172,6 +172,42 @@ async def test_a_server_that_never_answers_initialize_fails_the_open_naming_it()
     assert server_processes() == []
 
 
+async def test_a_server_that_writes_no_json_rpc_on_stdout_is_told_by_what_it_wrote():
+    """Catches: a program that answers on stdout with plain text (no MCP server, or one
+    that logs to stdout) reported only as not answering initialize: what it wrote, which
+    says what is wrong, was dropped."""
+    pipe = Pipeline(
+        model=ScriptedModel(["hi"]), toolsets=[faulty_toolset("chatty", connect_timeout=5.0)]
+    )
+    with pytest.raises(ToolsetError) as caught:
+        async with pipe:
+            pass
+
+    assert str(caught.value).endswith(
+        "did not answer initialize within its connect_timeout of 5 s; it wrote on its stdout"
+        " what is not a JSON-RPC message: 'usage: faulty [--port N] (got a request)' (a"
+        " server writes only protocol messages there, its logs go to stderr)"
+    )
+    assert server_processes() == []
+
+
+async def test_a_call_answered_with_no_json_rpc_on_stdout_says_what_the_server_wrote():
+    """Catches: a server tool that writes plain text on stdout instead of an answer (a log
+    line) reported only as a timeout, dropping the line that explains it."""
+    model = ScriptedModel([[ToolCall("c1", "faulty_babble", {})], "done"])
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("babbling", timeout=1.5)])
+    async with pipe:
+        result = await pipe.run(Turn.start("go"))
+
+    assert result.reply.messages[1].parts[0].content == (
+        "tool 'faulty_babble' failed: MCP server 'faulty' did not answer within its timeout"
+        " of 1.5 s; it wrote on its stdout what is not a JSON-RPC message: 'DEBUG babble:"
+        " connecting to the backend' (a server writes only protocol messages there, its logs"
+        " go to stderr)"
+    )
+    assert server_processes() == []
+
+
 async def test_a_server_that_fails_at_once_fails_the_open_without_waiting_for_a_hung_one(
     tmp_path,
 ):
