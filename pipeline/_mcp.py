@@ -493,7 +493,7 @@ class Connection:
         if isinstance(cause, _Startup | ConfigError):
             why = str(cause)
         elif _closed(cause):
-            why = f"closed the connection during {stage} (did it exit?)"
+            why = f"closed the connection during {stage} (did it exit?){self._garbage_note()}"
         elif _unreachable(cause):
             why = f"could not be reached: {exc_text(cause)} (is it running at that url?)"
         elif stage == "start":

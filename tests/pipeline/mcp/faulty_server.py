@@ -7,6 +7,8 @@
 - ``silent``: reads the requests and never answers one (not even ``initialize``);
 - ``chatty``: answers every request with a line of plain text on stdout, never with a
   JSON-RPC message (a program that is no MCP server, or logs to stdout);
+- ``usage``: reads the first request, prints a usage line on stdout and exits with 2 (a
+  program that is no MCP server);
 - ``babbling``: written by hand (the SDK's server keeps stdout for the protocol), answers
   ``initialize`` and lists ``babble``, whose calls it answers with a log line on stdout;
 - ``changing``: offers ``alpha`` on its first start and ``beta`` on later ones (the starts
@@ -143,6 +145,12 @@ def chatty() -> None:
         print("usage: faulty [--port N] (got a request)", flush=True)
 
 
+def usage() -> None:
+    sys.stdin.readline()
+    print("usage: faulty MODE [STATE_FILE]", flush=True)
+    raise SystemExit(2)
+
+
 def babbling() -> None:
     for line in sys.stdin:
         message = json.loads(line)
@@ -175,6 +183,8 @@ if __name__ == "__main__":
         chatty()
     elif mode == "babbling":
         babbling()
+    elif mode == "usage":
+        usage()
     elif mode == "tools":
         tools_server().run()
     elif mode == "changing":

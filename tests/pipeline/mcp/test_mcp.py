@@ -191,6 +191,23 @@ async def test_a_server_that_writes_no_json_rpc_on_stdout_is_told_by_what_it_wro
     assert server_processes() == []
 
 
+async def test_a_program_that_prints_its_usage_and_exits_is_told_by_its_usage():
+    """Catches: a command that is no MCP server (it printed its usage on stdout and exited)
+    reported only as having closed the connection: the usage line, which says what is wrong,
+    was dropped (its stderr, quoted, was empty)."""
+    pipe = Pipeline(model=ScriptedModel(["hi"]), toolsets=[faulty_toolset("usage")])
+    with pytest.raises(ToolsetError) as caught:
+        async with pipe:
+            pass
+
+    assert str(caught.value).endswith(
+        "closed the connection during initialize (did it exit?); it wrote on its stdout what"
+        " is not a JSON-RPC message: 'usage: faulty MODE [STATE_FILE]' (a server writes only"
+        " protocol messages there, its logs go to stderr)"
+    )
+    assert server_processes() == []
+
+
 async def test_a_call_answered_with_no_json_rpc_on_stdout_says_what_the_server_wrote():
     """Catches: a server tool that writes plain text on stdout instead of an answer (a log
     line) reported only as a timeout, dropping the line that explains it."""
