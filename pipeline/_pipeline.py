@@ -420,7 +420,12 @@ class Pipeline:
         """
         _check_turn(turn)
         events = TurnEvents()
-        drive = Drive(self._plan, events._emit, open_tools=self._open_tools(), relay=events._relay)
+
+        def drive() -> Drive:
+            return Drive(
+                self._plan, events._emit, open_tools=self._open_tools(), relay=events._relay
+            )
+
         return stream_turn(drive, turn, events)
 
     def session(

@@ -165,7 +165,7 @@ class Session:
             events = TurnEvents()
             turn = self._turn(message, system, tools, request, turn_ref)
             drive = self._drive(events._emit, events._caught_up, events._relay)
-            async with stream_turn(drive, turn, events) as stream:
+            async with stream_turn(lambda: drive, turn, events) as stream:
                 yield stream
 
     def _check_open(self, method: str) -> None:

@@ -24,9 +24,13 @@ from ._result import TurnResult
 
 @asynccontextmanager
 async def stream_turn(
-    drive: Drive, turn: Turn, events: "TurnEvents"
+    make_drive: Callable[[], Drive], turn: Turn, events: "TurnEvents"
 ) -> AsyncIterator["TurnEvents"]:
     """Drive `turn` in a task of its own while the caller iterates `events`.
+
+    The drive is made when the stream is entered, in the caller's context (where a tracer
+    takes the caller's current span as the turn's parent): a stream never entered starts
+    no trace it would never end.
 
     Under trio the task is a trio nursery's, which is what AnyIO's task group wraps there:
     the same semantics at 60% of the cost. Under asyncio it is an AnyIO task group's, the
@@ -34,6 +38,7 @@ async def stream_turn(
     moved or not, and their cancellation reach the turn as they reach its caller).
     """
     loop = current_loop("a streamed turn (Pipeline.stream, session.stream)")
+    drive = make_drive()
     events._lot, events._taken = new_lot(loop), new_lot(loop)
     group = trio.open_nursery() if loop == "trio" else anyio.create_task_group()
     error: BaseException | None = None

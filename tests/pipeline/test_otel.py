@@ -605,6 +605,40 @@ async def test_the_callers_current_span_is_the_turns_parent(spans) -> None:
     assert {span.context.trace_id for span in finished} == {request.get_span_context().trace_id}
 
 
+class Started(SimpleSpanProcessor):
+    """Records the name of every span started."""
+
+    def __init__(self) -> None:
+        super().__init__(InMemorySpanExporter())
+        self.started: list[str] = []
+
+    def on_start(self, span, parent_context=None) -> None:
+        self.started.append(span.name)
+
+
+async def test_a_stream_never_entered_starts_no_span() -> None:
+    """Catches: `pipe.stream(turn)` starting the turn's span when called, so that a stream
+    built and then dropped unentered (an error between the two, say) left a span started
+    and never ended: never exported, shown as in progress for ever by a backend that
+    shows spans as they start."""
+    started = Started()
+    provider = TracerProvider()
+    provider.add_span_processor(started)
+    otel.instrument(tracer_provider=provider)
+    try:
+        pipe = Pipeline(model=ScriptedModel(["a"]))
+        dropped = pipe.stream(Turn.start("hi"))
+        assert started.started == []
+        del dropped
+        async with pipe.stream(Turn.start("hi")) as events:
+            async for _ in events:
+                pass
+    finally:
+        otel.uninstrument()
+
+    assert started.started == ["turn", "chat ScriptedModel"]
+
+
 async def test_a_thousand_concurrent_turns_are_a_thousand_separate_traces(spans) -> None:
     """Catches: spans of concurrent turns crossing into each other's traces."""
     pipe = Pipeline(
