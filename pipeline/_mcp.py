@@ -557,7 +557,15 @@ class Connection:
         return text
 
     def _adopt(self, session: "ClientSession", listed: list[Any]) -> None:
-        by_name = {item.name: item for item in listed}
+        by_name: dict[str, Any] = {}
+        for item in listed:
+            if item.name in by_name:
+                # Which of the two would a call of that name run? Only the server knows.
+                raise ConfigError(
+                    f"toolset {self.spec.name!r}: the server lists two tools named"
+                    f" {item.name!r}; a tool's name must be unique on its server"
+                )
+            by_name[item.name] = item
         kept = select(self.spec.name, by_name, self.spec.include, self.spec.exclude)
         tools: dict[str, Tool] = {}
         raw: dict[str, str] = {}

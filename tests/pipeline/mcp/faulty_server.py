@@ -11,6 +11,8 @@
   program that is no MCP server);
 - ``babbling``: written by hand (the SDK's server keeps stdout for the protocol), answers
   ``initialize`` and lists ``babble``, whose calls it answers with a log line on stdout;
+- ``duplicate``: written by hand as ``babbling``, lists two different tools both named
+  ``echo`` (the SDK's server cannot);
 - ``changing``: offers ``alpha`` on its first start and ``beta`` on later ones (the starts
   are counted in STATE_FILE);
 - ``colliding``: offers ``a.b`` and ``a_b``, one name once sanitized;
@@ -151,7 +153,8 @@ def usage() -> None:
     raise SystemExit(2)
 
 
-def babbling() -> None:
+def babbling(listed: list[dict[str, object]] | None = None) -> None:
+    listed = listed or [{"name": "babble", "inputSchema": {"type": "object"}}]
     for line in sys.stdin:
         message = json.loads(line)
         method = message.get("method")
@@ -165,7 +168,7 @@ def babbling() -> None:
             info = {"name": "babbling", "version": "1"}
             result = {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": info}
         elif method == "tools/list":
-            result = {"tools": [{"name": "babble", "inputSchema": {"type": "object"}}]}
+            result = {"tools": listed}
         else:
             result = {}
         print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
@@ -183,6 +186,13 @@ if __name__ == "__main__":
         chatty()
     elif mode == "babbling":
         babbling()
+    elif mode == "duplicate":
+        babbling(
+            [
+                {"name": "echo", "description": "Say it back.", "inputSchema": {"type": "object"}},
+                {"name": "echo", "description": "Shout it.", "inputSchema": {"type": "object"}},
+            ]
+        )
     elif mode == "usage":
         usage()
     elif mode == "tools":

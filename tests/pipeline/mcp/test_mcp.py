@@ -308,6 +308,19 @@ async def test_two_server_tools_with_one_final_name_fail_the_open_naming_both():
     assert server_processes() == []
 
 
+async def test_a_server_listing_two_tools_of_one_name_fails_the_open_naming_it():
+    """Catches: a server that lists two different tools under one name having one of them
+    silently dropped (the last listed kept), so that the model was offered a tool the
+    server may not run by that name."""
+    pipe = Pipeline(model=ScriptedModel(["hi"]), toolsets=[faulty_toolset("duplicate")])
+    with pytest.raises(ToolsetError) as caught:
+        async with pipe:
+            pass
+
+    assert "lists two tools named 'echo'" in str(caught.value)
+    assert server_processes() == []
+
+
 async def test_a_turn_outside_async_with_connects_for_itself_and_closes_after():
     """Catches: pipe.run leaving the servers it started running."""
     model = ScriptedModel([[ToolCall("c1", "faulty_echo", {"text": "once"})], "ok"])
