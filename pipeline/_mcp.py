@@ -663,8 +663,18 @@ async def _list_tools(session: "ClientSession") -> list[Any]:
 
     listed = await session.list_tools()
     tools = list(listed.tools)
+    cursors: set[str] = set()
     while listed.next_cursor:
-        listed = await session.list_tools(params=PaginatedRequestParams(cursor=listed.next_cursor))
+        cursor = listed.next_cursor
+        if cursor in cursors:
+            # Asked again, it would answer again: the pages would go round until the
+            # connect_timeout, reported as no answer at all.
+            raise _Startup(
+                f"answered tools/list with the cursor {cursor!r} it had already given: its"
+                " pages never end"
+            )
+        cursors.add(cursor)
+        listed = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
         tools.extend(listed.tools)
     return tools
 

@@ -13,6 +13,8 @@
   ``initialize`` and lists ``babble``, whose calls it answers with a log line on stdout;
 - ``duplicate``: written by hand as ``babbling``, lists two different tools both named
   ``echo`` (the SDK's server cannot);
+- ``paging``: written by hand as ``babbling``, answers every tools/list with the same
+  ``nextCursor``, so that its pages never end;
 - ``changing``: offers ``alpha`` on its first start and ``beta`` on later ones (the starts
   are counted in STATE_FILE);
 - ``colliding``: offers ``a.b`` and ``a_b``, one name once sanitized;
@@ -153,7 +155,7 @@ def usage() -> None:
     raise SystemExit(2)
 
 
-def babbling(listed: list[dict[str, object]] | None = None) -> None:
+def babbling(listed: list[dict[str, object]] | None = None, cursor: str | None = None) -> None:
     listed = listed or [{"name": "babble", "inputSchema": {"type": "object"}}]
     for line in sys.stdin:
         message = json.loads(line)
@@ -169,6 +171,8 @@ def babbling(listed: list[dict[str, object]] | None = None) -> None:
             result = {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": info}
         elif method == "tools/list":
             result = {"tools": listed}
+            if cursor is not None:
+                result["nextCursor"] = cursor
         else:
             result = {}
         print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
@@ -186,6 +190,8 @@ if __name__ == "__main__":
         chatty()
     elif mode == "babbling":
         babbling()
+    elif mode == "paging":
+        babbling(cursor="page-2")
     elif mode == "duplicate":
         babbling(
             [

@@ -321,6 +321,23 @@ async def test_a_server_listing_two_tools_of_one_name_fails_the_open_naming_it()
     assert server_processes() == []
 
 
+async def test_a_tool_list_whose_pages_never_end_fails_the_open_saying_so():
+    """Catches: a server answering every tools/list page with the same next cursor listed
+    until its connect_timeout (60 s by default), then reported as not answering tools/list,
+    though it answered every request."""
+    pipe = Pipeline(
+        model=ScriptedModel(["hi"]), toolsets=[faulty_toolset("paging", connect_timeout=60)]
+    )
+    with anyio.fail_after(30), pytest.raises(ToolsetError) as caught:
+        async with pipe:
+            pass
+
+    assert str(caught.value).endswith(
+        "answered tools/list with the cursor 'page-2' it had already given: its pages never end"
+    )
+    assert server_processes() == []
+
+
 async def test_a_turn_outside_async_with_connects_for_itself_and_closes_after():
     """Catches: pipe.run leaving the servers it started running."""
     model = ScriptedModel([[ToolCall("c1", "faulty_echo", {"text": "once"})], "ok"])
