@@ -300,8 +300,10 @@ class Pipeline:
     def _check_needed_tools(self, tools: Mapping[str, Tool] | None = None) -> None:
         """Every hook that names pipeline tools it runs (``fn.needs_tools``) has them.
 
-        With MCP toolsets, whose tools are known once connected, the check runs again on
-        the connected tools (`tools`); until then a name not yet known is let through.
+        So does every tool hook whose ``match=`` names one tool, when the pipeline has tools
+        (one without tools judges tools its callers run, `judge_tool_call`). With MCP
+        toolsets, whose tools are known once connected, the check runs again on the
+        connected tools (`tools`); until then a name not yet known is let through.
         """
         plan = self._plan
         if tools is None:
@@ -319,16 +321,18 @@ class Pipeline:
                     f"hook {step.label} runs the tools {missing}, which are not among the"
                     f" pipeline's tools {list(tools)} — add them to tools=[...]"
                 )
-        if not self._remote:
-            return
-        # A tool hook matching one tool by name, which may be a server's: known now.
+        if not tools:
+            return  # no tools of its own: its tool hooks judge its callers' (judge_tool_call)
+        # A tool hook matching one tool by name (a server's too, once connected): a typo
+        # would make it never run, silently — a tool policy that is not there.
         for step in (*plan.before_tool, *plan.after_tool):
             match = step.hook.match
             if isinstance(match, str) and match not in tools:
+                where = " once its MCP servers are connected" if self._remote else ""
                 raise ConfigError(
                     f"hook {step.label} matches the tool {match!r}, which is not among the"
-                    f" pipeline's tools {list(tools)} once its MCP servers are connected —"
-                    " check the name (a server's tools are named <toolset>_<tool>)"
+                    f" pipeline's tools {list(tools)}{where} — check the name (a toolset's"
+                    " tools are named <toolset>_<tool>)"
                 )
 
     async def __aenter__(self) -> Self:

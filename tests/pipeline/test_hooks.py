@@ -15,10 +15,12 @@ from pipeline import (
     Parallel,
     Pipeline,
     PipelineError,
+    block,
     chain,
     cont,
     hook,
     parallel,
+    tool,
 )
 from pipeline.testing import ScriptedModel
 from turns import Text, Turn
@@ -429,3 +431,24 @@ async def test_a_pre_hook_returning_malformed_content_fails_naming_it(returned, 
     assert isinstance(info.value, HookReturnError | HookFailed)
     assert info.value.hook == "bad"
     assert says in str(info.value)
+
+
+def test_a_tool_hook_matching_a_tool_the_pipeline_lacks_is_a_config_error() -> None:
+    """Catches: a before_tool policy whose match= misspells a local tool's name ("delete_fle")
+    accepted, so the hook never ran and the tool ran unjudged — as MCP tools already were."""
+
+    @tool
+    def delete_file(path: str) -> str:
+        """Delete a file."""
+        return path
+
+    policy = hook(lambda call, turn: block("not today"), name="policy", match="delete_fle")
+    with pytest.raises(ConfigError, match=r"'delete_fle', which is not among.*'delete_file'"):
+        Pipeline(model=ScriptedModel([]), tools=[delete_file], before_tool=[policy])
+
+
+def test_a_pipeline_without_tools_may_match_any_name() -> None:
+    """Catches: the check above refusing the tool policy of a pipeline that judges tools its
+    callers run (judge_tool_call, the gateway's client tools), which it cannot know."""
+    policy = hook(lambda call, turn: block("not today"), name="policy", match="client_tool")
+    assert Pipeline(model=ScriptedModel([]), before_tool=[policy]).before_tool == (policy,)
