@@ -202,6 +202,9 @@ def page_event(event: ev.Event) -> dict[str, Any] | None:
             data["finish_reason"] = value.finish_reason
             data["attempt"] = value.attempt
             data["usage"] = to_dict(value.usage)
+            # The calls returned to the client for it to run: the log holds them in the
+            # reply, and without them a turn that asked for tools shows an empty reply.
+            data["tool_calls"] = [plain(p) for p in value.message.parts if type(p) is ToolCall]
             continue
         data[field.name] = plain(value)
     return data

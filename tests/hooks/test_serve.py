@@ -4,6 +4,7 @@ official OpenAI SDK and, for malformed requests, raw httpx."""
 import json
 import logging
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -998,6 +999,39 @@ async def test_the_feed_shows_the_reply_as_the_client_got_it(stream: bool) -> No
     assert got == "write to [MAIL]"
     assert [e["text"] for e in feed if e["event"] == "ReplyReady"] == ["write to [MAIL]"]
     assert "alice@example.com" not in json.dumps(feed)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_feed_shows_the_tool_calls_returned_to_the_client(stream: bool) -> None:
+    """Catches: the page's ``ReplyReady`` carrying only the reply's text, so a turn whose
+    answer was tool calls for the client to run showed on the page as an empty reply, with
+    no trace of the calls the client received (and the log holds)."""
+    call = ToolCall("call_1", "get_weather", {"city": "Oslo"})
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    feed: list[dict[str, Any]] = []
+    answered = anyio.Event()
+    async with served(Pipeline(model=ScriptedModel([[call]]))) as gw:
+        async with anyio.create_task_group() as nursery:
+            await nursery.start(partial(watch_feed, gw, feed, answered=answered))
+            if stream:
+                await gw.sdk_stream(model="m", messages=user("weather?"), tools=[weather])
+            else:
+                await gw.sdk().chat.completions.create(
+                    model="m", messages=user("weather?"), tools=[weather]
+                )
+            await answered.wait()
+            nursery.cancel_scope.cancel()
+    [ready] = [e for e in feed if e["event"] == "ReplyReady"]
+    assert ready["finish_reason"] == "tool_calls"
+    assert [(c["id"], c["name"], c["arguments"]) for c in ready["tool_calls"]] == [
+        ("call_1", "get_weather", {"city": "Oslo"})
+    ]
 
 
 async def test_client_tool_calls_are_judged_with_every_hook_option() -> None:

@@ -10,6 +10,7 @@ import pytest
 from hooks import deny
 from pipeline import Pipeline, cont, hook
 from pipeline.testing import ScriptedModel
+from turns import ToolCall
 
 from .serve_support import served, user
 
@@ -88,3 +89,35 @@ async def test_a_turn_sent_with_the_sdk_appears_on_the_page(tmp_path: Path) -> N
     assert "INTERNAL USE ONLY" not in seen["text"]
     assert shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+    reason="Debian's chromium is not installed (.ci/run installs it; under CI this fails)",
+)
+async def test_tool_calls_returned_to_the_client_appear_on_the_page(tmp_path: Path) -> None:
+    """Catches: a turn whose answer was tool calls for the client shown on the page as an
+    empty reply, without the calls the client received."""
+    call = ToolCall("call_1", "get_weather", {"city": "Oslo"})
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    async with served(Pipeline(model=ScriptedModel([[call]]))) as gw:
+        client = gw.sdk()
+
+        def send() -> None:
+            anyio.from_thread.run(
+                lambda: client.chat.completions.create(
+                    model="m", messages=user("the plan?"), tools=[weather]
+                )
+            )
+
+        shot = tmp_path / "page.png"
+        seen = await anyio.to_thread.run_sync(browse, gw.url, "gw-test-key-5c1d0e", send, shot)
+    assert seen["outcome"] == "completed"
+    assert "tool call get_weather returned to the client" in seen["text"]
+    assert '{"city":"Oslo"}' in seen["text"]
