@@ -241,7 +241,10 @@ def run(args: Any, loaded: Any) -> int:
     """The ``serve`` subcommand (called by `hooks.cli._main` with the loaded config)."""
     key = gateway_key(args.no_auth, args.api_key_env, os.environ)
     spec = loaded.config.model
-    model = str(getattr(spec, "name", None) or "scripted")
+    # A provider's model by its name, a model of your own by the function that builds it:
+    # only a config without one (or `provider = "scripted"`) is the offline scripted model.
+    ref = getattr(spec, "ref", None)
+    model = str(getattr(spec, "name", None) or (ref.text if ref is not None else "scripted"))
     upstream_env = getattr(spec, "api_key_env", "") or ""
     secrets = tuple(s for s in (os.environ.get(upstream_env) if upstream_env else None, key) if s)
     log_to_stderr(secrets)

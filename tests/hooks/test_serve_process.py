@@ -205,6 +205,50 @@ def test_a_nan_timeout_is_a_usage_error(tmp_path: Path, option: str) -> None:
     assert f"argument {option}: expected a positive number, got 'nan'" in done.stderr
 
 
+def test_a_python_model_is_named_by_its_ref_not_called_the_scripted_model(
+    tmp_path: Path,
+) -> None:
+    """Catches: a config whose model is a function of the user's (`provider = "python"`,
+    as in examples/assistant.toml) announced at start-up as "the offline scripted model, no
+    provider is called", and named "scripted" in /v1/models and in every response."""
+    (tmp_path / "my_models.py").write_text(
+        textwrap.dedent(
+            """
+            from pipeline.testing import FunctionModel
+
+            def answerer():
+                return FunctionModel(lambda request: "from my model")
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[model]\nprovider = "python"\nref = "my_models:answerer"\n')
+    environ = os.environ | {"TURNPLUG_GATEWAY_KEY": KEY}
+    process = subprocess.Popen(
+        [str(SCRIPT), "serve", str(config), "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+    )
+    assert process.stderr is not None
+    try:
+        line = process.stderr.readline()
+        found = re.search(r"listening on (http://\S+) \(model ([^;]+);", line)
+        assert found is not None, line
+        url, announced = found.groups()
+        headers = {"authorization": f"Bearer {KEY}"}
+        models = httpx.get(url + "/v1/models", headers=headers, timeout=30).json()
+        answer = post(url, "hi").json()
+    finally:
+        process.kill()
+        process.wait(10)
+        process.stderr.close()
+    assert announced == "my_models:answerer"
+    assert [m["id"] for m in models["data"]] == ["my_models:answerer"]
+    assert answer["model"] == "my_models:answerer"
+    assert answer["choices"][0]["message"]["content"] == "from my model"
+
+
 def test_the_upstream_key_appears_nowhere_a_client_can_see(tmp_path: Path) -> None:
     """Catches: the upstream or gateway key echoed in a response, the page, its feed or stderr
     (the library's warnings included, which the command writes there)."""
