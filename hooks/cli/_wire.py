@@ -504,8 +504,19 @@ def _message(item: Any, where: str) -> Message:
             f"{where}.tool_calls",
             "invalid_type",
         )
+    ids: set[str] = set()
     for j, call in enumerate(calls or ()):
-        parts.append(_tool_call(call, f"{where}.tool_calls[{j}]"))
+        part = _tool_call(call, f"{where}.tool_calls[{j}]")
+        if part.id in ids:
+            # Its tool message could not say which of the two calls it answers.
+            raise _bad(
+                f"'{where}.tool_calls[{j}].id' is {part.id!r}, the id of an earlier call of the"
+                " same message — each tool call needs an id of its own, which its tool"
+                " message answers",
+                f"{where}.tool_calls[{j}].id",
+            )
+        ids.add(part.id)
+        parts.append(part)
     return Message.assistant(tuple(parts))
 
 

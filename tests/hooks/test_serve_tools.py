@@ -239,6 +239,18 @@ ASKED = {
 }
 
 
+# Two calls under one id (a client's bug): no tool message could say which it answers, and
+# an upstream refuses them (Anthropic: tool_use ids must be unique).
+TWICE = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}},
+        {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+    ],
+}
+
+
 @pytest.mark.parametrize(
     ("messages", "param", "says"),
     [
@@ -277,14 +289,20 @@ ASKED = {
             "messages[0].role",
             "not an assistant message with tool calls",
         ),
+        (
+            [*user("q"), TWICE, {"role": "tool", "tool_call_id": "c1", "content": "x"}],
+            "messages[1].tool_calls[1].id",
+            "'c1', the id of an earlier call of the same message",
+        ),
     ],
 )
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_a_malformed_continuation_is_400_naming_the_message(
     messages: list[dict[str, Any]], param: str, says: str, streamed: bool
 ) -> None:
-    """Catches: tool results that answer no call (or leave one unanswered) sent upstream,
-    where the provider would refuse them (a 502), or answered 500."""
+    """Catches: tool results that answer no call (or leave one unanswered, or answer two
+    calls sharing one id) sent upstream, where the provider would refuse them (a 502), or
+    answered 500."""
     async with running() as upstream:
         async with served(Pipeline(model=upstream_model(upstream.url))) as gw:
             request = {"model": "m", "messages": messages, "tools": [WEATHER, CLOCK]}
@@ -330,14 +348,26 @@ async def test_a_malformed_continuation_is_400_naming_the_message(
             "messages[1].tool_call_id",
             "'c9', which answers no tool call",
         ),
+        (
+            [
+                *user("q"),
+                TWICE,
+                {"role": "tool", "tool_call_id": "c1", "content": "x"},
+                {"role": "assistant", "content": "ok"},
+                *user("and?"),
+            ],
+            "messages[1].tool_calls[1].id",
+            "'c1', the id of an earlier call of the same message",
+        ),
     ],
 )
 async def test_tool_calls_unanswered_in_the_history_are_400_naming_the_message(
     messages: list[dict[str, Any]], param: str, says: str
 ) -> None:
     """Catches: a history whose tool calls have no tool messages after them (or a tool
-    message answering no call) sent upstream, which refuses it: the client got a 502
-    "upstream failed", which the SDK retries, instead of a 400 naming the message."""
+    message answering no call, or two calls under one id) sent upstream, which refuses it:
+    the client got a 502 "upstream failed", which the SDK retries, instead of a 400 naming
+    the message."""
     async with running(stream(openai_text(["never"]))) as upstream:
         async with served(Pipeline(model=upstream_model(upstream.url))) as gw:
             with pytest.raises(openai.BadRequestError) as caught:
