@@ -246,7 +246,17 @@ def run(args: Any, loaded: Any) -> int:
     ref = getattr(spec, "ref", None)
     model = str(getattr(spec, "name", None) or (ref.text if ref is not None else "scripted"))
     upstream_env = getattr(spec, "api_key_env", "") or ""
-    secrets = tuple(s for s in (os.environ.get(upstream_env) if upstream_env else None, key) if s)
+    upstream_key = os.environ.get(upstream_env) if upstream_env else None
+    if key is not None and upstream_key is not None and key == upstream_key.strip():
+        # Clients send the gateway key: were it the upstream key, every client would hold
+        # the key the gateway exists to keep from them.
+        raise ConfigError(
+            f"the gateway key ({args.api_key_env}) is the upstream model's key ({upstream_env}):"
+            " clients send the gateway key, and must never hold the upstream one — give the"
+            f" gateway a key of its own in {args.api_key_env} (--api-key-env names the"
+            " variable of the key clients send, not the upstream's)"
+        )
+    secrets = tuple(s for s in (upstream_key, key) if s)
     log_to_stderr(secrets)
     if args.no_auth:
         _say("turnplug serve: note: --no-auth: anyone who can reach this address may use it")

@@ -169,6 +169,39 @@ def test_a_gateway_key_no_header_can_carry_is_refused_without_showing_it(tmp_pat
     assert "sekrit" not in done.stderr
 
 
+@pytest.mark.parametrize("gateway_variable", ["TURNPLUG_GATEWAY_KEY", "UPSTREAM_KEY_X"])
+def test_the_upstream_key_as_the_gateway_key_stops_the_start(
+    tmp_path: Path, gateway_variable: str
+) -> None:
+    """Catches: a gateway started with the upstream key as its own key (``--api-key-env``
+    naming the upstream key's variable, or both variables holding one key): every client
+    had to send, and so hold, the upstream key that the gateway exists to keep from them."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        textwrap.dedent(
+            """
+            [model]
+            provider = "openai"
+            name = "up"
+            base_url = "http://127.0.0.1:9/v1"
+            api_key_env = "UPSTREAM_KEY_X"
+            """
+        )
+    )
+    environ = os.environ | {"UPSTREAM_KEY_X": UPSTREAM_KEY, "TURNPLUG_GATEWAY_KEY": UPSTREAM_KEY}
+    done = subprocess.run(
+        [str(SCRIPT), "serve", str(config), "--port", "0", "--api-key-env", gateway_variable],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"the gateway key ({gateway_variable}) is the upstream model's key" in done.stderr
+    assert "(UPSTREAM_KEY_X)" in done.stderr
+    assert UPSTREAM_KEY not in done.stderr
+
+
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])
 def test_a_port_out_of_range_is_a_usage_error(tmp_path: Path, port: str) -> None:
     """Catches: --port 99999 or -1 accepted by the parser and failing at the socket as an
