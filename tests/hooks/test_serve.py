@@ -1034,6 +1034,57 @@ async def test_the_feed_shows_the_tool_calls_returned_to_the_client(stream: bool
     ]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_client_tool_policy_hooks_show_in_order_and_on_the_turns_clock(
+    stream: bool,
+) -> None:
+    """Catches: the before-tool hooks that judge a client's tool calls reaching the page
+    ahead of the turn's earlier events (before the model call's end and the post hooks that
+    ran first), stamped ``at: 0.0``: the page's timeline showed them first, at 0 ms."""
+
+    def check(turn: Turn) -> Any:
+        return cont(turn)
+
+    def allow(call: ToolCall, turn: Turn) -> Any:
+        return cont(call)
+
+    weather = {"type": "function", "function": {"name": "get_weather"}}
+    pipe = Pipeline(
+        model=ScriptedModel([[ToolCall("c1", "get_weather", {})]]),
+        post=[hook(check, name="check")],
+        before_tool=[hook(allow, name="allow")],
+    )
+    feed: list[dict[str, Any]] = []
+    answered = anyio.Event()
+    async with served(pipe) as gw:
+        async with anyio.create_task_group() as nursery:
+            await nursery.start(partial(watch_feed, gw, feed, answered=answered))
+            if stream:
+                await gw.sdk_stream(model="m", messages=user("weather?"), tools=[weather])
+            else:
+                await gw.sdk().chat.completions.create(
+                    model="m", messages=user("weather?"), tools=[weather]
+                )
+            await answered.wait()
+            nursery.cancel_scope.cancel()
+    hooks = [
+        (e["event"], e["hook"], e["at"])
+        for e in feed
+        if e["event"] in ("HookStarted", "HookFinished")
+    ]
+    assert [(name, which) for name, which, _ in hooks] == [
+        ("HookStarted", "check"),
+        ("HookFinished", "check"),
+        ("HookStarted", "client_tool_policy"),
+        ("HookStarted", "allow"),
+        ("HookFinished", "allow"),
+        ("HookFinished", "client_tool_policy"),
+    ]
+    times = [at for _, _, at in hooks]
+    assert times == sorted(times)  # on the turn's clock: after the model call and `check`
+    assert times[3] > 0
+
+
 async def test_client_tool_calls_are_judged_with_every_hook_option() -> None:
     """Catches: the gateway matching before-tool hooks itself and ignoring `when=` (a hook
     that does not apply to this turn blocked it) and argument rewrites (the client received
