@@ -1262,7 +1262,16 @@ def _conversation_id(scope: Scope) -> str | None:
             param="X-Conversation-Id",
             code="invalid_value",
         )
-    return str(given[0].decode("latin-1")) if given else None
+    if not given:
+        return None
+    # HTTP leaves a header's charset open. Clients that send non-ASCII ids (curl, Go, Node)
+    # send UTF-8, which Latin-1 would read as another id ("café" as "cafÃ©"): a conversation
+    # `turnplug log café` could not find. Bytes that are not UTF-8 stay Latin-1 (Python's
+    # `requests` writes Latin-1), as before.
+    try:
+        return str(given[0].decode("utf-8"))
+    except UnicodeDecodeError:
+        return str(given[0].decode("latin-1"))
 
 
 def _header(scope: Scope, name: str) -> str | None:

@@ -653,6 +653,25 @@ async def test_a_conversation_continues_from_the_log(tmp_path: Path) -> None:
     assert [m.text for m in model.requests[1].messages] == ["one", "first answer", "two"]
 
 
+async def test_a_non_ascii_conversation_id_is_read_as_the_utf_8_it_was_sent_in(
+    tmp_path: Path,
+) -> None:
+    """Catches: an ``X-Conversation-Id`` sent in UTF-8 ("café", as curl and Go send it) read
+    as Latin-1, so its turns were committed to conversation "cafÃ©", which ``turnplug log
+    café`` and every client naming the id in Latin-1 could not find."""
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with served(Pipeline(model=ScriptedModel(["one", "two"])), log=log) as gw:
+            async with gw.http() as client:
+                for header in ("café".encode(), "café".encode("latin-1")):
+                    response = await client.post(
+                        "/v1/chat/completions",
+                        json={"model": "m", "messages": user("hi")},
+                        headers={"X-Conversation-Id": header},
+                    )
+                    assert response.status_code == 200, response.text
+        assert [(c.conversation_id, c.turns) for c in await log.conversations()] == [("café", 2)]
+
+
 async def test_two_racing_turns_on_one_conversation_give_one_409(tmp_path: Path) -> None:
     """Catches: a lost update — both racing turns committed, or both refused."""
     both_loaded = anyio.Event()
