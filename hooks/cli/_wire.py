@@ -440,7 +440,7 @@ def _tools(raw: Any) -> tuple[ToolSpec, ...]:
         return ()
     if not isinstance(raw, list):
         raise _bad("'tools' must be an array of function tools", "tools", "invalid_type")
-    specs = []
+    specs: list[ToolSpec] = []
     for i, item in enumerate(raw):
         where = f"tools[{i}]"
         function = item.get("function") if isinstance(item, dict) else None
@@ -458,6 +458,13 @@ def _tools(raw: Any) -> tuple[ToolSpec, ...]:
             raise _bad(
                 f"'{where}.function.name' must be 1 to 64 letters, digits, '_' or '-', got"
                 f" {name[:80]!r}",
+                f"{where}.function.name",
+            )
+        if any(spec.name == name for spec in specs):
+            # A call could not say which of the two it means; providers refuse the request.
+            raise _bad(
+                f"'{where}.function.name' is {name!r}, the name of an earlier tool — each"
+                " tool needs a name of its own",
                 f"{where}.function.name",
             )
         parameters = function.get("parameters", {"type": "object", "properties": {}})

@@ -418,6 +418,23 @@ async def test_a_malformed_request_is_400_naming_the_field(
     assert model.requests == []
 
 
+async def test_two_client_tools_of_one_name_are_400_naming_the_second() -> None:
+    """Catches: a request declaring two tools under one name passed to the model, which
+    could not say which it calls (and a provider refuses: Anthropic's tool names must be
+    unique), instead of a 400 naming the repeated name."""
+    weather = {"type": "function", "function": {"name": "get_weather"}}
+    model = ScriptedModel([])
+    async with served(Pipeline(model=model)) as gw:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await gw.sdk().chat.completions.create(
+                model="m", messages=user("q"), tools=[weather, weather]
+            )
+    error = openai_error(caught.value.response.content)
+    assert (error["param"], error["code"]) == ("tools[1].function.name", "invalid_value")
+    assert "'get_weather', the name of an earlier tool" in error["message"]
+    assert model.requests == []
+
+
 async def test_tool_call_arguments_nested_too_deep_are_read_as_undecodable() -> None:
     """Catches: the deepest undecodable arguments in the history (nested 100,000 deep:
     json.loads raises RecursionError, not a decode error) escaping the mark that other
