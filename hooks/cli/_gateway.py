@@ -357,10 +357,8 @@ class Gateway:
         self.holds = bool(pipe.post or pipe.before_tool or pipe.after_tool)
         # Refusals of the client tool policy, by turn, until the turn's answer is sent.
         self._refused: dict[str, WireError] = {}
-        # The client tool policy's own events, by turn, each with the seconds since the
-        # policy began, and the `at` of the policy's HookStarted (see `publish`).
-        self._judging: dict[str, list[tuple[float, ev.Event]]] = {}
-        self._policy_at: dict[str, float] = {}
+        # The client tool policy's own events, by turn, until the policy ends (see `publish`).
+        self._judging: dict[str, list[ev.Event]] = {}
         if pipe.before_tool and not pipe.tools:
             # Tool calls returned to the client are judged by the before-tool hooks in the
             # last post hook, so a refusal stops the turn before anything is committed.
@@ -543,30 +541,24 @@ class Gateway:
             return
         if isinstance(event, ev.HookStarted | ev.HookFinished) and event.hook == ACCEPTED_HOOK:
             return  # the gateway's bookkeeping, not the pipeline's
-        if isinstance(event, ev.HookStarted | ev.HookFinished | ev.HookFailed) and (
-            event.hook == POLICY_HOOK
-        ):
-            if type(event) is ev.HookStarted:
-                self._policy_at[event.turn_ref] = event.at
-            else:
-                self._flush_judging(event.turn_ref)
+        if isinstance(event, ev.HookFinished | ev.HookFailed) and event.hook == POLICY_HOOK:
+            self._flush_judging(event.turn_ref)
         self.feed.publish(event)
 
-    def _judged(self, turn_ref: str, begun: float, event: ev.Event) -> None:
+    def _judged(self, turn_ref: str, event: ev.Event) -> None:
         """Keep an event of the client tool policy's hooks until the policy's own end.
 
-        `Pipeline.judge_tool_call` runs outside the turn's event stream: its events would
-        reach the page ahead of the turn's events still on their way (the model call's end,
-        the post hooks before the policy), stamped from the judging's start, not the turn's.
+        `Pipeline.judge_tool_call` runs outside the turn's event stream: its events (stamped
+        on the turn's clock, as the policy runs in the turn) would reach the page ahead of
+        the turn's events still on their way (the model call's end, the post hooks before
+        the policy).
         """
-        self._judging.setdefault(turn_ref, []).append((anyio.current_time() - begun, event))
+        self._judging.setdefault(turn_ref, []).append(event)
 
     def _flush_judging(self, turn_ref: str) -> None:
-        """Publish the policy's kept events, between its HookStarted and its end, each
-        stamped with its time since the turn started."""
-        start = self._policy_at.pop(turn_ref, 0.0)
-        for offset, event in self._judging.pop(turn_ref, ()):
-            self.feed.publish(attrs.evolve(event, at=start + offset))
+        """Publish the policy's kept events, between its HookStarted and its end."""
+        for event in self._judging.pop(turn_ref, ()):
+            self.feed.publish(event)
 
     async def turn(
         self,
@@ -909,7 +901,7 @@ class Gateway:
         calls = [p for p in reply.message.parts if type(p) is ToolCall]
         if not calls:
             return cont(turn)
-        emit = partial(self._judged, turn.turn_ref, anyio.current_time())
+        emit = partial(self._judged, turn.turn_ref)
         judged, error = await police_calls(self.pipe, turn, calls, emit)
         if error is not None:
             self._refused[turn.turn_ref] = error

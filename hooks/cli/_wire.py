@@ -441,6 +441,7 @@ def _tools(raw: Any) -> tuple[ToolSpec, ...]:
     if not isinstance(raw, list):
         raise _bad("'tools' must be an array of function tools", "tools", "invalid_type")
     specs: list[ToolSpec] = []
+    seen: set[str] = set()
     for i, item in enumerate(raw):
         where = f"tools[{i}]"
         function = item.get("function") if isinstance(item, dict) else None
@@ -460,7 +461,7 @@ def _tools(raw: Any) -> tuple[ToolSpec, ...]:
                 f" {name[:80]!r}",
                 f"{where}.function.name",
             )
-        if any(spec.name == name for spec in specs):
+        if name in seen:
             # A call could not say which of the two it means; providers refuse the request.
             raise _bad(
                 f"'{where}.function.name' is {name!r}, the name of an earlier tool — each"
@@ -478,6 +479,7 @@ def _tools(raw: Any) -> tuple[ToolSpec, ...]:
             raise _bad(
                 f"'{where}.function.description' must be a string", f"{where}.function.description"
             )
+        seen.add(name)
         specs.append(ToolSpec(name, description, parameters))
     return tuple(specs)
 
