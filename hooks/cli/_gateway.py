@@ -33,6 +33,7 @@ from pipeline import (
     Cont,
     Halt,
     Hook,
+    HookError,
     LogConflict,
     Pipeline,
     PipelineError,
@@ -295,6 +296,19 @@ def failure_error(exc: BaseException) -> WireError:
         )
     if isinstance(exc, RequestError | BudgetError):
         return WireError(400, f"{name}: {exc}", code="invalid_turn")
+    if isinstance(exc, HookError):
+        # Which hook, and the kind of failure; not the exception's own text, which may quote
+        # what the hook was handling (a password in a connection string, a user's data).
+        # The gateway's log has it whole (`Gateway._failed`).
+        cause = exc.__cause__
+        raised = f", which raised {type(cause).__name__}" if cause is not None else ""
+        return WireError(
+            500,
+            f"the pipeline failed: {name} in hook {exc.hook!r} ({exc.stage} stage){raised} —"
+            " the gateway's log has the details",
+            type="pipeline_error",
+            code="pipeline_failed",
+        )
     if isinstance(exc, PipelineError):
         return WireError(
             500,

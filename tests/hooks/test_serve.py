@@ -1180,3 +1180,29 @@ async def test_a_gateway_in_a_library_users_process_configures_no_logging(
     assert (list(root.handlers), root.level) == before
     # The warning reached the application's own (root) handler, pytest's here.
     assert [r.name for r in caplog.records if r.levelno == logging.WARNING] == ["turnplug.pipeline"]
+
+
+async def test_a_failing_hook_is_500_naming_it_without_its_exceptions_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Catches: a hook's exception text (here a connection string with its password) sent to
+    the client in the 500's body, where the upstream's own errors are already withheld;
+    the gateway's log keeps it for the operator."""
+
+    def lookup(turn: Turn) -> Turn:
+        raise ValueError("cannot reach postgres://app:hunter2@db/prod")
+
+    model = ScriptedModel(["never"])
+    pipe = Pipeline(model=model, pre=[hook(lookup, name="lookup")])
+    with caplog.at_level(logging.WARNING, logger="turnplug.serve"):
+        async with served(pipe) as gw, gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions", json={"model": "m", "messages": user("hi")}
+            )
+    assert response.status_code == 500
+    error = openai_error(response.content)
+    assert (error["type"], error["code"]) == ("pipeline_error", "pipeline_failed")
+    assert "hook 'lookup' (pre stage), which raised ValueError" in error["message"]
+    assert "hunter2" not in response.text
+    assert any("hunter2" in r.getMessage() for r in caplog.records if r.name == "turnplug.serve")
+    assert model.requests == []
