@@ -28,7 +28,7 @@ from ._runner import Emit, Runner
 from ._signals import Cont
 from ._stream import TurnEvents, stream_turn
 from .logs import Log
-from .logs._protocol import check_turn_ref
+from .logs._protocol import check_id, check_turn_ref
 
 Reason: TypeAlias = Literal["closed", "error", "cancelled"]
 
@@ -457,6 +457,9 @@ async def _session(
     open_tools: OpenTools | None,
 ) -> AsyncIterator[Session]:
     current_loop("pipe.session(...)")
+    # A log reads a conversation under any id it may hold, but stores none that is too long:
+    # refused now, before any turn runs, not at its commit.
+    check_id(conversation_id)
     context = await log.load(conversation_id)
     reason: Reason = "error"
     session: Session | None = None

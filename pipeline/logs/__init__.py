@@ -10,7 +10,8 @@ machine); `PostgresLog` serves several worker processes or machines (``pip insta
 'turnplug[postgres]'``). Storage failures of the durable logs are `pipeline.LogError`, and
 every log refuses alike (`pipeline.LogError`, nothing written) a commit holding a value nested
 deeper than `MAX_DEPTH` levels, and (`ValueError`) a conversation id or turn_ref longer than
-`MAX_ID_BYTES` bytes as UTF-8.
+`MAX_ID_BYTES` bytes as UTF-8 (``load`` and ``entries`` still read a conversation an older
+log stored under a longer id).
 `entry_to_dict` and `entry_from_dict` give a log entry's JSON shape.
 """
 

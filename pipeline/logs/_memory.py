@@ -37,7 +37,7 @@ class MemoryLog:
         return f"MemoryLog({len(self._entries)} conversations)"
 
     async def load(self, conversation_id: str) -> Context:
-        check_id(conversation_id)
+        check_id(conversation_id, to_read=True)
         entries = self._entries.get(conversation_id, ())
         return Context(messages=tuple(m for entry in entries for m in entry.messages))
 
@@ -66,7 +66,7 @@ class MemoryLog:
 
     async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
         """Every commit of a conversation, in order, with its audit record."""
-        check_id(conversation_id)
+        check_id(conversation_id, to_read=True)
         return tuple(self._entries.get(conversation_id, ()))
 
     async def conversations(self) -> tuple[ConversationInfo, ...]:

@@ -332,14 +332,14 @@ class DatabaseLog:
         await self._connections.aclose()
 
     async def load(self, conversation_id: str) -> Context:
-        check_id(conversation_id)
+        check_id(conversation_id, to_read=True)
         load = type(self)._load_rows
         rows = await self._connections.run(functools.partial(load, conversation_id))
         return Context(messages=tuple(m for messages in rows for m in messages))
 
     async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
         """Every commit of a conversation, in order, with its audit record."""
-        check_id(conversation_id)
+        check_id(conversation_id, to_read=True)
         entries = type(self)._entry_rows
         return await self._connections.run(functools.partial(entries, conversation_id))
 

@@ -103,8 +103,12 @@ def by_recency(infos: Iterable[ConversationInfo]) -> tuple[ConversationInfo, ...
     return tuple(sorted(ordered, key=lambda info: info.last_committed_at, reverse=True))
 
 
-def check_id(conversation_id: object) -> None:
-    """Raise unless `conversation_id` is a non-empty string a log can store."""
+def check_id(conversation_id: object, *, to_read: bool = False) -> None:
+    """Raise unless `conversation_id` is a non-empty string a log can store.
+
+    `to_read` (``load``, ``entries``) lets a longer one than `MAX_ID_BYTES` through: a log
+    written before the limit was enforced may hold one, and what it holds stays readable.
+    """
     if not isinstance(conversation_id, str) or not conversation_id:
         raise ValueError(f"a conversation id must be a non-empty string, got {conversation_id!r}")
     if "\x00" in conversation_id:
@@ -115,7 +119,7 @@ def check_id(conversation_id: object) -> None:
         raise ValueError(
             f"a conversation id must not hold a lone surrogate, got {conversation_id!r}{_LONE}"
         )
-    if _too_long(conversation_id):
+    if not to_read and _too_long(conversation_id):
         raise ValueError(
             f"a conversation id must be at most {MAX_ID_BYTES} bytes as UTF-8, got"
             f" {_byte_length(conversation_id)} ({conversation_id[:40]!r}...){_LONG}"
@@ -133,7 +137,8 @@ MAX_ID_BYTES = 1024
 """How long a conversation id or a turn_ref may be, in bytes as UTF-8.
 
 PostgreSQL indexes the two together, and an index entry must fit in about a third of a page
-(2.7 kB). Every log refuses a longer one alike.
+(2.7 kB). Every log refuses to store a longer one alike; a conversation stored under a longer
+id before the limit was enforced can still be read (``load``, ``entries``).
 """
 _LONG = (
     " — PostgreSQL cannot index a longer one, so no log takes it (the logs agree); use a"

@@ -448,6 +448,8 @@ BAD_IDS = [
     # Catches: a lone surrogate (a "\ud800" escape decoded from JSON) taken by the memory
     # log but failing SQLite and PostgreSQL with a bare UnicodeEncodeError naming no argument.
     pytest.param("conv\ud800", id="lone-surrogate"),
+]
+TOO_LONG_IDS = [
     # Catches: an id too long for PostgreSQL's index (about 2.7 kB) taken by the memory log
     # and SQLite but failing PostgreSQL's commit with a LogError (ProgramLimitExceeded).
     pytest.param("c" * 1025, id="too-long"),
@@ -461,7 +463,7 @@ async def test_load_rejects_a_bad_conversation_id(log, conversation_id):
         await log.load(conversation_id)
 
 
-@pytest.mark.parametrize("conversation_id", BAD_IDS)
+@pytest.mark.parametrize("conversation_id", BAD_IDS + TOO_LONG_IDS)
 async def test_append_rejects_a_bad_conversation_id(log, conversation_id):
     with pytest.raises(ValueError, match="conversation id"):
         await log.append(conversation_id, "turn-1", exchange("hi", "hello"))
@@ -471,6 +473,17 @@ async def test_append_rejects_a_bad_conversation_id(log, conversation_id):
 async def test_entries_rejects_a_bad_conversation_id(log, conversation_id):
     with pytest.raises(ValueError, match="conversation id"):
         await log.entries(conversation_id)
+
+
+@pytest.mark.parametrize("conversation_id", TOO_LONG_IDS)
+async def test_an_id_too_long_to_store_is_still_looked_up(log, conversation_id):
+    """Catches: load and entries refusing an id over MAX_ID_BYTES, which a log written
+    before the limit may hold (SQLite stored any length): its conversations became
+    unreadable. A log that holds none under it finds nothing, as for any unknown id."""
+    assert (await log.load(conversation_id), await log.entries(conversation_id)) == (
+        Context(),
+        (),
+    )
 
 
 @pytest.mark.parametrize(

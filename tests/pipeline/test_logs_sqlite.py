@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from pipeline import LogConflict, LogError
-from pipeline.logs import SQLiteLog, _sqlite
+from pipeline.logs import MAX_ID_BYTES, SQLiteLog, _sqlite
 from turns import Context, Message, Text
 
 
@@ -269,6 +269,26 @@ async def test_a_stored_row_that_cannot_be_read_is_a_log_error_naming_the_turn(t
     message = str(excinfo.value)
     assert "'t2'" in message
     assert "'c'" in message
+
+
+async def test_a_conversation_stored_under_an_id_over_the_limit_can_still_be_read(tmp_path):
+    """Catches: a conversation that a log written before MAX_ID_BYTES was enforced holds
+    under a longer id (SQLite took any length) refused by load and entries with a ValueError,
+    so neither the conversation nor ``turnplug log`` could read it any more."""
+    path = tmp_path / "log.db"
+    await committed(path, "t1")
+    long_id = "c" * (MAX_ID_BYTES + 1)
+    with raw(path) as db:  # as an earlier version stored it
+        for table in ("turnplug_turns", "turnplug_conversations"):
+            db.execute(f"UPDATE {table} SET conversation_id = ?", (long_id,))
+
+    async with SQLiteLog(path) as log:
+        [info] = await log.conversations()
+        context = await log.load(info.conversation_id)
+        entries = await log.entries(info.conversation_id)
+
+    assert context == Context(messages=exchange("q t1", "a t1"))
+    assert [entry.turn_ref for entry in entries] == ["t1"]
 
 
 @pytest.mark.parametrize(

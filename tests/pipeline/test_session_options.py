@@ -139,6 +139,17 @@ async def test_a_turn_ref_no_log_can_store_is_refused_before_the_turn_runs(
     assert session.context == await log.load("c")
 
 
+async def test_a_conversation_id_no_log_can_store_is_refused_when_the_session_opens() -> None:
+    """Catches: a conversation id too long to store, which a log's load reads (an older log
+    may hold one), opening a session whose turns ran (the model called) and only then failed
+    at the commit."""
+    model = ScriptedModel(["Hello."])
+    with pytest.raises(ValueError, match="conversation id must be at most 1024 bytes"):
+        async with Pipeline(model=model).session(log=MemoryLog(), conversation_id="c" * 1025):
+            pass
+    assert model.requests == []
+
+
 async def again(session: Session, method: str, turn_ref: str) -> None:
     """A turn under `turn_ref`, sent or streamed to its end."""
     if method == "send":
