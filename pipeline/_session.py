@@ -1,5 +1,6 @@
 """Sessions: one conversation, its log, its lifecycle hooks and its background work."""
 
+import inspect
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -349,6 +350,12 @@ class Session:
             if called is None:
                 continue
             result, elapsed = called
+            if inspect.iscoroutine(result):
+                # An await forgotten: said so, and the coroutine closed, as for a turn's hooks.
+                runner.fail(
+                    step, runner.wrong_return(step, result, "Cont(scope)", group=False), elapsed
+                )
+                continue
             if type(result) is not Cont or not isinstance(result.value, Scope):
                 error = HookReturnError(
                     f"expected hook {step.label} to return Cont(scope), got"
@@ -375,8 +382,17 @@ class Session:
         with anyio.CancelScope(shield=True):
             for step in self._plan.session_end:
                 called = await runner.timed(step, self.info, reason, failed=self._end_failed)
-                if called is not None:
-                    runner.finished(step, called[1], "ok")
+                if called is None:
+                    continue
+                result, elapsed = called
+                if inspect.iscoroutine(result):
+                    # Its value is ignored, but a coroutine is work that never ran (an await
+                    # forgotten): reported, and closed rather than left to warn.
+                    expected = "once its work is done (its value is ignored)"
+                    error = runner.wrong_return(step, result, expected, group=False)
+                    self._end_failed(step, error, elapsed, None)
+                    continue
+                runner.finished(step, elapsed, "ok")
 
     def _end_failed(
         self, step: Step, exc: Exception, _elapsed: float, _records: list[HookRecord] | None

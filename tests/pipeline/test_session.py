@@ -1,5 +1,6 @@
 """Sessions: one conversation over a log, its lifecycle hooks and its background work."""
 
+import inspect
 import math
 
 import anyio
@@ -438,6 +439,31 @@ async def test_a_start_hook_returning_anything_but_cont_scope_fails_the_entry(ma
     assert entered == []
 
 
+async def test_a_start_hook_returning_a_coroutine_it_forgot_to_await_is_told_to_await_it():
+    """Bug: an async start hook that returned another function's coroutine without awaiting
+    it got a HookReturnError with no hint (only "return cont(info.scope)"), and the coroutine
+    was left to warn "never awaited" after the error."""
+    made = []
+
+    async def fetch_profile(info: SessionInfo):
+        return cont(info.scope.assign(plan="pro"))
+
+    async def load_profile(info: SessionInfo):
+        coroutine = fetch_profile(info)
+        made.append(coroutine)
+        return coroutine
+
+    pipe = Pipeline(
+        model=ScriptedModel([]), on_session_start=[hook(load_profile, name="load_profile")]
+    )
+
+    with pytest.raises(HookReturnError, match=r"'load_profile' \(session_start.*forget `await`"):
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+            pass
+
+    assert [inspect.getcoroutinestate(c) for c in made] == [inspect.CORO_CLOSED]
+
+
 async def test_a_start_hook_that_raises_fails_the_entry_and_end_hooks_run_with_error():
     trace = []
 
@@ -663,6 +689,32 @@ async def test_an_end_hooks_return_value_is_ignored():
         pass
 
     assert not any(isinstance(event, ev.HookFailed) for event in session.events)
+
+
+async def test_an_end_hook_returning_a_coroutine_it_forgot_to_await_is_an_event():
+    """Bug: an async end hook that returned its cleanup's coroutine without awaiting it was
+    recorded as finished: the cleanup never ran, and nothing but a "never awaited" warning
+    said so."""
+    made = []
+
+    async def close_db(info: SessionInfo, reason: str):
+        raise AssertionError("never run")
+
+    async def close(info: SessionInfo, reason: str):
+        coroutine = close_db(info, reason)
+        made.append(coroutine)
+        return coroutine
+
+    pipe = Pipeline(model=ScriptedModel([]), on_session_end=[hook(close, name="close")])
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        pass
+
+    [failed] = [event for event in session.events if isinstance(event, ev.HookFailed)]
+    assert (failed.hook, failed.stage, failed.enforced) == ("close", "session_end", False)
+    assert "forget `await`" in failed.error
+    assert not any(isinstance(event, ev.HookFinished) for event in session.events)
+    assert [inspect.getcoroutinestate(c) for c in made] == [inspect.CORO_CLOSED]
 
 
 async def test_an_end_hook_past_its_timeout_is_an_event_and_the_session_closes(autojump_clock):
