@@ -22,6 +22,7 @@ from turns import (
     Text,
     ToolCall,
     ToolResult,
+    ToolSpec,
     Turn,
     Usage,
 )
@@ -624,6 +625,13 @@ def turn_problem(turn: Turn, before: Turn | None = None) -> tuple[str, str] | No
         system: object = context.system
         if system is not None and not isinstance(system, str):
             return f"turn.context.system is {describe(system)}", "it is text or None"
+        specs = [spec for spec in context.tools if type(spec) is not ToolSpec]
+        if specs:
+            return (
+                f"turn.context.tools holds {describe(specs[0])}, not a ToolSpec",
+                "the tools offered are ToolSpec records (an empty context.tools offers the"
+                " pipeline's own)",
+            )
     for field, kind, fix in _RECORD_FIELDS:
         value = getattr(turn, field)
         if (before is None or value is not getattr(before, field)) and type(value) is not kind:

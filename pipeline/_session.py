@@ -201,6 +201,19 @@ class Session:
                 " log keeps one commit per turn_ref: this turn would be answered and then lost"
                 " — give each turn its own turn_ref (or none, for a fresh one)"
             )
+        # As run() checks a turn's context: refused now, naming the argument, not when the
+        # turn is rendered after its pre hooks ran.
+        if system is not None and not isinstance(system, str):
+            raise TypeError(
+                f"system= takes this turn's system prompt as text, got {describe(system)}"
+            )
+        given: object = tools  # a str is a sequence too, of one-letter strs
+        odd = [given] if isinstance(given, str) else [t for t in tools if type(t) is not ToolSpec]
+        if odd:
+            raise TypeError(
+                f"tools= takes turns.ToolSpec records, got {describe(odd[0])} — e.g."
+                " ToolSpec(name, description, parameters)"
+            )
         context = self._context
         if system is not None or tools:
             context = attrs.evolve(

@@ -475,6 +475,9 @@ MALFORMED_TURNS = {
     "context": (lambda turn: attrs.evolve(turn, context=None), "turn.context"),
     "history": (lambda turn: with_context(turn, messages=("earlier",)), "messages"),
     "system": (lambda turn: with_context(turn, system=["be brief"]), "system"),
+    # Catches: tools set to names failing as an AttributeError while the error about a
+    # changed tool set was being worded.
+    "tools": (lambda turn: with_context(turn, tools=("lookup",)), "turn.context.tools"),
     "user_message": (lambda turn: attrs.evolve(turn, user_message="hi"), "user_message"),
     "scope": (lambda turn: attrs.evolve(turn, scope=None), "turn.scope"),
     "request": (lambda turn: attrs.evolve(turn, request={"temperature": 0}), "request"),

@@ -73,7 +73,7 @@ async def test_a_tool_message_answering_no_call_of_the_conversation_is_refused()
         with pytest.raises(ValueError, match="needs the tool calls they answer"):
             await session.send(Message("tool", (ToolResult("c1", "sunny"),)))
         with pytest.raises(TypeError, match=r"request= takes a turns\.RequestOptions, got dict"):
-            await session.send("hi", request={"temperature": 0.1})  # type: ignore[arg-type]
+            await session.send("hi", request={"temperature": 0.1})
         assert session.info.turns == 0
 
 
@@ -148,6 +148,46 @@ async def test_a_conversation_id_no_log_can_store_is_refused_when_the_session_op
         async with Pipeline(model=model).session(log=MemoryLog(), conversation_id="c" * 1025):
             pass
     assert model.requests == []
+
+
+@pytest.mark.parametrize("method", ["send", "stream"])
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        pytest.param({"system": 123}, "system= takes", id="system"),
+        pytest.param({"tools": ["lookup"]}, "tools= takes turns.ToolSpec", id="tools"),
+        pytest.param({"tools": "lookup"}, "got str 'lookup'", id="tools-str"),
+    ],
+)
+async def test_a_malformed_system_or_tools_is_refused_before_the_turn_runs(
+    method: str, options: dict, said: str
+) -> None:
+    """Catches: a system prompt that is not text, or tools that are not ToolSpecs, running
+    the pre hooks and failing mid-turn with a TypeError about Text.text or an AttributeError,
+    naming neither argument (run() and stream() refuse such a turn before it runs)."""
+    trace = []
+
+    def pre(turn: Turn):
+        trace.append("pre")
+        return cont(turn)
+
+    model = ScriptedModel(["Hello."])
+    async with Pipeline(model=model, pre=[pre]).session(
+        log=MemoryLog(), conversation_id="c"
+    ) as session:
+        with pytest.raises(TypeError, match=said):
+            await one_turn(session, method, **options)
+        assert (trace, session.info.turns, model.requests) == ([], 0, [])
+
+
+async def one_turn(session: Session, method: str, **options: object) -> None:
+    """A turn with `options`, sent or streamed to its end."""
+    if method == "send":
+        await session.send("hi", **options)
+        return
+    async with session.stream("hi", **options) as events:
+        async for _ in events:
+            pass
 
 
 async def again(session: Session, method: str, turn_ref: str) -> None:
