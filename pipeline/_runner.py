@@ -608,9 +608,13 @@ def check_history(step: Step, messages: object) -> tuple[Message, ...]:
         or not isinstance(messages, Sequence)
         or not all(type(message) is Message for message in messages)
     ):
+        hint = ""
+        if inspect.iscoroutine(messages):
+            messages.close()  # an await forgotten: closed, not left to warn "never awaited"
+            hint = wrong_return_hint(messages, group=False)
         raise HookReturnError(
             f"expected {step.label} to return the history as a sequence of Message, got"
-            f" {describe(messages)}",
+            f" {describe(messages)}{hint}",
             hook=step.name,
             stage=step.stage,
         )

@@ -1,5 +1,6 @@
 """Token budgets: Budget, token counting, InjectionOverflow, ContextOverflow and compact=."""
 
+import inspect
 import math
 
 import anyio
@@ -392,6 +393,25 @@ async def test_compact_returning_a_wrong_type_fails_naming_it(wrong):
     pipe = build(budget=Budget(100, 30), compact=compactor(wrong, [], is_async=False))
     with pytest.raises(HookReturnError, match="shrink"):
         await pipe.run(history_turn())
+
+
+async def test_compact_returning_a_coroutine_it_forgot_to_await_is_told_to_await_it():
+    """Bug: an async compact= that returned a summarizer's coroutine without awaiting it got
+    no hint, and the coroutine was left to warn "never awaited" after the error."""
+    made = []
+
+    async def summarize(history):
+        return SUMMARY
+
+    async def shrink(history, target, tokenizer):
+        coroutine = summarize(history)
+        made.append(coroutine)
+        return coroutine
+
+    pipe = build(budget=Budget(100, 30), compact=shrink)
+    with pytest.raises(HookReturnError, match=r"\.shrink' \(compact.*forget `await`"):
+        await pipe.run(history_turn())
+    assert [inspect.getcoroutinestate(c) for c in made] == [inspect.CORO_CLOSED]
 
 
 async def test_compact_that_raises_fails_with_the_original_as_cause():
