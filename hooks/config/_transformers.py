@@ -1,5 +1,6 @@
 """The entries that build stream transformers."""
 
+import inspect
 import json
 import re
 from collections.abc import Callable
@@ -91,6 +92,19 @@ def _check_factory(text: str, factory: Callable[[], Any]) -> None:
         raise Invalid(
             f"the factory {json.dumps(text)} returned a transformer whose annotations is not"
             " a method",
+            key="ref",
+        )
+    asynchronous = [
+        f"{method}()"
+        for method in ("feed", "flush", "annotations")
+        if inspect.iscoroutinefunction(getattr(first, method, None))
+    ]
+    if asynchronous:
+        raise Invalid(
+            f"the factory {json.dumps(text)} returned a transformer whose"
+            f" {' and '.join(asynchronous)} {'is' if len(asynchronous) == 1 else 'are'} async;"
+            " the seam is synchronous and on the hot path, so no I/O in transformers — do the"
+            " I/O in a hook instead",
             key="ref",
         )
 

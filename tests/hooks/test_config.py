@@ -435,12 +435,19 @@ def raising_factory() -> support.Upper:
     raise RuntimeError("no transformer today")
 
 
+class AsyncFeed(support.Upper):
+    async def feed(self, text: str) -> str:  # type: ignore[override]
+        return text.upper()
+
+
 @pytest.mark.parametrize(
     ("factory", "says"),
     [
         (ref("days"), "returned int 2, which lacks feed(text)"),
         ("tests.hooks.test_config:same_every_time", "the same object twice"),
         ("tests.hooks.test_config:raising_factory", "RuntimeError: no transformer today"),
+        # Catches: an async feed refused by Pipeline only, without the config path.
+        ("tests.hooks.test_config:AsyncFeed", "feed() is async"),
     ],
 )
 def test_a_transformer_factory_that_makes_no_transformer_is_a_problem_of_its_ref(
