@@ -206,10 +206,10 @@ class Drive(Runner):
 
         The drive's stage loop: `ordered_step_by_step` with its hottest case inlined. A plain
         step (an enforced async hook without timeout or ``when=``) that continues with the
-        turn's request, context, reply and correlation unchanged is run, recorded and
-        announced here, without a call per hook; every other step and signal goes through
-        `run_step` and `settle`, as in the reference loop. A test runs both loops over every
-        verdict and compares their records and events.
+        turn's request, context, reply, user message and correlation unchanged (and a `Scope`)
+        is run, recorded and announced here, without a call per hook; every other step and
+        signal goes through `run_step` and `settle`, as in the reference loop. A test runs both
+        loops over every verdict and compares their records and events.
         """
         now, emit, records = self.now, self.emit, self.records
         # A watched turn's hook events are stamped from the clock reads that time the hook
