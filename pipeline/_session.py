@@ -207,8 +207,12 @@ class Session:
             raise TypeError(
                 f"system= takes this turn's system prompt as text, got {describe(system)}"
             )
-        given: object = tools  # a str is a sequence too, of one-letter strs
-        odd = [given] if isinstance(given, str) else [t for t in tools if type(t) is not ToolSpec]
+        given: object = tools  # a str is a sequence too, of one-letter strs; None is none
+        odd = (
+            [given]
+            if isinstance(given, str)
+            else [t for t in tools or () if type(t) is not ToolSpec]
+        )
         if odd:
             raise TypeError(
                 f"tools= takes turns.ToolSpec records, got {describe(odd[0])} — e.g."

@@ -180,6 +180,16 @@ async def test_a_malformed_system_or_tools_is_refused_before_the_turn_runs(
         assert (trace, session.info.turns, model.requests) == ([], 0, [])
 
 
+@pytest.mark.parametrize("method", ["send", "stream"])
+async def test_tools_none_still_means_no_tools_of_the_callers(method: str) -> None:
+    """Catches: the check of tools= refusing None (iterating it), which a session took as no
+    tools before the check."""
+    model = ScriptedModel(["Hello."])
+    async with Pipeline(model=model).session(log=MemoryLog(), conversation_id="c") as session:
+        await one_turn(session, method, tools=None)
+    assert model.requests[0].tools == ()
+
+
 async def one_turn(session: Session, method: str, **options: object) -> None:
     """A turn with `options`, sent or streamed to its end."""
     if method == "send":
