@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import trio
 
 from pipeline import ConfigError, LogError, Pipeline, PipelineError
+from pipeline.logs import MAX_ID_BYTES
 
 from ..config import _load as _config
 
@@ -151,6 +152,24 @@ def _conversation_id(text: str) -> str:
     return text
 
 
+def _new_conversation_id(text: str) -> str:
+    """A conversation id turns are committed under: one a log can store (a log reads
+    longer ones, which an older log may hold, but `turnplug log` is for those)."""
+    _conversation_id(text)
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(
+            f"a conversation id must be valid UTF-8, got {text!r}"
+        ) from None
+    if size > MAX_ID_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"a conversation id must be at most {MAX_ID_BYTES} bytes as UTF-8, got {size} —"
+            " use a shorter key, such as a hash"
+        )
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``turnplug`` command's parser: every command, its options and its help."""
     parser = argparse.ArgumentParser(
@@ -268,7 +287,7 @@ def _conversation_options(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--conversation",
         metavar="ID",
-        type=_conversation_id,  # checked before the log is opened (and a file created)
+        type=_new_conversation_id,  # checked before the log is opened (and a file created)
         default=DEFAULT_CONVERSATION,
         help=f"the conversation to continue (default: {DEFAULT_CONVERSATION})",
     )

@@ -252,6 +252,21 @@ def test_an_empty_conversation_id_is_refused_before_the_log_is_created(
     assert not log.exists()
 
 
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_a_conversation_id_too_long_for_a_log_is_refused_before_the_log_is_created(
+    tmp_path: Path, command: str
+) -> None:
+    """Catches: `run --conversation <over 1024 bytes> --log e.db` creating e.db, then failing
+    with the log's ValueError, where an empty id is a usage error before the log opens."""
+    config = write_config(tmp_path, CHAT)
+    message = ["hi"] if command == "run" else []
+    log = tmp_path / "e.db"
+    done = turnplug(command, config, *message, "--conversation", "c" * 1025, "--log", log)
+    assert done.returncode == 2, done.stderr
+    assert "at most 1024 bytes" in done.stderr
+    assert not log.exists()
+
+
 def test_chat_without_a_standard_input_is_a_usage_error(tmp_path: Path) -> None:
     """Catches: `turnplug chat CONFIG <&-` (file descriptor 0 closed, so sys.stdin is None)
     failing with AttributeError: 'NoneType' object has no attribute 'isatty', exit 1."""
