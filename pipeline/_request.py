@@ -209,6 +209,18 @@ async def call_model(
     return Message("assistant", parts), finish
 
 
+def open_seam(runner: Runner) -> Seam | None:
+    """The attempt's transformer instances, or None without transformers."""
+    transformers = runner.plan.transformers
+    if not transformers:
+        return None
+    try:
+        return Seam(transformers)
+    except HookError as error:
+        _transformer_failed(runner, error)
+        raise
+
+
 def annotations_of(runner: Runner, seam: Seam | None) -> Mapping[str, Any]:
     """What the attempt's transformers reported, by transformer name."""
     if seam is None:

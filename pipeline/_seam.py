@@ -200,8 +200,16 @@ class Seam:
         self.failure: HookError | None = None
         """The error the seam raised, to tell it from one the model raised around it."""
         self._compiled = compiled
-        self._instances = [entry.factory() for entry in compiled]
-        self._feeds = [instance.feed for instance in self._instances]
+        self._instances: list[Transformer] = []
+        self._feeds: list[Callable[[str], str]] = []
+        for index, entry in enumerate(compiled):
+            # Probed when the pipeline was built, a factory may still fail for an attempt.
+            try:
+                instance = entry.factory()
+                self._feeds.append(instance.feed)
+            except Exception as exc:
+                raise self._failed(index, "its factory", exc) from exc
+            self._instances.append(instance)
         self.feed: Callable[[str], str] = self._feed_one if len(compiled) == 1 else self._feed_many
         """Pass a chunk through every transformer; ``""`` when they hold it back."""
 

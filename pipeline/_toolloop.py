@@ -23,9 +23,8 @@ from ._excgroups import first_failure
 from ._model import ModelRequest
 from ._observe import TOOL_CALL
 from ._parallel import stop_group
-from ._request import annotations_of, call_model, check_context
+from ._request import annotations_of, call_model, check_context, open_seam
 from ._runner import Runner
-from ._seam import Seam
 from ._signals import Halt
 from ._tooljudge import ToolJob, run_after_hooks, run_before_hooks
 from ._tools import CANCELLED, CURRENT_TOOLS, UNKNOWN_TOOL, Tool, invalid_arguments
@@ -51,7 +50,7 @@ async def answer(
     plan = runner.plan
     emit = runner.emit
     deliver = held.append if held is not None and emit is not None else emit
-    seam = Seam(plan.transformers) if plan.transformers else None
+    seam = open_seam(runner)
     exchange: tuple[Message, ...] = ()
     usage = Usage()
     for call_index in range(1, plan.max_steps + 1):

@@ -764,6 +764,30 @@ async def test_a_transformer_failure_is_an_enforced_hook_failed_event_before_it_
     assert seen[-1] == ev.HookFailed(TURN_REF, "scrubber", "transformers", error, True)
 
 
+async def test_a_factory_failing_for_an_attempt_is_the_transformers_hook_failed():
+    """Bug: a factory that passed the build's probe but raised when an attempt made its
+    instance (a pool exhausted, say) failed the turn with its bare exception, no
+    PipelineError and no HookFailed event naming the transformer."""
+    built = []
+
+    def make() -> Shout:
+        if built:
+            raise RuntimeError("pool exhausted")
+        return Shout()
+
+    pipe = pipe_with(Factory("pooled", make))
+    built.append(True)  # the build's probes are over
+    seen: list[ev.Event] = []
+
+    with pytest.raises(HookFailed, match=r"'pooled'.*its factory") as info:
+        await collect_into(seen, pipe, start())
+
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert seen[-1] == ev.HookFailed(
+        TURN_REF, "pooled", "transformers", "RuntimeError: pool exhausted", True
+    )
+
+
 # -- tool steps: one instance per attempt, flushed after every model call --------------------
 
 
