@@ -477,7 +477,7 @@ MALFORMED_TURNS = {
     "system": (lambda turn: with_context(turn, system=["be brief"]), "system"),
     # Catches: tools set to names failing as an AttributeError while the error about a
     # changed tool set was being worded.
-    "tools": (lambda turn: with_context(turn, tools=("lookup",)), "turn.context.tools"),
+    "tools": (lambda turn: with_context(turn, tools=("lookup",)), "Context.tools"),
     "user_message": (lambda turn: attrs.evolve(turn, user_message="hi"), "user_message"),
     "scope": (lambda turn: attrs.evolve(turn, scope=None), "turn.scope"),
     "request": (lambda turn: attrs.evolve(turn, request={"temperature": 0}), "request"),
@@ -510,7 +510,7 @@ async def test_a_turn_with_a_malformed_field_fails_naming_the_hook(
         model=model, pre=[hook(careless_async if is_async else careless, name="careless")]
     )
 
-    expected = HookFailed if field in ("history", "system") else HookReturnError
+    expected = HookFailed if field in ("history", "system", "tools") else HookReturnError
     with pytest.raises(expected) as raised:
         await pipe.run(Turn.start("hi"))
 

@@ -256,7 +256,7 @@ MALFORMED_TURNS = {
     ),
     "context": (lambda: attrs.evolve(Turn.start("hi"), context=None), "turn.context"),
     # Catches: tools offered as names failing in the tool setup with an AttributeError.
-    "tools": (lambda: Turn.start("hi", context=Context(tools=["lookup"])), "turn.context.tools"),
+    "tools": (lambda: Turn.start("hi", context=Context(tools=["lookup"])), "Context.tools"),
     "user_message": (lambda: attrs.evolve(Turn.start("hi"), user_message="hi"), "user_message"),
     "scope": (lambda: attrs.evolve(Turn.start("hi"), scope={"user": "ada"}), "turn.scope"),
     "injections": (lambda: attrs.evolve(Turn.start("hi"), injections=["note"]), "injections"),
