@@ -73,11 +73,6 @@ async def test_a_special_tokens_spelling_in_text_counts_as_its_characters(small)
     assert [e.tokens for e in events if isinstance(e, ev.Injected)] == [13 + 1 + 5]
 
 
-def test_the_tokenizer_names_its_encoding_in_a_budget_error(small):
-    """Bug caught: errors naming an anonymous `count` instead of the encoding it counts with."""
-    assert tiktoken_tokenizer(small).__qualname__ == "tiktoken_tokenizer('small')"
-
-
 def test_an_unknown_encoding_is_a_config_error_naming_the_known_ones():
     """Bug caught: tiktoken's bare ValueError (or a download attempt) for a misspelt name."""
     with pytest.raises(ConfigError, match=r"no encoding 'o200k'.*'o200k_base'"):
