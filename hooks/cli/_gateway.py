@@ -1006,6 +1006,8 @@ class _Endpoint:
                     param="X-Conversation-Id",
                     code="invalid_value",
                 )
+            if conversation is not None:
+                conversation = await _logged_id(gateway.settings.log, conversation)
             if gateway.shutting_down:
                 # The body came in after the signal: the turn is not started either.
                 raise _shutting_down()
@@ -1278,6 +1280,28 @@ def _conversation_id(scope: Scope) -> str | None:
         return str(given[0].decode("utf-8"))
     except UnicodeDecodeError:
         return str(given[0].decode("latin-1"))
+
+
+async def _logged_id(log: Log | None, conversation: str) -> str:
+    """`conversation`, or the Latin-1 reading of its UTF-8 bytes when only that is logged.
+
+    Gateways that read every id as Latin-1 logged a UTF-8 "café" as "cafÃ©": such a
+    conversation goes on under the id it was logged with, not anew with no history.
+    """
+    if log is None or conversation.isascii():
+        return conversation
+    try:
+        legacy = conversation.encode().decode("latin-1")
+    except UnicodeEncodeError:  # a lone surrogate: never a Latin-1 reading
+        return conversation
+    if len(legacy.encode()) > MAX_ID_BYTES:  # longer than a log could have stored
+        return conversation
+    try:
+        if (await log.load(conversation)).messages or not (await log.load(legacy)).messages:
+            return conversation
+    except Exception:  # the turn's own load reports a failing log, as for any id
+        return conversation
+    return legacy
 
 
 def _header(scope: Scope, name: str) -> str | None:

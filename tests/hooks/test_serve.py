@@ -689,6 +689,28 @@ async def test_a_non_ascii_conversation_id_is_read_as_the_utf_8_it_was_sent_in(
         assert [(c.conversation_id, c.turns) for c in await log.conversations()] == [("café", 2)]
 
 
+async def test_a_utf_8_conversation_id_continues_its_conversation_logged_in_latin_1(
+    tmp_path: Path,
+) -> None:
+    """Catches: a conversation whose UTF-8 id ("café") a gateway of an earlier release logged
+    under its Latin-1 reading ("cafÃ©") started over with no history once the id was read as
+    UTF-8, instead of continuing the conversation it names."""
+    model = ScriptedModel(["first answer", "second answer"])
+    pipe = Pipeline(model=model)
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with pipe.session(log=log, conversation_id="café".encode().decode("latin-1")) as s:
+            await s.send("one")
+        async with served(pipe, log=log) as gw, gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": user("two")},
+                headers={"X-Conversation-Id": "café".encode()},
+            )
+        assert response.status_code == 200, response.text
+        assert [m.text for m in model.requests[1].messages] == ["one", "first answer", "two"]
+        assert [c.turns for c in await log.conversations()] == [2]
+
+
 async def test_two_racing_turns_on_one_conversation_give_one_409(tmp_path: Path) -> None:
     """Catches: a lost update — both racing turns committed, or both refused."""
     both_loaded = anyio.Event()
