@@ -373,8 +373,8 @@ class AnthropicMessages(PooledProvider):
         api_key: The key, or ``None`` to read `api_key_env`.
         max_tokens: The output limit when the turn's `RequestOptions` sets none (the API
             requires one).
-        timeout: Seconds, or an ``httpx.Timeout``; its read timeout is the longest silence
-            allowed between bytes (a total deadline is the caller's cancel scope).
+        timeout: Seconds, an ``httpx.Timeout``, or None for none; its read timeout is the
+            longest silence allowed between bytes (a total deadline is the caller's cancel scope).
         max_retries: Retries of a failed request before its stream starts.
         transport: An httpx transport to send requests through; the caller owns it.
         api_key_env: The environment variable holding the key, or ``None``.
@@ -389,7 +389,7 @@ class AnthropicMessages(PooledProvider):
     )
     api_key: str | None = attrs.field(default=None, repr=False, kw_only=True)
     max_tokens: int = attrs.field(default=1024, validator=_check_max_tokens, kw_only=True)
-    timeout: float | httpx.Timeout = attrs.field(
+    timeout: float | httpx.Timeout | None = attrs.field(
         default=DEFAULT_TIMEOUT, hash=False, validator=check_timeout, kw_only=True
     )
     max_retries: int = attrs.field(default=2, validator=check_retries, kw_only=True)

@@ -323,8 +323,9 @@ def request_id_of(headers: Mapping[str, str], secret: str | None) -> str | None:
     return None if found is None else scrub(found, secret)
 
 
-def as_timeout(value: float | httpx.Timeout) -> httpx.Timeout:
-    """A provider's ``timeout=``: seconds for every phase, or an ``httpx.Timeout``."""
+def as_timeout(value: float | httpx.Timeout | None) -> httpx.Timeout:
+    """A provider's ``timeout=``: seconds for every phase, an ``httpx.Timeout``, or None for
+    no timeout."""
     return value if isinstance(value, httpx.Timeout) else httpx.Timeout(value)
 
 
@@ -343,14 +344,19 @@ def check_model(_instance: object, _attribute: object, value: str) -> None:
         )
 
 
-def check_timeout(_instance: object, _attribute: object, value: float | httpx.Timeout) -> None:
-    """Validate a provider's ``timeout=``: refused now, not by every request it would fail."""
-    if isinstance(value, httpx.Timeout):
+def check_timeout(
+    _instance: object, _attribute: object, value: float | httpx.Timeout | None
+) -> None:
+    """Validate a provider's ``timeout=``: refused now, not by every request it would fail.
+
+    None is no timeout, as it is to httpx and the official SDKs.
+    """
+    if value is None or isinstance(value, httpx.Timeout):
         return
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(
             f"timeout must be a positive number of seconds (the longest silence allowed"
-            f" between bytes) or an httpx.Timeout, got {value!r}"
+            f" between bytes), an httpx.Timeout or None (no timeout), got {value!r}"
         )
 
 

@@ -358,8 +358,8 @@ class OpenAIChat(PooledProvider):
         model: The model name sent in each request.
         base_url: The API root, version included.
         api_key: The key, or ``None`` to read `api_key_env`.
-        timeout: Seconds, or an ``httpx.Timeout``; its read timeout is the longest silence
-            allowed between bytes (a total deadline is the caller's cancel scope).
+        timeout: Seconds, an ``httpx.Timeout``, or None for none; its read timeout is the
+            longest silence allowed between bytes (a total deadline is the caller's cancel scope).
         max_retries: Retries of a failed request before its stream starts.
         transport: An httpx transport to send requests through (tests, proxies); the caller
             owns it.
@@ -376,7 +376,7 @@ class OpenAIChat(PooledProvider):
         default="https://api.openai.com/v1", converter=strip_slash, kw_only=True
     )
     api_key: str | None = attrs.field(default=None, repr=False, kw_only=True)
-    timeout: float | httpx.Timeout = attrs.field(
+    timeout: float | httpx.Timeout | None = attrs.field(
         default=DEFAULT_TIMEOUT, hash=False, validator=check_timeout, kw_only=True
     )
     max_retries: int = attrs.field(default=2, validator=check_retries, kw_only=True)

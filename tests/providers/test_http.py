@@ -800,7 +800,7 @@ def test_a_base_url_requests_cannot_go_to_is_refused_when_built(provider: Any, u
         provider("m", base_url=url)
 
 
-@pytest.mark.parametrize("timeout", [0, -1, float("nan"), "30", None, True])
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), "30", True])
 @pytest.mark.parametrize("provider", [OpenAIChat, AnthropicMessages])
 def test_a_timeout_that_is_no_positive_number_is_refused_when_built(
     provider: Any, timeout: Any
@@ -810,6 +810,17 @@ def test_a_timeout_that_is_no_positive_number_is_refused_when_built(
     with pytest.raises(ValueError, match=re.escape("timeout must be a positive number of seconds")):
         provider("m", timeout=timeout)
     provider("m", timeout=httpx.Timeout(None))  # httpx's own form for no timeout at all
+
+
+async def test_timeout_none_means_no_timeout_as_in_httpx(server: ProtocolServer) -> None:
+    """Catches: timeout=None (httpx's and the official SDKs' way to say no timeout, which
+    ran requests with none) refused as a ValueError when the provider is built."""
+    server.script(wire.stream(wire.openai_text(["ok"])), wire.stream(wire.anthropic_text(["ok"])))
+    for model in (openai(server, timeout=None), anthropic(server, timeout=None)):
+        assert model.timeout is None
+        events = await collect(model)
+        assert "ok" in "".join(getattr(event, "text", "") for event in events)
+    assert len(server.requests) == 2
 
 
 @pytest.mark.parametrize("model", ["", " ", None, 3])
