@@ -155,19 +155,23 @@ def _message(message: Message) -> Iterator[str]:
         yield f"  {label:<{ROLE_WIDTH}} (empty)"
 
 
+_LINE_BREAK = re.compile("\r?\n")
+"""A line break, LF or CRLF: a CRLF's CR is part of the break, not a control character to show."""
+
+
 def _part(part: Text | ToolCall | ToolResult, *, provenance: bool = True) -> list[str]:
     source = part.meta.get(INJECTED_BY) if provenance else None
     prefix = f"[injected by {source}] " if source else ""
     match part:
         case Text(text=text):
-            first, *rest = text.split("\n") or [""]
+            first, *rest = _LINE_BREAK.split(text)
             return [prefix + first, *rest]
         case ToolCall(id=call_id, name=name, arguments=arguments):
             shown = json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True)
             return [f"{prefix}-> {name}({shown})  [{call_id}]"]
         case ToolResult(call_id=call_id, content=content, is_error=is_error):
             error = f" error ({part.error_class or 'unspecified'})" if is_error else ""
-            first, *rest = content.split("\n")
+            first, *rest = _LINE_BREAK.split(content)
             return [f"{prefix}<- [{call_id}]{error} {first}", *rest]
     raise TypeError(f"unknown part {part!r}")  # pragma: no cover - Part is a closed union
 

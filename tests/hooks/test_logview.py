@@ -206,6 +206,26 @@ async def test_log_shows_control_characters_escaped_not_acted_on(tmp_path):
     assert listed.stdout.splitlines()[2].startswith("  c\\x1b[2J ")
 
 
+async def test_log_shows_a_message_with_crlf_line_breaks_line_by_line(tmp_path):
+    """Bug: a message written with CRLF line breaks (a Windows client, a form) was shown
+    with a literal \\r at the end of each of its lines once control characters were shown
+    escaped; the break is the line break it is."""
+    path = tmp_path / "log.db"
+    pipe = Pipeline(model=ScriptedModel(["first\r\nsecond"]))
+    async with SQLiteLog(path) as log, pipe.session(log=log, conversation_id="c") as s:
+        await s.send("one\r\ntwo")
+
+    shown = await anyio.to_thread.run_sync(turnplug, "log", "c", "--log", str(path))
+
+    assert shown.returncode == 0
+    assert shown.stdout.splitlines()[3:] == [
+        "  user       one",
+        "             two",
+        "  assistant  first",
+        "             second",
+    ]
+
+
 def test_a_missing_sqlite_file_is_an_error_and_is_not_created(tmp_path):
     path = tmp_path / "nope.db"
 
