@@ -558,15 +558,21 @@ class Connection:
 
     def _adopt(self, session: "ClientSession", listed: list[Any]) -> None:
         by_name: dict[str, Any] = {}
+        twice: set[str] = set()
         for item in listed:
-            if item.name in by_name:
-                # Which of the two would a call of that name run? Only the server knows.
-                raise ConfigError(
-                    f"toolset {self.spec.name!r}: the server lists two tools named"
-                    f" {item.name!r}; a tool's name must be unique on its server"
-                )
-            by_name[item.name] = item
+            if item.name in by_name and item != by_name[item.name]:
+                twice.add(item.name)
+            by_name.setdefault(item.name, item)
         kept = select(self.spec.name, by_name, self.spec.include, self.spec.exclude)
+        for own in kept:
+            if own in twice:
+                # Which of the two would a call of that name run? Only the server knows. (A
+                # tool listed twice alike, or one the toolset leaves out, does no harm.)
+                raise ConfigError(
+                    f"toolset {self.spec.name!r}: the server lists two different tools named"
+                    f" {own!r}; a tool's name must be unique on its server (exclude = [...]"
+                    " leaves it out)"
+                )
         tools: dict[str, Tool] = {}
         raw: dict[str, str] = {}
         for own in kept:

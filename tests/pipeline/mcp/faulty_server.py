@@ -12,7 +12,7 @@
 - ``babbling``: written by hand (the SDK's server keeps stdout for the protocol), answers
   ``initialize`` and lists ``babble``, whose calls it answers with a log line on stdout;
 - ``duplicate``: written by hand as ``babbling``, lists two different tools both named
-  ``echo`` (the SDK's server cannot);
+  ``echo`` and ``babble`` twice alike (the SDK's server cannot);
 - ``paging``: written by hand as ``babbling``, answers every tools/list with the same
   ``nextCursor``, so that its pages never end;
 - ``changing``: offers ``alpha`` on its first start and ``beta`` on later ones (the starts
@@ -197,6 +197,8 @@ if __name__ == "__main__":
             [
                 {"name": "echo", "description": "Say it back.", "inputSchema": {"type": "object"}},
                 {"name": "echo", "description": "Shout it.", "inputSchema": {"type": "object"}},
+                {"name": "babble", "inputSchema": {"type": "object"}},
+                {"name": "babble", "inputSchema": {"type": "object"}},
             ]
         )
     elif mode == "usage":

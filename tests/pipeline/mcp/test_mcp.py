@@ -317,7 +317,20 @@ async def test_a_server_listing_two_tools_of_one_name_fails_the_open_naming_it()
         async with pipe:
             pass
 
-    assert "lists two tools named 'echo'" in str(caught.value)
+    assert "lists two different tools named 'echo'" in str(caught.value)
+    assert server_processes() == []
+
+
+async def test_a_tool_listed_twice_alike_or_left_out_does_not_fail_the_open():
+    """Catches: a server listing a tool twice (alike, as a paging glitch repeats one, or two
+    different ones the toolset excludes) failing the whole toolset's open, with no way to
+    keep its other tools: exclude = [...] did not help."""
+    model = ScriptedModel(["hi"])
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("duplicate", exclude=["echo"])])
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.outcome == "completed"
+    assert [spec.name for spec in model.requests[0].tools] == ["faulty_babble"]
     assert server_processes() == []
 
 
