@@ -65,7 +65,8 @@ def gateway_key(no_auth: bool, variable: str, environ: dict[str, str] | Any) -> 
 
     Raises:
         ConfigError: No key and no ``--no-auth``: the gateway refuses to start open. Or a
-            key with characters a header cannot carry (named by its variable, not shown).
+            key with characters a header cannot carry (named by its variable, not shown);
+            spaces inside it are carried.
     """
     if no_auth:
         return None
@@ -76,11 +77,12 @@ def gateway_key(no_auth: bool, variable: str, environ: dict[str, str] | Any) -> 
             " name another variable with --api-key-env NAME), or pass --no-auth to serve"
             " without authentication on a trusted network"
         )
-    if not all("!" <= char <= "~" for char in key):
+    # A space inside is carried (``Bearer correct horse``): the token is all after the first.
+    if not all(" " <= char <= "~" for char in key):
         raise ConfigError(
             f"the gateway key in {variable} contains characters an HTTP header cannot carry"
-            " (spaces, control characters or non-ASCII), so no client could send it; it is"
-            " not shown here — check the secret for a stray character"
+            " (control characters or non-ASCII), so no client could send it; it is not shown"
+            " here — check the secret for a stray character"
         )
     return key
 

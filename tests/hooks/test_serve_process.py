@@ -152,11 +152,28 @@ def test_a_gateway_key_with_a_trailing_newline_lets_clients_in(tmp_path: Path) -
     assert answer.status_code == 200, answer.text
 
 
+def test_a_gateway_key_with_inner_spaces_lets_clients_in(tmp_path: Path) -> None:
+    """Bug: a key with spaces inside it (a passphrase) was refused at the start as one no
+    header can carry, though ``Authorization: Bearer correct horse`` carries it and the
+    gateway let such a client in before the check."""
+    passphrase = "correct horse battery staple"
+    with gateway(write_config(tmp_path), env={"TURNPLUG_GATEWAY_KEY": passphrase}) as (_, url):
+        answer = httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": f"Bearer {passphrase}"},
+            timeout=30,
+        )
+        refused = post(url, "hi")
+    assert answer.status_code == 200, answer.text
+    assert refused.status_code == 401
+
+
 def test_a_gateway_key_no_header_can_carry_is_refused_without_showing_it(tmp_path: Path) -> None:
-    """Bug: a key with an inner space or a non-ASCII character started a gateway no client
-    could ever authenticate to (every request 401), instead of a usage error."""
+    """Bug: a key with a control character or a non-ASCII character started a gateway no
+    client could ever authenticate to (every request 401), instead of a usage error."""
     config = write_config(tmp_path)
-    environ = os.environ | {"TURNPLUG_GATEWAY_KEY": "sekrit key-é"}
+    environ = os.environ | {"TURNPLUG_GATEWAY_KEY": "sekrit\tkey-é"}
     done = subprocess.run(
         [str(SCRIPT), "serve", str(config), "--port", "0"],
         capture_output=True,
