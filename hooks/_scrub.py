@@ -182,13 +182,20 @@ def scrub_input(
             if not found:
                 return cont(turn)
             kinds = ", ".join(found)
-            return halt(
-                f"the message holds personal data ({kinds})",
-                reply=reply
-                if reply is not None
-                else f"Your message seems to hold personal data ({kinds}). Please send it"
-                " again without it.",
-            )
+            if message.role == "tool":
+                # A turn continuing from tool results its caller ran: those are what hold it.
+                reason = f"the tool results hold personal data ({kinds})"
+                answer = (
+                    f"The tool results seem to hold personal data ({kinds}). Please send"
+                    " them again without it."
+                )
+            else:
+                reason = f"the message holds personal data ({kinds})"
+                answer = (
+                    f"Your message seems to hold personal data ({kinds}). Please send it"
+                    " again without it."
+                )
+            return halt(reason, reply=reply if reply is not None else answer)
         parts = _scrub_results(replacer, _scrub_parts(replacer, message.parts))
         if parts == message.parts:
             return cont(turn)

@@ -362,5 +362,6 @@ async def test_blocking_input_halts_on_a_result_a_caller_ran() -> None:
     pipe = Pipeline(model=model, pre=[scrub_input(pii(), strategy="block")])
     result = await pipe.run(continuing_from_a_client_tool(f"Ada: {EMAIL}"))
     assert (result.outcome, result.halt.hook) == ("halted", "scrub_input")
-    assert "EMAIL" in result.halt.reason
+    assert result.halt.reason == "the tool results hold personal data (EMAIL)"
+    assert result.reply.text.startswith("The tool results seem to hold personal data (EMAIL).")
     assert model.requests == []
