@@ -1072,9 +1072,22 @@ async def test_the_feed_shows_the_tool_calls_returned_to_the_client(stream: bool
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
         },
     }
+    feed = await weather_feed(Pipeline(model=ScriptedModel([[call]])), weather, stream=stream)
+    [ready] = [e for e in feed if e["event"] == "ReplyReady"]
+    assert ready["finish_reason"] == "tool_calls"
+    assert [(c["id"], c["name"], c["arguments"]) for c in ready["tool_calls"]] == [
+        ("call_1", "get_weather", {"city": "Oslo"})
+    ]
+
+
+async def weather_feed(
+    pipe: Pipeline, weather: dict[str, Any], *, stream: bool
+) -> list[dict[str, Any]]:
+    """The live feed of one turn asking about the weather with the client tool `weather`,
+    sent through the official SDK, streamed or not, until the turn's answer is on it."""
     feed: list[dict[str, Any]] = []
     answered = anyio.Event()
-    async with served(Pipeline(model=ScriptedModel([[call]]))) as gw:
+    async with served(pipe) as gw:
         async with anyio.create_task_group() as nursery:
             await nursery.start(partial(watch_feed, gw, feed, answered=answered))
             if stream:
@@ -1085,11 +1098,7 @@ async def test_the_feed_shows_the_tool_calls_returned_to_the_client(stream: bool
                 )
             await answered.wait()
             nursery.cancel_scope.cancel()
-    [ready] = [e for e in feed if e["event"] == "ReplyReady"]
-    assert ready["finish_reason"] == "tool_calls"
-    assert [(c["id"], c["name"], c["arguments"]) for c in ready["tool_calls"]] == [
-        ("call_1", "get_weather", {"city": "Oslo"})
-    ]
+    return feed
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -1112,19 +1121,7 @@ async def test_the_client_tool_policy_hooks_show_in_order_and_on_the_turns_clock
         post=[hook(check, name="check")],
         before_tool=[hook(allow, name="allow")],
     )
-    feed: list[dict[str, Any]] = []
-    answered = anyio.Event()
-    async with served(pipe) as gw:
-        async with anyio.create_task_group() as nursery:
-            await nursery.start(partial(watch_feed, gw, feed, answered=answered))
-            if stream:
-                await gw.sdk_stream(model="m", messages=user("weather?"), tools=[weather])
-            else:
-                await gw.sdk().chat.completions.create(
-                    model="m", messages=user("weather?"), tools=[weather]
-                )
-            await answered.wait()
-            nursery.cancel_scope.cancel()
+    feed = await weather_feed(pipe, weather, stream=stream)
     hooks = [
         (e["event"], e["hook"], e["at"])
         for e in feed

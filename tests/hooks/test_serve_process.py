@@ -128,17 +128,18 @@ def test_sigterm_finishes_the_turn_in_flight_and_exits_0(tmp_path: Path, loop: s
         httpx.get(url + "/healthz")
 
 
+def serve_until_exit(args: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`turnplug serve ARGS` run to its exit (one that refuses to start), its output captured."""
+    return subprocess.run(
+        [str(SCRIPT), "serve", *args], capture_output=True, text=True, env=environ, timeout=30
+    )
+
+
 def test_the_gateway_refuses_to_start_without_a_key(tmp_path: Path) -> None:
     """Catches: a gateway that silently serves open when its key variable is unset."""
     config = write_config(tmp_path)
     environ = {k: v for k, v in os.environ.items() if k != "TURNPLUG_GATEWAY_KEY"}
-    done = subprocess.run(
-        [str(SCRIPT), "serve", str(config), "--port", "0"],
-        capture_output=True,
-        text=True,
-        env=environ,
-        timeout=30,
-    )
+    done = serve_until_exit([str(config), "--port", "0"], environ)
     assert done.returncode == 2
     assert "TURNPLUG_GATEWAY_KEY" in done.stderr
     assert "--no-auth" in done.stderr
@@ -174,13 +175,7 @@ def test_a_gateway_key_no_header_can_carry_is_refused_without_showing_it(tmp_pat
     client could ever authenticate to (every request 401), instead of a usage error."""
     config = write_config(tmp_path)
     environ = os.environ | {"TURNPLUG_GATEWAY_KEY": "sekrit\tkey-é"}
-    done = subprocess.run(
-        [str(SCRIPT), "serve", str(config), "--port", "0"],
-        capture_output=True,
-        text=True,
-        env=environ,
-        timeout=30,
-    )
+    done = serve_until_exit([str(config), "--port", "0"], environ)
     assert done.returncode == 2, done.stderr
     assert "TURNPLUG_GATEWAY_KEY contains characters an HTTP header cannot carry" in done.stderr
     assert "sekrit" not in done.stderr
@@ -206,12 +201,8 @@ def test_the_upstream_key_as_the_gateway_key_stops_the_start(
         )
     )
     environ = os.environ | {"UPSTREAM_KEY_X": UPSTREAM_KEY, "TURNPLUG_GATEWAY_KEY": UPSTREAM_KEY}
-    done = subprocess.run(
-        [str(SCRIPT), "serve", str(config), "--port", "0", "--api-key-env", gateway_variable],
-        capture_output=True,
-        text=True,
-        env=environ,
-        timeout=30,
+    done = serve_until_exit(
+        [str(config), "--port", "0", "--api-key-env", gateway_variable], environ
     )
     assert done.returncode == 2, done.stderr
     assert f"the gateway key ({gateway_variable}) is the upstream model's key" in done.stderr
@@ -225,13 +216,7 @@ def test_a_port_out_of_range_is_a_usage_error(tmp_path: Path, port: str) -> None
     OverflowError with exit 1, instead of a usage error (exit 2) naming the option."""
     config = write_config(tmp_path)
     environ = os.environ | {"TURNPLUG_GATEWAY_KEY": "k" * 32}
-    done = subprocess.run(
-        [str(SCRIPT), "serve", str(config), "--port", port],
-        capture_output=True,
-        text=True,
-        env=environ,
-        timeout=30,
-    )
+    done = serve_until_exit([str(config), "--port", port], environ)
     assert done.returncode == 2, done.stderr
     assert "argument --port" in done.stderr
     assert "Traceback" not in done.stderr
@@ -244,13 +229,7 @@ def test_a_nan_timeout_is_a_usage_error(tmp_path: Path, option: str) -> None:
     shutdown with an ExceptionGroup, instead of a usage error (exit 2) naming the option."""
     config = write_config(tmp_path)
     environ = os.environ | {"TURNPLUG_GATEWAY_KEY": "k" * 32}
-    done = subprocess.run(
-        [str(SCRIPT), "serve", str(config), "--port", "0", option, "nan"],
-        capture_output=True,
-        text=True,
-        env=environ,
-        timeout=30,
-    )
+    done = serve_until_exit([str(config), "--port", "0", option, "nan"], environ)
     assert done.returncode == 2, done.stderr
     assert f"argument {option}: expected a positive number, got 'nan'" in done.stderr
 

@@ -753,39 +753,16 @@ async def test_a_server_that_stops_answering_while_listed_fails_the_open_with_it
     )
 
 
+@pytest.mark.parametrize("code", [-32602, -32000], ids=["invalid-params", "server-error"])
 @sdk_unclosed_streams
-async def test_a_404_for_the_optional_event_stream_is_not_a_lost_session():
-    """Catches: a server answering the SDK's GET stream with 404 (one that routes POST
-    alone) marking the session lost for good: every later call's own error reported as a
-    restart, and the server connected again on every turn."""
-    with RawMCP(call_error="quota exceeded for echo") as server:
-        model = ScriptedModel(
-            [[ToolCall("c1", "raw_echo", {})], "ok", [ToolCall("c2", "raw_echo", {})], "ok"]
-        )
-        pipe = Pipeline(
-            model=model, toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5)]
-        )
-        results = []
-        async with pipe:
-            for n in range(2):
-                result = await pipe.run(Turn.start(str(n)))
-                results.append(result.reply.messages[1].parts[0].content)
-
-    assert (
-        results
-        == ["tool 'raw_echo' failed: MCP server 'raw' refused the call: quota exceeded for echo"]
-        * 2
-    )
-    assert server.initialized == 1
-
-
-@sdk_unclosed_streams
-async def test_a_server_error_with_the_code_the_sdk_uses_for_a_closed_connection_is_a_refusal():
-    """Catches: a server's own JSON-RPC error with code -32000 (the first of the range the
-    protocol leaves to servers' errors, which the SDK also gives a call whose connection
-    closed) reported as a crash: the server's message lost, the connection marked dead and
-    the healthy server connected again on every turn."""
-    with RawMCP(call_error="quota exceeded for echo", call_code=-32000) as server:
+async def test_a_refused_call_is_not_a_lost_session(code: int):
+    """Catches, with -32602: a server answering the SDK's GET stream with 404 (one that
+    routes POST alone) marking the session lost for good: every later call's own error
+    reported as a restart, and the server connected again on every turn. With -32000 (the
+    first of the range the protocol leaves to servers' errors, which the SDK also gives a
+    call whose connection closed): the server's own error reported as a crash, its message
+    lost and the healthy server connected again on every turn."""
+    with RawMCP(call_error="quota exceeded for echo", call_code=code) as server:
         model = ScriptedModel(
             [[ToolCall("c1", "raw_echo", {})], "ok", [ToolCall("c2", "raw_echo", {})], "ok"]
         )
