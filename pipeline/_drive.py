@@ -22,7 +22,6 @@ from turns import (
     Text,
     ToolCall,
     ToolResult,
-    ToolSpec,
     Turn,
     Usage,
 )
@@ -607,31 +606,17 @@ def turn_problem(turn: Turn, before: Turn | None = None) -> tuple[str, str] | No
     """What is malformed in `turn` (what, and the fix), or None; only what changed since
     `before`, when given.
 
-    `Turn` does not check its fields (``attrs.evolve`` or the constructor pass anything), and
-    `Context` does not check its history: unchecked, a context set to None or a history
-    holding text would fail later, in rendering, the model call or the commit, as an
-    AttributeError naming no culprit or a ProviderError blaming the model.
+    `Turn` does not check its fields (``attrs.evolve`` or the constructor pass anything):
+    unchecked, a context set to None would fail later, in rendering, the model call or the
+    commit, as an AttributeError naming no culprit or a ProviderError blaming the model. A
+    `Context` checks its own history, system prompt and tools as it is built.
     """
     context: object = turn.context  # anything may have been set
-    view = "the history is Message records (a view: attrs.evolve(turn.context, messages=...))"
-    if before is None or context is not before.context:
-        if not isinstance(context, Context):
-            return f"turn.context is {describe(context)}, not a Context", view
-        unchanged = before is not None and context.messages is before.context.messages
-        history = () if unchanged else context.messages
-        strays = [m for m in history if type(m) is not Message]
-        if strays:
-            return f"turn.context.messages holds {describe(strays[0])}, not a Message", view
-        system: object = context.system
-        if system is not None and not isinstance(system, str):
-            return f"turn.context.system is {describe(system)}", "it is text or None"
-        specs = [spec for spec in context.tools if type(spec) is not ToolSpec]
-        if specs:
-            return (
-                f"turn.context.tools holds {describe(specs[0])}, not a ToolSpec",
-                "the tools offered are ToolSpec records (an empty context.tools offers the"
-                " pipeline's own)",
-            )
+    if (before is None or context is not before.context) and not isinstance(context, Context):
+        return (
+            f"turn.context is {describe(context)}, not a Context",
+            "a history view is attrs.evolve(turn.context, messages=...)",
+        )
     for field, kind, fix in _RECORD_FIELDS:
         value = getattr(turn, field)
         if (before is None or value is not getattr(before, field)) and type(value) is not kind:
