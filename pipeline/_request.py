@@ -3,7 +3,7 @@
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from turns import Message, Part, Text, ToolCall, ToolSpec, Turn, render
+from turns import Message, Part, RequestOptions, Text, ToolCall, ToolSpec, Turn, render
 
 from . import events as ev
 from ._budget import json_text, message_tokens
@@ -127,7 +127,7 @@ async def call_model(
                 call_index,
                 model=name,
                 provider=provider,
-                options=request.options,
+                options=sent_options(model, request.options),
             )
         )
     chunks: list[str] = []
@@ -258,6 +258,19 @@ def describe_model(model: object) -> tuple[str, str | None]:
         name if isinstance(name, str) else type(model).__name__,
         provider if isinstance(provider, str) else None,
     )
+
+
+def sent_options(model: object, options: RequestOptions) -> RequestOptions:
+    """The options `model` sends for `options`: its ``effective_options`` where it has one.
+
+    A model that fills in defaults of its own (a config's ``[model]`` temperature) says so
+    there, so that `ModelCalled` and the traces built from it show what is sent.
+    """
+    effective = getattr(model, "effective_options", None)
+    if effective is None:
+        return options
+    shown = effective(options)
+    return shown if isinstance(shown, RequestOptions) else options
 
 
 def _model_name(model: object) -> str:

@@ -184,7 +184,8 @@ class ModelCalled(Event):
         model: The model's name (a provider's ``model``, else the model's class name).
         provider: The provider's name (``"openai"``, ``"anthropic"``, ...), where the model
             has one.
-        options: The request options of this call.
+        options: The request options of this call, as sent: with the model's own defaults
+            (a config's ``[model]`` temperature) where the turn left an option unset.
 
     The last three describe the call; like `at`, they are not part of the event's equality.
     """

@@ -14,6 +14,7 @@ from pipeline import (
 )
 from pipeline.providers import AnthropicMessages, OpenAIChat, model_from_string
 from pipeline.testing import ScriptedModel
+from turns import RequestOptions
 
 from ._entry import Env, doc
 from ._types import (
@@ -71,13 +72,21 @@ class Shaped:
             return held
         return contextlib.nullcontext(self)
 
+    def effective_options(self, options: RequestOptions) -> RequestOptions:
+        """`options` with the defaults filled in where the turn left them unset.
+
+        The runtime reads it for `ModelCalled.options`, so events and traces show what is
+        sent (a ``[model]`` temperature is the chat span's ``gen_ai.request.temperature``).
+        """
+        unset = {k: v for k, v in self.defaults.items() if getattr(options, k) is None}
+        return attrs.evolve(options, **unset) if unset else options
+
     def stream(
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
-        options = request.options
-        unset = {k: v for k, v in self.defaults.items() if getattr(options, k) is None}
-        if unset:
-            request = attrs.evolve(request, options=attrs.evolve(options, **unset))
+        options = self.effective_options(request.options)
+        if options is not request.options:
+            request = attrs.evolve(request, options=options)
         return self.inner.stream(request)
 
 

@@ -254,6 +254,40 @@ async def test_a_model_with_defaults_is_still_held_and_named_as_its_provider() -
 
 
 @pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
+@pytest.mark.parametrize(
+    ("pre", "sent"), [([], (0.25, 64)), ([{"kind": "python", "ref": f"{__name__}:cool"}], (0, 64))]
+)
+async def test_model_called_shows_the_options_sent_with_the_model_defaults(
+    pre: list[dict[str, Any]], sent: tuple[float, int]
+) -> None:
+    """Bug: ``ModelCalled.options`` was the turn's options without the ``[model]`` table's
+    defaults, so a configured temperature was sent but never shown: the event said none, and
+    the OpenTelemetry chat span had no ``gen_ai.request.temperature``."""
+    async with wire.running(wire.stream(wire.openai_text(["Hi."]))) as server:
+        pipe = pipeline_from_dict(
+            {
+                "model": {
+                    "provider": "openai",
+                    "name": "m",
+                    "base_url": f"{server.url}/v1",
+                    "api_key_env": "",
+                    "temperature": 0.25,
+                    "max_tokens": 64,
+                },
+                "pre": pre,
+            },
+            environ={},
+        )
+        async with pipe.stream(Turn.start("q")) as events:
+            called = [e async for e in events if isinstance(e, ev.ModelCalled)]
+    (request,) = server.requests
+    assert (request.body["temperature"], request.body["max_tokens"]) == sent
+    (event,) = called
+    assert event.options is not None
+    assert (event.options.temperature, event.options.max_tokens) == sent
+
+
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_an_openai_base_url_defaults_to_the_environment() -> None:
     async with wire.running(wire.stream(wire.openai_text(["Hi."]))) as server:
         pipe = pipeline_from_dict(
