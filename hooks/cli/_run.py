@@ -24,7 +24,7 @@ import attrs
 from pipeline import PipelineError, ProviderError, TurnResult
 from pipeline import events as ev
 from pipeline.logs import Log
-from turns import Text
+from turns import Text, Usage
 from turns.serde import to_dict
 
 from ._timeline import plain
@@ -119,7 +119,9 @@ def result_json(result: TurnResult, conversation: str) -> dict[str, Any]:
             }
             for injection in result.turn.injections
         ],
-        "usage": None if reply is None else to_dict(reply.usage),
+        # What the turn cost: every model call, rejected attempts included; an exhausted
+        # turn has no reply but spent tokens all the same.
+        "usage": to_dict(sum((a.usage for a in result.audit.attempts), Usage())),
         "committed": len(result.log_messages),
     }
 

@@ -66,6 +66,35 @@ def test_an_exhausted_turn_prints_no_reply_and_exits_1(tmp_path: Path) -> None:
     assert "Say it differently." in done.stderr
 
 
+def test_run_json_counts_the_usage_of_every_attempt(tmp_path: Path) -> None:
+    """Bug: ``usage`` was the accepted reply's, so an exhausted turn reported ``null``
+    although its two model calls had spent tokens, and a completed turn after a rejection
+    left the rejected attempt's tokens out of what the turn cost."""
+    config = write_config(
+        tmp_path,
+        """
+        max_regenerations = 1
+        [model]
+        provider = "scripted"
+        replies = ["one two three", "four five"]
+        [[post]]
+        kind = "python"
+        ref = "shop_hooks:never_happy"
+        """,
+    )
+    done = turnplug("run", config, "hi", "--json", "--events")
+    assert done.returncode == 1
+    *events, result = [json.loads(line) for line in done.stdout.splitlines()]
+    assert result["outcome"] == "exhausted"
+    calls = [e["usage"] for e in events if e["event"] == "ModelFinished"]
+    assert len(calls) == 2
+    assert all(call["output_tokens"] > 0 for call in calls)
+    assert result["usage"] == {
+        "input_tokens": sum(call["input_tokens"] for call in calls),
+        "output_tokens": sum(call["output_tokens"] for call in calls),
+    }
+
+
 def test_a_failing_hook_is_one_line_and_exits_1(tmp_path: Path) -> None:
     config = write_config(
         tmp_path, '[[pre]]\nkind = "python"\nref = "shop_hooks:database"\nname = "orders"\n'
