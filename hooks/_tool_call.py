@@ -118,11 +118,19 @@ class InjectToolCall:
                 if (
                     type(part) is ToolCall
                     and part.name == self.tool_name
-                    and part.meta.get(INJECTED_BY) == self.name
+                    and self._injected_it(part.meta.get(INJECTED_BY))
                 ):
                     fresh_since = renewed if renewed is not None else part.meta.get(INJECTED_AT)
                     return part, _result_of(part.id, history[index + 1 :]), fresh_since
         return None
+
+    def _injected_it(self, source: object) -> bool:
+        """Whether a pair stamped as injected by `source` is this hook's.
+
+        In a `chain`, the runtime stamps a member's pairs with its name prefixed by the
+        chain's (``setup.inject_get_preferences``): the hook is still the one that wrote them.
+        """
+        return isinstance(source, str) and (source == self.name or source.endswith("." + self.name))
 
     def _renewed(self, turn: Turn, now: float) -> Turn:
         """`turn` with this renewal recorded in its user message's meta (committed with it)."""
@@ -185,7 +193,9 @@ def inject_tool_call(
         durable: Whether the pair joins the log (the default; ``ttl`` and ``if_changed``
             read the log, so they need it).
         name: The hook's name; ``inject_<tool>`` by default. The pair's parts carry it in
-            ``meta["injected_by"]``, which is how the hook finds its own last pair.
+            ``meta["injected_by"]`` (prefixed by a `chain`'s name when it runs in one),
+            which is how the hook finds its own last pair. Give it here: re-wrapping with
+            ``hook(..., name=...)`` renames the events, not the pairs the hook looks for.
         clock: Seconds since the epoch; `time.time` by default.
 
     A failing tool injects nothing: the hook fails open (``on_error="skip"``), which a

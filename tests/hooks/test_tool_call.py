@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hooks import INJECTED_AT, inject_tool_call
-from pipeline import INJECTED_BY, ConfigError, Pipeline, tool
+from pipeline import INJECTED_BY, ConfigError, Pipeline, chain, tool
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
@@ -301,6 +301,37 @@ async def test_two_hooks_on_one_tool_each_find_their_own_last_pair() -> None:
     # last pair is 70 s old, although bob's (a pair of the same tool) is 20 s old.
     assert injected == [True, True, True]
     assert prefs.runs == 5
+
+
+@pytest.mark.parametrize(
+    "options", [{"frequency": "if_changed"}, {"ttl": 60}], ids=["if_changed", "ttl"]
+)
+async def test_in_a_chain_the_hook_still_finds_its_own_last_pair(options: dict[str, Any]) -> None:
+    """In a chain the runtime stamps the pair with the chain's name before the hook's
+    (``setup.inject_get_preferences``); the hook looked for its bare name only, so it never
+    found its last pair and `if_changed` and `ttl` injected every turn."""
+    prefs, clock = Preferences(), Clock()
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"] * 3),
+        tools=[prefs.make()],
+        pre=[
+            chain(
+                inject_tool_call("get_preferences", {"user": "ada"}, clock=clock, **options),
+                name="setup",
+            )
+        ],
+    )
+
+    injected, log = await send_turns(pipe, clock, [0.0, 10.0, 20.0], prefs, ["en"] * 3)
+
+    assert injected == [True, False, False]
+    sources = [
+        part.meta[INJECTED_BY]
+        for message in (await log.load("c")).messages
+        for part in message.parts
+        if isinstance(part, ToolCall)
+    ]
+    assert sources == ["setup.inject_get_preferences"]
 
 
 async def test_a_ttl_refresh_that_finds_the_same_value_renews_freshness_across_restarts(
