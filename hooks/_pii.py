@@ -225,12 +225,14 @@ def _on_text(check: Callable[[str], bool] | None) -> Callable[[re.Match[str]], b
 def _kinds(kinds: object) -> frozenset[str]:
     if isinstance(kinds, str):
         kinds = (kinds,)
-    if not isinstance(kinds, Iterable):
+    # Bytes iterate as ints: b"email" would be refused as "unknown kind 101".
+    if not isinstance(kinds, Iterable) or isinstance(kinds, bytes | bytearray):
         raise ConfigError(
             f"pii(kinds=...) must be kind names among {', '.join(KINDS)}, got {kinds!r}"
         )
     chosen = tuple(kinds)
-    unknown = [kind for kind in chosen if kind not in _PATTERNS]
+    # Checked as text first: an unhashable kind (a list) cannot be looked up.
+    unknown = [kind for kind in chosen if not isinstance(kind, str) or kind not in _PATTERNS]
     if unknown:
         raise ConfigError(
             f"pii(kinds=...): unknown kind {unknown[0]!r}; the kinds are {', '.join(KINDS)}"

@@ -437,6 +437,16 @@ def test_a_bad_kind_is_refused_by_name(kinds):
     assert "email, phone, card, ssn, iban, ipv4" in str(info.value)
 
 
+@pytest.mark.parametrize(("kinds", "culprit"), [([["email"]], "['email']"), (b"email", "b'email'")])
+def test_a_kind_that_is_not_text_is_refused_by_name(kinds, culprit):
+    """A list among the kinds crashed with a bare "unhashable type" TypeError naming
+    neither pii nor the kind, and bytes were refused as "unknown kind 101"."""
+    with pytest.raises(ConfigError) as info:
+        pii(kinds)
+    assert "pii(kinds=...)" in str(info.value)
+    assert culprit in str(info.value)
+
+
 @pytest.mark.parametrize("replacement", [b"#", 0, ["[X]"]])
 def test_a_bad_replacement_is_refused(replacement):
     with pytest.raises(ConfigError) as info:
