@@ -84,7 +84,9 @@ class InjectToolCall:
         last = self._last_pair(turn.context.messages)
         if self.ttl is not None and last is not None:
             at = last[2]
-            if isinstance(at, int | float) and now - at < self.ttl:
+            # A time later than now (a worker whose clock ran ahead wrote it) is no proof
+            # of freshness: taken as fresh, it would hold the refresh back by the skew.
+            if isinstance(at, int | float) and 0 <= now - at < self.ttl:
                 return cont(turn)
         call_id = _call_id(self.name, self.tool_name, turn.turn_ref)
         call = ToolCall(call_id, tool.name, self.arguments)

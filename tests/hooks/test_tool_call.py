@@ -235,6 +235,19 @@ async def test_ttl_skips_while_the_last_pair_is_fresher_than_it() -> None:
     assert prefs.runs == 2
 
 
+async def test_ttl_does_not_take_a_pair_stamped_in_the_future_as_fresh() -> None:
+    """A pair stamped by a clock a day ahead (another worker's) counted as fresh for the
+    whole day plus the ttl: `now - at` was negative, hence below the ttl."""
+    prefs, clock = Preferences(), Clock()
+    pipe = pipe_for(prefs, ScriptedModel(["ok"] * 3), ttl=60, clock=clock)
+
+    injected, _ = await send_turns(
+        pipe, clock, [1_000.0 + 86_400, 1_000.0, 1_030.0], prefs, ["en"] * 3
+    )
+
+    assert injected == [True, True, False]
+
+
 async def test_ttl_reads_the_time_from_the_log_so_it_survives_a_new_session() -> None:
     prefs, clock = Preferences(), Clock()
     pipe = pipe_for(prefs, ScriptedModel(["ok"] * 2), ttl=60, clock=clock)
