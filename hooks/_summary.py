@@ -127,7 +127,8 @@ def drop_oldest(
     Whole turns are dropped, oldest first: a user message with everything up to the next
     one (its reply, tool calls with their results, what hooks added to it), so a tool call
     is never separated from its result. System messages, the latest running summary and
-    messages `keep` accepts are never dropped. If the history cannot be brought under the
+    messages `keep` accepts are never dropped; nor is the other half of a tool call or
+    result a kept message holds. If the history cannot be brought under the
     target that way, what is left is returned and the budget check reports the overflow.
     The log is never changed: this is the view one turn sends.
 
@@ -157,9 +158,12 @@ def drop_oldest(
             for index, message in enumerate(history)
             if message.role == "system" or index == latest or (keep is not None and keep(message))
         }
+        units = _units(history)
+        if keep is not None:
+            kept = _with_partners(history, kept, units)
         dropped: set[int] = set()
         unseen = _noted(history)  # uncovered turns dropped, by this and earlier compaction
-        for start, end in _units(history):
+        for start, end in units:
             if total <= target_tokens:
                 break
             gone = [index for index in range(start, end) if index not in kept]
@@ -235,6 +239,42 @@ def _units(history: Sequence[Message]) -> list[tuple[int, int]]:
         starts.insert(0, 0)
     bounds = [*starts, len(history)]
     return [(start, end) for start, end in pairwise(bounds) if end > start]
+
+
+def _with_partners(
+    history: Sequence[Message], kept: set[int], units: Sequence[tuple[int, int]]
+) -> set[int]:
+    """`kept` with, in each turn, the messages holding the other half of every tool call or
+    result a kept message holds: `keep` accepting a tool message alone must not leave a
+    result without its call (or a call without its result), which providers refuse.
+
+    Pairs are looked for within a turn only: some providers reuse call ids across turns.
+    """
+    closed = set(kept)
+    for start, end in units:
+        pending = [index for index in range(start, end) if index in closed]
+        if not pending:
+            continue
+        holders: dict[str, list[int]] = {}
+        for index in range(start, end):
+            for key in _call_ids(history[index]):
+                holders.setdefault(key, []).append(index)
+        while pending:
+            for key in _call_ids(history[pending.pop()]):
+                for other in holders[key]:
+                    if other not in closed:
+                        closed.add(other)
+                        pending.append(other)
+    return closed
+
+
+def _call_ids(message: Message) -> list[str]:
+    """The ids of the tool calls `message` makes or answers."""
+    return [
+        part.id if type(part) is ToolCall else part.call_id
+        for part in message.parts
+        if type(part) is ToolCall or type(part) is ToolResult
+    ]
 
 
 def _injected_exchange(message: Message) -> bool:

@@ -421,6 +421,45 @@ def test_compaction_drops_oldest_turns_only_and_never_splits_a_call_from_its_res
     assert message_tokens(kept, chars) <= target or not survivors
 
 
+KEEPS = {
+    "tool messages": lambda message: message.role == "tool",
+    "call messages": lambda message: any(isinstance(p, ToolCall) for p in message.parts),
+    "every other": lambda message: len(message.text) % 2 == 0,
+}
+
+
+@settings(max_examples=200)
+@given(messages=histories(), target=st.integers(0, 600), keep=st.sampled_from(sorted(KEEPS)))
+def test_a_keep_that_accepts_one_half_of_a_tool_exchange_keeps_the_other(messages, target, keep):
+    """`keep` accepting a tool message (or only the message making the call) kept it alone
+    in a dropped turn: a result without its call, or a call without its result, which
+    providers refuse."""
+    view = drop_oldest(keep=KEEPS[keep])(messages, target, chars)
+    calls = {p.id for m in view for p in m.parts if isinstance(p, ToolCall)}
+    results = {p.call_id for m in view for p in m.parts if isinstance(p, ToolResult)}
+    assert calls == results
+
+
+async def test_in_a_pipeline_keeping_tool_results_sends_each_with_its_call():
+    """The model was sent tool messages whose calls compaction had dropped."""
+    model = ScriptedModel(["ok"])
+    pipe = Pipeline(
+        model=model,
+        compact=drop_oldest(keep=KEEPS["tool messages"]),
+        budget=Budget(context_tokens=60, injection_reserve=10),
+    )
+    messages = [m for n in (1, 2, 3) for m in exchange(n, tool=True)]
+
+    await pipe.run(Turn.start("question 4", context=Context(messages=messages)))
+
+    sent = model.requests[0].messages
+    # Every turn is dropped but for the tool messages kept, each with the call it answers.
+    assert [m.role for m in sent] == [*("assistant", "tool") * 3, "user"]
+    calls = [p.id for m in sent for p in m.parts if isinstance(p, ToolCall)]
+    results = [p.call_id for m in sent for p in m.parts if isinstance(p, ToolResult)]
+    assert calls == results == ["call-1", "call-2", "call-3"]
+
+
 def test_the_first_message_kept_notes_how_many_uncovered_turns_were_dropped():
     messages = tuple(history(1, 2, 3, 4))
     view = drop_oldest()(messages, message_tokens(history(3, 4), chars), chars)
