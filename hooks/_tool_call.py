@@ -193,7 +193,7 @@ def inject_tool_call(
             result renews the pair: the time is recorded in the user message's ``meta``
             (`RENEWED_AT`), and the hook skips again until the ttl runs out anew.
         durable: Whether the pair joins the log (the default; ``ttl`` and ``if_changed``
-            read the log, so they need it).
+            read the log, so they need it: with ``durable=False`` they are refused).
         name: The hook's name; ``inject_<tool>`` by default. The pair's parts carry it in
             ``meta["injected_by"]`` (prefixed by a `chain`'s name when it runs in one),
             which is how the hook finds its own last pair. Give it here: re-wrapping with
@@ -230,6 +230,12 @@ def inject_tool_call(
         raise ConfigError(
             f"inject_tool_call({tool_name!r}): ttl must be a positive number of seconds or a"
             f" timedelta, got {ttl!r}"
+        )
+    if durable is False and (frequency == "if_changed" or seconds is not None):
+        raise ConfigError(
+            f"inject_tool_call({tool_name!r}): frequency='if_changed' and ttl look for the"
+            " hook's last pair in the history, which a transient pair (durable=False) never"
+            " joins, so they would never skip — leave the pair durable, or drop them"
         )
     if not callable(clock):
         raise ConfigError(f"inject_tool_call({tool_name!r}): clock must be callable")

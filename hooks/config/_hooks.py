@@ -220,19 +220,29 @@ class ToolCallEntry(HookEntry):
             )
         elif found is None and not env.known(name):
             problems.append(env.unknown_tool(name, "tool"))
-        try:
-            made = inject_tool_call(
-                # A declared tool that failed to build is reported already: name it. An MCP
-                # toolset's tool is checked once its server is connected.
-                found if found is not None else name,
-                self.arguments,
-                frequency=self.frequency,
-                ttl=ttl,
-                durable=True if self.durable is None else self.durable,
-                name=self.name,
+        if self.durable is False and (self.frequency == "if_changed" or self.refresh is not None):
+            problems.append(
+                Invalid(
+                    "frequency = 'if_changed' and refresh look for the last pair in the"
+                    " conversation log, which a transient pair (durable = false) never joins,"
+                    " so they would never skip — remove durable = false, or them",
+                    key="durable",
+                )
             )
-        except ConfigError as exc:  # what the tool's schema refuses in the arguments
-            problems.append(Invalid(str(exc), key="arguments"))
+        else:
+            try:
+                made = inject_tool_call(
+                    # A declared tool that failed to build is reported already: name it. An
+                    # MCP toolset's tool is checked once its server is connected.
+                    found if found is not None else name,
+                    self.arguments,
+                    frequency=self.frequency,
+                    ttl=ttl,
+                    durable=True if self.durable is None else self.durable,
+                    name=self.name,
+                )
+            except ConfigError as exc:  # what the tool's schema refuses in the arguments
+                problems.append(Invalid(str(exc), key="arguments"))
         raise_all(problems)
         return self.wrap(made)
 

@@ -7,7 +7,7 @@ import attrs
 import pytest
 
 from hooks.config import pipeline_from_dict
-from pipeline import StepLimitExceeded, cont
+from pipeline import ConfigError, StepLimitExceeded, cont
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
@@ -570,6 +570,23 @@ async def test_a_tool_call_skips_a_second_injection_it_does_not_need(
         second = await session.send("again")
     assert [i.source for i in first.turn.injections] == ["inject_prefs"]
     assert second.turn.injections == ()
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [{"frequency": "if_changed"}, {"refresh": {"kind": "ttl", "minutes": 30}}],
+    ids=["if_changed", "refresh"],
+)
+def test_a_transient_tool_call_that_should_skip_is_refused_at_durable(
+    entry: dict[str, Any],
+) -> None:
+    """A transient pair never joins the log, so `if_changed` and `refresh` never found it and
+    the entry ran the tool and injected every turn, silently."""
+    with pytest.raises(ConfigError) as caught:
+        pipeline_from_dict(_with_tool_call(durable=False, **entry))
+    [(path, message)] = caught.value.problems
+    assert path == "pre[0].durable"
+    assert "durable = false" in message
 
 
 def _failing_tool_call(function: str, **entry: Any) -> Any:

@@ -94,6 +94,16 @@ def test_bad_options_are_config_errors_naming_the_option(
         inject_tool_call(Preferences().make(), {"user": "ada"}, **changes)
 
 
+@pytest.mark.parametrize(
+    "options", [{"frequency": "if_changed"}, {"ttl": 60}], ids=["if_changed", "ttl"]
+)
+def test_a_transient_pair_that_should_skip_is_refused_when_built(options: dict[str, Any]) -> None:
+    """A transient pair never joins the log, so `if_changed` and `ttl` never found it: the
+    hook ran the tool and injected every turn, silently."""
+    with pytest.raises(ConfigError, match=r"get_preferences.*durable=False"):
+        inject_tool_call(Preferences().make(), {"user": "ada"}, durable=False, **options)
+
+
 def test_arguments_that_do_not_fit_the_tools_schema_are_refused_when_built() -> None:
     with pytest.raises(ConfigError, match=r"get_preferences.*user: required"):
         inject_tool_call(Preferences().make(), {"name": "ada"})
