@@ -80,7 +80,7 @@ class InjectToolCall:
                 f"no tool named {self.tool_name!r} is running this turn; outside a pipeline,"
                 " pass the Tool itself: inject_tool_call(my_tool)"
             )
-        now = self.clock()
+        now = _seconds(self.clock(), f"inject_tool_call({self.tool_name!r})")
         last = self._last_pair(turn.context.messages)
         if self.ttl is not None and last is not None:
             at = last[2]
@@ -151,6 +151,17 @@ def _result_of(call_id: str, messages: tuple[Message, ...]) -> ToolResult | None
     return None
 
 
+def _seconds(now: object, owner: str) -> float:
+    """A clock's reading, which must be seconds: it is stamped in the pair's ``meta``, which
+    a log stores as JSON, and compared with the ``ttl``."""
+    if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
+        raise TypeError(
+            f"{owner}: clock() must return seconds since the epoch as a finite number (as"
+            f" time.time does), got {type(now).__name__} {now!r:.60}"
+        )
+    return now
+
+
 _ID_CHARS = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what providers accept (Anthropic checks)
 
 
@@ -198,7 +209,8 @@ def inject_tool_call(
             ``meta["injected_by"]`` (prefixed by a `chain`'s name when it runs in one),
             which is how the hook finds its own last pair. Give it here: re-wrapping with
             ``hook(..., name=...)`` renames the events, not the pairs the hook looks for.
-        clock: Seconds since the epoch; `time.time` by default.
+        clock: Seconds since the epoch; `time.time` by default. It is read once when
+            built, and a reading that is not a finite number is refused.
 
     A failing tool injects nothing: the hook fails open (``on_error="skip"``), which a
     `HookFailed` event records.
@@ -240,6 +252,10 @@ def inject_tool_call(
     if not callable(clock):
         raise ConfigError(f"inject_tool_call({tool_name!r}): clock must be callable")
     check_callable("inject_tool_call", "clock", clock, ())
+    try:  # one reading now, as a pipeline probes its tokenizer: a wrong clock fails here
+        _seconds(clock(), f"inject_tool_call({tool_name!r})")
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
     label = name if name is not None else f"inject_{tool_name}"
     fn = InjectToolCall(tool, arguments, frequency, seconds, label, clock)
     return hook(fn, name=label, durable=durable, on_error="skip")

@@ -104,6 +104,37 @@ def test_a_transient_pair_that_should_skip_is_refused_when_built(options: dict[s
         inject_tool_call(Preferences().make(), {"user": "ada"}, durable=False, **options)
 
 
+@pytest.mark.parametrize(
+    "clock",
+    [datetime.datetime.now, lambda: "1000", lambda: float("nan")],
+    ids=["datetime.now", "text", "nan"],
+)
+def test_a_clock_that_does_not_read_seconds_is_refused_when_built(clock: Any) -> None:
+    """A clock such as `datetime.now` was taken: its reading, stamped in the pair's meta,
+    made a SQLite or PostgreSQL log refuse the turn (LogError, nothing committed), and in
+    memory the ttl check skipped it, so the tool ran every turn."""
+    with pytest.raises(ConfigError, match=r"get_preferences.*clock\(\) must return seconds"):
+        inject_tool_call(Preferences().make(), {"user": "ada"}, ttl=60, clock=clock)
+
+
+async def test_a_clock_that_stops_reading_seconds_fails_the_hook_open() -> None:
+    """The reading is checked every turn, not only when built: a wrong one injects nothing
+    and is reported, rather than reaching the log."""
+    readings = iter([1_000.0, datetime.datetime(2030, 1, 1)])
+    prefs = Preferences()
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        tools=[prefs.make()],
+        pre=[inject_tool_call("get_preferences", {"user": "ada"}, clock=lambda: next(readings))],
+    )
+
+    events, result = await collect(pipe, Turn.start("hi"))
+
+    assert (result.outcome, result.turn.injections, prefs.runs) == ("completed", (), 0)
+    [failed] = [e for e in events if isinstance(e, ev.HookFailed)]
+    assert "clock() must return seconds" in failed.error
+
+
 def test_arguments_that_do_not_fit_the_tools_schema_are_refused_when_built() -> None:
     with pytest.raises(ConfigError, match=r"get_preferences.*user: required"):
         inject_tool_call(Preferences().make(), {"name": "ada"})
