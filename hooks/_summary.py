@@ -42,8 +42,10 @@ from ._ask import ask, check_callable, check_model
 RUNNING_SUMMARY = "running_summary"
 """The `meta` key marking a running summary's text part.
 
-Its value is ``{"turns": n, "through": fingerprint}``: the number of turns the summary
-covers, and a fingerprint of the last of them.
+Its value is ``{"turns": n, "through": fingerprint, "span": m, "segment": fingerprint}``:
+the number of turns the summary covers, a fingerprint of the last of them, and how many
+turns it folded in with a fingerprint of that run (which tells the last turn from a later
+one repeating it word for word; markers without them are still read).
 """
 
 DROPPED_TURNS = "dropped_turns"
@@ -113,7 +115,19 @@ def running_summary(model: Model, *, every: int = 10) -> Hook:
                 " the next summary covers these turns too — check that the model answers the"
                 " summary prompt (its system prompt and max tokens)"
             )
-        marker = {"turns": count, "through": _fingerprint(turn.user_message, reply.messages)}
+        through = _fingerprint(turn.user_message, reply.messages)
+        folded = [  # every uncovered turn has a fingerprint: `_coverage` keeps only those
+            fingerprint
+            for start, end in uncovered
+            if (fingerprint := _turn_fingerprint(history, start, end)) is not None
+        ]
+        folded.append(through)
+        marker = {
+            "turns": count,
+            "through": through,
+            "span": len(folded),
+            "segment": _segment(folded),
+        }
         return cont(turn.inject(Text(_HEADING + summary, meta={RUNNING_SUMMARY: marker})))
 
     return hook(run, name="running_summary", durable=True, background=True)
@@ -312,24 +326,47 @@ def _coverage(history: Sequence[Message]) -> tuple[int | None, int, list[tuple[i
     The uncovered turns are those after it, and those before it that came after the turn it
     was written for (sent while it was being written). When that turn is no longer in view
     (compaction drops the oldest turns first), every turn before it in view came after it.
+    A turn sent meanwhile may repeat that turn word for word ("thanks" - "You're welcome!"):
+    of the turns carrying its fingerprint, the one it was written for is the one ending the
+    run of turns it folded in (`_segment`), when those are still in view.
     """
-    turns = [
-        (start, end) for start, end in _units(history) if _turn_fingerprint(history, start, end)
-    ]
+    turns: list[tuple[int, int]] = []
+    fingerprints: list[str] = []
+    for start, end in _units(history):
+        fingerprint = _turn_fingerprint(history, start, end)
+        if fingerprint is not None:
+            turns.append((start, end))
+            fingerprints.append(fingerprint)
     latest = _latest_summary(history)
     if latest is None:
         return None, 0, turns
     marker = _marker(history[latest])
     assert marker is not None
-    before = [(start, end) for start, end in turns if start < latest]
-    late: list[tuple[int, int]] = []
-    for start, end in reversed(before):
-        if _turn_fingerprint(history, start, end) == marker["through"]:
-            break
-        late.append((start, end))
-    late.reverse()
-    after = [(start, end) for start, end in turns if start > latest]
-    return latest, marker["turns"], [*late, *after]
+    before = sum(1 for start, _end in turns if start < latest)
+    candidates = [i for i in reversed(range(before)) if fingerprints[i] == marker["through"]]
+    last = next(
+        (i for i in candidates if _folded(fingerprints[: i + 1], marker)),
+        candidates[0] if candidates else -1,
+    )
+    return latest, marker["turns"], turns[last + 1 :]
+
+
+def _segment(fingerprints: Sequence[str]) -> str:
+    """Identifies a run of turns, by their fingerprints in order."""
+    return hashlib.sha256("\x1e".join(fingerprints).encode()).hexdigest()[:16]
+
+
+def _folded(fingerprints: Sequence[str], marker: Mapping[str, Any]) -> bool:
+    """Whether the turns ending with the last of `fingerprints` are the run a summary folded
+    in; true when that cannot be told (a summary written without the run's fingerprint, or
+    turns compaction has dropped from view since).
+    """
+    span, segment = marker.get("span"), marker.get("segment")
+    if type(span) is not int or span < 1 or not isinstance(segment, str):
+        return True
+    if len(fingerprints) < span:
+        return True
+    return _segment(fingerprints[-span:]) == segment
 
 
 def _noted(history: Sequence[Message]) -> int:

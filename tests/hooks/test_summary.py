@@ -248,6 +248,38 @@ async def test_in_a_session_a_summary_that_lands_late_is_caught_up_with():
     assert "question 3" not in written[1]
 
 
+async def test_a_late_turn_that_repeats_the_summarized_turn_is_still_caught_up_with():
+    """The summary written after turn 3 ("thanks" - "You're welcome!") lands after turns 4
+    and 5, and turn 5 repeats turn 3 word for word. The summary was taken to be turn 5's, so
+    turn 4 was never summarized and the next summary came two turns late."""
+    release = anyio.Event()
+    written: list[str] = []
+
+    async def summarize(request):
+        written.append(request.messages[-1].text)
+        if len(written) == 1:
+            await release.wait()  # turns 4 and 5 are sent and committed meanwhile
+        return f"S{len(written)}."
+
+    said = ["hello", "what's new?", "thanks", "and the weather?", "thanks", "bye"]
+    replies = ["Hi.", "Nothing.", "You're welcome!", "Sunny.", "You're welcome!", "Bye."]
+    pipe = Pipeline(
+        model=ScriptedModel(replies), post=[running_summary(FunctionModel(summarize), every=3)]
+    )
+    log = MemoryLog()
+    async with pipe.session(log=log, conversation_id="c") as session:
+        for text in said[:5]:
+            await session.send(text)
+        release.set()
+        await anyio.wait_all_tasks_blocked()
+        await session.send(said[5])
+        await anyio.wait_all_tasks_blocked()
+    messages = (await log.load("c")).messages
+    assert summary_texts(messages) == [(3, HEADING + "S1."), (6, HEADING + "S2.")]
+    assert "and the weather?" in written[1]
+    assert "what's new?" not in written[1]
+
+
 async def test_a_failing_summary_is_reported_and_nothing_of_it_is_committed():
     def down(request):
         raise ConnectionError("summarizer unreachable")
