@@ -18,6 +18,7 @@ from ._convert import (
     load_json,
     protocol_error,
     rejoin_halves,
+    synthesize_id,
     tokens,
     wire_fields,
 )
@@ -337,8 +338,15 @@ class AnthropicStreamParser:
             if self._thinking:
                 meta[THINKING_KEY] = self._thinking
                 self._thinking = []
+            # A server that sends no id (Anthropic always does; servers imitating it may
+            # not) gets one made up, as on OpenAI's side: "None" for every such call would
+            # pair each tool result with all of them.
+            call_id, name = block.start.get("id"), block.start.get("name")
             call = ToolCall(
-                str(block.start.get("id")), str(block.start.get("name")), arguments, meta
+                synthesize_id() if call_id is None or call_id == "" else str(call_id),
+                "" if name is None else str(name),
+                arguments,
+                meta,
             )
             return [ModelToolCall(call)]
         return []

@@ -462,3 +462,32 @@ async def test_an_input_sent_whole_in_the_block_start_survives_empty_deltas(
         {"path": "README.md"},
         {},
     )
+
+
+async def test_tool_use_blocks_without_an_id_get_distinct_ids(server: ProtocolServer) -> None:
+    """Catches: a tool_use block sent without an id (a server imitating the API) became a
+    call with the id "None", the same for every such call, where OpenAI's side makes one up."""
+    server.script(
+        wire.stream(
+            (
+                wire.anthropic_start(),
+                *(
+                    wire.sse(
+                        {
+                            "type": "content_block_start",
+                            "index": index,
+                            "content_block": {"type": "tool_use", "name": "stat_file", **extra},
+                        },
+                        "content_block_start",
+                    )
+                    + wire.sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+                    for index, extra in enumerate([{}, {"id": ""}, {"id": None}])
+                ),
+                *wire.anthropic_end("tool_use"),
+            )
+        )
+    )
+    events = await collect(AnthropicMessages("claude-test", base_url=server.url, api_key=KEY))
+    ids = [event.call.id for event in events if isinstance(event, ModelToolCall)]
+    assert len(ids) == len(set(ids)) == 3
+    assert all(call_id.startswith("call_") for call_id in ids)
