@@ -86,7 +86,7 @@ def build_body(model: str, request: ModelRequest, *, max_tokens: int) -> dict[st
     blocks in a user message; consecutive messages of one role are merged, so the results of
     one step sit together in the user message that follows the calls.
     """
-    system = [m.text for m in request.messages if m.role == "system" and m.text]
+    system = _system(request.messages)
     messages: list[dict[str, Any]] = []
     for message in request.messages:
         if message.role == "system":
@@ -110,7 +110,7 @@ def build_body(model: str, request: ModelRequest, *, max_tokens: int) -> dict[st
         "stream": True,
     }
     if system:
-        body["system"] = "\n\n".join(system)
+        body["system"] = system
     if request.tools:
         body["tools"] = [
             {
@@ -128,6 +128,27 @@ def build_body(model: str, request: ModelRequest, *, max_tokens: int) -> dict[st
         body["temperature"] = options.temperature
     body.update(options.extra)
     return body
+
+
+def _system(messages: tuple[Message, ...]) -> str | list[dict[str, Any]]:
+    """The top-level ``system``: the system messages' text, or their text blocks when a
+    part or message carries fields to echo (``cache_control`` on the system prompt, the
+    usual place for it). A system message's own fields go into its last block."""
+    blocks: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role != "system":
+            continue
+        own = [
+            {"type": "text", "text": part.text, **wire_fields(part.meta, META_KEY)}
+            for part in message.parts
+            if isinstance(part, Text) and part.text.strip()
+        ]
+        if own:
+            own[-1].update(wire_fields(message.meta, META_KEY))
+        blocks += own
+    if any(len(block) > 2 for block in blocks):
+        return blocks
+    return "\n\n".join(m.text for m in messages if m.role == "system" and m.text)
 
 
 def _blocks(message: Message) -> list[dict[str, Any]]:

@@ -491,3 +491,24 @@ async def test_tool_use_blocks_without_an_id_get_distinct_ids(server: ProtocolSe
     ids = [event.call.id for event in events if isinstance(event, ModelToolCall)]
     assert len(ids) == len(set(ids)) == 3
     assert all(call_id.startswith("call_") for call_id in ids)
+
+
+async def test_meta_fields_of_the_system_prompt_are_sent(server: ProtocolServer) -> None:
+    """Catches: the system messages were sent as one joined string, so `meta["anthropic"]`
+    on them (cache_control on the system prompt, where prompt caching usually starts) was
+    dropped, though every other message and part echoes its fields."""
+    server.script(wire.stream(wire.anthropic_text(["ok"])))
+    cache = {"anthropic": {"cache_control": {"type": "ephemeral"}}}
+    request = ModelRequest(
+        (
+            Message("system", (Text("Rules."), Text("Style.", cache))),
+            Message.system("Long policy.", meta=cache),
+            Message.user("hi"),
+        )
+    )
+    await collect(AnthropicMessages("claude-test", base_url=server.url, api_key=KEY), request)
+    assert server.requests[0].body["system"] == [
+        {"type": "text", "text": "Rules."},
+        {"type": "text", "text": "Style.", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "Long policy.", "cache_control": {"type": "ephemeral"}},
+    ]
