@@ -33,6 +33,7 @@ from ._http import (
     check_timeout,
     endpoint_for,
     open_model_stream,
+    shown_base_url,
     strip_slash,
 )
 from ._sse import DEFAULT_MAX_LINE_BYTES, ServerSentEvent
@@ -414,7 +415,10 @@ class AnthropicMessages(PooledProvider):
 
     model: str = attrs.field(validator=check_model)
     base_url: str = attrs.field(
-        default="https://api.anthropic.com", converter=strip_slash, kw_only=True
+        default="https://api.anthropic.com",
+        converter=strip_slash,
+        kw_only=True,
+        repr=shown_base_url,
     )
     api_key: str | None = attrs.field(default=None, repr=False, kw_only=True)
     max_tokens: int = attrs.field(default=1024, validator=_check_max_tokens, kw_only=True)

@@ -379,7 +379,7 @@ def strip_slash(base_url: str) -> str:
             problem = "it needs http:// or https:// and a host"
     if problem is not None:
         # Credentials in the URL (``https://user:secret@host``) are not shown.
-        shown = _USERINFO.sub(r"\1***@", base_url) if isinstance(base_url, str) else base_url
+        shown = hide_userinfo(base_url) if isinstance(base_url, str) else base_url
         raise ValueError(
             f"base_url {shown!r} is not a URL requests can go to ({problem}) — e.g."
             " 'https://api.openai.com/v1' or 'http://localhost:11434/v1'"
@@ -388,6 +388,17 @@ def strip_slash(base_url: str) -> str:
 
 
 _USERINFO = re.compile(r"^([^/]*//)?[^/?#]*@")
+
+
+def hide_userinfo(url: str) -> str:
+    """`url` with the credentials it may carry (``https://user:secret@host``, which httpx
+    sends as Basic auth) replaced by ``***``: for reprs and messages."""
+    return _USERINFO.sub(r"\1***@", url)
+
+
+def shown_base_url(base_url: str) -> str:
+    """A provider's ``base_url`` in its repr, credentials hidden."""
+    return repr(hide_userinfo(base_url))
 
 
 @final
@@ -416,6 +427,11 @@ class Endpoint:
     transport: httpx.AsyncBaseTransport | None = None
     missing_key: str | None = None
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+
+    @property
+    def shown(self) -> str:
+        """The URL as messages show it: without the credentials it may carry."""
+        return hide_userinfo(self.url)
 
 
 def endpoint_for(
@@ -491,7 +507,7 @@ def _local_server_hint(endpoint: Endpoint) -> str | None:
     server = _LOCAL_SERVERS.get(url.port or 80, f"a local {protocol} server")
     origin = f"{url.scheme}://{url.netloc.decode('ascii')}"
     return (
-        f"{endpoint.provider}: nothing accepted a connection at {origin} ({endpoint.url}):"
+        f"{endpoint.provider}: nothing accepted a connection at {origin} ({endpoint.shown}):"
         f" expected {server} there — start it, or point base_url at the server you run"
     )
 
@@ -509,7 +525,7 @@ def translate(
             failure.
         request_id: The response's request id, if one had arrived.
     """
-    name, url = endpoint.provider, endpoint.url
+    name, url = endpoint.provider, endpoint.shown
     detail = scrub(str(exc) or type(exc).__name__, endpoint.secret)
     where = "while streaming the response" if streaming else "before any response"
     if isinstance(exc, httpx.TimeoutException):
@@ -594,7 +610,7 @@ def status_error(
     kind, text = (None if part is None else scrub(part, secret) for part in error_detail(body))
     request_id = request_id_of(headers, secret)
     said = f"{kind}: {text}" if kind and text else (text or kind or body[:200] or "(empty body)")
-    message = f"{endpoint.provider} answered HTTP {status} at {endpoint.url}: {said}"
+    message = f"{endpoint.provider} answered HTTP {status} at {endpoint.shown}: {said}"
     if request_id:
         message += f" (request id {request_id})"
     if cut is not None:
@@ -904,7 +920,7 @@ def _check_content_type(endpoint: Endpoint, response: httpx.Response) -> None:
     if not kind.lower().startswith("text/event-stream"):
         raise ProviderProtocolError(
             f"{endpoint.provider} answered {response.status_code} with content-type"
-            f" {kind or '(none)'!r} at {endpoint.url}, expected a text/event-stream — is the"
+            f" {kind or '(none)'!r} at {endpoint.shown}, expected a text/event-stream — is the"
             " base_url right, and does the server support streaming?",
             provider=endpoint.provider,
             status=response.status_code,
@@ -919,7 +935,7 @@ def _stream_body(
         return _body(response)
     except UnsupportedEncoding as exc:
         raise ProviderProtocolError(
-            f"{endpoint.provider} answered {response.status_code} at {endpoint.url}, but {exc}",
+            f"{endpoint.provider} answered {response.status_code} at {endpoint.shown}, but {exc}",
             provider=endpoint.provider,
             status=response.status_code,
             request_id=request_id_of(response.headers, endpoint.secret),
@@ -962,14 +978,14 @@ async def _events(
                 )
                 raise ProviderProtocolError(
                     f"{endpoint.provider} sent an {what} longer than"
-                    f" max_line_bytes={exc.limit} bytes ({endpoint.url}); raise the provider's"
+                    f" max_line_bytes={exc.limit} bytes ({endpoint.shown}); raise the provider's"
                     " max_line_bytes= if such events are expected",
                     provider=endpoint.provider,
                     request_id=request_id,
                 ) from exc
             except UndecodableBody as exc:
                 raise ProviderProtocolError(
-                    f"{endpoint.provider} stream from {endpoint.url} was cut off or garbled: {exc}",
+                    f"{endpoint.provider} stream from {endpoint.shown} was cut off or garbled: {exc}",
                     provider=endpoint.provider,
                     request_id=request_id,
                 ) from exc

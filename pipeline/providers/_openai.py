@@ -40,6 +40,7 @@ from ._http import (
     check_timeout,
     endpoint_for,
     open_model_stream,
+    shown_base_url,
     strip_slash,
 )
 from ._sse import DEFAULT_MAX_LINE_BYTES, ServerSentEvent
@@ -373,7 +374,10 @@ class OpenAIChat(PooledProvider):
 
     model: str = attrs.field(validator=check_model)
     base_url: str = attrs.field(
-        default="https://api.openai.com/v1", converter=strip_slash, kw_only=True
+        default="https://api.openai.com/v1",
+        converter=strip_slash,
+        kw_only=True,
+        repr=shown_base_url,
     )
     api_key: str | None = attrs.field(default=None, repr=False, kw_only=True)
     timeout: float | httpx.Timeout | None = attrs.field(

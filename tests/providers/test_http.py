@@ -840,3 +840,20 @@ def test_a_refused_base_url_does_not_show_the_credentials_in_it(provider: Any, u
         provider("m", base_url=url)
     assert "hunter2" not in str(caught.value)
     assert "***@host/v1" in str(caught.value)
+
+
+@pytest.mark.parametrize("provider", [OpenAIChat, AnthropicMessages])
+async def test_credentials_in_a_working_base_url_are_in_no_repr_or_error(
+    server: ProtocolServer, provider: Any
+) -> None:
+    """Catches: a password written into a base_url that works (httpx sends it as Basic
+    auth) shown in the provider's repr and in every error naming the URL, though the error
+    for a base_url that does not work hides it."""
+    server.script(wire.json_error(500, {"error": {"message": "down"}}))
+    model = provider("m", base_url=server.url.replace("//", "//user:hunter2@"), max_retries=0)
+    with pytest.raises(ProviderStatusError) as caught:
+        await collect(model)
+    assert server.requests[0].headers["authorization"].startswith("Basic ")
+    for shown in (repr(model), str(caught.value)):
+        assert "hunter2" not in shown
+        assert "//***@127.0.0.1" in shown
