@@ -229,6 +229,7 @@ class AnthropicStreamParser:
         self._inputs: dict[str, int] = {}
         self._output = 0
         self._held = ""  # the first half of a character split across deltas
+        self._said_something = False
         self._done = False
 
     @property
@@ -269,6 +270,15 @@ class AnthropicStreamParser:
             self._done = True
             events = self._release()
             events += [call for index in sorted(self._blocks) for call in self._stop_block(index)]
+            if self._stop is None and not events and not self._said_something:
+                # Nothing said and no stop_reason (no message_delta): as OpenAI's [DONE]
+                # with nothing before it, an error that would pass for an empty answer.
+                raise protocol_error(
+                    self.provider,
+                    self.request_id,
+                    f"{self.provider} sent message_stop without any content or stop_reason:"
+                    " an empty message, not a complete answer",
+                )
             reason = None if self._stop is None else STOP_REASONS.get(self._stop, self._stop)
             events.append(ModelFinish(reason, Usage(self._input, self._output)))
             return events
@@ -312,6 +322,7 @@ class AnthropicStreamParser:
         )
 
     def _text(self, text: str) -> list[ModelEvent]:
+        self._said_something = True
         if self._held or HIGH <= text[-1] <= LAST_HIGH:  # a character's half: see rejoin_halves
             text, self._held = rejoin_halves(self._held, text)
         return [ModelText(text)] if text else []
@@ -364,6 +375,7 @@ class AnthropicStreamParser:
             # not) gets one made up, as on OpenAI's side: "None" for every such call would
             # pair each tool result with all of them.
             call_id, name = block.start.get("id"), block.start.get("name")
+            self._said_something = True
             call = ToolCall(
                 synthesize_id() if call_id is None or call_id == "" else str(call_id),
                 "" if name is None else str(name),

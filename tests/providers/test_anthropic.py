@@ -231,8 +231,10 @@ def test_unknown_events_blocks_and_deltas_are_ignored() -> None:
 
 def test_an_unnamed_event_is_dispatched_on_its_json_type() -> None:
     parser = AnthropicStreamParser()
-    parser.feed(ServerSentEvent("message", json.dumps({"type": "message_stop"})))
-    assert parser.done
+    delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}
+    for payload in (delta, {"type": "message_stop"}):
+        events = parser.feed(ServerSentEvent("message", json.dumps(payload)))
+    assert (parser.done, events) == (True, [ModelFinish("stop", Usage())])
 
 
 def test_thinking_blocks_with_signatures_ride_on_the_next_tool_call() -> None:
@@ -512,3 +514,20 @@ async def test_meta_fields_of_the_system_prompt_are_sent(server: ProtocolServer)
         {"type": "text", "text": "Style.", "cache_control": {"type": "ephemeral"}},
         {"type": "text", "text": "Long policy.", "cache_control": {"type": "ephemeral"}},
     ]
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [(wire.anthropic_start(),), ()],
+    ids=["after-message-start", "alone"],
+)
+async def test_message_stop_with_nothing_before_it_is_a_protocol_error(
+    server: ProtocolServer, pieces: tuple[bytes, ...]
+) -> None:
+    """Catches: a stream of message_stop with no content and no message_delta (so no
+    stop_reason) passed for a complete, empty answer, where OpenAI's [DONE] with nothing
+    before it is a protocol error."""
+    server.script(wire.stream((*pieces, wire.sse({"type": "message_stop"}, "message_stop"))))
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    with pytest.raises(ProviderProtocolError, match="message_stop without any content"):
+        await collect(model)
