@@ -105,4 +105,7 @@ def tokens(value: Any) -> int:
     which the stream turns into a protocol error."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise TypeError(f"a token count must be a number, got {value!r}")
-    return int(value)
+    try:
+        return int(value)
+    except OverflowError:  # Infinity, which Python's JSON decoder accepts, or 1e400
+        raise ValueError(f"a token count must be finite, got {value!r}") from None

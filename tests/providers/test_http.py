@@ -694,6 +694,29 @@ async def test_a_malformed_token_count_is_a_protocol_error(server: ProtocolServe
     assert "n/a" in str(error)
 
 
+@pytest.mark.parametrize("count", ["Infinity", "-Infinity", "1e400"])
+async def test_an_infinite_token_count_is_a_protocol_error(
+    server: ProtocolServer, count: str
+) -> None:
+    """Catches: a token count of Infinity (which Python's JSON decoder accepts) or one
+    past a float's range escaping the stream as a bare OverflowError, not a ProviderError."""
+    usage = f'{{"prompt_tokens": {count}, "completion_tokens": 1}}'
+    chunk = f'data: {{"choices": [], "usage": {usage}}}\n\n'.encode()
+    server.script(wire.stream((*wire.openai_text(["a"])[:-2], chunk, b"data: [DONE]\n\n")))
+    await fails(openai(server), ProviderProtocolError)
+    delta = f'{{"type": "message_delta", "delta": {{}}, "usage": {{"output_tokens": {count}}}}}'
+    server.script(
+        wire.stream(
+            (
+                wire.anthropic_start(),
+                *wire.anthropic_text_block(0, ["a"]),
+                f"event: message_delta\ndata: {delta}\n\n".encode(),
+            )
+        )
+    )
+    await fails(anthropic(server), ProviderProtocolError)
+
+
 def test_a_short_placeholder_key_does_not_mangle_messages() -> None:
     # Local servers take keys like "EMPTY" or "ollama"; they are not secrets.
     assert scrub("Name or service not known", "k") == "Name or service not known"
