@@ -15,28 +15,39 @@ _QUOTED = 200
 """How much of undecodable arguments the model is shown back (all of it stays in the meta)."""
 
 
-def decode_json(data: str) -> Any:
+def decode_json(data: str, *, strict: bool = False) -> Any:
     """`json.loads`, with nesting too deep for the decoder a `ValueError` like any other
-    malformed JSON (Python's decoder recurses: 100,000 brackets raise `RecursionError`)."""
+    malformed JSON (Python's decoder recurses: 100,000 brackets raise `RecursionError`).
+
+    `strict` refuses ``NaN``, ``Infinity`` and ``-Infinity``, which Python's decoder accepts
+    but JSON does not: a value that goes back to the provider must be one it can parse.
+    """
     try:
+        if strict:
+            return json.loads(data, parse_constant=_refuse_constant)
         return json.loads(data)
     except RecursionError:
         raise ValueError("nested too deeply to decode") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def decode_arguments(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Decode a tool call's assembled argument text: (arguments, meta to add).
 
     An empty text means no arguments. Text that is not a JSON object (a model's mistake,
-    output cut by the token limit, nesting too deep to decode) is kept in the meta rather than
-    raised: it is the model's error to correct, not a broken stream. The error quotes the
+    output cut by the token limit, nesting too deep to decode, ``NaN``, which Python reads but
+    the arguments echoed to the provider in the next request must not hold) is kept in the
+    meta rather than raised: it is the model's error to correct, not a broken stream. The error quotes the
     start of the text, so that the model sees what it sent.
     """
     if not raw.strip():
         return {}, {}
     quoted = raw[:_QUOTED] + ("..." if len(raw) > _QUOTED else "")
     try:
-        value = decode_json(raw)
+        value = decode_json(raw, strict=True)
     except ValueError as exc:
         error = f"not valid JSON ({exc}): {quoted!r}"
         return {}, {INVALID_ARGUMENTS: {"raw": raw, "error": error}}

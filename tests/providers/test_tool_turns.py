@@ -176,3 +176,42 @@ async def test_arguments_that_are_not_json_get_an_error_result_and_the_tool_neve
         "invalid arguments for tool 'lookup': the arguments are not valid JSON"
     )
     assert result.audit.tools[0].result.error_class == "invalid_arguments"
+
+
+def _strict_json(raw: bytes) -> Any:
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(raw, parse_constant=refuse)
+
+
+async def test_nan_in_the_models_arguments_is_invalid_and_never_sent_back(
+    server: ProtocolServer,
+) -> None:
+    """Catches: arguments holding NaN (which Python's decoder reads, JSON does not) taken as
+    valid, so the tool ran with them and every later request carried "input": {"x": NaN},
+    a body the API cannot parse, failing the conversation's every turn."""
+    ran: list[float] = []
+
+    @tool
+    def scale(x: float) -> str:
+        ran.append(x)
+        return "scaled"
+
+    server.script(
+        wire.stream(
+            (
+                wire.anthropic_start(),
+                *wire.anthropic_tool_block(0, "toolu_1", "scale", ['{"x": Na', "N}"]),
+                *wire.anthropic_end("tool_use"),
+            )
+        ),
+        wire.stream(wire.anthropic_text(["Sorry."])),
+    )
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+
+    result = await Pipeline(model=model, tools=[scale]).run(Turn.start("scale it"))
+
+    assert (ran, result.audit.tools[0].result.error_class) == ([], "invalid_arguments")
+    sent = _strict_json(server.requests[1].raw)
+    assert sent["messages"][1]["content"][0]["input"] == {}
