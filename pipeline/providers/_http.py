@@ -21,6 +21,7 @@ import email.utils
 import functools
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -43,6 +44,7 @@ from .._errors import (
     ProviderStatusError,
     ProviderTimeout,
     RateLimited,
+    RequestError,
 )
 from .._model import ModelEvent
 from ._convert import decode_json
@@ -1010,8 +1012,12 @@ async def _abandon(response: httpx.Response, chunks: AsyncIterator[bytes]) -> No
         pass  # the connection was closed on purpose: a failing read is expected
 
 
-def encode_body(body: Mapping[str, Any]) -> bytes:
+def encode_body(body: Mapping[str, Any], provider: str = "") -> bytes:
     """The request body as UTF-8 JSON, whatever its text holds.
+
+    A value JSON has no form for (a ``date`` or ``Decimal`` in `RequestOptions.extra`, in a
+    tool spec or in tool-call arguments; ``NaN``, which Python would write but no API parses)
+    is a `RequestError` naming where it is in the body, before anything is sent.
 
     A lone surrogate (half of a character a server split across deltas and never completed,
     kept in the conversation) has no UTF-8 form: the encoding would fail, and so would every
@@ -1019,11 +1025,43 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
     halves the character it stands for and a lone half U+FFFD. The ``\\udXXX`` escape
     ``ensure_ascii`` would write keeps a lone half, but strict JSON parsers reject it.
     """
-    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise RequestError(
+            f"{provider}: the request cannot be sent as JSON: {not_json(body)} ({exc}) —"
+            " RequestOptions.extra, tool specs and tool-call arguments may hold only JSON"
+            " values: str, finite numbers, bool, None, lists and dicts with string keys"
+        ) from None
     try:
         return text.encode()
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode()
+
+
+def not_json(value: Any, path: str = "body", seen: frozenset[int] = frozenset()) -> str:
+    """Where in `value` the first value JSON cannot encode is, and what it is (``""`` when
+    there is none)."""
+    if value is None or isinstance(value, str | bool | int):
+        return ""
+    if isinstance(value, float):
+        return "" if math.isfinite(value) else f"{path} is {value!r}"
+    if not isinstance(value, dict | list | tuple):
+        return f"{path} is a {type(value).__name__}"
+    if id(value) in seen:
+        return f"{path} contains itself"
+    inner = seen | {id(value)}
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not (key is None or isinstance(key, str | int | float | bool)):
+                return f"{path} has a key that is a {type(key).__name__}"
+            if found := not_json(item, f"{path}.{key}", inner):
+                return found
+        return ""
+    for index, item in enumerate(value):
+        if found := not_json(item, f"{path}[{index}]", inner):
+            return found
+    return ""
 
 
 @asynccontextmanager
@@ -1035,7 +1073,7 @@ async def open_stream(
     The request goes through `pool`'s client when it is held, else through a client of its
     own. `owner` names the provider in the errors of a closed pool.
     """
-    content = encode_body(body)
+    content = encode_body(body, endpoint.provider)
     async with _client(endpoint, pool, owner or endpoint.provider) as (client, pooled):
         try:
             response = await _send(client, endpoint, content)

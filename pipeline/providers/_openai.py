@@ -39,6 +39,7 @@ from ._http import (
     check_retries,
     check_timeout,
     endpoint_for,
+    not_json,
     open_model_stream,
     shown_base_url,
     strip_slash,
@@ -144,7 +145,17 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
         # model reads it in its invalid_arguments result.
         arguments = "{}"
     else:
-        arguments = json.dumps(dict(call.arguments), ensure_ascii=False, separators=(",", ":"))
+        try:
+            arguments = json.dumps(
+                dict(call.arguments), ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            )
+        except (TypeError, ValueError) as exc:
+            where = not_json(dict(call.arguments), "arguments")
+            raise RequestError(
+                f"openai: tool call {call.name!r} ({call.id}) cannot be sent: {where} ({exc}) —"
+                " tool-call arguments may hold only JSON values: str, finite numbers, bool,"
+                " None, lists and dicts with string keys"
+            ) from None
     return {
         "id": call.id,
         "type": "function",

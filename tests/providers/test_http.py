@@ -2,6 +2,8 @@
 the protocol server can play, each through `provider.stream` and the important ones through
 `Pipeline.run` too."""
 
+import datetime
+import decimal
 import email.utils
 import json
 import re
@@ -18,13 +20,17 @@ import trio.testing
 from pipeline import (
     ConfigError,
     ModelFinish,
+    ModelRequest,
     ModelText,
+    Pipeline,
     ProviderConnectionError,
     ProviderError,
     ProviderProtocolError,
     ProviderStatusError,
     ProviderTimeout,
     RateLimited,
+    RequestError,
+    cont,
 )
 from pipeline.providers import AnthropicMessages, OpenAIChat, _http
 from pipeline.providers._http import (
@@ -35,7 +41,7 @@ from pipeline.providers._http import (
     scrub,
     should_retry,
 )
-from turns import Usage
+from turns import Message, ToolCall, ToolResult, Turn, Usage
 
 from . import server as wire
 from .server import ProtocolServer
@@ -880,3 +886,41 @@ async def test_credentials_in_a_working_base_url_are_in_no_repr_or_error(
     for shown in (repr(model), str(caught.value)):
         assert "hunter2" not in shown
         assert "//***@127.0.0.1" in shown
+
+
+@pytest.mark.parametrize("value", [decimal.Decimal("7"), float("nan")], ids=["decimal", "nan"])
+@pytest.mark.parametrize("provider", [openai, anthropic])
+async def test_a_value_json_cannot_encode_is_a_request_error_naming_it(
+    server: ProtocolServer, provider: Any, value: Any
+) -> None:
+    """Catches: a RequestOptions.extra value JSON has no form for failing the turn as a
+    ProviderError about a bare TypeError naming no field ("Object of type Decimal is not
+    JSON serializable"), and NaN sent as the invalid JSON token NaN."""
+
+    def shape(turn: Turn) -> Any:
+        return cont(turn.with_request(extra={"seed": value}))
+
+    with pytest.raises(RequestError, match=r"body\.seed is ") as caught:
+        await Pipeline(model=provider(server), pre=[shape]).run(Turn.start("hi"))
+    assert "RequestOptions.extra" in str(caught.value)
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("provider", "where"),
+    [(openai, "arguments.when is a date"), (anthropic, "input.when is a date")],
+)
+async def test_tool_call_arguments_json_cannot_encode_are_a_request_error_naming_them(
+    server: ProtocolServer, provider: Any, where: str
+) -> None:
+    """Catches: a tool call in the conversation whose arguments hold a date escaping the
+    provider as a bare TypeError that names neither the call nor the argument."""
+    call = ToolCall("call_1", "plan", {"when": datetime.date(2026, 1, 1)})
+    messages = (
+        Message.user("plan it"),
+        Message.assistant([call]),
+        Message.tool(ToolResult("call_1", "planned")),
+    )
+    with pytest.raises(RequestError, match=re.escape(where)):
+        await collect(provider(server), ModelRequest(messages))
+    assert server.requests == []
