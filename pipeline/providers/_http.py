@@ -917,13 +917,22 @@ def _body(response: httpx.Response) -> tuple[AsyncIterator[bytes], Decode]:
     return response.aiter_raw(), decoder_for(response.headers.get("content-encoding", ""))
 
 
-def _check_content_type(endpoint: Endpoint, response: httpx.Response) -> None:
+async def _check_content_type(endpoint: Endpoint, response: httpx.Response) -> None:
     kind = response.headers.get("content-type", "")
     if not kind.lower().startswith("text/event-stream"):
+        # Some servers answer an error with a 2xx and a JSON body: what it says is the
+        # provider's own account of the failure. The body is read as an error body is.
+        body, _cut = await _error_body(response, endpoint)
+        body = scrub(body, endpoint.secret)
+        detail = [
+            None if part is None else scrub(part, endpoint.secret) for part in error_detail(body)
+        ]
+        said = ": ".join(part for part in detail if part) or body[:200].strip()
         raise ProviderProtocolError(
             f"{endpoint.provider} answered {response.status_code} with content-type"
             f" {kind or '(none)'!r} at {endpoint.shown}, expected a text/event-stream — is the"
-            " base_url right, and does the server support streaming?",
+            " base_url right, and does the server support streaming?"
+            + (f" It said: {said}" if said else ""),
             provider=endpoint.provider,
             status=response.status_code,
             request_id=request_id_of(response.headers, endpoint.secret),
@@ -1084,7 +1093,7 @@ async def open_stream(
             raise
         try:
             request_id = request_id_of(response.headers, endpoint.secret)
-            _check_content_type(endpoint, response)
+            await _check_content_type(endpoint, response)
             reads = _stream_body(endpoint, response)
             events = _events(endpoint, response, request_id, reads)
             try:

@@ -518,6 +518,20 @@ async def test_a_200_that_is_not_an_event_stream_is_a_protocol_error(
     assert "application/json" in str(error)
 
 
+@pytest.mark.parametrize("provider", [openai, anthropic])
+async def test_a_200_json_error_keeps_the_providers_type_and_message(
+    server: ProtocolServer, provider: Any
+) -> None:
+    """Catches: a server answering an error with 200 and a JSON body (not an event
+    stream) reported without a word of what the body said, so the user saw a content-type
+    complaint instead of the provider's reason."""
+    error = {"error": {"type": "invalid_request_error", "message": f"context too long {KEY}"}}
+    server.script(wire.json_error(200, error))
+    raised = await fails(provider(server), ProviderProtocolError)
+    assert "invalid_request_error: context too long [redacted]" in str(raised)
+    assert "text/event-stream" in str(raised)
+
+
 # --- Faults inside the stream ---------------------------------------------------------------
 
 
