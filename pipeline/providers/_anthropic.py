@@ -89,11 +89,13 @@ def build_body(model: str, request: ModelRequest, *, max_tokens: int) -> dict[st
     """
     system = _system(request.messages)
     messages: list[dict[str, Any]] = []
+    dropped = None  # the last message, when it has nothing the API accepts
     for message in request.messages:
         if message.role == "system":
             continue
         role = "assistant" if message.role == "assistant" else "user"
         blocks = _blocks(message)
+        dropped = None if blocks else message
         if not blocks:
             continue
         if messages and messages[-1]["role"] == role and set(messages[-1]) == {"role", "content"}:
@@ -103,6 +105,15 @@ def build_body(model: str, request: ModelRequest, *, max_tokens: int) -> dict[st
             messages.append(
                 {"role": role, "content": blocks, **wire_fields(message.meta, META_KEY)}
             )
+    if dropped is not None and dropped.role == "user":
+        # Left out, the request would end with the assistant's last message, which the API
+        # continues (a prefill) instead of answering; with no message before it, the API
+        # refuses an empty list.
+        raise RequestError(
+            f"anthropic: the last message, a user message, holds no text the Messages API"
+            f" accepts ({dropped.text!r}: empty or whitespace only, which it refuses in a text"
+            " block) — send some text"
+        )
     options = request.options
     body: dict[str, Any] = {
         "model": model,

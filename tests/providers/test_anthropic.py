@@ -12,11 +12,22 @@ from pipeline import (
     ModelToolCall,
     Pipeline,
     ProviderProtocolError,
+    RequestError,
 )
 from pipeline.providers import AnthropicMessages
 from pipeline.providers._anthropic import AnthropicStreamParser, build_body
 from pipeline.providers._sse import ServerSentEvent
-from turns import Message, RequestOptions, Text, ToolCall, ToolResult, ToolSpec, Turn, Usage
+from turns import (
+    Context,
+    Message,
+    RequestOptions,
+    Text,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Turn,
+    Usage,
+)
 
 from . import server as wire
 from .server import ProtocolServer
@@ -531,3 +542,17 @@ async def test_message_stop_with_nothing_before_it_is_a_protocol_error(
     model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
     with pytest.raises(ProviderProtocolError, match="message_stop without any content"):
         await collect(model)
+
+
+@pytest.mark.parametrize("text", ["", "  \n"], ids=["empty", "blank"])
+async def test_a_blank_user_message_is_a_request_error_not_a_prefill(
+    server: ProtocolServer, text: str
+) -> None:
+    """Catches: a user message with no text but whitespace left out of the request (the API
+    refuses whitespace-only text blocks), so the request ended with the assistant's last
+    message and the model continued it (a prefill) instead of answering."""
+    history = Context(messages=(Message.user("hi"), Message.assistant("Hello!")))
+    pipe = Pipeline(model=AnthropicMessages("claude-test", base_url=server.url, api_key=KEY))
+    with pytest.raises(RequestError, match="the last message, a user message, holds no text"):
+        await pipe.run(Turn.start(text, context=history))
+    assert server.requests == []
