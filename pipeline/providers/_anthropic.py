@@ -105,10 +105,11 @@ def build_body(model: str, request: ModelRequest, *, max_tokens: int) -> dict[st
             messages.append(
                 {"role": role, "content": blocks, **wire_fields(message.meta, META_KEY)}
             )
-    if dropped is not None and dropped.role == "user":
+    unanswerable = not messages or messages[-1]["role"] == "assistant"
+    if dropped is not None and dropped.role == "user" and unanswerable:
         # Left out, the request would end with the assistant's last message, which the API
         # continues (a prefill) instead of answering; with no message before it, the API
-        # refuses an empty list.
+        # refuses an empty list. (After tool results the request still ends with them.)
         raise RequestError(
             f"anthropic: the last message, a user message, holds no text the Messages API"
             f" accepts ({dropped.text!r}: empty or whitespace only, which it refuses in a text"

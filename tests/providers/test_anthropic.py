@@ -556,3 +556,24 @@ async def test_a_blank_user_message_is_a_request_error_not_a_prefill(
     with pytest.raises(RequestError, match="the last message, a user message, holds no text"):
         await pipe.run(Turn.start(text, context=history))
     assert server.requests == []
+
+
+async def test_a_blank_user_message_after_tool_results_is_left_out(
+    server: ProtocolServer,
+) -> None:
+    """Catches: a blank user message refused where leaving it out is harmless, because the
+    request still ends with the tool results the model answers."""
+    server.script(wire.stream(wire.anthropic_text(["Done."])))
+    call = ToolCall("toolu_1", "stat_file", {})
+    messages = (
+        Message.user("hi"),
+        Message.assistant([call]),
+        Message.tool(ToolResult("toolu_1", "5120")),
+        Message.user(" "),
+    )
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    await collect(model, ModelRequest(messages))
+    assert server.requests[0].body["messages"][-1] == {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "5120"}],
+    }
