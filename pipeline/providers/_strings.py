@@ -82,6 +82,10 @@ def model_from_string(spec: str) -> Model:
             f"model spec {spec!r} is not of the form 'provider:model' — valid forms: {valid}"
         )
     make = _PROVIDERS.get(prefix)
+    if make is None and prefix == "scripted":
+        raise ConfigError(
+            f"model spec {spec!r}: the scripted model takes no model name — write 'scripted'"
+        )
     if make is None:
         raise ConfigError(
             f"model spec {spec!r} names unknown provider {prefix!r} — valid forms: {valid}"

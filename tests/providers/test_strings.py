@@ -46,3 +46,12 @@ def test_a_bad_spec_is_a_config_error_naming_it_and_the_valid_prefixes(spec: str
     assert repr(spec) in str(caught.value)
     assert "openai:<model>" in str(caught.value)
     assert "scripted" in str(caught.value)
+
+
+def test_a_model_name_after_scripted_says_scripted_takes_none() -> None:
+    """Catches: 'scripted:x' refused as naming the unknown provider 'scripted', with
+    'scripted' itself in the list of valid forms the same message gave."""
+    with pytest.raises(ConfigError, match="the scripted model takes no model name") as caught:
+        model_from_string("scripted:gpt-4o")
+    assert "'scripted:gpt-4o'" in str(caught.value)
+    assert "unknown provider" not in str(caught.value)
