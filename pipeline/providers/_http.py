@@ -826,7 +826,10 @@ async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -
         except httpx.TransportError as exc:
             # A request httpx refuses to send (a bad header) fails the same way every time.
             if last or isinstance(exc, httpx.LocalProtocolError):
-                raise translate(exc, endpoint, streaming=False) from exc
+                error = translate(exc, endpoint, streaming=False)
+                if attempt > 1:  # as a status error says, so the retries are not a mystery
+                    error.args = (f"{error.args[0]} — after {attempt} attempts", *error.args[1:])
+                raise error from exc
             pause = backoff(attempt - 1, random.random())
             log.warning(
                 "%s: request %d failed (%s); retrying in %.2f s",

@@ -231,6 +231,21 @@ async def test_connection_refused_is_retried_then_a_connection_error(
     assert trio.current_time() - started >= 0.375 + 0.75  # two backoffs: 0.5 s and 1 s, jittered
 
 
+async def test_a_connection_error_after_retries_says_how_many_attempts_were_made(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Catches: the connection error raised once the retries were spent reading as if the
+    request had been tried once, where a status error says "after 3 attempts"."""
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = OpenAIChat("m", base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
+    error = await fails(model, ProviderConnectionError)
+    assert str(error).endswith(" — after 3 attempts")
+    once = OpenAIChat("m", base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
+    assert "attempts" not in str(await fails(once, ProviderConnectionError))
+
+
 def error_body_cut_short(status: int = 503, stall: bool = False) -> wire.Reply:
     """An error answer whose JSON body breaks off (no final chunk, the connection closed), or
     stalls."""
