@@ -449,10 +449,11 @@ def endpoint_for(
         auth: The headers that carry a key.
     """
     variable = model.api_key_env
+    given = model.api_key is not None  # api_key="" is no key, as in the official SDKs
     key = checked_key(
-        model.api_key or (os.environ.get(variable) if variable else None),
+        model.api_key if given else (os.environ.get(variable) if variable else None),
         model.provider,
-        "api_key=" if model.api_key else str(variable),
+        "api_key=" if given else str(variable),
     )
     where = f"set {variable} or " if variable else ""
     return Endpoint(

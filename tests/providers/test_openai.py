@@ -449,6 +449,17 @@ async def test_without_a_key_no_authorization_header_is_sent(
     assert "authorization" not in server.requests[0].headers
 
 
+async def test_an_empty_api_key_sends_no_key_not_the_environments(
+    server: ProtocolServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catches: api_key="" (no key, for a local server) treated as no api_key at all, so the
+    OpenAI key in the environment was sent to whatever server base_url named."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    server.script(wire.stream(wire.openai_text(["ok"])))
+    await collect(OpenAIChat("m", base_url=f"{server.url}/v1", api_key=""))
+    assert "authorization" not in server.requests[0].headers
+
+
 async def test_the_key_defaults_to_the_environment(
     server: ProtocolServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
