@@ -40,8 +40,8 @@ def decode_arguments(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:
     An empty text means no arguments. Text that is not a JSON object (a model's mistake,
     output cut by the token limit, nesting too deep to decode, ``NaN``, which Python reads but
     the arguments echoed to the provider in the next request must not hold) is kept in the
-    meta rather than raised: it is the model's error to correct, not a broken stream. The error quotes the
-    start of the text, so that the model sees what it sent.
+    meta rather than raised: it is the model's error to correct, not a broken stream. The
+    error quotes the start of the text, so that the model sees what it sent.
     """
     if not raw.strip():
         return {}, {}

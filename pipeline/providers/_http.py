@@ -1000,7 +1000,8 @@ async def _events(
                 ) from exc
             except UndecodableBody as exc:
                 raise ProviderProtocolError(
-                    f"{endpoint.provider} stream from {endpoint.shown} was cut off or garbled: {exc}",
+                    f"{endpoint.provider} stream from {endpoint.shown} was cut off or garbled:"
+                    f" {exc}",
                     provider=endpoint.provider,
                     request_id=request_id,
                 ) from exc
