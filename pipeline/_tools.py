@@ -179,6 +179,12 @@ class _Union(_Shape):
             converted = option.convert(value, path, trial)
             if not trial.items:
                 return converted
+        kind = _container(value)
+        fitting = [o for o in self.options if kind is not None and o.schema.get("type") == kind]
+        if len(fitting) == 1:
+            # The one object (or array) the value can be: what is wrong inside it
+            # (`point.x`) says more than "expected object or null, got object".
+            return fitting[0].convert(value, path, problems)
         expected = " or ".join(_schema_name(s) for s in self.schema.get("anyOf", [self.schema]))
         problems.add(path, f"expected {expected}, got {_json_describe(value)}")
         return _INVALID
@@ -257,6 +263,11 @@ class _Object(_Shape):
             name = getattr(self.build, "__name__", "the value")
             problems.add(path, f"{name} refused it: {exc_text(exc)}")
             return _INVALID
+
+
+def _container(value: Any) -> str | None:
+    """The JSON Schema type of `value` when it is an object or an array."""
+    return "object" if type(value) is dict else "array" if type(value) is list else None
 
 
 def _join(path: str, name: str) -> str:

@@ -483,6 +483,34 @@ def test_a_problem_in_an_attrs_object_names_the_field_path() -> None:
     assert problem == 'value.corner.x: expected integer, got string "1"'
 
 
+@pytest.mark.parametrize(
+    ("annotation", "value", "problem"),
+    [
+        pytest.param(
+            Point | None, {"x": "1"}, 'value.x: expected integer, got string "1"', id="attrs"
+        ),
+        pytest.param(
+            list[int] | None, [1, "two"], 'value[1]: expected integer, got string "two"', id="list"
+        ),
+        pytest.param(
+            int | Box | None,
+            {"corner": {"x": 1}, "label": 2},
+            "value.label: expected string, got integer 2",
+            id="union",
+        ),
+    ],
+)
+def test_a_problem_inside_an_optional_object_names_its_path(annotation, value, problem) -> None:
+    """Catches: a problem inside an optional argument (``Point | None``) reported as
+    "expected object or null, got object {...}", without the path of what is wrong in it."""
+    assert probe_for(annotation).check(call(arguments={"value": value})) == problem
+
+
+def test_a_value_of_another_kind_for_an_optional_says_what_was_expected() -> None:
+    problem = probe_for(Point | None).check(call(arguments={"value": 3}))
+    assert problem == "value: expected object or null, got integer 3"
+
+
 def test_a_problem_in_a_dict_names_the_key() -> None:
     problem = probe_for(dict[str, int]).check(call(arguments={"value": {"a": 1, "b": "2"}}))
     assert problem == 'value.b: expected integer, got string "2"'
