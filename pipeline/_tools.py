@@ -258,8 +258,10 @@ class _Object(_Shape):
             return converted
         try:
             return self.build(**converted)
-        except (TypeError, ValueError) as exc:
-            # The class's own validators have the last word on its values.
+        except Exception as exc:
+            # The class's own validators (and __attrs_post_init__) have the last word on its
+            # values, whatever they raise: it is the model's value they refuse, and a bare
+            # exception here would fail the whole turn.
             name = getattr(self.build, "__name__", "the value")
             problems.add(path, f"{name} refused it: {exc_text(exc)}")
             return _INVALID

@@ -319,6 +319,34 @@ async def test_an_argument_its_attrs_class_refuses_gives_invalid_arguments() -> 
     assert [r.error_class for r in results_of(result.reply.messages)] == ["invalid_arguments"]
 
 
+def _not_thirteen(instance: object, attribute: object, value: int) -> None:
+    if value == 13:
+        raise LookupError("no shelf 13")
+
+
+@attrs.frozen
+class Shelf:
+    number: int = attrs.field(validator=_not_thirteen)
+
+
+async def test_an_attrs_class_refusing_with_any_exception_gives_invalid_arguments() -> None:
+    """Catches: a validator raising something other than TypeError or ValueError (here a
+    LookupError) escaping the tool loop as a bare exception that failed the whole turn."""
+    trace: list = []
+
+    async def stock(shelf: Shelf) -> str:
+        trace.append(shelf)
+        return "stocked"
+
+    pipe, _ = pipe_with([[ToolCall("c1", "stock", {"shelf": {"number": 13}})], "ok"], tool(stock))
+
+    result = await pipe.run(start())
+
+    (refused,) = results_of(result.reply.messages)
+    assert (result.outcome, refused.error_class, trace) == ("completed", "invalid_arguments", [])
+    assert "shelf: Shelf refused it: LookupError: no shelf 13" in refused.content
+
+
 async def test_a_pipeline_without_tools_keeps_the_models_calls_in_the_reply() -> None:
     batch = calls("a")
     model = ScriptedModel([["Let me look.", *batch]])
