@@ -616,6 +616,12 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
             raise ConfigError(f"{where}: tools are called with keyword arguments, not positional")
         annotation = hints.get(parameter.name, inspect.Parameter.empty)
         if _is_scope(annotation):
+            if scope is not None:
+                # Only one receives the scope: the other would be missing from every call.
+                raise ConfigError(
+                    f"{where}: a second Scope parameter (after {scope!r}); the tool receives"
+                    " the turn's scope once — keep one"
+                )
             scope = parameter.name
             continue
         if annotation is inspect.Parameter.empty:

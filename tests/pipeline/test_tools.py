@@ -366,6 +366,20 @@ def test_a_name_providers_refuse_is_a_config_error_naming_it(name) -> None:
     assert repr(name) in str(caught.value)
 
 
+def test_two_scope_parameters_are_a_config_error_naming_the_second() -> None:
+    """Catches: a second `Scope` parameter accepted when the tool was built, though only one
+    receives the scope, so every call of the tool failed on the missing other."""
+
+    def whoami(scope: Scope, context: Scope | None = None) -> str:
+        return "me"
+
+    with pytest.raises(ConfigError) as caught:
+        tool(whoami)
+    assert str(caught.value).startswith(
+        "tool 'whoami', argument 'context': a second Scope parameter (after 'scope')"
+    )
+
+
 def test_a_name_of_64_characters_is_accepted() -> None:
     def lookup(city: str) -> str:
         return city
