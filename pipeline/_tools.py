@@ -386,6 +386,45 @@ def _attrs_shape(cls: type, where: str, within: tuple[type, ...]) -> _Object:
     return _Object(fields, tuple(required), defaults, {}, build=cls)
 
 
+_SECTIONS = frozenset(
+    (
+        "args",
+        "arguments",
+        "attention",
+        "attributes",
+        "caution",
+        "danger",
+        "error",
+        "example",
+        "examples",
+        "hint",
+        "important",
+        "keyword args",
+        "keyword arguments",
+        "methods",
+        "note",
+        "notes",
+        "other parameters",
+        "parameters",
+        "raise",
+        "raises",
+        "references",
+        "return",
+        "returns",
+        "see also",
+        "tip",
+        "todo",
+        "warning",
+        "warnings",
+        "warns",
+        "yield",
+        "yields",
+    )
+)
+"""The section headings of a Google-style docstring (Sphinx's napoleon reads these): a
+description's own line ending in a colon ("Supported currencies:") is no section."""
+
+
 def _docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
     """The description and per-argument notes of a Google-style docstring."""
     doc = inspect.getdoc(fn) or ""
@@ -396,8 +435,12 @@ def _docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
     current = None
     for line in lines:
         stripped = line.strip()
-        if re.fullmatch(r"[A-Z][A-Za-z ]*:", stripped) and not line.startswith(" "):
-            section = stripped[:-1]
+        if (
+            stripped.endswith(":")
+            and stripped[:-1].lower() in _SECTIONS
+            and not line.startswith(" ")
+        ):
+            section = stripped[:-1].capitalize()
             current = None
             continue
         if section is None:

@@ -168,6 +168,29 @@ def test_the_description_is_the_docstring_text_before_its_sections() -> None:
     assert tool(forecast).description == "Tell the weather.\n\nLooks a few days ahead."
 
 
+def test_a_description_line_ending_in_a_colon_stays_in_the_description() -> None:
+    """Catches: any capitalised line ending in a colon ("Supported currencies:") taken for a
+    docstring section, so the model was never told the rest of the description."""
+
+    def convert(amount: float, currency: str) -> str:
+        """Convert an amount between currencies.
+
+        Supported currencies:
+            EUR, USD, GBP
+
+        Args:
+            amount: How much.
+            currency: The target currency.
+        """
+        return currency
+
+    made = tool(convert)
+    assert made.description == (
+        "Convert an amount between currencies.\n\nSupported currencies:\n    EUR, USD, GBP"
+    )
+    assert made.parameters["properties"]["amount"]["description"] == "How much."
+
+
 def test_each_argument_is_described_by_its_note_in_the_args_section() -> None:
     def forecast(city: str, days: int = 3) -> str:
         """Tell the weather.
