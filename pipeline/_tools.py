@@ -58,16 +58,29 @@ def current_tools() -> Mapping[str, "Tool"]:
     return CURRENT_TOOLS.get()
 
 
+_MAX_PROBLEMS = 20
+"""How many problems an ``invalid_arguments`` result lists; the rest are counted. A model that
+sends a huge array of wrong items gets a short answer, not one larger than what it sent."""
+
+
 class _Problems:
     """What is wrong with a model's arguments, each with its path."""
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "more")
 
     def __init__(self) -> None:
         self.items: list[str] = []
+        self.more = 0
 
     def add(self, path: str, message: str) -> None:
-        self.items.append(f"{path}: {message}" if path else message)
+        if len(self.items) < _MAX_PROBLEMS:
+            self.items.append(f"{path}: {message}" if path else message)
+        else:
+            self.more += 1
+
+    def __str__(self) -> str:
+        listed = "; ".join(self.items)
+        return f"{listed}; and {self.more} more" if self.more else listed
 
 
 _INVALID = object()
@@ -272,8 +285,12 @@ def _container(value: Any) -> str | None:
     return "object" if type(value) is dict else "array" if type(value) is list else None
 
 
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
+def _join(path: str, name: object) -> str:
+    # A key is shown as far as a value is (`_json_describe`): a huge one is the model's.
+    key = str(name)
+    if len(key) > 40:
+        key = key[:37] + "..."
+    return f"{path}.{key}" if path else key
 
 
 def _schema_name(schema: Mapping[str, Any]) -> str:
@@ -499,7 +516,7 @@ class Tool:
         problems = _Problems()
         converted = self._arguments.convert(dict(call.arguments), "", problems)
         if problems.items:
-            return "; ".join(problems.items)
+            return str(problems)
         assert isinstance(converted, dict)
         return converted
 

@@ -561,6 +561,19 @@ def test_every_problem_is_listed() -> None:
     )
 
 
+def test_a_huge_array_of_wrong_items_gives_a_short_problem_list() -> None:
+    """Catches: an `invalid_arguments` message listing every wrong item of a huge array (4.5
+    MB for 100,000 items), ten times what the model sent, sent back to it as the result."""
+    problem = probe_for(list[int]).check(call(arguments={"value": ["x"] * 1000}))
+    listed = [f'value[{i}]: expected integer, got string "x"' for i in range(20)]
+    assert problem == "; ".join(listed) + "; and 980 more"
+
+
+def test_a_huge_unexpected_argument_name_is_shortened_in_the_problem() -> None:
+    problem = probe_for(int).check(call(arguments={"value": 1, "k" * 10_000: 1}))
+    assert problem == f"{'k' * 37}...: unexpected argument (expected: value)"
+
+
 def test_a_literal_accepts_only_its_values() -> None:
     assert probe_for(Literal["celsius", "kelvin"]).check(
         call(arguments={"value": "fahrenheit"})
