@@ -316,8 +316,10 @@ def _json_describe(value: Any) -> str:
 
 
 def _is_json(value: Any) -> bool:
+    # Strict JSON: a default of math.inf written into a schema as ``Infinity`` would make
+    # every request offering the tool a body no provider can parse.
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
         return False
     return True

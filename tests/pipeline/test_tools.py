@@ -2,6 +2,7 @@
 
 import functools
 import json
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any, Literal, Optional
@@ -127,6 +128,19 @@ def test_an_argument_with_a_default_is_not_required_and_shows_the_default() -> N
         ["city"],
         {"type": "string", "default": "celsius"},
     )
+
+
+@pytest.mark.parametrize("default", [math.inf, -math.inf, math.nan], ids=repr)
+def test_a_default_json_cannot_hold_is_left_out_of_the_schema(default) -> None:
+    """Catches: a default of math.inf written into the schema, which JSON cannot hold: the
+    request body offering the tool said ``"default": Infinity`` and no provider parses it."""
+
+    def search(query: str, max_price: float = default) -> str:
+        return query
+
+    parameters = tool(search).parameters
+    assert parameters["properties"]["max_price"] == {"type": "number"}
+    json.dumps(parameters, allow_nan=False)  # strict JSON, as a provider reads it
 
 
 def test_an_optional_argument_without_a_default_is_required_but_nullable() -> None:
