@@ -658,10 +658,17 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
         )
     if description is not None and not isinstance(description, str):
         raise ConfigError(f"tool {label!r}: description must be text, got {describe(description)}")
+    body = _annotated(inner)
+    if inspect.isgeneratorfunction(body) or inspect.isasyncgenfunction(body):
+        raise ConfigError(
+            f"tool {label!r} is a generator function (it yields): calling it gives a generator,"
+            " not a result the model can read — `return` the result once (a list, say)"
+            " instead of `yield`"
+        )
     doc, notes = _docstring(inner)
     try:
         signature = inspect.signature(fn)
-        hints = typing.get_type_hints(_annotated(inner))
+        hints = typing.get_type_hints(body)
     except (TypeError, ValueError, NameError) as exc:
         raise ConfigError(f"tool {label!r}: cannot read the signature of {fn!r}: {exc}") from exc
     fields: dict[str, _Shape] = {}

@@ -4,7 +4,7 @@ import functools
 import json
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Literal, Optional
 
 import anyio
@@ -359,6 +359,23 @@ def test_an_unsupported_annotation_is_a_config_error_naming_the_tool_and_argumen
 ) -> None:
     with pytest.raises(ConfigError, match=r"tool 'probe', argument 'value'.*cannot describe"):
         probe_for(annotation)
+
+
+def _numbers(count: int) -> Iterator[int]:
+    yield from range(count)
+
+
+async def _async_numbers(count: int) -> AsyncIterator[int]:
+    for number in range(count):
+        yield number
+
+
+@pytest.mark.parametrize("fn", [_numbers, _async_numbers], ids=["sync", "async"])
+def test_a_generator_function_is_a_config_error_naming_the_tool(fn) -> None:
+    """Catches: a generator function accepted as a tool, whose every call then failed with a
+    tool_error quoting a generator object, instead of being refused when it is built."""
+    with pytest.raises(ConfigError, match=f"tool '{fn.__name__}' is a generator function"):
+        tool(fn)
 
 
 def test_star_args_are_a_config_error_naming_the_argument() -> None:
