@@ -114,7 +114,11 @@ class _Primitive(_Shape):
         if type(value) is kind:
             return value
         if kind is float and type(value) is int:
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:
+                problems.add(path, f"expected number, got {_json_describe(value)}: too large")
+                return _INVALID
         if kind is int and type(value) is float and value.is_integer():
             return int(value)
         problems.add(path, f"expected {self.schema['type']}, got {_json_describe(value)}")

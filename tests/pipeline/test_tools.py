@@ -535,6 +535,16 @@ def test_an_int_is_accepted_as_a_float() -> None:
     assert (checked, type(checked["value"])) == ({"value": 2.0}, float)
 
 
+def test_an_int_too_large_for_a_float_is_a_problem_not_a_crash() -> None:
+    """Catches: an integer of 400 digits sent for a float argument failing the whole turn with
+    a bare OverflowError from its conversion, instead of an invalid_arguments result."""
+    problem = probe_for(float).check(call(arguments={"value": 10**400}))
+    assert (
+        problem
+        == "value: expected number, got integer 1000000000000000000000000000000000000...: too large"
+    )
+
+
 def test_a_string_is_not_a_number() -> None:
     assert probe_for(float).check(call(arguments={"value": "2"})) == (
         'value: expected number, got string "2"'
