@@ -63,8 +63,11 @@ def delete_file(path: str) -> str:
 def file_policy(call: ToolCall, turn: Turn) -> Cont[ToolCall] | Block | Ask:
     if call.name == "delete_file":
         return block("deleting files is not allowed from chat")
-    if not str(call.arguments["path"]).startswith("docs/"):
-        return ask(f"read {call.arguments['path']}?")
+    # The arguments are as the model sent them: they are checked against the schema after
+    # the before-tool hooks. A call without a text path gets invalid_arguments, unrun.
+    path = call.arguments.get("path")
+    if isinstance(path, str) and not path.startswith("docs/"):
+        return ask(f"read {path}?")
     return cont(call)
 
 

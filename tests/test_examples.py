@@ -14,7 +14,8 @@ import pytest
 import trio
 
 from pipeline import Pipeline, SessionInfo, hook
-from pipeline.testing import FunctionModel
+from pipeline.testing import FunctionModel, ScriptedModel
+from turns import ToolCall, Turn
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -171,6 +172,25 @@ async def test_tools_policy_blocks_asks_and_scrubs_before_the_model_reads_result
     assert results[0].content == "Welcome! Questions go to [EMAIL]."
     assert results[2].content == "permission denied: read config/secrets.toml?"
     assert "help@example.com" not in repr(result.audit)
+
+
+async def test_tools_policy_leaves_a_call_without_a_path_to_the_argument_check() -> None:
+    """Catches: the example's policy reading ``call.arguments["path"]`` before the arguments
+    are checked, so a model that left the path out failed the whole turn with a KeyError
+    instead of getting invalid_arguments."""
+    example = _load("08_tools_policy")
+    model = ScriptedModel([[ToolCall("c1", "read_file", {"file": "docs/intro.md"})], "Sorry."])
+    pipe = Pipeline(
+        model=model,
+        tools=[example.read_file],
+        before_tool=[example.file_policy],
+        permission=example.operator,
+    )
+
+    result = await pipe.run(Turn.start("Read the intro."))
+
+    (refused,) = [m.parts[0] for m in result.reply.messages if m.role == "tool"]
+    assert (result.outcome, refused.error_class) == ("completed", "invalid_arguments")
 
 
 async def test_mcp_memory_reads_back_what_the_model_stored() -> None:
