@@ -48,6 +48,25 @@ def is_cancellation(exc: BaseException) -> bool:
     return isinstance(exc, trio.Cancelled | asyncio.CancelledError)
 
 
+def spurious_cancellation(exc: BaseException) -> bool:
+    """Whether `exc`, caught around a hook's or a tool's own code, is a `CancelledError` that
+    cancels nothing: one the code raised itself (a library awaiting a future that another
+    task cancelled, say), while nobody cancelled the turn.
+
+    A cancellation of the turn (an AnyIO scope, ``Task.cancel``, ``asyncio.timeout``) is
+    asked of the task, and its ``cancelling()`` count shows it; under trio the cancellation is
+    trio's `Cancelled`. A spurious one is the code's failure: let through, an AnyIO task group
+    on asyncio would take it for the cancellation of its task and drop the task's work
+    without a word.
+    """
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    if sniffio.current_async_library() != "asyncio":
+        return True
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
+
+
 def shielded() -> "trio.CancelScope | anyio.CancelScope":
     """A cancel scope shielded from the caller's cancellation, the running loop's cheapest.
 

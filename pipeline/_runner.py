@@ -24,6 +24,7 @@ from ._budget import parts_tokens
 from ._describe import describe, exc_text, wrong_return_hint
 from ._emit import hook_finished, hook_started
 from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
+from ._loop import spurious_cancellation
 from ._plan import Plan, Step
 from ._signals import Ask, Block, Cont, Halt, Regenerate, check_halt_reply
 
@@ -159,6 +160,17 @@ class Runner:
                 result = await self.call(step, *args, threaded=threaded)
         except Exception as exc:
             error = raised_by(step, exc)
+            (self.fail if failed is None else failed)(step, error, self.now() - started, records)
+            return None
+        except BaseException as exc:
+            if not spurious_cancellation(exc):
+                raise
+            error = HookFailed(
+                f"hook {step.label} raised {exc_text(exc)} itself (the turn was not cancelled)",
+                hook=step.name,
+                stage=step.stage,
+            )
+            error.__cause__ = exc
             (self.fail if failed is None else failed)(step, error, self.now() - started, records)
             return None
         if result is TIMED_OUT:

@@ -27,6 +27,7 @@ from turns import Scope, ToolCall, ToolResult, ToolSpec
 from ._describe import describe, exc_text
 from ._errors import ConfigError
 from ._hooks import callable_name, is_async_callable
+from ._loop import spurious_cancellation
 
 INVALID_ARGUMENTS = "invalid_arguments"
 """`ToolResult.error_class` of a call whose arguments do not fit the tool's schema; also the
@@ -575,6 +576,16 @@ class Tool:
             return ToolResult(
                 call.id,
                 f"tool {self.name!r} failed: {exc_text(exc)}",
+                is_error=True,
+                error_class=TOOL_ERROR,
+            )
+        except BaseException as exc:
+            if not spurious_cancellation(exc):
+                raise
+            return ToolResult(
+                call.id,
+                f"tool {self.name!r} failed: {exc_text(exc)}, raised by the tool itself (the"
+                " turn was not cancelled)",
                 is_error=True,
                 error_class=TOOL_ERROR,
             )

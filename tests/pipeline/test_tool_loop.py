@@ -1,5 +1,6 @@
 """The tool loop: batches of tool calls, before/after tool hooks, bounds, events and the audit."""
 
+import asyncio
 import re
 
 import anyio
@@ -1619,6 +1620,54 @@ async def test_cancelling_the_turn_while_a_tool_runs_commits_nothing(autojump_cl
             await session.send("weather?")
 
     assert await log.load(CONVERSATION) == Context()
+
+
+async def test_a_cancelled_error_a_tool_raises_itself_is_its_tool_error() -> None:
+    """Catches: a CancelledError a tool raised itself (a library awaiting a future another
+    task cancelled) while nobody cancelled the turn, taken for the call's cancellation: on
+    asyncio the batch ended without the call's result and run() failed with a bare
+    AssertionError; on trio the CancelledError escaped run()."""
+
+    async def flaky(city: str) -> str:
+        raise asyncio.CancelledError()
+
+    pipe, _ = pipe_with([calls("a"), "done"], tool(flaky, name="lookup"))
+
+    result = await pipe.run(start())
+
+    (failed,) = results_of(result.reply.messages)
+    assert (result.outcome, failed.error_class) == ("completed", "tool_error")
+    assert "CancelledError, raised by the tool itself" in failed.content
+
+
+@pytest.mark.parametrize("stage", ["before_tool", "after_tool"])
+async def test_a_cancelled_error_a_tool_hook_raises_itself_is_its_failure(stage) -> None:
+    """Catches: a CancelledError a tool hook raised itself, nobody cancelling the turn, ending
+    the call's task with no result (a bare AssertionError out of run() on asyncio) instead
+    of being the hook's failure."""
+
+    async def policy(*args):
+        raise asyncio.CancelledError()
+
+    pipe, _ = pipe_with([calls("a"), "done"], **{stage: [hook(policy, name="policy")]})
+
+    with pytest.raises(HookFailed, match=r"hook 'policy'.* raised CancelledError itself"):
+        await pipe.run(start())
+
+
+async def test_a_cancellation_reaching_a_tool_still_cancels_the_turn() -> None:
+    """Guards the check above: a real cancellation inside a tool is no tool error."""
+    with anyio.CancelScope() as scope:
+
+        async def stop(city: str) -> str:
+            scope.cancel()
+            await anyio.sleep_forever()
+            return city
+
+        pipe, _ = pipe_with([calls("a"), "done"], tool(stop, name="lookup"))
+        await pipe.run(start())
+
+    assert scope.cancelled_caught
 
 
 # -- ToolStepFinished: the settled step, atomically -----------------------------------------
