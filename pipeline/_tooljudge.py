@@ -22,6 +22,7 @@ from ._audit import HookRecord
 from ._describe import describe, exc_text
 from ._errors import HookError, HookFailed, HookReturnError
 from ._hooks import callable_name
+from ._loop import spurious_cancellation
 from ._plan import Plan, Step
 from ._runner import RUNNING, Emit, Runner, malformed
 from ._signals import Ask, Block, Cont, Halt
@@ -159,7 +160,11 @@ async def _ask(
         answer = permission(call, question, turn)
         if inspect.isawaitable(answer):
             answer = await answer
-    except Exception as exc:
+    except BaseException as exc:
+        # A CancelledError of its own (a person's answer awaited on a future the UI
+        # cancelled, say) is its failure too; a cancellation of the turn propagates.
+        if not isinstance(exc, Exception) and not spurious_cancellation(exc):
+            raise
         error = HookFailed(
             f"the permission callback {name!r} raised {exc_text(exc)} when hook {step.label}"
             f" asked {question!r}",

@@ -732,6 +732,21 @@ async def test_a_raising_permission_callback_fails_the_turn_naming_the_asking_ho
     assert (caught.value.hook, caught.value.stage) == ("asker", "before_tool")
 
 
+async def test_a_cancelled_error_the_permission_callback_raises_itself_fails_the_turn() -> None:
+    """Catches: a permission callback whose awaited answer was cancelled by someone else (a
+    UI's future), nobody cancelling the turn, ending the call's task with no result: a bare
+    AssertionError out of run() on asyncio instead of the asking hook's failure."""
+
+    async def permission(c, question, turn):
+        raise asyncio.CancelledError()
+
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[asking()], permission=permission)
+
+    with pytest.raises(HookFailed, match="raised CancelledError when hook 'asker'") as caught:
+        await pipe.run(start())
+    assert (caught.value.hook, caught.value.stage) == ("asker", "before_tool")
+
+
 async def test_a_permission_callback_returning_a_non_bool_is_a_hook_return_error() -> None:
     pipe, _ = pipe_with(
         [calls("a"), "done"], before_tool=[asking()], permission=lambda c, q, t: "yes"
