@@ -173,7 +173,9 @@ class Connections(Generic[C]):
         size: How many database calls may run at once.
         connect: Opens a ready connection (called in a worker thread).
         close: Closes one.
-        usable: Whether a connection is still good after its call raised.
+        usable: Whether a connection is still good after its call raised. A call whose
+            kept connection turns out broken is made again on a new one, so `work` must be
+            safe to repeat.
         translate: The seam for driver errors: the `LogError` to raise instead, or None
             to let the exception through.
         own_thread: With `size` 1, run every call in one `Worker` thread of the log's own,
@@ -276,6 +278,20 @@ class Connections(Generic[C]):
             self._idle.append(connection)
 
     def _call(self, holder: list[C | None], work: Callable[[C], T]) -> T:
+        reused = holder[0] is not None
+        try:
+            return self._attempt(holder, work)
+        except Exception:
+            # A kept connection the server dropped while it was idle (a restart, a failover,
+            # an idle timeout) fails only when it is next used, which says nothing about the
+            # server now: make the call once more, on a new connection. Every call a log
+            # makes may be made twice: reads, and commits, which their turn_ref makes
+            # idempotent (one that did commit before the connection broke is a duplicate).
+            if not reused or holder[0] is not None or self._closed:
+                raise
+            return self._attempt(holder, work)
+
+    def _attempt(self, holder: list[C | None], work: Callable[[C], T]) -> T:
         connection = holder[0]
         if connection is None:
             connection = holder[0] = self._connect()

@@ -12,8 +12,9 @@ import textwrap
 import anyio
 import pytest
 
-from pipeline import ConfigError, LogError
+from pipeline import ConfigError, LogError, Pipeline
 from pipeline.logs import PostgresLog, _postgres
+from pipeline.testing import ScriptedModel
 from turns import Context, Message, Text
 
 from ..postgres import with_params
@@ -200,21 +201,50 @@ async def test_concurrent_calls_use_at_most_max_connections(postgres):
     assert 1 <= peak <= 3
 
 
-async def test_a_connection_the_server_dropped_fails_one_call_then_is_replaced(postgres):
+def drop_connections(dsn: str, application_name: str) -> int:
+    """End the server side of every connection tagged `application_name`, as a server
+    restart or an idle timeout would; how many there were."""
+    with admin(dsn) as db:
+        row = db.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = %s",
+            (application_name,),
+        ).fetchone()
+    return int(row[0])
+
+
+async def test_a_kept_connection_the_server_dropped_is_replaced_without_failing_a_call(postgres):
+    """Catches a kept connection the server ended while it was idle (a restart, a failover,
+    an idle timeout) failing the next call with "cannot reach the database", though the
+    server answers: each dropped connection used to cost one failed load or commit."""
     tagged = with_params(postgres, application_name="turnplug-drop")
     async with PostgresLog(tagged, max_connections=1) as log:
-        await log.append("c", "t1", exchange("q", "a"))
-        with admin(postgres) as db:
-            db.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = 'turnplug-drop'"
-            )
-        with pytest.raises(LogError) as excinfo:
-            await log.load("c")
-        after = await log.load("c")
+        await log.append("c", "t1", exchange("q1", "a1"))
+        assert drop_connections(postgres, "turnplug-drop") == 1
+        loaded = await log.load("c")
+        assert drop_connections(postgres, "turnplug-drop") == 1
+        await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+        assert drop_connections(postgres, "turnplug-drop") == 1
+        entries = await log.entries("c")
 
-    assert type(excinfo.value.__cause__).__module__.startswith("psycopg")
-    assert after == Context(messages=exchange("q", "a"))
+    assert loaded == Context(messages=exchange("q1", "a1"))
+    assert [entry.turn_ref for entry in entries] == ["t1", "t2"]
+
+
+async def test_a_session_commits_its_turn_after_the_server_dropped_its_connections(postgres):
+    """Catches a session's turn failing with LogError after a server restart ended the
+    log's kept connections, though the server was up again."""
+    tagged = with_params(postgres, application_name="turnplug-restart")
+    pipe = Pipeline(model=ScriptedModel(["first", "second"]))
+    async with PostgresLog(tagged, max_connections=2) as log:
+        async with pipe.session(log=log, conversation_id="c") as session:
+            await session.send("one")
+            assert drop_connections(postgres, "turnplug-restart") >= 1
+            result = await session.send("two")
+        loaded = await log.load("c")
+
+    assert result.outcome == "completed"
+    assert [message.text for message in loaded.messages] == ["one", "first", "two", "second"]
 
 
 async def test_an_unreachable_server_is_a_log_error_without_the_password():
