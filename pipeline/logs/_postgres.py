@@ -135,6 +135,14 @@ class PostgresLog(DatabaseLog):
             raise ConfigError(
                 f"PostgresLog(max_connections=...) must be an int >= 1, got {max_connections!r}"
             )
+        if problem := _unpassable(dsn):
+            # libpq reads a DSN as a C string in UTF-8: a NUL would silently cut off what
+            # follows it (an sslmode, say), and a lone surrogate (undecodable bytes from the
+            # command line or the environment) cannot be sent at all.
+            raise ConfigError(
+                f"PostgresLog(dsn): not a valid connection string or postgresql:// URL ({problem})"
+                " — check where the DSN came from"
+            )
         try:
             params = self._psycopg.conninfo.conninfo_to_dict(dsn)
         except self._psycopg.Error as exc:
@@ -236,6 +244,22 @@ def _import_psycopg() -> ModuleType:
             "PostgresLog needs psycopg 3, which is not installed — pip install 'turnplug[postgres]'"
         ) from None
     return psycopg
+
+
+def _unpassable(dsn: str) -> str | None:
+    """What keeps `dsn` from reaching libpq whole, saying where without quoting it (it may
+    hold a password), or None."""
+    nul = dsn.find("\x00")
+    if nul >= 0:
+        return f"it holds a NUL character at position {nul}"
+    if not dsn.isascii():
+        for position, character in enumerate(dsn):
+            if "\ud800" <= character <= "\udfff":
+                return (
+                    f"it holds a lone surrogate at position {position}: undecodable bytes"
+                    " from the command line or the environment, which UTF-8 cannot encode"
+                )
+    return None
 
 
 def _describe(params: dict[str, Any]) -> str:

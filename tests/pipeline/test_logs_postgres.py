@@ -53,9 +53,19 @@ def test_a_key_value_dsn_is_described_as_a_url_without_its_password():
 
 @pytest.mark.parametrize(
     "dsn",
-    ["postgresql://ada:s3cret pw@db/chats", "host='db password=s3cret-pw", "not a dsn"],
+    [
+        "postgresql://ada:s3cret pw@db/chats",
+        "host='db password=s3cret-pw",
+        "not a dsn",
+        # libpq would cut the DSN at the NUL, silently dropping the sslmode after it.
+        "postgresql://ada:s3cret-pw@db/chats\x00?sslmode=require",
+        # Undecodable bytes from the command line: no UTF-8 to send.
+        "postgresql://ada:s3cret-pw@db\udc80/chats",
+    ],
 )
 def test_a_malformed_dsn_is_a_config_error_that_does_not_echo_it(dsn):
+    """Also catches a DSN holding a NUL being cut short by libpq without a word, and one
+    holding a lone surrogate failing with a bare UnicodeEncodeError."""
     with pytest.raises(ConfigError, match="not a valid connection string") as excinfo:
         PostgresLog(dsn)
 
