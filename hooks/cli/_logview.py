@@ -11,6 +11,7 @@ log's conversations are listed, the most recently committed first.
 import json
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -110,6 +111,7 @@ def _info(info: ConversationInfo) -> dict[str, Any]:
 
 def listing(where: str, conversations: tuple[ConversationInfo, ...]) -> Iterator[str]:
     """The conversations of a log as a table, the most recently committed first."""
+    where = without_password(where)
     if not conversations:
         yield f"{where}: no conversations"
         return
@@ -119,6 +121,30 @@ def listing(where: str, conversations: tuple[ConversationInfo, ...]) -> Iterator
     yield f"  {'CONVERSATION':<{width}}  TURNS  LAST COMMIT"
     for info in conversations:
         yield f"  {info.conversation_id:<{width}}  {info.turns:>5}  {when(info.last_committed_at)}"
+
+
+def without_password(where: str) -> str:
+    """`where` as output may show it: a DSN without its password (in the URL's user
+    part or a ``password`` parameter), as the log's repr and errors show it; a path as is.
+
+    Read as libpq reads a URL: the user part is what comes before an ``@`` met ahead of
+    any ``/`` (a password may hold ``?`` or ``#``).
+    """
+    if not where.startswith(POSTGRES_SCHEMES):
+        return where
+    scheme, _, rest = where.partition("://")
+    stop = re.search("[@/]", rest)
+    if stop is not None and stop[0] == "@":
+        rest = rest[: stop.start()].partition(":")[0] + rest[stop.start() :]
+    head, mark, query = rest.partition("?")
+    if mark:
+        kept = "&".join(
+            item
+            for item in query.split("&")
+            if urllib.parse.unquote(item.partition("=")[0]) != "password"
+        )
+        rest = f"{head}?{kept}" if kept else head
+    return f"{scheme}://{rest}"
 
 
 def when(moment: datetime | None) -> str:

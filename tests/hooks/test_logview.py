@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from pipeline import Pipeline, cont, hook, regenerate, tool
-from pipeline.logs import LogEntry, SQLiteLog, entry_from_dict
+from pipeline.logs import LogEntry, PostgresLog, SQLiteLog, entry_from_dict
 from pipeline.testing import ScriptedModel
 from turns import Text, ToolCall, ToolResult
 
@@ -292,6 +292,27 @@ def test_an_unreachable_server_is_an_error_that_does_not_echo_the_password():
     assert "cannot reach the database" in line
     assert "postgresql://ada@127.0.0.1:1/chats" in line
     assert "s3cret" not in line
+
+
+@pytest.mark.parametrize("place", ["user part", "parameter"])
+async def test_the_listing_names_the_log_without_the_dsns_password(postgres, place):
+    """Catches `turnplug log --log DSN` printing the DSN, password and all, at the head of
+    its list of conversations, where the log's repr and errors leave the password out.
+    (The test server trusts loopback: any password is accepted.)"""
+    if place == "user part":
+        dsn = postgres.replace("postgresql://postgres@", "postgresql://postgres:s3cret-pw@", 1)
+    else:
+        dsn = f"{postgres}&password=s3cret-pw"
+    assert "s3cret-pw" in dsn
+    pipe = Pipeline(model=ScriptedModel(["hello"]))
+    async with PostgresLog(dsn) as log, pipe.session(log=log, conversation_id="c") as session:
+        await session.send("hi")
+
+    done = await anyio.to_thread.run_sync(turnplug, "log", "--log", dsn)
+
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "s3cret" not in done.stdout
+    assert done.stdout.splitlines()[0] == f"{postgres}: 1 conversation"
 
 
 def test_an_empty_conversation_id_is_a_usage_error(tmp_path):
