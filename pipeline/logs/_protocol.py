@@ -178,6 +178,12 @@ def as_messages(turn_ref: object, messages: object) -> tuple[Message, ...]:
         raise TypeError(
             f"append({turn_ref!r}): messages is one Message; pass a sequence of them: (message,)"
         )
+    if isinstance(messages, str | bytes):
+        # Iterated, text gives characters: an empty one would commit a turn of no messages.
+        raise TypeError(
+            f"append({turn_ref!r}): messages is {type(messages).__name__} {messages[:40]!r};"
+            " pass a sequence of turns.Message: (Message.user(text),)"
+        )
     try:
         items = iter(cast("Iterable[Message]", messages))
     except TypeError:

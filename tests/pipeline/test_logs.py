@@ -531,11 +531,16 @@ async def test_append_rejects_something_that_is_not_a_message_naming_its_positio
         pytest.param(Context(messages=exchange("hi", "hello")), "is a Context", id="context"),
         pytest.param(Message.user("hi"), "is one Message", id="message"),
         pytest.param(5, "sequence of turns.Message, got int", id="int"),
+        pytest.param("hello", "messages is str 'hello'", id="str"),
+        pytest.param("", "messages is str ''", id="empty-str"),
+        pytest.param(b"hello", "messages is bytes", id="bytes"),
     ],
 )
 async def test_append_says_what_its_messages_were_instead_of_a_sequence(log, messages, said):
     """Catches: a Context, a lone Message or a number passed as `messages` failing with
-    Python's own "object is not iterable", which named neither the call nor the fix."""
+    Python's own "object is not iterable", which named neither the call nor the fix; and
+    text, taken as its characters ("messages[0] is str 'h'"), an empty one committing a
+    turn of no messages without a word."""
     with pytest.raises(TypeError, match=said) as excinfo:
         await log.append(CONVERSATION, "turn-1", messages)
 
