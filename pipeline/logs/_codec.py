@@ -9,7 +9,7 @@ that a reader sees field names, not positions).
 
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import attrs
@@ -291,8 +291,8 @@ def read_entry(
 
 
 def read_time(where: str, value: object) -> datetime:
-    """A stored commit time: a timezone-aware datetime (PostgreSQL's timestamptz) or ISO
-    8601 text with its offset (SQLite, which writes UTC with a ``Z``).
+    """A stored commit time, in UTC, from a timezone-aware datetime (PostgreSQL's
+    timestamptz) or ISO 8601 text with its offset (SQLite, which writes UTC with a ``Z``).
 
     Anything else — text that is no time, a time without its zone, which could not be
     compared with the others — is a `StoredDataError` naming `where` (the turn), as a
@@ -309,7 +309,9 @@ def read_time(where: str, value: object) -> datetime:
             ) from exc
     if when.tzinfo is None:
         raise StoredDataError(f"{where} cannot be read: its commit time {value!r} has no time zone")
-    return when
+    # PostgreSQL gives the time in its session's TimeZone (the server's default, a role's
+    # setting, the client's PGTZ); every log gives UTC.
+    return when.astimezone(UTC)
 
 
 def read_conversations(

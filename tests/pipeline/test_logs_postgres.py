@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from pipeline import ConfigError, LogError, Pipeline
-from pipeline.logs import PostgresLog, _postgres
+from pipeline.logs import PostgresLog, _postgres, entry_to_dict
 from pipeline.testing import ScriptedModel
 from turns import Context, Message, Text
 
@@ -289,6 +289,22 @@ async def test_meta_that_json_cannot_hold_is_a_log_error_and_commits_nothing(pos
                 "c", "t1", [Message.user([Text("hi", meta={"d": datetime.date.today()})])]
             )
         assert await log.entries("c") == ()
+
+
+async def test_commit_times_are_in_utc_whatever_the_sessions_time_zone(postgres, monkeypatch):
+    """Catches commit times read in the PostgreSQL session's TimeZone (the server's default,
+    a role's setting, or here the client's PGTZ) instead of UTC, as documented and as the
+    other logs give them, so that `turnplug log --json` showed -05:00 offsets."""
+    monkeypatch.setenv("PGTZ", "America/New_York")
+    async with PostgresLog(postgres) as log:
+        await log.append("c", "t1", exchange("q", "a"))
+        (entry,) = await log.entries("c")
+        (info,) = await log.conversations()
+
+    assert entry.committed_at is not None
+    assert entry.committed_at.tzinfo == datetime.UTC
+    assert info.last_committed_at.tzinfo == datetime.UTC
+    assert entry_to_dict(entry)["committed_at"].endswith("+00:00")
 
 
 async def test_the_stored_json_is_queryable_as_json(postgres):
