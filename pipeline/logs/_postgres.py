@@ -154,10 +154,13 @@ class PostgresLog(DatabaseLog):
             ) from None
         self._dsn = dsn
         self._name = _describe(params)
+        # Messages are sent as UTF-8 whatever the client's PGCLIENTENCODING, the DSN or the
+        # role asks: in another encoding (LATIN1, WIN1252) psycopg could not encode an emoji,
+        # and the commit would fail with a bare UnicodeEncodeError.
+        self._connect_options: dict[str, Any] = {"client_encoding": "utf8"}
         # Bound how long a connection attempt may hold a worker thread, unless the DSN says.
-        self._connect_options: dict[str, Any] = (
-            {} if "connect_timeout" in params else {"connect_timeout": 10}
-        )
+        if "connect_timeout" not in params:
+            self._connect_options["connect_timeout"] = 10
         self._migrated = False
         self._connections: Connections[psycopg.Connection[Any]] = Connections(
             size=max_connections,

@@ -307,6 +307,22 @@ async def test_commit_times_are_in_utc_whatever_the_sessions_time_zone(postgres,
     assert entry_to_dict(entry)["committed_at"].endswith("+00:00")
 
 
+@pytest.mark.parametrize("encoding", ["LATIN1", "WIN1252"])
+async def test_text_in_any_script_is_committed_whatever_the_clients_encoding(
+    postgres, monkeypatch, encoding
+):
+    """Catches a commit holding an emoji failing with a bare UnicodeEncodeError, past the
+    LogError seam, when the client's encoding (here PGCLIENTENCODING; also the DSN's
+    client_encoding or the role's) is not UTF-8, while other text went through."""
+    monkeypatch.setenv("PGCLIENTENCODING", encoding)
+    messages = exchange("Ça va? 😀", "Très bien 👍 — 很好")
+    async with PostgresLog(postgres) as log:
+        await log.append("chat 💬", "t1", messages)
+        loaded = await log.load("chat 💬")
+
+    assert loaded == Context(messages=messages)
+
+
 async def test_the_stored_json_is_queryable_as_json(postgres):
     await committed(postgres, "t1")
 
