@@ -1,8 +1,9 @@
 """`turnplug log`: a conversation from a durable log, for people (or, with --json, machines).
 
 Each commit (a turn, or a background hook's output) is shown with its commit time and its
-messages: who said what, tool calls and their results, and which hook injected which part
-(``meta["injected_by"]``). With ``--audit``, each turn's audit record follows: the
+messages: who said what, tool calls and their results, which hook injected which part
+(``meta["injected_by"]``), and which tool hooks blocked a call or rewrote its arguments or
+result (``meta["tool_hooks"]``). With ``--audit``, each turn's audit record follows: the
 injections, transient ones included, every attempt (rejected ones too) with the tool calls it
 ran, a halt, and the hooks with their verdicts and timings. Without a conversation, the
 log's conversations are listed, the most recently committed first.
@@ -12,11 +13,11 @@ import json
 import os
 import re
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeGuard
 
-from pipeline import INJECTED_BY, AuditRecord, LogError
+from pipeline import INJECTED_BY, TOOL_HOOKS, AuditRecord, LogError
 from pipeline.logs import ConversationInfo, LogEntry, PostgresLog, SQLiteLog, entry_to_dict
 from turns import Message, Text, ToolCall, ToolResult
 
@@ -188,6 +189,8 @@ _LINE_BREAK = re.compile("\r?\n")
 def _part(part: Text | ToolCall | ToolResult, *, provenance: bool = True) -> list[str]:
     source = part.meta.get(INJECTED_BY) if provenance else None
     prefix = f"[injected by {source}] " if source else ""
+    if provenance and isinstance(part, ToolResult):
+        prefix += "".join(f"[{note}] " for note in _tool_hooks(part))
     match part:
         case Text(text=text):
             first, *rest = _LINE_BREAK.split(text)
@@ -200,6 +203,30 @@ def _part(part: Text | ToolCall | ToolResult, *, provenance: bool = True) -> lis
             first, *rest = _LINE_BREAK.split(content)
             return [f"{prefix}<- [{call_id}]{error} {first}", *rest]
     raise TypeError(f"unknown part {part!r}")  # pragma: no cover - Part is a closed union
+
+
+def _tool_hooks(result: ToolResult) -> Iterator[str]:
+    """What tool hooks did to the call `result` answers (its ``meta[TOOL_HOOKS]``): the
+    committed call shows what the model asked, so a blocked call, the arguments the tool
+    really ran with, and a rewritten result are said here. Anything not of the shape the
+    runtime writes is left out."""
+    hooks = result.meta.get(TOOL_HOOKS)
+    if not isinstance(hooks, Mapping):
+        return
+    blocked_by = hooks.get("blocked_by")
+    if isinstance(blocked_by, str):
+        yield f"blocked by {blocked_by}"
+    rewriters, arguments = hooks.get("arguments_rewritten_by"), hooks.get("arguments")
+    if _names(rewriters) and isinstance(arguments, Mapping):
+        shown = json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True, default=repr)
+        yield f"ran with {shown}: arguments rewritten by {', '.join(rewriters)}"
+    rewriters = hooks.get("result_rewritten_by")
+    if _names(rewriters):
+        yield f"result rewritten by {', '.join(rewriters)}"
+
+
+def _names(value: object) -> TypeGuard[list[str]]:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
 
 
 def _audit(record: AuditRecord | None) -> Iterator[str]:

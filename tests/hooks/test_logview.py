@@ -16,7 +16,7 @@ import anyio
 import pytest
 import trio
 
-from pipeline import Pipeline, cont, hook, regenerate, tool
+from pipeline import Pipeline, block, cont, hook, regenerate, tool
 from pipeline.logs import LogEntry, PostgresLog, SQLiteLog, entry_from_dict
 from pipeline.testing import ScriptedModel
 from turns import Text, ToolCall, ToolResult
@@ -419,3 +419,56 @@ async def test_log_audit_shows_the_tool_runs_of_rejected_attempts_too(durable: B
     assert lines[start + 1] == '      call 1: -> stock({"item": "mug"})  [c1] / <- [c1] mug: 3'
     assert lines[start + 2].startswith("    attempt 2: 1 model call,")
     assert lines[start].endswith("no_numbers: No numbers.")
+
+
+async def test_log_says_which_tool_hook_blocked_a_call_or_rewrote_it(tmp_path):
+    """Catches: `turnplug log` showing a blocked call's result, a call run with rewritten
+    arguments and a rewritten result as if they were the model's call and the tool's own
+    answer (the call shows what the model asked: here `/etc`, though the tool read
+    `/jail/etc`), with nothing of the hooks that shaped them."""
+
+    @tool
+    def rm(path: str) -> str:
+        """Remove a file."""
+        return "removed"
+
+    @tool
+    def read(path: str) -> str:
+        """Read a file."""
+        return "secret content"
+
+    @hook(match="rm", name="no_rm")
+    def no_rm(call, turn):
+        return block("never delete")
+
+    @hook(match="read", name="jail")
+    def jail(call, turn):
+        return cont(call.with_arguments({"path": "/jail" + call.arguments["path"]}))
+
+    @hook(match="read", name="scrub")
+    def scrub(call, result, turn):
+        return cont(result.with_content("[scrubbed]"))
+
+    calls = [ToolCall("c1", "rm", {"path": "/"}), ToolCall("c2", "read", {"path": "/etc"})]
+    pipe = Pipeline(
+        model=ScriptedModel([calls, "done"]),
+        tools=[rm, read],
+        before_tool=[no_rm, jail],
+        after_tool=[scrub],
+    )
+    path = str(tmp_path / "log.db")
+    async with SQLiteLog(path) as log, pipe.session(log=log, conversation_id="c") as session:
+        await session.send("go")
+
+    done = await anyio.to_thread.run_sync(turnplug, "log", "c", "--log", path)
+
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    assert lines[4:] == [
+        '  assistant  -> rm({"path": "/"})  [c1]',
+        '             -> read({"path": "/etc"})  [c2]',
+        "  tool       [blocked by no_rm] <- [c1] error (hook_blocked) never delete",
+        '  tool       [ran with {"path": "/jail/etc"}: arguments rewritten by jail]'
+        " [result rewritten by scrub] <- [c2] [scrubbed]",
+        "  assistant  done",
+    ]
