@@ -12,6 +12,7 @@ log's conversations are listed, the most recently committed first.
 import json
 import os
 import re
+import sqlite3
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
@@ -48,7 +49,35 @@ def existing_log(where: str) -> SQLiteLog | PostgresLog:
             " SQLite log, or a postgresql:// DSN",
             log=f"SQLiteLog({where!r})",
         )
+    if not where.startswith(POSTGRES_SCHEMES) and _holds_a_log(where) is False:
+        # Opening it as a log would make it one: WAL mode and turnplug's tables, written
+        # into another program's database (or an empty file) by a command that only reads.
+        raise LogError(
+            f"no log at {where!r}: it is an SQLite database without turnplug's tables (or an"
+            " empty file), so it holds no conversations; it was left as it was — pass the"
+            " path of the log file (the one --log was given when the turns were run)",
+            log=f"SQLiteLog({where!r})",
+        )
     return durable_log(where)
+
+
+def _holds_a_log(path: str) -> bool | None:
+    """Whether the SQLite file at `path` holds turnplug's tables, read without writing to
+    it; None when it cannot be read so (the log's own error then says why)."""
+    uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
+    try:
+        connection = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        row = connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'turnplug_schema'"
+        ).fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        connection.close()
+    return row is not None
 
 
 async def show_log(

@@ -277,6 +277,31 @@ def test_a_commit_time_changed_by_hand_is_a_log_error_naming_the_turn(tmp_path, 
         assert repr(entries[0].turn_ref) in line
 
 
+@pytest.mark.parametrize("listing", [False, True])
+@pytest.mark.parametrize("kind", ["another program's database", "an empty file"])
+def test_log_refuses_an_sqlite_file_that_is_no_log_and_leaves_it_as_it_was(tmp_path, kind, listing):
+    """Catches `turnplug log`, which only reads, turning another program's SQLite database
+    (a mistyped --log) or an empty file into a log, switching it to WAL mode and adding
+    turnplug's tables, then reporting "nothing committed" as if all were well."""
+    path = tmp_path / "app.db"
+    if kind == "an empty file":
+        path.write_bytes(b"")
+    else:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            db.execute("CREATE TABLE users (id INTEGER)")
+            db.commit()
+    before = path.read_bytes()
+
+    args = ["log", "--log", str(path)] if listing else ["log", CONVERSATION, "--log", str(path)]
+    line = one_line_error(turnplug(*args))
+
+    assert line.startswith("turnplug: error: LogError: no log at")
+    assert repr(str(path)) in line
+    assert "without turnplug's tables" in line
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
 def test_a_malformed_dsn_is_an_error_that_does_not_echo_the_password():
     line = one_line_error(turnplug("log", CONVERSATION, "--log", "postgresql://ada:s3cret pw@db/x"))
 
