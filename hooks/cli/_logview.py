@@ -98,22 +98,34 @@ async def show_log(
                 write(printable(line))
         return
     if as_json:
-        write(json.dumps(_as_json(conversation_id, entries, audit), ensure_ascii=False, indent=2))
+        shown = _as_json(conversation_id, entries, audit)
+        text = json.dumps(shown, ensure_ascii=False, indent=2)
+        if _LONE_SURROGATE.search(text) is not None:
+            # UTF-8 cannot carry one: escaped, as the logs store it, it still reads back.
+            text = json.dumps(shown, indent=2)
+        write(text)
         return
     for line in render(conversation_id, entries, audit=audit):
         write(printable(line))
 
 
-_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-"""Control characters but the tab: what a terminal would act on rather than show."""
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]")
+"""Control characters but the tab: what a terminal would act on rather than show; and lone
+surrogates, which no terminal can be sent."""
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def printable(line: str) -> str:
-    """`line` with its control characters escaped (``\\x1b``, ``\\r``).
+    """`line` with its control characters and lone surrogates escaped (``\\x1b``, ``\\r``,
+    ``\\ud800``).
 
     A log holds what clients and models wrote, and a terminal acts on an escape sequence in
     it (it may clear the screen, rewrite the title, set the clipboard) or on a carriage
-    return (which draws over the line): shown escaped, what is stored is what is seen.
+    return (which draws over the line): shown escaped, what is stored is what is seen. A
+    lone surrogate (a ``\\ud800`` escape a client's JSON held), which every log stores,
+    cannot be written as UTF-8 at all.
     """
     if _CONTROL.search(line) is None:
         return line

@@ -19,7 +19,7 @@ import trio
 from pipeline import Pipeline, block, cont, hook, regenerate, tool
 from pipeline.logs import LogEntry, PostgresLog, SQLiteLog, entry_from_dict
 from pipeline.testing import ScriptedModel
-from turns import Text, ToolCall, ToolResult
+from turns import Message, Text, ToolCall, ToolResult
 
 from ..logs import Backend, close
 from .cli_support import turnplug
@@ -497,3 +497,23 @@ async def test_log_says_which_tool_hook_blocked_a_call_or_rewrote_it(tmp_path):
         " [result rewritten by scrub] <- [c2] [scrubbed]",
         "  assistant  done",
     ]
+
+
+async def test_log_shows_a_lone_surrogate_escaped_instead_of_failing(tmp_path):
+    """Catches `turnplug log` failing with UnicodeEncodeError (exit 1, after half its output)
+    on a turn holding a lone surrogate (a ``\\ud800`` escape in a client's JSON), which every
+    log stores and reads back: the readable view shows it escaped, and --json escapes it so
+    that it still reads back exactly."""
+    text, meta = "a\ud800b", {"k\udc80": "v"}
+    path = str(tmp_path / "log.db")
+    async with SQLiteLog(path) as log:
+        await log.append("c", "t1", [Message.user([Text(text, meta=meta)])])
+
+    shown = await anyio.to_thread.run_sync(turnplug, "log", "c", "--log", path)
+    machine = await anyio.to_thread.run_sync(turnplug, "log", "c", "--log", path, "--json")
+
+    assert (shown.returncode, shown.stderr) == (0, "")
+    assert shown.stdout.splitlines()[-1] == "  user       a\\ud800b"
+    assert (machine.returncode, machine.stderr) == (0, "")
+    (part,) = json.loads(machine.stdout)["entries"][0]["messages"][0]["parts"]
+    assert (part["text"], part["meta"]) == (text, meta)
