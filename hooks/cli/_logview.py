@@ -196,9 +196,14 @@ def listing(where: str, conversations: tuple[ConversationInfo, ...]) -> Iterator
         yield f"  {info.conversation_id:<{width}}  {info.turns:>5}  {when(info.last_committed_at)}"
 
 
+_SECRET_PARAMETERS = frozenset(("password", "sslpassword"))
+"""libpq's connection parameters that hold a secret: the password, the client key's."""
+
+
 def without_password(where: str) -> str:
     """`where` as output may show it: a DSN without its password (in the URL's user
-    part or a ``password`` parameter), as the log's repr and errors show it; a path as is.
+    part or a ``password`` or ``sslpassword`` parameter), as the log's repr and errors show
+    it; a path as is.
 
     Read as libpq reads a URL: the user part is what comes before an ``@`` met ahead of
     any ``/`` (a password may hold ``?`` or ``#``).
@@ -214,7 +219,7 @@ def without_password(where: str) -> str:
         kept = "&".join(
             item
             for item in query.split("&")
-            if urllib.parse.unquote(item.partition("=")[0]) != "password"
+            if urllib.parse.unquote(item.partition("=")[0]) not in _SECRET_PARAMETERS
         )
         rest = f"{head}?{kept}" if kept else head
     return f"{scheme}://{rest}"

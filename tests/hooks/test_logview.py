@@ -341,7 +341,7 @@ def test_an_unreachable_server_is_an_error_that_does_not_echo_the_password():
     assert "s3cret" not in line
 
 
-@pytest.mark.parametrize("place", ["user part", "parameter"])
+@pytest.mark.parametrize("place", ["user part", "password", "sslpassword"])
 async def test_the_listing_names_the_log_without_the_dsns_password(postgres, place):
     """Catches `turnplug log --log DSN` printing the DSN, password and all, at the head of
     its list of conversations, where the log's repr and errors leave the password out.
@@ -349,7 +349,7 @@ async def test_the_listing_names_the_log_without_the_dsns_password(postgres, pla
     if place == "user part":
         dsn = postgres.replace("postgresql://postgres@", "postgresql://postgres:s3cret-pw@", 1)
     else:
-        dsn = f"{postgres}&password=s3cret-pw"
+        dsn = f"{postgres}&{place}=s3cret-pw"
     assert "s3cret-pw" in dsn
     pipe = Pipeline(model=ScriptedModel(["hello"]))
     async with PostgresLog(dsn) as log, pipe.session(log=log, conversation_id="c") as session:
