@@ -18,8 +18,6 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeGuard
 
-import anyio
-
 from pipeline import INJECTED_BY, TOOL_HOOKS, AuditRecord, LogError
 from pipeline.logs import ConversationInfo, LogEntry, PostgresLog, SQLiteLog, entry_to_dict
 from turns import Message, Text, ToolCall, ToolResult
@@ -82,41 +80,12 @@ def _holds_a_log(path: str) -> bool | None:
     return row is not None
 
 
-def _database_holds_a_log(dsn: str) -> bool | None:
-    """Whether the PostgreSQL database `dsn` names holds turnplug's tables in its
-    search_path, asked without creating anything; None when it cannot be asked (the log's
-    own error then says why)."""
-    import psycopg
-
-    try:
-        # Bounded as the log bounds its own attempts, unless the DSN says.
-        options: dict[str, Any] = {}
-        if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(dsn):
-            options["connect_timeout"] = 10
-        with psycopg.connect(dsn, autocommit=True, **options) as connection:
-            row = connection.execute("SELECT to_regclass('turnplug_schema') IS NOT NULL").fetchone()
-    except psycopg.Error:
-        return None
-    return bool(row is not None and row[0])
-
-
 async def show_log(
     write: Write, conversation_id: str | None, where: str, audit: bool, as_json: bool
 ) -> None:
     """Write the conversation's committed turns (and their audit records, if asked), or
     the log's conversations when `conversation_id` is None."""
-    opened = existing_log(where)
-    if isinstance(opened, PostgresLog) and (
-        await anyio.to_thread.run_sync(_database_holds_a_log, where) is False
-    ):
-        # As for a file: opening it as a log would create turnplug's tables in it.
-        raise LogError(
-            f"no log in {without_password(where)}: the database has no turnplug tables in"
-            " its search_path, so it holds no conversations; nothing was created in it —"
-            " check the DSN's database name, or its options=-csearch_path=...",
-            log=repr(opened),
-        )
-    async with opened as log:
+    async with existing_log(where) as log:
         if conversation_id is None:
             conversations = await log.conversations()
         else:

@@ -302,28 +302,6 @@ def test_log_refuses_an_sqlite_file_that_is_no_log_and_leaves_it_as_it_was(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
 
 
-@pytest.mark.parametrize("listing", [False, True])
-def test_log_refuses_a_database_without_turnplugs_tables_and_creates_nothing(postgres, listing):
-    """Catches `turnplug log --log DSN`, which only reads, creating turnplug's tables and
-    function in a database (here the test's empty schema) that held no log, a mistyped
-    database name say, then reporting "nothing committed" as if all were well."""
-    import psycopg  # the postgres fixture has checked that it is installed
-
-    args = ["log", "--log", postgres] if listing else ["log", CONVERSATION, "--log", postgres]
-    line = one_line_error(turnplug(*args))
-
-    assert line.startswith("turnplug: error: LogError: no log in postgresql://")
-    assert "no turnplug tables" in line
-    with psycopg.connect(postgres, autocommit=True) as db:
-        created = db.execute(
-            "SELECT count(*) FROM pg_class WHERE relnamespace = current_schema()::regnamespace"
-        ).fetchone()
-        functions = db.execute(
-            "SELECT count(*) FROM pg_proc WHERE pronamespace = current_schema()::regnamespace"
-        ).fetchone()
-    assert (created, functions) == ((0,), (0,))
-
-
 def test_a_malformed_dsn_is_an_error_that_does_not_echo_the_password():
     line = one_line_error(turnplug("log", CONVERSATION, "--log", "postgresql://ada:s3cret pw@db/x"))
 
