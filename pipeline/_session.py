@@ -141,6 +141,7 @@ class Session:
         """
         self._check_open("send")
         async with self._lock:
+            self._check_closed("send")  # closed while this send waited for the turn before
             await self._settle()
             turn = self._turn(message, system, tools, request, turn_ref)
             try:
@@ -162,6 +163,7 @@ class Session:
         arguments."""
         self._check_open("stream")
         async with self._lock:
+            self._check_closed("stream")
             await self._settle()
             events = TurnEvents()
             turn = self._turn(message, system, tools, request, turn_ref)
@@ -170,16 +172,19 @@ class Session:
                 yield stream
 
     def _check_open(self, method: str) -> None:
-        if self._closed:
-            raise RuntimeError(
-                f"session {self._conversation_id!r} is closed; open a new one with"
-                f" pipe.session(...) to {method} more turns"
-            )
+        self._check_closed(method)
         owner = self._lock.statistics().owner
         if owner is not None and owner == anyio.get_current_task():
             raise RuntimeError(
                 f"session {self._conversation_id!r} runs one turn at a time: this task is"
                 f" still inside a turn of it (a session.stream block); {method} after it ends"
+            )
+
+    def _check_closed(self, method: str) -> None:
+        if self._closed:
+            raise RuntimeError(
+                f"session {self._conversation_id!r} is closed; open a new one with"
+                f" pipe.session(...) to {method} more turns"
             )
 
     # -- turns --------------------------------------------------------------------------------
@@ -248,6 +253,14 @@ class Session:
         return Drive(self._plan, emit, host, caught_up, self._open_tools, relay)
 
     async def _commit(self, result: TurnResult) -> tuple[str, tuple[Message, ...]]:
+        if self._closed:
+            # A turn sent from a task outside the session's block, still running when the
+            # block was left: its end hooks have run and its task group is closing.
+            raise RuntimeError(
+                f"session {self._conversation_id!r} was closed while turn"
+                f" {result.turn.turn_ref!r} ran, so nothing of the turn was committed —"
+                " finish a session's turns inside its async with block"
+            )
         messages = result.log_messages
         await self._append(result.turn.turn_ref, messages, result)
         self._committed.add(result.turn.turn_ref)
@@ -292,6 +305,14 @@ class Session:
     # -- background hooks ---------------------------------------------------------------------
 
     def _spawn(self, turn: Turn) -> None:
+        if self._closed:
+            # The session closed while the turn's commit was being written: the commit
+            # stands, but the task group that would run the hooks is gone.
+            emit = _since(self._events, self._turn_started)
+            for step in self._plan.background:
+                why = "not started: the session closed while its turn was being committed"
+                emit(ev.HookFailed(turn.turn_ref, step.name, step.stage, why, False))
+            return
         for step in self._plan.background:
             self._running += 1
             if self._idle.is_set():
@@ -509,6 +530,9 @@ async def _session(
             else:
                 reason = "closed"
             finally:
+                # From here on no turn commits: one still running in a task outside the block
+                # would otherwise commit after the end hooks ran.
+                session._closed = True
                 if reason == "cancelled":
                     task_group.cancel_scope.cancel()
                 else:

@@ -1215,6 +1215,147 @@ async def test_a_turn_inside_a_stream_block_of_the_same_session_is_a_runtime_err
     assert f"session '{CONVERSATION}'" in str(excinfo.value)
 
 
+def held_model(asked: anyio.Event, release: anyio.Event) -> FunctionModel:
+    """Answers once `release` is set, after setting `asked` when it is called."""
+
+    async def answer(request):
+        asked.set()
+        await release.wait()
+        return "late answer"
+
+    return FunctionModel(answer)
+
+
+@pytest.mark.parametrize("method", ["send", "stream"])
+async def test_a_turn_still_running_in_another_task_when_the_session_closes_commits_nothing(
+    method,
+):
+    """Catches: a turn sent from a task outside the session's block, still running when the
+    block was left, committed after the end hooks had run, then failed with AnyIO's "task
+    group is not active" as it started its background hooks, which never ran."""
+    log = MemoryLog()
+    asked, release = anyio.Event(), anyio.Event()
+    trace: list = []
+
+    async def summary(turn: Turn):
+        trace.append("summary")
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=held_model(asked, release),
+        post=[hook(summary, background=True)],
+        on_session_end=[end_recorder(trace)],
+    )
+    errors: list[RuntimeError] = []
+
+    async def late_turn(session: Session) -> None:
+        try:
+            await take_turn(session, method, "hi")
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as task_group:
+        async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+            task_group.start_soon(late_turn, session)
+            await asked.wait()
+        trace.append("session left")
+        release.set()
+
+    (error,) = errors
+    assert f"session '{CONVERSATION}' was closed while turn" in str(error)
+    assert "nothing of the turn was committed" in str(error)
+    assert await log.entries(CONVERSATION) == ()
+    assert trace == [
+        ("end", "closed", SessionInfo(CONVERSATION, Scope(), 1)),
+        "session left",
+    ]
+
+
+async def test_a_send_waiting_for_the_turn_before_it_is_refused_once_the_session_closes():
+    """Catches: a send queued behind a running turn (from tasks outside the session's block)
+    started its turn after the session closed, and paid for a model call that could never be
+    committed."""
+    asked, release = anyio.Event(), anyio.Event()
+    model = held_model(asked, release)
+    pipe = Pipeline(model=model)
+    errors: list[str] = []
+
+    async def send(session: Session, text: str) -> None:
+        try:
+            await session.send(text)
+        except RuntimeError as exc:
+            errors.append(f"{text}: {exc}")
+
+    async with anyio.create_task_group() as task_group:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+            task_group.start_soon(send, session, "first")
+            await asked.wait()
+            task_group.start_soon(send, session, "queued")
+            await anyio.wait_all_tasks_blocked()
+        release.set()
+
+    assert (len(model.requests), sorted(error.split(":")[0] for error in errors)) == (
+        1,
+        ["first", "queued"],
+    )
+    assert any(error.startswith(f"queued: session '{CONVERSATION}' is closed;") for error in errors)
+
+
+class GatedLog:
+    """A `MemoryLog` whose appends wait for `release` (after setting `writing`)."""
+
+    def __init__(self) -> None:
+        self.log = MemoryLog()
+        self.writing = anyio.Event()
+        self.release = anyio.Event()
+
+    async def load(self, conversation_id: str) -> Context:
+        return await self.log.load(conversation_id)
+
+    async def append(self, *args, **options) -> None:
+        self.writing.set()
+        await self.release.wait()
+        await self.log.append(*args, **options)
+
+
+async def test_a_session_closing_while_a_turn_is_committed_reports_its_unstarted_background_hooks():
+    """Catches: a turn whose commit was being written when the session's block was left
+    raised AnyIO's "task group is not active" after its commit had gone through (the caller
+    was told the turn failed while the log held it), and its background hooks were lost
+    without an event."""
+    log = GatedLog()
+
+    async def summary(turn: Turn):
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["answer"]), post=[hook(summary, name="summary", background=True)]
+    )
+    results = []
+
+    async def late_turn(session: Session) -> None:
+        results.append(await session.send("hi"))
+
+    async with anyio.create_task_group() as task_group:
+        async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+            task_group.start_soon(late_turn, session)
+            await log.writing.wait()
+        log.release.set()
+
+    assert [result.outcome for result in results] == ["completed"]
+    assert [entry.turn_ref for entry in await log.log.entries(CONVERSATION)] == [
+        results[0].turn.turn_ref
+    ]
+    assert [(type(e), e.hook, e.stage, e.error) for e in session.events] == [
+        (
+            ev.HookFailed,
+            "summary",
+            "post",
+            "not started: the session closed while its turn was being committed",
+        )
+    ]
+
+
 # -- conflicts, wherever they happen ----------------------------------------------------------
 
 
