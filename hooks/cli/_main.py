@@ -26,8 +26,10 @@ DEFAULT_CONVERSATION = "default"
 def _demo(args: argparse.Namespace) -> int:
     from ._demo import demo
 
-    trio.run(demo, print, args.model)
-    return 0
+    result = trio.run(demo, print, args.model)
+    # As for `run`: a turn that halted or exhausted its regenerations did not complete (a
+    # real model behind --model may keep leaking what the guardrail rejects).
+    return 0 if result.outcome == "completed" else 1
 
 
 def _loaded(path: str) -> "_config._Loaded":

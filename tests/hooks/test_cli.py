@@ -180,6 +180,30 @@ async def test_demo_with_a_model_and_its_key_talks_to_that_provider() -> None:
     assert "sk-local-test" not in out + done.stderr.decode()
 
 
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
+async def test_demo_whose_model_exhausts_the_regenerations_exits_1() -> None:
+    """Catches: `turnplug demo --model ...` exiting 0 when the provider's every attempt was
+    rejected (outcome "exhausted"), where every other command exits 1 for a turn that did not
+    complete."""
+    from tests.providers import server as wire
+
+    leak = wire.stream(wire.openai_text(["See internal ticket RF-1."]))
+    async with wire.running(repeat=leak) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+        env |= {"OPENAI_API_KEY": "sk-local-test", "OPENAI_BASE_URL": f"{server.url}/v1"}
+        done = await trio.run_process(
+            [TURNPLUG, "demo", "--model", "openai:local-model"],
+            capture_stdout=True,
+            capture_stderr=True,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            check=False,
+        )
+    out = done.stdout.decode()
+    assert (done.returncode, out.rstrip().splitlines()[-1]) == (1, "outcome: exhausted")
+    assert len(server.requests) == 3
+
+
 CONFIG_WITHOUT_MODEL = """
 [[transformers]]
 kind = "redact"
