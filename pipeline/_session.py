@@ -298,7 +298,7 @@ class Session:
             await self._reload()
 
     async def _reload(self) -> None:
-        self._context = await self._log.load(self._conversation_id)
+        self._context = await load(self._log, self._conversation_id)
         self._length = len(self._context.messages)
         self._unsure = False
 
@@ -440,6 +440,18 @@ class Session:
         self._events.append(ev.HookFailed("", step.name, step.stage, exc_text(error), False))
 
 
+async def load(log: Log, conversation_id: str) -> Context:
+    """The conversation as `log` holds it, checked: a log of one's own may return anything."""
+    context: object = await log.load(conversation_id)
+    if type(context) is not Context:
+        raise TypeError(
+            f"{type(log).__name__}.load({conversation_id!r}) returned {describe(context)}, not a"
+            " turns.Context — a Log's load returns the conversation as a Context (an empty"
+            " Context() when it does not exist)"
+        )
+    return context
+
+
 _set_at = ev.Event.at.__set__  # type: ignore[attr-defined]
 
 
@@ -514,7 +526,7 @@ async def _session(
     # A log reads a conversation under any id it may hold, but stores none that is too long:
     # refused now, before any turn runs, not at its commit.
     check_id(conversation_id)
-    context = await log.load(conversation_id)
+    context = await load(log, conversation_id)
     reason: Reason = "error"
     session: Session | None = None
     try:

@@ -1529,6 +1529,48 @@ async def test_a_log_with_sync_methods_is_a_config_error_naming_the_log(log_clas
     assert log_class.__name__ in str(excinfo.value)
 
 
+class MessagesLoad:
+    """A log of one's own whose load returns the messages instead of a Context."""
+
+    def __init__(self, conflict: bool = False) -> None:
+        self.loads = 0
+        self.conflict = conflict
+
+    async def load(self, conversation_id):
+        self.loads += 1
+        return Context() if self.conflict and self.loads == 1 else (Message.user("earlier"),)
+
+    async def append(
+        self, conversation_id, turn_ref, messages, audit=None, *, expected_length=None
+    ):
+        raise LogConflict(f"{conversation_id} moved on")
+
+
+async def test_a_log_whose_load_returns_no_context_is_a_type_error_naming_it():
+    """Catches: a log of one's own returning the messages from load() failing the session's
+    entry with AttributeError: 'tuple' object has no attribute 'messages', naming nothing."""
+    pipe = Pipeline(model=ScriptedModel([]))
+
+    with pytest.raises(TypeError) as excinfo:
+        async with pipe.session(log=MessagesLoad(), conversation_id=CONVERSATION):
+            pass
+
+    assert str(excinfo.value).startswith(
+        f"MessagesLoad.load('{CONVERSATION}') returned tuple (Message(role='user'"
+    )
+    assert "not a turns.Context" in str(excinfo.value)
+
+
+async def test_a_log_whose_load_returns_no_context_on_the_reload_after_a_conflict_is_named():
+    """Catches: the reload after a LogConflict keeping whatever load() returned, so that the
+    next send failed with an AttributeError naming nothing."""
+    pipe = Pipeline(model=ScriptedModel(["one"]))
+
+    async with pipe.session(log=MessagesLoad(conflict=True), conversation_id=CONVERSATION) as s:
+        with pytest.raises(TypeError, match=r"^MessagesLoad\.load\('conv-1'\) returned tuple"):
+            await s.send("hi")
+
+
 async def test_an_infinite_drain_timeout_waits_for_every_background_hook(autojump_clock):
     trace = []
     log = MemoryLog()
