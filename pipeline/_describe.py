@@ -56,7 +56,8 @@ def wrong_return_hint(result: object, *, group: bool, stage: str = "pre") -> str
     if type(result) is Cont:
         return " — Cont must carry the Turn: `return cont(turn)`"
     if type(result) is Regenerate:
-        return " — regenerate() is for post hooks, which see the reply"
+        # A post hook that may not regenerate is a background one, told why by its caller.
+        return "" if stage == "post" else " — regenerate() is for post hooks, which see the reply"
     if type(result) in (Block, Ask):
         return f" — {type(result).__name__.lower()}() is for before_tool hooks"
     if (

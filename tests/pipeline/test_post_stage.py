@@ -1041,6 +1041,24 @@ async def test_a_background_hooks_wrong_signal_is_recorded_as_a_failure(make) ->
     ]
 
 
+async def test_a_background_hook_that_regenerates_is_told_why_without_a_contradicting_hint():
+    """Catches: the failure of a background hook returning regenerate() ending with "—
+    regenerate() is for post hooks, which see the reply", when the hook is a post hook: the
+    error already says a background hook runs after the commit and cannot regenerate."""
+    pipe = Pipeline(
+        model=scripted(),
+        post=[returning("summary", lambda turn: regenerate("again"), background=True)],
+    )
+
+    events, _ = await streamed(pipe, start())
+
+    assert [e.error for e in of_type(events, ev.HookFailed)] == [
+        "HookReturnError: expected hook 'summary' (post, position 1) to return Cont(turn) — a"
+        " background hook runs after the commit, so it cannot halt or regenerate, got"
+        " Regenerate Regenerate(feedback='again')"
+    ]
+
+
 async def test_a_background_hooks_when_returning_a_coroutine_is_a_failure_that_closes_it():
     """Catches: a background hook's ``when=`` returning a coroutine recorded as a failure
     but the coroutine left to warn, when collected, that it was never awaited."""
