@@ -21,7 +21,7 @@ from ._plan import Group, Plan, Step, check_arity, compile_plan, normalize_entri
 from ._result import TurnResult
 from ._seam import TransformerFactory
 from ._session import Session, open_session
-from ._stream import TurnEvents, stream_turn
+from ._stream import OneUse, TurnEvents, stream_turn
 from ._tooljudge import ToolVerdict, judge_call
 from ._tools import Tool, tool
 from ._toolsets import (
@@ -430,7 +430,7 @@ class Pipeline:
                 self._plan, events._emit, open_tools=self._open_tools(), relay=events._relay
             )
 
-        return stream_turn(drive, turn, events)
+        return OneUse(stream_turn(drive, turn, events), "pipe.stream(turn)")
 
     def session(
         self,
@@ -449,7 +449,7 @@ class Pipeline:
         opened = open_session(
             self._plan, log, conversation_id, scope, drain_timeout, self._open_tools()
         )
-        return self._held(opened)
+        return OneUse(self._held(opened), "pipe.session(...)")
 
     def _open_tools(self, toolbox: Toolbox | None = None) -> OpenTools | None:
         """How a turn finds its MCP toolsets' tools: the toolbox of its session or of

@@ -27,7 +27,7 @@ from ._plan import Plan, Step
 from ._result import TurnResult
 from ._runner import Emit, Runner
 from ._signals import Cont
-from ._stream import TurnEvents, stream_turn
+from ._stream import OneUse, TurnEvents, stream_turn
 from .logs import Log
 from .logs._protocol import check_id, check_turn_ref
 
@@ -149,8 +149,7 @@ class Session:
             except BaseExceptionGroup as group:
                 raise_single(group)
 
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self,
         message: str | Message,
         *,
@@ -158,9 +157,21 @@ class Session:
         tools: Sequence[ToolSpec] = (),
         request: RequestOptions | None = None,
         turn_ref: str | None = None,
-    ) -> AsyncIterator["TurnEvents"]:
+    ) -> AbstractAsyncContextManager["TurnEvents"]:
         """`send`, streamed: ``async with session.stream(text) as events``; the same
         arguments."""
+        streamed = self._stream(message, system, tools, request, turn_ref)
+        return OneUse(streamed, "session.stream(...)")
+
+    @asynccontextmanager
+    async def _stream(
+        self,
+        message: str | Message,
+        system: str | None,
+        tools: Sequence[ToolSpec],
+        request: RequestOptions | None,
+        turn_ref: str | None,
+    ) -> AsyncIterator["TurnEvents"]:
         self._check_open("stream")
         async with self._lock:
             self._check_closed("stream")

@@ -6,8 +6,9 @@ and never waits for the consumer, except a session's turn before its commit (`ca
 
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import NoReturn, final
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
+from typing import NoReturn, TypeVar, final
 
 import anyio
 import anyio.lowlevel
@@ -20,6 +21,42 @@ from ._drive import Drive
 from ._excgroups import own_error, raise_single
 from ._loop import Lot, current_loop, new_lot
 from ._result import TurnResult
+
+T = TypeVar("T")
+
+
+@final
+class OneUse(AbstractAsyncContextManager[T]):
+    """An ``async with`` target that can be entered once, and says so when entered again.
+
+    ``@asynccontextmanager`` objects can be entered once too, but a second entry fails with
+    an AttributeError from inside contextlib that names nothing (a stream or a session kept
+    in a variable and entered per request, say).
+    """
+
+    __slots__ = ("_manager", "_used", "_what")
+
+    def __init__(self, manager: AbstractAsyncContextManager[T], what: str) -> None:
+        self._manager = manager
+        self._what = what
+        self._used = False
+
+    async def __aenter__(self) -> T:
+        if self._used:
+            raise RuntimeError(
+                f"{self._what} is for one `async with`, and this one was entered already —"
+                f" call {self._what} again for each block"
+            )
+        self._used = True
+        return await self._manager.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._manager.__aexit__(exc_type, exc, tb)
 
 
 @asynccontextmanager

@@ -21,6 +21,7 @@ from pipeline import (
     regenerate,
 )
 from pipeline.events import HookStarted, TextDelta
+from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Text, Turn
 
@@ -883,3 +884,62 @@ async def test_streamed_events_arrive_in_the_order_run_emits_them(caplog):
         ("only", 1),
         ("fine", 2),
     ]
+
+
+# -- entering a stream or a session once ------------------------------------------------------
+
+
+async def test_entering_one_pipe_stream_twice_is_a_runtime_error_saying_what_to_call():
+    """Catches: a `pipe.stream(turn)` kept and entered again failing with contextlib's
+    AttributeError ("'_AsyncGeneratorContextManager' object has no attribute 'args'")."""
+    model = ScriptedModel(["one", "two"])
+    streamed = Pipeline(model=model).stream(start())
+    async with streamed as events:
+        async for _ in events:
+            pass
+
+    with pytest.raises(RuntimeError) as excinfo:
+        async with streamed:
+            pass
+
+    assert str(excinfo.value) == (
+        "pipe.stream(turn) is for one `async with`, and this one was entered already — call"
+        " pipe.stream(turn) again for each block"
+    )
+    assert len(model.requests) == 1
+
+
+async def test_entering_one_session_stream_twice_is_a_runtime_error_saying_what_to_call():
+    """Catches: a `session.stream(text)` kept and entered again failing with contextlib's
+    AttributeError, naming nothing."""
+    model = ScriptedModel(["one", "two"])
+    async with Pipeline(model=model).session(log=MemoryLog(), conversation_id="c") as session:
+        streamed = session.stream("hi")
+        async with streamed as events:
+            async for _ in events:
+                pass
+
+        with pytest.raises(RuntimeError, match=r"^session\.stream\(\.\.\.\) is for one `async"):
+            async with streamed:
+                pass
+
+    assert len(model.requests) == 1
+
+
+async def test_entering_one_pipe_session_twice_is_a_runtime_error_saying_what_to_call():
+    """Catches: a `pipe.session(...)` kept and entered again (once per request, say) failing
+    with contextlib's AttributeError, naming nothing."""
+    trace = []
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        on_session_start=[lambda info: trace.append("start") or cont(info.scope)],
+    )
+    opened = pipe.session(log=MemoryLog(), conversation_id="c")
+    async with opened:
+        pass
+
+    with pytest.raises(RuntimeError, match=r"^pipe\.session\(\.\.\.\) is for one `async with`"):
+        async with opened:
+            pass
+
+    assert trace == ["start"]
