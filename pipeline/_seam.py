@@ -143,10 +143,15 @@ def compile_transformers(entries: Iterable[Any]) -> tuple[CompiledTransformer, .
             )
         name = transformer_name(factory)
         if name in names:
+            example = (
+                "per_chunk(fn, name='shout')"
+                if isinstance(factory, PerChunk)
+                else "redact(..., name='redact_phone'), or a factory's own `name` attribute"
+            )
             raise ConfigError(
                 f"transformers, positions {names[name]} and {position}: both are named {name!r},"
-                " so their annotations would overwrite each other in Reply.annotations — give"
-                " one another name (e.g. redact(..., name='redact_phone'))"
+                " and a transformer's name keys its annotations in Reply.annotations and names"
+                f" it in errors — give one another name (e.g. {example})"
             )
         names[name] = position
         entry = CompiledTransformer(factory, name, position)

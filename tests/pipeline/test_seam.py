@@ -716,6 +716,24 @@ def test_two_transformers_with_the_same_name_are_refused_naming_both_positions()
     assert re.search(r"\b3\b", message)
 
 
+def test_two_per_chunk_lambdas_are_refused_with_per_chunks_own_name_option_as_the_fix():
+    """Catches: two `per_chunk(lambda ...)`, both named '<lambda>', refused with the fix
+    "redact(..., name='redact_phone')" and the reason that their annotations would overwrite
+    each other, when per_chunk has neither redact's options nor annotations."""
+    with pytest.raises(ConfigError) as info:
+        Pipeline(
+            model=ScriptedModel(["ok"]),
+            transformers=[per_chunk(lambda text: text.upper()), per_chunk(lambda text: text)],
+        )
+
+    message = str(info.value)
+    assert message.startswith("transformers, positions 1 and 2: both are named '")
+    assert message.endswith(
+        ".<lambda>', and a transformer's name keys its annotations in Reply.annotations and"
+        " names it in errors — give one another name (e.g. per_chunk(fn, name='shout'))"
+    )
+
+
 @pytest.mark.parametrize(
     "fn",
     [pytest.param(lambda a, b: a, id="two-arguments"), pytest.param(lambda: "", id="none")],
