@@ -77,8 +77,9 @@ class Session:
         # so a commit by anyone else since the load is a LogConflict.
         self._length = len(context.messages)
         self._turns = 0
-        # The turn_refs this session committed: the log keeps the first commit of a turn_ref
-        # and ignores the next, so a second turn under one of them would be lost.
+        # The turn_refs this session committed, its background hooks' ``turn_ref:hook``
+        # entries included: the log keeps the first commit of a turn_ref and ignores the
+        # next, so a second commit under one of them would be lost.
         self._committed: set[str] = set()
         # Whether a commit ended unsure (asyncio's own cancellation raised out of an append
         # that may have written): the log alone knows, so the next commit or turn reloads.
@@ -213,9 +214,10 @@ class Session:
             check_turn_ref(turn_ref)
         if turn_ref in self._committed:
             raise ValueError(
-                f"session {self._conversation_id!r} already committed turn {turn_ref!r}, and a"
-                " log keeps one commit per turn_ref: this turn would be answered and then lost"
-                " — give each turn its own turn_ref (or none, for a fresh one)"
+                f"session {self._conversation_id!r} already committed {turn_ref!r} (a turn, or"
+                " a background hook's output under turn_ref:hook), and a log keeps one commit"
+                " per turn_ref: this turn would be answered and then lost — give each turn its"
+                " own turn_ref (or none, for a fresh one)"
             )
         # As run() checks a turn's context: refused now, naming the argument, not when the
         # turn is rendered after its pre hooks ran.
@@ -342,7 +344,14 @@ class Session:
                 entry = f"{turn.turn_ref}:{step.name}"
                 try:
                     async with self._lock:
+                        if entry in self._committed:
+                            raise ValueError(
+                                f"a turn of the session was committed under {entry!r}, the"
+                                " entry this output goes under, and a log keeps one commit"
+                                " per turn_ref"
+                            )
                         await self._append(entry, messages, None)
+                        self._committed.add(entry)
                     emit(ev.Committed(turn.turn_ref, self._conversation_id, messages))
                 except Exception as exc:
                     # The hook itself finished (its HookFinished is out); the failure is the

@@ -1356,6 +1356,69 @@ async def test_a_session_closing_while_a_turn_is_committed_reports_its_unstarted
     ]
 
 
+def summary_hook(release: anyio.Event | None = None):
+    """A durable background hook injecting "summary", once `release` is set (if given)."""
+
+    async def summary(turn: Turn):
+        if release is not None:
+            await release.wait()
+        return cont(turn.inject("summary"))
+
+    return hook(summary, name="summary", background=True, durable=True)
+
+
+async def test_a_turn_ref_a_background_hook_committed_under_is_refused_before_the_turn_runs():
+    """Catches: a turn sent under "ref:summary", the entry the summary hook of turn "ref"
+    had committed, answered and reported committed while the log ignored it as a repeat, so
+    that the session's history held messages the log did not."""
+    log = MemoryLog()
+    model = ScriptedModel(["one", "two"])
+    pipe = Pipeline(model=model, post=[summary_hook()])
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        await session.send("first", turn_ref="ref")
+        await anyio.wait_all_tasks_blocked()  # the summary is committed
+        with pytest.raises(ValueError, match="'ref:summary'"):
+            await session.send("second", turn_ref="ref:summary")
+        history = session.context
+
+    assert len(model.requests) == 1
+    assert (await log.load(CONVERSATION)) == history
+    assert [m.text for m in history.messages] == ["first", "one", "summary"]
+
+
+async def test_a_background_commit_whose_entry_a_turn_took_is_a_failure_not_a_lost_commit():
+    """Catches: the summary of turn "ref" committed under "ref:summary" after a turn of that
+    turn_ref: the log ignored it as a repeat, but the session counted its messages, so its
+    history and the length it expects left the log's."""
+    log = MemoryLog()
+    release = anyio.Event()
+    pipe = Pipeline(model=ScriptedModel(["one", "two", "three"]), post=[summary_hook(release)])
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        await session.send("first", turn_ref="ref")
+        await session.send("second", turn_ref="ref:summary")
+        release.set()
+        await anyio.wait_all_tasks_blocked()
+        third = await session.send("third")
+
+    assert third.outcome == "completed"
+    assert (await log.load(CONVERSATION)) == session.context
+    failures = [
+        (e.turn_ref, e.hook, e.stage, e.error)
+        for e in session.events
+        if isinstance(e, ev.HookFailed)
+    ]
+    assert failures[0] == (
+        "ref",
+        "summary",
+        "commit",
+        "committing its output failed: ValueError: a turn of the session was committed under"
+        " 'ref:summary', the entry this output goes under, and a log keeps one commit per"
+        " turn_ref",
+    )
+
+
 # -- conflicts, wherever they happen ----------------------------------------------------------
 
 
