@@ -165,6 +165,18 @@ def choose_model(spec: str | None, write: Callable[[str], None]) -> Model | None
     return model
 
 
+def _show_split_address(write: Callable[[str], None], attempt: int, delivered: list[str]) -> None:
+    """The accepted attempt's last two chunks, as the model sent them and as they were
+    delivered: the address straddles them, which the timeline alone does not show."""
+    sent = (SECOND_ATTEMPT if attempt > 1 else FIRST_ATTEMPT)[-2:]
+    write(f"redacted while streaming: an address split across two chunks (attempt {attempt})")
+    write("  (redact_email held back only the part that could still become an address)")
+    width = max(len(repr(chunk)) for chunk in sent)
+    for chunk, out in zip(sent, delivered[-2:], strict=True):
+        write(f"  model sent {chunk!r:<{width}}  ->  delivered {out!r}")
+    write("")
+
+
 async def demo(write: Callable[[str], None], model_spec: str | None = None) -> TurnResult:
     """Run the demo turn in a session, writing its timeline and what was committed."""
     model = choose_model(model_spec, write)
@@ -182,12 +194,17 @@ async def demo(write: Callable[[str], None], model_spec: str | None = None) -> T
     async with pipe.session(
         log=log, conversation_id="demo", scope=Scope(current_user="ada")
     ) as session:
+        delivered: dict[int, list[str]] = {}
         async with session.stream(QUESTION) as events:
             async for event in events:
+                if isinstance(event, ev.TextDelta):
+                    delivered.setdefault(event.attempt, []).append(event.text)
                 if line := ev.timeline((event,)):
                     write(line.rstrip("\n"))
         result = events.result
     write("")
+    if offline and result.reply is not None:
+        _show_split_address(write, result.reply.attempt, delivered.get(result.reply.attempt, []))
     if scripted.requests:
         write(f"what the model was sent on attempt {len(result.audit.attempts)}, last call")
         write("  (history untouched, then this turn's injections at the tail, then the")

@@ -78,6 +78,17 @@ def test_demo_redacts_the_address_that_arrives_split_across_chunks(demo_output: 
     assert demo_output.rstrip().endswith("We will confirm at [EMAIL].")
 
 
+def test_demo_shows_the_address_arriving_split_and_what_was_delivered(demo_output: str) -> None:
+    """Catches: a demo whose timeline shows only the redacted deltas, so that a reader
+    cannot see that the address arrived split across chunks, which is what it demonstrates."""
+    shown = _section(demo_output, "redacted while streaming")
+    assert shown == [
+        "  (redact_email held back only the part that could still become an address)",
+        "  model sent 'We will confirm at ada@exa'  ->  delivered 'We will confirm at '",
+        "  model sent 'mple.com.'                   ->  delivered '[EMAIL].'",
+    ]
+
+
 def test_demo_logs_the_durable_parts_and_nothing_transient(demo_output: str) -> None:
     committed = "\n".join(_section(demo_output, "committed to the conversation log"))
     assert "[account] plan: pro" in committed
