@@ -91,6 +91,7 @@ async def stream_turn(
                 # cancelled or fails, cancels the turn still running.
                 if not events._done:
                     tasks.cancel_scope.cancel()
+                events._left = True
     except BaseExceptionGroup as group_error:
         error = own_error(group_error)
     if error is not None:
@@ -126,6 +127,7 @@ class TurnEvents:
         "_done",
         "_error",
         "_exhausted",
+        "_left",
         "_lot",
         "_raised",
         "_relay",
@@ -154,6 +156,8 @@ class TurnEvents:
         self._exhausted = False
         # The consumer found the turn stopped before its end (`_stopped`).
         self._stopped_at_end = False
+        # The stream block was left (`result` can no longer be reached by iterating).
+        self._left = False
 
     @property
     def result(self) -> TurnResult:
@@ -163,6 +167,12 @@ class TurnEvents:
                 f"the turn failed with {type(self._error).__name__}, so it has no result"
             ) from self._error
         if self._result is None or not self._exhausted:
+            if self._left:
+                raise RuntimeError(
+                    "the turn has not finished: its stream block was left before the end of"
+                    " its events, which cancels a turn still running, so it has no result —"
+                    " iterate the events to the end inside the block, then read events.result"
+                )
             raise RuntimeError(
                 "the turn has not finished: iterate the events to the end before reading"
                 " events.result"

@@ -597,7 +597,7 @@ async def test_leaving_the_block_early_on_either_loop_cancels_the_turn_and_leave
 
     assert trace == ["hook started", "hook cancelled"]
     assert live_tasks() == before
-    with pytest.raises(RuntimeError, match="has not finished"):
+    with pytest.raises(RuntimeError, match="has not finished: its stream block was left"):
         _ = events.result
 
 
@@ -943,3 +943,20 @@ async def test_entering_one_pipe_session_twice_is_a_runtime_error_saying_what_to
             pass
 
     assert trace == ["start"]
+
+
+async def test_the_result_of_a_stream_left_early_says_the_block_was_left_not_to_iterate_on():
+    """Catches: `events.result` read after leaving the block early telling the caller to
+    iterate the events to the end, which the closed stream no longer allows."""
+    async with Pipeline(model=ScriptedModel([["a", "b"]])).stream(start()) as events:
+        async for _ in events:
+            break
+
+    with pytest.raises(RuntimeError) as excinfo:
+        _ = events.result
+
+    assert str(excinfo.value) == (
+        "the turn has not finished: its stream block was left before the end of its events,"
+        " which cancels a turn still running, so it has no result — iterate the events to the"
+        " end inside the block, then read events.result"
+    )
