@@ -11,6 +11,7 @@ from typing import Any, Protocol, final, runtime_checkable
 
 import anyio.lowlevel
 
+from ._describe import describe
 from ._errors import ConfigError, HookError, HookFailed, HookReturnError
 from ._hooks import callable_name, is_async_callable
 
@@ -191,8 +192,33 @@ def compile_transformers(entries: Iterable[Any]) -> tuple[CompiledTransformer, .
                 " must be plain ones: the seam is synchronous and on the hot path, so no I/O in"
                 " transformers — do the I/O in a hook instead"
             )
+        for method, fn, arguments in (
+            ("feed", first.feed, ("",)),
+            ("flush", first.flush, ()),
+            ("annotations", annotations, ()),
+        ):
+            problem = None if fn is None else _call_problem(fn, arguments)
+            if problem is not None:
+                raise ConfigError(
+                    f"transformer {entry.label}: {method} {problem} — a transformer's methods"
+                    " are feed(text) -> str, flush() -> str and, optionally, annotations()"
+                )
         compiled.append(entry)
     return tuple(compiled)
+
+
+def _call_problem(fn: object, arguments: tuple[str, ...]) -> str | None:
+    """Why `fn` cannot be called with `arguments`, or None (as far as its signature tells)."""
+    if not callable(fn):
+        return f"is {describe(fn)}, not a method"
+    try:
+        inspect.signature(fn).bind(*arguments)
+    except TypeError as exc:
+        given = "one chunk of text" if arguments else "no arguments"
+        return f"cannot be called with {given}: {exc}"
+    except ValueError:
+        pass  # a signature that cannot be read: the first call will tell
+    return None
 
 
 @final

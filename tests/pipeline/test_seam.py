@@ -734,6 +734,60 @@ def test_two_per_chunk_lambdas_are_refused_with_per_chunks_own_name_option_as_th
     )
 
 
+class FeedNotAMethod:
+    feed = "text"
+
+    def flush(self):
+        return ""
+
+
+class FeedWithoutText:
+    def feed(self):
+        return ""
+
+    def flush(self):
+        return ""
+
+
+class FlushWithAnArgument:
+    def feed(self, text):
+        return text
+
+    def flush(self, final):
+        return ""
+
+
+class AnnotationsWithAnArgument:
+    def feed(self, text):
+        return text
+
+    def flush(self):
+        return ""
+
+    def annotations(self, reply):
+        return {}
+
+
+@pytest.mark.parametrize(
+    ("factory", "problem"),
+    [
+        (FeedNotAMethod, "feed is str 'text', not a method"),
+        (FeedWithoutText, "feed cannot be called with one chunk of text: too many positional"),
+        (FlushWithAnArgument, "flush cannot be called with no arguments: missing a required"),
+        (AnnotationsWithAnArgument, "annotations cannot be called with no arguments: missing"),
+    ],
+)
+def test_a_transformer_whose_methods_cannot_be_called_so_is_refused_when_built(factory, problem):
+    """Catches: a transformer whose feed, flush or annotations cannot be called as the seam
+    calls it accepted by the Pipeline and failing every turn after the model was called."""
+    with pytest.raises(ConfigError) as info:
+        Pipeline(model=ScriptedModel(["ok"]), transformers=[factory])
+
+    assert str(info.value).startswith(
+        f"transformer '{factory.__name__}' (transformers, position 1): {problem}"
+    )
+
+
 @pytest.mark.parametrize(
     "fn",
     [pytest.param(lambda a, b: a, id="two-arguments"), pytest.param(lambda: "", id="none")],
