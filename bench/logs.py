@@ -20,6 +20,7 @@ import secrets
 import sqlite3
 import statistics
 import tempfile
+import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,7 @@ CPU_TARGET = 2.0
 WALL_TARGET = 1.1
 
 SESSIONS = 8
+SESSIONS_TARGET = 2.0  # commit throughput of 1 and 8 concurrent sessions, against the floor's
 QUESTION = "How long do refunds take for an order that was shipped abroad last week? " * 3
 ANSWER = "Refunds are issued within 14 days of the return reaching our warehouse. " * 10
 
@@ -195,9 +197,30 @@ async def _sqlite(
             )
             length += len(messages)
 
+    # Eight sessions, each committing its own conversation at once: the floor's eight writers
+    # share the connection behind a lock (a transaction per turn; SQLite has one writer),
+    # each handing its transactions to the loop's worker threads.
+    eight = Workload(messages, audit, SESSIONS, turns // SESSIONS, loop)
+    writer = threading.Lock()
+
+    def write_locked(conversation: str, position: int, encoded: tuple[str, str]) -> None:
+        with writer:
+            write(conversation, position, encoded)
+
+    async def writer_turns(conversation: str) -> None:
+        for position in range(eight.per_session):
+            encoded = (json.dumps(plain_messages), json.dumps(plain_audit))
+            await to_thread(loop, write_locked, conversation, position, encoded)
+
+    async def floor_eight() -> None:
+        await gather(loop, writer_turns, eight.next_batch("floor8"))
+
+    async def commit_eight() -> None:
+        await eight.commit_batch(log, "log8")
+
     try:
         wall = await measure(
-            {"floor": floor, "log": commit},
+            {"floor": floor, "log": commit, "floor 8": floor_eight, "log 8": commit_eight},
             repeats=repeats,
             inner=1,
             warmup=1,
@@ -233,6 +256,29 @@ async def _sqlite(
                 met=ratio <= target,
             )
         )
+    floor_turn = [t / eight.turns for t in wall["floor 8"].times]
+    log_turn = [t / eight.turns for t in wall["log 8"].times]
+    ratio = statistics.median(per_rep(lambda g, f: g / f, wall["log 8"], wall["floor 8"]))
+    rows.append(
+        Row(
+            f"floor: raw sqlite3, {SESSIONS} writers sharing a connection, wall time per turn",
+            statistics.median(floor_turn),
+            spread(floor_turn),
+            note=f"{1 / statistics.median(floor_turn):,.0f} turns/s",
+        )
+    )
+    rows.append(
+        Row(
+            f"SQLiteLog.append, {SESSIONS} sessions at once, wall time per turn",
+            statistics.median(log_turn),
+            spread(log_turn),
+            statistics.median(floor_turn),
+            ratio,
+            note=f"{1 / statistics.median(log_turn):,.0f} turns/s",
+            target=f"<= {SESSIONS_TARGET:g}x",
+            met=ratio <= SESSIONS_TARGET,
+        )
+    )
     return rows
 
 
@@ -382,8 +428,9 @@ def _rows(
                 statistics.median(threaded),
                 statistics.median(ratio),
                 note=f"{1 / statistics.median(appended):,.0f} turns/s;"
-                f" {statistics.median(ratio_blocking):.2f}x the blocking floor;"
-                " target <= 2x the threaded floor",
+                f" {statistics.median(ratio_blocking):.2f}x the blocking floor",
+                target=f"<= {SESSIONS_TARGET:g}x",
+                met=statistics.median(ratio) <= SESSIONS_TARGET,
             )
         )
     return rows
