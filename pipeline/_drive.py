@@ -34,13 +34,13 @@ from ._describe import describe
 from ._emit import hook_finished, hook_started
 from ._errors import HookReturnError, RequestError
 from ._hooks import Hook
-from ._loop import clock_reader, current_loop
+from ._loop import clock_reader, current_loop, spurious_cancellation
 from ._observe import watch_turn
 from ._parallel import run_group
 from ._plan import Group, Plan, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import RUNNING, Emit, Runner, check_history, raised_by
+from ._runner import RUNNING, Emit, Runner, cancelled_itself, check_history, raised_by
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool
@@ -246,6 +246,12 @@ class Drive(Runner):
                 except Exception as exc:
                     stamper.stamp = None
                     self.fail(step, raised_by(step, exc), now() - started)
+                    continue
+                except BaseException as exc:
+                    stamper.stamp = None
+                    if not spurious_cancellation(exc):
+                        raise
+                    self.fail(step, cancelled_itself(step, exc), now() - started)
                     continue
                 stamper.stamp = None
                 ended = now()

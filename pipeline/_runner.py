@@ -165,12 +165,7 @@ class Runner:
         except BaseException as exc:
             if not spurious_cancellation(exc):
                 raise
-            error = HookFailed(
-                f"hook {step.label} raised {exc_text(exc)} itself (the turn was not cancelled)",
-                hook=step.name,
-                stage=step.stage,
-            )
-            error.__cause__ = exc
+            error = cancelled_itself(step, exc)
             (self.fail if failed is None else failed)(step, error, self.now() - started, records)
             return None
         if result is TIMED_OUT:
@@ -564,6 +559,18 @@ def raised_by(step: Step, exc: Exception) -> Exception:
         return exc
     error = HookFailed(
         f"hook {step.label} raised {exc_text(exc)}", hook=step.name, stage=step.stage
+    )
+    error.__cause__ = exc
+    return error
+
+
+def cancelled_itself(step: Step, exc: BaseException) -> HookFailed:
+    """The failure of a hook that raised a `CancelledError` of its own while nothing
+    cancelled the turn (`spurious_cancellation`): its failure, subject to its ``on_error``."""
+    error = HookFailed(
+        f"hook {step.label} raised {exc_text(exc)} itself (the turn was not cancelled)",
+        hook=step.name,
+        stage=step.stage,
     )
     error.__cause__ = exc
     return error

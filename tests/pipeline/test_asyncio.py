@@ -23,6 +23,7 @@ import sniffio
 
 from hooks import retrieve
 from pipeline import (
+    HookFailed,
     HookTimeout,
     Pipeline,
     SessionInfo,
@@ -82,18 +83,23 @@ def test_a_streamed_session_runs_under_asyncio_run() -> None:
     )
 
 
+async def _stray() -> None:
+    """Await a future someone cancelled: a ``CancelledError`` while nothing cancels the turn."""
+    future = asyncio.get_running_loop().create_future()
+    future.cancel()
+    await future
+
+
 def test_a_streamed_turn_stopped_by_a_stray_cancellation_fails_loudly() -> None:
-    """Catches: a hook that lets a stray ``CancelledError`` out (it awaited a future someone
+    """Catches: a model that lets a stray ``CancelledError`` out (it awaited a future someone
     cancelled; nothing cancelled the turn) ending the turn's events as if it had finished,
     the consumer's code after its loop running and the block left without a word."""
 
-    async def stray(turn: Turn):
-        future = asyncio.get_running_loop().create_future()
-        future.cancel()
-        await future
-        return cont(turn)
+    async def reply(request: object) -> str:
+        await _stray()
+        return "never"
 
-    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[hook(stray, name="stray")])
+    pipe = Pipeline(model=FunctionModel(reply))
     trace: list[str] = []
 
     async def main() -> None:
@@ -105,7 +111,31 @@ def test_a_streamed_turn_stopped_by_a_stray_cancellation_fails_loudly() -> None:
     with pytest.raises(RuntimeError, match="stopped before it finished"):
         asyncio.run(main())
 
-    assert trace == ["TurnStarted", "HookStarted"]
+    assert trace == ["TurnStarted", "ModelCalled"]
+
+
+def test_a_stray_cancellation_out_of_a_hook_is_the_hooks_failure() -> None:
+    """Catches: a hook's stray ``CancelledError`` stopping the streamed turn without naming
+    the hook (a RuntimeError saying only that the turn was stopped), where any other
+    exception out of a hook is its HookFailed."""
+
+    async def stray(turn: Turn):
+        await _stray()
+        return cont(turn)
+
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[hook(stray, name="stray")])
+    trace: list[str] = []
+
+    async def main() -> None:
+        async with pipe.stream(Turn.start("x")) as events:
+            async for event in events:
+                trace.append(type(event).__name__)
+            trace.append("after the loop")
+
+    with pytest.raises(HookFailed, match="'stray'"):
+        asyncio.run(main())
+
+    assert trace == ["TurnStarted", "HookStarted", "HookFailed"]
 
 
 def test_hooks_tools_models_and_search_may_use_asyncio_itself() -> None:

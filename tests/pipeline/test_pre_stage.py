@@ -1,5 +1,6 @@
 """The ordered pre-hook runner, driven through Pipeline.run and Pipeline.stream."""
 
+import asyncio
 import inspect
 import threading
 from collections.abc import Coroutine
@@ -608,6 +609,56 @@ async def test_an_async_raising_hook_fails_closed_too() -> None:
         await pipe.run(Turn.start("hi"))
 
     assert raised.value.__cause__ is original
+
+
+@pytest.mark.parametrize("stage", ["pre", "post"])
+async def test_a_cancelled_error_a_hook_raises_itself_is_its_failure(stage: str) -> None:
+    """Catches: a CancelledError a plain hook raised itself (a library awaiting a future
+    another task cancelled), while nothing cancelled the turn, escaping run() as a bare
+    cancellation — on asyncio the caller's task taken for cancelled — instead of being the
+    hook's HookFailed, as it already was for hooks with a timeout= and for tool hooks."""
+
+    async def lookup(turn):
+        raise asyncio.CancelledError()
+
+    pipe = Pipeline(model=scripted("one", "two"), **{stage: [hook(lookup, name="lookup")]})
+
+    with pytest.raises(HookFailed, match=r"'lookup'.* raised CancelledError itself") as raised:
+        await pipe.run(Turn.start("hi"))
+    assert (raised.value.hook, raised.value.stage) == ("lookup", stage)
+    assert isinstance(raised.value.__cause__, asyncio.CancelledError)
+
+    _, error = await streamed_until(pipe, Turn.start("hi"), HookFailed)
+    assert error.hook == "lookup"
+
+
+async def test_a_cancelled_error_a_fail_open_hook_raises_itself_is_skipped() -> None:
+    """Catches: a fail-open hook's own CancelledError ending the turn instead of being
+    recorded as its failure, the turn going on without it."""
+
+    async def lookup(turn):
+        raise asyncio.CancelledError()
+
+    pipe = Pipeline(model=scripted("Hello"), pre=[hook(lookup, name="lookup", on_error="skip")])
+
+    result = await pipe.run(Turn.start("hi"))
+    assert result.outcome == "completed"
+    [record] = result.audit.hooks
+    assert (record.hook, record.verdict) == ("lookup", "failed")
+
+
+async def test_a_cancellation_reaching_a_plain_hook_still_cancels_the_turn() -> None:
+    """Guards the two tests above: a real cancellation of the turn inside a plain hook is
+    no failure of the hook, and the turn stops."""
+    with anyio.CancelScope() as scope:
+
+        async def waits(turn):
+            scope.cancel()
+            await anyio.sleep_forever()
+
+        await Pipeline(model=scripted(), pre=[hook(waits, name="waits")]).run(Turn.start("hi"))
+        pytest.fail("the turn went on after its cancellation")
+    assert scope.cancelled_caught
 
 
 async def test_a_hook_building_a_history_of_strings_fails_naming_the_hook() -> None:
