@@ -2,6 +2,7 @@
 
 import random
 import re
+import unicodedata
 
 import anyio
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hooks import pii
-from pipeline import ConfigError, Pipeline
+from pipeline import ConfigError, Pipeline, per_chunk
 from pipeline import events as ev
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Turn
@@ -508,3 +509,32 @@ async def test_a_turn_cancelled_mid_number_never_releases_what_was_held(autojump
                     deltas.append(event.text)
     assert scope.cancelled_caught
     assert deltas == ["Your card is"]
+
+
+FULLWIDTH_CARD = "4111 1111 1111 1111".translate({ord(d): 0xFF10 + int(d) for d in "0123456789"})
+
+
+def _normalised(chunk: str) -> str:
+    folded = unicodedata.normalize("NFKC", chunk)
+    return "".join(char for char in folded if unicodedata.category(char) != "Cf")
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        ("card " + FULLWIDTH_CARD + " ok", "card [CARD] ok"),
+        ("card 4111\u200b1111 1111 1111 ok", "card [CARD] ok"),
+    ],
+)
+def test_the_normalising_transformer_the_docs_advise_lets_pii_catch_other_scripts(
+    text: str, redacted: str
+) -> None:
+    """Catches: docs/hooks.md's advice for the patterns' ASCII limit going stale: without the
+    normalising transformer before pii(), fullwidth digits and a zero-width space inside a
+    card number pass unredacted; with it, the card is caught."""
+    assert through(pii(), [text]) == text
+    normalise = per_chunk(_normalised, name="normalise")
+    pipe = Pipeline(model=ScriptedModel([text]), transformers=[normalise, pii()])
+    result = anyio.run(pipe.run, Turn.start("x"))
+    assert result.reply is not None
+    assert result.reply.text == redacted
