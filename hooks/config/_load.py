@@ -673,6 +673,14 @@ def _read(path: Path) -> Any:
         ) from exc
     except RecursionError:
         raise _too_deep(source) from None
+    except ValueError as exc:
+        # Python reads no integer of more than 4300 digits (sys.get_int_max_str_digits);
+        # both parsers let its ValueError out, which named neither the file nor the cause.
+        message = (
+            f"a number in it is too long to read ({str(exc).partition(';')[0]}) — no setting"
+            " takes a number that long; check what wrote the file"
+        )
+        raise ConfigError(f"{source}: {message}", source=source, problems=(("", message),)) from exc
     where, key = repeated
     message = (
         f"the key {json.dumps(key)} appears twice in one object — JSON would keep only the"

@@ -397,6 +397,26 @@ def test_check_of_a_deeply_nested_config_exits_2_naming_the_file(tmp_path: Path)
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("long.toml", "max_steps = 1" + "0" * 5_000 + "\n"),
+        ("long.json", '{"max_steps": 1' + "0" * 5_000 + "}"),
+    ],
+)
+def test_check_of_a_number_too_long_to_read_exits_2_naming_the_file(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    """Catches: a 5,001-digit number (more than Python reads) escaping the TOML and JSON
+    parsers as a bare ValueError, shown as an unexpected error with exit 1, naming no file."""
+    path = tmp_path / name
+    path.write_text(text)
+    done = turnplug("check", path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith(f"turnplug: error: ConfigError: {path}: a number in it is too")
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
 def test_check_of_a_directory_says_it_is_a_directory(tmp_path: Path) -> None:
     """Catches: `turnplug check DIR` answering "unknown config format '(no extension)'"."""
     done = turnplug("check", tmp_path)
