@@ -241,7 +241,31 @@ def check_pii_kind(value: Any) -> str:
 def check_arguments(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise Invalid(f"expected a table of arguments, got {shown(value)}")
+    for key, item in value.items():
+        _json_value(item, key)
     return value
+
+
+def _json_value(value: Any, path: str) -> None:
+    """Refuse what a tool call cannot carry: its arguments travel as JSON (to the model, in
+    the log), which has no dates or times (TOML has) and no NaN or infinity."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _json_value(item, f"{path}.{key}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _json_value(item, f"{path}[{index}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise Invalid(
+            f"expected a finite number (JSON has no NaN or infinity), got {shown(value)}", key=path
+        )
+    elif not isinstance(value, str | int | float | bool) and value is not None:
+        raise Invalid(
+            f"expected a string, number, boolean, list or table, got {type_name(value)}"
+            f" {value} — tool arguments travel as JSON, which has no dates or times: write it"
+            " as a string",
+            key=path,
+        )
 
 
 def check_str_map(value: Any) -> StrMap:

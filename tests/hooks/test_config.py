@@ -776,6 +776,42 @@ def test_tool_call_arguments_must_be_a_table() -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "arguments", "path", "expected"),
+    [
+        ("c.toml", "{ facts = { when = 1979-05-27T07:32:00Z } }", "facts.when", "datetime"),
+        ("c.toml", "{ facts = { day = 1979-05-27 } }", "facts.day", "date"),
+        ("c.toml", "{ facts = { at = [1, 07:32:00] } }", "facts.at[1]", "time"),
+        ("c.toml", "{ facts = { n = nan } }", "facts.n", "finite number"),
+        ("c.json", '{"facts": {"n": [Infinity]}}', "facts.n[0]", "finite number"),
+    ],
+)
+def test_tool_call_arguments_json_cannot_carry_are_a_problem_at_their_path(
+    tmp_path: Path, name: str, arguments: str, path: str, expected: str
+) -> None:
+    """Catches: a TOML date (or a NaN) in a tool_call's arguments for a tool taking a table
+    loading fine, then failing every turn with "datetime is not JSON serializable", blamed
+    on the model, since a tool call's arguments travel as JSON."""
+    (tmp_path / "json_only_tools.py").write_text(
+        'def remember(facts: dict) -> str:\n    """Remembers facts."""\n    return "ok"\n'
+    )
+    config = tmp_path / name
+    tool = {"kind": "python", "ref": "json_only_tools:remember"}
+    if name.endswith(".toml"):
+        config.write_text(
+            '[[tools]]\nkind = "python"\nref = "json_only_tools:remember"\n'
+            f'[[pre]]\nkind = "tool_call"\ntool = "remember"\narguments = {arguments}\n'
+        )
+    else:
+        entry = '{"kind": "tool_call", "tool": "remember", "arguments": ' + arguments + "}"
+        config.write_text(f'{{"tools": [{json.dumps(tool)}], "pre": [{entry}]}}')
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(config)
+    ((where, message),) = caught.value.problems
+    assert where == f"pre[0].arguments.{path}"
+    assert expected in message
+
+
+@pytest.mark.parametrize(
     ("changes", "path", "expected"),
     [
         ({"frequency": "daily"}, "pre[0].frequency", '"always", "if_changed"'),
