@@ -11,6 +11,7 @@ This is the one module of `hooks` that uses cattrs (its converter is private): e
 are tagged unions on ``kind``, the model table one on ``provider``.
 """
 
+import copy
 import difflib
 import functools
 import json
@@ -327,15 +328,20 @@ class _Loaded:
     pipeline: Pipeline
 
 
-def _salvage(data: Mapping[str, Any]) -> tuple[Config, dict[str, list[int]]]:
+def _salvage(data: Mapping[str, Any]) -> tuple[Config, dict[str, list[int]], list[str]]:
     """The parts of a failing config that are valid on their own, to build and check them.
 
     So that a file with a structural mistake also reports what building the rest would
-    find (an API key that is not set, a pattern that matches the empty string). Returns the
-    config and, per list, the positions in the file of the entries kept.
+    find (an API key that is not set, a pattern that matches the empty string). An entry
+    or table whose mistakes are all in keys it can do without is kept without those keys,
+    so that a bad ``temperature`` does not hide the missing API key of the same model.
+    Returns the config, per list the positions in the file of the entries kept, and the
+    paths of the keys left out (problems about them, or about what holds them, are not
+    reported again).
     """
     kept: dict[str, Any] = {}
     positions: dict[str, list[int]] = {}
+    dropped: list[str] = []
     hints = typing.get_type_hints(Config)
     for field in attrs.fields(Config):
         key = _key_of(Config, field.name)
@@ -345,18 +351,75 @@ def _salvage(data: Mapping[str, Any]) -> tuple[Config, dict[str, list[int]]]:
             entries = []
             positions[field.name] = []
             for index, raw in enumerate(data[key]):
-                try:
-                    entries.append(_converter.structure(raw, get_args(hints[field.name])[0]))
-                except Exception:  # already reported
+                path = f"{key}[{index}]"
+                entry = _structure_without_mistakes(raw, get_args(hints[field.name])[0], path)
+                if entry is None:  # already reported
                     continue
+                entries.append(entry[0])
+                dropped.extend(entry[1])
                 positions[field.name].append(index)
             kept[field.name] = tuple(entries)
             continue
-        try:
-            kept[field.name] = _converter.structure(data[key], hints[field.name])
-        except Exception:  # already reported
-            continue
-    return Config(**kept), positions
+        made = _structure_without_mistakes(data[key], hints[field.name], key)
+        if made is not None:
+            kept[field.name] = made[0]
+            dropped.extend(made[1])
+    return Config(**kept), positions, dropped
+
+
+_NEEDED = frozenset({"name", "toolset"})
+"""Keys that other keys are read with: without its ``name``, a tool or transformer would
+take a default one that may clash with another's; without its ``toolset``, a tool_call's
+``tool`` would be looked up among the plain tools."""
+
+
+def _structure_without_mistakes(raw: Any, kind: Any, path: str) -> tuple[Any, list[str]] | None:
+    """`raw` structured as `kind`, else without the keys its mistakes are in (with their
+    paths), when those keys may be left out; None when it cannot be structured.
+
+    A key is never left out when it is unknown (a misspelt key may be the one meant) or
+    one of `_NEEDED`, so that what the rest reports is not a consequence of the mistake.
+    """
+    try:
+        return _converter.structure(raw, kind), []
+    except Exception as exc:
+        failed = exc
+    if not isinstance(raw, dict) or _has_unknown_keys(failed):
+        return None
+    pruned = copy.deepcopy(raw)
+    dropped: list[str] = []
+    # A key holding a list is left out whole (`deny[1]` leaves out `deny`).
+    wrong = {re.split(r"\[\d+\]", where, maxsplit=1)[0] for where, _ in _problems(failed, "")}
+    for where in sorted(wrong):
+        keys = where.split(".")
+        node: Any = pruned
+        for step in keys[:-1]:
+            node = node.get(step) if isinstance(node, dict) else None
+        if keys[-1] in _NEEDED or not isinstance(node, dict) or keys[-1] not in node:
+            return None
+        del node[keys[-1]]
+        dropped.append(_join(path, ".".join(keys)))
+    try:
+        return _converter.structure(pruned, kind), dropped
+    except Exception:
+        return None
+
+
+def _has_unknown_keys(exc: BaseException) -> bool:
+    if isinstance(exc, ForbiddenExtraKeysError):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_has_unknown_keys(each) for each in exc.exceptions)
+    return False
+
+
+def _related(path: str, dropped: Iterable[str]) -> bool:
+    """Whether `path` is a dropped key, inside one, or holds one."""
+    return any(path == each or _inside(path, each) or _inside(each, path) for each in dropped)
+
+
+def _inside(path: str, holder: str) -> bool:
+    return path.startswith((f"{holder}.", f"{holder}["))
 
 
 def _build(
@@ -594,10 +657,12 @@ def _resolve_checked(
         config = _converter.structure(data, Config)
     except Exception as exc:
         problems.extend(_problems(exc, ""))
-        config, positions = _salvage(data)
+        config, positions, dropped = _salvage(data)
+    else:
+        dropped = []
     env = Env(os.environ if environ is None else environ, offline=offline, folder=folder)
     built, more = _build(config, positions, env, data, model)
-    problems.extend(more)
+    problems.extend(problem for problem in more if not _related(problem[0], dropped))
     if not problems:
         if "model" not in built:
             built["model"] = model_from_string("scripted")

@@ -311,6 +311,10 @@ FAULTS = (
         schema=False,
     ),
     Fault("post[5]", _set(("post", 5, "deny"), ["maybe"])),
+    # Beside the build faults of their entries: a wrong value hides nothing else.
+    Fault("post[4].timeout", _set(("post", 4, "timeout"), 0)),
+    Fault("post[2].on_error", _set(("post", 2, "on_error"), "explode")),
+    Fault("pre[5].durable", _set(("pre", 5, "durable"), "no")),
 )
 
 

@@ -340,6 +340,7 @@ def test_a_config_with_ten_errors_reports_all_ten(tmp_path: Path) -> None:
         [model]
         provider = "openai"
         name = "gpt-4o-mini"
+        api_key_env = ""
         temperature = 9
 
         [[pre]]

@@ -733,6 +733,80 @@ def _tools(**more: Any) -> dict[str, Any]:
     }
 
 
+_OPENAI = {"provider": "openai", "name": "m"}
+
+
+@pytest.mark.parametrize(
+    ("data", "paths"),
+    [
+        ({"model": _OPENAI | {"temperature": 9}}, ["model.temperature", "model.api_key_env"]),
+        (
+            {"post": [{"kind": "guardrail", "deny": ["a*"], "feedback": "No.", "timeout": 0}]},
+            ["post[0].deny[0]", "post[0].timeout"],
+        ),
+        (
+            {
+                "post": [
+                    {
+                        "kind": "judge",
+                        "instruction": "Be kind.",
+                        "model": _OPENAI | {"max_tokens": 0},
+                    }
+                ]
+            },
+            ["post[0].model.max_tokens", "post[0].model.api_key_env"],
+        ),
+        (
+            _tools(pre=[{"kind": "tool_call", "tool": "get_preferences", "frequency": "daily"}]),
+            ["pre[0].frequency", "pre[0].arguments"],
+        ),
+    ],
+)
+def test_a_mistake_in_one_key_does_not_hide_the_problems_of_the_rest_of_its_entry(
+    data: dict[str, Any], paths: list[str]
+) -> None:
+    """Catches: an entry with a wrong value left unbuilt, so that what building it finds
+    (the model's API key not set, a pattern matching the empty string, a tool's missing
+    argument) was reported only once the first mistake was fixed."""
+    assert [path for path, _ in _problems(data, environ={})] == paths
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        # The key meant may be the misspelt one: the default key variable is not checked.
+        ({"model": _OPENAI | {"api_key_en": "MY_KEY"}}, "model.api_key_en"),
+        # Without its toolset, the tool would be looked for among the plain tools.
+        ({"pre": [{"kind": "tool_call", "toolset": 3, "tool": "read_graph"}]}, "pre[0].toolset"),
+        # Without its name, the transformer would clash with the first one's default name.
+        (
+            {"transformers": [{"kind": "pii"}, {"kind": "pii", "name": 7}]},
+            "transformers[1].name",
+        ),
+        # Without its unit, a refresh has none; that is the same mistake.
+        (
+            _tools(
+                pre=[
+                    {
+                        "kind": "tool_call",
+                        "tool": "get_preferences",
+                        "arguments": {"user": "a"},
+                        "refresh": {"kind": "ttl", "minutes": 0},
+                    }
+                ]
+            ),
+            "pre[0].refresh.minutes",
+        ),
+    ],
+)
+def test_what_a_mistake_leaves_unknown_is_not_reported_as_another_problem(
+    data: dict[str, Any], path: str
+) -> None:
+    """Catches: the rest of an entry checked without a key whose value was wrong, where
+    that key changes what the rest means, reporting problems the user does not have."""
+    assert [where for where, _ in _problems(data, environ={"MY_KEY": "k"})] == [path]
+
+
 def test_a_tool_call_naming_no_declared_tool_lists_the_tools() -> None:
     data = _tools(pre=[{"kind": "tool_call", "tool": "get_preference"}])
     ((path, message),) = _problems(data)
