@@ -154,6 +154,19 @@ def _conversation_id(text: str) -> str:
     return text
 
 
+def _message(text: str) -> str:
+    """A message to send: text a model and a log can take. An argument that is not valid
+    UTF-8 reaches Python with its bytes as lone surrogates, which no JSON body, log or
+    strict terminal carries."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(
+            f"the message must be valid UTF-8, got {text!r} — check the terminal's encoding"
+        ) from None
+    return text
+
+
 def _new_conversation_id(text: str) -> str:
     """A conversation id turns are committed under: one a log can store (a log reads
     longer ones, which an older log may hold, but `turnplug log` is for those)."""
@@ -202,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run", parents=[common], help="send one message through a config's pipeline"
     )
     run.add_argument("config", metavar="CONFIG", help="a .toml or .json pipeline config")
-    run.add_argument("message", metavar="MESSAGE", help="the user's message")
+    run.add_argument("message", metavar="MESSAGE", type=_message, help="the user's message")
     _conversation_options(run)
     run.add_argument("--json", action="store_true", help="print the result as one JSON object")
     run.add_argument(

@@ -177,7 +177,14 @@ async def chat(
             while True:
                 if prompt:
                     console.write(prompt, end="")
-                line = await read_line()
+                try:
+                    line = await read_line()
+                except UnicodeDecodeError as exc:
+                    console.note(
+                        f"turnplug: error: a line that is not valid {exc.encoding} ({exc.reason}"
+                        f" at byte {exc.start}): nothing was sent — check the terminal's encoding"
+                    )
+                    continue
                 if not line:
                     if prompt:
                         console.write("")
@@ -236,5 +243,11 @@ async def _chat_turn(session: Any, message: str, console: Console) -> None:
 
 
 async def read_stdin() -> str:
-    """One line of standard input, read in a worker thread; ``""`` at end of input."""
-    return await anyio.to_thread.run_sync(sys.stdin.readline)
+    """One line of standard input, read in a worker thread; ``""`` at end of input.
+
+    Each line is decoded on its own: a line that is not in the terminal's encoding raises
+    `UnicodeDecodeError` for that line alone (reading text would fail on the whole chunk
+    read ahead, lines before it included, or let its bytes through as lone surrogates).
+    """
+    line: bytes = await anyio.to_thread.run_sync(sys.stdin.buffer.readline)
+    return line.decode(sys.stdin.encoding)

@@ -208,6 +208,21 @@ def test_a_log_path_in_a_missing_directory_is_one_line_and_exit_2(shop: Path) ->
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("encoding", ["utf-8:strict", "utf-8:surrogateescape"])
+def test_a_message_that_is_not_utf8_is_a_usage_error_before_the_log_is_created(
+    shop: Path, encoding: str
+) -> None:
+    """Catches: `run CONFIG $'caf\\xff' --log c.db` running and committing the turn, then
+    failing to print it (UnicodeEncodeError, exit 1) on a strict UTF-8 terminal, or sending
+    the bytes on as lone surrogates where the terminal lets them through."""
+    log = shop.with_name("c.db")
+    message = os.fsdecode(b"caf\xff")  # as Python reads that argument
+    done = turnplug("run", shop, message, "--log", log, env=environment(PYTHONIOENCODING=encoding))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "the message must be valid UTF-8" in done.stderr
+    assert not log.exists()
+
+
 def test_run_runs_the_example_from_the_repository_root() -> None:
     root = Path(__file__).resolve().parents[2]
     done = turnplug("run", "examples/assistant.toml", "How long do refunds take?", cwd=root)
@@ -260,6 +275,33 @@ def test_chat_answers_each_line_in_one_conversation_and_ends_at_eof(tmp_path: Pa
     # The second turn sees the first exchange: the session commits each turn. The empty
     # line is no turn.
     assert done.stdout.splitlines() == ["history=0", "first answer", "history=2", "second answer"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8:strict", "utf-8:surrogateescape"])
+def test_a_chat_line_that_is_not_utf8_is_reported_and_the_chat_goes_on(
+    tmp_path: Path, encoding: str
+) -> None:
+    """Catches: one line of bytes that are not UTF-8 ending the chat with "ExceptionGroup:
+    Exceptions from Trio nursery" before even the lines before it were answered (a strict
+    terminal), or sent to the model as lone surrogates (a lenient one)."""
+    done = subprocess.run(
+        [TURNPLUG, "chat", str(write_config(tmp_path, CHAT))],
+        input=b"hello\n\xff\xfe\nand then?\n",
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=environment(PYTHONIOENCODING=encoding),
+    )
+    assert done.returncode == 0, done.stderr
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert out.splitlines() == ["first answer", "second answer"]
+    # The hook's trace: two turns, the second after the first.
+    assert [line for line in err.splitlines() if line.startswith("history=")] == [
+        "history=0",
+        "history=2",
+    ]
+    assert "a line that is not valid utf-8" in err
+    assert "nothing was sent" in err
 
 
 def test_chat_with_input_closed_exits_at_once(tmp_path: Path) -> None:
