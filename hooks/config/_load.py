@@ -727,7 +727,8 @@ def _read(path: Path) -> Any:
             return tomllib.loads(text)
         data = json.loads(text, object_pairs_hook=_no_repeated_keys)
         repeated = _first_repeated(data, "")
-        if repeated is None:
+        halves = [] if repeated else list(_lone_surrogates(data, ""))
+        if repeated is None and not halves:
             return data
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: TOML syntax error: {exc}", source=source) from exc
@@ -746,6 +747,8 @@ def _read(path: Path) -> Any:
             " takes a number that long; check what wrote the file"
         )
         raise ConfigError(f"{source}: {message}", source=source, problems=(("", message),)) from exc
+    if repeated is None:
+        raise _error(source, halves)
     where, key = repeated
     message = (
         f"the key {json.dumps(key)} appears twice in one object — JSON would keep only the"
@@ -792,6 +795,37 @@ def _first_repeated(value: Any, path: str) -> tuple[str, str] | None:
         if found is not None:
             return found
     return None
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _lone_surrogates(value: Any, path: str) -> Iterator[_Problem]:
+    """A problem for each string (or key) of a JSON document holding half a surrogate pair.
+
+    JSON escapes a character beyond U+FFFF as two ``\\u`` escapes, and a program that cut
+    a string between them (JavaScript slices UTF-16) writes one alone. Python reads it as
+    a lone surrogate, which no model request, log or strict terminal can encode.
+    """
+    items: Iterable[tuple[str | int, Any]] = ()
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        if found is not None:
+            escape = f"\\u{ord(found.group()):04x}"
+            yield (
+                path,
+                f"{escape} is half of a surrogate pair, not a character (JSON writes a"
+                " character beyond U+FFFF as two \\u escapes, high then low); check what"
+                " wrote the file",
+            )
+    elif isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    for key, item in items:
+        if isinstance(key, str):
+            yield from _lone_surrogates(key, _join(path, key))
+        yield from _lone_surrogates(item, _join(path, key))
 
 
 def _too_deep(source: str) -> ConfigError:

@@ -600,6 +600,22 @@ def test_a_json_key_given_twice_is_a_problem_at_its_path(
     assert str(caught.value).startswith(f"{path}: {where}: ")
 
 
+def test_half_a_surrogate_pair_in_a_json_config_is_a_problem_at_each_path(tmp_path: Path) -> None:
+    """Catches: a JSON string holding half a surrogate pair (an emoji cut in two by the
+    program that wrote the file) loading fine, then failing each turn's output on a strict
+    UTF-8 terminal with UnicodeEncodeError (exit 1), after the turn was committed."""
+    path = tmp_path / "c.json"
+    path.write_text(
+        '{"system": "fine \\ud83d\\ude00", "pre": [{"kind": "static", "text": "cut \\ud83d"}],'
+        ' "model": {"provider": "scripted", "replies": ["\\ude00"]}}'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    assert [where for where, _ in caught.value.problems] == ["pre[0].text", "model.replies[0]"]
+    assert caught.value.problems[0][1].startswith("\\ud83d is half of a surrogate pair")
+    assert str(caught.value).startswith(f"{path}: 2 problems")
+
+
 def test_a_directory_is_not_a_config(tmp_path: Path) -> None:
     directory = tmp_path / "c.toml"
     directory.mkdir()
