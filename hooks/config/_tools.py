@@ -17,7 +17,7 @@ from pipeline import (
     toolset,
 )
 
-from ._entry import Env, HookEntry, doc
+from ._entry import Env, HookEntry, doc, raise_all
 from ._types import (
     AfterToolRef,
     BeforeToolRef,
@@ -206,6 +206,28 @@ class PythonToolsetEntry:
                 tools.append(target if isinstance(target, Tool) else tool(target))
             except ConfigError as exc:  # a signature the model cannot be told about
                 raise Invalid(str(exc), key=f"refs[{index}]") from None
+        # Checked here, not left to `toolset`, so that the problem has the path of its key.
+        names = [made.name for made in tools]
+        problems = [
+            Invalid(
+                f"a second tool named {name!r} (refs[{names.index(name)}] is the first) — give"
+                " one of them another name: pipeline.tool(fn, name=...)",
+                key=f"refs[{index}]",
+            )
+            for index, name in enumerate(names)
+            if name in names[:index]
+        ]
+        for key in ("include", "exclude"):
+            unknown = [name for name in getattr(self, key) or () if name not in names]
+            if unknown:
+                problems.append(
+                    Invalid(
+                        f"names tools it does not have: {unknown}; its tools are"
+                        f" {list(dict.fromkeys(names))}",
+                        key=key,
+                    )
+                )
+        raise_all(problems)
         try:
             return toolset(self.name, tools, include=self.include, exclude=self.exclude)
         except ConfigError as exc:

@@ -174,6 +174,32 @@ def test_a_python_toolset_ref_the_model_cannot_be_told_about_is_an_error_at_its_
     )
 
 
+def test_a_python_toolsets_repeated_tool_and_unknown_include_are_errors_at_their_keys():
+    """Catches: a python toolset's second tool of one name, and an include or exclude naming
+    a tool it lacks, reported at the whole entry (`toolsets[0]`), one at a time, not saying
+    which ref or key to fix."""
+    entry = {
+        "kind": "python",
+        "name": "shop",
+        "refs": [ref("lookup_order"), ref("get_preferences"), ref("lookup_order")],
+        "include": ["lookup_order", "refund"],
+        "exclude": ["get_prefs"],
+    }
+    with pytest.raises(ConfigError) as caught:
+        pipeline_from_dict({"toolsets": [entry]})
+    assert [where for where, _ in caught.value.problems] == [
+        "toolsets[0].refs[2]",
+        "toolsets[0].include",
+        "toolsets[0].exclude",
+    ]
+    messages = [message for _, message in caught.value.problems]
+    assert messages[0].startswith("a second tool named 'lookup_order' (refs[0] is the first)")
+    assert messages[1] == (
+        "names tools it does not have: ['refund']; its tools are ['lookup_order',"
+        " 'get_preferences']"
+    )
+
+
 def test_a_toolset_error_is_whole_when_the_toolsets_name_holds_a_colon(tmp_path: Path):
     """Catches: the error of a toolset named "crm: prod" cut at the ": " of its name, so that
     the message began with the rest of the name (`prod'): url must ...`)."""
