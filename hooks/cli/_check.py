@@ -6,6 +6,7 @@ what it runs and, for a tool hook, the tools it matches): what a reviewer needs 
 before a config goes live. The tools are listed with the arguments they require.
 """
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -162,9 +163,9 @@ def _details(entry: Any) -> Iterator[str]:
             yield value.text
     match entry:
         case Guardrail(deny=patterns) if patterns is not None:
-            yield "deny " + " ".join(_clip(repr(p.pattern), 40) for p in patterns)
+            yield "deny " + " ".join(_clip(_regex(p.pattern), 40) for p in patterns)
         case RedactEntry(patterns=patterns):
-            yield " ".join(_clip(repr(p.pattern), 40) for p in patterns)
+            yield " ".join(_clip(_regex(p.pattern), 40) for p in patterns)
         case Pii(kinds=kinds):
             yield " ".join(kinds)
         case MaxLength(chars=chars):
@@ -218,6 +219,14 @@ def _model(spec: ModelSpec | None) -> str:
     if spec.temperature is not None:
         details.append(f"temperature {spec.temperature:g}")
     return ", ".join(details)
+
+
+def _regex(pattern: str) -> str:
+    """A regex as a config writes it: in TOML's single quotes, which keep backslashes as they
+    are (a Python repr doubled each one), else as a JSON string."""
+    if "'" not in pattern and pattern.isprintable():
+        return f"'{pattern}'"
+    return json.dumps(pattern, ensure_ascii=False)
 
 
 def _clip(text: str, width: int) -> str:

@@ -252,6 +252,29 @@ def test_check_of_the_example_passes() -> None:
     assert "no_guarantees" in done.stdout
 
 
+def test_check_shows_regexes_as_the_config_writes_them(tmp_path: Path) -> None:
+    """Catches: patterns shown as Python reprs, every backslash doubled (the example's
+    '(?i)\\bguarantee' as '(?i)\\\\bguarantee', another regex if copied back into the file)."""
+    config = write_config(
+        tmp_path,
+        """
+        [[transformers]]
+        kind = "redact"
+        patterns = ['\\d{4,}', "it's\\tme"]
+
+        [[post]]
+        kind = "guardrail"
+        deny = ['(?i)\\bguarantee']
+        feedback = "No guarantees."
+        """,
+    )
+    done = turnplug("check", config)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert _row(lines, "transformers[0]")[-2:] == ["'\\d{4,}'", '"it\'s\\tme"']
+    assert " ".join(_row(lines, "post[0]")).endswith("deny '(?i)\\bguarantee'")
+
+
 # -- every way a config can be wrong ----------------------------------------------------------
 
 ERRORS = {
