@@ -347,6 +347,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    except BaseException as exc:
+        # Past the parser, turnplug never exits by raising: this came from what the command
+        # ran (a hook calling sys.exit(), say). Exiting with its status would pass it off as
+        # turnplug's, 0 for a turn that never finished.
+        if args.debug:
+            raise
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]  # a task group's, around the one that ended it
+        if isinstance(exc, KeyboardInterrupt):
+            return 130
+        what = f"sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else repr(exc)
+        print(
+            f"turnplug: error: {what} in what the command ran (a hook, a tool, a model): the"
+            " turn did not finish (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
     return code
 
 

@@ -109,6 +109,33 @@ def test_a_failing_hook_is_one_line_and_exits_1(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_a_hook_calling_sys_exit_is_one_line_and_exits_1(tmp_path: Path, command: str) -> None:
+    """Catches: a hook calling sys.exit() ending turnplug with that status, silently: exit 0,
+    no reply and no word, as if the turn had completed."""
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = ["never seen"]\n\n'
+        '[[pre]]\nkind = "python"\nref = "quitter:leave"\n',
+    )
+    (tmp_path / "quitter.py").write_text("import sys\n\n\ndef leave(turn):\n    sys.exit()\n")
+    if command == "run":
+        done = turnplug("run", config, "hi")
+    else:
+        done = subprocess.run(
+            [TURNPLUG, "chat", str(config)],
+            input="hi\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=environment(),
+        )
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.startswith("turnplug: error: sys.exit(None) in what the command ran")
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
 def test_run_json_is_the_result(shop: Path) -> None:
     done = turnplug("run", shop, "refunds?", "--json", "--conversation", "c-9")
     assert done.returncode == 0
