@@ -19,6 +19,7 @@ from pipeline import ConfigError, LogError, Pipeline, PipelineError
 from pipeline.logs import MAX_ID_BYTES
 
 from ..config import _load as _config
+from ..config._types import one_line
 
 DEFAULT_CONVERSATION = "default"
 
@@ -328,7 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipelineError as exc:
         if args.debug:
             raise
-        print(f"turnplug: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        # A config error is one line per problem already; any other error is one line.
+        text = str(exc) if isinstance(exc, ConfigError) and exc.problems else one_line(str(exc))
+        print(f"turnplug: error: {type(exc).__name__}: {text}", file=sys.stderr)
         # A bad config, or a log that cannot be opened, is the caller's to fix (2); a turn
         # that failed did not complete (1).
         return 2 if isinstance(exc, ConfigError | LogError) else 1
@@ -343,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(
-            f"turnplug: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+            f"turnplug: error: {type(exc).__name__}: {one_line(str(exc))} (run with --debug for"
+            " the traceback)",
             file=sys.stderr,
         )
         return 1
@@ -357,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             exc = exc.exceptions[0]  # a task group's, around the one that ended it
         if isinstance(exc, KeyboardInterrupt):
             return 130
-        what = f"sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else repr(exc)
+        what = f"sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else one_line(repr(exc))
         print(
             f"turnplug: error: {what} in what the command ran (a hook, a tool, a model): the"
             " turn did not finish (run with --debug for the traceback)",

@@ -27,6 +27,7 @@ from pipeline.logs import Log
 from turns import Text, Usage
 from turns.serde import to_dict
 
+from ..config._types import one_line
 from ._timeline import plain
 
 
@@ -84,12 +85,14 @@ async def run_turn(
 def explain(result: TurnResult, console: Console) -> None:
     """A note on a turn that did not complete: who halted it, or why nothing was accepted."""
     if result.outcome == "halted" and result.halt is not None:
-        console.note(f"turnplug: turn halted by {result.halt.hook!r}: {result.halt.reason}")
+        console.note(
+            f"turnplug: turn halted by {result.halt.hook!r}: {one_line(result.halt.reason)}"
+        )
     elif result.outcome == "exhausted":
         last = result.rejections[-1]
         console.note(
             f"turnplug: no acceptable reply: {len(result.rejections)} attempts rejected, the"
-            f" last by {last.hook!r}: {last.feedback}"
+            f" last by {last.hook!r}: {one_line(last.feedback)}"
         )
 
 
@@ -198,7 +201,7 @@ async def chat(
                         await _chat_turn(session, message, console)
                     except PipelineError as exc:
                         console.write("")
-                        console.note(f"turnplug: error: {type(exc).__name__}: {exc}")
+                        console.note(f"turnplug: error: {type(exc).__name__}: {one_line(str(exc))}")
                         if isinstance(exc, ProviderError) and exc.provider == "scripted":
                             # Its replies are spent: every later message would fail alike.
                             console.note(
@@ -228,7 +231,7 @@ async def _chat_turn(session: Any, message: str, console: Console) -> None:
                 case ev.AttemptRejected(attempt=attempt, hook=hook, feedback=feedback):
                     if attempt in shown:
                         console.write("")
-                    console.note(f"(attempt {attempt} rejected by {hook!r}: {feedback})")
+                    console.note(f"(attempt {attempt} rejected by {hook!r}: {one_line(feedback)})")
     result = events.result
     reply = result.reply
     said = shown.get(reply.attempt, "") if reply is not None else ""

@@ -44,7 +44,7 @@ from ._entry import Env
 from ._file import STAGE_LISTS, TAGGED, Config
 from ._hooks import MemberEntry
 from ._schema import schema_of
-from ._types import CHECKS, Invalid, Ref, ToolRef, shown
+from ._types import CHECKS, Invalid, Ref, ToolRef, one_line, shown
 
 _Problem = tuple[str, str]
 """The path of a value (``pre[2].ref``; ``""`` for the whole file) and what is wrong."""
@@ -684,7 +684,7 @@ def _resolve_checked(
 
 
 def _error(source: str, problems: list[_Problem]) -> ConfigError:
-    lines = [f"{path}: {message}" if path else message for path, message in problems]
+    lines = [one_line(f"{path}: {message}" if path else message) for path, message in problems]
     if len(lines) == 1:
         message = f"{source}: {lines[0]}"
     else:

@@ -182,6 +182,27 @@ def _message(data: Any) -> str:
     return problem[1]
 
 
+def test_a_problem_whose_reason_has_line_breaks_is_still_one_line(tmp_path: Path) -> None:
+    """Catches: a model factory raising a two-line error making its problem two lines, the
+    second reading as a problem of its own (with no path)."""
+    (tmp_path / "two_line_model.py").write_text(
+        "def make():\n    raise RuntimeError('no model\\nset MODEL_PATH')\n"
+    )
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[model]\nprovider = "python"\nref = "two_line_model:make"\n'
+        '[[pre]]\nkind = "static"\ntext = 3\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    assert str(caught.value).splitlines()[1:] == [
+        "  model.ref: 'two_line_model:make' raised RuntimeError: no model\\nset MODEL_PATH",
+        "  pre[0].text: expected a string, got 3 (integer)",
+    ]
+    # The problems themselves are kept as they were raised.
+    assert caught.value.problems[0][1].endswith("no model\nset MODEL_PATH")
+
+
 def test_an_unknown_key_suggests_the_close_one_and_lists_those_accepted() -> None:
     message = _message({"pre": [{"kind": "python", "ref": ref("hook"), "timout": 1}]})
     assert '"timeout"' in message

@@ -109,6 +109,39 @@ def test_a_failing_hook_is_one_line_and_exits_1(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            "raise RuntimeError('Client error 404\\nFor more information check: the docs')",
+            "turnplug: error: HookFailed: hook 'leave' (pre, position 1) raised RuntimeError:"
+            " Client error 404\\nFor more information check: the docs",
+        ),
+        (
+            "return halt('not allowed:\\n- refunds\\n- returns')",
+            "turnplug: turn halted by 'leave': not allowed:\\n- refunds\\n- returns",
+        ),
+    ],
+)
+def test_a_multiline_error_or_halt_reason_is_shown_on_one_line(
+    tmp_path: Path, body: str, expected: str
+) -> None:
+    """Catches: an exception message or halt reason with line breaks (httpx's
+    raise_for_status() writes two lines) printed as several lines, the later ones without
+    the "turnplug:" that says whose they are."""
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = ["never seen"]\n\n'
+        '[[pre]]\nkind = "python"\nref = "multiline:leave"\n',
+    )
+    (tmp_path / "multiline.py").write_text(
+        f"from pipeline import halt\n\n\ndef leave(turn):\n    {body}\n"
+    )
+    done = turnplug("run", config, "hi")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == expected + "\n"
+
+
 @pytest.mark.parametrize("command", ["run", "chat"])
 def test_a_hook_calling_sys_exit_is_one_line_and_exits_1(tmp_path: Path, command: str) -> None:
     """Catches: a hook calling sys.exit() ending turnplug with that status, silently: exit 0,
