@@ -33,7 +33,7 @@ from ..config._hooks import Guardrail, Judge, MaxLength, ParallelGroup, Retrieve
 from ..config._models import AnthropicSpec, ModelSpec, OpenAISpec, PythonModelSpec, ScriptedSpec
 from ..config._tools import PythonTool, ToolHookEntry
 from ..config._transformers import Pii, RedactEntry
-from ..config._types import Ref
+from ..config._types import Ref, one_line
 
 Row = tuple[str, str, str, str, str, str, str]
 """path, name, kind, durability, timeout, error policy, extra."""
@@ -66,7 +66,7 @@ def describe(source: str, config: Config, pipe: Any) -> list[str]:
                 f" injection_reserve {config.budget.injection_reserve}",
             )
         )
-    sections.append(("model call", f"model    {_model(config.model)}"))
+    sections.append(("model call", f"model    {one_line(_model(config.model))}"))
     if config.tools or config.before_tool or config.after_tool:
         sections += [
             (
@@ -112,6 +112,12 @@ def describe(source: str, config: Config, pipe: Any) -> list[str]:
             list(_hooks("on_session_end", config.on_session_end, pipe.on_session_end)),
         ),
     ]
+    # A name may hold a line break: escaped, it cannot start a line of its own (a forged
+    # stage or hook a reviewer would read as real).
+    sections = [
+        (title, [_escaped(row) for row in body] if isinstance(body, list) else body)
+        for title, body in sections
+    ]
     rows = [row for _, body in sections if isinstance(body, list) for row in body]
     widths = [max((len(row[column]) for row in rows), default=0) for column in range(7)]
     for number, (title, body) in enumerate(sections, 1):
@@ -124,6 +130,11 @@ def describe(source: str, config: Config, pipe: Any) -> list[str]:
             cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
             lines.append(("  " + "  ".join(cells)).rstrip())
     return lines
+
+
+def _escaped(row: Row) -> Row:
+    path, name, kind, durability, timeout, policy, extra = map(one_line, row)
+    return path, name, kind, durability, timeout, policy, extra
 
 
 def _hooks(stage: str, entries: tuple[Any, ...], built: tuple[Any, ...]) -> Iterator[Row]:
@@ -240,15 +251,15 @@ def connected(pipe: Pipeline, *, offline: bool) -> list[str]:
     for each in pipe.toolsets:
         if isinstance(each, LocalToolset):
             names = [t.name for t in each.final_tools()]
-            lines.append(f"  {each.name}  local: {', '.join(names) or '(none)'}")
+            lines.append(one_line(f"  {each.name}  local: {', '.join(names) or '(none)'}"))
         elif isinstance(each, MCPToolset):
-            lines.append(f"  {each.name}  MCP server {each.where}")
+            lines.append(one_line(f"  {each.name}  MCP server {each.where}"))
     if offline or not any(isinstance(each, MCPToolset) for each in pipe.toolsets):
         if offline:
             lines.append("  (offline: MCP servers not connected, their tools not listed)")
         return lines
     for name, tools in trio.run(_list_remote, pipe):
-        lines.append(f"  {name}: {', '.join(tools) or '(no tools)'}")
+        lines.append(one_line(f"  {name}: {', '.join(tools) or '(no tools)'}"))
     return lines
 
 

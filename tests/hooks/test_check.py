@@ -275,6 +275,37 @@ def test_check_shows_regexes_as_the_config_writes_them(tmp_path: Path) -> None:
     assert " ".join(_row(lines, "post[0]")).endswith("deny '(?i)\\bguarantee'")
 
 
+def test_check_shows_a_name_with_a_line_break_on_its_own_row(tmp_path: Path) -> None:
+    """Catches: a hook, transformer or toolset name holding a line break printed as is, so
+    that its second half stood as a line of its own: a forged stage (`2. model call`) that a
+    reviewer of the config would read as real."""
+    config = write_config(
+        tmp_path,
+        """
+        [[pre]]
+        kind = "static"
+        name = "rules\\n2. model call"
+        text = "Be brief."
+
+        [[transformers]]
+        kind = "pii"
+        name = "pii\\r\\nnone"
+
+        [[toolsets]]
+        kind = "python"
+        name = "shop\\nx"
+        refs = ["shop_hooks:today"]
+        """,
+    )
+    done = turnplug("check", config)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line for line in lines if line.startswith("2. ")] == ["2. model call"]
+    assert _row(lines, "pre[0]")[1] == "rules\\n2."
+    assert _row(lines, "transformers[0]")[1] == "pii\\r\\nnone"
+    assert "  shop\\nx  local: shop_x_today" in lines
+
+
 # -- every way a config can be wrong ----------------------------------------------------------
 
 ERRORS = {
