@@ -266,8 +266,12 @@ def _problems(exc: BaseException, path: str) -> Iterator[_Problem]:
         for error in others:
             if isinstance(error, ForbiddenExtraKeysError):
                 allowed = _keys(error.cl)
-                for key in sorted(error.extra_fields):
-                    yield _join(path, key), _unknown_key(key, allowed, error.cl)
+                extra: set[object] = set(error.extra_fields)  # typed str; a dict's may not be
+                for key in sorted(extra, key=str):
+                    if isinstance(key, str):
+                        yield _join(path, key), _unknown_key(key, allowed, error.cl)
+                    else:  # a dict built in Python (`pipeline_from_dict`); files have no such
+                        yield path, f"a key must be a string, got {shown(key)}"
             else:
                 yield from _problems(error, path)
     elif isinstance(exc, IterableValidationError):

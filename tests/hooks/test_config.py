@@ -203,6 +203,17 @@ def test_a_problem_whose_reason_has_line_breaks_is_still_one_line(tmp_path: Path
     assert caught.value.problems[0][1].endswith("no model\nset MODEL_PATH")
 
 
+def test_a_key_that_is_not_a_string_is_a_problem_of_its_table() -> None:
+    """Catches: `pipeline_from_dict` given a dict built in Python with a non-string key
+    (an int, an enum) crashing in difflib with "TypeError: 'int' object is not iterable"
+    instead of a ConfigError."""
+    data = {1: "x", "pre": [{"kind": "static", "text": "x", 5: 6}]}
+    assert _problems(data) == (
+        ("", "a key must be a string, got 1 (integer)"),
+        ("pre[0]", "a key must be a string, got 5 (integer)"),
+    )
+
+
 def test_an_unknown_key_suggests_the_close_one_and_lists_those_accepted() -> None:
     message = _message({"pre": [{"kind": "python", "ref": ref("hook"), "timout": 1}]})
     assert '"timeout"' in message
