@@ -322,6 +322,9 @@ class Ref:
 
     ARGUMENTS: ClassVar[tuple[str, ...] | None] = ()
     SHAPE: ClassVar[str] = "a function"
+    PLAIN: ClassVar[bool] = False
+    """Whether it is called without being awaited (a factory, a tokenizer): ``async def``
+    would give a coroutine in place of what it makes."""
 
     text: str
     target: Callable[..., Any] = attrs.field(eq=False, repr=False)
@@ -350,6 +353,12 @@ class Ref:
             raise Invalid(
                 f"{json.dumps(text)} is {type(target).__name__} {_clip(repr(target))}, not"
                 f" callable: expected {cls.SHAPE}"
+            )
+        if cls.PLAIN and inspect.iscoroutinefunction(target):
+            raise Invalid(
+                f"{json.dumps(text)} is an async function, but is called without being awaited"
+                f" (its coroutine would stand in for its result): expected {cls.SHAPE} —"
+                " define it with def, not async def"
             )
         if cls.ARGUMENTS is not None:
             _check_arguments(text, target, cls.ARGUMENTS, cls.SHAPE)
@@ -414,6 +423,7 @@ class HookRef(Ref):
 class FactoryRef(Ref):
     """A stream-transformer factory: called with nothing, returns ``feed``/``flush``."""
 
+    PLAIN = True
     SHAPE = "a transformer factory fn() returning an object with feed(text) and flush()"
 
 
@@ -421,6 +431,7 @@ class FactoryRef(Ref):
 class ModelRef(Ref):
     """A model factory: called with nothing, returns a model (an object with ``stream``)."""
 
+    PLAIN = True
     SHAPE = "a model factory fn() returning a model, e.g. pipeline.testing.FunctionModel(...)"
 
 
@@ -445,6 +456,7 @@ class TokenizerRef(Ref):
     """A tokenizer: ``fn(text) -> int``."""
 
     ARGUMENTS = ("text",)
+    PLAIN = True
     SHAPE = "a tokenizer fn(text) returning a token count"
 
 

@@ -214,6 +214,30 @@ def test_a_key_that_is_not_a_string_is_a_problem_of_its_table() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        ({"transformers": [{"kind": "python", "ref": "async_refs:make"}]}, "transformers[0].ref"),
+        ({"model": {"provider": "python", "ref": "async_refs:make"}}, "model.ref"),
+        ({"tokenizer": "async_refs:count"}, "tokenizer"),
+    ],
+)
+def test_an_async_factory_or_tokenizer_is_a_problem_at_its_ref(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: dict[str, Any], path: str
+) -> None:
+    """Catches: an `async def` transformer factory, model factory or tokenizer, which are
+    called without being awaited, reported as "returned coroutine ..., not a model" and
+    followed by a "coroutine was never awaited" RuntimeWarning after the error line."""
+    (tmp_path / "async_refs.py").write_text(
+        "async def make():\n    return None\n\n\nasync def count(text):\n    return 1\n"
+    )
+    monkeypatch.syspath_prepend(tmp_path)
+    ((where, message),) = _problems(data)
+    assert where == path
+    assert "is an async function, but is called without being awaited" in message
+    assert message.endswith("define it with def, not async def")
+
+
 def test_an_unknown_key_suggests_the_close_one_and_lists_those_accepted() -> None:
     message = _message({"pre": [{"kind": "python", "ref": ref("hook"), "timout": 1}]})
     assert '"timeout"' in message
