@@ -158,7 +158,12 @@ def _conversation_id(text: str) -> str:
 def _message(text: str) -> str:
     """A message to send: text a model and a log can take. An argument that is not valid
     UTF-8 reaches Python with its bytes as lone surrogates, which no JSON body, log or
-    strict terminal carries."""
+    strict terminal carries. A blank one is no message, as a blank line in `chat` is none
+    (a provider would refuse a request without one)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "the message must not be empty — give the text to send: turnplug run CONFIG 'hi'"
+        )
     try:
         text.encode()
     except UnicodeEncodeError:

@@ -268,6 +268,20 @@ def test_a_log_path_in_a_missing_directory_is_one_line_and_exit_2(shop: Path) ->
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("message", ["", "  \n"])
+def test_a_blank_message_is_a_usage_error_before_the_log_is_created(
+    shop: Path, message: str
+) -> None:
+    """Catches: `run CONFIG ""` running a turn on an empty user message (which chat never
+    sends: a blank line is no turn), committing it, or failing at a provider that refuses a
+    request without one, after the pre hooks ran."""
+    log = shop.with_name("c.db")
+    done = turnplug("run", shop, message, "--log", log)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "the message must not be empty" in done.stderr
+    assert not log.exists()
+
+
 @pytest.mark.parametrize("encoding", ["utf-8:strict", "utf-8:surrogateescape"])
 def test_a_message_that_is_not_utf8_is_a_usage_error_before_the_log_is_created(
     shop: Path, encoding: str
