@@ -44,7 +44,7 @@ from ._entry import Env
 from ._file import STAGE_LISTS, TAGGED, Config
 from ._hooks import MemberEntry
 from ._schema import schema_of
-from ._types import CHECKS, Invalid, Ref, ToolRef, one_line, shown
+from ._types import CHECKS, FOLDER, Invalid, Ref, ToolRef, one_line, shown
 
 _Problem = tuple[str, str]
 """The path of a value (``pre[2].ref``; ``""`` for the whole file) and what is wrong."""
@@ -859,7 +859,11 @@ def _load(
     directory = str(path.resolve().parent)
     if directory not in sys.path:
         sys.path.insert(0, directory)
-    return _resolve(data, str(path), environ, offline, model, directory)
+    token = FOLDER.set(directory)
+    try:
+        return _resolve(data, str(path), environ, offline, model, directory)
+    finally:
+        FOLDER.reset(token)
 
 
 def load_pipeline(

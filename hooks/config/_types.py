@@ -6,13 +6,17 @@ same types to write the JSON Schema. A check raises `Invalid` with the sentence 
 the loader adds the file name and the path of the value.
 """
 
+import contextlib
 import difflib
 import importlib
 import inspect
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
+from contextvars import ContextVar
+from pathlib import Path
 from typing import Any, ClassVar, NewType, final
 
 import attrs
@@ -369,9 +373,13 @@ def _clip(text: str) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+FOLDER: ContextVar[str | None] = ContextVar("FOLDER", default=None)
+"""The directory of the config file being loaded, whose modules its refs name first."""
+
+
 def _import(module_name: str) -> Any:
     try:
-        return importlib.import_module(module_name)
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
             raise Invalid(
@@ -389,6 +397,39 @@ def _import(module_name: str) -> Any:
             " names must not exit when imported; guard its script part with"
             ' `if __name__ == "__main__":`'
         ) from None
+    _check_beside(module_name)
+    return module
+
+
+def _check_beside(module_name: str) -> None:
+    """Refuse a module of the config's directory that Python will not import: one of the
+    same name was imported already, from elsewhere (another config's directory, an
+    installed package), and a process imports a module once; its functions would be
+    another file's. (Not evicted and imported anew: what imported the other one, turnplug's
+    own `hooks` say, would lose it.)"""
+    folder = FOLDER.get()
+    top = module_name.partition(".")[0]
+    if folder is None:
+        return
+    beside = next(
+        (
+            path
+            for path in (Path(folder, f"{top}.py"), Path(folder, top, "__init__.py"))
+            if path.is_file()
+        ),
+        None,
+    )
+    origin = getattr(sys.modules.get(top), "__file__", None)
+    if beside is None or origin is None or Path(origin).resolve() == beside.resolve():
+        return
+    with contextlib.suppress(OSError):
+        if Path(origin).read_bytes() == beside.read_bytes():
+            return  # the same code (a file copied beside each config): the same functions
+    raise Invalid(
+        f"{str(beside)!r} is not what {top!r} names here: a module {top!r} was imported"
+        f" already, from {origin!r}, and Python imports a module once per process — give"
+        " the one beside the config another name"
+    )
 
 
 def _check_arguments(

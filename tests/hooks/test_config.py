@@ -575,6 +575,31 @@ def test_refs_resolve_next_to_the_config_file(tmp_path: Path) -> None:
     assert load_pipeline(path).pre[0].name == "mine"
 
 
+def test_a_module_beside_a_second_config_that_python_would_not_import_is_a_problem(
+    tmp_path: Path,
+) -> None:
+    """Catches: a second config whose directory holds its own module of a name an earlier
+    config's directory had silently running the earlier file's functions (a process imports
+    a module once), so that its hooks were another config's."""
+    for folder, says in (("a", "from a"), ("b", "from b"), ("c", "from a")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "beside_twice.py").write_text(
+            f"def pick(turn):\n    return [{says!r}]\n"
+        )
+        (tmp_path / folder / "c.toml").write_text(
+            '[[pre]]\nkind = "parallel"\nhooks = [{ kind = "python", ref = "beside_twice:pick" }]\n'
+        )
+    load_pipeline(tmp_path / "a" / "c.toml")
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(tmp_path / "b" / "c.toml")
+    ((where, message),) = caught.value.problems
+    assert where == "pre[0].hooks[0].ref"
+    assert message.startswith(f"{str(tmp_path / 'b' / 'beside_twice.py')!r} is not what")
+    assert f"imported already, from {str(tmp_path / 'a' / 'beside_twice.py')!r}" in message
+    # A copy of the same file is the same code: it loads.
+    load_pipeline(tmp_path / "c" / "c.toml")
+
+
 @pytest.mark.parametrize(("code", "shown"), [("", "sys.exit(None)"), ("'bye'", "'bye'")])
 def test_a_module_that_exits_when_imported_is_a_problem_of_its_ref(
     tmp_path: Path, code: str, shown: str
