@@ -31,6 +31,7 @@ from turns import Turn
 from ..config._file import Config
 from ..config._hooks import Guardrail, Judge, MaxLength, ParallelGroup, Retrieve, ToolCallEntry
 from ..config._models import AnthropicSpec, ModelSpec, OpenAISpec, PythonModelSpec, ScriptedSpec
+from ..config._scrub import ScrubInput, ScrubResults
 from ..config._tools import PythonTool, ToolHookEntry
 from ..config._transformers import Pii, RedactEntry
 from ..config._types import Ref, one_line
@@ -192,6 +193,11 @@ def _details(entry: Any) -> Iterator[str]:
                 yield f"fresh for {getattr(refresh, unit):g} {unit}"
         case ToolHookEntry(match=match):
             yield "every tool" if match is None else f"match {match.shown}"
+        case ScrubInput() | ScrubResults():
+            found = entry.pii or [_clip(_regex(p.pattern), 40) for p in entry.patterns or ()]
+            yield f"{entry.strategy} {' '.join(found)}"
+            if isinstance(entry, ScrubResults):
+                yield "every tool" if entry.match is None else f"match {entry.match.shown}"
 
 
 def _tools(entries: tuple[PythonTool, ...], tools: tuple[Tool, ...]) -> str:

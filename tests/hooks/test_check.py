@@ -306,6 +306,41 @@ def test_check_shows_a_name_with_a_line_break_on_its_own_row(tmp_path: Path) -> 
     assert "  shop\\nx  local: shop_x_today" in lines
 
 
+def test_check_shows_what_a_scrub_entry_scrubs_and_the_tools_it_matches(tmp_path: Path) -> None:
+    """Catches: scrub entries shown with no detail, so that a scrub of one tool's results
+    (`match`) read as a scrub of every tool's, and neither said what it finds or does."""
+    config = write_config(
+        tmp_path,
+        """
+        [[pre]]
+        kind = "scrub"
+        pii = ["email", "card"]
+        strategy = "block"
+
+        [[tools]]
+        kind = "python"
+        ref = "shop_hooks:order_status"
+
+        [[after_tool]]
+        kind = "scrub"
+        patterns = ['\\bA\\d+']
+        strategy = "hash"
+        match = "order_status"
+
+        [[after_tool]]
+        kind = "scrub"
+        pii = ["phone"]
+        """,
+    )
+    done = turnplug("check", config)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert " ".join(_row(lines, "pre[0]")).endswith("on_error halt block email card")
+    first = " ".join(_row(lines, "after_tool[0]"))
+    assert first.endswith("hash '\\bA\\d+', match \"order_status\"")
+    assert " ".join(_row(lines, "after_tool[1]")).endswith("redact phone, every tool")
+
+
 # -- every way a config can be wrong ----------------------------------------------------------
 
 ERRORS = {
