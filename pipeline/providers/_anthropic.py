@@ -200,6 +200,10 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
     return blocks
 
 
+EMPTY_ERROR = "(the tool failed and said nothing)"
+"""What an error result with no content is sent as: the API refuses an empty one."""
+
+
 def _tool_result(result: ToolResult) -> dict[str, Any]:
     block: dict[str, Any] = {
         "type": "tool_result",
@@ -208,6 +212,8 @@ def _tool_result(result: ToolResult) -> dict[str, Any]:
     }
     if result.is_error:
         block["is_error"] = True
+        if not result.content.strip():
+            block["content"] = EMPTY_ERROR
     block.update(wire_fields(result.meta, META_KEY))
     return block
 

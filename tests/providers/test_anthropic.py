@@ -96,6 +96,21 @@ def test_consecutive_tool_results_merge_into_one_user_message_before_its_text() 
     ]
 
 
+@pytest.mark.parametrize("content", ["", "  \n"])
+def test_an_error_result_without_content_is_sent_with_some(content: str) -> None:
+    """Catches: an error result with empty content (an after-tool hook's rewrite) sent as
+    it is, which the API refuses with a 400 ("content cannot be empty if is_error is
+    true"); kept in the log, it failed every later turn of the conversation."""
+    sent = body(
+        Message.tool(ToolResult("toolu_1", content, is_error=True)),
+        Message.tool(ToolResult("toolu_2", "")),
+    )
+    failed, empty = sent["messages"][0]["content"]
+    assert failed["is_error"] is True
+    assert failed["content"].strip()
+    assert empty == {"type": "tool_result", "tool_use_id": "toolu_2", "content": ""}
+
+
 def test_empty_text_blocks_are_left_out() -> None:
     call = ToolCall("t", "stat_file", {})
     assert [
