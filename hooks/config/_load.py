@@ -371,10 +371,11 @@ def _salvage(data: Mapping[str, Any]) -> tuple[Config, dict[str, list[int]], lis
     return Config(**kept), positions, dropped
 
 
-_NEEDED = frozenset({"name", "toolset"})
+_NEEDED = frozenset({"name", "toolset", "include", "exclude"})
 """Keys that other keys are read with: without its ``name``, a tool or transformer would
 take a default one that may clash with another's; without its ``toolset``, a tool_call's
-``tool`` would be looked up among the plain tools."""
+``tool`` would be looked up among the plain tools; without its ``include`` or ``exclude``,
+a toolset would offer tools the config left out, whose names may clash with others'."""
 
 
 def _structure_without_mistakes(raw: Any, kind: Any, path: str) -> tuple[Any, list[str]] | None:
@@ -390,7 +391,10 @@ def _structure_without_mistakes(raw: Any, kind: Any, path: str) -> tuple[Any, li
         failed = exc
     if not isinstance(raw, dict) or _has_unknown_keys(failed):
         return None
-    pruned = copy.deepcopy(raw)
+    try:
+        pruned = copy.deepcopy(raw)
+    except Exception:  # a value built in Python that cannot be copied (a module, a lock)
+        return None
     dropped: list[str] = []
     # A key holding a list is left out whole (`deny[1]` leaves out `deny`).
     wrong = {re.split(r"\[\d+\]", where, maxsplit=1)[0] for where, _ in _problems(failed, "")}

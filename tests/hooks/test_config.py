@@ -880,6 +880,24 @@ def test_a_mistake_in_one_key_does_not_hide_the_problems_of_the_rest_of_its_entr
             {"transformers": [{"kind": "pii"}, {"kind": "pii", "name": 7}]},
             "transformers[1].name",
         ),
+        # Without its exclude, the toolset would offer the tool whose name the exclude
+        # kept from clashing with a plain tool's.
+        (
+            {
+                "tools": [
+                    {"kind": "python", "ref": ref("get_preferences"), "name": "shop_lookup_order"}
+                ],
+                "toolsets": [
+                    {
+                        "kind": "python",
+                        "name": "shop",
+                        "refs": [ref("lookup_order"), ref("get_preferences")],
+                        "exclude": ["lookup_order", 5],
+                    }
+                ],
+            },
+            "toolsets[0].exclude[1]",
+        ),
         # Without its unit, a refresh has none; that is the same mistake.
         (
             _tools(
@@ -902,6 +920,19 @@ def test_what_a_mistake_leaves_unknown_is_not_reported_as_another_problem(
     """Catches: the rest of an entry checked without a key whose value was wrong, where
     that key changes what the rest means, reporting problems the user does not have."""
     assert [where for where, _ in _problems(data, environ={"MY_KEY": "k"})] == [path]
+
+
+def test_a_wrong_value_that_cannot_be_copied_is_still_a_problem() -> None:
+    """Catches: a dict built in Python holding a wrong value that cannot be copied (a
+    module, a generator) crashing the loader with a bare TypeError ("cannot pickle") while
+    it looked for the entry's other problems, instead of reporting the value."""
+    problems = _problems(
+        {"post": [{"kind": "guardrail", "deny": (p for p in ["a"]), "feedback": "No."}]}
+    )
+    assert [path for path, _ in problems] == ["post[0].deny"]
+    assert [path for path, _ in _problems({"pre": [{"kind": "python", "ref": json}]})] == [
+        "pre[0].ref"
+    ]
 
 
 def test_a_tool_call_naming_no_declared_tool_lists_the_tools() -> None:
