@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 import trio
@@ -360,10 +361,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Past the parser, turnplug never exits by raising: this came from what the command
         # ran (a hook calling sys.exit(), say). Exiting with its status would pass it off as
         # turnplug's, 0 for a turn that never finished.
-        if args.debug:
-            raise
+        raised = exc
         while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
             exc = exc.exceptions[0]  # a task group's, around the one that ended it
+        if args.debug:
+            if not isinstance(exc, SystemExit):
+                raise
+            # Python prints no traceback for a SystemExit, and would exit with its status.
+            traceback.print_exception(raised)
+            return 1
         if isinstance(exc, KeyboardInterrupt):
             return 130
         what = f"sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else one_line(repr(exc))

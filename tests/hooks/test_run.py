@@ -169,6 +169,25 @@ def test_a_hook_calling_sys_exit_is_one_line_and_exits_1(tmp_path: Path, command
     assert done.stderr.count("\n") == 1, done.stderr
 
 
+def test_with_debug_a_hook_calling_sys_exit_shows_its_traceback_and_exits_1(
+    tmp_path: Path,
+) -> None:
+    """Catches: ``--debug``, which the error line advises for the traceback, re-raising the
+    hook's SystemExit: Python prints nothing for one and exits with its status, so
+    ``sys.exit(0)`` in a hook ended the turn silently with 0 again."""
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = ["never seen"]\n\n'
+        '[[pre]]\nkind = "python"\nref = "quitter:leave"\n',
+    )
+    (tmp_path / "quitter.py").write_text("import sys\n\n\ndef leave(turn):\n    sys.exit(0)\n")
+    done = turnplug("run", config, "hi", "--debug")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert "Traceback" in done.stderr
+    assert "in leave" in done.stderr
+    assert "SystemExit" in done.stderr
+
+
 def test_run_json_is_the_result(shop: Path) -> None:
     done = turnplug("run", shop, "refunds?", "--json", "--conversation", "c-9")
     assert done.returncode == 0
