@@ -692,11 +692,14 @@ def _resolve_checked(
 
 
 def _error(source: str, problems: list[_Problem]) -> ConfigError:
+    """The error listing `problems`, one line each: a line break in a file's name, a key or
+    a message is escaped, so that no line of it passes for another problem or error."""
     lines = [one_line(f"{path}: {message}" if path else message) for path, message in problems]
+    shown = one_line(source)
     if len(lines) == 1:
-        message = f"{source}: {lines[0]}"
+        message = f"{shown}: {lines[0]}"
     else:
-        message = "\n  ".join([f"{source}: {len(lines)} problems", *lines])
+        message = "\n  ".join([f"{shown}: {len(lines)} problems", *lines])
     return ConfigError(message, source=source, problems=tuple(problems))
 
 
@@ -754,7 +757,7 @@ def _read(path: Path) -> Any:
             f"a number in it is too long to read ({str(exc).partition(';')[0]}) — no setting"
             " takes a number that long; check what wrote the file"
         )
-        raise ConfigError(f"{source}: {message}", source=source, problems=(("", message),)) from exc
+        raise _error(source, [("", message)]) from exc
     if repeated is None:
         raise _error(source, halves)
     where, key = repeated
@@ -762,7 +765,7 @@ def _read(path: Path) -> Any:
         f"the key {json.dumps(key)} appears twice in one object — JSON would keep only the"
         " last; write it once (TOML refuses this too)"
     )
-    raise ConfigError(f"{source}: {where}: {message}", source=source, problems=((where, message),))
+    raise _error(source, [(where, message)])
 
 
 class _Repeats(dict[str, Any]):
@@ -843,7 +846,7 @@ def _too_deep(source: str) -> ConfigError:
         "nested too deeply to read (hundreds of tables or lists inside each other) — a"
         " config's values nest a few levels at most; check what wrote the file"
     )
-    return ConfigError(f"{source}: {message}", source=source, problems=(("", message),))
+    return _error(source, [("", message)])
 
 
 def _load(

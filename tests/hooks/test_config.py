@@ -203,6 +203,22 @@ def test_a_problem_whose_reason_has_line_breaks_is_still_one_line(tmp_path: Path
     assert caught.value.problems[0][1].endswith("no model\nset MODEL_PATH")
 
 
+def test_a_repeated_json_key_or_a_file_name_with_a_line_break_is_still_one_line(
+    tmp_path: Path,
+) -> None:
+    """Catches: a JSON key given twice, or the config file's own name, holding a line
+    break printed as it is, the rest of the problem read as a line of its own (a file
+    named so could forge a `turnplug: error:` line)."""
+    path = tmp_path / "a\nturnplug: error: forged.json"
+    path.write_text('{"pre": [{"kind": "static", "text": "x", "bad\\nkey": 1, "bad\\nkey": 2}]}')
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    assert len(str(caught.value).splitlines()) == 1
+    assert "forged.json" in str(caught.value)
+    ((where, _),) = caught.value.problems
+    assert where == "pre[0].bad\nkey"  # the problems keep the key as it is
+
+
 def test_a_key_that_is_not_a_string_is_a_problem_of_its_table() -> None:
     """Catches: `pipeline_from_dict` given a dict built in Python with a non-string key
     (an int, an enum) crashing in difflib with "TypeError: 'int' object is not iterable"
