@@ -422,9 +422,11 @@ def _check_beside(module_name: str) -> None:
     origin = getattr(sys.modules.get(top), "__file__", None)
     if beside is None or origin is None or Path(origin).resolve() == beside.resolve():
         return
-    with contextlib.suppress(OSError):
-        if Path(origin).read_bytes() == beside.read_bytes():
-            return  # the same code (a file copied beside each config): the same functions
+    if beside.name != "__init__.py":
+        # A package's other modules may differ where its __init__.py files agree.
+        with contextlib.suppress(OSError):
+            if Path(origin).read_bytes() == beside.read_bytes():
+                return  # the same code (a file copied beside each config): the same functions
     raise Invalid(
         f"{str(beside)!r} is not what {top!r} names here: a module {top!r} was imported"
         f" already, from {origin!r}, and Python imports a module once per process — give"

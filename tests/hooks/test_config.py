@@ -616,6 +616,28 @@ def test_a_module_beside_a_second_config_that_python_would_not_import_is_a_probl
     load_pipeline(tmp_path / "c" / "c.toml")
 
 
+def test_a_package_beside_a_second_config_is_refused_though_its_init_is_the_same(
+    tmp_path: Path,
+) -> None:
+    """Catches: two configs' packages of one name, each with an empty ``__init__.py`` and
+    modules that differ, taken for the same code because their ``__init__.py`` files are:
+    the second config silently ran the first one's functions."""
+    for folder, says in (("a", "from a"), ("b", "from b")):
+        package = tmp_path / folder / "beside_pkg"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "hooks.py").write_text(f"def pick(turn):\n    return [{says!r}]\n")
+        (tmp_path / folder / "c.toml").write_text(
+            '[[pre]]\nkind = "parallel"\nhooks = [{ kind = "python", ref = "beside_pkg.hooks:pick" }]\n'
+        )
+    load_pipeline(tmp_path / "a" / "c.toml")
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(tmp_path / "b" / "c.toml")
+    ((where, message),) = caught.value.problems
+    assert where == "pre[0].hooks[0].ref"
+    assert "imported already" in message
+
+
 @pytest.mark.parametrize(("code", "shown"), [("", "sys.exit(None)"), ("'bye'", "'bye'")])
 def test_a_module_that_exits_when_imported_is_a_problem_of_its_ref(
     tmp_path: Path, code: str, shown: str
