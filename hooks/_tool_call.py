@@ -121,6 +121,7 @@ class InjectToolCall:
                     type(part) is ToolCall
                     and part.name == self.tool_name
                     and self._injected_it(part.meta.get(INJECTED_BY))
+                    and part.arguments == self.arguments
                 ):
                     fresh_since = renewed if renewed is not None else part.meta.get(INJECTED_AT)
                     return part, _result_of(part.id, history[index + 1 :]), fresh_since
@@ -131,6 +132,8 @@ class InjectToolCall:
 
         In a `chain`, the runtime stamps a member's pairs with its name prefixed by the
         chain's (``setup.inject_get_preferences``): the hook is still the one that wrote them.
+        A hook of that name elsewhere (at the top level, in another chain) reads the same
+        tool's pairs only when they were called with its arguments too: the same call.
         """
         return isinstance(source, str) and (source == self.name or source.endswith("." + self.name))
 
@@ -209,8 +212,9 @@ def inject_tool_call(
             ``meta["injected_by"]`` (prefixed by a `chain`'s name when it runs in one),
             which is how the hook finds its own last pair. Give it here: re-wrapping with
             ``hook(..., name=...)`` renames the events, not the pairs the hook looks for.
-        clock: Seconds since the epoch; `time.time` by default. It is read once when
-            built, and a reading that is not a finite number is refused.
+        clock: Seconds since the epoch; `time.time` by default. It is read once per
+            turn, and a reading that is not a finite number fails the hook (open: nothing
+            is injected, and a `HookFailed` event says why).
 
     A failing tool injects nothing: the hook fails open (``on_error="skip"``), which a
     `HookFailed` event records.
@@ -251,11 +255,9 @@ def inject_tool_call(
         )
     if not callable(clock):
         raise ConfigError(f"inject_tool_call({tool_name!r}): clock must be callable")
+    # Not read here: a scripted clock would lose a reading, and one that reads the time of
+    # a request (a context variable) has none yet. Each turn checks its reading.
     check_callable("inject_tool_call", "clock", clock, ())
-    try:  # one reading now, as a pipeline probes its tokenizer: a wrong clock fails here
-        _seconds(clock(), f"inject_tool_call({tool_name!r})")
-    except TypeError as exc:
-        raise ConfigError(str(exc)) from None
     label = name if name is not None else f"inject_{tool_name}"
     fn = InjectToolCall(tool, arguments, frequency, seconds, label, clock)
     return hook(fn, name=label, durable=durable, on_error="skip")

@@ -1,5 +1,6 @@
 """inject_tool_call: a real tool's call and result injected before the user message."""
 
+import contextvars
 import datetime
 import re
 from pathlib import Path
@@ -104,23 +105,34 @@ def test_a_transient_pair_that_should_skip_is_refused_when_built(options: dict[s
         inject_tool_call(Preferences().make(), {"user": "ada"}, durable=False, **options)
 
 
-@pytest.mark.parametrize(
-    "clock",
-    [datetime.datetime.now, lambda: "1000", lambda: float("nan")],
-    ids=["datetime.now", "text", "nan"],
-)
-def test_a_clock_that_does_not_read_seconds_is_refused_when_built(clock: Any) -> None:
-    """A clock such as `datetime.now` was taken: its reading, stamped in the pair's meta,
-    made a SQLite or PostgreSQL log refuse the turn (LogError, nothing committed), and in
-    memory the ttl check skipped it, so the tool ran every turn."""
-    with pytest.raises(ConfigError, match=r"get_preferences.*clock\(\) must return seconds"):
-        inject_tool_call(Preferences().make(), {"user": "ada"}, ttl=60, clock=clock)
+async def test_a_scripted_clock_is_read_once_per_turn_and_never_when_built() -> None:
+    """Catches: the clock read once when the hook was built, to check it, so a scripted
+    clock lost its first reading (each turn then saw the next turn's time), and a clock
+    that reads a request's time from a context variable failed the build with a bare
+    LookupError."""
+    prefs = Preferences()
+    readings = iter([1_000.0, 1_030.0, 1_100.0])
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"] * 3),
+        tools=[prefs.make()],
+        pre=[inject_tool_call("get_preferences", {"user": "ada"}, ttl=60, clock=readings.__next__)],
+    )
+    injected = []
+    async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+        for _ in range(3):
+            injected.append(bool((await session.send("hi")).turn.injections))
+    assert injected == [True, False, True]
+
+    unset: contextvars.ContextVar[float] = contextvars.ContextVar("request_time")
+    inject_tool_call("get_preferences", {"user": "ada"}, clock=unset.get)  # builds
 
 
 async def test_a_clock_that_stops_reading_seconds_fails_the_hook_open() -> None:
-    """The reading is checked every turn, not only when built: a wrong one injects nothing
-    and is reported, rather than reaching the log."""
-    readings = iter([1_000.0, datetime.datetime(2030, 1, 1)])
+    """Catches: a clock such as `datetime.now` taken, its reading stamped in the pair's
+    meta, which made a SQLite or PostgreSQL log refuse the turn (LogError, nothing
+    committed) and which the ttl check skipped, so the tool ran every turn. Each turn's
+    reading is checked: a wrong one injects nothing and is reported."""
+    readings = iter([datetime.datetime(2030, 1, 1)])
     prefs = Preferences()
     pipe = Pipeline(
         model=ScriptedModel(["ok"]),
@@ -386,6 +398,38 @@ async def test_in_a_chain_the_hook_still_finds_its_own_last_pair(options: dict[s
         if isinstance(part, ToolCall)
     ]
     assert sources == ["setup.inject_get_preferences"]
+
+
+async def test_a_hook_of_the_same_name_in_a_chain_does_not_take_the_others_pairs() -> None:
+    """Catches: a top-level hook reading the pair of a hook of the same name in a chain
+    (stamped ``setup.inject_get_preferences``) as its own, though it called the tool for
+    another user: ada's new preferences equalled bob's last pair, so ada's change was
+    skipped as unchanged and never injected."""
+    values = {"ada": "X", "bob": "Y"}
+
+    @tool
+    def get_preferences(user: str) -> str:
+        """A user's preferences."""
+        return values[user]
+
+    def prefs(user: str) -> Any:
+        return inject_tool_call("get_preferences", {"user": user}, frequency="if_changed")
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"] * 2),
+        tools=[get_preferences],
+        pre=[prefs("ada"), chain(prefs("bob"), name="setup")],
+    )
+    injected = []
+    async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+        for ada in ("X", "Y"):
+            values["ada"] = ada
+            result = await session.send("hi")
+            injected.append([(i.source, i.parts[1].content) for i in result.turn.injections])  # type: ignore[union-attr]
+    assert injected == [
+        [("inject_get_preferences", "X"), ("setup.inject_get_preferences", "Y")],
+        [("inject_get_preferences", "Y")],
+    ]
 
 
 async def test_a_ttl_refresh_that_finds_the_same_value_renews_freshness_across_restarts(
