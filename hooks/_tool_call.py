@@ -68,6 +68,9 @@ class InjectToolCall:
         self.clock = clock
         # A tool named, not given, must be among the pipeline's tools: checked when built.
         self.needs_tools: tuple[str, ...] = () if isinstance(tool, Tool) else (tool,)
+        # if_changed and ttl find the last pair in the history: a pipeline refuses the hook
+        # re-wrapped as transient (transient(), hook(..., durable=False)).
+        self.needs_durable = frequency == "if_changed" or ttl is not None
         self.__qualname__ = self.__name__ = name
 
     def __repr__(self) -> str:

@@ -298,7 +298,9 @@ class Pipeline:
         self._check_needed_tools()
 
     def _check_needed_tools(self, tools: Mapping[str, Tool] | None = None) -> None:
-        """Every hook that names pipeline tools it runs (``fn.needs_tools``) has them.
+        """Every hook that names pipeline tools it runs (``fn.needs_tools``) has them, and
+        every hook that reads its injections back from the history (``fn.needs_durable``)
+        is durable.
 
         So does every tool hook whose ``match=`` names one tool, when the pipeline has tools
         (one without tools judges tools its callers run, `judge_tool_call`). With MCP
@@ -314,6 +316,12 @@ class Pipeline:
         for step in (*plan.pre, *plan.post, *plan.background):
             steps.extend(step.members if isinstance(step, Group) else (step,))
         for step in steps:
+            if getattr(step.hook.fn, "needs_durable", False) is True and not step.hook.durable:
+                raise ConfigError(
+                    f"hook {step.label} reads what it injected back from the conversation's"
+                    " history, which a transient hook's injections never join — leave it"
+                    " durable (no transient(), no durable=False)"
+                )
             needed = getattr(step.hook.fn, "needs_tools", ())
             missing = [name for name in needed if name not in tools]
             if missing:

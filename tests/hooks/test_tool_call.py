@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hooks import INJECTED_AT, inject_tool_call
-from pipeline import INJECTED_BY, ConfigError, Pipeline, chain, tool
+from hooks import INJECTED_AT, inject_tool_call, transient
+from pipeline import INJECTED_BY, ConfigError, Pipeline, chain, hook, tool
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
@@ -103,6 +103,26 @@ def test_a_transient_pair_that_should_skip_is_refused_when_built(options: dict[s
     hook ran the tool and injected every turn, silently."""
     with pytest.raises(ConfigError, match=r"get_preferences.*durable=False"):
         inject_tool_call(Preferences().make(), {"user": "ada"}, durable=False, **options)
+
+
+@pytest.mark.parametrize(
+    "rewrap",
+    [transient, lambda fn: hook(fn, durable=False), lambda fn: chain(transient(fn), name="s")],
+    ids=["transient", "hook", "chain"],
+)
+def test_a_pair_that_should_skip_rewrapped_as_transient_is_refused_by_the_pipeline(
+    rewrap: Any,
+) -> None:
+    """Catches: ``transient(inject_tool_call(..., frequency="if_changed"))`` (or
+    ``hook(..., durable=False)``) getting around the check above, the hook then running the
+    tool and injecting every turn, silently."""
+    prefs = Preferences()
+    injector = inject_tool_call("get_preferences", {"user": "ada"}, frequency="if_changed")
+    with pytest.raises(ConfigError, match=r"inject_get_preferences.*durable"):
+        Pipeline(model=ScriptedModel(["ok"]), tools=[prefs.make()], pre=[rewrap(injector)])
+    # Always injecting, it may be transient.
+    always = inject_tool_call("get_preferences", {"user": "ada"})
+    Pipeline(model=ScriptedModel(["ok"]), tools=[prefs.make()], pre=[rewrap(always)])
 
 
 async def test_a_scripted_clock_is_read_once_per_turn_and_never_when_built() -> None:
