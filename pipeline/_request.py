@@ -269,7 +269,13 @@ def sent_options(model: object, options: RequestOptions) -> RequestOptions:
     effective = getattr(model, "effective_options", None)
     if effective is None:
         return options
-    shown = effective(options)
+    try:
+        shown = effective(options)
+    except Exception as exc:  # the model's own code: its failure, as any other
+        raise ProviderError(
+            f"model {model!r} failed: effective_options raised {exc_text(exc)}",
+            provider=_model_name(model),
+        ) from exc
     return shown if isinstance(shown, RequestOptions) else options
 
 

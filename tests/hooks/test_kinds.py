@@ -7,7 +7,7 @@ import attrs
 import pytest
 
 from hooks.config import pipeline_from_dict
-from pipeline import ConfigError, StepLimitExceeded, cont
+from pipeline import ConfigError, Pipeline, ProviderError, StepLimitExceeded, cont
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
@@ -285,6 +285,19 @@ async def test_model_called_shows_the_options_sent_with_the_model_defaults(
     (event,) = called
     assert event.options is not None
     assert (event.options.temperature, event.options.max_tokens) == sent
+
+
+async def test_a_model_whose_effective_options_raises_fails_as_the_model() -> None:
+    """Catches: a model's ``effective_options`` raising out of the turn as itself (a bare
+    KeyError) when the turn is watched, where every model failure is a ProviderError."""
+
+    class Picky(ScriptedModel):
+        def effective_options(self, options: Any) -> Any:
+            raise KeyError("temperature")
+
+    pipe = Pipeline(model=Picky(["never"]))
+    with pytest.raises(ProviderError, match="effective_options raised KeyError"):
+        await collect(pipe, Turn.start("q"))
 
 
 @pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
