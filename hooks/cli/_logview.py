@@ -51,20 +51,36 @@ def existing_log(where: str) -> SQLiteLog | PostgresLog:
         )
     if not where.startswith(POSTGRES_SCHEMES) and _holds_a_log(where) is False:
         # Opening it as a log would make it one: WAL mode and turnplug's tables, written
-        # into another program's database (or an empty file) by a command that only reads.
+        # into another program's database by a command that only reads.
         raise LogError(
-            f"no log at {where!r}: it is an SQLite database without turnplug's tables (or an"
-            " empty file), so it holds no conversations; it was left as it was — pass the"
-            " path of the log file (the one --log was given when the turns were run)",
+            f"no log at {where!r}: it is an SQLite database without turnplug's tables, so it"
+            " holds no conversations; it was not written to — pass the path of the log file"
+            " (the one --log was given when the turns were run)",
             log=f"SQLiteLog({where!r})",
         )
     return durable_log(where)
 
 
+def _empty_file(where: str) -> bool:
+    """Whether `where` names an empty file: a log no turn was ever committed to (a first
+    run that stopped before writing), read as one without opening it, which would write."""
+    return (
+        not where.startswith(POSTGRES_SCHEMES)
+        and os.path.isfile(where)
+        and os.path.getsize(where) == 0
+    )
+
+
 def _holds_a_log(path: str) -> bool | None:
     """Whether the SQLite file at `path` holds turnplug's tables, read without writing to
-    it; None when it cannot be read so (the log's own error then says why)."""
-    uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
+    it; None when it cannot be read so (the log's own error then says why).
+
+    Without a ``-wal`` file beside it everything is in the file itself, and it is read as
+    immutable: a read-only open of a WAL-mode database would leave ``-shm`` and ``-wal``
+    files next to another program's database.
+    """
+    immutable = "&immutable=1" if not os.path.exists(f"{path}-wal") else ""
+    uri = f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(path)))}?mode=ro{immutable}"
     try:
         connection = sqlite3.connect(uri, uri=True)
     except sqlite3.Error:
@@ -85,11 +101,14 @@ async def show_log(
 ) -> None:
     """Write the conversation's committed turns (and their audit records, if asked), or
     the log's conversations when `conversation_id` is None."""
-    async with existing_log(where) as log:
-        if conversation_id is None:
-            conversations = await log.conversations()
-        else:
-            entries = await log.entries(conversation_id)
+    conversations: tuple[ConversationInfo, ...] = ()
+    entries: tuple[LogEntry, ...] = ()
+    if not _empty_file(where):
+        async with existing_log(where) as log:
+            if conversation_id is None:
+                conversations = await log.conversations()
+            else:
+                entries = await log.entries(conversation_id)
     if conversation_id is None:
         if as_json:
             write(json.dumps({"conversations": [_info(c) for c in conversations]}, indent=2))

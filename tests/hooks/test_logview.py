@@ -6,6 +6,7 @@ synthetic tool call, a rejected first attempt, and a background hook's durable s
 
 import contextlib
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -278,18 +279,18 @@ def test_a_commit_time_changed_by_hand_is_a_log_error_naming_the_turn(tmp_path, 
 
 
 @pytest.mark.parametrize("listing", [False, True])
-@pytest.mark.parametrize("kind", ["another program's database", "an empty file"])
-def test_log_refuses_an_sqlite_file_that_is_no_log_and_leaves_it_as_it_was(tmp_path, kind, listing):
+@pytest.mark.parametrize("wal", [False, True], ids=["rollback journal", "WAL mode"])
+def test_log_refuses_an_sqlite_file_that_is_no_log_and_leaves_it_as_it_was(tmp_path, wal, listing):
     """Catches `turnplug log`, which only reads, turning another program's SQLite database
-    (a mistyped --log) or an empty file into a log, switching it to WAL mode and adding
-    turnplug's tables, then reporting "nothing committed" as if all were well."""
+    (a mistyped --log) into a log, switching it to WAL mode and adding turnplug's tables,
+    then reporting "nothing committed" as if all were well; and, for a database in WAL
+    mode, leaving ``-shm`` and ``-wal`` files next to it after refusing it."""
     path = tmp_path / "app.db"
-    if kind == "an empty file":
-        path.write_bytes(b"")
-    else:
-        with contextlib.closing(sqlite3.connect(path)) as db:
-            db.execute("CREATE TABLE users (id INTEGER)")
-            db.commit()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        if wal:
+            db.execute("PRAGMA journal_mode = WAL")
+        db.execute("CREATE TABLE users (id INTEGER)")
+        db.commit()
     before = path.read_bytes()
 
     args = ["log", "--log", str(path)] if listing else ["log", CONVERSATION, "--log", str(path)]
@@ -300,6 +301,43 @@ def test_log_refuses_an_sqlite_file_that_is_no_log_and_leaves_it_as_it_was(tmp_p
     assert "without turnplug's tables" in line
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def test_an_empty_file_reads_as_a_log_with_no_conversations_and_is_left_empty(tmp_path):
+    """Bug: an empty file (a first run that stopped before committing anything) was refused
+    with "pass the path of the log file", which the user had done."""
+    path = tmp_path / "chats.db"
+    path.write_bytes(b"")
+
+    listed = turnplug("log", "--log", str(path))
+    shown = turnplug("log", CONVERSATION, "--log", str(path))
+    machine = turnplug("log", CONVERSATION, "--log", str(path), "--json")
+
+    assert (listed.returncode, listed.stdout) == (0, f"{path}: no conversations\n")
+    assert (shown.returncode, shown.stdout) == (
+        0,
+        f"conversation {CONVERSATION!r}: nothing committed\n",
+    )
+    assert (machine.returncode, json.loads(machine.stdout)) == (
+        0,
+        {"conversation": CONVERSATION, "entries": []},
+    )
+    assert path.read_bytes() == b""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chats.db"]
+
+
+async def test_log_reads_a_log_whose_path_is_not_utf_8(tmp_path):
+    """Bug: a log at a path holding bytes that are not UTF-8 (which the command line gives
+    as a string with surrogates) failed with UnicodeEncodeError while checking that the
+    file holds a log."""
+    path = os.path.join(os.fsencode(tmp_path), b"caf\xe9.db")
+    async with SQLiteLog(os.fsdecode(path)) as log:
+        await log.append("c", "t1", (Message.user("hi"),))
+
+    shown = await anyio.to_thread.run_sync(turnplug, "log", "c", "--log", os.fsdecode(path))
+
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[3:] == ["  user       hi"]
 
 
 def test_a_malformed_dsn_is_an_error_that_does_not_echo_the_password():
