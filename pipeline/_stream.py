@@ -156,7 +156,8 @@ class TurnEvents:
         self._exhausted = False
         # The consumer found the turn stopped before its end (`_stopped`).
         self._stopped_at_end = False
-        # The stream block was left (`result` can no longer be reached by iterating).
+        # The stream block was left (`result` can no longer be reached by iterating unless
+        # the turn finished before, its events buffered).
         self._left = False
 
     @property
@@ -167,6 +168,12 @@ class TurnEvents:
                 f"the turn failed with {type(self._error).__name__}, so it has no result"
             ) from self._error
         if self._result is None or not self._exhausted:
+            if self._left and self._result is not None:
+                raise RuntimeError(
+                    "the turn finished, but its events were not read to the end: iterate the"
+                    " rest of them (they can still be read after the stream block), then read"
+                    " events.result"
+                )
             if self._left:
                 raise RuntimeError(
                     "the turn has not finished: its stream block was left before the end of"

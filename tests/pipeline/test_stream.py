@@ -20,7 +20,7 @@ from pipeline import (
     parallel,
     regenerate,
 )
-from pipeline.events import HookStarted, TextDelta
+from pipeline.events import Committed, HookStarted, TextDelta, TurnFinished
 from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Text, Turn
@@ -948,9 +948,14 @@ async def test_entering_one_pipe_session_twice_is_a_runtime_error_saying_what_to
 async def test_the_result_of_a_stream_left_early_says_the_block_was_left_not_to_iterate_on():
     """Catches: `events.result` read after leaving the block early telling the caller to
     iterate the events to the end, which the closed stream no longer allows."""
-    async with Pipeline(model=ScriptedModel([["a", "b"]])).stream(start()) as events:
-        async for _ in events:
-            break
+
+    async def waits(turn):
+        await anyio.sleep_forever()
+
+    async with Pipeline(pre=[waits], model=ScriptedModel([["a", "b"]])).stream(start()) as events:
+        async for event in events:
+            if isinstance(event, HookStarted):
+                break
 
     with pytest.raises(RuntimeError) as excinfo:
         _ = events.result
@@ -960,3 +965,29 @@ async def test_the_result_of_a_stream_left_early_says_the_block_was_left_not_to_
         " which cancels a turn still running, so it has no result — iterate the events to the"
         " end inside the block, then read events.result"
     )
+
+
+@pytest.mark.parametrize("last", [Committed, TurnFinished])
+async def test_the_result_of_a_finished_turn_whose_events_were_left_unread_says_it_finished(last):
+    """Catches: `events.result` read after the block was left on `Committed` or
+    `TurnFinished` saying the block's exit cancelled the turn, so it has no result, when the
+    turn had finished and was committed (a caller believing it would send the turn again);
+    and the claim that the rest of the events cannot be read after the block."""
+    log = MemoryLog()
+    async with Pipeline(model=ScriptedModel(["answer"])).session(log=log, conversation_id="c") as s:
+        async with s.stream("hi") as events:
+            async for event in events:
+                if isinstance(event, last):
+                    break
+
+        with pytest.raises(RuntimeError) as excinfo:
+            _ = events.result
+        rest = [type(event) async for event in events]
+
+    assert str(excinfo.value) == (
+        "the turn finished, but its events were not read to the end: iterate the rest of them"
+        " (they can still be read after the stream block), then read events.result"
+    )
+    assert rest == ([TurnFinished] if last is Committed else [])
+    assert events.result.outcome == "completed"
+    assert [m.text for m in (await log.load("c")).messages] == ["hi", "answer"]
