@@ -311,7 +311,13 @@ def read_time(where: str, value: object) -> datetime:
         raise StoredDataError(f"{where} cannot be read: its commit time {value!r} has no time zone")
     # PostgreSQL gives the time in its session's TimeZone (the server's default, a role's
     # setting, the client's PGTZ); every log gives UTC.
-    return when.astimezone(UTC)
+    try:
+        return when.astimezone(UTC)
+    except OverflowError as exc:
+        # Year 1 with an offset ahead of UTC, or year 9999 with one behind it.
+        raise StoredDataError(
+            f"{where} cannot be read: its commit time {value!r} is out of range in UTC ({exc})"
+        ) from exc
 
 
 def read_conversations(

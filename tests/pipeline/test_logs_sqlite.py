@@ -4,6 +4,7 @@ What every log does is in test_logs.py, which runs against SQLiteLog too.
 """
 
 import datetime
+import re
 import sqlite3
 import threading
 import time
@@ -568,3 +569,28 @@ async def test_a_call_waiting_when_the_log_closes_is_refused_and_no_thread_is_le
 
     assert outcomes == ["committed", f"{log!r} is closed; open a new one to use it again"]
     await wait_gone(f"{log!r} worker")
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ["0001-01-01T00:30:00+01:00", "9999-12-31T23:30:00-01:00"],
+    ids=["year 1", "year 9999"],
+)
+async def test_a_commit_time_out_of_range_in_utc_is_a_log_error_naming_the_turn(tmp_path, stored):
+    """Catches: a stored commit time that cannot be given in UTC (year 1 with an offset
+    ahead of it, year 9999 with one behind) failing with a bare OverflowError instead of a
+    LogError naming the turn, as any other unreadable commit time does."""
+    path = tmp_path / "log.db"
+    await committed(path, "t1")
+    with raw(path) as db:
+        db.execute("UPDATE turnplug_turns SET committed_at = ?", (stored,))
+
+    async with SQLiteLog(path) as log:
+        with pytest.raises(
+            LogError, match=f"turn 't1' of conversation 'c'.*{re.escape(repr(stored))}"
+        ):
+            await log.entries("c")
+        with pytest.raises(
+            LogError, match=f"the last turn of conversation 'c'.*{re.escape(repr(stored))}"
+        ):
+            await log.conversations()
