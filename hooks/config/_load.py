@@ -518,7 +518,8 @@ def _build(
                 built["transformers"],
                 strict=True,
             ),
-            "their annotations would overwrite each other — give one another name",
+            "a transformer's name keys its annotations in Reply.annotations and names it in"
+            ' errors — give one another name with its `name` key (name = "...")',
         )
     )
     if model is not None:

@@ -365,10 +365,17 @@ def test_a_ref_must_be_module_colon_attribute(text: str) -> None:
 
 
 def test_two_transformers_of_one_name_are_refused_at_the_second() -> None:
+    """Catches the reason given being that their annotations would overwrite each other
+    (the pipeline refuses them for their names, which key annotations and errors alike),
+    with no word of the `name` key that fixes it."""
     data = {"transformers": [{"kind": "redact", "patterns": ["a"]}] * 2}
     ((path, message),) = _problems(data)
     assert path == "transformers[1].name"
-    assert "transformers[0]" in message
+    assert message == (
+        '"redact" is also the name of transformers[0]; a transformer\'s name keys its'
+        " annotations in Reply.annotations and names it in errors — give one another name"
+        ' with its `name` key (name = "...")'
+    )
 
 
 @pytest.mark.parametrize(
