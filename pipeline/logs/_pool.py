@@ -282,11 +282,13 @@ class Connections(Generic[C]):
         try:
             return self._attempt(holder, work)
         except Exception:
-            # A kept connection the server dropped while it was idle (a restart, a failover,
-            # an idle timeout) fails only when it is next used, which says nothing about the
-            # server now: make the call once more, on a new connection. Every call a log
-            # makes may be made twice: reads, and commits, which their turn_ref makes
-            # idempotent (one that did commit before the connection broke is a duplicate).
+            # A kept connection found broken, whether the server dropped it while it was
+            # idle (a restart, a failover, an idle timeout: found out only when it is next
+            # used, which says nothing about the server now) or during this call (a backend
+            # terminated mid-statement; the client cannot tell the two apart): make the call
+            # once more, on a new connection. Every call a log makes may be made twice:
+            # reads, and commits, which their turn_ref makes idempotent (one that did
+            # commit before the connection broke is a duplicate).
             if not reused or holder[0] is not None or self._closed:
                 raise
             return self._attempt(holder, work)

@@ -8,6 +8,8 @@ import datetime
 import subprocess
 import sys
 import textwrap
+import time
+from functools import partial
 
 import anyio
 import pytest
@@ -238,6 +240,49 @@ async def test_a_kept_connection_the_server_dropped_is_replaced_without_failing_
         entries = await log.entries("c")
 
     assert loaded == Context(messages=exchange("q1", "a1"))
+    assert [entry.turn_ref for entry in entries] == ["t1", "t2"]
+
+
+def end_connection_waiting_on_a_lock(dsn: str, application_name: str) -> None:
+    """End the server side of the connection tagged `application_name` once it waits on a
+    lock, in the middle of its statement (an administrator's pg_terminate_backend, a crash
+    of that backend)."""
+    with admin(dsn) as db:
+        for _ in range(2000):
+            ended = db.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = %s AND wait_event_type = 'Lock'",
+                (application_name,),
+            ).fetchone()[0]
+            if ended:
+                return
+            time.sleep(0.005)
+    raise AssertionError(f"no connection {application_name!r} waited on the lock")
+
+
+async def test_a_kept_connection_ended_in_the_middle_of_a_commit_is_replaced_and_commits_once(
+    postgres,
+):
+    """Pins what docs/logs.md says is made once more, which said only a connection ended
+    while it was idle: a kept connection whose server side ended during the call (here
+    while the commit waited on a lock) is replaced and the commit is made again, once."""
+    import psycopg
+
+    tagged = with_params(postgres, application_name="turnplug-mid-call")
+    async with PostgresLog(tagged, max_connections=1) as log:
+        await log.append("c", "t1", exchange("q1", "a1"))
+        with psycopg.connect(postgres) as holder:
+            holder.execute("LOCK TABLE turnplug_conversations IN ACCESS EXCLUSIVE MODE")
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(
+                    partial(log.append, "c", "t2", exchange("q2", "a2"), expected_length=2)
+                )
+                await anyio.to_thread.run_sync(
+                    end_connection_waiting_on_a_lock, postgres, "turnplug-mid-call"
+                )
+                holder.rollback()
+        entries = await log.entries("c")
+
     assert [entry.turn_ref for entry in entries] == ["t1", "t2"]
 
 
