@@ -3,6 +3,7 @@
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -159,6 +160,20 @@ def test_usage_errors_exit_2_with_one_clear_line(args: list[str]) -> None:
     assert "Traceback" not in done.stderr
 
 
+async def demo_against(server: Any) -> "subprocess.CompletedProcess[bytes]":
+    """`turnplug demo --model openai:local-model` against `server`, with a key."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env |= {"OPENAI_API_KEY": "sk-local-test", "OPENAI_BASE_URL": f"{server.url}/v1"}
+    return await trio.run_process(
+        [TURNPLUG, "demo", "--model", "openai:local-model"],
+        capture_stdout=True,
+        capture_stderr=True,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        check=False,
+    )
+
+
 @pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_demo_with_a_model_and_its_key_talks_to_that_provider() -> None:
     # A real OpenAI-compatible server on loopback plays two attempts: the first leaks an
@@ -168,16 +183,7 @@ async def test_demo_with_a_model_and_its_key_talks_to_that_provider() -> None:
     first = wire.stream(wire.openai_text(["See internal ticket RF-1."]))
     second = wire.stream(wire.openai_text(["Write to ada@exa", "mple.com."]))
     async with wire.running(first, second) as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-        env |= {"OPENAI_API_KEY": "sk-local-test", "OPENAI_BASE_URL": f"{server.url}/v1"}
-        done = await trio.run_process(
-            [TURNPLUG, "demo", "--model", "openai:local-model"],
-            capture_stdout=True,
-            capture_stderr=True,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            check=False,
-        )
+        done = await demo_against(server)
     out = done.stdout.decode()
     assert done.returncode == 0, done.stderr.decode()
     assert "with openai:local-model" in out
@@ -200,16 +206,7 @@ async def test_demo_whose_model_exhausts_the_regenerations_exits_1() -> None:
 
     leak = wire.stream(wire.openai_text(["See internal ticket RF-1."]))
     async with wire.running(repeat=leak) as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-        env |= {"OPENAI_API_KEY": "sk-local-test", "OPENAI_BASE_URL": f"{server.url}/v1"}
-        done = await trio.run_process(
-            [TURNPLUG, "demo", "--model", "openai:local-model"],
-            capture_stdout=True,
-            capture_stderr=True,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            check=False,
-        )
+        done = await demo_against(server)
     out = done.stdout.decode()
     assert (done.returncode, out.rstrip().splitlines()[-1]) == (1, "outcome: exhausted")
     assert len(server.requests) == 3

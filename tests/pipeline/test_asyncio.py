@@ -90,6 +90,14 @@ async def _stray() -> None:
     await future
 
 
+async def _consume_into(trace: list[str], pipe: Pipeline) -> None:
+    """Stream a turn, noting each event's type and the code after the loop."""
+    async with pipe.stream(Turn.start("x")) as events:
+        async for event in events:
+            trace.append(type(event).__name__)
+        trace.append("after the loop")
+
+
 def test_a_streamed_turn_stopped_by_a_stray_cancellation_fails_loudly() -> None:
     """Catches: a model that lets a stray ``CancelledError`` out (it awaited a future someone
     cancelled; nothing cancelled the turn) ending the turn's events as if it had finished,
@@ -102,14 +110,8 @@ def test_a_streamed_turn_stopped_by_a_stray_cancellation_fails_loudly() -> None:
     pipe = Pipeline(model=FunctionModel(reply))
     trace: list[str] = []
 
-    async def main() -> None:
-        async with pipe.stream(Turn.start("x")) as events:
-            async for event in events:
-                trace.append(type(event).__name__)
-            trace.append("after the loop")
-
     with pytest.raises(RuntimeError, match="stopped before it finished"):
-        asyncio.run(main())
+        asyncio.run(_consume_into(trace, pipe))
 
     assert trace == ["TurnStarted", "ModelCalled"]
 
@@ -126,14 +128,8 @@ def test_a_stray_cancellation_out_of_a_hook_is_the_hooks_failure() -> None:
     pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[hook(stray, name="stray")])
     trace: list[str] = []
 
-    async def main() -> None:
-        async with pipe.stream(Turn.start("x")) as events:
-            async for event in events:
-                trace.append(type(event).__name__)
-            trace.append("after the loop")
-
     with pytest.raises(HookFailed, match="'stray'"):
-        asyncio.run(main())
+        asyncio.run(_consume_into(trace, pipe))
 
     assert trace == ["TurnStarted", "HookStarted", "HookFailed"]
 
