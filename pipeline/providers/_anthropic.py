@@ -1,5 +1,6 @@
 """Anthropic Messages: the request body, the stream parser, and the provider."""
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, final
@@ -381,11 +382,12 @@ class AnthropicStreamParser:
             self._thinking.append({"type": "redacted_thinking", "data": block.start.get("data")})
         elif block.kind == "tool_use":
             raw = "".join(block.pieces)
-            arguments, meta = decode_arguments(raw)
             if not raw.strip() and isinstance(block.start.get("input"), dict):
                 # A server that sends the input whole, perhaps followed by an empty
-                # input_json_delta: nothing streamed, so the start's input stands.
-                arguments = block.start["input"]
+                # input_json_delta: nothing streamed, so the start's input stands, checked
+                # as streamed text is (it may hold NaN or 1e400, read as numbers JSON lacks).
+                raw = json.dumps(block.start["input"])
+            arguments, meta = decode_arguments(raw)
             if self._thinking:
                 meta[THINKING_KEY] = self._thinking
                 self._thinking = []

@@ -1,6 +1,7 @@
 """Pure helpers both providers' cores share."""
 
 import json
+import math
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -20,11 +21,12 @@ def decode_json(data: str, *, strict: bool = False) -> Any:
     malformed JSON (Python's decoder recurses: 100,000 brackets raise `RecursionError`).
 
     `strict` refuses ``NaN``, ``Infinity`` and ``-Infinity``, which Python's decoder accepts
-    but JSON does not: a value that goes back to the provider must be one it can parse.
+    but JSON does not, and a number past a float's range (``1e400``), which JSON allows but
+    Python reads as infinity: a value that goes back to the provider must be one it can parse.
     """
     try:
         if strict:
-            return json.loads(data, parse_constant=_refuse_constant)
+            return json.loads(data, parse_constant=_refuse_constant, parse_float=_finite)
         return json.loads(data)
     except RecursionError:
         raise ValueError("nested too deeply to decode") from None
@@ -34,13 +36,24 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+class _OutOfRange(ValueError):
+    """A JSON number Python reads as infinity: valid JSON, but not a value to send back."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _OutOfRange(f"the number {text} is past a float's range (about 1.8e308)")
+    return value
+
+
 def decode_arguments(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Decode a tool call's assembled argument text: (arguments, meta to add).
 
     An empty text means no arguments. Text that is not a JSON object (a model's mistake,
-    output cut by the token limit, nesting too deep to decode, ``NaN``, which Python reads but
-    the arguments echoed to the provider in the next request must not hold) is kept in the
-    meta rather than raised: it is the model's error to correct, not a broken stream. The
+    output cut by the token limit, nesting too deep to decode, ``NaN`` or ``1e400``, which
+    Python reads as numbers JSON cannot write, so that the arguments echoed to the provider in
+    the next request could not hold them) is kept in the meta rather than raised: it is the model's error to correct, not a broken stream. The
     error quotes the start of the text, so that the model sees what it sent.
     """
     if not raw.strip():
@@ -48,6 +61,9 @@ def decode_arguments(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:
     quoted = raw[:_QUOTED] + ("..." if len(raw) > _QUOTED else "")
     try:
         value = decode_json(raw, strict=True)
+    except _OutOfRange as exc:
+        error = f"out of range ({exc}): {quoted!r}"
+        return {}, {INVALID_ARGUMENTS: {"raw": raw, "error": error}}
     except ValueError as exc:
         error = f"not valid JSON ({exc}): {quoted!r}"
         return {}, {INVALID_ARGUMENTS: {"raw": raw, "error": error}}

@@ -215,3 +215,82 @@ async def test_nan_in_the_models_arguments_is_invalid_and_never_sent_back(
     assert (ran, result.audit.tools[0].result.error_class) == ([], "invalid_arguments")
     sent = _strict_json(server.requests[1].raw)
     assert sent["messages"][1]["content"][0]["input"] == {}
+
+
+def _number_past_range_stream(provider: str, number: str) -> tuple[bytes, ...]:
+    raw = '{"x": ' + number + "}"
+    if provider == "openai":
+        return wire.openai_tool_calls([("call_1", "scale", [raw])])
+    return (
+        wire.anthropic_start(),
+        *wire.anthropic_tool_block(0, "toolu_1", "scale", [raw]),
+        *wire.anthropic_end("tool_use"),
+    )
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1E+400", "1.5e999"])
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_number_past_a_floats_range_in_the_arguments_is_invalid(
+    server: ProtocolServer, provider: str, number: str
+) -> None:
+    """Catches: a number such as 1e400 (valid JSON, which Python reads as infinity) taken as
+    valid arguments, where NaN and Infinity were refused: the tool ran with inf, and the next
+    request, which must echo the call, failed with a RequestError, so the turn failed."""
+    ran: list[float] = []
+
+    @tool
+    def scale(x: float) -> str:
+        ran.append(x)
+        return "scaled"
+
+    second = (
+        wire.openai_text(["Sorry."]) if provider == "openai" else wire.anthropic_text(["Sorry."])
+    )
+    server.script(wire.stream(_number_past_range_stream(provider, number)), wire.stream(second))
+    model: Any = (
+        OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
+        if provider == "openai"
+        else AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    )
+
+    result = await Pipeline(model=model, tools=[scale]).run(Turn.start("scale it"))
+
+    assert (ran, result.outcome) == ([], "completed")
+    record = result.audit.tools[0].result
+    assert record.error_class == "invalid_arguments"
+    assert f"the number {number} is past a float's range" in record.content
+    _strict_json(server.requests[1].raw)
+
+
+async def test_an_input_sent_whole_with_a_number_past_range_is_invalid(
+    server: ProtocolServer,
+) -> None:
+    """Catches: the input a content_block_start carried whole (as some servers send it) taken
+    unchecked, so NaN or 1e400 in it ran the tool and then failed the next request."""
+    ran: list[float] = []
+
+    @tool
+    def scale(x: float) -> str:
+        ran.append(x)
+        return "scaled"
+
+    start = '{"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use",'
+    start += ' "id": "toolu_1", "name": "scale", "input": {"x": 1e400}}}'
+    server.script(
+        wire.stream(
+            (
+                wire.anthropic_start(),
+                wire.sse(start, "content_block_start"),
+                wire.sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+                *wire.anthropic_end("tool_use"),
+            )
+        ),
+        wire.stream(wire.anthropic_text(["Sorry."])),
+    )
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+
+    result = await Pipeline(model=model, tools=[scale]).run(Turn.start("scale it"))
+
+    assert (ran, result.outcome) == ([], "completed")
+    assert result.audit.tools[0].result.error_class == "invalid_arguments"
+    assert _strict_json(server.requests[1].raw)["messages"][1]["content"][0]["input"] == {}
