@@ -448,6 +448,9 @@ _SECTIONS = frozenset(
 """The section headings of a Google-style docstring (Sphinx's napoleon reads these): a
 description's own line ending in a colon ("Supported currencies:") is no section."""
 
+_ARGS = ("Args", "Arguments", "Parameters")
+"""The sections whose indented entries describe the arguments."""
+
 
 def _docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
     """The description and per-argument notes of a Google-style docstring."""
@@ -467,9 +470,13 @@ def _docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
             section = stripped[:-1].capitalize()
             current = None
             continue
+        if section in _ARGS and stripped and not line.startswith(" "):
+            # An argument and its note are indented under the heading: a line that is not
+            # (another heading, "Usage:") ends the section, and is description again.
+            section = current = None
         if section is None:
             description.append(line)
-        elif section in ("Args", "Arguments", "Parameters"):
+        elif section in _ARGS:
             match = re.match(r"\s{1,8}(\*{0,2}\w+)(?:\s*\(.*?\))?:\s*(.*)", line)
             if match and line[: len(line) - len(line.lstrip())] and match.group(1).isidentifier():
                 current = match.group(1)

@@ -205,6 +205,33 @@ def test_a_description_line_ending_in_a_colon_stays_in_the_description() -> None
     assert made.parameters["properties"]["amount"]["description"] == "How much."
 
 
+def test_an_unindented_line_after_the_args_ends_the_section() -> None:
+    """Catches: a heading that is not a Google-style section ("Usage:") after the Args
+    section, and its paragraph, glued onto the last argument's description, so the model
+    read the tool's usage note as what the currency argument means."""
+
+    def convert(amount: float, currency: str) -> str:
+        """Convert money.
+
+        Args:
+            amount: How much.
+            currency: The ISO code.
+        Usage:
+            Call once per amount; results are cached for an hour.
+        """
+        return currency
+
+    made = tool(convert)
+    properties = made.parameters["properties"]
+    assert (properties["amount"]["description"], properties["currency"]["description"]) == (
+        "How much.",
+        "The ISO code.",
+    )
+    assert made.description == (
+        "Convert money.\n\nUsage:\n    Call once per amount; results are cached for an hour."
+    )
+
+
 def test_each_argument_is_described_by_its_note_in_the_args_section() -> None:
     def forecast(city: str, days: int = 3) -> str:
         """Tell the weather.
