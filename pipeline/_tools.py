@@ -175,7 +175,7 @@ class _Dict(_Shape):
         if type(value) is not dict:
             problems.add(path, f"expected object, got {_json_describe(value)}")
             return _INVALID
-        return {k: self.value.convert(v, _join(path, k), problems) for k, v in value.items()}
+        return {k: self.value.convert(v, _join_sent(path, k), problems) for k, v in value.items()}
 
 
 class _Union(_Shape):
@@ -269,7 +269,7 @@ class _Object(_Shape):
             shape = self.fields.get(name)
             if shape is None:
                 known = ", ".join(self.fields) or "none"
-                problems.add(_join(path, name), f"unexpected argument (expected: {known})")
+                problems.add(_join_sent(path, name), f"unexpected argument (expected: {known})")
                 continue
             converted[name] = shape.convert(item, _join(path, name), problems)
         if problems.items or self.build is None:
@@ -291,11 +291,15 @@ def _container(value: Any) -> str | None:
 
 
 def _join(path: str, name: object) -> str:
-    # A key is shown as far as a value is (`_json_describe`): a huge one is the model's.
     key = str(name)
-    if len(key) > 40:
-        key = key[:37] + "..."
     return f"{path}.{key}" if path else key
+
+
+def _join_sent(path: str, key: object) -> str:
+    """`_join` for a key the model chose (one the tool does not declare): shown as far as a
+    value is (`_json_describe`), since a huge one is the model's; a declared name is whole."""
+    text = str(key)
+    return _join(path, text if len(text) <= 40 else text[:37] + "...")
 
 
 def _schema_name(schema: Mapping[str, Any]) -> str:

@@ -642,6 +642,26 @@ def test_a_huge_unexpected_argument_name_is_shortened_in_the_problem() -> None:
     assert problem == f"{'k' * 37}...: unexpected argument (expected: value)"
 
 
+def test_a_long_argument_name_the_tool_declares_is_shown_whole() -> None:
+    """Catches: the 40-character cut meant for keys the model made up applied to the tool's
+    own argument names too, so the model was told of an argument
+    "include_archived_messages_from_all_wo..." that does not exist, and could not fix its
+    call."""
+    name = "include_archived_messages_from_all_workspaces"
+
+    @tool
+    def search(
+        include_archived_messages_from_all_workspaces: bool, deep: dict[str, int], query: str
+    ) -> str:
+        return query
+
+    assert search.check(call("search", {name: "yes", "deep": {"d" * 50: "x"}})) == (
+        f'query: required; {name}: expected boolean, got string "yes"; deep.{"d" * 37}...:'
+        ' expected integer, got string "x"'
+    )
+    assert search.check(call("search", {"deep": {}, "query": "q"})) == f"{name}: required"
+
+
 def test_a_literal_accepts_only_its_values() -> None:
     assert probe_for(Literal["celsius", "kelvin"]).check(
         call(arguments={"value": "fahrenheit"})
