@@ -26,6 +26,7 @@ from pipeline import (
     hook,
     toolset_tool_name,
 )
+from pipeline.providers import hide_userinfo
 from turns import Turn
 
 from ..config._file import Config
@@ -229,7 +230,7 @@ def _model(spec: ModelSpec | None) -> str:
     assert isinstance(spec, OpenAISpec | AnthropicSpec)
     details = [f"{spec.PROVIDER} {spec.name}"]
     if spec.base_url:
-        details.append(f"at {spec.base_url}")
+        details.append(f"at {hide_userinfo(spec.base_url)}")
     details.append(f"key from {spec.api_key_env}" if spec.api_key_env else "no key")
     if spec.max_tokens is not None:
         details.append(f"max_tokens {spec.max_tokens}")

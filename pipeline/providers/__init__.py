@@ -8,10 +8,11 @@ maps httpx's exceptions to the `ProviderError` tree). `model_from_string` builds
 """
 
 from ._anthropic import AnthropicMessages
+from ._http import hide_userinfo
 from ._openai import OpenAIChat
 from ._strings import model_from_string
 
-__all__ = ["AnthropicMessages", "OpenAIChat", "model_from_string"]
+__all__ = ["AnthropicMessages", "OpenAIChat", "hide_userinfo", "model_from_string"]
 
 for _name in __all__:
     _obj = globals()[_name]

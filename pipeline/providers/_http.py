@@ -394,7 +394,8 @@ _USERINFO = re.compile(r"^([^/]*//)?[^/?#]*@")
 
 def hide_userinfo(url: str) -> str:
     """`url` with the credentials it may carry (``https://user:secret@host``, which httpx
-    sends as Basic auth) replaced by ``***``: for reprs and messages."""
+    sends as Basic auth) replaced by ``***``: for reprs, messages and anything else that shows
+    a base URL (``turnplug check`` does), as the providers show it."""
     return _USERINFO.sub(r"\1***@", url)
 
 

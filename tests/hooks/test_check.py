@@ -125,6 +125,23 @@ def test_check_shows_the_model_and_the_bounds(tmp_path: Path) -> None:
     assert "sk-test" not in text
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_check_hides_the_credentials_in_a_base_url(tmp_path: Path, provider: str) -> None:
+    """Catches: check printing a model's base_url with the user and password written into it
+    (`https://user:s3cret@proxy.example/v1`), which the providers hide (***@) in their repr
+    and errors, on a screen or in a CI log a reviewer reads."""
+    config = f"""
+        [model]
+        provider = "{provider}"
+        name = "m"
+        api_key_env = "OPENAI_API_KEY"
+        base_url = "https://user:s3cret@proxy.example/v1"
+    """
+    text = "\n".join(_check(write_config(tmp_path, config)))
+    assert f"{provider} m, at https://***@proxy.example/v1," in text
+    assert "s3cret" not in text
+
+
 TOOLS = """
     max_steps = 5
     tool_concurrency = 2
