@@ -456,7 +456,13 @@ def endpoint_for(
         model.provider,
         "api_key=" if given else str(variable),
     )
-    where = f"set {variable} or " if variable else ""
+    if given:
+        # The variable is not read when a key is given, so setting it cannot help.
+        instead = f", or leave api_key out (None) to read {variable}" if variable else ""
+        missing = f"no API key was sent: api_key is empty — pass the key as api_key={instead}"
+    else:
+        where = f"set {variable} or " if variable else ""
+        missing = f"no API key was sent: {where}pass api_key="
     return Endpoint(
         model.provider,
         url,
@@ -471,7 +477,7 @@ def endpoint_for(
         as_timeout(model.timeout),
         model.max_retries,
         model.transport,
-        None if key else f"no API key was sent: {where}pass api_key=",
+        None if key else missing,
         model.max_line_bytes,
     )
 

@@ -164,6 +164,27 @@ async def test_any_error_status_to_a_request_without_a_key_says_no_key_was_sent(
     assert "x-api-key" not in server.requests[0].headers
 
 
+@pytest.mark.parametrize("api_key", ["", "  "])
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_an_empty_api_key_argument_is_not_told_to_set_the_variable(
+    server: ProtocolServer, monkeypatch: pytest.MonkeyPatch, provider: str, api_key: str
+) -> None:
+    """Catches: api_key="" (which sends no key, the environment unread) answered with "set
+    OPENAI_API_KEY or pass api_key=": the variable was set already, and setting it cannot
+    help while the argument is given."""
+    variable = f"{provider.upper()}_API_KEY"
+    monkeypatch.setenv(variable, KEY)
+    server.script(wire.json_error(401, {"error": {"message": "denied", "type": "auth"}}))
+    with pytest.raises(ProviderStatusError) as caught:
+        await collect(make(provider, server, api_key=api_key, max_retries=0))
+    message = str(caught.value)
+    assert message.endswith(
+        "no API key was sent: api_key is empty — pass the key as api_key=, or leave api_key"
+        f" out (None) to read {variable}"
+    )
+    assert f"set {variable}" not in message
+
+
 async def test_an_error_status_with_a_key_does_not_mention_keys(server: ProtocolServer) -> None:
     """Catches: the hint given when a key was sent (it would mislead)."""
     server.script(wire.json_error(500, {"error": {"message": "boom", "type": "x"}}))
