@@ -19,6 +19,7 @@ from ._convert import (
     load_json,
     protocol_error,
     rejoin_halves,
+    sendable_arguments,
     synthesize_id,
     tokens,
     wire_fields,
@@ -192,7 +193,9 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
                     "id": part.id,
                     "name": part.name,
                     # Undecodable arguments go out as {} (their raw text stays in the meta).
-                    "input": {} if INVALID_ARGUMENTS in part.meta else dict(part.arguments),
+                    "input": (
+                        {} if INVALID_ARGUMENTS in part.meta else sendable_arguments(part.arguments)
+                    ),
                     **wire_fields(part.meta, META_KEY),
                 }
             )

@@ -73,6 +73,28 @@ def decode_arguments(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return value, {}
 
 
+def sendable_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool call's arguments as a request sends them: NaN and infinities as the strings
+    ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``.
+
+    The decoder refuses them now, but a conversation may hold them from before (or from a
+    hook): JSON has no numbers for them, and an error here would fail every later turn of
+    the conversation, which must echo the call. A string reads to the model as what the
+    call held; ``null`` would read as no value.
+    """
+    return {key: _sendable(value) for key, value in arguments.items()}
+
+
+def _sendable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, Mapping):
+        return {key: _sendable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_sendable(item) for item in value]
+    return value
+
+
 HIGH_HALVES = ("\ud800", "\udbff")
 """The first and last high surrogate: the first half of an astral character in UTF-16."""
 

@@ -25,6 +25,7 @@ from ._convert import (
     load_json,
     protocol_error,
     rejoin_halves,
+    sendable_arguments,
     synthesize_id,
     tokens,
     wire_fields,
@@ -147,7 +148,10 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
     else:
         try:
             arguments = json.dumps(
-                dict(call.arguments), ensure_ascii=False, separators=(",", ":"), allow_nan=False
+                sendable_arguments(call.arguments),
+                ensure_ascii=False,
+                separators=(",", ":"),
+                allow_nan=False,
             )
         except (TypeError, ValueError) as exc:
             where = not_json(dict(call.arguments), "arguments")

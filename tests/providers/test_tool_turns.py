@@ -6,6 +6,7 @@ provider's own format. The session commits the exchange as the model saw it.
 """
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from pipeline import TOOL_HOOKS, Pipeline, block, cont, tool
 from pipeline.logs import MemoryLog
 from pipeline.providers import AnthropicMessages, OpenAIChat
-from turns import Message, Text, ToolCall, ToolResult, Turn
+from turns import Context, Message, Text, ToolCall, ToolResult, Turn
 
 from . import server as wire
 from .server import ProtocolServer
@@ -294,3 +295,39 @@ async def test_an_input_sent_whole_with_a_number_past_range_is_invalid(
     assert (ran, result.outcome) == ([], "completed")
     assert result.audit.tools[0].result.error_class == "invalid_arguments"
     assert _strict_json(server.requests[1].raw)["messages"][1]["content"][0]["input"] == {}
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_nan_and_infinity_in_a_call_of_the_history_are_sent_as_strings(
+    server: ProtocolServer, provider: str
+) -> None:
+    """Catches: a conversation holding a tool call whose arguments have NaN or an infinity
+    (decoded before such arguments were refused, or put there by a hook) failing every later
+    turn with a RequestError, since each request must echo the call and JSON has no number
+    for them."""
+    call = ToolCall("call_1", "scale", {"x": math.inf, "more": [math.nan, -math.inf], "n": 2})
+    history = (
+        Message.user("scale it"),
+        Message.assistant([call]),
+        Message.tool(ToolResult("call_1", "scaled to inf")),
+        Message.assistant("Done."),
+    )
+    reply = wire.openai_text(["ok"]) if provider == "openai" else wire.anthropic_text(["ok"])
+    server.script(wire.stream(reply))
+    model: Any = (
+        OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
+        if provider == "openai"
+        else AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    )
+
+    turn = Turn.start("again", context=Context(messages=history))
+    result = await Pipeline(model=model).run(turn)
+
+    assert result.outcome == "completed"
+    sent = _strict_json(server.requests[0].raw)["messages"][1]
+    arguments = (
+        json.loads(sent["tool_calls"][0]["function"]["arguments"])
+        if provider == "openai"
+        else sent["content"][0]["input"]
+    )
+    assert arguments == {"x": "Infinity", "more": ["NaN", "-Infinity"], "n": 2}
