@@ -62,7 +62,7 @@ def decode_arguments(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         value = decode_json(raw, strict=True)
     except _OutOfRange as exc:
-        error = f"out of range ({exc}): {quoted!r}"
+        error = f"out of range: {exc}: {quoted!r}"
         return {}, {INVALID_ARGUMENTS: {"raw": raw, "error": error}}
     except ValueError as exc:
         error = f"not valid JSON ({exc}): {quoted!r}"
