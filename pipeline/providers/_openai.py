@@ -247,6 +247,8 @@ class OpenAIStreamParser:
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 content = delta.get("content")
+                if type(content) is list:
+                    content = _texts_of(content)
                 if isinstance(content, str) and content:
                     self._said_something = True
                     if self._held or HIGH <= content[-1] <= LAST_HIGH:  # a character's half
@@ -435,3 +437,16 @@ class OpenAIChat(PooledProvider):
             {},
             lambda key: {"authorization": f"Bearer {key}"},
         )
+
+
+def _texts_of(parts: list[Any]) -> str:
+    """The text of a ``delta.content`` sent as a list of parts (Mistral's thinking models):
+    its ``text`` parts joined. A ``thinking`` part is the model's reasoning, not its answer,
+    and is left out, as the ``reasoning_content`` of other servers is."""
+    return "".join(
+        part["text"]
+        for part in parts
+        if isinstance(part, dict)
+        and part.get("type") == "text"
+        and isinstance(part.get("text"), str)
+    )

@@ -543,6 +543,22 @@ def test_a_refusal_is_text_the_reply_carries() -> None:
     assert isinstance(events[-1], ModelFinish)
 
 
+def test_content_sent_as_a_list_of_parts_is_its_text_parts() -> None:
+    """Catches: a ``delta.content`` sent as a list of parts (Mistral's thinking models:
+    ``thinking`` parts, then ``text`` parts) ignored, the turn completing with an empty
+    answer that looked like success."""
+    thinking = {"type": "thinking", "thinking": [{"type": "text", "text": "Hmm, refunds."}]}
+    events = parse(
+        chunk({"content": [thinking]}),
+        chunk({"content": [{"type": "text", "text": "Refunds take "}]}),
+        chunk({"content": [{"type": "text", "text": "14 days."}, {"type": "image_url"}]}),
+        chunk({}, "stop"),
+        "[DONE]",
+    )
+    assert [e.text for e in events if isinstance(e, ModelText)] == ["Refunds take ", "14 days."]
+    assert isinstance(events[-1], ModelFinish)
+
+
 def test_a_token_count_that_is_not_a_number_is_a_protocol_error_over_the_socket() -> None:
     # Fed to the parser alone it is a Python error; the stream turns it into a protocol
     # error (see test_http); here: the parser does not guess a number.
