@@ -17,6 +17,7 @@ from ._errors import (
     ProviderProtocolError,
     RequestError,
 )
+from ._loop import spurious_cancellation
 from ._model import ModelFinish, ModelRequest, ModelText, ModelToolCall
 from ._runner import Runner
 from ._seam import PIECE, Seam
@@ -182,6 +183,16 @@ async def call_model(
             raise
         raise ProviderError(
             f"model {model!r} failed: {exc_text(exc)}", provider=_model_name(model)
+        ) from exc
+    except BaseException as exc:
+        if not spurious_cancellation(exc):
+            raise
+        # Its own CancelledError (it awaited a future someone cancelled), nothing cancelling
+        # the turn: its failure, as any other, not the end of the caller's task.
+        raise ProviderError(
+            f"model {model!r} failed: it raised {exc_text(exc)} itself (the turn was not"
+            " cancelled)",
+            provider=_model_name(model),
         ) from exc
     if finish is None:
         raise ProviderProtocolError(

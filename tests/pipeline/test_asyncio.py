@@ -26,6 +26,7 @@ from pipeline import (
     HookFailed,
     HookTimeout,
     Pipeline,
+    ProviderError,
     SessionInfo,
     cont,
     halt,
@@ -98,10 +99,43 @@ async def _consume_into(trace: list[str], pipe: Pipeline) -> None:
         trace.append("after the loop")
 
 
+class _StrayLog(MemoryLog):
+    """A log whose append lets a stray ``CancelledError`` out, nothing cancelling it."""
+
+    async def append(self, *args: Any, **kwargs: Any) -> None:
+        await _stray()
+
+
 def test_a_streamed_turn_stopped_by_a_stray_cancellation_fails_loudly() -> None:
-    """Catches: a model that lets a stray ``CancelledError`` out (it awaited a future someone
-    cancelled; nothing cancelled the turn) ending the turn's events as if it had finished,
-    the consumer's code after its loop running and the block left without a word."""
+    """Catches: a stray ``CancelledError`` that no part of the turn turns into a failure of
+    its own (here a custom log's, at the commit; it awaited a future someone cancelled)
+    ending the turn's events as if it had finished, the consumer's code after its loop
+    running and the block left without a word."""
+    pipe = Pipeline(model=ScriptedModel(["hello"]))
+    trace: list[str] = []
+
+    async def main() -> None:
+        async with (
+            pipe.session(log=_StrayLog(), conversation_id="c") as session,
+            session.stream("x") as events,
+        ):
+            async for event in events:
+                trace.append(type(event).__name__)
+            trace.append("after the loop")
+
+    with pytest.raises(RuntimeError, match="stopped before it finished"):
+        asyncio.run(main())
+
+    assert "after the loop" not in trace
+    assert "Committed" not in trace
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_stray_cancellation_out_of_a_model_is_a_provider_error(streamed: bool) -> None:
+    """Catches: a model's stray ``CancelledError`` (it awaited a future someone cancelled;
+    nothing cancelled the turn) escaping run() as a bare cancellation, the caller's task
+    taken for cancelled, or stopping a streamed turn without naming the model, where every
+    other failure of a model is a ProviderError."""
 
     async def reply(request: object) -> str:
         await _stray()
@@ -110,10 +144,16 @@ def test_a_streamed_turn_stopped_by_a_stray_cancellation_fails_loudly() -> None:
     pipe = Pipeline(model=FunctionModel(reply))
     trace: list[str] = []
 
-    with pytest.raises(RuntimeError, match="stopped before it finished"):
-        asyncio.run(_consume_into(trace, pipe))
+    async def main() -> None:
+        if streamed:
+            await _consume_into(trace, pipe)
+        else:
+            await pipe.run(Turn.start("x"))
 
-    assert trace == ["TurnStarted", "ModelCalled"]
+    with pytest.raises(ProviderError, match="raised CancelledError itself"):
+        asyncio.run(main())
+    if streamed:
+        assert trace == ["TurnStarted", "ModelCalled"]
 
 
 def test_a_stray_cancellation_out_of_a_hook_is_the_hooks_failure() -> None:
