@@ -46,6 +46,14 @@ def echo_turns(toolset: str, count: int) -> ScriptedModel:
     return ScriptedModel(replies)
 
 
+async def opening_error(pipe: Pipeline) -> ToolsetError:
+    """The ToolsetError that opening `pipe` (connecting its toolsets) fails with."""
+    with pytest.raises(ToolsetError) as caught:
+        async with pipe:
+            pass
+    return caught.value
+
+
 def mcp_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
@@ -161,14 +169,12 @@ async def test_a_server_that_never_answers_initialize_fails_the_open_naming_it()
         model=ScriptedModel(["hi"]), toolsets=[faulty_toolset("silent", connect_timeout=1.0)]
     )
     started = time.monotonic()
-    with pytest.raises(ToolsetError) as caught:
-        async with pipe:
-            pass
+    error = await opening_error(pipe)
 
     assert time.monotonic() - started < 12
-    assert caught.value.toolset == "faulty"
-    assert "MCP server 'faulty'" in str(caught.value)
-    assert "did not answer initialize within its connect_timeout of 1 s" in str(caught.value)
+    assert error.toolset == "faulty"
+    assert "MCP server 'faulty'" in str(error)
+    assert "did not answer initialize within its connect_timeout of 1 s" in str(error)
     assert server_processes() == []
 
 
@@ -179,11 +185,9 @@ async def test_a_server_that_writes_no_json_rpc_on_stdout_is_told_by_what_it_wro
     pipe = Pipeline(
         model=ScriptedModel(["hi"]), toolsets=[faulty_toolset("chatty", connect_timeout=5.0)]
     )
-    with pytest.raises(ToolsetError) as caught:
-        async with pipe:
-            pass
+    error = await opening_error(pipe)
 
-    assert str(caught.value).endswith(
+    assert str(error).endswith(
         "did not answer initialize within its connect_timeout of 5 s; it wrote on its stdout"
         " what is not a JSON-RPC message: 'usage: faulty [--port N] (got a request)' (a"
         " server writes only protocol messages there, its logs go to stderr)"
@@ -196,11 +200,9 @@ async def test_a_program_that_prints_its_usage_and_exits_is_told_by_its_usage():
     reported only as having closed the connection: the usage line, which says what is wrong,
     was dropped (its stderr, quoted, was empty)."""
     pipe = Pipeline(model=ScriptedModel(["hi"]), toolsets=[faulty_toolset("usage")])
-    with pytest.raises(ToolsetError) as caught:
-        async with pipe:
-            pass
+    error = await opening_error(pipe)
 
-    assert str(caught.value).endswith(
+    assert str(error).endswith(
         "closed the connection during initialize (did it exit?); it wrote on its stdout what"
         " is not a JSON-RPC message: 'usage: faulty MODE [STATE_FILE]' (a server writes only"
         " protocol messages there, its logs go to stderr)"
@@ -246,13 +248,11 @@ async def test_a_server_that_fails_at_once_fails_the_open_without_waiting_for_a_
     )
     pipe = Pipeline(model=ScriptedModel([]), toolsets=[hung, broken])
     started = time.monotonic()
-    with pytest.raises(ToolsetError) as caught:
-        async with pipe:
-            pass
+    error = await opening_error(pipe)
 
     assert time.monotonic() - started < 15
-    assert caught.value.toolset == "broken"
-    assert "closed the connection during initialize (did it exit?)" in str(caught.value)
+    assert error.toolset == "broken"
+    assert "closed the connection during initialize (did it exit?)" in str(error)
     (pid,) = map(int, starts.read_text().split())
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert server_processes() == []
@@ -272,11 +272,9 @@ async def test_a_failed_start_quotes_the_servers_stderr_with_its_secrets_hidden(
             )
         ],
     )
-    with pytest.raises(ToolsetError) as caught:
-        async with pipe:
-            pass
+    error = await opening_error(pipe)
 
-    assert str(caught.value).endswith("its stderr ends with: auth failed for ***")
+    assert str(error).endswith("its stderr ends with: auth failed for ***")
     assert server_processes() == []
 
 
@@ -313,11 +311,9 @@ async def test_a_server_listing_two_tools_of_one_name_fails_the_open_naming_it()
     silently dropped (the last listed kept), so that the model was offered a tool the
     server may not run by that name."""
     pipe = Pipeline(model=ScriptedModel(["hi"]), toolsets=[faulty_toolset("duplicate")])
-    with pytest.raises(ToolsetError) as caught:
-        async with pipe:
-            pass
+    error = await opening_error(pipe)
 
-    assert "lists two different tools named 'echo'" in str(caught.value)
+    assert "lists two different tools named 'echo'" in str(error)
     assert server_processes() == []
 
 
@@ -393,12 +389,10 @@ async def test_an_http_server_nobody_listens_on_fails_the_open_naming_it():
         model=ScriptedModel(["hi"]),
         toolsets=[mcp_toolset("tickets", url=url, connect_timeout=5)],
     )
-    with pytest.raises(ToolsetError) as caught:
-        async with pipe:
-            pass
+    error = await opening_error(pipe)
 
-    assert caught.value.toolset == "tickets"
-    assert f"MCP server 'tickets' ({url}) could not be reached: ConnectError" in str(caught.value)
+    assert error.toolset == "tickets"
+    assert f"MCP server 'tickets' ({url}) could not be reached: ConnectError" in str(error)
 
 
 @sdk_unclosed_streams
@@ -794,10 +788,8 @@ async def test_an_http_refusal_names_its_status_when_opening_and_calling():
             model=ScriptedModel([]),
             toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5)],
         )
-        with pytest.raises(ToolsetError) as caught:
-            async with pipe:
-                pass
-    assert str(caught.value) == (
+        error = await opening_error(pipe)
+    assert str(error) == (
         f"MCP server 'raw' ({server.url}) failed during initialize: it answered HTTP 401"
         " — check the credentials in its headers"
     )
