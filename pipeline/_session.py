@@ -276,7 +276,6 @@ class Session:
             )
         messages = result.log_messages
         await self._append(result.turn.turn_ref, messages, result)
-        self._committed.add(result.turn.turn_ref)
         return self._conversation_id, messages
 
     async def _append(
@@ -304,6 +303,7 @@ class Session:
         # No checkpoint between the append and this bookkeeping: they stay in step.
         self._length += len(messages)
         self._context = attrs.evolve(self._context, messages=(*self._context.messages, *messages))
+        self._committed.add(turn_ref)
 
     async def _settle(self) -> None:
         """Reload the conversation if a commit ended unsure whether it wrote."""
@@ -351,7 +351,6 @@ class Session:
                                 " per turn_ref"
                             )
                         await self._append(entry, messages, None)
-                        self._committed.add(entry)
                     emit(ev.Committed(turn.turn_ref, self._conversation_id, messages))
                 except Exception as exc:
                     # The hook itself finished (its HookFinished is out); the failure is the
