@@ -70,7 +70,7 @@ class InjectToolCall:
         self.needs_tools: tuple[str, ...] = () if isinstance(tool, Tool) else (tool,)
         # if_changed and ttl find the last pair in the history: a pipeline refuses the hook
         # re-wrapped as transient (transient(), hook(..., durable=False)).
-        self.needs_durable = frequency == "if_changed" or ttl is not None
+        self.needs_durable = _reads_its_pairs(frequency, ttl)
         self.__qualname__ = self.__name__ = name
 
     def __repr__(self) -> str:
@@ -147,6 +147,12 @@ class InjectToolCall:
         recorded = {**(renewals if isinstance(renewals, Mapping) else {}), self.name: now}
         meta = {**message.meta, RENEWED_AT: recorded}
         return attrs.evolve(turn, user_message=attrs.evolve(message, meta=meta))
+
+
+def _reads_its_pairs(frequency: str, ttl: float | None) -> bool:
+    """Whether the hook reads its last pair back from the history (``if_changed``, a ttl),
+    which a transient pair never joins."""
+    return frequency == "if_changed" or ttl is not None
 
 
 def _result_of(call_id: str, messages: tuple[Message, ...]) -> ToolResult | None:
@@ -250,7 +256,7 @@ def inject_tool_call(
             f"inject_tool_call({tool_name!r}): ttl must be a positive number of seconds or a"
             f" timedelta, got {ttl!r}"
         )
-    if durable is False and (frequency == "if_changed" or seconds is not None):
+    if durable is False and _reads_its_pairs(frequency, seconds):
         raise ConfigError(
             f"inject_tool_call({tool_name!r}): frequency='if_changed' and ttl look for the"
             " hook's last pair in the history, which a transient pair (durable=False) never"
