@@ -40,7 +40,7 @@ from ._parallel import run_group
 from ._plan import Group, Plan, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import RUNNING, Emit, Runner, cancelled_itself, check_history, raised_by
+from ._runner import RUNNING, Emit, Runner, check_history, raised_by
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool
@@ -243,15 +243,11 @@ class Drive(Runner):
                 stamper.stamp = made = step.stamp
                 try:
                     result = await step.hook.fn(turn)
-                except Exception as exc:
-                    stamper.stamp = None
-                    self.fail(step, raised_by(step, exc), now() - started)
-                    continue
                 except BaseException as exc:
                     stamper.stamp = None
-                    if not spurious_cancellation(exc):
+                    if not isinstance(exc, Exception) and not spurious_cancellation(exc):
                         raise
-                    self.fail(step, cancelled_itself(step, exc), now() - started)
+                    self.fail(step, raised_by(step, exc), now() - started)
                     continue
                 stamper.stamp = None
                 ended = now()

@@ -158,14 +158,10 @@ class Runner:
                 result = await step.hook.fn(*args)
             else:
                 result = await self.call(step, *args, threaded=threaded)
-        except Exception as exc:
-            error = raised_by(step, exc)
-            (self.fail if failed is None else failed)(step, error, self.now() - started, records)
-            return None
         except BaseException as exc:
-            if not spurious_cancellation(exc):
+            if not isinstance(exc, Exception) and not spurious_cancellation(exc):
                 raise
-            error = cancelled_itself(step, exc)
+            error = raised_by(step, exc)
             (self.fail if failed is None else failed)(step, error, self.now() - started, records)
             return None
         if result is TIMED_OUT:
@@ -547,14 +543,17 @@ TIMED_OUT: Any = object()
 of the call is always the hook's own (a `HookTimeout` it raised included)."""
 
 
-def raised_by(step: Step, exc: Exception) -> Exception:
+def raised_by(step: Step, exc: BaseException) -> Exception:
     """What an exception a hook's own code raised is recorded and raised as.
 
     A `HookError` out of a hook is not a verdict of this pipeline on it: a pipeline the
     hook ran, or a hook it called, raised it about a hook of its own. It is this hook's
     failure (`HookFailed` naming it, subject to its ``on_error``), the original as the
-    cause. Any other exception is left to `Runner.fail`, which wraps it alike.
+    cause; so is a `CancelledError` it raised itself (`spurious_cancellation`). Any other
+    exception is left to `Runner.fail`, which wraps it alike.
     """
+    if not isinstance(exc, Exception):
+        return cancelled_itself(step, exc)
     if not isinstance(exc, HookError):
         return exc
     error = HookFailed(
