@@ -6,7 +6,7 @@ from typing import Any, Self, final
 import attrs
 
 from ._message import Message
-from ._parts import EMPTY
+from ._parts import EMPTY, _shown
 
 _NO_VALUES = EMPTY
 
@@ -21,8 +21,7 @@ def _records(field: str, kind: type, given: object, hint: str) -> tuple[Any, ...
         items: tuple[Any, ...] = given
     elif isinstance(given, str | bytes | Mapping) or not isinstance(given, Iterable):
         raise TypeError(
-            f"{field} must be an iterable of {kind.__name__} records, got"
-            f" {type(given).__name__} {given!r:.60}{hint}"
+            f"{field} must be an iterable of {kind.__name__} records, got {_shown(given)}{hint}"
         )
     else:
         items = tuple(given)
@@ -31,8 +30,7 @@ def _records(field: str, kind: type, given: object, hint: str) -> tuple[Any, ...
         for index, item in enumerate(items):
             if type(item) is not kind:
                 raise TypeError(
-                    f"{field}[{index}] must be a {kind.__name__}, got {type(item).__name__}"
-                    f" {item!r:.60}{hint}"
+                    f"{field}[{index}] must be a {kind.__name__}, got {_shown(item)}{hint}"
                 )
     return items
 
@@ -58,8 +56,7 @@ def _specs(specs: Iterable["ToolSpec"]) -> tuple["ToolSpec", ...]:
 def _check_system(_instance: Any, _attribute: Any, system: Any) -> None:
     if system is not None and not isinstance(system, str):
         raise TypeError(
-            f"Context.system must be the system prompt's text or None, got"
-            f" {type(system).__name__} {system!r:.60}"
+            f"Context.system must be the system prompt's text or None, got {_shown(system)}"
         )
 
 
@@ -70,7 +67,7 @@ def _names(names: Iterable[str] | None) -> tuple[str, ...] | None:
     if isinstance(given, str) or not isinstance(given, Iterable):
         raise TypeError(
             f"RequestOptions.active_tools must be a collection of tool names or None, got"
-            f" {type(given).__name__} {given!r:.60}"
+            f" {_shown(given)}"
         )
     kept = tuple(names)
     odd = [name for name in kept if not isinstance(name, str)]
@@ -82,8 +79,7 @@ def _names(names: Iterable[str] | None) -> tuple[str, ...] | None:
 def _check_mapping(instance: Any, attribute: Any, value: Any) -> None:
     if value is not EMPTY and not isinstance(value, Mapping):
         raise TypeError(
-            f"{type(instance).__name__}.{attribute.name} must be a mapping, got"
-            f" {type(value).__name__} {value!r:.60}"
+            f"{type(instance).__name__}.{attribute.name} must be a mapping, got {_shown(value)}"
         )
 
 
