@@ -3,7 +3,8 @@
 `Drive.ordered` runs the common case of a plain hook (async, enforced, no timeout, no
 ``when=``, continuing with the turn unchanged but for injections) inline; every other case
 goes through `run_step` and `settle`. `Drive.ordered_step_by_step` runs every step through
-them. Both must record and announce exactly the same thing for every verdict a hook can give.
+them. Both must record and announce exactly the same thing for every verdict a hook can give,
+streamed or run with nobody listening.
 """
 
 from collections.abc import Callable
@@ -13,11 +14,11 @@ import attrs
 import pytest
 import trio
 
-from pipeline import Pipeline, PipelineError, cont, halt, hook, regenerate
+from pipeline import AuditRecord, Pipeline, PipelineError, cont, halt, hook, regenerate
 from pipeline import events as ev
 from pipeline._drive import Drive
 from pipeline.testing import ScriptedModel
-from turns import Message, Turn
+from turns import Injection, Message, Text, Turn
 
 
 class StepByStep(Drive):
@@ -52,6 +53,13 @@ def reject_once(turn: Turn) -> Any:
     return regenerate("shorter, please")
 
 
+def forge(turn: Turn) -> Any:
+    # Injections added by hand rather than through Turn.inject, claiming another source:
+    # the runtime must stamp them with this hook all the same.
+    forged = Injection((Text("forged"),), "someone else", True, "pre")
+    return cont(attrs.evolve(turn, injections=(*turn.injections, forged)))
+
+
 def reply_rewritten(turn: Turn) -> Any:
     assert turn.reply is not None
     message = Message.assistant(turn.reply.text + " (checked)")
@@ -60,7 +68,11 @@ def reply_rewritten(turn: Turn) -> Any:
 
 VERDICTS: dict[str, dict[str, list[Any]]] = {
     "cont": {"pre": [hook(fn(cont), name="a"), hook(fn(cont), name="b")]},
+    "cont, taking a while": {"pre": [hook(fn(cont, delay=1), name="a")]},
     "changed turn: injections": {"pre": [hook(fn(lambda t: cont(t.inject("note"))), name="a")]},
+    "changed turn: injections set by hand": {
+        "pre": [hook(fn(lambda t: cont(t.inject("note"))), name="a"), hook(fn(forge), name="b")]
+    },
     "changed turn: request": {
         "pre": [hook(fn(lambda t: cont(t.with_request(temperature=0.5))), name="a")]
     },
@@ -90,27 +102,46 @@ VERDICTS: dict[str, dict[str, list[Any]]] = {
 }
 
 
-async def _drive(cls: type[Drive], name: str, turn_ref: str) -> tuple[object, list[Any]]:
+async def _drive(
+    cls: type[Drive], name: str, turn_ref: str, *, listened: bool
+) -> tuple[object, list[Any]]:
+    """The turn's result (or error), and its events with their times (none unless
+    `listened`: `Pipeline.run` with nobody watching passes no emit at all)."""
     # A pipeline of its own: a scripted model hands out each reply once.
     pipe = Pipeline(model=ScriptedModel(["first", "second"]), **VERDICTS[name])
     events: list[ev.Event] = []
     _rejected.discard(turn_ref)
+    emit = events.append if listened else None
     try:
-        result = await cls(pipe._plan, events.append).run(Turn.start("hi", turn_ref=turn_ref))
+        result = await cls(pipe._plan, emit).run(Turn.start("hi", turn_ref=turn_ref))
     except PipelineError as error:
-        return (type(error), str(error)), events
-    return (result.outcome, result.audit, result.reply), events
+        outcome: object = (type(error), str(error), vars(error))
+    else:
+        outcome = (result.outcome, result.audit, result.reply, result.turn)
+    # An event's `at` is left out of its equality: compared here, in virtual time.
+    return outcome, [(event, event.at) for event in events]
 
 
+@pytest.mark.parametrize("listened", [True, False], ids=["streamed", "run"])
 @pytest.mark.parametrize("name", sorted(VERDICTS))
-async def test_the_inlined_and_the_reference_stage_loop_agree(name: str, autojump_clock) -> None:
+async def test_the_inlined_and_the_reference_stage_loop_agree(
+    name: str, listened: bool, autojump_clock
+) -> None:
     """Catches: the inlined hot path recording, announcing or deciding anything differently
-    from run_step + settle (a verdict string, a stamp, a record's detail, an event's order)."""
-    inlined = await _drive(Drive, name, "same")
-    reference = await _drive(StepByStep, name, "same")
+    from run_step + settle (a verdict string, a stamp, a record's detail, an event's order or
+    time), whether or not anyone listens: with nobody listening (`run`) it skips work the
+    events need, such as stamping injections a hook added by hand."""
+    inlined = await _drive(Drive, name, "same", listened=listened)
+    reference = await _drive(StepByStep, name, "same", listened=listened)
 
     assert inlined == reference
     # The comparison saw the turn run at all: it started, and every hook was announced.
-    events = inlined[1]
-    assert isinstance(events[0], ev.TurnStarted)
-    assert any(isinstance(event, ev.HookStarted) for event in events)
+    outcome, events = inlined
+    if listened:
+        assert isinstance(events[0][0], ev.TurnStarted)
+        assert any(isinstance(event, ev.HookStarted) for event, _ in events)
+    else:
+        assert events == []
+        assert isinstance(outcome, tuple)
+        if isinstance(outcome[1], AuditRecord):
+            assert outcome[1].hooks, "no hook was recorded"
