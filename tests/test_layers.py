@@ -8,6 +8,7 @@ a new module's place is decided when it is added.
 """
 
 import ast
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -253,3 +254,85 @@ def test_layer_of_places_modules_and_packages(name: str, expected: str) -> None:
     index = layer_of(name, layers)
     assert index is not None
     assert list(layers)[index] == expected
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def _layer_blocks(text: str, package: str) -> dict[str, str]:
+    """The text of each layer's item in the ``## `package/`, bottom first`` section, by the
+    layer's name as `PACKAGE_LAYERS` spells it (``façade`` is ``facade``)."""
+    section = text.split(f"## `{package}/`, bottom first", 1)[1].split("\n## ", 1)[0]
+    items = re.split(r"^\d+\. \*\*", section, flags=re.MULTILINE)[1:]
+    return {item.split("**", 1)[0].replace("ç", "c"): item.split("**", 1)[1] for item in items}
+
+
+def _doc_name(name: str) -> str:
+    """How docs/architecture.md names a module in its layer: ``_plan``, ``events``,
+    ``pipeline.otel``, ``logs/`` for every module of ``pipeline.logs``, ``hooks/config/`` for
+    that package's own ``__init__``."""
+    special = {
+        "pipeline": "__init__",
+        "pipeline.otel": "pipeline.otel",
+        "hooks": "hooks/__init__",
+        "hooks.config": "hooks/config/",
+        "hooks.cli": "hooks/cli/",
+    }
+    if name in special:
+        return special[name]
+    parts = name.split(".")
+    if parts[0] == "pipeline" and parts[1] in ("logs", "providers"):
+        return f"{parts[1]}/"
+    return parts[-1]
+
+
+def architecture_problems(text: str, root: Path) -> list[str]:
+    """Modules the architecture page leaves out or places in another layer than
+    `PACKAGE_LAYERS`, and module names it gives that no module has, as readable lines."""
+    known = modules_of(root, PACKAGE_LAYERS)
+    problems = []
+    for package, layers in PACKAGE_LAYERS.items():
+        blocks = _layer_blocks(text, package)
+        if list(blocks) != list(layers):
+            problems.append(f"{package}: the page's layers are {list(blocks)}, not {list(layers)}")
+            continue
+        names = list(layers)
+        for name in sorted(known):
+            layer = layer_of(name, layers)
+            if not name.startswith(package) or layer is None:
+                continue
+            named = {
+                token.split(".py")[0] for token in re.findall(r"`([^`]+)`", blocks[names[layer]])
+            }
+            if _doc_name(name) not in named:
+                problems.append(f"{name} is not named in its layer ({names[layer]}) of the page")
+    shorts = {name.rsplit(".", 1)[-1] for name in known}
+    for token in sorted(set(re.findall(r"`(_[a-z_]+)[.`]", text))):
+        if token not in shorts and token != "__init__":
+            problems.append(f"the page names {token}, which no module of the packages is")
+    return problems
+
+
+def test_the_architecture_page_names_every_module_in_its_layer() -> None:
+    """Catches: docs/architecture.md leaving out modules (the config's `_entry`, `_file`,
+    `_scrub`; the command line's `_main`, `_gateway`, `_wire`, `_logs`), placing one in
+    another layer than this test does, or naming a module that is gone."""
+    assert architecture_problems(ARCHITECTURE.read_text(encoding="utf-8"), ROOT) == []
+
+
+def test_the_architecture_check_catches_a_missing_a_misplaced_and_a_stale_module() -> None:
+    """Catches: a page check that passes whatever the page says."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    missing = text.replace("`_excgroups`", "excgroups")
+    misplaced = text.replace("`_plan`:", "plan:").replace("`_runner`:", "`_runner`, `_plan`:")
+    stale = text.replace("`_stream`:", "`_stream`, `_streaming`:")
+
+    assert architecture_problems(missing, ROOT) == [
+        "pipeline._excgroups is not named in its layer (leaf) of the page"
+    ]
+    assert architecture_problems(misplaced, ROOT) == [
+        "pipeline._plan is not named in its layer (plan) of the page"
+    ]
+    assert architecture_problems(stale, ROOT) == [
+        "the page names _streaming, which no module of the packages is"
+    ]
