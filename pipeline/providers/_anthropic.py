@@ -17,10 +17,10 @@ from ._convert import (
     INVALID_ARGUMENTS,
     decode_arguments,
     load_json,
+    own_id,
     protocol_error,
     rejoin_halves,
     sendable_arguments,
-    synthesize_id,
     tokens,
     wire_fields,
 )
@@ -253,6 +253,7 @@ class AnthropicStreamParser:
         self._held = ""  # the first half of a character split across deltas
         self._said_something = False
         self._done = False
+        self._ids: set[str] = set()  # the ids of the calls emitted so far
 
     @property
     def done(self) -> bool:
@@ -395,12 +396,13 @@ class AnthropicStreamParser:
                 meta[THINKING_KEY] = self._thinking
                 self._thinking = []
             # A server that sends no id (Anthropic always does; servers imitating it may
-            # not) gets one made up, as on OpenAI's side: "None" for every such call would
-            # pair each tool result with all of them.
+            # not), or the id of an earlier call of the reply, gets one made up, as on
+            # OpenAI's side: "None" (or one id) for every such call would pair each tool
+            # result with all of them.
             call_id, name = block.start.get("id"), block.start.get("name")
             self._said_something = True
             call = ToolCall(
-                synthesize_id() if call_id is None or call_id == "" else str(call_id),
+                own_id("" if call_id is None else str(call_id), self._ids),
                 "" if name is None else str(name),
                 arguments,
                 meta,

@@ -124,6 +124,20 @@ def synthesize_id() -> str:
     return f"call_{secrets.token_hex(8)}"
 
 
+def own_id(call_id: str, taken: set[str]) -> str:
+    """The id a tool call of one reply keeps: `call_id`, unless it is empty or an earlier
+    call of the reply (whose ids are `taken`) already has it; then a fresh ``call_<hex>``.
+
+    Some OpenAI-compatible servers give every call of a reply the same id (``call_0``); kept,
+    each tool result would name all of those calls, and the provider refuses the next
+    request. The id is added to `taken`.
+    """
+    while not call_id or call_id in taken:
+        call_id = synthesize_id()
+    taken.add(call_id)
+    return call_id
+
+
 def wire_fields(meta: Mapping[str, Any], key: str) -> dict[str, Any]:
     """The extra wire fields stored under `key` in a part's or message's `meta`."""
     fields = meta.get(key)

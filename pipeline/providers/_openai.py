@@ -23,10 +23,10 @@ from ._convert import (
     INVALID_ARGUMENTS,
     decode_arguments,
     load_json,
+    own_id,
     protocol_error,
     rejoin_halves,
     sendable_arguments,
-    synthesize_id,
     tokens,
     wire_fields,
 )
@@ -208,6 +208,7 @@ class OpenAIStreamParser:
         self.request_id = request_id
         self._calls: list[_Call] = []  # in the order the server began them
         self._open: dict[int, _Call] = {}  # the call each index's fragments continue
+        self._ids: set[str] = set()  # the ids of the calls emitted so far
         self._finish: str | None = None
         self._usage = Usage()
         self._said_something = False
@@ -326,7 +327,7 @@ class OpenAIStreamParser:
                 meta[META_KEY] = call.extra
             self._said_something = True
             events.append(
-                ModelToolCall(ToolCall(call.id or synthesize_id(), call.name, arguments, meta))
+                ModelToolCall(ToolCall(own_id(call.id, self._ids), call.name, arguments, meta))
             )
         self._calls.clear()
         self._open.clear()

@@ -7,11 +7,13 @@ provider's own format. The session commits the exchange as the model saw it.
 
 import json
 import math
+import re
 from typing import Any
 
 import pytest
 
 from pipeline import TOOL_HOOKS, Pipeline, block, cont, tool
+from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.providers import AnthropicMessages, OpenAIChat
 from turns import Context, Message, Text, ToolCall, ToolResult, Turn
@@ -331,3 +333,111 @@ async def test_nan_and_infinity_in_a_call_of_the_history_are_sent_as_strings(
         else sent["content"][0]["input"]
     )
     assert arguments == {"x": "Infinity", "more": ["NaN", "-Infinity"], "n": 2}
+
+
+def _calls_sharing_one_id(provider: str, paths: list[str]) -> tuple[bytes, ...]:
+    """A reply calling `stat_path` once per path, every call with the id ``call_0`` (as some
+    OpenAI-compatible servers number them)."""
+    if provider == "openai":
+        calls = [("call_0", "stat_path", [json.dumps({"path": path})]) for path in paths]
+        return wire.openai_tool_calls(calls)
+    blocks = [
+        piece
+        for index, path in enumerate(paths)
+        for piece in wire.anthropic_tool_block(
+            index, "call_0", "stat_path", [json.dumps({"path": path})]
+        )
+    ]
+    return (wire.anthropic_start(), *blocks, *wire.anthropic_end("tool_use"))
+
+
+def _sent_calls(provider: str, body: dict[str, Any]) -> list[tuple[str, str]]:
+    """The tool calls a request body echoes: (call id, path), in order."""
+    if provider == "openai":
+        return [
+            (call["id"], json.loads(call["function"]["arguments"])["path"])
+            for m in body["messages"]
+            if m["role"] == "assistant"
+            for call in m.get("tool_calls", ())
+        ]
+    return [
+        (block["id"], block["input"]["path"])
+        for m in body["messages"]
+        if m["role"] == "assistant"
+        for block in m["content"]
+        if block["type"] == "tool_use"
+    ]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_calls_sharing_one_id_get_ids_of_their_own_everywhere(
+    server: ProtocolServer, provider: str
+) -> None:
+    """Bug caught: a reply whose tool calls all had the id "call_0" kept it on every call, so
+    each tool result named all of them: the next request paired no result with exactly its
+    call (the provider refuses it), and the log could not tell which result answered which
+    call. A repeated id is now replaced with a fresh call_<hex>, the same in the hooks, the
+    events, the log and the next request."""
+    paths = ["README.md", "secrets.env", "setup.py"]
+
+    @tool
+    def stat_path(path: str) -> str:
+        """Describe a path.
+
+        Args:
+            path: The path.
+        """
+        return f"stat of {path}"
+
+    before_saw: list[str] = []
+    after_saw: list[tuple[str, str]] = []
+
+    def note_before(call: ToolCall, turn: Turn) -> Any:
+        before_saw.append(call.id)
+        return cont(call)
+
+    def note_after(call: ToolCall, result: ToolResult, turn: Turn) -> Any:
+        after_saw.append((call.id, result.call_id))
+        return cont(result)
+
+    second = wire.openai_text(["Done."]) if provider == "openai" else wire.anthropic_text(["Done."])
+    server.script(wire.stream(_calls_sharing_one_id(provider, paths)), wire.stream(second))
+    model: Any = (
+        OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
+        if provider == "openai"
+        else AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    )
+    pipe = Pipeline(
+        model=model, tools=[stat_path], before_tool=[note_before], after_tool=[note_after]
+    )
+    log = MemoryLog()
+
+    async with (
+        pipe.session(log=log, conversation_id="c") as session,
+        session.stream("stat them") as events,
+    ):
+        seen = [event async for event in events]
+
+    committed = (await log.load("c")).messages
+    ids = [part.id for part in committed[1].parts if isinstance(part, ToolCall)]
+    assert ids[0] == "call_0"
+    assert len(set(ids)) == len(paths)
+    assert all(re.fullmatch(r"call_[0-9a-f]{16}", call_id) for call_id in ids[1:])
+    results = {
+        part.call_id: part.content
+        for message in committed[2:]
+        for part in message.parts
+        if isinstance(part, ToolResult)
+    }
+    assert [results[call_id] for call_id in ids] == [f"stat of {path}" for path in paths]
+    requested = [e.call.id for e in seen if isinstance(e, ev.ToolCallRequested)]
+    finished = {e.call.id: e.result.content for e in seen if isinstance(e, ev.ToolFinished)}
+    assert requested == ids
+    assert finished == results
+    assert sorted(before_saw) == sorted(ids)
+    assert sorted(after_saw) == sorted((call_id, call_id) for call_id in ids)
+    body = server.requests[1].body
+    assert _sent_calls(provider, body) == list(zip(ids, paths, strict=True))
+    sent = {call_id: content for call_id, content, _ in sent_results(provider, body)}
+    assert [sent[call_id] for call_id in ids] == [f"stat of {path}" for path in paths]
+    assert len(sent_results(provider, body)) == len(paths)
