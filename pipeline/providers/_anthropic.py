@@ -16,6 +16,7 @@ from ._convert import (
     HIGH_HALVES,
     INVALID_ARGUMENTS,
     decode_arguments,
+    decode_json,
     load_json,
     own_id,
     protocol_error,
@@ -309,8 +310,13 @@ class AnthropicStreamParser:
             raise self._stream_error(payload.get("error"))
         return []
 
-    def end(self) -> list[ModelEvent]:
-        """The body ended without ``message_stop``: the stream was truncated."""
+    def end(self, unterminated: ServerSentEvent | None = None) -> list[ModelEvent]:
+        """The body ended without a dispatched ``message_stop``. Whole in `unterminated`,
+        the event the body ended inside (its data a complete JSON object, not followed by
+        the blank line), it completes the stream, as dispatched; otherwise the stream was
+        truncated."""
+        if unterminated is not None and _is_stop(unterminated):
+            return self.feed(unterminated)
         state = f"stop_reason {self._stop!r}" if self._stop else "no stop_reason"
         raise protocol_error(
             self.provider,
@@ -418,6 +424,21 @@ class AnthropicStreamParser:
         return protocol_error(
             self.provider, self.request_id, f"{self.provider} reported an error mid-stream: {said}"
         )
+
+
+def _is_stop(event: ServerSentEvent) -> bool:
+    """Whether `event` is a whole ``message_stop``: named so (or unnamed, its JSON ``type``
+    saying so, as `AnthropicStreamParser.feed` reads it) with a complete JSON object as its
+    data, which a cut line cannot be."""
+    if event.event not in ("message_stop", "message"):
+        return False
+    try:
+        payload = decode_json(event.data)
+    except ValueError:
+        return False
+    if not isinstance(payload, dict):
+        return False
+    return event.event == "message_stop" or payload.get("type") == "message_stop"
 
 
 def _check_max_tokens(_instance: object, _attribute: object, value: int) -> None:

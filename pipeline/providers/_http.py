@@ -485,12 +485,19 @@ def endpoint_for(
 @final
 @attrs.frozen
 class OpenedStream:
-    """A 2xx streaming response: its request id, its events, and whether its connection
-    belongs to a pool (then it is worth reading the body to its end, to reuse it)."""
+    """A 2xx streaming response: its request id, its events, whether its connection
+    belongs to a pool (then it is worth reading the body to its end, to reuse it), and the
+    decoder reading it."""
 
     request_id: str | None
     events: AsyncIterator[ServerSentEvent]
     pooled: bool = False
+    decoder: SSEDecoder | None = None
+
+    def unterminated(self) -> ServerSentEvent | None:
+        """The event the body ended inside (no blank line after it), once `events` is
+        exhausted: the SSE rules discard it, but a provider may recognise its end marker."""
+        return None if self.decoder is None else self.decoder.unterminated
 
 
 HTTPX_ERRORS = (httpx.HTTPError, httpx.InvalidURL, httpx.CookieConflict, httpx.StreamError)
@@ -969,8 +976,8 @@ async def _events(
     response: httpx.Response,
     request_id: str | None,
     reads: tuple[AsyncIterator[bytes], Decode],
+    decoder: SSEDecoder,
 ) -> AsyncIterator[ServerSentEvent]:
-    decoder = SSEDecoder(endpoint.max_line_bytes)
     chunks, decode = reads
     suspended = False  # whether httpx's byte generators are paused at a yield
     try:
@@ -1107,9 +1114,10 @@ async def open_stream(
             request_id = request_id_of(response.headers, endpoint.secret)
             await _check_content_type(endpoint, response)
             reads = _stream_body(endpoint, response)
-            events = _events(endpoint, response, request_id, reads)
+            decoder = SSEDecoder(endpoint.max_line_bytes)
+            events = _events(endpoint, response, request_id, reads, decoder)
             try:
-                yield OpenedStream(request_id, events, pooled)
+                yield OpenedStream(request_id, events, pooled, decoder)
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
         finally:
@@ -1138,8 +1146,11 @@ class Parser(Protocol):
         """The model events one SSE event yields; raises `ProviderProtocolError`."""
         ...
 
-    def end(self) -> list[ModelEvent]:
-        """The body ended (EOF) without the terminator: raise for a truncated stream."""
+    def end(self, unterminated: ServerSentEvent | None = None) -> list[ModelEvent]:
+        """The body ended (EOF) without a dispatched terminator. `unterminated` is the event
+        the body ended inside (no blank line after it): when it is the provider's end marker,
+        whole, the stream is complete and this returns what that marker yields; otherwise
+        raise for a truncated stream."""
         ...
 
 
@@ -1168,25 +1179,34 @@ async def open_model_stream(
             await events.aclose()  # type: ignore[attr-defined]
 
 
+_UNREADABLE = (TypeError, ValueError, KeyError, AttributeError, RecursionError)
+"""What a parser raises on a payload of the right JSON shape with wrong types inside (or
+nested too deep to handle): still a protocol error, never a bare Python one."""
+
+
+def _unreadable(
+    exc: Exception, event: ServerSentEvent, opened: OpenedStream, endpoint: Endpoint
+) -> ProviderProtocolError:
+    """The `ProviderProtocolError` of an event whose payload the parser could not read."""
+    # Scrubbed before it is cut: a key cut in two would no longer match.
+    data = scrub(event.data, endpoint.secret)[:200]
+    return ProviderProtocolError(
+        f"{endpoint.provider} sent an event the parser could not read:"
+        f" {type(exc).__name__}: {exc} (data: {data!r})",
+        provider=endpoint.provider,
+        request_id=opened.request_id,
+    )
+
+
 async def _model_events(
     opened: OpenedStream, parser: Parser, endpoint: Endpoint
 ) -> AsyncIterator[ModelEvent]:
-    provider = endpoint.provider
     try:
         async for event in opened.events:
             try:
                 items = parser.feed(event)
-            except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
-                # A payload of the right JSON shape with wrong types inside (or nested too
-                # deep to handle): still a protocol error, never a bare Python one.
-                # Scrubbed before it is cut: a key cut in two would no longer match.
-                data = scrub(event.data, endpoint.secret)[:200]
-                raise ProviderProtocolError(
-                    f"{provider} sent an event the parser could not read:"
-                    f" {type(exc).__name__}: {exc} (data: {data!r})",
-                    provider=provider,
-                    request_id=opened.request_id,
-                ) from exc
+            except _UNREADABLE as exc:
+                raise _unreadable(exc, event, opened, endpoint) from exc
             for item in items:
                 yield item
             if parser.done:
@@ -1194,7 +1214,15 @@ async def _model_events(
                 if opened.pooled:
                     await _drain(opened.events)
                 return
-        for item in parser.end():
+        # The body ended without a dispatched terminator: whole in the event it ended
+        # inside (`data: [DONE]` without the blank line after it), or truncated.
+        unterminated = opened.unterminated()
+        try:
+            items = parser.end(unterminated)
+        except _UNREADABLE as exc:
+            event = unterminated or ServerSentEvent()  # only a payload can be unreadable
+            raise _unreadable(exc, event, opened, endpoint) from exc
+        for item in items:
             yield item
     except ProviderError as error:
         # These errors quote what the stream said (an error event, a line that is not

@@ -277,8 +277,12 @@ class OpenAIStreamParser:
                 events.extend(self._flush_calls())
         return events
 
-    def end(self) -> list[ModelEvent]:
-        """The body ended without ``[DONE]``: the stream was truncated."""
+    def end(self, unterminated: ServerSentEvent | None = None) -> list[ModelEvent]:
+        """The body ended without a dispatched ``[DONE]``. Whole in `unterminated`, the
+        event the body ended inside (``data: [DONE]`` not followed by the blank line), it
+        completes the stream, as dispatched; otherwise the stream was truncated."""
+        if unterminated is not None and unterminated.data == "[DONE]":
+            return self.feed(unterminated)
         state = f"finish_reason {self._finish!r}" if self._finish else "no finish_reason"
         raise protocol_error(
             self.provider,

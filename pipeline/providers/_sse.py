@@ -84,7 +84,9 @@ class SSEDecoder:
     """Feed it the body's bytes as they arrive; it returns the events completed so far.
 
     An event still open (no blank line yet) when the stream ends is discarded, as the spec
-    says: `close` reports nothing for it.
+    says: `close` reports nothing for it. It is kept, not dispatched, as `unterminated`: a
+    provider whose protocol has an unambiguous end marker (``data: [DONE]``) may recognise a
+    whole one there, where the body ended before the blank line after it.
 
     Args:
         max_line_bytes: The longest line accepted, in bytes (line end excluded); a longer
@@ -105,6 +107,7 @@ class SSEDecoder:
         "_skip_lf",
         "_started",
         "_tail",
+        "unterminated",
     )
 
     def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
@@ -121,6 +124,9 @@ class SSEDecoder:
         self._event = ""
         self._id = ""
         self._retry: int | None = None
+        self.unterminated: ServerSentEvent | None = None
+        """The event the body ended inside, once `close` was called: its data lines (the
+        last one too when no line end followed it), not dispatched."""
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
         """Decode one read of the body; return the events it completed, in order.
@@ -199,7 +205,19 @@ class SSEDecoder:
         return events
 
     def close(self) -> list[ServerSentEvent]:
-        """Mark the end of the stream; an unterminated event is discarded."""
+        """Mark the end of the stream; an unterminated event is discarded (not dispatched),
+        and kept as `unterminated`: its fields, the line the body ended in included."""
+        if self._tail:  # the body ended inside a line: read it as the event's last line
+            line = self._tail.decode("utf-8", "replace")
+            if not self._started and line.startswith(_BOM):
+                line = line[1:]
+            if line:
+                self._field(line)
+        if self._data:
+            text = "\n".join(self._data)
+            self.unterminated = ServerSentEvent(
+                self._event or "message", text, self._id, self._retry
+            )
         self._tail = bytearray()
         self._data, self._open = [], []
         return []

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import ProviderProtocolError
+from pipeline import ModelFinish, ModelText, ProviderProtocolError
 from pipeline.providers import AnthropicMessages, OpenAIChat
 from pipeline.providers._sse import EventTooLong, LineTooLong, ServerSentEvent, SSEDecoder
+from turns import Usage
 
 from . import server as wire
 from .server import ProtocolServer
@@ -261,3 +262,67 @@ def test_decoding_does_not_depend_on_how_the_bytes_are_split(
     bounds = [0, *sorted(cut for cut in cuts if cut < len(body)), len(body)]
     reads = [body[start:end] for start, end in itertools.pairwise(bounds)]
     assert decode(*reads) == decode(body) == decode(*(body[i : i + 1] for i in range(len(body))))
+
+
+# --- The end marker without the blank line after it ---------------------------------------------
+
+_OPENAI_ENDS = [b"data: [DONE]\n", b"data: [DONE]", b"data: [DONE]\r\n", b"data: [DONE]\r"]
+_ANTHROPIC_STOP = b'event: message_stop\ndata: {"type":"message_stop"}'
+_ANTHROPIC_ENDS = [_ANTHROPIC_STOP, _ANTHROPIC_STOP + b"\n", b'data: {"type":"message_stop"}']
+
+
+def _ended_with(name: str, last: bytes) -> tuple[bytes, ...]:
+    """A whole text stream "Hi", its end marker replaced with `last`."""
+    if name == "openai":
+        whole = wire.openai_text(["Hi"], usage=(9, 2))
+    else:
+        whole = wire.anthropic_text(["Hi"], input_tokens=9, output_tokens=2)
+    return (*whole[:-1], last)
+
+
+def _model(server: ProtocolServer, name: str) -> Any:
+    if name == "openai":
+        return OpenAIChat("m", base_url=f"{server.url}/v1", api_key=KEY)
+    return AnthropicMessages("m", base_url=server.url, api_key=KEY)
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close"])
+@pytest.mark.parametrize(
+    ("name", "last"),
+    [("openai", end) for end in _OPENAI_ENDS] + [("anthropic", end) for end in _ANTHROPIC_ENDS],
+)
+async def test_a_whole_end_marker_without_the_blank_line_completes_the_stream(
+    server: ProtocolServer, name: str, last: bytes, framing: Any
+) -> None:
+    """Bug caught: a stream whose end marker (`data: [DONE]`, Anthropic's message_stop) was
+    whole but not followed by the blank line, the body ending there, was a "truncated"
+    ProviderProtocolError and the turn failed, though the marker said the answer was
+    complete."""
+    server.script(wire.stream(_ended_with(name, last), framing=framing))
+    events = await collect(_model(server, name))
+    assert events == [ModelText("Hi"), ModelFinish("stop", Usage(9, 2))]
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close"])
+@pytest.mark.parametrize(
+    ("name", "last"),
+    [
+        ("openai", b"data: [DON"),
+        ("openai", b"data: [DONE"),
+        ("openai", b""),
+        ("openai", b'data: {"choices": []}'),
+        ("anthropic", b'event: message_stop\ndata: {"type":"message_stop"'),
+        ("anthropic", b"event: message_stop\n"),
+        ("anthropic", b"event: message_stop"),
+        ("anthropic", b'event: message_delta\ndata: {"type":"message_delta","delta":{}}'),
+        ("anthropic", b""),
+    ],
+)
+async def test_a_cut_end_marker_or_none_is_still_a_truncated_stream(
+    server: ProtocolServer, name: str, last: bytes, framing: Any
+) -> None:
+    """Bug caught (guard of the fix above): a stream whose end marker was cut (`data: [DON`),
+    or that had none, taken as complete: a truncated answer passed for a whole one."""
+    server.script(wire.stream(_ended_with(name, last), framing=framing))
+    with pytest.raises(ProviderProtocolError, match="truncated"):
+        await collect(_model(server, name))
