@@ -171,7 +171,9 @@ class RequestOptions:
         tool_choice: ``"auto"``, ``"none"``, ``"required"`` or the name of one active tool.
         active_tools: The tool names the model may call this turn; ``None`` means all of the
             context's tools. It can only narrow (see `Turn.with_request`).
-        extra: Provider-specific options passed through as they are.
+        extra: Provider-specific options passed through as they are. A key the provider
+            writes into the request itself (``messages``, ``stream``, ``temperature``, ...)
+            is a ``RequestError`` naming what to use instead.
     """
 
     temperature: float | None = attrs.field(default=None, validator=_check_temperature)

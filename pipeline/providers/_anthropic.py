@@ -15,6 +15,8 @@ from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelTool
 from ._convert import (
     HIGH_HALVES,
     INVALID_ARGUMENTS,
+    WRITTEN_KEYS,
+    check_extra,
     decode_arguments,
     decode_json,
     load_json,
@@ -83,13 +85,29 @@ _CHOICES: Mapping[str, dict[str, Any]] = {
 }
 
 
+_WRITTEN_KEYS: Mapping[str, str] = {
+    **WRITTEN_KEYS,
+    "system": "system messages become it: Pipeline(system=...) or a Message.system(...) in"
+    " the context",
+    "max_tokens": "use turn.with_request(max_tokens=...), or AnthropicMessages(max_tokens=...)"
+    " for the provider's default",
+}
+"""The body keys `build_body` writes itself, with what to use instead of `extra`."""
+
+
 def build_body(model: str, request: ModelRequest, *, max_tokens: int) -> dict[str, Any]:
     """The JSON body of a streaming Messages request.
 
     System messages become the top-level ``system``; tool messages become ``tool_result``
     blocks in a user message; consecutive messages of one role are merged, so the results of
     one step sit together in the user message that follows the calls.
+
+    Raises:
+        RequestError: `RequestOptions.extra` sets a key this body is made of (``messages``,
+            ``system``, ``temperature``, ...), naming it and what to use instead; or the last
+            message, a user one, holds nothing the API accepts.
     """
+    check_extra("anthropic", request.options.extra, _WRITTEN_KEYS)
     system = _system(request.messages)
     messages: list[dict[str, Any]] = []
     dropped = None  # the last message, when it has nothing the API accepts

@@ -6,7 +6,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from .._errors import ProviderProtocolError
+from .._errors import ProviderProtocolError, RequestError
 
 # The call's ``arguments`` is then empty; the tool loop answers it with an
 # ``invalid_arguments`` error result.
@@ -136,6 +136,40 @@ def own_id(call_id: str, taken: set[str]) -> str:
         call_id = synthesize_id()
     taken.add(call_id)
     return call_id
+
+
+WRITTEN_KEYS: Mapping[str, str] = {
+    "model": "the model is the provider's own `model` argument: build a provider per model",
+    "messages": "the messages are the turn's conversation (its context, the user message"
+    " and what hooks inject)",
+    "stream": "every request streams: the provider reads only event streams",
+    "tools": "the tools are the pipeline's (Pipeline(tools=...)): narrow them with"
+    " turn.with_request(active_tools=...)",
+    "tool_choice": "use turn.with_request(tool_choice=...)",
+    "temperature": "use turn.with_request(temperature=...)",
+    "max_tokens": "use turn.with_request(max_tokens=...)",
+}
+"""The request-body keys both providers write themselves, each with what to use instead of
+setting it in `RequestOptions.extra`."""
+
+
+def check_extra(provider: str, extra: Mapping[str, Any], written: Mapping[str, str]) -> None:
+    """Refuse `RequestOptions.extra` keys the provider writes into the body itself
+    (`written`: each key with what to use instead), before anything is sent.
+
+    Merged over the body, such a key would silently replace what the provider wrote (the
+    conversation, ``stream``, the tools or the turn's options) and the request would no
+    longer be the one the turn describes, or one the provider can read the answer of.
+    """
+    clashes = [key for key in extra if key in written]
+    if clashes:
+        said = "; ".join(f"{key!r}: {written[key]}" for key in clashes)
+        raise RequestError(
+            f"{provider}: RequestOptions.extra sets {', '.join(map(repr, clashes))}, which the"
+            f" provider writes into the request itself — {said}. extra is for the provider's"
+            " other options (seed, top_p, ...); a later hook removes a key with"
+            f" turn.with_request(extra={{{clashes[0]!r}: None}})"
+        )
 
 
 def wire_fields(meta: Mapping[str, Any], key: str) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelTool
 from ._convert import (
     HIGH_HALVES,
     INVALID_ARGUMENTS,
+    WRITTEN_KEYS,
+    check_extra,
     decode_arguments,
     load_json,
     own_id,
@@ -57,6 +59,17 @@ _KEYWORD_CHOICES = frozenset({"auto", "none", "required"})
 HIGH, LAST_HIGH = HIGH_HALVES
 
 
+_WRITTEN_KEYS: Mapping[str, str] = {
+    **WRITTEN_KEYS,
+    "stream_options": "the provider asks for usage with it and reads the usage it sends",
+    "max_tokens": "use turn.with_request(max_tokens=...); OpenAIChat(max_tokens_field=...)"
+    " picks the field it goes to",
+    "max_completion_tokens": "use turn.with_request(max_tokens=...);"
+    " OpenAIChat(max_tokens_field='max_completion_tokens') sends it under this name",
+}
+"""The body keys `build_body` writes itself, with what to use instead of `extra`."""
+
+
 def max_tokens_field_for(base_url: str) -> MaxTokensField:
     """OpenAI itself wants ``max_completion_tokens`` (its reasoning models reject
     ``max_tokens``); the compatible servers (Ollama, older llama.cpp) only know
@@ -68,7 +81,13 @@ def max_tokens_field_for(base_url: str) -> MaxTokensField:
 def build_body(
     model: str, request: ModelRequest, *, max_tokens_field: MaxTokensField = "max_tokens"
 ) -> dict[str, Any]:
-    """The JSON body of a streaming Chat Completions request."""
+    """The JSON body of a streaming Chat Completions request.
+
+    Raises:
+        RequestError: `RequestOptions.extra` sets a key this body is made of (``messages``,
+            ``stream``, ``temperature``, ...), naming it and what to use instead.
+    """
+    check_extra("openai", request.options.extra, _WRITTEN_KEYS)
     messages: list[dict[str, Any]] = []
     for message in request.messages:
         messages.extend(_messages(message))

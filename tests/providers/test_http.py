@@ -935,6 +935,71 @@ async def test_a_value_json_cannot_encode_is_a_request_error_naming_it(
     assert server.requests == []
 
 
+_WRITTEN = [
+    ("model", "`model` argument"),
+    ("messages", "the turn's conversation"),
+    ("stream", "every request streams"),
+    ("tools", "turn.with_request(active_tools=...)"),
+    ("tool_choice", "turn.with_request(tool_choice=...)"),
+    ("temperature", "turn.with_request(temperature=...)"),
+    ("max_tokens", "turn.with_request(max_tokens=...)"),
+]
+
+
+@pytest.mark.parametrize(
+    ("provider", "key", "advice"),
+    [(openai, key, advice) for key, advice in _WRITTEN]
+    + [
+        (openai, "stream_options", "reads the usage"),
+        (openai, "max_completion_tokens", "max_tokens_field='max_completion_tokens'"),
+    ]
+    + [(anthropic, key, advice) for key, advice in _WRITTEN]
+    + [(anthropic, "system", "Pipeline(system=...)")],
+)
+async def test_an_extra_key_the_provider_writes_itself_is_a_request_error_naming_it(
+    server: ProtocolServer, provider: Any, key: str, advice: str
+) -> None:
+    """Bug caught: a RequestOptions.extra key that the provider writes into the body itself
+    (messages, stream, temperature, Anthropic's system, ...) silently replaced what the
+    provider wrote, so the request sent was not the turn's (the conversation or the options
+    lost, a non-streamed answer the provider cannot read), with nothing said; it is now a
+    RequestError naming the key and what to use instead, and nothing is sent."""
+    reply = wire.openai_text(["ok"]) if provider is openai else wire.anthropic_text(["ok"])
+    server.script(wire.stream(reply))
+
+    def shape(turn: Turn) -> Any:
+        return cont(turn.with_request(extra={"seed": 7, key: "set by a hook"}))
+
+    with pytest.raises(RequestError) as caught:
+        await Pipeline(model=provider(server), pre=[shape]).run(Turn.start("hi"))
+    message = str(caught.value)
+    assert f"RequestOptions.extra sets {key!r}" in message
+    assert advice in message
+    assert "'seed'" not in message
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("provider", [openai, anthropic])
+async def test_extra_keys_the_provider_does_not_write_are_sent_as_they_are(
+    server: ProtocolServer, provider: Any
+) -> None:
+    """Bug caught (guard of the refusal above): options the provider leaves to extra (seed,
+    top_p, stop sequences) refused along with the keys it writes."""
+    reply = wire.openai_text(["ok"]) if provider is openai else wire.anthropic_text(["ok"])
+    server.script(wire.stream(reply))
+    extra = {"seed": 7, "top_p": 0.5, "stop": ["END"], "metadata": {"user_id": "ada"}}
+
+    def shape(turn: Turn) -> Any:
+        return cont(turn.with_request(temperature=0.2, extra=extra))
+
+    result = await Pipeline(model=provider(server), pre=[shape]).run(Turn.start("hi"))
+
+    assert result.outcome == "completed"
+    sent = server.requests[0].body
+    assert {key: sent[key] for key in extra} == extra
+    assert (sent["stream"], sent["temperature"]) == (True, 0.2)
+
+
 @pytest.mark.parametrize(
     ("provider", "where"),
     [(openai, "arguments.when is a date"), (anthropic, "input.when is a date")],

@@ -116,10 +116,6 @@ def test_temperature_max_tokens_and_extra_are_sent() -> None:
     assert (sent["temperature"], sent["max_tokens"], sent["seed"]) == (0.2, 50, 7)
 
 
-def test_extra_overrides_what_the_core_chose() -> None:
-    assert body(Message.user("hi"), extra={"stream_options": {}})["stream_options"] == {}
-
-
 @pytest.mark.parametrize(
     ("base_url", "field"),
     [
