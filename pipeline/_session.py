@@ -19,10 +19,10 @@ from ._background import run_background
 from ._commit import injection_messages
 from ._describe import describe, exc_text
 from ._drive import Drive, OpenTools, TurnHost
-from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict
+from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict, LogError
 from ._excgroups import only_cancelled, own_error, raise_single
 from ._hooks import is_async_callable
-from ._loop import current_loop
+from ._loop import current_loop, is_cancellation, spurious_cancellation
 from ._plan import Plan, Step
 from ._result import TurnResult
 from ._runner import Emit, Runner
@@ -294,11 +294,21 @@ class Session:
             # Someone else wrote: the next turn answers from the conversation as it is.
             await self._reload()
             raise
-        except anyio.get_cancelled_exc_class():
+        except BaseException as exc:
+            if not is_cancellation(exc):
+                raise
             # A cancel scope's cancellation never leaves an append that wrote (it comes at the
             # next checkpoint), but asyncio's own does, once the write ended (logs.md,
-            # "Cancellation"): whether this one wrote, only the log knows.
+            # "Cancellation"), and so may a log's own CancelledError: whether this one
+            # wrote, only the log knows.
             self._unsure = True
+            if spurious_cancellation(exc):
+                what = f"committing turn {turn_ref!r} of conversation {self._conversation_id!r}"
+                then = (
+                    "; whether it wrote the turn only the log knows, so the session reloads"
+                    " the conversation before its next commit"
+                )
+                raise cancelled_itself(self._log, what, exc, then) from exc
             raise
         # No checkpoint between the append and this bookkeeping: they stay in step.
         self._length += len(messages)
@@ -461,7 +471,12 @@ class Session:
 
 async def load(log: Log, conversation_id: str) -> Context:
     """The conversation as `log` holds it, checked: a log of one's own may return anything."""
-    context: object = await log.load(conversation_id)
+    try:
+        context: object = await log.load(conversation_id)
+    except BaseException as exc:
+        if spurious_cancellation(exc):
+            raise cancelled_itself(log, f"loading conversation {conversation_id!r}", exc) from exc
+        raise
     if type(context) is not Context:
         raise TypeError(
             f"{type(log).__name__}.load({conversation_id!r}) returned {describe(context)}, not a"
@@ -469,6 +484,18 @@ async def load(log: Log, conversation_id: str) -> Context:
             " Context() when it does not exist)"
         )
     return context
+
+
+def cancelled_itself(log: Log, what: str, exc: BaseException, then: str = "") -> LogError:
+    """The failure of a log whose call raised a `CancelledError` of its own while nothing
+    cancelled the turn (`spurious_cancellation`: a library it awaits, say, awaited a future
+    another task cancelled). Let through, it would end the turn as if cancelled, or, under
+    asyncio, be taken for the cancellation of the caller's task."""
+    return LogError(
+        f"log {log!r} failed {what}: it raised {exc_text(exc)} itself (nothing cancelled the"
+        f" caller) — a failure of the log's own code or of a library it awaits{then}",
+        log=repr(log),
+    )
 
 
 _set_at = ev.Event.at.__set__  # type: ignore[attr-defined]

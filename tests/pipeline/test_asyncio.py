@@ -25,6 +25,7 @@ from hooks import retrieve
 from pipeline import (
     HookFailed,
     HookTimeout,
+    LogError,
     Pipeline,
     ProviderError,
     SessionInfo,
@@ -107,10 +108,11 @@ class _StrayLog(MemoryLog):
 
 
 def test_a_streamed_turn_stopped_by_a_stray_cancellation_fails_loudly() -> None:
-    """Catches: a stray ``CancelledError`` that no part of the turn turns into a failure of
-    its own (here a custom log's, at the commit; it awaited a future someone cancelled)
-    ending the turn's events as if it had finished, the consumer's code after its loop
-    running and the block left without a word."""
+    """Catches: a stray ``CancelledError`` out of a custom log's append (it awaited a future
+    someone cancelled; nothing cancelled the turn) ending the turn's events as if it had
+    finished, the consumer's code after its loop running and the block left without a
+    word; then stopping the turn with a RuntimeError that named no log, where the log's
+    failure is a LogError naming it."""
     pipe = Pipeline(model=ScriptedModel(["hello"]))
     trace: list[str] = []
 
@@ -123,7 +125,7 @@ def test_a_streamed_turn_stopped_by_a_stray_cancellation_fails_loudly() -> None:
                 trace.append(type(event).__name__)
             trace.append("after the loop")
 
-    with pytest.raises(RuntimeError, match="stopped before it finished"):
+    with pytest.raises(LogError, match=r"log MemoryLog\(.*\) failed committing turn"):
         asyncio.run(main())
 
     assert "after the loop" not in trace

@@ -1,5 +1,6 @@
 """Sessions: one conversation over a log, its lifecycle hooks and its background work."""
 
+import asyncio
 import inspect
 import math
 
@@ -12,6 +13,7 @@ from pipeline import (
     HookFailed,
     HookReturnError,
     LogConflict,
+    LogError,
     Pipeline,
     Session,
     SessionInfo,
@@ -1750,3 +1752,81 @@ async def test_a_background_hooks_events_are_timed_from_their_own_turn_on_either
     ]
     assert 0.0 <= late[0].at < 0.25
     assert 0.05 <= late[1].at < 0.3
+
+
+class StrayCancellingLog:
+    """A `MemoryLog` whose next `load` or `append` (those named in `stray`) raises a
+    ``CancelledError`` of its own, as a library awaiting a future another task cancelled
+    would, while nothing cancels the caller."""
+
+    def __init__(self, *stray: str) -> None:
+        self.log = MemoryLog()
+        self.stray = set(stray)
+
+    def __repr__(self) -> str:
+        return "StrayCancellingLog()"
+
+    async def load(self, conversation_id: str) -> Context:
+        if "load" in self.stray:
+            self.stray.discard("load")
+            raise asyncio.CancelledError()
+        return await self.log.load(conversation_id)
+
+    async def append(self, *args, **options) -> None:
+        if "append" in self.stray:
+            self.stray.discard("append")
+            raise asyncio.CancelledError()
+        await self.log.append(*args, **options)
+
+
+async def test_a_logs_own_cancelled_error_at_the_commit_is_a_log_error_naming_it():
+    """Bug caught: a custom log whose append raised a CancelledError of its own (nothing
+    cancelling the turn) let it out of send(): a bare cancellation, which under asyncio
+    cancels the caller's task for nothing, and stopped a streamed turn with a RuntimeError
+    naming no log; other parts of a turn (models, tools, hooks) fail by name."""
+    log = StrayCancellingLog("append")
+    pipe = Pipeline(model=ScriptedModel(["one", "two"]))
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        with pytest.raises(
+            LogError, match=r"StrayCancellingLog\(\) failed committing turn 'first'"
+        ):
+            await session.send("lost", turn_ref="first")
+        second = await session.send("kept", turn_ref="second")
+
+    assert second.outcome == "completed"
+    assert [m.text for m in (await log.log.load(CONVERSATION)).messages] == ["kept", "two"]
+
+
+async def test_a_logs_own_cancelled_error_while_loading_is_a_log_error_naming_it():
+    """Bug caught: a custom log whose load raised a CancelledError of its own (nothing
+    cancelling the caller) made opening the session a bare cancellation, naming no log."""
+    log = StrayCancellingLog("load")
+    pipe = Pipeline(model=ScriptedModel(["never"]))
+
+    with pytest.raises(
+        LogError, match=rf"StrayCancellingLog\(\) failed loading conversation '{CONVERSATION}'"
+    ) as raised:
+        async with pipe.session(log=log, conversation_id=CONVERSATION):
+            pass
+
+    assert raised.value.log == "StrayCancellingLog()"
+    assert isinstance(raised.value.__cause__, asyncio.CancelledError)
+
+
+async def test_a_turn_cancelled_while_its_log_commits_is_still_cancelled():
+    """Bug caught (in the fix above): every CancelledError out of a log's append taken for
+    the log's own failure, so that cancelling a turn while it was being committed failed it
+    with a LogError instead of cancelling it."""
+    log = GatedLog()
+    pipe = Pipeline(model=ScriptedModel(["one"]))
+
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(session.send, "hi")
+                await log.writing.wait()
+                scope.cancel()
+
+    assert scope.cancelled_caught
+    assert await log.log.load(CONVERSATION) == Context()
