@@ -34,7 +34,8 @@ def existing_log(where: str) -> SQLiteLog | PostgresLog:
 
     Raises:
         LogError: No SQLite file at that path (it is not created: this only reads), or a
-            directory there.
+            directory there, or a database without turnplug's tables (they are not
+            created either; a PostgreSQL one says so when it is opened).
         ConfigError: A malformed DSN, or psycopg is not installed.
     """
     if not where.startswith(POSTGRES_SCHEMES) and os.path.isdir(where):
@@ -58,6 +59,9 @@ def existing_log(where: str) -> SQLiteLog | PostgresLog:
             " (the one --log was given when the turns were run)",
             log=f"SQLiteLog({where!r})",
         )
+    if where.startswith(POSTGRES_SCHEMES):
+        # Opening it as a log would create turnplug's tables in a database holding none.
+        return PostgresLog(where, max_connections=1, create_tables=False)
     return durable_log(where)
 
 

@@ -121,9 +121,12 @@ class PostgresLog(DatabaseLog):
         dsn: A libpq connection string or a ``postgresql://`` URL.
         max_connections: How many database calls may run at once (each on its own
             connection, opened on demand and kept).
+        create_tables: False refuses a database without turnplug's tables with
+            `pipeline.LogError` instead of creating them, for a reader that must not write
+            (``turnplug log``); an older schema is still migrated forward.
     """
 
-    def __init__(self, dsn: str, *, max_connections: int = 10) -> None:
+    def __init__(self, dsn: str, *, max_connections: int = 10, create_tables: bool = True) -> None:
         self._psycopg = _import_psycopg()
         if not isinstance(dsn, str) or not dsn:
             raise ConfigError(f"PostgresLog(dsn) takes a connection string, got {dsn!r}")
@@ -152,6 +155,11 @@ class PostgresLog(DatabaseLog):
                 f"PostgresLog(dsn): not a valid connection string or postgresql:// URL ({why})"
                 " — check its syntax; in a URL, percent-encode spaces and reserved characters"
             ) from None
+        if not isinstance(create_tables, bool):
+            raise ConfigError(
+                f"PostgresLog(create_tables=...) must be True or False, got {create_tables!r}"
+            )
+        self._create_tables = create_tables
         self._dsn = dsn
         self._name = _describe(params)
         # Messages are sent as UTF-8 whatever the client's PGCLIENTENCODING, the DSN or the
@@ -213,7 +221,7 @@ class PostgresLog(DatabaseLog):
         )
         try:
             if not self._migrated:
-                _migrate(connection, repr(self))
+                _migrate(connection, repr(self), create=self._create_tables)
                 self._migrated = True
         except BaseException:
             _close(connection)
@@ -280,10 +288,21 @@ def _close(connection: "psycopg.Connection[Any]") -> None:
         connection.close()
 
 
-def _migrate(connection: "psycopg.Connection[Any]", name: str) -> None:
+def _migrate(connection: "psycopg.Connection[Any]", name: str, *, create: bool = True) -> None:
     latest = len(MIGRATIONS)
-    if _version(connection) == latest:
+    version = _version(connection)
+    if version == latest:
         return  # the common case: no lock needed
+    if version is None and not create:
+        row = connection.execute("SELECT current_schema()").fetchone()
+        schema = row[0] if row is not None else None
+        where = f"schema {schema!r}" if schema is not None else "no schema (an empty search_path)"
+        raise LogError(
+            f"{name}: the database holds no turnplug log (no turnplug_schema table in {where});"
+            " nothing was created — pass the DSN the turns were committed to (add"
+            " options=-csearch_path=SCHEMA if they are in another schema)",
+            log=name,
+        )
     with connection.transaction():
         connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
         connection.execute("CREATE TABLE IF NOT EXISTS turnplug_schema (version integer NOT NULL)")

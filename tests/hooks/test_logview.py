@@ -357,6 +357,42 @@ def test_an_unreachable_server_is_an_error_that_does_not_echo_the_password():
     assert "s3cret" not in line
 
 
+def tables_in(dsn: str) -> list[str]:
+    """The tables and functions in the first schema of `dsn`'s search_path."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as db:
+        rows = db.execute(
+            "SELECT table_name::text FROM information_schema.tables"
+            " WHERE table_schema = current_schema()"
+            " UNION ALL SELECT proname::text FROM pg_proc"
+            " WHERE pronamespace = current_schema()::regnamespace"
+        ).fetchall()
+    return sorted(row[0] for row in rows)
+
+
+@pytest.mark.parametrize("listing", [False, True])
+async def test_log_refuses_a_postgres_database_that_holds_no_log_and_creates_nothing(
+    postgres, listing
+):
+    """Bug caught: `turnplug log --log DSN`, which only reads, created turnplug's tables and
+    function in a database (a mistyped DSN, a schema left out) that held no log, then
+    reported "nothing committed" as if all were well. (The test server trusts loopback: any
+    password is accepted.)"""
+    dsn = postgres.replace("postgresql://postgres@", "postgresql://postgres:s3cret-pw@", 1)
+    assert "s3cret-pw" in dsn
+    args = ["log", "--log", dsn] if listing else ["log", CONVERSATION, "--log", dsn]
+
+    done = await anyio.to_thread.run_sync(turnplug, *args)
+
+    line = one_line_error(done)
+    assert line.startswith("turnplug: error: LogError:")
+    assert "holds no turnplug log" in line
+    assert postgres.split("?")[0] in line
+    assert "s3cret" not in line
+    assert await anyio.to_thread.run_sync(tables_in, postgres) == []
+
+
 @pytest.mark.parametrize("place", ["user part", "password", "sslpassword"])
 async def test_the_listing_names_the_log_without_the_dsns_password(postgres, place):
     """Catches `turnplug log --log DSN` printing the DSN, password and all, at the head of

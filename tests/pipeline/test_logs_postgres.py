@@ -81,6 +81,7 @@ def test_a_malformed_dsn_is_a_config_error_that_does_not_echo_it(dsn):
         ((None,), {}, "dsn"),
         (("postgresql://db/chats",), {"max_connections": 0}, "max_connections"),
         (("postgresql://db/chats",), {"max_connections": True}, "max_connections"),
+        (("postgresql://db/chats",), {"create_tables": "no"}, "create_tables"),
     ],
 )
 def test_bad_arguments_fail_when_the_log_is_built(args, kwargs, culprit):
