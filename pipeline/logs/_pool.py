@@ -14,9 +14,9 @@ the caller learns it before the cancellation is delivered, or did not), and the
 cancellation is delivered at the next checkpoint. asyncio's own cancellation
 (``Task.cancel``, ``asyncio.timeout``), which no cancel scope holds, is raised as soon as the
 call has ended: the caller is cancelled, and the call ran to its end. Database calls are
-short, and SQLite's lock timeout and PostgreSQL's ``connect_timeout`` bound their waits; a
-PostgreSQL server that stops answering mid-call is not bounded by either (docs/logs.md,
-"Cancellation").
+short, and each log's ``timeout`` bounds their waits: SQLite's lock timeout, PostgreSQL's
+``statement_timeout`` and a watchdog closing the connection of a server that sends nothing
+back (docs/logs.md, "Cancellation").
 """
 
 import asyncio
@@ -43,6 +43,11 @@ from ._protocol import ConversationInfo, LogEntry, check_id
 
 C = TypeVar("C")
 T = TypeVar("T")
+
+
+class GaveUp(Exception):
+    """A call the log gave up on (a server that did not answer in time): never made again
+    on a new connection, which would wait as long once more."""
 
 
 @final
@@ -281,15 +286,16 @@ class Connections(Generic[C]):
         reused = holder[0] is not None
         try:
             return self._attempt(holder, work)
-        except Exception:
+        except Exception as exc:
             # A kept connection found broken, whether the server dropped it while it was
             # idle (a restart, a failover, an idle timeout: found out only when it is next
             # used, which says nothing about the server now) or during this call (a backend
             # terminated mid-statement; the client cannot tell the two apart): make the call
             # once more, on a new connection. Every call a log makes may be made twice:
             # reads, and commits, which their turn_ref makes idempotent (one that did
-            # commit before the connection broke is a duplicate).
-            if not reused or holder[0] is not None or self._closed:
+            # commit before the connection broke is a duplicate). A call given up on is
+            # not: the server did not answer it, and would keep the next one waiting too.
+            if not reused or holder[0] is not None or self._closed or isinstance(exc, GaveUp):
                 raise
             return self._attempt(holder, work)
 
@@ -332,9 +338,14 @@ class DatabaseLog:
     _entry_rows: ClassVar[Callable[[str, Any], tuple[LogEntry, ...]]]
     _conversation_rows: ClassVar[Callable[[Any], tuple[ConversationInfo, ...]]]
 
+    def _bounded(self, work: Callable[[Any], T], what: str) -> Callable[[Any], T]:
+        """`work` as the log runs it, `what` naming it in errors: a log whose calls have a
+        deadline of their own wraps it here."""
+        return work
+
     async def __aenter__(self) -> Self:
         # Connect now, so that a bad path or DSN, or a newer schema, fails here, not mid-turn.
-        await self._connections.run(lambda connection: None)
+        await self._connections.run(self._bounded(lambda connection: None, "opening the log"))
         return self
 
     async def __aexit__(
@@ -351,16 +362,19 @@ class DatabaseLog:
 
     async def load(self, conversation_id: str) -> Context:
         check_id(conversation_id, to_read=True)
-        load = type(self)._load_rows
-        rows = await self._connections.run(functools.partial(load, conversation_id))
+        load = functools.partial(type(self)._load_rows, conversation_id)
+        what = f"loading conversation {conversation_id!r}"
+        rows = await self._connections.run(self._bounded(load, what))
         return Context(messages=tuple(m for messages in rows for m in messages))
 
     async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
         """Every commit of a conversation, in order, with its audit record."""
         check_id(conversation_id, to_read=True)
-        entries = type(self)._entry_rows
-        return await self._connections.run(functools.partial(entries, conversation_id))
+        entries = functools.partial(type(self)._entry_rows, conversation_id)
+        what = f"reading the entries of conversation {conversation_id!r}"
+        return await self._connections.run(self._bounded(entries, what))
 
     async def conversations(self) -> tuple[ConversationInfo, ...]:
         """Every conversation with at least one commit, the most recently committed first."""
-        return await self._connections.run(type(self)._conversation_rows)
+        listing = type(self)._conversation_rows
+        return await self._connections.run(self._bounded(listing, "listing the conversations"))

@@ -7,18 +7,24 @@ psycopg is an optional dependency (``pip install 'turnplug[postgres]'``), import
 
 import contextlib
 import functools
+import math
+import os
 import re
+import socket
+import threading
+import time
+import weakref
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, LiteralString, final
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar, final
 
 from turns import Message
 
 from .._audit import AuditRecord
 from .._errors import ConfigError, LogError
 from . import _codec
-from ._pool import Connections, DatabaseLog
+from ._pool import Connections, DatabaseLog, GaveUp
 from ._protocol import (
     ConversationInfo,
     LogEntry,
@@ -30,6 +36,8 @@ from ._protocol import (
 
 if TYPE_CHECKING:
     import psycopg
+
+T = TypeVar("T")
 
 # Forward migrations, as for SQLite: MIGRATIONS[n] takes a database from schema version n to
 # n + 1, in one transaction. Never edit a migration that has shipped: add the next one.
@@ -121,12 +129,25 @@ class PostgresLog(DatabaseLog):
         dsn: A libpq connection string or a ``postgresql://`` URL.
         max_connections: How many database calls may run at once (each on its own
             connection, opened on demand and kept).
+        timeout: Seconds a call may take before it fails with `pipeline.LogError`: the
+            server is told to give up a statement after that long (``statement_timeout``:
+            a commit waiting on another transaction's locks is rolled back, and the
+            connection stays usable), and a server that sends nothing back is given up on a
+            second later (its connection is closed). Connecting waits as long (rounded up
+            to whole seconds, at least 2), unless the DSN gives a ``connect_timeout``.
         create_tables: False refuses a database without turnplug's tables with
             `pipeline.LogError` instead of creating them, for a reader that must not write
             (``turnplug log``); an older schema is still migrated forward.
     """
 
-    def __init__(self, dsn: str, *, max_connections: int = 10, create_tables: bool = True) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        max_connections: int = 10,
+        timeout: float = 10.0,
+        create_tables: bool = True,
+    ) -> None:
         self._psycopg = _import_psycopg()
         if not isinstance(dsn, str) or not dsn:
             raise ConfigError(f"PostgresLog(dsn) takes a connection string, got {dsn!r}")
@@ -138,6 +159,12 @@ class PostgresLog(DatabaseLog):
             raise ConfigError(
                 f"PostgresLog(max_connections=...) must be an int >= 1, got {max_connections!r}"
             )
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < math.inf
+        ):
+            raise ConfigError(f"PostgresLog(timeout=...) must be seconds > 0, got {timeout!r}")
         if problem := _unpassable(dsn):
             # libpq reads a DSN as a C string in UTF-8: a NUL would silently cut off what
             # follows it (an sslmode, say), and a lone surrogate (undecodable bytes from the
@@ -166,9 +193,13 @@ class PostgresLog(DatabaseLog):
         # role asks: in another encoding (LATIN1, WIN1252) psycopg could not encode an emoji,
         # and the commit would fail with a bare UnicodeEncodeError.
         self._connect_options: dict[str, Any] = {"client_encoding": "utf8"}
-        # Bound how long a connection attempt may hold a worker thread, unless the DSN says.
+        # Bound how long a connection attempt may hold a worker thread, unless the DSN says
+        # (libpq counts whole seconds, and psycopg waits at least 2).
+        self._timeout = float(timeout)
         if "connect_timeout" not in params:
-            self._connect_options["connect_timeout"] = 10
+            self._connect_options["connect_timeout"] = max(2, math.ceil(self._timeout))
+        self._watchdog = _Watchdog(f"{self!r} watchdog")
+        weakref.finalize(self, self._watchdog.stop)
         self._migrated = False
         self._connections: Connections[psycopg.Connection[Any]] = Connections(
             size=max_connections,
@@ -206,9 +237,11 @@ class PostgresLog(DatabaseLog):
             ) from exc
         # A length no bigint holds is one no conversation has: a conflict, as in every log.
         expected = expected_length if expected_length is None else min(expected_length, _BIGINT)
-        outcome, length = await self._connections.run(
-            functools.partial(_append, conversation_id, turn_ref, len(messages), *stored, expected)
+        work = functools.partial(
+            _append, conversation_id, turn_ref, len(messages), *stored, expected
         )
+        what = f"committing turn {turn_ref!r} of conversation {conversation_id!r}"
+        outcome, length = await self._connections.run(self._bounded(work, what))
         if outcome == "conflict":
             assert expected_length is not None
             raise conflict(conversation_id, turn_ref, length, expected_length)
@@ -220,18 +253,82 @@ class PostgresLog(DatabaseLog):
             self._dsn, autocommit=True, **self._connect_options
         )
         try:
-            if not self._migrated:
-                _migrate(connection, repr(self), create=self._create_tables)
-                self._migrated = True
+            self._bounded(self._prepare, "opening a connection")(connection)
         except BaseException:
             _close(connection)
             raise
         return connection
 
+    def _prepare(self, connection: "psycopg.Connection[Any]") -> None:
+        # The server gives up a statement it cannot finish in time (one waiting on a lock
+        # another transaction holds), and rolls it back: a clean error, a usable connection.
+        milliseconds = max(1, math.ceil(self._timeout * 1000))
+        connection.execute(
+            "SELECT set_config('statement_timeout', %s, false)", (f"{milliseconds}ms",)
+        )
+        if not self._migrated:
+            _migrate(connection, repr(self), create=self._create_tables)
+            self._migrated = True
+
+    def _bounded(self, work: Callable[[Any], T], what: str) -> Callable[[Any], T]:
+        """`work` given up on after the log's timeout: the server's own statement_timeout
+        ends a statement that waits (on a lock, say); a server that does not answer at all
+        has its connection shut a second later, which ends the call where it waits."""
+        driver = self._psycopg
+        watchdog = self._watchdog
+        deadline = self._timeout + _GRACE
+
+        def bounded(connection: "psycopg.Connection[Any]") -> T:
+            armed = watchdog.arm(connection.fileno(), deadline)
+            try:
+                return work(connection)
+            except driver.errors.QueryCanceled as exc:
+                if "statement timeout" not in str(exc):
+                    raise  # cancelled by someone else (pg_cancel_backend)
+                raise _TimedOut(what, answered=True) from exc
+            except driver.Error as exc:
+                if watchdog.disarm(armed):
+                    raise _TimedOut(what, answered=False) from exc
+                raise
+            finally:
+                watchdog.disarm(armed)
+
+        return bounded
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        self._watchdog.stop()
+
     # -- the seam -------------------------------------------------------------------------
 
     def _translate(self, exc: Exception) -> LogError | None:
-        if isinstance(exc, _codec.StoredDataError):
+        if isinstance(exc, _TimedOut):
+            if exc.answered:
+                happened = (
+                    f"the server gave it up after {self._timeout:g} s (statement_timeout:"
+                    " another transaction held a lock it needed, or the server is"
+                    " overloaded); nothing of it was committed, and the log stays usable"
+                )
+            else:
+                happened = (
+                    f"the server sent nothing back for {self._timeout + _GRACE:g} s, so its"
+                    " connection was closed (a hung server or a dropped network); a commit"
+                    " that reached a server still alive is finished or rolled back there"
+                    " whole, never half"
+                )
+            why = (
+                f"{exc.what} took longer than timeout={self._timeout:g} s: {happened} —"
+                " retry, check the server, or give PostgresLog a longer timeout="
+            )
+        elif isinstance(exc, self._psycopg.errors.ConnectionTimeout):
+            seconds = self._connect_options.get("connect_timeout", "the DSN's connect_timeout")
+            why = (
+                f"opening a connection: cannot reach the database, which did not answer within"
+                f" {seconds} s"
+                " (connect_timeout) — check that the server is running and the DSN's host and"
+                " port"
+            )
+        elif isinstance(exc, _codec.StoredDataError):
             why = f"{exc} — the row was changed by something other than turnplug"
         elif isinstance(exc, self._psycopg.OperationalError) and "connection" in str(exc):
             first = str(exc).strip().splitlines()[0]
@@ -245,6 +342,88 @@ class PostgresLog(DatabaseLog):
         else:
             return None
         return LogError(f"{self!r}: {why}", log=repr(self))
+
+
+# How much longer than its timeout a call waits for a server that sends nothing back
+# before closing its connection: time for the server's own statement_timeout to end it
+# cleanly first, its answer on the way.
+_GRACE = 1.0
+
+
+class _TimedOut(GaveUp):
+    """A call that outlasted the log's timeout: `what` it was, and whether the server
+    answered (its statement_timeout) or sent nothing (its connection was closed)."""
+
+    def __init__(self, what: str, *, answered: bool) -> None:
+        super().__init__(what)
+        self.what = what
+        self.answered = answered
+
+
+@final
+class _Watchdog:
+    """A thread of the log's own that shuts the socket of a call past its deadline.
+
+    A psycopg call blocks its worker thread until the server answers; nothing else can
+    interrupt it. Shutting its socket down makes it fail at once, the connection broken
+    (never made again: `GaveUp`). Started on the first call, ended with the log.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Condition()
+        self._armed: dict[int, tuple[float, int]] = {}  # token: (deadline, socket)
+        self._fired: set[int] = set()
+        self._next = 0
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def arm(self, fileno: int, seconds: float) -> int:
+        with self._lock:
+            self._next += 1
+            token = self._next
+            was_idle = not self._armed
+            self._armed[token] = (time.monotonic() + seconds, fileno)
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+                self._thread.start()
+            elif was_idle:
+                # Deadlines are all as far ahead, so only the first needs the thread to look.
+                self._lock.notify()
+        return token
+
+    def disarm(self, token: int) -> bool:
+        """Take the call's deadline off; whether it had passed (its socket was shut)."""
+        with self._lock:
+            self._armed.pop(token, None)
+            if token in self._fired:
+                self._fired.discard(token)
+                return True
+            return False
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._lock.notify()
+
+    def _serve(self) -> None:
+        with self._lock:
+            while not self._stopped:
+                now = time.monotonic()
+                for token, (deadline, fileno) in list(self._armed.items()):
+                    if deadline <= now:
+                        del self._armed[token]
+                        self._fired.add(token)
+                        _shut(fileno)
+                wait = min((deadline for deadline, _ in self._armed.values()), default=None)
+                self._lock.wait(None if wait is None else wait - now)
+
+
+def _shut(fileno: int) -> None:
+    """End what a blocked call waits for on the socket `fileno`: it reads the end of the
+    connection at once. (The socket is the connection's: only a duplicate is closed.)"""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fileno)) as duplicate:
+        duplicate.shutdown(socket.SHUT_RDWR)
 
 
 def _import_psycopg() -> ModuleType:

@@ -4,10 +4,13 @@ What every log does is in test_logs.py, which runs against PostgresLog too. Each
 works in a fresh schema of the test server (the `postgres` fixture, tests/postgres.py).
 """
 
+import contextlib
 import datetime
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from functools import partial
 
@@ -82,6 +85,8 @@ def test_a_malformed_dsn_is_a_config_error_that_does_not_echo_it(dsn):
         (("postgresql://db/chats",), {"max_connections": 0}, "max_connections"),
         (("postgresql://db/chats",), {"max_connections": True}, "max_connections"),
         (("postgresql://db/chats",), {"create_tables": "no"}, "create_tables"),
+        (("postgresql://db/chats",), {"timeout": 0}, "timeout"),
+        (("postgresql://db/chats",), {"timeout": "10"}, "timeout"),
     ],
 )
 def test_bad_arguments_fail_when_the_log_is_built(args, kwargs, culprit):
@@ -311,6 +316,168 @@ async def test_an_unreachable_server_is_a_log_error_without_the_password():
 
     assert "s3cret" not in str(excinfo.value)
     assert excinfo.value.log == "PostgresLog('postgresql://ada@127.0.0.1:1/chats')"
+
+
+class SilentServer:
+    """A TCP server on loopback that accepts connections and never says a word."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self.held.append(self.listener.accept()[0])
+
+    def close(self) -> None:
+        for connection in [*self.held, self.listener]:
+            connection.close()
+
+
+class Relay:
+    """A TCP relay on loopback to the test server that can go silent: while `dropping`, what
+    either side sends is dropped (a network losing packets, a hung server), not closed."""
+
+    def __init__(self, dsn: str) -> None:
+        from psycopg.conninfo import conninfo_to_dict
+
+        params = conninfo_to_dict(dsn)
+        self.upstream = (params.get("host", "127.0.0.1"), int(params.get("port", 5432)))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.dropping = False
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def dsn(self, dsn: str) -> str:
+        return with_params(dsn, host="127.0.0.1", port=str(self.port))
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client = self.listener.accept()[0]
+                server = socket.create_connection(self.upstream)
+                self.sockets += [client, server]
+                threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+                threading.Thread(target=self._pump, args=(server, client), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if not self.dropping:
+                    target.sendall(data)
+        with contextlib.suppress(OSError):
+            target.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        for connection in [*self.sockets, self.listener]:
+            connection.close()
+
+
+async def test_opening_the_log_on_a_server_that_never_answers_is_a_bounded_log_error():
+    """Bug caught: nothing bounded PostgresLog's waits but a fixed connect_timeout of 10 s;
+    the log takes a timeout= that the connection attempt follows (at least libpq's 2 s)."""
+    server = SilentServer()
+    try:
+        log = PostgresLog(f"postgresql://ada:s3cret-pw@127.0.0.1:{server.port}/chats", timeout=0.5)
+        with anyio.fail_after(60), pytest.raises(LogError) as raised:
+            async with log:
+                pass
+    finally:
+        server.close()
+
+    message = str(raised.value)
+    assert f"PostgresLog('postgresql://ada@127.0.0.1:{server.port}/chats')" in message
+    assert "within 2 s (connect_timeout)" in message
+    assert "s3cret" not in message
+
+
+async def test_a_commit_to_a_server_that_stops_answering_is_a_bounded_log_error(postgres):
+    """Bug caught: a commit sent to a server that then sent nothing back (a hung server, a
+    network dropping packets) waited for it forever, and so did its turn, cancellation and
+    all; now it fails after the log's timeout, naming the log, the turn and the timeout,
+    and the log commits again once the server answers."""
+    relay = Relay(postgres)
+    try:
+        async with PostgresLog(relay.dsn(postgres), max_connections=1, timeout=0.5) as log:
+            await log.append("c", "t1", exchange("q1", "a1"))
+            relay.dropping = True
+            with anyio.fail_after(60), pytest.raises(LogError) as raised:
+                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+            relay.dropping = False
+            await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+            entries = await log.entries("c")
+    finally:
+        relay.close()
+
+    message = str(raised.value)
+    assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' took longer")
+    assert "timeout=0.5 s" in message
+    assert "sent nothing back" in message
+    assert [entry.turn_ref for entry in entries] == ["t1", "t2"]
+
+
+def lock_tables(dsn: str):
+    """A connection holding every table of the log locked in an open transaction."""
+    import psycopg
+
+    holder = psycopg.connect(dsn)
+    holder.execute(
+        "LOCK TABLE turnplug_schema, turnplug_conversations, turnplug_turns"
+        " IN ACCESS EXCLUSIVE MODE"
+    )
+    return holder
+
+
+async def test_a_commit_waiting_on_a_lock_another_transaction_holds_is_a_bounded_log_error(
+    postgres,
+):
+    """Bug caught: a commit waiting on a lock another connection held (a long migration,
+    an administrator's LOCK TABLE) waited as long as the lock was held, forever if it never
+    was released; now the server gives it up after the log's timeout, nothing of it is
+    committed, and the log commits once the lock is gone."""
+    async with PostgresLog(postgres, max_connections=1, timeout=0.5) as log:
+        await log.append("c", "t1", exchange("q1", "a1"))
+        holder = lock_tables(postgres)
+        try:
+            with anyio.fail_after(60), pytest.raises(LogError) as raised:
+                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+        finally:
+            holder.rollback()
+            holder.close()
+        await log.append("c", "t3", exchange("q3", "a3"), expected_length=2)
+        entries = await log.entries("c")
+
+    message = str(raised.value)
+    assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' took longer")
+    assert "timeout=0.5 s" in message
+    assert "nothing of it was committed" in message
+    assert [entry.turn_ref for entry in entries] == ["t1", "t3"]
+
+
+async def test_opening_a_log_whose_tables_another_transaction_locks_is_a_bounded_log_error(
+    postgres,
+):
+    """Bug caught: opening a log (its schema check) while another connection held its
+    tables locked waited as long as the lock was held, forever if never released."""
+    await committed(postgres, "t1")
+    holder = lock_tables(postgres)
+    try:
+        log = PostgresLog(postgres, timeout=0.5)
+        with anyio.fail_after(60), pytest.raises(LogError) as raised:
+            async with log:
+                pass
+    finally:
+        holder.rollback()
+        holder.close()
+    async with PostgresLog(postgres, timeout=0.5) as log:
+        entries = await log.entries("c")
+
+    assert "opening a connection took longer than timeout=0.5 s" in str(raised.value)
+    assert [entry.turn_ref for entry in entries] == ["t1"]
 
 
 # -- stored data ----------------------------------------------------------------------------
