@@ -210,6 +210,10 @@ def _name(cls: Any) -> str:
 def _describe(exc: BaseException, type_: Any) -> str:
     if isinstance(exc, _Refused):
         return str(exc)
+    if type_ is None and type(exc) in (ValueError, TypeError) and str(exc):
+        # Raised by a record's own checks as it is built (``RequestOptions.temperature must
+        # be between 0 and 2, got 5.0``): cattrs would say only "invalid value".
+        return str(exc)
     return format_exception(exc, type_)
 
 

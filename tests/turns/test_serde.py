@@ -406,3 +406,33 @@ def test_to_json_names_the_path_of_a_value_json_cannot_hold(value, error, shown)
 def test_a_part_without_its_tag_in_a_message_names_the_missing_tag() -> None:
     with pytest.raises(ValueError, match=r"unknown part type none, .* @ Message\.parts\[0\]$"):
         from_dict(Message, {"role": "user", "parts": [{"text": "a", "meta": {}}]})
+
+
+@pytest.mark.parametrize(
+    ("cls", "data", "problem"),
+    [
+        (
+            RequestOptions,
+            {"temperature": 5},
+            r"RequestOptions\.temperature must be between 0 and 2, got 5\.0 @ RequestOptions$",
+        ),
+        (
+            RequestOptions,
+            {"max_tokens": 0},
+            r"RequestOptions\.max_tokens must be a positive int or None, got 0 @ RequestOptions$",
+        ),
+        (
+            Turn,
+            {**to_dict(Turn.start("hi", turn_ref="r")), "request": {"temperature": -1}},
+            r"RequestOptions\.temperature must be between 0 and 2, got -1\.0 @ Turn\.request$",
+        ),
+    ],
+    ids=["temperature", "max-tokens", "nested"],
+)
+def test_a_value_a_record_refuses_is_named_with_the_records_own_message(cls, data, problem) -> None:
+    """Bug caught: a value of the right type that the record's own check refuses (a
+    temperature of 5, ``max_tokens`` 0) reported by `from_dict` as a bare "invalid value
+    @ RequestOptions", naming neither the field nor the value, where the record says
+    which field, what it got and what it takes."""
+    with pytest.raises(ValueError, match=f"cannot read a {cls.__name__} from this data: {problem}"):
+        from_dict(cls, data)
