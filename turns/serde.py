@@ -202,6 +202,11 @@ class _Refused(ValueError):
     pass
 
 
+_TOO_DEEP = (
+    "a value in it is nested too deeply (lists and objects inside each other), or holds itself"
+)
+
+
 def _name(cls: Any) -> str:
     # `Part` is a union, which has no __name__.
     return getattr(cls, "__name__", None) or ("Part" if cls == Part else repr(cls))
@@ -221,10 +226,22 @@ def to_dict(obj: Any) -> Any:
     """Unstructure a record into plain dicts, lists and scalars.
 
     A part carries its ``"type"`` tag even on its own, so `from_dict(Part, ...)` can read it.
+
+    Raises:
+        ValueError: An opaque value is nested too deeply to be written.
     """
-    if type(obj) in _TAGS:
-        return _converter.unstructure(obj, Part)
-    return _converter.unstructure(obj)
+    try:
+        if type(obj) in _TAGS:
+            return _converter.unstructure(obj, Part)
+        return _converter.unstructure(obj)
+    except RecursionError:
+        # Not a bug of the caller's program but of its data (a model's tool-call arguments
+        # nested hundreds of levels deep): a ValueError naming the record, as for other data
+        # that cannot be written, rather than a RecursionError out of cattrs.
+        raise ValueError(
+            f"cannot write a {_name(type(obj))}: {_TOO_DEEP} — flatten it, or encode it as"
+            " JSON text"
+        ) from None
 
 
 def from_dict(cls: type[T], data: Any) -> T:
@@ -303,5 +320,14 @@ def _not_json(value: Any, path: str) -> tuple[str, Any] | None:
 
 
 def from_json(cls: type[T], text: str | bytes) -> T:
-    """Parse a JSON string produced by `to_json` back into `cls`."""
-    return from_dict(cls, json.loads(text))
+    """Parse a JSON string produced by `to_json` back into `cls`.
+
+    Raises:
+        ValueError: `text` is not JSON, is nested too deeply to be read, or does not
+            describe a `cls` (see `from_dict`).
+    """
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"cannot read a {_name(cls)} from this data: {_TOO_DEEP}") from None
+    return from_dict(cls, data)

@@ -436,3 +436,40 @@ def test_a_value_a_record_refuses_is_named_with_the_records_own_message(cls, dat
     which field, what it got and what it takes."""
     with pytest.raises(ValueError, match=f"cannot read a {cls.__name__} from this data: {problem}"):
         from_dict(cls, data)
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_json_nested_too_deeply_is_a_value_error_naming_the_record() -> None:
+    """Bug caught: `from_json` of text nesting lists 100,000 levels deep (hostile or broken
+    input) raising json's bare RecursionError instead of the ValueError it documents."""
+    text = '{"text": "a", "meta": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}"
+
+    with pytest.raises(ValueError, match=r"cannot read a Text from this data: .*nested too deeply"):
+        from_json(Text, text)
+
+
+@pytest.mark.parametrize("write", [to_dict, to_json], ids=["to_dict", "to_json"])
+def test_a_value_nested_too_deeply_to_write_is_a_value_error_naming_the_record(write) -> None:
+    """Bug caught: writing a tool call whose arguments nest a few hundred levels deep (a
+    model's output, which JSON reads) failing with a RecursionError out of cattrs, naming
+    neither the record nor the problem."""
+    call = ToolCall("c1", "search", {"filter": _nested(5_000)})
+
+    with pytest.raises(ValueError, match=r"cannot write a ToolCall: .*nested too deeply"):
+        write(call)
+
+
+def test_a_value_that_holds_itself_is_a_value_error_naming_the_record() -> None:
+    """Bug caught: a meta mapping that holds itself making `to_dict` fail with a bare
+    RecursionError."""
+    meta: dict[str, Any] = {}
+    meta["self"] = meta
+
+    with pytest.raises(ValueError, match=r"cannot write a Message: .*holds itself"):
+        to_dict(Message.user("hi", meta=meta))
