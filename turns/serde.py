@@ -323,11 +323,27 @@ def from_json(cls: type[T], text: str | bytes) -> T:
     """Parse a JSON string produced by `to_json` back into `cls`.
 
     Raises:
-        ValueError: `text` is not JSON, is nested too deeply to be read, or does not
+        ValueError: `text` is not JSON (NaN and Infinity included; a number past a
+            float's range too), is nested too deeply to be read, or does not
             describe a `cls` (see `from_dict`).
     """
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
         raise ValueError(f"cannot read a {_name(cls)} from this data: {_TOO_DEEP}") from None
+    except _Refused as exc:
+        raise ValueError(f"cannot read a {_name(cls)} from this data: {exc}") from None
     return from_dict(cls, data)
+
+
+def _no_constant(name: str) -> Any:
+    # Python's json reads NaN and Infinity, which are not JSON and which `to_json` refuses
+    # to write: a record read with one could not be written back.
+    raise _Refused(f"{name} is not a JSON value (to_json never writes it)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: valid JSON that a float cannot hold
+        raise _Refused(f"the number {text} is out of a float's range")
+    return value

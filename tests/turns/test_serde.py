@@ -473,3 +473,20 @@ def test_a_value_that_holds_itself_is_a_value_error_naming_the_record() -> None:
 
     with pytest.raises(ValueError, match=r"cannot write a Message: .*holds itself"):
         to_dict(Message.user("hi", meta=meta))
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ('{"text": "a", "meta": {"x": NaN}}', "NaN is not a JSON value"),
+        ('{"text": "a", "meta": {"x": -Infinity}}', "-Infinity is not a JSON value"),
+        ('{"text": "a", "meta": {"x": 1e400}}', "the number 1e400 is out of a float's range"),
+    ],
+    ids=["nan", "infinity", "past-float-range"],
+)
+def test_from_json_refuses_a_number_to_json_could_not_write_back(text: str, shown: str) -> None:
+    """Bug caught: `from_json` reading NaN, Infinity (not JSON) and 1e400 (read as
+    infinity) into a record that `to_json` then refuses to write, so that reading and
+    writing back a record failed on the write, far from the bad input."""
+    with pytest.raises(ValueError, match=f"cannot read a Text from this data: {shown}"):
+        from_json(Text, text)
