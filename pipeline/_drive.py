@@ -25,6 +25,7 @@ from turns import (
     Turn,
     Usage,
 )
+from turns._parts import exchange_problem
 
 from . import events as ev
 from ._audit import AuditRecord, HookRecord, Rejection, new_record
@@ -628,6 +629,19 @@ def turn_problem(turn: Turn, before: Turn | None = None) -> tuple[str, str] | No
         if odd:
             what = f"turn.injections holds {describe(odd[0])}, not an Injection"
             return what, "add content with turn.inject(...)"
+        role = turn.user_message.role
+        if role not in ("user", "tool"):
+            # It would be sent as the user's turn, and committed as what the user said.
+            return (
+                f"turn.user_message is a {role!r} message, not the user's (or tool results)",
+                "start the turn with Turn.start(text or a user message)",
+            )
+        for index, injection in enumerate(turn.injections):
+            # `Turn.inject` pairs tool parts; an injection built by hand is checked here,
+            # before its lone call is sent as a request no provider accepts.
+            problem = exchange_problem(injection.parts)
+            if problem is not None:
+                return f"turn.injections[{index}] is malformed: {problem}", "use turn.inject(...)"
         return None
     message, role = turn.user_message, before.user_message.role
     if message is not before.user_message and message.role != role:

@@ -17,7 +17,7 @@ from pipeline import (
 )
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
-from turns import Context, Message, Text, ToolSpec, Turn
+from turns import Context, Injection, Message, Text, ToolCall, ToolSpec, Turn
 
 TOOLS = (ToolSpec("a"), ToolSpec("b"))
 
@@ -261,6 +261,19 @@ MALFORMED_TURNS = {
     "scope": (lambda: attrs.evolve(Turn.start("hi"), scope={"user": "ada"}), "turn.scope"),
     "injections": (lambda: attrs.evolve(Turn.start("hi"), injections=["note"]), "injections"),
     "turn_ref": (lambda: attrs.evolve(Turn.start("hi"), turn_ref=""), "turn_ref"),
+    # Bug caught: an assistant message in the user's place was sent as the user's turn.
+    "user_message-role": (
+        lambda: attrs.evolve(Turn.start("hi"), user_message=Message.assistant("hi")),
+        "turn.user_message is a 'assistant' message",
+    ),
+    # Bug caught: a tool call injected by hand without its result was sent to the model as
+    # an assistant tool-call message no provider accepts.
+    "injection-unpaired": (
+        lambda: attrs.evolve(
+            Turn.start("hi"), injections=(Injection((ToolCall("c1", "lookup", {}),)),)
+        ),
+        "turn.injections[0] is malformed: tool calls ['c1'] have no result",
+    ),
 }
 
 
