@@ -4,6 +4,7 @@ A leaf: every layer that words an error (tools, the runner, the stages, sessions
 """
 
 import inspect
+from collections.abc import Iterator
 
 from turns import Reply, Text, ToolCall, ToolResult, Turn
 
@@ -70,6 +71,13 @@ def wrong_return_hint(result: object, *, group: bool, stage: str = "pre") -> str
             " — parts are what a parallel member returns: if it is one (`retrieve(...)`"
             " is), place it inside `parallel(...)`; else inject them:"
             " `return cont(turn.inject(*parts))`"
+        )
+    if group and isinstance(result, Iterator):
+        # A generator expression or map(...) over search results: the parts are there,
+        # but lazily.
+        return (
+            " — return a list, not an iterator: `return [Text(doc) for doc in docs]` or"
+            " `return list(...)`"
         )
     if isinstance(result, str | list) or type(result) in PART_TYPES:
         if group:

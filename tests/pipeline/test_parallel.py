@@ -464,6 +464,23 @@ async def test_member_returning_the_turn_is_told_members_are_append_only(make):
         await pipe.run(Turn.start("hi"))
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda turn: (Text(doc) for doc in ("a", "b")), id="generator"),
+        pytest.param(lambda turn: map(Text, ("a", "b")), id="map"),
+    ],
+)
+async def test_member_returning_an_iterator_of_parts_is_told_to_return_a_list(make):
+    """Bug caught: a member returning its parts as a generator expression or map(...) got
+    an error naming what it returned but no likely fix."""
+    pipe = pipe_with(parallel(returning("lazy", make)))
+    with pytest.raises(
+        HookReturnError, match=r"'lazy' \(pre, position 1\.1\).*return a list, not an iterator"
+    ):
+        await pipe.run(Turn.start("hi"))
+
+
 async def test_member_returning_a_coroutine_it_forgot_to_await_is_told_to_await_it():
     """Bug: a member returning a search's coroutine without awaiting it got no hint, and the
     coroutine was left to warn "never awaited" after the error."""
