@@ -38,7 +38,7 @@ import trio
 from turns import Context, Message
 
 from .._errors import LogError
-from .._loop import current_loop
+from .._loop import Loop, current_loop
 from ._protocol import ConversationInfo, LogEntry, check_id
 
 C = TypeVar("C")
@@ -213,6 +213,33 @@ class Connections(Generic[C]):
         self._name = name
         self._idle: list[C] = []
         self._closed = False
+        # The kind of loop the locks are bound to: the running one if built inside a loop
+        # (AnyIO makes them for it at once), else the first to use them.
+        try:
+            running = sniffio.current_async_library()
+        except sniffio.AsyncLibraryNotFoundError:
+            running = None
+        self._loop: Loop | None = (
+            "trio" if running == "trio" else "asyncio" if running == "asyncio" else None
+        )
+
+    def check_loop(self) -> None:
+        """Refuse a loop that is not trio or asyncio, or not of the kind that used the log first.
+
+        The log's locks (AnyIO's) are bound to the kind of loop that first used them: under
+        the other kind they would fail with that loop's own error ("must be called from async
+        context", "no running event loop"), naming neither the log nor the cause.
+        """
+        loop = current_loop(self._name)
+        if self._loop is None:
+            self._loop = loop
+        elif loop != self._loop:
+            raise RuntimeError(
+                f"{self._name} was first used under {self._loop} and is now used under {loop}:"
+                f" its locks belong to {self._loop} — open a log for each event loop, inside"
+                " the loop that uses it (`async with ... as log:` in the function given to"
+                " trio.run or asyncio.run, or in a web app's lifespan)"
+            )
 
     async def run(self, work: Callable[[C], T], *, held: bool = False) -> T:
         """`work(connection)` in a worker thread; driver errors become `LogError`.
@@ -225,7 +252,7 @@ class Connections(Generic[C]):
         """
         if self._closed:
             raise RuntimeError(f"{self._name} is closed; open a new one to use it again")
-        current_loop(self._name)
+        self.check_loop()
         # A free connection is taken without a pass through the scheduler (the thread hop
         # below is one): the cancellation check of a checkpoint, not its yield.
         await anyio.lowlevel.checkpoint_if_cancelled()

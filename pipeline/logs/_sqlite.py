@@ -127,6 +127,7 @@ class SQLiteLog(DatabaseLog):
         check_values(self, conversation_id, turn_ref, messages, audit)
         stored = self._encode(conversation_id, turn_ref, messages, audit)
         commit = _Commit((conversation_id, turn_ref, len(messages), *stored, expected_length))
+        self._connections.check_loop()  # before the write lock, which is the loop's too
         outcome, length = await self._commit(commit)
         if outcome == "conflict":
             assert expected_length is not None

@@ -219,6 +219,26 @@ async def test_concurrent_calls_use_at_most_max_connections(postgres):
     assert 1 <= peak <= 3
 
 
+@pytest.mark.parametrize(("first", "then"), [("trio", "asyncio"), ("asyncio", "trio")])
+def test_a_log_used_under_the_other_kind_of_loop_is_refused_naming_both(postgres, first, then):
+    """Bug caught: a log used under trio and then under asyncio (or the reverse) failed with
+    the other loop's own error from inside AnyIO ("must be called from async context", "no
+    running event loop"), naming neither the log nor the cause: its connection limiter
+    belongs to the kind of loop that used it first."""
+    log = PostgresLog(postgres)
+    anyio.run(log.append, "c", "t1", exchange("q", "a"), backend=first)
+
+    with pytest.raises(RuntimeError) as caught:
+        anyio.run(log.append, "c", "t2", exchange("q", "a"), backend=then)
+
+    message = str(caught.value)
+    assert repr(log) in message
+    assert f"first used under {first} and is now used under {then}" in message
+    entries = anyio.run(log.entries, "c", backend=first)
+    assert [entry.turn_ref for entry in entries] == ["t1"]
+    anyio.run(log.aclose, backend=first)
+
+
 def drop_connections(dsn: str, application_name: str) -> int:
     """End the server side of every connection tagged `application_name`, as a server
     restart or an idle timeout would; how many there were."""

@@ -540,6 +540,41 @@ def test_one_log_serves_one_event_loop_after_another(tmp_path, loop):
     anyio.run(log.aclose, backend=loop)
 
 
+@pytest.mark.parametrize(("first", "then"), [("trio", "asyncio"), ("asyncio", "trio")])
+@pytest.mark.parametrize("call", ["append", "load"])
+def test_a_log_used_under_the_other_kind_of_loop_is_refused_naming_both(
+    tmp_path, first, then, call
+):
+    """Bug caught: a log used under trio and then under asyncio (or the reverse) failed
+    with the other loop's own error from deep inside AnyIO ("must be called from async
+    context", "no running event loop"), naming neither the log nor the cause, since its
+    locks belong to the kind of loop that used them first."""
+
+    async def commit(log: SQLiteLog, turn: str) -> None:
+        await log.append("c", turn, exchange(f"q {turn}", f"a {turn}"))
+
+    async def use(log: SQLiteLog) -> None:
+        if call == "append":
+            await commit(log, "t2")
+        else:
+            await log.load("c")
+
+    log = SQLiteLog(tmp_path / "log.db")
+    anyio.run(commit, log, "t1", backend=first)
+
+    with pytest.raises(RuntimeError) as caught:
+        anyio.run(use, log, backend=then)
+
+    message = str(caught.value)
+    assert repr(log) in message
+    assert f"first used under {first} and is now used under {then}" in message
+    assert "open a log for each event loop" in message
+    # Refused before anything was written, and still whole on its own kind of loop.
+    entries = anyio.run(log.entries, "c", backend=first)
+    assert [entry.turn_ref for entry in entries] == ["t1"]
+    anyio.run(log.aclose, backend=first)
+
+
 async def test_a_call_waiting_when_the_log_closes_is_refused_and_no_thread_is_left(
     tmp_path, monkeypatch
 ):
