@@ -692,13 +692,14 @@ LANE_CALLS = 16
 
 @final
 class _Lane:
-    """One httpx client of a pool, and how many calls use it now."""
+    """One httpx client of a pool, how many calls use it now, and whether the pool shut it."""
 
-    __slots__ = ("calls", "client")
+    __slots__ = ("calls", "client", "shut")
 
     def __init__(self, client: httpx.AsyncClient) -> None:
         self.client = client
         self.calls = 0
+        self.shut = False
 
 
 @final
@@ -781,6 +782,8 @@ class Pool:
     async def _shut(self) -> None:
         lanes, endpoint = self._lanes, self._endpoint
         self._lanes, self._endpoint = [], None
+        for lane in lanes:
+            lane.shut = True
         if endpoint is None or anyio.lowlevel.current_token() != self._loop:
             # Its sockets belong to a loop that is not running here: closing them from this
             # one could hang. They are dropped, as they would be at that loop's end.
@@ -815,6 +818,18 @@ async def _client(
     if lane is not None:
         try:
             yield lane.client, True
+        except Exception as exc:
+            if not lane.shut:
+                raise
+            # Its connection was closed under it: the cause is here, not at the server
+            # (which the read error alone would blame, as a stream cut off).
+            raise ProviderError(
+                f"{owner} was closed while this call was running (aclose(), or the end of"
+                " the last block holding it: `async with` the provider, the pipeline or a"
+                " session): its connections were closed under the call — keep the provider"
+                " open until every call using it has ended",
+                provider=endpoint.provider,
+            ) from exc
         finally:
             Pool.give_back(lane)
         return

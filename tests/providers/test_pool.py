@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 import trio
 
@@ -20,7 +21,7 @@ from turns import Turn
 
 from . import server as wire
 from .server import ProtocolServer
-from .support import KEY, collect, serving_in_thread
+from .support import KEY, collect, hi, serving_in_thread
 
 BACKENDS = ["trio", "asyncio"]
 
@@ -167,6 +168,43 @@ async def test_a_closed_provider_is_a_clear_error(
         assert f"{type(model).__name__}(" in str(caught.value)
     assert len(keep_alive_server.requests) == 1
     await model.aclose()  # closing again is harmless
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+async def test_a_provider_closed_under_a_running_call_fails_it_saying_so(
+    keep_alive_server: ProtocolServer, name: str
+) -> None:
+    """Bug caught: `aclose()` from another task while a call was streaming failed that call
+    with "stream ... was cut off or garbled: ReadError" (asyncio) or "another task closed
+    this fd" (trio), a ProviderProtocolError that blames the server for what the caller
+    did."""
+    make, reply = PROVIDERS[name]
+    # The text, then silence: no finish, no terminator, until the client hangs up.
+    keep_alive_server.repeat = attrs.evolve(reply, pieces=reply.pieces[:-2], stall=True)
+    errors: list[BaseException] = []
+    async with make(keep_alive_server.url) as model:
+        first_text = anyio.Event()
+
+        async def call() -> None:
+            try:
+                async with model.stream(hi()) as events:
+                    async for event in events:
+                        if isinstance(event, ModelText):
+                            first_text.set()
+            except ProviderError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call)
+            with anyio.fail_after(5):
+                await first_text.wait()
+            await model.aclose()
+
+    [error] = errors
+    assert type(error) is ProviderError
+    message = str(error)
+    assert f"{type(model).__name__}(" in message
+    assert "was closed while this call was running" in message
 
 
 async def test_a_closed_provider_fails_the_turn_with_the_same_error(
