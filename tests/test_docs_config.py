@@ -12,6 +12,7 @@ import pytest
 from hooks.cli import build_parser
 from hooks.config import config_schema, load_pipeline
 from pipeline import ConfigError, Pipeline
+from tests.hooks.cli_support import turnplug
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
@@ -287,3 +288,17 @@ def test_the_conversation_default_the_page_states_is_the_parsers() -> None:
     for name in ("run", "chat"):
         defaults = {action.dest: action.default for action in _commands()[name]._actions}
         assert defaults["conversation"] == "default"
+
+
+def test_a_log_that_cannot_be_opened_exits_with_the_code_the_page_gives(tmp_path: Path) -> None:
+    """Catches: the page's exit codes leaving out that a `--log` the command cannot open (a
+    LogError) exits 2, as a usage error does, where a reader would expect 1, a failed turn."""
+    codes = " ".join(PAGE.split("Exit codes:", 1)[1].split())
+    usage = re.search(r"\*\*2\*\* (.*?)\.", codes)
+    assert usage is not None
+    assert "a `--log` that cannot be opened" in usage.group(1)
+    log = tmp_path / "no such folder" / "chats.db"
+    done = turnplug("run", ROOT / "examples" / "assistant.toml", "hi", "--log", log)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("turnplug: error: LogError: ")
+    assert str(log) in done.stderr
