@@ -90,9 +90,14 @@ def explain(result: TurnResult, console: Console) -> None:
         )
     elif result.outcome == "exhausted":
         last = result.rejections[-1]
+        count = len(result.rejections)
+        rejected = (
+            f"{count} attempts rejected, the last by"
+            if count > 1
+            else "its one attempt was rejected by"
+        )
         console.note(
-            f"turnplug: no acceptable reply: {len(result.rejections)} attempts rejected, the"
-            f" last by {last.hook!r}: {one_line(last.feedback)}"
+            f"turnplug: no acceptable reply: {rejected} {last.hook!r}: {one_line(last.feedback)}"
         )
 
 

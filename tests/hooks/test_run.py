@@ -66,6 +66,29 @@ def test_an_exhausted_turn_prints_no_reply_and_exits_1(tmp_path: Path) -> None:
     assert "Say it differently." in done.stderr
 
 
+def test_an_exhausted_turn_of_one_attempt_is_not_called_1_attempts(tmp_path: Path) -> None:
+    """Bug caught: with `max_regenerations = 0` the note read "1 attempts rejected, the last
+    by ..." of a turn that had one attempt."""
+    config = write_config(
+        tmp_path,
+        """
+        max_regenerations = 0
+        [model]
+        provider = "scripted"
+        replies = ["one"]
+        [[post]]
+        kind = "python"
+        ref = "shop_hooks:never_happy"
+        """,
+    )
+    done = turnplug("run", config, "hi")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.endswith(
+        "turnplug: no acceptable reply: its one attempt was rejected by 'never_happy':"
+        " Say it differently.\n"
+    )
+
+
 def test_run_json_counts_the_usage_of_every_attempt(tmp_path: Path) -> None:
     """Bug: ``usage`` was the accepted reply's, so an exhausted turn reported ``null``
     although its two model calls had spent tokens, and a completed turn after a rejection
