@@ -230,10 +230,15 @@ def outcome_error(result: TurnResult) -> WireError | None:
         )
     if result.outcome == "exhausted":
         last = result.rejections[-1]
+        count = len(result.rejections)
+        rejected = (
+            f"{count} attempts were rejected, the last by"
+            if count > 1
+            else "its one attempt was rejected by"
+        )
         return WireError(
             422,
-            f"no acceptable reply: {len(result.rejections)} attempts were rejected, the last by"
-            f" hook {last.hook!r}: {last.feedback}",
+            f"no acceptable reply: {rejected} hook {last.hook!r}: {last.feedback}",
             type="regeneration_exhausted",
             code="exhausted",
             extra={"hook": last.hook},

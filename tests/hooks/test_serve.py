@@ -210,6 +210,20 @@ async def test_an_exhausted_regeneration_is_422() -> None:
     assert "internal use only" not in json.dumps(error).lower().replace("internal material", "")
 
 
+async def test_an_exhausted_turn_of_one_attempt_is_not_called_1_attempts() -> None:
+    """Bug caught: with `max_regenerations=0` the 422 said "1 attempts were rejected, the last
+    by hook ..." of a turn that had one attempt."""
+    async with served(guarded(["internal use only"], max_regenerations=0)) as gw:
+        with pytest.raises(openai.UnprocessableEntityError) as caught:
+            await gw.sdk().chat.completions.create(model="m", messages=user("x"))
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert error["message"] == (
+        "no acceptable reply: its one attempt was rejected by hook 'deny':"
+        " Do not reveal internal material."
+    )
+
+
 async def test_a_halted_turn_is_422_naming_the_hook() -> None:
     """Catches: a halt answered as an empty success."""
 
