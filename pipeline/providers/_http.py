@@ -1015,18 +1015,7 @@ async def _events(
                     for event in decoder.feed(piece):
                         yield event
             except LineTooLong as exc:
-                what = (
-                    "event whose data lines are"
-                    if isinstance(exc, EventTooLong)
-                    else "event-stream line"
-                )
-                raise ProviderProtocolError(
-                    f"{endpoint.provider} sent an {what} longer than"
-                    f" max_line_bytes={exc.limit} bytes ({endpoint.shown}); raise the provider's"
-                    " max_line_bytes= if such events are expected",
-                    provider=endpoint.provider,
-                    request_id=request_id,
-                ) from exc
+                raise _too_long(exc, endpoint, request_id) from exc
             except UndecodableBody as exc:
                 raise ProviderProtocolError(
                     f"{endpoint.provider} stream from {endpoint.shown} was cut off or garbled:"
@@ -1034,10 +1023,27 @@ async def _events(
                     provider=endpoint.provider,
                     request_id=request_id,
                 ) from exc
-        decoder.close()
+        try:
+            decoder.close()  # the event the body ended inside is held to the cap too
+        except LineTooLong as exc:
+            raise _too_long(exc, endpoint, request_id) from exc
     finally:
         if suspended:
             await _abandon(response, chunks)
+
+
+def _too_long(
+    exc: LineTooLong, endpoint: Endpoint, request_id: str | None
+) -> ProviderProtocolError:
+    """The `ProviderProtocolError` of a line or an event past the decoder's cap."""
+    what = "event whose data lines are" if isinstance(exc, EventTooLong) else "event-stream line"
+    return ProviderProtocolError(
+        f"{endpoint.provider} sent an {what} longer than"
+        f" max_line_bytes={exc.limit} bytes ({endpoint.shown}); raise the provider's"
+        " max_line_bytes= if such events are expected",
+        provider=endpoint.provider,
+        request_id=request_id,
+    )
 
 
 async def _abandon(response: httpx.Response, chunks: AsyncIterator[bytes]) -> None:

@@ -206,7 +206,12 @@ class SSEDecoder:
 
     def close(self) -> list[ServerSentEvent]:
         """Mark the end of the stream; an unterminated event is discarded (not dispatched),
-        and kept as `unterminated`: its fields, the line the body ended in included."""
+        and kept as `unterminated`: its fields, the line the body ended in included.
+
+        Raises:
+            EventTooLong: The unterminated event's data, that last line included, passes
+                `max_line_bytes`: it is held to the cap of an event the blank line ended.
+        """
         if self._tail:  # the body ended inside a line: read it as the event's last line
             line = self._tail.decode("utf-8", "replace")
             if not self._started and line.startswith(_BOM):
@@ -215,6 +220,10 @@ class SSEDecoder:
                 self._field(line)
         if self._data:
             text = "\n".join(self._data)
+            if len(text) > self._quarter:
+                # The same check as at the blank line: the earlier reads measured the data
+                # without the line the body ended in, which may take it past the cap.
+                self._check_event(len(text.encode()))
             self.unterminated = ServerSentEvent(
                 self._event or "message", text, self._id, self._retry
             )

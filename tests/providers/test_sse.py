@@ -326,3 +326,50 @@ async def test_a_cut_end_marker_or_none_is_still_a_truncated_stream(
     server.script(wire.stream(_ended_with(name, last), framing=framing))
     with pytest.raises(ProviderProtocolError, match="truncated"):
         await collect(_model(server, name))
+
+
+@pytest.mark.parametrize("ending", [b"\n\n", b""])
+def test_the_event_the_body_ends_inside_is_held_to_the_cap(ending: bytes) -> None:
+    """Bug caught: `close` added the line the body ended in (no line end after it) to the
+    open event's data without measuring it, so an event left open at the end held up to
+    about twice max_line_bytes, where the same event ended by its blank line was refused."""
+    decoder = SSEDecoder(max_line_bytes=1000)
+    body = b"data: " + b"x" * 600 + b"\ndata: " + b"y" * 600 + ending
+
+    def read_to_the_end() -> list[ServerSentEvent]:
+        return decoder.feed(body) + decoder.close()
+
+    with pytest.raises(EventTooLong, match="max_line_bytes=1000"):
+        read_to_the_end()
+    assert decoder.unterminated is None
+
+
+def test_the_event_the_body_ends_inside_is_kept_within_the_cap() -> None:
+    """Bug caught (guard of the fix above): an open event at the cap refused at the end, or
+    its last line measured twice."""
+    decoder = SSEDecoder(max_line_bytes=1000)
+    decoder.feed(b"data: " + b"x" * 500 + b"\ndata: " + b"y" * 499)  # 1000 bytes joined
+    assert decoder.close() == []
+    assert decoder.unterminated == ServerSentEvent("message", "x" * 500 + "\n" + "y" * 499)
+
+
+@pytest.mark.parametrize("blank_line", [b"\n\n", b""])
+async def test_a_message_stop_past_the_cap_is_refused_with_or_without_its_blank_line(
+    server: ProtocolServer, blank_line: bytes
+) -> None:
+    """Bug caught: an Anthropic message_stop whose two data lines, joined, pass
+    max_line_bytes was refused when its blank line came, but accepted as the stream's end
+    when the body ended right after its last line: the outcome depended on the blank line."""
+    stop = (
+        b'event: message_stop\ndata: {"type": "message_stop", "a": "'
+        + b"x" * 3000
+        + b'",\ndata: "b": "'
+        + b"y" * 3000
+        + b'"}'
+    )
+    server.script(wire.stream(_ended_with("anthropic", stop + blank_line)))
+    model = AnthropicMessages("m", base_url=server.url, api_key=KEY, max_line_bytes=4096)
+    with pytest.raises(
+        ProviderProtocolError, match=r"data lines are longer than max_line_bytes=4096"
+    ):
+        await collect(model)
