@@ -289,6 +289,24 @@ def test_two_calls_at_index_0_in_one_delta_are_separate_calls() -> None:
     ]
 
 
+@pytest.mark.parametrize("index", [0, None])
+def test_calls_sharing_one_id_and_index_are_read_as_one_call_as_documented(
+    index: int | None,
+) -> None:
+    """Pins what docs/providers.md says of calls sharing one id at one index (or with no
+    index), where it claimed each got an id of its own. Catches: a change that splits them
+    (a repeated id on every fragment of one call, or a closing fragment repeating the whole
+    call, would then run the tool twice) or drops the second call's arguments silently."""
+    fragments = [ollama_call("call_0", "f", '{"n":1}'), ollama_call("call_0", "g", '{"n":2}')]
+    if index is None:
+        fragments = [{k: v for k, v in fragment.items() if k != "index"} for fragment in fragments]
+    events = parse(*(chunk({"tool_calls": [f]}) for f in fragments), chunk({}, "tool_calls"))
+    assert len(events) == 1
+    call = events[0].call  # type: ignore[attr-defined]
+    assert (call.id, call.name, call.arguments) == ("call_0", "f", {})
+    assert call.meta["invalid_arguments"]["raw"] == '{"n":1}{"n":2}'
+
+
 def test_calls_keep_the_order_the_server_began_them_in_across_reused_indices() -> None:
     """Catches: calls sorted by index put a later call at index 0 before an earlier one at
     index 1 (Ollama numbers the calls within each chunk, starting again at 0)."""
