@@ -171,9 +171,11 @@ class RequestOptions:
         tool_choice: ``"auto"``, ``"none"``, ``"required"`` or the name of one active tool.
         active_tools: The tool names the model may call this turn; ``None`` means all of the
             context's tools. It can only narrow (see `Turn.with_request`).
-        extra: Provider-specific options passed through as they are. A key the provider
-            writes into the request itself (``messages``, ``stream``, ``temperature``, ...)
-            is a ``RequestError`` naming what to use instead.
+        extra: Provider-specific options passed through as they are; a key the provider
+            also writes (``model``, ``temperature``, ``tool_choice``, ...) wins over its
+            value. The keys that make up the turn itself (``messages``, ``stream``,
+            ``tools``, Anthropic's ``system``) are a ``RequestError`` naming what to use
+            instead.
     """
 
     temperature: float | None = attrs.field(default=None, validator=_check_temperature)

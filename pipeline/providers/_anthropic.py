@@ -15,7 +15,7 @@ from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelTool
 from ._convert import (
     HIGH_HALVES,
     INVALID_ARGUMENTS,
-    WRITTEN_KEYS,
+    REFUSED_KEYS,
     check_extra,
     decode_arguments,
     decode_json,
@@ -85,14 +85,12 @@ _CHOICES: Mapping[str, dict[str, Any]] = {
 }
 
 
-_WRITTEN_KEYS: Mapping[str, str] = {
-    **WRITTEN_KEYS,
+_REFUSED_KEYS: Mapping[str, str] = {
+    **REFUSED_KEYS,
     "system": "system messages become it: Pipeline(system=...) or a Message.system(...) in"
     " the context",
-    "max_tokens": "use turn.with_request(max_tokens=...), or AnthropicMessages(max_tokens=...)"
-    " for the provider's default",
 }
-"""The body keys `build_body` writes itself, with what to use instead of `extra`."""
+"""The body keys `RequestOptions.extra` may not set, with what to use instead."""
 
 
 def build_body(model: str, request: ModelRequest, *, max_tokens: int) -> dict[str, Any]:
@@ -102,12 +100,15 @@ def build_body(model: str, request: ModelRequest, *, max_tokens: int) -> dict[st
     blocks in a user message; consecutive messages of one role are merged, so the results of
     one step sit together in the user message that follows the calls.
 
+    `RequestOptions.extra` is merged over the rest, so its keys win over the ones derived
+    from the turn's options (``model``, ``max_tokens``, ``tool_choice``, ...).
+
     Raises:
-        RequestError: `RequestOptions.extra` sets a key this body is made of (``messages``,
-            ``system``, ``temperature``, ...), naming it and what to use instead; or the last
-            message, a user one, holds nothing the API accepts.
+        RequestError: `RequestOptions.extra` sets a key that makes up the turn itself
+            (``messages``, ``system``, ``stream``, ``tools``), naming it and what to use
+            instead; or the last message, a user one, holds nothing the API accepts.
     """
-    check_extra("anthropic", request.options.extra, _WRITTEN_KEYS)
+    check_extra("anthropic", request.options.extra, _REFUSED_KEYS)
     system = _system(request.messages)
     messages: list[dict[str, Any]] = []
     dropped = None  # the last message, when it has nothing the API accepts

@@ -138,36 +138,37 @@ def own_id(call_id: str, taken: set[str]) -> str:
     return call_id
 
 
-WRITTEN_KEYS: Mapping[str, str] = {
-    "model": "the model is the provider's own `model` argument: build a provider per model",
+REFUSED_KEYS: Mapping[str, str] = {
     "messages": "the messages are the turn's conversation (its context, the user message"
     " and what hooks inject)",
     "stream": "every request streams: the provider reads only event streams",
-    "tools": "the tools are the pipeline's (Pipeline(tools=...)): narrow them with"
-    " turn.with_request(active_tools=...)",
-    "tool_choice": "use turn.with_request(tool_choice=...)",
-    "temperature": "use turn.with_request(temperature=...)",
-    "max_tokens": "use turn.with_request(max_tokens=...)",
+    "tools": "the tools are the pipeline's (Pipeline(tools=...)), the only ones the tool loop"
+    " can run: narrow them with turn.with_request(active_tools=...)",
 }
-"""The request-body keys both providers write themselves, each with what to use instead of
-setting it in `RequestOptions.extra`."""
+"""The request-body keys both providers refuse in `RequestOptions.extra`, each with what to
+use instead: they make up the turn itself (its conversation, the tools it can run, the
+streaming the parser reads), and replaced, the request is no longer the turn's. Every other
+key, those the provider derives from the turn's options included, is merged over the body."""
 
 
-def check_extra(provider: str, extra: Mapping[str, Any], written: Mapping[str, str]) -> None:
-    """Refuse `RequestOptions.extra` keys the provider writes into the body itself
-    (`written`: each key with what to use instead), before anything is sent.
+def check_extra(provider: str, extra: Mapping[str, Any], refused: Mapping[str, str]) -> None:
+    """Refuse `RequestOptions.extra` keys that would replace the turn itself (`refused`: each
+    key with what to use instead), before anything is sent.
 
-    Merged over the body, such a key would silently replace what the provider wrote (the
-    conversation, ``stream``, the tools or the turn's options) and the request would no
-    longer be the one the turn describes, or one the provider can read the answer of.
+    Merged over the body, such a key would silently replace the conversation, the tools or
+    ``stream``, and the request would no longer be the one the turn describes, or one the
+    provider can read the answer of. Any other key wins over what the provider derived
+    (``model``, ``temperature``, ``tool_choice``, ...): it is how a hook picks the model per
+    turn or sends a form the turn's options have no field for.
     """
-    clashes = [key for key in extra if key in written]
+    clashes = [key for key in extra if key in refused]
     if clashes:
-        said = "; ".join(f"{key!r}: {written[key]}" for key in clashes)
+        said = "; ".join(f"{key!r}: {refused[key]}" for key in clashes)
         raise RequestError(
-            f"{provider}: RequestOptions.extra sets {', '.join(map(repr, clashes))}, which the"
-            f" provider writes into the request itself — {said}. extra is for the provider's"
-            " other options (seed, top_p, ...); a later hook removes a key with"
+            f"{provider}: RequestOptions.extra sets {', '.join(map(repr, clashes))}, which"
+            f" would replace the turn itself — {said}. Every other key (model, temperature,"
+            " tool_choice, seed, ...) may be set in extra and wins over the provider's own"
+            " value; a later hook removes a key with"
             f" turn.with_request(extra={{{clashes[0]!r}: None}})"
         )
 

@@ -21,7 +21,7 @@ from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelTool
 from ._convert import (
     HIGH_HALVES,
     INVALID_ARGUMENTS,
-    WRITTEN_KEYS,
+    REFUSED_KEYS,
     check_extra,
     decode_arguments,
     load_json,
@@ -59,17 +59,6 @@ _KEYWORD_CHOICES = frozenset({"auto", "none", "required"})
 HIGH, LAST_HIGH = HIGH_HALVES
 
 
-_WRITTEN_KEYS: Mapping[str, str] = {
-    **WRITTEN_KEYS,
-    "stream_options": "the provider asks for usage with it and reads the usage it sends",
-    "max_tokens": "use turn.with_request(max_tokens=...); OpenAIChat(max_tokens_field=...)"
-    " picks the field it goes to",
-    "max_completion_tokens": "use turn.with_request(max_tokens=...);"
-    " OpenAIChat(max_tokens_field='max_completion_tokens') sends it under this name",
-}
-"""The body keys `build_body` writes itself, with what to use instead of `extra`."""
-
-
 def max_tokens_field_for(base_url: str) -> MaxTokensField:
     """OpenAI itself wants ``max_completion_tokens`` (its reasoning models reject
     ``max_tokens``); the compatible servers (Ollama, older llama.cpp) only know
@@ -83,11 +72,16 @@ def build_body(
 ) -> dict[str, Any]:
     """The JSON body of a streaming Chat Completions request.
 
+    `RequestOptions.extra` is merged over the rest, so its keys win over the ones derived
+    from the turn's options (``model``, ``temperature``, ``tool_choice``, ...). A
+    ``stream_options`` dict is merged over the provider's ``{"include_usage": true}``: usage
+    is still asked for unless it sets ``include_usage`` itself.
+
     Raises:
-        RequestError: `RequestOptions.extra` sets a key this body is made of (``messages``,
-            ``stream``, ``temperature``, ...), naming it and what to use instead.
+        RequestError: `RequestOptions.extra` sets a key that makes up the turn itself
+            (``messages``, ``stream``, ``tools``), naming it and what to use instead.
     """
-    check_extra("openai", request.options.extra, _WRITTEN_KEYS)
+    check_extra("openai", request.options.extra, REFUSED_KEYS)
     messages: list[dict[str, Any]] = []
     for message in request.messages:
         messages.extend(_messages(message))
@@ -109,6 +103,10 @@ def build_body(
     if options.max_tokens is not None:
         body[max_tokens_field] = options.max_tokens
     body.update(options.extra)
+    asked = options.extra.get("stream_options")
+    if isinstance(asked, Mapping):
+        # Added to (vLLM's continuous_usage_stats), not replaced: the parser reads the usage.
+        body["stream_options"] = {"include_usage": True, **asked}
     return body
 
 

@@ -31,6 +31,7 @@ from pipeline import (
     RateLimited,
     RequestError,
     cont,
+    tool,
 )
 from pipeline.providers import AnthropicMessages, OpenAIChat, _http
 from pipeline.providers._http import (
@@ -935,35 +936,27 @@ async def test_a_value_json_cannot_encode_is_a_request_error_naming_it(
     assert server.requests == []
 
 
-_WRITTEN = [
-    ("model", "`model` argument"),
+_REFUSED = [
     ("messages", "the turn's conversation"),
     ("stream", "every request streams"),
     ("tools", "turn.with_request(active_tools=...)"),
-    ("tool_choice", "turn.with_request(tool_choice=...)"),
-    ("temperature", "turn.with_request(temperature=...)"),
-    ("max_tokens", "turn.with_request(max_tokens=...)"),
 ]
 
 
 @pytest.mark.parametrize(
     ("provider", "key", "advice"),
-    [(openai, key, advice) for key, advice in _WRITTEN]
-    + [
-        (openai, "stream_options", "reads the usage"),
-        (openai, "max_completion_tokens", "max_tokens_field='max_completion_tokens'"),
-    ]
-    + [(anthropic, key, advice) for key, advice in _WRITTEN]
+    [(openai, key, advice) for key, advice in _REFUSED]
+    + [(anthropic, key, advice) for key, advice in _REFUSED]
     + [(anthropic, "system", "Pipeline(system=...)")],
 )
-async def test_an_extra_key_the_provider_writes_itself_is_a_request_error_naming_it(
+async def test_an_extra_key_that_replaces_the_turn_is_a_request_error_naming_it(
     server: ProtocolServer, provider: Any, key: str, advice: str
 ) -> None:
-    """Bug caught: a RequestOptions.extra key that the provider writes into the body itself
-    (messages, stream, temperature, Anthropic's system, ...) silently replaced what the
-    provider wrote, so the request sent was not the turn's (the conversation or the options
-    lost, a non-streamed answer the provider cannot read), with nothing said; it is now a
-    RequestError naming the key and what to use instead, and nothing is sent."""
+    """Bug caught: a RequestOptions.extra key that makes up the turn itself (messages,
+    stream, tools, Anthropic's system) silently replaced what the provider wrote, so the
+    request sent was not the turn's (the conversation or the tools lost, a non-streamed
+    answer the provider cannot read), with nothing said; it is now a RequestError naming the
+    key and what to use instead, and nothing is sent."""
     reply = wire.openai_text(["ok"]) if provider is openai else wire.anthropic_text(["ok"])
     server.script(wire.stream(reply))
 
@@ -977,6 +970,88 @@ async def test_an_extra_key_the_provider_writes_itself_is_a_request_error_naming
     assert advice in message
     assert "'seed'" not in message
     assert server.requests == []
+
+
+_DISABLE_PARALLEL = {"type": "auto", "disable_parallel_tool_use": True}
+
+
+@pytest.mark.parametrize(
+    ("provider", "tool_choice"),
+    [
+        (openai, {"type": "function", "function": {"name": "stat_path"}}),
+        (anthropic, _DISABLE_PARALLEL),
+    ],
+)
+async def test_extra_wins_over_the_values_the_provider_derives(
+    server: ProtocolServer, provider: Any, tool_choice: dict[str, Any]
+) -> None:
+    """Bug caught: every key the provider writes was refused in RequestOptions.extra, so a
+    hook could not pick the model per turn (extra={"model": ...}), nor send a tool_choice
+    the turn's string option has no form for (Anthropic's disable_parallel_tool_use), nor
+    its own temperature or max_tokens: each was a RequestError with no replacement."""
+    reply = wire.openai_text(["ok"]) if provider is openai else wire.anthropic_text(["ok"])
+    server.script(wire.stream(reply))
+    extra = {"model": "picked-by-a-hook", "temperature": 0.9, "max_tokens": 77}
+
+    @tool
+    def stat_path(path: str) -> str:
+        """Describe a path.
+
+        Args:
+            path: The path.
+        """
+        return path
+
+    def shape(turn: Turn) -> Any:
+        return cont(
+            turn.with_request(
+                temperature=0.2,
+                max_tokens=500,
+                tool_choice="auto",
+                extra={**extra, "tool_choice": tool_choice},
+            )
+        )
+
+    pipe = Pipeline(model=provider(server), tools=[stat_path], pre=[shape])
+    result = await pipe.run(Turn.start("hi"))
+
+    assert result.outcome == "completed"
+    sent = server.requests[0].body
+    assert {key: sent[key] for key in extra} == extra
+    assert sent["tool_choice"] == tool_choice
+    assert (sent["stream"], [t.get("name") or t["function"]["name"] for t in sent["tools"]]) == (
+        True,
+        ["stat_path"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("asked", "sent"),
+    [
+        (
+            {"continuous_usage_stats": True},
+            {"include_usage": True, "continuous_usage_stats": True},
+        ),
+        ({"include_usage": False}, {"include_usage": False}),
+    ],
+)
+async def test_stream_options_in_extra_add_to_the_usage_request(
+    server: ProtocolServer, asked: dict[str, Any], sent: dict[str, Any]
+) -> None:
+    """Bug caught: vLLM's extra={"stream_options": {..., "continuous_usage_stats": True}}
+    was a RequestError; taken as it is, it would also drop the include_usage the provider
+    asks with, and the turn's usage would be lost. A dict is merged over the provider's
+    own, so usage is still asked for unless the user's dict sets include_usage itself."""
+    server.script(wire.stream(wire.openai_text(["ok"], usage=(9, 2))))
+
+    def shape(turn: Turn) -> Any:
+        return cont(turn.with_request(extra={"stream_options": asked}))
+
+    result = await Pipeline(model=openai(server), pre=[shape]).run(Turn.start("hi"))
+
+    assert result.outcome == "completed"
+    assert server.requests[0].body["stream_options"] == sent
+    assert result.reply.usage == Usage(9, 2)
 
 
 @pytest.mark.parametrize("provider", [openai, anthropic])

@@ -116,6 +116,16 @@ def test_temperature_max_tokens_and_extra_are_sent() -> None:
     assert (sent["temperature"], sent["max_tokens"], sent["seed"]) == (0.2, 50, 7)
 
 
+def test_extra_overrides_what_the_core_chose() -> None:
+    """Bug caught: extra keys the core derives from the turn's options (model, temperature,
+    max_tokens, tool_choice) were refused, so a hook could not choose them per turn in a form
+    the options have no field for; extra now wins over the derived value."""
+    choice = {"type": "function", "function": {"name": "stat_file"}}
+    extra = {"model": "other", "temperature": 0.9, "max_tokens": 7, "tool_choice": choice}
+    sent = body(Message.user("hi"), temperature=0.2, max_tokens=50, tool_choice="auto", extra=extra)
+    assert {key: sent[key] for key in extra} == extra
+
+
 @pytest.mark.parametrize(
     ("base_url", "field"),
     [
