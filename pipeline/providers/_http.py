@@ -782,12 +782,13 @@ class Pool:
     async def _shut(self) -> None:
         lanes, endpoint = self._lanes, self._endpoint
         self._lanes, self._endpoint = [], None
-        for lane in lanes:
-            lane.shut = True
         if endpoint is None or anyio.lowlevel.current_token() != self._loop:
             # Its sockets belong to a loop that is not running here: closing them from this
-            # one could hang. They are dropped, as they would be at that loop's end.
+            # one could hang. They are dropped, as they would be at that loop's end (and a
+            # call still running there is not cut by this close).
             return
+        for lane in lanes:
+            lane.shut = True
         for lane in lanes:
             await _close_client(lane.client, endpoint)
 
@@ -819,7 +820,9 @@ async def _client(
         try:
             yield lane.client, True
         except Exception as exc:
-            if not lane.shut:
+            # Only what reading the reply raised: an error of the caller's own block (a
+            # transformer's, say) is left as it is.
+            if not lane.shut or not _cut_by_close(exc):
                 raise
             # Its connection was closed under it: the cause is here, not at the server
             # (which the read error alone would blame, as a stream cut off).
@@ -838,6 +841,21 @@ async def _client(
         yield client, False
     finally:
         await _close_client(client, endpoint)
+
+
+def _cut_by_close(exc: Exception) -> bool:
+    """Whether `exc` is what a call whose connection was closed under it raises: its read
+    cut off (a protocol or connection error, translated or not) or httpx's closed client."""
+    if isinstance(
+        exc,
+        ProviderProtocolError
+        | ProviderConnectionError
+        | httpx.TransportError
+        | anyio.ClosedResourceError
+        | anyio.BrokenResourceError,
+    ):
+        return True
+    return isinstance(exc, RuntimeError) and "client has been closed" in str(exc)
 
 
 async def _send(client: httpx.AsyncClient, endpoint: Endpoint, content: bytes) -> httpx.Response:

@@ -207,6 +207,30 @@ async def test_a_provider_closed_under_a_running_call_fails_it_saying_so(
     assert "was closed while this call was running" in message
 
 
+@pytest.mark.parametrize("name", PROVIDERS)
+async def test_the_callers_own_error_inside_a_call_closed_under_it_stays_its_own(
+    keep_alive_server: ProtocolServer, name: str
+) -> None:
+    """Bug caught: once another task had closed the provider, any exception the caller's own
+    code raised inside `async with model.stream(...)` (a transformer's HookError in a turn, a
+    bug of the caller's) came out as a ProviderError saying the provider was closed under the
+    call, the caller's error hidden as its cause, even after the whole reply was read."""
+    make, reply = PROVIDERS[name]
+    keep_alive_server.repeat = reply
+
+    async def call(model: Any) -> None:
+        async with model.stream(hi()) as events:
+            async for _ in events:
+                pass
+            await model.aclose()
+            raise LookupError("the caller's own")
+
+    async with make(keep_alive_server.url) as model:
+        with pytest.raises(LookupError, match="the caller's own") as caught:
+            await call(model)
+    assert not isinstance(caught.value, ProviderError)
+
+
 async def test_a_closed_provider_fails_the_turn_with_the_same_error(
     keep_alive_server: ProtocolServer,
 ) -> None:
