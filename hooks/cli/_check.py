@@ -7,6 +7,7 @@ before a config goes live. The tools are listed with the arguments they require.
 """
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,7 +32,14 @@ from turns import Turn
 
 from ..config._file import Config
 from ..config._hooks import Guardrail, Judge, MaxLength, ParallelGroup, Retrieve, ToolCallEntry
-from ..config._models import AnthropicSpec, ModelSpec, OpenAISpec, PythonModelSpec, ScriptedSpec
+from ..config._models import (
+    AnthropicSpec,
+    ModelSpec,
+    OpenAISpec,
+    PythonModelSpec,
+    ScriptedSpec,
+    base_url_of,
+)
 from ..config._scrub import ScrubInput, ScrubResults
 from ..config._tools import PythonTool, ToolHookEntry
 from ..config._transformers import Pii, RedactEntry
@@ -228,9 +236,10 @@ def _model(spec: ModelSpec | None) -> str:
     if isinstance(spec, PythonModelSpec):
         return f"python: the model {spec.ref.text} builds"
     assert isinstance(spec, OpenAISpec | AnthropicSpec)
-    details = [f"{spec.PROVIDER} {spec.name}"]
-    if spec.base_url:
-        details.append(f"at {hide_userinfo(spec.base_url)}")
+    # Where the requests go, also when the environment moved them off the default host.
+    base_url, variable = base_url_of(spec, os.environ)
+    where = f"at {hide_userinfo(base_url.rstrip('/'))}"
+    details = [f"{spec.PROVIDER} {spec.name}", where + (f" (from {variable})" if variable else "")]
     details.append(f"key from {spec.api_key_env}" if spec.api_key_env else "no key")
     if spec.max_tokens is not None:
         details.append(f"max_tokens {spec.max_tokens}")

@@ -114,10 +114,6 @@ def _key(env: Env, variable: str, provider: str) -> None:
         )
 
 
-def _base_url(given: str | None, env: Env, variable: str, default: str) -> str:
-    return given or env.environ.get(variable) or default
-
-
 @contextlib.contextmanager
 def _bad_base_url(given: str | None, variable: str) -> Iterator[None]:
     """A base URL the provider refuses, as a problem of ``base_url`` (naming `variable`
@@ -170,6 +166,8 @@ class OpenAISpec:
     """An OpenAI Chat Completions model (OpenAI, OpenRouter, vLLM, Ollama, llama.cpp)."""
 
     PROVIDER: ClassVar[str] = "openai"
+    BASE_URL_VARIABLE: ClassVar[str] = "OPENAI_BASE_URL"
+    DEFAULT_BASE_URL: ClassVar[str] = _OPENAI_BASE
     name: Text = attrs.field(metadata=doc("The model name sent in each request."))
     base_url: str | None = attrs.field(
         default=None,
@@ -194,9 +192,9 @@ class OpenAISpec:
 
     def build(self, env: Env) -> Model:
         _key(env, self.api_key_env, "OpenAI")
-        base_url = _base_url(self.base_url, env, "OPENAI_BASE_URL", _OPENAI_BASE)
+        base_url, _ = base_url_of(self, env.environ)
         extra: dict[str, Any] = {} if self.timeout is None else {"timeout": self.timeout}
-        with _bad_base_url(self.base_url, "OPENAI_BASE_URL"):
+        with _bad_base_url(self.base_url, self.BASE_URL_VARIABLE):
             model = OpenAIChat(
                 self.name,
                 base_url=base_url,
@@ -213,6 +211,8 @@ class AnthropicSpec:
     """An Anthropic Messages model."""
 
     PROVIDER: ClassVar[str] = "anthropic"
+    BASE_URL_VARIABLE: ClassVar[str] = "ANTHROPIC_BASE_URL"
+    DEFAULT_BASE_URL: ClassVar[str] = _ANTHROPIC_BASE
     name: Text = attrs.field(metadata=doc("The model name sent in each request."))
     base_url: str | None = attrs.field(
         default=None,
@@ -238,9 +238,9 @@ class AnthropicSpec:
 
     def build(self, env: Env) -> Model:
         _key(env, self.api_key_env, "Anthropic")
-        base_url = _base_url(self.base_url, env, "ANTHROPIC_BASE_URL", _ANTHROPIC_BASE)
+        base_url, _ = base_url_of(self, env.environ)
         extra: dict[str, Any] = {} if self.timeout is None else {"timeout": self.timeout}
-        with _bad_base_url(self.base_url, "ANTHROPIC_BASE_URL"):
+        with _bad_base_url(self.base_url, self.BASE_URL_VARIABLE):
             model = AnthropicMessages(
                 self.name,
                 base_url=base_url,
@@ -280,6 +280,19 @@ class PythonModelSpec:
                 key="ref",
             )
         return model  # type: ignore[no-any-return]
+
+
+def base_url_of(
+    spec: "OpenAISpec | AnthropicSpec", environ: Mapping[str, str]
+) -> tuple[str, str | None]:
+    """The base URL `spec`'s provider is built with, and the environment variable it came
+    from (None when the file sets it, or when it is the provider's default)."""
+    if spec.base_url:
+        return spec.base_url, None
+    from_environment = environ.get(spec.BASE_URL_VARIABLE)
+    if from_environment:
+        return from_environment, spec.BASE_URL_VARIABLE
+    return spec.DEFAULT_BASE_URL, None
 
 
 ModelSpec: TypeAlias = ScriptedSpec | OpenAISpec | AnthropicSpec | PythonModelSpec

@@ -142,6 +142,43 @@ def test_check_hides_the_credentials_in_a_base_url(tmp_path: Path, provider: str
     assert "s3cret" not in text
 
 
+def test_check_shows_the_base_url_the_environment_gives_and_where_it_came_from(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: check naming a model's URL only when the file sets `base_url`, so a model
+    (or a judge's) that OPENAI_BASE_URL or ANTHROPIC_BASE_URL sends to another host read as
+    if it went to the provider's default one; the URL shown hides its credentials."""
+    config = """
+        [model]
+        provider = "openai"
+        name = "gpt-4o-mini"
+
+        [[post]]
+        kind = "judge"
+        instruction = "No prices."
+        model = { provider = "anthropic", name = "claude", api_key_env = "" }
+    """
+    env = environment(
+        OPENAI_API_KEY="sk-test",
+        OPENAI_BASE_URL="https://user:s3cret@proxy.example/v1/",
+        ANTHROPIC_BASE_URL="http://localhost:8089",
+    )
+    done = turnplug("check", write_config(tmp_path, config), env=env)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert (
+        "model    openai gpt-4o-mini, at https://***@proxy.example/v1 (from OPENAI_BASE_URL),"
+        in done.stdout
+    )
+    assert "judged by anthropic claude, at http://localhost:8089 (from ANTHROPIC_BASE_URL)," in (
+        done.stdout
+    )
+    assert "s3cret" not in done.stdout
+    # Without the variables, the provider's default host, which the docs name.
+    done = turnplug("check", write_config(tmp_path, config), env=environment(OPENAI_API_KEY="k"))
+    assert "openai gpt-4o-mini, at https://api.openai.com/v1, key from" in done.stdout
+    assert "anthropic claude, at https://api.anthropic.com, no key" in done.stdout
+
+
 TOOLS = """
     max_steps = 5
     tool_concurrency = 2
@@ -258,7 +295,9 @@ def test_check_shows_what_each_new_kind_runs(tmp_path: Path) -> None:
     assert polite.endswith("shop_hooks:polite")
     assert " ".join(_row(lines, "post[2]")).endswith("at most 400 characters")
     judge = " ".join(_row(lines, "post[3]"))
-    assert judge.endswith("judged by openai gpt-4o-mini, key from JUDGE_KEY")
+    assert judge.endswith(
+        "judged by openai gpt-4o-mini, at https://api.openai.com/v1, key from JUDGE_KEY"
+    )
     assert "sk-j" not in done.stdout
 
 
