@@ -722,9 +722,7 @@ def _read(path: Path) -> Any:
             source=source,
         )
     try:
-        # utf-8-sig: a byte order mark, as some Windows editors write, is dropped rather
-        # than read as a stray character at line 1, column 1.
-        text = path.read_text(encoding="utf-8-sig")
+        text = _utf8(path.read_bytes(), source)
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such file", source=source) from None
     except IsADirectoryError:
@@ -732,7 +730,7 @@ def _read(path: Path) -> Any:
             f"{source}: is a directory, not a config file — pass the .toml or .json file in it",
             source=source,
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ConfigError(f"{source}: cannot read it: {exc}", source=source) from exc
     try:
         if suffix == ".toml":
@@ -767,6 +765,33 @@ def _read(path: Path) -> Any:
         " last; write it once (TOML refuses this too)"
     )
     raise _error(source, [(where, message)])
+
+
+def _utf8(raw: bytes, source: str) -> str:
+    """A config file's text, which must be UTF-8; a byte order mark at its start, as some
+    Windows editors write, is dropped rather than read as a stray character at line 1,
+    column 1. Other bytes are a `ConfigError` saying where the first bad byte stands."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ConfigError(
+            f"{source}: is UTF-16 text (it starts with a UTF-16 byte order mark), not UTF-8"
+            " — save it as UTF-8",
+            source=source,
+        )
+    body = raw.removeprefix(b"\xef\xbb\xbf")
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # The bytes before the bad one decode, so its column counts characters, as the
+        # TOML and JSON parsers' columns do.
+        start = body.rfind(b"\n", 0, exc.start) + 1
+        line = body.count(b"\n", 0, exc.start) + 1
+        column = len(body[start : exc.start].decode("utf-8")) + 1
+        where = f"line {line}, column {column} (byte {len(raw) - len(body) + exc.start})"
+        raise ConfigError(
+            f"{source}: is not UTF-8 text: the byte 0x{body[exc.start]:02x} at {where} is"
+            f" not valid UTF-8 ({exc.reason}) — a config file must be UTF-8: save it as UTF-8",
+            source=source,
+        ) from None
 
 
 class _Repeats(dict[str, Any]):

@@ -589,6 +589,40 @@ def test_a_file_starting_with_a_byte_order_mark_loads(tmp_path: Path, name: str,
     assert load_pipeline(path).system == "x"
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        # "café" saved as Latin-1 on the second line: é is the one byte 0xe9.
+        ("c.toml", 'system = "x"\nname = "caf\xe9"\n', "line 2, column 12 (byte 24)"),
+        ("c.json", '{"system": "x",\n "x": "caf\xe9"}', "line 2, column 11 (byte 26)"),
+    ],
+)
+def test_a_file_that_is_not_utf8_says_where_and_to_save_it_as_utf8(
+    tmp_path: Path, name: str, text: str, where: str
+) -> None:
+    """Bug caught: a config saved as Latin-1 (or any encoding but UTF-8) failing as "cannot
+    read it: 'utf-8' codec can't decode byte 0xe9 in position 24: invalid continuation
+    byte", which said neither that the file must be UTF-8, nor where the byte stands in
+    lines and columns, nor what to do."""
+    path = tmp_path / name
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: is not UTF-8 text: the byte 0xe9 at {where} ")
+    assert message.endswith("save it as UTF-8")
+    assert "codec" not in message
+
+
+def test_a_file_saved_as_utf16_says_to_save_it_as_utf8(tmp_path: Path) -> None:
+    """Bug caught: a config saved as UTF-16 (as Windows tools may) failing as "cannot read it:
+    'utf-8' codec can't decode byte 0xff in position 0", naming no encoding and no fix."""
+    path = tmp_path / "c.toml"
+    path.write_text('system = "x"\n', encoding="utf-16")
+    with pytest.raises(ConfigError, match=r"is UTF-16 text .* save it as UTF-8$"):
+        load_pipeline(path)
+
+
 def test_refs_resolve_next_to_the_config_file(tmp_path: Path) -> None:
     (tmp_path / "beside_the_config_xyz.py").write_text(
         "from pipeline import cont\ndef mine(turn):\n    return cont(turn)\n"
