@@ -21,7 +21,7 @@ from ._audit import HookRecord
 from ._describe import describe, exc_text
 from ._emit import hook_started
 from ._plan import Step
-from ._runner import Runner
+from ._runner import Runner, failure_detail
 from ._signals import Cont
 
 log = logging.getLogger("turnplug.pipeline")
@@ -52,8 +52,7 @@ async def run_background(
             return ()
 
     def failed(step: Step, exc: Exception, elapsed: float, _: list[HookRecord] | None) -> None:
-        detail = exc_text(exc.__cause__ if exc.__cause__ is not None else exc)
-        _failed(runner, step, records, elapsed, detail)
+        _failed(runner, step, records, elapsed, failure_detail(exc))
 
     called = await runner.timed(step, turn, threaded=True, failed=failed)
     if called is None:

@@ -338,8 +338,7 @@ class Runner:
             )
             error.__cause__ = exc
         enforced = not hook.shadow and (hook.on_error == "halt" or type(error) is HookReturnError)
-        cause = error.__cause__ if type(error) is HookFailed else None
-        detail = exc_text(cause or error)
+        detail = failure_detail(error)
         (self.records if records is None else records).append(
             HookRecord(step.name, step.stage, step.position, elapsed, "failed", hook.shadow, detail)
         )
@@ -563,11 +562,23 @@ def raised_by(step: Step, exc: BaseException) -> Exception:
     return error
 
 
+def failure_detail(error: Exception) -> str:
+    """A hook's failure as its `HookFailed` event and audit record give it: what the hook
+    raised (``Type: message``), or, for a `CancelledError` it raised itself, the sentence
+    saying so (`cancelled_itself`), which the bare exception would not: every stage words it
+    alike, whether the failure is raised, recorded or both."""
+    cause = error.__cause__ if type(error) is HookFailed else None
+    if cause is None or not isinstance(cause, Exception):
+        return exc_text(error)
+    return exc_text(cause)
+
+
 def cancelled_itself(step: Step, exc: BaseException) -> HookFailed:
     """The failure of a hook that raised a `CancelledError` of its own while nothing
     cancelled the turn (`spurious_cancellation`): its failure, subject to its ``on_error``."""
+    what = "session" if step.stage in ("session_start", "session_end") else "turn"
     error = HookFailed(
-        f"hook {step.label} raised {exc_text(exc)} itself (the turn was not cancelled)",
+        f"hook {step.label} raised {exc_text(exc)} itself (the {what} was not cancelled)",
         hook=step.name,
         stage=step.stage,
     )

@@ -19,13 +19,13 @@ from ._background import run_background
 from ._commit import injection_messages
 from ._describe import describe, exc_text
 from ._drive import Drive, OpenTools, TurnHost
-from ._errors import ConfigError, HookFailed, HookReturnError, LogConflict, LogError
+from ._errors import ConfigError, HookReturnError, LogConflict, LogError
 from ._excgroups import only_cancelled, own_error, raise_single
 from ._hooks import is_async_callable
 from ._loop import current_loop, is_cancellation, spurious_cancellation
 from ._plan import Plan, Step
 from ._result import TurnResult
-from ._runner import Emit, Runner
+from ._runner import Emit, Runner, failure_detail
 from ._signals import Cont
 from ._stream import OneUse, TurnEvents, stream_turn
 from .logs import Log
@@ -465,8 +465,7 @@ class Session:
         self, step: Step, exc: Exception, _elapsed: float, _records: list[HookRecord] | None
     ) -> None:
         """An end hook's failure: an event, never raised (the session is closing anyway)."""
-        error = exc.__cause__ if isinstance(exc, HookFailed) else exc
-        self._events.append(ev.HookFailed("", step.name, step.stage, exc_text(error), False))
+        self._events.append(ev.HookFailed("", step.name, step.stage, failure_detail(exc), False))
 
 
 async def load(log: Log, conversation_id: str) -> Context:

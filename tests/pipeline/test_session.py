@@ -998,6 +998,44 @@ async def test_a_background_hook_failure_becomes_an_event_not_an_error(autojump_
     assert await log.load(CONVERSATION) == Context(messages=result.log_messages)
 
 
+@pytest.mark.parametrize(
+    ("where", "stage", "what"),
+    [
+        ("background", "post", "turn"),
+        ("fail_open_pre", "pre", "turn"),
+        ("on_session_start", "session_start", "session"),
+        ("on_session_end", "session_end", "session"),
+    ],
+)
+async def test_a_cancelled_error_a_recorded_hook_raises_itself_is_worded_as_a_raised_one(
+    where: str, stage: str, what: str
+):
+    """Bug caught: a CancelledError that a background hook or an on_session_end hook (or a
+    fail-open hook) raised itself, while nothing cancelled anything, recorded as a bare
+    "CancelledError" in its HookFailed event and audit record, which reads as if the turn
+    had been cancelled, where a pre or post hook's raised HookFailed says the hook "raised
+    CancelledError itself (the turn was not cancelled)"."""
+
+    async def stray(*args: object):
+        raise asyncio.CancelledError()
+
+    made = hook(stray, name="stray", on_error="skip")
+    placed = {
+        "background": {"post": [hook(stray, name="stray", background=True)]},
+        "fail_open_pre": {"pre": [made]},
+        "on_session_start": {"on_session_start": [made]},
+        "on_session_end": {"on_session_end": [made]},
+    }[where]
+    pipe = Pipeline(model=ScriptedModel(["ok"]), **placed)
+
+    async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+        seen = await consume(session, "hi")
+
+    [failed] = [event for event in [*seen, *session.events] if isinstance(event, ev.HookFailed)]
+    assert (failed.hook, failed.stage, failed.enforced) == ("stray", stage, False)
+    assert failed.error.endswith(f"raised CancelledError itself (the {what} was not cancelled)")
+
+
 async def test_background_hooks_that_outlive_the_drain_timeout_are_cancelled(autojump_clock):
     trace = []
     log = MemoryLog()
