@@ -18,13 +18,14 @@ from ._signals import Halt
 class _Member:
     """One member's run: what it decided, or how it failed, and its records."""
 
-    __slots__ = ("failure", "outcome", "records", "step")
+    __slots__ = ("failure", "interrupt", "outcome", "records", "step")
 
     def __init__(self, step: Step) -> None:
         self.step = step
         self.records: list[HookRecord] = []
         self.outcome: tuple[Part, ...] | Halt | None = None
         self.failure: HookError | None = None
+        self.interrupt: BaseException | None = None
 
 
 async def run_group(runner: Runner, group: Group, turn: Turn) -> Turn | Halt:
@@ -32,13 +33,18 @@ async def run_group(runner: Runner, group: Group, turn: Turn) -> Turn | Halt:
 
     A member that halts or fails (enforced) cancels its running siblings. Failures win over
     halts; among several, the lowest position wins and, for failures, the others are attached
-    as notes. Members never raise into the task group, so no ExceptionGroup leaves it.
+    as notes. Members never raise into the task group, so no ExceptionGroup leaves it: a
+    `KeyboardInterrupt` or `SystemExit` out of a member stops the group like a failure and is
+    raised here, once its siblings were cancelled.
     """
     members = [_Member(step) for step in group.members]
     running = [m for m in members if m.step.hook.when is None or runner.passes(m.step, turn)]
     async with anyio.create_task_group() as members_group:
         for member in running:
             members_group.start_soon(_run_member, runner, member, turn, members_group.cancel_scope)
+    for member in members:
+        if member.interrupt is not None:
+            raise member.interrupt
     return _merge(runner, group, turn, members)
 
 
@@ -55,6 +61,14 @@ async def _run_member(
     except HookError as error:
         # Enforced: recorded by `timed`, and it stops the group.
         member.failure = error
+        await stop_group(group)
+        return
+    except BaseException as exc:
+        # A KeyboardInterrupt or SystemExit of the member's own: raised by `run_group`, in
+        # the task awaiting the group. Out of a task, asyncio would stop its loop at once:
+        # siblings not yet started never run (AnyIO made each one's coroutine when it
+        # scheduled it: never awaited, it warns), those started are dropped mid-await.
+        member.interrupt = exc
         await stop_group(group)
         return
     if called is None:

@@ -1,7 +1,10 @@
 """Parallel groups in the pre list: concurrency, declaration order, halts and failures."""
 
+import asyncio
+import gc
 import inspect
 import threading
+import warnings
 
 import anyio
 import hypothesis.strategies as st
@@ -663,3 +666,44 @@ async def test_a_member_returning_a_lone_tool_call_fails_naming_it():
         await pipe.run(Turn.start("hi"))
     assert info.value.hook == "bad"
     assert "returned unpaired tool parts: tool calls ['c1'] have no result" in str(info.value)
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_a_keyboard_interrupt_out_of_a_member_passes_through_leaving_no_coroutine_unrun(
+    loop: str,
+) -> None:
+    """Bug caught: a member raising KeyboardInterrupt under asyncio let it out of its task,
+    which stopped the loop before its siblings started: the coroutine AnyIO had made for
+    each when scheduling it was never awaited ("RuntimeWarning: coroutine '_run_member' was
+    never awaited"). Run from sync code, as an application would, and collected, so that a
+    coroutine left unawaited warns inside the test."""
+
+    async def interrupted(turn):
+        raise KeyboardInterrupt
+
+    async def sibling(turn):
+        return [Text("[note]")]
+
+    group = parallel(
+        hook(interrupted, name="interrupted"),
+        hook(sibling, name="one"),
+        hook(sibling, name="two"),
+        name="group",
+    )
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[group])
+
+    async def main() -> None:
+        await pipe.run(Turn.start("hi"))
+
+    def run() -> None:
+        if loop == "trio":
+            trio.run(main)
+        else:
+            asyncio.run(main())
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt):
+            run()
+        gc.collect()
+    assert [str(warning.message) for warning in caught] == []
