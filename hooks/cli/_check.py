@@ -264,18 +264,25 @@ def connected(pipe: Pipeline, *, offline: bool) -> list[str]:
     """The toolsets' tools under their final names: MCP servers are connected (and closed)
     to list theirs, unless `offline`."""
     lines = ["", "toolsets, their tools as the model calls them"]
+    # Names padded to one width, as the other lists are; escaped first, so that a name
+    # holding a line break is measured as it is shown.
+    width = max((len(one_line(each.name)) for each in pipe.toolsets), default=0)
     for each in pipe.toolsets:
+        name = one_line(each.name).ljust(width)
         if isinstance(each, LocalToolset):
             names = [t.name for t in each.final_tools()]
-            lines.append(one_line(f"  {each.name}  local: {', '.join(names) or '(none)'}"))
+            lines.append(one_line(f"  {name}  local: {', '.join(names) or '(none)'}"))
         elif isinstance(each, MCPToolset):
-            lines.append(one_line(f"  {each.name}  MCP server {each.where}"))
+            lines.append(one_line(f"  {name}  MCP server {each.where}"))
     if offline or not any(isinstance(each, MCPToolset) for each in pipe.toolsets):
         if offline:
             lines.append("  (offline: MCP servers not connected, their tools not listed)")
         return lines
-    for name, tools in trio.run(_list_remote, pipe):
-        lines.append(one_line(f"  {name}: {', '.join(tools) or '(no tools)'}"))
+    listed = trio.run(_list_remote, pipe)
+    width = max(len(one_line(name)) for name, _ in listed)
+    for name, tools in listed:
+        label = f"{one_line(name)}:".ljust(width + 1)
+        lines.append(one_line(f"  {label} {', '.join(tools) or '(no tools)'}"))
     return lines
 
 

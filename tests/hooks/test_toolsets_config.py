@@ -38,6 +38,45 @@ def test_check_offline_needs_neither_the_api_key_nor_the_servers(tmp_path: Path)
     assert "(offline: MCP servers not connected, their tools not listed)" in done.stdout
 
 
+def test_check_aligns_the_toolsets_names_as_its_other_lists(tmp_path: Path):
+    """Bug caught: check's toolsets list printing each name followed by two spaces, so that
+    after names of different lengths what each toolset holds started at a different column
+    (the stages' and tools' lists pad their names to one width), in the list of toolsets and
+    in the tools each server serves."""
+    server = f"""
+        kind = "mcp"
+        command = {json.dumps(sys.executable)}
+        args = ["-m", "mcp_server_time", "--local-timezone", "UTC"]
+    """
+    config = f"""
+        [[toolsets]]
+        name = "clock"
+        {server}
+
+        [[toolsets]]
+        name = "utc_clock_two"
+        {server}
+
+        [[toolsets]]
+        kind = "python"
+        name = "shop"
+        refs = ["shop_hooks:today"]
+    """
+    done = turnplug("check", write_config(tmp_path, config), env=environment())
+
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.split("toolsets, their tools as the model calls them\n")[1].splitlines()
+    assert [line[:18] for line in lines] == [
+        "  clock          M",
+        "  utc_clock_two  M",
+        "  shop           l",
+        "  clock:         c",
+        "  utc_clock_two: u",
+    ]
+    assert lines[2].endswith("local: shop_today")
+    assert lines[3].endswith(" clock_convert_time, clock_get_current_time")
+
+
 def test_check_without_offline_reports_the_missing_key_and_variable(tmp_path: Path):
     """Catches: --offline leniency leaking into the normal check."""
     path = write_config(tmp_path, TIME)
