@@ -48,6 +48,7 @@ from pipeline import (
 )
 from pipeline import events as ev
 from pipeline.logs import MAX_ID_BYTES, Log
+from pipeline.providers import AnthropicMessages
 from turns import Context, Message, Reply, ToolCall, ToolResult, Turn
 from turns.serde import to_dict
 
@@ -56,6 +57,7 @@ from ._wire import (
     DONE,
     ChatRequest,
     Completion,
+    Upstream,
     WireError,
     answer_text,
     check_continuation,
@@ -397,6 +399,10 @@ class Gateway:
             keep = hook(self._keep_accepted, name=ACCEPTED_HOOK)
             self._stateless_pipe = attrs.evolve(self.pipe, post=(*self.pipe.post, keep))
         self.settings = settings
+        # The API whose names the forwarded request parameters take (`_wire.forwarded`).
+        self.upstream: Upstream = (
+            "anthropic" if isinstance(pipe.model, AnthropicMessages) else "openai"
+        )
         self._secrets = tuple(s for s in settings.secrets if s)
         self.feed = Feed(settings.recent, self.scrub)
         self.in_flight = 0
@@ -944,11 +950,12 @@ def _text(exc: BaseException) -> str:
 
 
 def _set(options: Any) -> dict[str, Any]:
-    return {
+    given = {
         name: getattr(options, name)
         for name in ("temperature", "max_tokens", "tool_choice")
         if getattr(options, name) is not None
     }
+    return given | ({"extra": options.extra} if options.extra else {})
 
 
 def _json_405(send: Send, gateway: Gateway) -> Send:
@@ -985,7 +992,7 @@ class _Endpoint:
             return
         try:
             body = await _read_body(scope, receive, gateway.settings.max_body)
-            request = parse_request(body)
+            request = parse_request(body, gateway.upstream)
             conversation = _conversation_id(scope)
             if conversation is not None and gateway.settings.log is None:
                 raise WireError(

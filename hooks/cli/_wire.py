@@ -10,7 +10,7 @@ import json
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, final
+from typing import Any, Literal, final
 
 import attrs
 
@@ -176,8 +176,11 @@ def _bad(message: str, param: str | None, code: str = "invalid_value") -> WireEr
     return WireError(400, message, param=param, code=code)
 
 
-def parse_request(body: bytes) -> ChatRequest:
+def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
     """Read a ``POST /v1/chat/completions`` body.
+
+    The parameters the gateway forwards (`FORWARDED`) go into the options' ``extra``, as
+    `upstream` names them (see `forwarded`).
 
     Raises:
         WireError: 400 for a body that is not a JSON object, or a field of the wrong type or
@@ -275,7 +278,7 @@ def parse_request(body: bytes) -> ChatRequest:
         message=last,
         positions=positions,
         tools=_tools(data.get("tools")),
-        options=_options(data),
+        options=attrs.evolve(_options(data), extra=forwarded(data, upstream)),
         stream=stream,
         include_usage=include_usage,
         history_problem=history_problem,
@@ -433,6 +436,98 @@ def _options(data: Mapping[str, Any]) -> RequestOptions:
             "tool_choice",
         )
     return RequestOptions(temperature=temperature, max_tokens=max_tokens, tool_choice=tool_choice)
+
+
+Upstream = Literal["openai", "anthropic"]
+"""The API the gateway's model speaks: OpenAI's (a model of one's own receives the same
+names), or Anthropic's Messages API."""
+
+FORWARDED: Mapping[str, str] = {
+    "stop": "a string or an array of strings",
+    "seed": "an integer",
+    "top_p": "a number",
+    "presence_penalty": "a number",
+    "frequency_penalty": "a number",
+    "logit_bias": "an object",
+    "user": "a string",
+    "response_format": "an object",
+    "parallel_tool_calls": "a boolean",
+    "metadata": "an object",
+    "store": "a boolean",
+    "reasoning_effort": "a string",
+    "service_tier": "a string",
+}
+"""The request parameters forwarded to the upstream through ``RequestOptions.extra``, each
+with the JSON type it must have (the upstream checks the value itself): they shape the reply
+the model writes, which the pipeline's hooks then judge like any other."""
+
+_ANTHROPIC_DROPPED = frozenset({"metadata", "store", "service_tier"})
+"""Forwarded parameters an Anthropic upstream has no use for and that change nothing in the
+reply: where OpenAI stores a completion, and its billing tier."""
+
+
+def _forwarded_type(value: Any, key: str) -> bool:
+    match key:
+        case "stop":
+            return isinstance(value, str) or (
+                isinstance(value, list) and all(isinstance(item, str) for item in value)
+            )
+        case "seed":
+            return type(value) is int
+        case "top_p" | "presence_penalty" | "frequency_penalty":
+            return type(value) in (int, float)
+        case "logit_bias" | "response_format" | "metadata":
+            return isinstance(value, dict)
+        case "parallel_tool_calls" | "store":
+            return type(value) is bool
+    return isinstance(value, str)
+
+
+def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
+    """The forwarded parameters the request sets (`FORWARDED`), as `upstream` names them.
+
+    To an OpenAI upstream (or a model of one's own) they go as the client sent them. To an
+    Anthropic one, ``stop`` goes as ``stop_sequences``, ``user`` as ``metadata.user_id`` and
+    ``top_p`` as itself; what changes nothing in the reply (``metadata``, ``store``,
+    ``service_tier``, ``parallel_tool_calls: true``, ``response_format`` of type ``text``) is
+    left out; the rest, which the Messages API has no form of, is refused.
+
+    Raises:
+        WireError: 400 naming a parameter of the wrong JSON type, or one the upstream cannot
+            honour.
+    """
+    given: dict[str, Any] = {}
+    for key, kind in FORWARDED.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        if not _forwarded_type(value, key):
+            raise _bad(f"'{key}' must be {kind}, got {_json_type(value)}", key, "invalid_type")
+        given[key] = value
+    if upstream == "openai":
+        return given
+    extra: dict[str, Any] = {}
+    for key, value in given.items():
+        if key == "stop":
+            extra["stop_sequences"] = [value] if isinstance(value, str) else value
+        elif key == "user":
+            extra["metadata"] = {"user_id": value}
+        elif key == "top_p":
+            extra["top_p"] = value
+        elif key in _ANTHROPIC_DROPPED or (
+            (key, value) == ("parallel_tool_calls", True)
+            or (key == "response_format" and value.get("type") == "text")
+        ):
+            continue
+        else:
+            raise _bad(
+                f"'{key}' cannot be honoured: this gateway's model is an Anthropic one, and the"
+                f" Messages API has no '{key}' the gateway can send — leave it out of the"
+                " request",
+                key,
+                "unsupported_parameter",
+            )
+    return extra
 
 
 def _tools(raw: Any) -> tuple[ToolSpec, ...]:

@@ -1,0 +1,188 @@
+"""`turnplug serve` against what real clients send: the request parameters the official
+OpenAI SDK passes on, forwarded to the upstream, refused with a 400 naming them, or honoured
+by the gateway itself; never dropped where the client would get something else."""
+
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from pipeline import Pipeline
+from pipeline.logs import SQLiteLog
+from pipeline.providers import AnthropicMessages, OpenAIChat
+from pipeline.testing import ScriptedModel
+from tests.providers.server import anthropic_text, openai_text, running, stream
+
+from .serve_support import openai_error, served, user
+
+UPSTREAM_KEY = "sk-upstream-compat-1"
+
+# What clients send to shape the reply, with the values the upstream must receive.
+SHAPING: dict[str, Any] = {
+    "stop": ["END", "STOP"],
+    "seed": 7,
+    "top_p": 0.5,
+    "presence_penalty": 0.25,
+    "frequency_penalty": -0.5,
+    "logit_bias": {"50256": -100},
+    "user": "user-42",
+    "response_format": {
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "schema": {"type": "object"}, "strict": True},
+    },
+    "metadata": {"team": "a"},
+    "store": True,
+    "reasoning_effort": "low",
+    "service_tier": "auto",
+}
+
+
+def openai_upstream(url: str) -> OpenAIChat:
+    return OpenAIChat("up", base_url=url + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_reply_shaping_parameters_reach_an_openai_upstream(streamed: bool) -> None:
+    """Bug caught: ``stop``, ``seed``, ``top_p``, the penalties, ``logit_bias``, ``user``,
+    ``response_format`` (json_schema), ``metadata``, ``store``, ``reasoning_effort`` and
+    ``service_tier`` were read and thrown away: the model wrote past the client's stop
+    sequence, ignored its JSON schema, and the client was told nothing."""
+    async with running(repeat=stream(openai_text(["{}"]))) as upstream:
+        async with served(Pipeline(model=openai_upstream(upstream.url))) as gw:
+            if streamed:
+                await gw.sdk_stream(model="m", messages=user("x"), **SHAPING)
+            else:
+                await gw.sdk().chat.completions.create(model="m", messages=user("x"), **SHAPING)
+    sent = upstream.requests[0].body
+    assert {key: sent.get(key) for key in SHAPING} == SHAPING
+    assert sent["stream"] is True  # the provider's own keys stay its own
+
+
+async def test_a_string_stop_and_parallel_tool_calls_reach_an_openai_upstream() -> None:
+    """Bug caught: ``stop`` given as one string, and ``parallel_tool_calls: false`` with the
+    client's tools, dropped: the model called several tools at once for a client that can
+    run one."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    async with running(repeat=stream(openai_text(["ok"]))) as upstream:
+        async with served(Pipeline(model=openai_upstream(upstream.url))) as gw:
+            await gw.sdk().chat.completions.create(
+                model="m", messages=user("x"), stop="END", parallel_tool_calls=False, tools=tools
+            )
+    sent = upstream.requests[0].body
+    assert (sent["stop"], sent["parallel_tool_calls"]) == ("END", False)
+
+
+async def test_reply_shaping_parameters_reach_the_upstream_in_a_conversation(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: a conversation's turn (``X-Conversation-Id``, run through a session)
+    sending the upstream none of the client's reply-shaping parameters."""
+    async with running(repeat=stream(openai_text(["ok"]))) as upstream:
+        async with SQLiteLog(tmp_path / "log.db") as log:
+            async with served(Pipeline(model=openai_upstream(upstream.url)), log=log) as gw:
+                await gw.sdk().chat.completions.create(
+                    model="m",
+                    messages=user("x"),
+                    stop="END",
+                    seed=3,
+                    extra_headers={"X-Conversation-Id": "c1"},
+                )
+    sent = upstream.requests[0].body
+    assert (sent["stop"], sent["seed"]) == ("END", 3)
+
+
+async def test_an_anthropic_upstream_gets_stop_top_p_and_user_in_its_own_names() -> None:
+    """Bug caught: ``stop``, ``top_p`` and ``user`` dropped on the way to an Anthropic
+    upstream (or sent under OpenAI's names, which the Messages API refuses)."""
+    async with running(repeat=stream(anthropic_text(["ok"]))) as upstream:
+        model = AnthropicMessages("claude-x", base_url=upstream.url, api_key=UPSTREAM_KEY)
+        async with served(Pipeline(model=model)) as gw:
+            reply = await gw.sdk().chat.completions.create(
+                model="m",
+                messages=user("x"),
+                stop="END",
+                top_p=0.5,
+                user="user-42",
+                metadata={"team": "a"},
+                store=True,
+                parallel_tool_calls=True,
+                response_format={"type": "text"},
+            )
+    assert reply.choices[0].message.content == "ok"
+    sent = upstream.requests[0].body
+    assert sent["stop_sequences"] == ["END"]
+    assert sent["top_p"] == 0.5
+    assert sent["metadata"] == {"user_id": "user-42"}
+    assert not {"stop", "user", "store", "parallel_tool_calls", "response_format"} & set(sent)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("seed", 7),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", 0.5),
+        ("logit_bias", {"1": 1}),
+        ("response_format", {"type": "json_object"}),
+        ("reasoning_effort", "low"),
+        ("parallel_tool_calls", False),
+    ],
+)
+async def test_what_an_anthropic_upstream_cannot_honour_is_400_naming_it(
+    field: str, value: Any
+) -> None:
+    """Bug caught: a parameter the Messages API has no form of (a JSON ``response_format``,
+    a ``seed``) silently dropped, so the client got free text where it asked for JSON."""
+    async with running() as upstream:
+        model = AnthropicMessages("claude-x", base_url=upstream.url, api_key=UPSTREAM_KEY)
+        async with served(Pipeline(model=model)) as gw:
+            with pytest.raises(openai.BadRequestError) as caught:
+                await gw.sdk().chat.completions.create(
+                    model="m", messages=user("x"), **{field: value}
+                )
+    error = openai_error(caught.value.response.content)
+    assert (error["param"], error["code"]) == (field, "unsupported_parameter")
+    assert f"'{field}'" in error["message"]
+    assert "Anthropic" in error["message"]
+    assert upstream.requests == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("stop", 5, "'stop' must be a string or an array of strings, got a number"),
+        ("stop", ["a", 1], "'stop' must be a string or an array of strings, got an array"),
+        ("seed", 1.5, "'seed' must be an integer, got a number"),
+        ("top_p", "high", "'top_p' must be a number, got a string"),
+        ("response_format", "json", "'response_format' must be an object, got a string"),
+        ("parallel_tool_calls", "no", "'parallel_tool_calls' must be a boolean, got a string"),
+    ],
+)
+async def test_a_forwarded_parameter_of_the_wrong_type_is_400_naming_it(
+    field: str, value: Any, said: str
+) -> None:
+    """Bug caught: a forwarded parameter of the wrong JSON type sent on, for the upstream to
+    refuse behind a 502 that does not say which field was wrong."""
+    model = ScriptedModel([])
+    body = {"model": "m", "messages": user("x"), field: value}
+    async with served(Pipeline(model=model)) as gw, gw.http() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["param"], error["code"], error["message"]) == (field, "invalid_type", said)
+    assert model.requests == []
+
+
+async def test_a_model_of_ones_own_receives_the_parameters_in_extra() -> None:
+    """Bug caught: a model of one's own (``provider = "python"``) never saw the client's
+    ``stop`` or ``response_format``, so it could not honour them."""
+    model = ScriptedModel(["ok"])
+    async with served(Pipeline(model=model)) as gw:
+        await gw.sdk().chat.completions.create(
+            model="m", messages=user("x"), stop=["END"], response_format={"type": "json_object"}
+        )
+    assert dict(model.requests[0].options.extra) == {
+        "stop": ["END"],
+        "response_format": {"type": "json_object"},
+    }
