@@ -264,6 +264,7 @@ def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
         raise _bad(
             "'n' must be 1: the gateway answers one choice per request", "n", "unsupported_value"
         )
+    _refuse_unsupported(data)
     stream = _optional(data, "stream", bool, False)
     stream_options = data.get("stream_options")
     include_usage = False
@@ -283,6 +284,50 @@ def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
         include_usage=include_usage,
         history_problem=history_problem,
     )
+
+
+def _refuse_unsupported(data: Mapping[str, Any]) -> None:
+    """Refuse what the gateway cannot answer as asked: the client would get something else
+    than it asked for (no log probabilities, a tool call it declared in a form the answer is
+    not written in, audio), so a 400 naming the parameter rather than silence."""
+    if _optional(data, "logprobs", bool, False):
+        raise _bad(
+            "'logprobs' is not supported: the gateway answers with the reply its guardrails"
+            " accepted, which hooks may have rewritten, and returns no log probabilities —"
+            " leave 'logprobs' out (or false)",
+            "logprobs",
+            "unsupported_parameter",
+        )
+    if _optional(data, "top_logprobs", int, 0):
+        raise _bad(
+            "'top_logprobs' is not supported: the gateway returns no log probabilities —"
+            " leave it out",
+            "top_logprobs",
+            "unsupported_parameter",
+        )
+    for legacy, current in (("functions", "tools"), ("function_call", "tool_choice")):
+        if data.get(legacy) is not None:
+            raise _bad(
+                f"'{legacy}' (the deprecated form of '{current}') is not supported: send the"
+                f' functions as \'tools\' ({{"type": "function", "function": {{...}}}}) and'
+                " choose with 'tool_choice'",
+                legacy,
+                "unsupported_parameter",
+            )
+    modalities = data.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise _bad(
+            f"'modalities' must be [\"text\"] (or left out): the gateway answers with text"
+            f" only, got {json.dumps(modalities)[:80]}",
+            "modalities",
+            "unsupported_value",
+        )
+    if data.get("audio") is not None:
+        raise _bad(
+            "'audio' is not supported: the gateway answers with text only — leave it out",
+            "audio",
+            "unsupported_parameter",
+        )
 
 
 def _check_tool_order(messages: Sequence[Message], offset: int) -> None:
@@ -574,6 +619,16 @@ def _tools(raw: Any) -> tuple[ToolSpec, ...]:
             raise _bad(
                 f"'{where}.function.description' must be a string", f"{where}.function.description"
             )
+        if function.get("strict") is True:
+            # The schema is sent without it: the model's arguments would not be held to it.
+            raise _bad(
+                f"'{where}.function.strict' is not supported: the gateway sends a tool's name,"
+                " description and parameters, and cannot ask the upstream to hold the"
+                " arguments to the schema — leave 'strict' out (or false) and check the"
+                " arguments when the tool runs",
+                f"{where}.function.strict",
+                "unsupported_parameter",
+            )
         seen.add(name)
         specs.append(ToolSpec(name, description, parameters))
     return tuple(specs)
@@ -599,6 +654,13 @@ def _message(item: Any, where: str) -> Message:
                 f"'{where}.tool_call_id' is required for a tool message", f"{where}.tool_call_id"
             )
         return Message.tool(ToolResult(call_id, text))
+    if item.get("function_call") is not None:
+        raise _bad(
+            f"'{where}.function_call' (the deprecated form of 'tool_calls') is not supported:"
+            " send the call in 'tool_calls' with an 'id', and its result as a 'tool' message",
+            f"{where}.function_call",
+            "unsupported_parameter",
+        )
     parts: list[Part] = [Text(text)] if text else []
     calls = item.get("tool_calls")
     if calls is not None and not isinstance(calls, list):

@@ -186,3 +186,69 @@ async def test_a_model_of_ones_own_receives_the_parameters_in_extra() -> None:
         "stop": ["END"],
         "response_format": {"type": "json_object"},
     }
+
+
+FUNCTION = {"name": "f", "parameters": {"type": "object", "properties": {}}}
+ASKED_CALL = {
+    "role": "assistant",
+    "content": None,
+    "function_call": {"name": "f", "arguments": "{}"},
+}
+
+
+@pytest.mark.parametrize(
+    ("request_", "param", "code"),
+    [
+        ({"logprobs": True}, "logprobs", "unsupported_parameter"),
+        ({"logprobs": True, "top_logprobs": 2}, "logprobs", "unsupported_parameter"),
+        ({"top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
+        ({"functions": [FUNCTION]}, "functions", "unsupported_parameter"),
+        ({"function_call": "auto"}, "function_call", "unsupported_parameter"),
+        ({"modalities": ["text", "audio"]}, "modalities", "unsupported_value"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", "unsupported_parameter"),
+        (
+            {"tools": [{"type": "function", "function": {**FUNCTION, "strict": True}}]},
+            "tools[0].function.strict",
+            "unsupported_parameter",
+        ),
+        (
+            {"messages": [*user("q"), ASKED_CALL, *user("x")]},
+            "messages[1].function_call",
+            "unsupported_parameter",
+        ),
+    ],
+)
+async def test_what_the_gateway_cannot_answer_as_asked_is_400_naming_it(
+    request_: dict[str, Any], param: str, code: str
+) -> None:
+    """Bug caught: ``logprobs``, the legacy ``functions``/``function_call``, audio
+    ``modalities`` and strict tool schemas read and dropped: the client got no log
+    probabilities, text instead of a function call or audio, arguments not held to its
+    schema, all with a 200 and no word of it."""
+    model = ScriptedModel([])
+    request_ = {"messages": user("x")} | request_
+    async with served(Pipeline(model=model)) as gw:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await gw.sdk().chat.completions.create(model="m", **request_)
+    error = openai_error(caught.value.response.content)
+    assert (error["param"], error["code"]) == (param, code)
+    assert param.rsplit(".", 1)[-1] in error["message"]
+    assert model.requests == []
+
+
+async def test_the_defaults_of_refused_parameters_are_accepted() -> None:
+    """Bug caught: a client that spells out the defaults (``logprobs: false``, ``modalities:
+    ["text"]``, a tool with ``strict: false``) refused for parameters that ask for nothing
+    the gateway lacks."""
+    tool = {"type": "function", "function": {**FUNCTION, "strict": False}}
+    model = ScriptedModel(["ok"])
+    async with served(Pipeline(model=model)) as gw:
+        reply = await gw.sdk().chat.completions.create(
+            model="m",
+            messages=user("x"),
+            logprobs=False,
+            top_logprobs=0,
+            modalities=["text"],
+            tools=[tool],
+        )
+    assert reply.choices[0].message.content == "ok"
