@@ -32,6 +32,9 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _encode_string = json.encoder.encode_basestring
 TOOL_CHOICES = ("none", "auto", "required")
+OPENAI_META = "openai"
+"""The meta key whose fields the OpenAI provider adds to a message on the wire (see
+docs/providers.md)."""
 INVALID_ARGUMENTS = "invalid_arguments"
 """The meta mark of a tool call whose arguments the model wrote undecodable, ``{"raw",
 "error"}``, as the providers set it (see docs/providers.md)."""
@@ -643,10 +646,11 @@ def _message(item: Any, where: str) -> Message:
     text = _content(item.get("content"), f"{where}.content", role)
     if role in ("system", "developer"):
         return Message.system(text)
+    meta = _named(item, where)
     if role == "user":
         if not text:
             raise _bad(f"'{where}.content' must not be empty", f"{where}.content")
-        return Message.user(text)
+        return Message.user(text, meta=meta)
     if role == "tool":
         call_id = item.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
@@ -683,7 +687,24 @@ def _message(item: Any, where: str) -> Message:
             )
         ids.add(part.id)
         parts.append(part)
-    return Message.assistant(tuple(parts))
+    return Message.assistant(tuple(parts), meta=meta)
+
+
+def _named(item: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """The meta of a message with a ``name`` (a participant of a shared conversation): the
+    OpenAI provider sends it as the message's ``name``; other providers have no such field."""
+    name = item.get("name")
+    if name is None:
+        return {}
+    if not isinstance(name, str):
+        raise _bad(
+            f"'{where}.name' must be a string, got {_json_type(name)}",
+            f"{where}.name",
+            "invalid_type",
+        )
+    if not name:
+        raise _bad(f"'{where}.name' must not be empty (leave it out)", f"{where}.name")
+    return {OPENAI_META: {"name": name}}
 
 
 def _content(content: Any, where: str, role: str) -> str:

@@ -252,3 +252,37 @@ async def test_the_defaults_of_refused_parameters_are_accepted() -> None:
             tools=[tool],
         )
     assert reply.choices[0].message.content == "ok"
+
+
+async def test_a_messages_name_reaches_an_openai_upstream() -> None:
+    """Bug caught: the ``name`` of a user or assistant message (who said it, in a
+    conversation of several people) dropped, so the model read every message as one
+    user's."""
+    messages = [
+        {"role": "user", "content": "I am Ann", "name": "ann"},
+        {"role": "assistant", "content": "Hi Ann", "name": "bot"},
+        {"role": "user", "content": "and I am Bo", "name": "bo"},
+    ]
+    async with running(repeat=stream(openai_text(["ok"]))) as upstream:
+        async with served(Pipeline(model=openai_upstream(upstream.url))) as gw:
+            await gw.sdk().chat.completions.create(model="m", messages=messages)
+    sent = upstream.requests[0].body["messages"]
+    assert [(m["content"], m.get("name")) for m in sent] == [
+        ("I am Ann", "ann"),
+        ("Hi Ann", "bot"),
+        ("and I am Bo", "bo"),
+    ]
+
+
+@pytest.mark.parametrize(("name", "code"), [(5, "invalid_type"), ("", "invalid_value")])
+async def test_a_messages_name_that_is_no_name_is_400_naming_it(name: Any, code: str) -> None:
+    """Bug caught: a message's ``name`` of the wrong type (or empty) sent on for the
+    upstream to refuse behind a 502 naming nothing."""
+    model = ScriptedModel([])
+    body = {"model": "m", "messages": [{"role": "user", "content": "x", "name": name}]}
+    async with served(Pipeline(model=model)) as gw, gw.http() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["param"], error["code"]) == ("messages[0].name", code)
+    assert model.requests == []
