@@ -275,14 +275,25 @@ def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
         if not isinstance(stream_options, dict):
             raise _bad("'stream_options' must be an object", "stream_options", "invalid_type")
         include_usage = _optional(stream_options, "include_usage", bool, False, "stream_options.")
+    tools = _tools(data.get("tools"))
+    options = _options(data)
+    named = options.tool_choice
+    if tools and named not in (None, *TOOL_CHOICES) and named not in {t.name for t in tools}:
+        # (Without client tools, the name may be one of the pipeline's own: the turn checks.)
+        raise _bad(
+            f"'tool_choice' names function {named!r}, which is not one of the request's"
+            f" 'tools' ({[t.name for t in tools]}) — name one of them, or use 'auto', 'none'"
+            " or 'required'",
+            "tool_choice",
+        )
     return ChatRequest(
         model=model,
         history=tuple(messages[:-1]),
         system="\n\n".join(system_parts) if system_parts else None,
         message=last,
         positions=positions,
-        tools=_tools(data.get("tools")),
-        options=attrs.evolve(_options(data), extra=forwarded(data, upstream)),
+        tools=tools,
+        options=attrs.evolve(options, extra=forwarded(data, upstream)),
         stream=stream,
         include_usage=include_usage,
         history_problem=history_problem,

@@ -286,3 +286,23 @@ async def test_a_messages_name_that_is_no_name_is_400_naming_it(name: Any, code:
     error = openai_error(response.content)
     assert (error["param"], error["code"]) == ("messages[0].name", code)
     assert model.requests == []
+
+
+async def test_a_tool_choice_naming_an_undeclared_tool_is_400_naming_tool_choice() -> None:
+    """Bug caught: ``tool_choice`` naming a function the request's ``tools`` do not declare
+    refused as the pipeline's ``invalid_turn`` with ``param: null``, where the API's own
+    400 names ``tool_choice``."""
+    model = ScriptedModel([])
+    tools = [{"type": "function", "function": FUNCTION}]
+    async with served(Pipeline(model=model)) as gw:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await gw.sdk().chat.completions.create(
+                model="m",
+                messages=user("x"),
+                tools=tools,
+                tool_choice={"type": "function", "function": {"name": "g"}},
+            )
+    error = openai_error(caught.value.response.content)
+    assert (error["param"], error["code"]) == ("tool_choice", "invalid_value")
+    assert "'g'" in error["message"]
+    assert model.requests == []
