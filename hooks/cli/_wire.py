@@ -106,7 +106,8 @@ class ChatRequest:
             the results of every trailing ``tool`` message (a continuation).
         positions: For a continuation, where each result was in ``messages`` (for errors).
         tools: The tools the client declared; their calls are returned to the client.
-        options: temperature, max_tokens and tool_choice as the client set them.
+        options: temperature, max_tokens and tool_choice as the client set them, and in
+            ``extra`` the parameters forwarded to the upstream (`forwarded`).
         stream: Whether the client asked for a stream of chunks.
         include_usage: ``stream_options.include_usage``.
         history_problem: Why the history would be refused upstream (tool calls without
