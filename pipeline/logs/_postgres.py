@@ -11,6 +11,8 @@ import math
 import os
 import re
 import socket
+import struct
+import sys
 import threading
 import time
 import weakref
@@ -132,8 +134,9 @@ class PostgresLog(DatabaseLog):
         timeout: Seconds a call may take before it fails with `pipeline.LogError`: the
             server is told to give up a statement after that long (``statement_timeout``:
             a commit waiting on another transaction's locks is rolled back, and the
-            connection stays usable), and a server that sends nothing back is given up on a
-            second later (its connection is closed). Connecting waits as long (rounded up
+            connection stays usable), and a server that sends nothing for a second longer
+            is given up on (its connection is closed): over TCP on Linux, only when it has
+            been silent that long; elsewhere, when the call has lasted that long. Connecting waits as long (rounded up
             to whole seconds, at least 2), unless the DSN gives a ``connect_timeout``.
         create_tables: False refuses a database without turnplug's tables with
             `pipeline.LogError` instead of creating them, for a reader that must not write
@@ -272,8 +275,9 @@ class PostgresLog(DatabaseLog):
 
     def _bounded(self, work: Callable[[Any], T], what: str) -> Callable[[Any], T]:
         """`work` given up on after the log's timeout: the server's own statement_timeout
-        ends a statement that waits (on a lock, say); a server that does not answer at all
-        has its connection shut a second later, which ends the call where it waits."""
+        ends a statement that waits (on a lock, say); a server that sends nothing for a
+        second longer has its connection shut (`_Watchdog`), which ends the call where it
+        waits."""
         driver = self._psycopg
         watchdog = self._watchdog
         deadline = self._timeout + _GRACE
@@ -287,8 +291,9 @@ class PostgresLog(DatabaseLog):
                     raise  # cancelled by someone else (pg_cancel_backend)
                 raise _TimedOut(what, answered=True) from exc
             except driver.Error as exc:
-                if watchdog.disarm(armed):
-                    raise _TimedOut(what, answered=False) from exc
+                measured = watchdog.disarm(armed)
+                if measured is not None:
+                    raise _TimedOut(what, answered=False, measured=measured) from exc
                 raise
             finally:
                 watchdog.disarm(armed)
@@ -303,22 +308,32 @@ class PostgresLog(DatabaseLog):
 
     def _translate(self, exc: Exception) -> LogError | None:
         if isinstance(exc, _TimedOut):
+            limit = f"{self._timeout + _GRACE:g} s (timeout={self._timeout:g} s, plus {_GRACE:g})"
             if exc.answered:
                 happened = (
-                    f"the server gave it up after {self._timeout:g} s (statement_timeout:"
-                    " another transaction held a lock it needed, or the server is"
-                    " overloaded); nothing of it was committed, and the log stays usable"
+                    f"took longer than timeout={self._timeout:g} s: the server gave it up"
+                    " (statement_timeout: another transaction held a lock it needed, or the"
+                    " server is overloaded); nothing of it was committed, and the log stays"
+                    " usable"
+                )
+            elif exc.measured:
+                happened = (
+                    f"was given up on: the server sent nothing for {limit}, so the log closed"
+                    " the connection (a hung server or a dropped network); a commit that"
+                    " reached a server still alive is finished or rolled back there whole,"
+                    " never half"
                 )
             else:
                 happened = (
-                    f"the server sent nothing back for {self._timeout + _GRACE:g} s, so its"
-                    " connection was closed (a hung server or a dropped network); a commit"
-                    " that reached a server still alive is finished or rolled back there"
-                    " whole, never half"
+                    f"was given up on: the server had not answered in full after {limit}, so"
+                    " the log closed the connection (over a connection that is not TCP on"
+                    " Linux, a Unix-domain socket say, the log cannot see whether the server"
+                    " is still sending, so it bounds the whole call); a commit that reached a"
+                    " server still alive is finished or rolled back there whole, never half"
                 )
             why = (
-                f"{exc.what} took longer than timeout={self._timeout:g} s: {happened} —"
-                " retry, check the server, or give PostgresLog a longer timeout="
+                f"{exc.what} {happened} — retry, check the server, or give PostgresLog a"
+                " longer timeout="
             )
         elif isinstance(exc, self._psycopg.errors.ConnectionTimeout):
             seconds = self._connect_options.get("connect_timeout", "the DSN's connect_timeout")
@@ -351,29 +366,36 @@ _GRACE = 1.0
 
 
 class _TimedOut(GaveUp):
-    """A call that outlasted the log's timeout: `what` it was, and whether the server
-    answered (its statement_timeout) or sent nothing (its connection was closed)."""
+    """A call that outlasted the log's timeout: `what` it was, whether the server answered
+    (its statement_timeout) or not (its connection was closed), and if not, whether its
+    silence was `measured` or only the call's duration."""
 
-    def __init__(self, what: str, *, answered: bool) -> None:
+    def __init__(self, what: str, *, answered: bool, measured: bool = False) -> None:
         super().__init__(what)
         self.what = what
         self.answered = answered
+        self.measured = measured
 
 
 @final
 class _Watchdog:
-    """A thread of the log's own that shuts the socket of a call past its deadline.
+    """A thread of the log's own that shuts the socket of a call whose server went silent.
 
     A psycopg call blocks its worker thread until the server answers; nothing else can
-    interrupt it. Shutting its socket down makes it fail at once, the connection broken
-    (never made again: `GaveUp`). Started on the first call, ended with the log.
+    interrupt it. Shutting its socket down makes it fail at once, the connection broken.
+    Over TCP on Linux the kernel says how long ago the server last sent anything (data, or
+    the acknowledgement of what the log sent: `_silence`), so a call is given up on only
+    after that long a silence, however long a server still sending takes; elsewhere (a
+    Unix-domain socket, another system) a call is given up on that long after it started.
+    Started on the first call, ended with the log.
     """
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._lock = threading.Condition()
-        self._armed: dict[int, tuple[float, int]] = {}  # token: (deadline, socket)
-        self._fired: set[int] = set()
+        # token: (when to look next, when the call started, its limit, the socket)
+        self._armed: dict[int, tuple[float, float, float, int]] = {}
+        self._fired: dict[int, bool] = {}  # token: whether its silence was measured
         self._next = 0
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -383,23 +405,24 @@ class _Watchdog:
             self._next += 1
             token = self._next
             was_idle = not self._armed
-            self._armed[token] = (time.monotonic() + seconds, fileno)
+            now = time.monotonic()
+            self._armed[token] = (now + seconds, now, seconds, fileno)
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
                 self._thread.start()
             elif was_idle:
-                # Deadlines are all as far ahead, so only the first needs the thread to look.
+                # Limits are all alike, so a call looks no sooner than those armed
+                # before it: only the first needs the thread to look again.
                 self._lock.notify()
         return token
 
-    def disarm(self, token: int) -> bool:
-        """Take the call's deadline off; whether it had passed (its socket was shut)."""
+    def disarm(self, token: int) -> bool | None:
+        """Take the call off: None if its socket was left alone, else whether it was shut
+        for a measured silence (True) or, where silence cannot be measured, for the
+        call's duration (False)."""
         with self._lock:
             self._armed.pop(token, None)
-            if token in self._fired:
-                self._fired.discard(token)
-                return True
-            return False
+            return self._fired.pop(token, None)
 
     def stop(self) -> None:
         with self._lock:
@@ -410,13 +433,48 @@ class _Watchdog:
         with self._lock:
             while not self._stopped:
                 now = time.monotonic()
-                for token, (deadline, fileno) in list(self._armed.items()):
-                    if deadline <= now:
-                        del self._armed[token]
-                        self._fired.add(token)
-                        _shut(fileno)
-                wait = min((deadline for deadline, _ in self._armed.values()), default=None)
-                self._lock.wait(None if wait is None else wait - now)
+                for token, (due, started, limit, fileno) in list(self._armed.items()):
+                    if due > now:
+                        continue
+                    silence = _silence(fileno)
+                    quiet = now - started if silence is None else min(now - started, silence)
+                    if quiet < limit:
+                        # The server sent something meanwhile: look again once it could
+                        # have been silent for the whole limit.
+                        self._armed[token] = (now + limit - quiet, started, limit, fileno)
+                        continue
+                    del self._armed[token]
+                    self._fired[token] = silence is not None
+                    _shut(fileno)
+                wait = min((due for due, *_ in self._armed.values()), default=None)
+                self._lock.wait(None if wait is None else max(wait - now, 0.005))
+
+
+# struct tcp_info (linux/tcp.h, a stable part of the kernel's ABI): tcpi_last_data_recv and
+# tcpi_last_ack_recv, the milliseconds since the peer last sent data and last acknowledged
+# data, are the two 32-bit fields at byte 52.
+_TCP_INFO = getattr(socket, "TCP_INFO", None) if sys.platform.startswith("linux") else None
+_LAST_RECEIVED = struct.Struct("=II")
+_LAST_RECEIVED_AT = 52
+
+
+def _silence(fileno: int) -> float | None:
+    """Seconds since the server at the other end of the TCP socket `fileno` last sent
+    anything: data, or the acknowledgement of what the log sent (a commit still being
+    uploaded). None where the system cannot say (not Linux, not TCP)."""
+    if _TCP_INFO is None:
+        return None
+    try:
+        with socket.socket(fileno=os.dup(fileno)) as duplicate:
+            if duplicate.family not in (socket.AF_INET, socket.AF_INET6):
+                return None
+            info = duplicate.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 64)
+    except OSError:
+        return None
+    if len(info) < _LAST_RECEIVED_AT + _LAST_RECEIVED.size:
+        return None
+    data, acknowledged = _LAST_RECEIVED.unpack_from(info, _LAST_RECEIVED_AT)
+    return min(int(data), int(acknowledged)) / 1000
 
 
 def _shut(fileno: int) -> None:

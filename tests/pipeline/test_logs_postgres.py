@@ -6,9 +6,12 @@ works in a fresh schema of the test server (the `postgres` fixture, tests/postgr
 
 import contextlib
 import datetime
+import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -358,43 +361,85 @@ class SilentServer:
 
 
 class Relay:
-    """A TCP relay on loopback to the test server that can go silent: while `dropping`, what
-    either side sends is dropped (a network losing packets, a hung server), not closed."""
+    """A TCP relay on loopback to the test server, which can stand for a slow link or a
+    network that goes silent without closing anything.
 
-    def __init__(self, dsn: str) -> None:
+    While `dropping`, what either side sends is dropped (a network losing packets, a hung
+    server). `rate` limits what the server sends to that many bytes a second (a slow link
+    that still delivers). `forget_existing()` silences the connections made so far for good
+    (a firewall or NAT that forgot them while they were idle). With `mute_new`, a new
+    connection goes silent from its first query on. `accepted` counts the connections.
+    """
+
+    def __init__(self, dsn: str, *, unix: bool = False) -> None:
         from psycopg.conninfo import conninfo_to_dict
 
         params = conninfo_to_dict(dsn)
         self.upstream = (params.get("host", "127.0.0.1"), int(params.get("port", 5432)))
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
+        self.directory = tempfile.mkdtemp(prefix="relay-", dir="/tmp") if unix else None
+        if self.directory is None:
+            self.listener = socket.create_server(("127.0.0.1", 0))
+            self.port = self.listener.getsockname()[1]
+        else:  # libpq's name for the socket of port 5432 in a directory given as the host
+            self.port = 5432
+            self.listener = socket.socket(socket.AF_UNIX)
+            self.listener.bind(os.path.join(self.directory, f".s.PGSQL.{self.port}"))
+            self.listener.listen()
         self.dropping = False
+        self.rate: float | None = None
+        self.mute_new = False
+        self.accepted = 0
+        self.forgotten: set[int] = set()
+        self.muted: set[int] = set()
         self.sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def dsn(self, dsn: str) -> str:
-        return with_params(dsn, host="127.0.0.1", port=str(self.port))
+        return with_params(dsn, host=self.directory or "127.0.0.1", port=str(self.port))
+
+    def forget_existing(self) -> None:
+        self.forgotten |= set(range(self.accepted))
 
     def _accept(self) -> None:
         with contextlib.suppress(OSError):
             while True:
                 client = self.listener.accept()[0]
-                server = socket.create_connection(self.upstream)
+                server = socket.socket()
+                # A small receive buffer: a slow link holds the server's sends back at once.
+                server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+                server.connect(self.upstream)
+                number = self.accepted
+                self.accepted += 1
                 self.sockets += [client, server]
-                threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
-                threading.Thread(target=self._pump, args=(server, client), daemon=True).start()
+                mute = self.mute_new
+                for source, target, replies in ((client, server, False), (server, client, True)):
+                    threading.Thread(
+                        target=self._pump,
+                        args=(source, target, number, replies, mute),
+                        daemon=True,
+                    ).start()
 
-    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+    def _pump(
+        self, source: socket.socket, target: socket.socket, number: int, replies: bool, mute: bool
+    ) -> None:
         with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                if not self.dropping:
-                    target.sendall(data)
+            while data := source.recv(4096 if replies and self.rate else 65536):
+                # A query (simple or extended protocol) ends a muted connection's startup.
+                if mute and not replies and data[:1] in (b"Q", b"P"):
+                    self.muted.add(number)
+                if self.dropping or number in self.forgotten or number in self.muted:
+                    continue
+                if replies and self.rate:
+                    time.sleep(len(data) / self.rate)
+                target.sendall(data)
         with contextlib.suppress(OSError):
             target.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         for connection in [*self.sockets, self.listener]:
             connection.close()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 async def test_opening_the_log_on_a_server_that_never_answers_is_a_bounded_log_error():
@@ -434,10 +479,52 @@ async def test_a_commit_to_a_server_that_stops_answering_is_a_bounded_log_error(
         relay.close()
 
     message = str(raised.value)
-    assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' took longer")
-    assert "timeout=0.5 s" in message
-    assert "sent nothing back" in message
+    assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' was given up")
+    assert "sent nothing for 1.5 s (timeout=0.5 s, plus 1)" in message
     assert [entry.turn_ref for entry in entries] == ["t1", "t2"]
+
+
+async def test_a_slow_server_still_sending_is_waited_for_however_long_the_call_takes(postgres):
+    """Bug caught: a call lasting longer than the log's timeout plus a second had its
+    connection closed, the error saying the server had sent nothing back, though it was
+    still sending: a conversation too big to arrive in that time over a slow link could
+    never be loaded. Only a server silent that long is given up on now."""
+    relay = Relay(postgres)
+    turns = [exchange(f"{number}" * 100_000, "ok") for number in range(6)]
+    try:
+        async with PostgresLog(relay.dsn(postgres), max_connections=1, timeout=0.5) as log:
+            for number, messages in enumerate(turns):
+                await log.append("big", f"t{number}", messages)
+            relay.rate = 200_000  # bytes a second: 600 KB take 3 s, a steady flow
+            with anyio.fail_after(60):
+                loaded = await log.load("big")
+    finally:
+        relay.close()
+
+    assert loaded == Context(messages=tuple(message for turn in turns for message in turn))
+
+
+async def test_over_a_unix_socket_a_call_is_bounded_as_a_whole_and_the_error_says_so(postgres):
+    """Bug caught: the error said the server had sent nothing back whatever the
+    connection: over a Unix-domain socket, where the log cannot see the server's silence,
+    a call is given up on when it has lasted that long, and the error says that."""
+    relay = Relay(postgres, unix=True)
+    try:
+        async with PostgresLog(relay.dsn(postgres), max_connections=1, timeout=0.5) as log:
+            await log.append("c", "t1", exchange("q1", "a1"))
+            relay.rate = 100  # bytes a second: the answer takes seconds to arrive
+            with anyio.fail_after(60), pytest.raises(LogError) as raised:
+                await log.entries("c")
+            relay.rate = None
+            entries = await log.entries("c")
+    finally:
+        relay.close()
+
+    message = str(raised.value)
+    assert message.startswith(f"{log!r}: reading the entries of conversation 'c' was given up")
+    assert "had not answered in full after 1.5 s (timeout=0.5 s, plus 1)" in message
+    assert "Unix-domain socket" in message
+    assert [entry.turn_ref for entry in entries] == ["t1"]
 
 
 def lock_tables(dsn: str):
