@@ -15,7 +15,7 @@ cancellation is delivered at the next checkpoint. asyncio's own cancellation
 (``Task.cancel``, ``asyncio.timeout``), which no cancel scope holds, is raised as soon as the
 call has ended: the caller is cancelled, and the call ran to its end. Database calls are
 short, and each log's ``timeout`` bounds their waits: SQLite's lock timeout, PostgreSQL's
-``statement_timeout`` and a watchdog closing the connection of a server that sends nothing
+``lock_timeout`` and a watchdog closing the connection of a server that sends nothing
 back (docs/logs.md, "Cancellation").
 """
 

@@ -131,10 +131,11 @@ class PostgresLog(DatabaseLog):
         dsn: A libpq connection string or a ``postgresql://`` URL.
         max_connections: How many database calls may run at once (each on its own
             connection, opened on demand and kept).
-        timeout: Seconds a call may take before it fails with `pipeline.LogError`: the
-            server is told to give up a statement after that long (``statement_timeout``:
-            a commit waiting on another transaction's locks is rolled back, and the
-            connection stays usable), and a server that sends nothing for a second longer
+        timeout: Seconds a call may wait before it fails with `pipeline.LogError`: the
+            server is told to give up waiting for a lock after that long (``lock_timeout``,
+            unless the DSN's ``options`` set one: a commit waiting on another transaction's
+            locks is rolled back, and the connection stays usable), and a server that sends
+            nothing for a second longer
             is given up on (its connection is closed): over TCP on Linux, only when it has
             been silent that long; elsewhere, when the call has lasted that long. Connecting waits as long (rounded up
             to whole seconds, at least 2), unless the DSN gives a ``connect_timeout``.
@@ -201,6 +202,10 @@ class PostgresLog(DatabaseLog):
         self._timeout = float(timeout)
         if "connect_timeout" not in params:
             self._connect_options["connect_timeout"] = max(2, math.ceil(self._timeout))
+        # The server's timeouts the DSN sets itself (options=-clock_timeout=...) are its own.
+        self._dsn_sets = {
+            f"{name}_timeout" for name in _TIMEOUT_OPTION.findall(params.get("options") or "")
+        }
         self._watchdog = _Watchdog(f"{self!r} watchdog")
         weakref.finalize(self, self._watchdog.stop)
         self._migrated = False
@@ -263,21 +268,22 @@ class PostgresLog(DatabaseLog):
         return connection
 
     def _prepare(self, connection: "psycopg.Connection[Any]") -> None:
-        # The server gives up a statement it cannot finish in time (one waiting on a lock
-        # another transaction holds), and rolls it back: a clean error, a usable connection.
-        milliseconds = max(1, math.ceil(self._timeout * 1000))
-        connection.execute(
-            "SELECT set_config('statement_timeout', %s, false)", (f"{milliseconds}ms",)
-        )
+        # The server gives up a statement waiting on a lock another transaction holds, and
+        # rolls it back: a clean error, a usable connection. (Not statement_timeout, which
+        # would also end a long read still sending to a slow client.)
+        if "lock_timeout" not in self._dsn_sets:
+            milliseconds = max(1, math.ceil(self._timeout * 1000))
+            connection.execute(
+                "SELECT set_config('lock_timeout', %s, false)", (f"{milliseconds}ms",)
+            )
         if not self._migrated:
             _migrate(connection, repr(self), create=self._create_tables)
             self._migrated = True
 
     def _bounded(self, work: Callable[[Any], T], what: str) -> Callable[[Any], T]:
-        """`work` given up on after the log's timeout: the server's own statement_timeout
-        ends a statement that waits (on a lock, say); a server that sends nothing for a
-        second longer has its connection shut (`_Watchdog`), which ends the call where it
-        waits."""
+        """`work` given up on after the log's timeout: the server's own lock_timeout ends
+        a statement waiting on a lock; a server that sends nothing for a second longer has
+        its connection shut (`_Watchdog`), which ends the call where it waits."""
         driver = self._psycopg
         watchdog = self._watchdog
         deadline = self._timeout + _GRACE
@@ -286,14 +292,13 @@ class PostgresLog(DatabaseLog):
             armed = watchdog.arm(connection.fileno(), deadline)
             try:
                 return work(connection)
-            except driver.errors.QueryCanceled as exc:
-                if "statement timeout" not in str(exc):
-                    raise  # cancelled by someone else (pg_cancel_backend)
-                raise _TimedOut(what, answered=True) from exc
             except driver.Error as exc:
                 measured = watchdog.disarm(armed)
                 if measured is not None:
-                    raise _TimedOut(what, answered=False, measured=measured) from exc
+                    raise _TimedOut(what, measured=measured) from exc
+                # Told apart by SQLSTATE: the message is in the server's lc_messages.
+                if exc.sqlstate in (_LOCK_NOT_AVAILABLE, _QUERY_CANCELED):
+                    raise _Refused(what, exc.sqlstate) from exc
                 raise
             finally:
                 watchdog.disarm(armed)
@@ -309,14 +314,7 @@ class PostgresLog(DatabaseLog):
     def _translate(self, exc: Exception) -> LogError | None:
         if isinstance(exc, _TimedOut):
             limit = f"{self._timeout + _GRACE:g} s (timeout={self._timeout:g} s, plus {_GRACE:g})"
-            if exc.answered:
-                happened = (
-                    f"took longer than timeout={self._timeout:g} s: the server gave it up"
-                    " (statement_timeout: another transaction held a lock it needed, or the"
-                    " server is overloaded); nothing of it was committed, and the log stays"
-                    " usable"
-                )
-            elif exc.measured:
+            if exc.measured:
                 happened = (
                     f"was given up on: the server sent nothing for {limit}, so the log closed"
                     " the connection (a hung server or a dropped network); a commit that"
@@ -334,6 +332,25 @@ class PostgresLog(DatabaseLog):
             why = (
                 f"{exc.what} {happened} — retry, check the server, or give PostgresLog a"
                 " longer timeout="
+            )
+        elif isinstance(exc, _Refused) and exc.sqlstate == _LOCK_NOT_AVAILABLE:
+            if "lock_timeout" in self._dsn_sets:
+                limit, longer = "the DSN's lock_timeout", "raise the DSN's lock_timeout"
+            else:
+                limit = f"timeout={self._timeout:g} s (the server's lock_timeout)"
+                longer = "give PostgresLog a longer timeout="
+            why = (
+                f"{exc.what} waited longer than {limit} for a lock another transaction holds"
+                " (lock_not_available): the server gave it up, nothing of it was committed,"
+                " and the log stays usable — retry, find what holds the lock (pg_locks,"
+                f" pg_stat_activity), or {longer}"
+            )
+        elif isinstance(exc, _Refused):
+            why = (
+                f"{exc.what} was cancelled by the server (query_canceled: a statement_timeout"
+                " the DSN, the role or the database sets, the log sets none, or an"
+                " administrator's pg_cancel_backend): nothing of it was committed, and the log"
+                " stays usable — retry, or raise that statement_timeout"
             )
         elif isinstance(exc, self._psycopg.errors.ConnectionTimeout):
             seconds = self._connect_options.get("connect_timeout", "the DSN's connect_timeout")
@@ -359,22 +376,37 @@ class PostgresLog(DatabaseLog):
         return LogError(f"{self!r}: {why}", log=repr(self))
 
 
-# How much longer than its timeout a call waits for a server that sends nothing back
-# before closing its connection: time for the server's own statement_timeout to end it
-# cleanly first, its answer on the way.
+# How much longer than its timeout a call waits for a server that sends nothing before
+# closing its connection: time for the server's own lock_timeout to end a commit waiting
+# on a lock cleanly first, its answer on the way.
 _GRACE = 1.0
+
+# The SQLSTATEs of a statement the server gave up: waiting on a lock (lock_timeout), and
+# cancelled (statement_timeout, pg_cancel_backend).
+_LOCK_NOT_AVAILABLE = "55P03"
+_QUERY_CANCELED = "57014"
+
+# A server timeout set in a DSN's options: -c name=value, -cname=value or --name=value.
+_TIMEOUT_OPTION = re.compile(r"(?:-c\s*|--)(statement|lock)[_-]timeout=")
 
 
 class _TimedOut(GaveUp):
-    """A call that outlasted the log's timeout: `what` it was, whether the server answered
-    (its statement_timeout) or not (its connection was closed), and if not, whether its
-    silence was `measured` or only the call's duration."""
+    """A call the watchdog gave up on (its connection is closed): `what` it was, and
+    whether the server's silence was `measured` or only the call's duration."""
 
-    def __init__(self, what: str, *, answered: bool, measured: bool = False) -> None:
+    def __init__(self, what: str, *, measured: bool) -> None:
         super().__init__(what)
         self.what = what
-        self.answered = answered
         self.measured = measured
+
+
+class _Refused(Exception):
+    """A statement the server gave up (`sqlstate` says why), rolled back: `what` it was."""
+
+    def __init__(self, what: str, sqlstate: str) -> None:
+        super().__init__(what)
+        self.what = what
+        self.sqlstate = sqlstate
 
 
 @final

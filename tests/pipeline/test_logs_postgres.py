@@ -559,10 +559,84 @@ async def test_a_commit_waiting_on_a_lock_another_transaction_holds_is_a_bounded
         entries = await log.entries("c")
 
     message = str(raised.value)
-    assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' took longer")
-    assert "timeout=0.5 s" in message
+    assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' waited longer")
+    assert "timeout=0.5 s (the server's lock_timeout)" in message
     assert "nothing of it was committed" in message
     assert [entry.turn_ref for entry in entries] == ["t1", "t3"]
+
+
+async def test_a_read_longer_than_the_timeout_is_not_ended_by_the_server(postgres):
+    """Bug caught: the server was told to give up any statement lasting longer than the
+    log's timeout (statement_timeout), which also ended a large read whose rows were still
+    being sent to a slow client; only a wait on a lock is given up on now (lock_timeout)."""
+    relay = Relay(postgres)
+    # More than the server's socket buffers hold: it is still sending after the timeout.
+    turns = [exchange(f"{number}" * 500_000, "ok") for number in range(12)]
+    try:
+        async with PostgresLog(relay.dsn(postgres), max_connections=1, timeout=0.5) as log:
+            for number, messages in enumerate(turns):
+                await log.append("big", f"t{number}", messages)
+            relay.rate = 2_000_000  # bytes a second: 6 MB take 3 s
+            with anyio.fail_after(60):
+                loaded = await log.load("big")
+    finally:
+        relay.close()
+
+    assert loaded == Context(messages=tuple(message for turn in turns for message in turn))
+
+
+def with_options(dsn: str, options: str) -> str:
+    """`dsn` with more server options, after those it has (its search_path)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    return make_conninfo(**{**params, "options": f"{params.get('options', '')} {options}"})
+
+
+async def test_a_lock_timeout_the_dsn_sets_is_kept_and_named_in_the_error(postgres):
+    """Bug caught: a lock_timeout the DSN set ended a commit with a bare 'PostgreSQL
+    failed: LockNotAvailable' in the server's words; the error names that lock_timeout and
+    says nothing was committed, however the server words it."""
+    async with PostgresLog(
+        with_options(postgres, "-c lock_timeout=200ms"), max_connections=1, timeout=30
+    ) as log:
+        await log.append("c", "t1", exchange("q1", "a1"))
+        holder = lock_tables(postgres)
+        try:
+            with anyio.fail_after(20), pytest.raises(LogError) as raised:
+                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+        finally:
+            holder.rollback()
+            holder.close()
+        entries = await log.entries("c")
+
+    message = str(raised.value)
+    assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' waited longer")
+    assert "the DSN's lock_timeout" in message
+    assert "nothing of it was committed" in message
+    assert [entry.turn_ref for entry in entries] == ["t1"]
+
+
+async def test_a_statement_timeout_the_dsn_sets_is_not_overwritten(postgres):
+    """Bug caught: the log set statement_timeout on each connection to its own timeout,
+    overwriting the one the DSN's options gave: a commit waiting on a lock waited the
+    log's 30 s instead of the DSN's 200 ms."""
+    async with PostgresLog(
+        with_options(postgres, "-cstatement_timeout=200"), max_connections=1, timeout=30
+    ) as log:
+        await log.append("c", "t1", exchange("q1", "a1"))
+        holder = lock_tables(postgres)
+        try:
+            with anyio.fail_after(20), pytest.raises(LogError) as raised:
+                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+        finally:
+            holder.rollback()
+            holder.close()
+
+    message = str(raised.value)
+    assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' was cancelled")
+    assert "statement_timeout" in message
+    assert "nothing of it was committed" in message
 
 
 async def test_opening_a_log_whose_tables_another_transaction_locks_is_a_bounded_log_error(
@@ -583,7 +657,7 @@ async def test_opening_a_log_whose_tables_another_transaction_locks_is_a_bounded
     async with PostgresLog(postgres, timeout=0.5) as log:
         entries = await log.entries("c")
 
-    assert "opening a connection took longer than timeout=0.5 s" in str(raised.value)
+    assert "opening a connection waited longer than timeout=0.5 s" in str(raised.value)
     assert [entry.turn_ref for entry in entries] == ["t1"]
 
 
