@@ -45,11 +45,6 @@ C = TypeVar("C")
 T = TypeVar("T")
 
 
-class GaveUp(Exception):
-    """A call the log gave up on (a server that did not answer in time): never made again
-    on a new connection, which would wait as long once more."""
-
-
 @final
 class Worker:
     """A thread of its own that runs blocking calls for the event loop, one at a time.
@@ -313,16 +308,17 @@ class Connections(Generic[C]):
         reused = holder[0] is not None
         try:
             return self._attempt(holder, work)
-        except Exception as exc:
+        except Exception:
             # A kept connection found broken, whether the server dropped it while it was
             # idle (a restart, a failover, an idle timeout: found out only when it is next
             # used, which says nothing about the server now) or during this call (a backend
             # terminated mid-statement; the client cannot tell the two apart): make the call
             # once more, on a new connection. Every call a log makes may be made twice:
             # reads, and commits, which their turn_ref makes idempotent (one that did
-            # commit before the connection broke is a duplicate). A call given up on is
-            # not: the server did not answer it, and would keep the next one waiting too.
-            if not reused or holder[0] is not None or self._closed or isinstance(exc, GaveUp):
+            # commit before the connection broke is a duplicate). So is a kept connection
+            # the log closed because the server went silent on it (a firewall or NAT that
+            # forgot it while it was idle); a new connection that does is not tried again.
+            if not reused or holder[0] is not None or self._closed:
                 raise
             return self._attempt(holder, work)
 

@@ -26,7 +26,7 @@ from turns import Message
 from .._audit import AuditRecord
 from .._errors import ConfigError, LogError
 from . import _codec
-from ._pool import Connections, DatabaseLog, GaveUp
+from ._pool import Connections, DatabaseLog
 from ._protocol import (
     ConversationInfo,
     LogEntry,
@@ -312,28 +312,58 @@ class PostgresLog(DatabaseLog):
     # -- the seam -------------------------------------------------------------------------
 
     def _translate(self, exc: Exception) -> LogError | None:
-        if isinstance(exc, _TimedOut):
-            limit = f"{self._timeout + _GRACE:g} s (timeout={self._timeout:g} s, plus {_GRACE:g})"
-            if exc.measured:
-                happened = (
-                    f"was given up on: the server sent nothing for {limit}, so the log closed"
-                    " the connection (a hung server or a dropped network); a commit that"
-                    " reached a server still alive is finished or rolled back there whole,"
-                    " never half"
+        why = self._why(exc)
+        if why is None:
+            return None
+        # A kept connection that went silent is closed and the call made once more on a new
+        # one (`Connections`): the failure of that second try is raised in handling the
+        # first, which the error must tell too.
+        first = _earlier_silence(exc)
+        if first is not None:
+            silence = self._silence(first)
+            if isinstance(exc, _TimedOut):
+                why = (
+                    f"{first.what} was given up on twice: the server {silence} on a kept"
+                    " connection, then on a new one, so the log closed both (a hung server or"
+                    f" a dropped network){self._unsure(first)} — check the server and the"
+                    " network, or give PostgresLog a longer timeout="
                 )
             else:
-                happened = (
-                    f"was given up on: the server had not answered in full after {limit}, so"
-                    " the log closed the connection (over a connection that is not TCP on"
-                    " Linux, a Unix-domain socket say, the log cannot see whether the server"
-                    " is still sending, so it bounds the whole call); a commit that reached a"
-                    " server still alive is finished or rolled back there whole, never half"
+                why = (
+                    f"{first.what} was given up on: the server {silence} on a kept connection,"
+                    " so the log closed it and tried once more on a new connection, which"
+                    f" failed{self._unsure(first)}; {why}"
                 )
-            why = (
-                f"{exc.what} {happened} — retry, check the server, or give PostgresLog a"
-                " longer timeout="
+        return LogError(f"{self!r}: {why}", log=repr(self))
+
+    def _silence(self, exc: "_TimedOut") -> str:
+        limit = f"{self._timeout + _GRACE:g} s (timeout={self._timeout:g} s, plus {_GRACE:g})"
+        if exc.measured:
+            return f"sent nothing for {limit}"
+        return (
+            f"had not answered in full after {limit} (over a connection that is not TCP on"
+            " Linux, a Unix-domain socket say, the log cannot see whether the server is still"
+            " sending, so it bounds the whole call)"
+        )
+
+    @staticmethod
+    def _unsure(exc: "_TimedOut") -> str:
+        if not exc.what.startswith("committing "):
+            return ""
+        return (
+            "; the commit may have reached the server, which then finished or rolled it back"
+            " whole: load the conversation to know whether it holds the turn (a session"
+            " reloads it before its next turn)"
+        )
+
+    def _why(self, exc: Exception) -> str | None:
+        if isinstance(exc, _TimedOut):
+            return (
+                f"{exc.what} was given up on: the server {self._silence(exc)}, so the log"
+                f" closed the connection{self._unsure(exc)} — check the server and the"
+                " network, or give PostgresLog a longer timeout="
             )
-        elif isinstance(exc, _Refused) and exc.sqlstate == _LOCK_NOT_AVAILABLE:
+        if isinstance(exc, _Refused) and exc.sqlstate == _LOCK_NOT_AVAILABLE:
             if "lock_timeout" in self._dsn_sets:
                 limit, longer = "the DSN's lock_timeout", "raise the DSN's lock_timeout"
             else:
@@ -373,7 +403,7 @@ class PostgresLog(DatabaseLog):
             why = f"PostgreSQL failed: {type(exc).__name__}: {first}"
         else:
             return None
-        return LogError(f"{self!r}: {why}", log=repr(self))
+        return why
 
 
 # How much longer than its timeout a call waits for a server that sends nothing before
@@ -390,7 +420,7 @@ _QUERY_CANCELED = "57014"
 _TIMEOUT_OPTION = re.compile(r"(?:-c\s*|--)(statement|lock)[_-]timeout=")
 
 
-class _TimedOut(GaveUp):
+class _TimedOut(Exception):
     """A call the watchdog gave up on (its connection is closed): `what` it was, and
     whether the server's silence was `measured` or only the call's duration."""
 
@@ -398,6 +428,19 @@ class _TimedOut(GaveUp):
         super().__init__(what)
         self.what = what
         self.measured = measured
+
+
+def _earlier_silence(exc: BaseException) -> _TimedOut | None:
+    """The silence of a kept connection that `exc`, the failure of the call's second try,
+    was raised in handling (its context, a few links back), or None."""
+    seen: set[int] = {id(exc)}
+    earlier = exc.__context__
+    while earlier is not None and id(earlier) not in seen:
+        if isinstance(earlier, _TimedOut):
+            return earlier
+        seen.add(id(earlier))
+        earlier = earlier.__context__
+    return None
 
 
 class _Refused(Exception):

@@ -463,8 +463,9 @@ async def test_opening_the_log_on_a_server_that_never_answers_is_a_bounded_log_e
 async def test_a_commit_to_a_server_that_stops_answering_is_a_bounded_log_error(postgres):
     """Bug caught: a commit sent to a server that then sent nothing back (a hung server, a
     network dropping packets) waited for it forever, and so did its turn, cancellation and
-    all; now it fails after the log's timeout, naming the log, the turn and the timeout,
-    and the log commits again once the server answers."""
+    all; now it fails once the server has been silent for the log's timeout and a second,
+    is tried once more on a new connection, which cannot be opened either, and the error
+    tells both; the log commits again once the server answers."""
     relay = Relay(postgres)
     try:
         async with PostgresLog(relay.dsn(postgres), max_connections=1, timeout=0.5) as log:
@@ -480,8 +481,56 @@ async def test_a_commit_to_a_server_that_stops_answering_is_a_bounded_log_error(
 
     message = str(raised.value)
     assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' was given up")
-    assert "sent nothing for 1.5 s (timeout=0.5 s, plus 1)" in message
+    assert "sent nothing for 1.5 s (timeout=0.5 s, plus 1) on a kept connection" in message
+    assert "the commit may have reached the server" in message
+    assert "tried once more on a new connection, which failed" in message
+    assert "did not answer within 2 s (connect_timeout)" in message
     assert [entry.turn_ref for entry in entries] == ["t1", "t2"]
+
+
+async def test_a_kept_connection_the_network_forgot_is_replaced_and_the_commit_made(postgres):
+    """Bug caught: a kept connection silently dropped while idle (a firewall or NAT that
+    forgot it) failed the commit made on it, once the server had been silent for the
+    timeout, though a new connection would have made it at once: calls given up on were
+    never made again."""
+    relay = Relay(postgres)
+    try:
+        async with PostgresLog(relay.dsn(postgres), max_connections=1, timeout=0.5) as log:
+            await log.append("c", "t1", exchange("q1", "a1"))
+            relay.forget_existing()
+            with anyio.fail_after(60):
+                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+            entries = await log.entries("c")
+    finally:
+        relay.close()
+
+    assert relay.accepted == 2
+    assert [entry.turn_ref for entry in entries] == ["t1", "t2"]
+
+
+async def test_a_call_silent_on_a_kept_connection_and_on_a_new_one_is_not_tried_again(postgres):
+    """Bug caught (with the test above): a call given up on was never made again; now it
+    is made once more when the silent connection was a kept one, and a new connection
+    that goes silent too ends it, with an error telling both silences."""
+    relay = Relay(postgres)
+    try:
+        async with PostgresLog(relay.dsn(postgres), max_connections=1, timeout=0.5) as log:
+            await log.append("c", "t1", exchange("q1", "a1"))
+            relay.forget_existing()
+            relay.mute_new = True
+            with anyio.fail_after(60), pytest.raises(LogError) as raised:
+                await log.load("c")
+    finally:
+        relay.close()
+
+    assert relay.accepted == 2
+    message = str(raised.value)
+    assert message.startswith(f"{log!r}: loading conversation 'c' was given up on twice")
+    assert (
+        "sent nothing for 1.5 s (timeout=0.5 s, plus 1) on a kept connection, then on a new"
+        in message
+    )
+    assert "may have reached" not in message  # a read
 
 
 async def test_a_slow_server_still_sending_is_waited_for_however_long_the_call_takes(postgres):
