@@ -176,8 +176,10 @@ class LogConflict(PipelineError):
 class LogError(PipelineError):
     """A durable log's storage failed: the database could not be opened, read or written.
 
-    The driver's own exception (`sqlite3.Error`, `psycopg.Error`) is ``__cause__``. A commit
-    that fails this way wrote nothing.
+    The driver's own exception (`sqlite3.Error`, `psycopg.Error`) is ``__cause__``, or is
+    in its chain. A commit that fails this way wrote nothing, unless the message says it
+    may have reached the server (a PostgreSQL connection given up on before its answer
+    came): a session reloads the conversation before its next turn either way.
 
     Attributes:
         log: Which log, as its repr shows it (a path, or a DSN without its password).

@@ -81,8 +81,9 @@ class Session:
         # entries included: the log keeps the first commit of a turn_ref and ignores the
         # next, so a second commit under one of them would be lost.
         self._committed: set[str] = set()
-        # Whether a commit ended unsure (asyncio's own cancellation raised out of an append
-        # that may have written): the log alone knows, so the next commit or turn reloads.
+        # Whether a commit ended unsure (asyncio's own cancellation, or a LogError, raised
+        # out of an append that may have written: a PostgresLog commit whose answer was
+        # lost): the log alone knows, so the next commit or turn reloads.
         self._unsure = False
         self._task_group = task_group
         self._lock = anyio.Lock()
@@ -109,7 +110,8 @@ class Session:
         """The conversation as the next turn will see it (history from the log).
 
         After a turn cancelled by asyncio's own cancellation while its commit was written,
-        the next turn reloads it first: until then, it may lack that turn.
+        or whose commit failed with `LogError` (one whose answer was lost may have been
+        written), the next turn reloads it first: until then, it may lack that turn.
         """
         return self._context
 
@@ -293,6 +295,12 @@ class Session:
         except LogConflict:
             # Someone else wrote: the next turn answers from the conversation as it is.
             await self._reload()
+            raise
+        except LogError:
+            # A commit whose answer was lost (a PostgresLog connection given up on) may
+            # have been written, as may one of any log whose connection broke: only the log
+            # knows, and the next commit must not be made on a conversation that lacks it.
+            self._unsure = True
             raise
         except BaseException as exc:
             if not is_cancellation(exc):

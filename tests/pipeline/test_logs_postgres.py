@@ -22,7 +22,7 @@ import pytest
 
 from pipeline import ConfigError, LogError, Pipeline
 from pipeline.logs import PostgresLog, _postgres, entry_to_dict
-from pipeline.testing import ScriptedModel
+from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Text
 
 from ..postgres import with_params
@@ -365,7 +365,7 @@ class Relay:
     network that goes silent without closing anything.
 
     While `dropping`, what either side sends is dropped (a network losing packets, a hung
-    server). `rate` limits what the server sends to that many bytes a second (a slow link
+    server); while `dropping_replies`, only what the server sends. `rate` limits what the server sends to that many bytes a second (a slow link
     that still delivers). `forget_existing()` silences the connections made so far for good
     (a firewall or NAT that forgot them while they were idle). With `mute_new`, a new
     connection goes silent from its first query on. `accepted` counts the connections.
@@ -386,6 +386,7 @@ class Relay:
             self.listener.bind(os.path.join(self.directory, f".s.PGSQL.{self.port}"))
             self.listener.listen()
         self.dropping = False
+        self.dropping_replies = False
         self.rate: float | None = None
         self.mute_new = False
         self.accepted = 0
@@ -427,7 +428,9 @@ class Relay:
                 # A query (simple or extended protocol) ends a muted connection's startup.
                 if mute and not replies and data[:1] in (b"Q", b"P"):
                     self.muted.add(number)
-                if self.dropping or number in self.forgotten or number in self.muted:
+                if self.dropping or (replies and self.dropping_replies):
+                    continue
+                if number in self.forgotten or number in self.muted:
                     continue
                 if replies and self.rate:
                     time.sleep(len(data) / self.rate)
@@ -531,6 +534,34 @@ async def test_a_call_silent_on_a_kept_connection_and_on_a_new_one_is_not_tried_
         in message
     )
     assert "may have reached" not in message  # a read
+
+
+async def test_a_session_whose_commit_answer_was_lost_reloads_before_its_next_turn(postgres):
+    """Bug caught: a commit the server made but whose answer was lost failed the turn with
+    a LogError, and the session's next turn ran on the conversation without it, to end
+    in a misleading LogConflict; the session reloads the log before that turn now."""
+    relay = Relay(postgres)
+    seen = []
+
+    def model(request):
+        seen.append([message.text for message in request.messages])
+        return f"a{len(seen)}"
+
+    pipe = Pipeline(model=FunctionModel(model))
+    log = PostgresLog(relay.dsn(postgres), max_connections=1, timeout=0.5)
+    try:
+        async with log, pipe.session(log=log, conversation_id="c") as session:
+            await session.send("q1")
+            relay.dropping_replies = True  # the server commits; its answer is lost
+            with anyio.fail_after(60), pytest.raises(LogError, match="may have reached"):
+                await session.send("q2")
+            relay.dropping_replies = False
+            third = await session.send("q3")
+    finally:
+        relay.close()
+
+    assert third.outcome == "completed"
+    assert seen[-1] == ["q1", "a1", "q2", "a2", "q3"]
 
 
 async def test_a_slow_server_still_sending_is_waited_for_however_long_the_call_takes(postgres):
