@@ -131,14 +131,17 @@ class PostgresLog(DatabaseLog):
         dsn: A libpq connection string or a ``postgresql://`` URL.
         max_connections: How many database calls may run at once (each on its own
             connection, opened on demand and kept).
-        timeout: Seconds a call may wait before it fails with `pipeline.LogError`: the
-            server is told to give up waiting for a lock after that long (``lock_timeout``,
-            unless the DSN's ``options`` set one: a commit waiting on another transaction's
-            locks is rolled back, and the connection stays usable), and a server that sends
-            nothing for a second longer
-            is given up on (its connection is closed): over TCP on Linux, only when it has
-            been silent that long; elsewhere, when the call has lasted that long. Connecting waits as long (rounded up
-            to whole seconds, at least 2), unless the DSN gives a ``connect_timeout``.
+        timeout: Seconds a call may wait before it fails with `pipeline.LogError` (a
+            call's length is not bounded). For a lock: the server's ``lock_timeout``
+            (unless the DSN's ``options`` set one) gives up a statement waiting on another
+            transaction's lock, rolled back, the connection kept. For a server that sends
+            nothing for a second longer: the log closes the connection. Over TCP on Linux
+            that is measured silence, however long a server still sending takes;
+            elsewhere (a Unix-domain socket) the call's whole length. A call given up on a
+            connection kept from an earlier call is made once more on a new one; a commit
+            given up on may have reached the server, and its error says so. Connecting
+            waits as long (rounded up to whole seconds, at least 2), unless the DSN gives a
+            ``connect_timeout``. A schema migration is not bounded.
         create_tables: False refuses a database without turnplug's tables with
             `pipeline.LogError` instead of creating them, for a reader that must not write
             (``turnplug log``); an older schema is still migrated forward.
@@ -261,13 +264,18 @@ class PostgresLog(DatabaseLog):
             self._dsn, autocommit=True, **self._connect_options
         )
         try:
-            self._bounded(self._prepare, "opening a connection")(connection)
+            if self._bounded(self._prepare, "opening a connection")(connection):
+                # Not bounded by the timeout: a migration may take long, and a log opening
+                # meanwhile must wait for it (on its lock), not fail.
+                _migrate(connection, repr(self))
+                self._migrated = True
         except BaseException:
             _close(connection)
             raise
         return connection
 
-    def _prepare(self, connection: "psycopg.Connection[Any]") -> None:
+    def _prepare(self, connection: "psycopg.Connection[Any]") -> bool:
+        """Set the connection up; whether the schema needs migrating."""
         # The server gives up a statement waiting on a lock another transaction holds, and
         # rolls it back: a clean error, a usable connection. (Not statement_timeout, which
         # would also end a long read still sending to a slow client.)
@@ -276,9 +284,12 @@ class PostgresLog(DatabaseLog):
             connection.execute(
                 "SELECT set_config('lock_timeout', %s, false)", (f"{milliseconds}ms",)
             )
-        if not self._migrated:
-            _migrate(connection, repr(self), create=self._create_tables)
+        if self._migrated:
+            return False
+        if _migrated(connection, repr(self), create=self._create_tables):
             self._migrated = True
+            return False
+        return True
 
     def _bounded(self, work: Callable[[Any], T], what: str) -> Callable[[Any], T]:
         """`work` given up on after the log's timeout: the server's own lock_timeout ends
@@ -600,11 +611,12 @@ def _close(connection: "psycopg.Connection[Any]") -> None:
         connection.close()
 
 
-def _migrate(connection: "psycopg.Connection[Any]", name: str, *, create: bool = True) -> None:
-    latest = len(MIGRATIONS)
+def _migrated(connection: "psycopg.Connection[Any]", name: str, *, create: bool) -> bool:
+    """Whether the schema is the latest (the common case: no lock needed); refuses a
+    database without one when it must not be created."""
     version = _version(connection)
-    if version == latest:
-        return  # the common case: no lock needed
+    if version == len(MIGRATIONS):
+        return True
     if version is None and not create:
         row = connection.execute("SELECT current_schema()").fetchone()
         schema = row[0] if row is not None else None
@@ -615,7 +627,15 @@ def _migrate(connection: "psycopg.Connection[Any]", name: str, *, create: bool =
             " options=-csearch_path=SCHEMA if they are in another schema)",
             log=name,
         )
+    return False
+
+
+def _migrate(connection: "psycopg.Connection[Any]", name: str) -> None:
+    latest = len(MIGRATIONS)
     with connection.transaction():
+        # A migration takes as long as it takes, and so does waiting for another process's.
+        connection.execute("SET LOCAL lock_timeout = 0")
+        connection.execute("SET LOCAL statement_timeout = 0")
         connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
         connection.execute("CREATE TABLE IF NOT EXISTS turnplug_schema (version integer NOT NULL)")
         version = _version(connection) or 0

@@ -186,6 +186,32 @@ async def test_a_failing_migration_changes_nothing(postgres, monkeypatch):
         assert db.execute("SELECT to_regclass('turnplug_extra')").fetchone() == (None,)
 
 
+async def test_a_migration_longer_than_the_timeout_finishes_and_a_log_opening_meanwhile_waits(
+    postgres, monkeypatch
+):
+    """Bug caught: a migration was bounded by the log's timeout, so one taking longer (a
+    large table) was cancelled by the server every time the log was opened, and a second
+    process opening the log meanwhile gave up waiting for the first's migration lock; both
+    open now, the migration done once."""
+    await committed(postgres, "t1")
+    slow = ("SELECT pg_sleep(1.5)",)  # stands for a migration over a large table
+    monkeypatch.setattr(_postgres, "MIGRATIONS", (*_postgres.MIGRATIONS, slow))
+    opened = []
+
+    async def open_log() -> None:
+        async with PostgresLog(postgres, timeout=0.5) as log:
+            opened.append(await log.load("c"))
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(open_log)
+            task_group.start_soon(open_log)
+
+    assert opened == [Context(messages=exchange("q t1", "a t1"))] * 2
+    with admin(postgres) as db:
+        assert db.execute("SELECT version FROM turnplug_schema").fetchall() == [(2,)]
+
+
 async def test_a_database_from_a_newer_turnplug_is_refused_with_both_versions(postgres):
     await committed(postgres, "t1")
     with admin(postgres) as db:
