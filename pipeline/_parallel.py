@@ -35,17 +35,32 @@ async def run_group(runner: Runner, group: Group, turn: Turn) -> Turn | Halt:
     halts; among several, the lowest position wins and, for failures, the others are attached
     as notes. Members never raise into the task group, so no ExceptionGroup leaves it: a
     `KeyboardInterrupt` or `SystemExit` out of a member stops the group like a failure and is
-    raised here, once its siblings were cancelled.
+    raised here, once its siblings were cancelled, even when the caller's scope is cancelled
+    meanwhile.
     """
     members = [_Member(step) for step in group.members]
     running = [m for m in members if m.step.hook.when is None or runner.passes(m.step, turn)]
-    async with anyio.create_task_group() as members_group:
-        for member in running:
-            members_group.start_soon(_run_member, runner, member, turn, members_group.cancel_scope)
-    for member in members:
-        if member.interrupt is not None:
-            raise member.interrupt
+    try:
+        async with anyio.create_task_group() as members_group:
+            for member in running:
+                members_group.start_soon(
+                    _run_member, runner, member, turn, members_group.cancel_scope
+                )
+    except BaseException:
+        # The caller's scope cancelled as a member was interrupted (a deadline passing then,
+        # or the member cancelling it itself): the task group raises the cancellation, which
+        # the caller's `move_on_after` would absorb, losing the interrupt. The interrupt wins.
+        if _interrupt(members) is None:
+            raise
+    interrupt = _interrupt(members)
+    if interrupt is not None:
+        raise interrupt
     return _merge(runner, group, turn, members)
+
+
+def _interrupt(members: list[_Member]) -> BaseException | None:
+    """The first member's KeyboardInterrupt or SystemExit, in declaration order, if any."""
+    return next((m.interrupt for m in members if m.interrupt is not None), None)
 
 
 async def _run_member(

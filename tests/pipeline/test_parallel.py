@@ -707,3 +707,31 @@ def test_a_keyboard_interrupt_out_of_a_member_passes_through_leaving_no_coroutin
             run()
         gc.collect()
     assert [str(warning.message) for warning in caught] == []
+
+
+async def test_a_system_exit_out_of_a_member_is_not_lost_to_the_callers_cancellation():
+    """Bug caught: a member cancelling the caller's scope (as a deadline passing at that
+    instant would) and raising SystemExit: the group's task group raised the cancellation
+    instead, the caller's scope absorbed it, and the run returned as if nothing happened,
+    the SystemExit silently lost."""
+    scopes: list[anyio.CancelScope] = []
+
+    async def exiting(turn):
+        scopes[0].cancel()
+        raise SystemExit(3)
+
+    async def sibling(turn):
+        await anyio.sleep(10)
+        return [Text("[note]")]
+
+    group = parallel(hook(exiting, name="exiting"), hook(sibling, name="sibling"), name="group")
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[group])
+
+    async def caller() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await pipe.run(Turn.start("hi"))
+
+    with pytest.raises(SystemExit) as info:
+        await caller()
+    assert info.value.code == 3
