@@ -108,12 +108,36 @@ def _after_tools(options: RequestOptions) -> RequestOptions:
     """The options of the model calls after a tool step.
 
     A forcing ``tool_choice`` (``"required"`` or a tool's name) has done its work once the
-    model called a tool; kept, it would force a call on every step until ``max_steps``.
+    model called a tool; kept, it would force a call on every step until ``max_steps``. The
+    same holds for one in ``extra``, in the provider's own form, which the provider sends in
+    place of the option's.
     """
     choice = options.tool_choice
-    if choice is None or choice in ("auto", "none"):
-        return options
-    return attrs.evolve(options, tool_choice=None)
+    if choice is not None and choice not in ("auto", "none"):
+        options = attrs.evolve(options, tool_choice=None)
+    if "tool_choice" in options.extra and _forcing(options.extra["tool_choice"]):
+        extra = {key: value for key, value in options.extra.items() if key != "tool_choice"}
+        options = attrs.evolve(options, extra=extra)
+    return options
+
+
+def _forcing(choice: object) -> bool:
+    """Whether a provider's own ``tool_choice`` forces a tool call.
+
+    Only ``"auto"`` and ``"none"`` leave the model free, as text or as a dict's ``type``
+    (Anthropic's ``{"type": "auto", "disable_parallel_tool_use": True}``), and OpenAI's
+    ``allowed_tools`` in ``"auto"`` mode; anything else (``"required"``, Anthropic's
+    ``"any"`` and ``"tool"``, OpenAI's ``"function"``) is taken to force one.
+    """
+    if isinstance(choice, str):
+        return choice not in ("auto", "none")
+    if not isinstance(choice, Mapping):
+        return True
+    kind = choice.get("type")
+    if kind == "allowed_tools":
+        allowed = choice.get("allowed_tools")
+        return not (isinstance(allowed, Mapping) and allowed.get("mode") == "auto")
+    return kind not in ("auto", "none")
 
 
 async def run_batch(

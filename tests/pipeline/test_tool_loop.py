@@ -1303,6 +1303,57 @@ async def test_tool_choice_auto_is_kept_after_a_tool_step() -> None:
     assert [request.options.tool_choice for request in model.requests] == ["auto", "auto"]
 
 
+@pytest.mark.parametrize(
+    "choice",
+    [
+        pytest.param("required", id="openai-required"),
+        pytest.param({"type": "function", "function": {"name": "lookup"}}, id="openai-function"),
+        pytest.param({"type": "any", "disable_parallel_tool_use": True}, id="anthropic-any"),
+        pytest.param({"type": "tool", "name": "lookup"}, id="anthropic-tool"),
+    ],
+)
+async def test_a_forcing_tool_choice_in_extra_is_dropped_after_the_first_tool_step(choice) -> None:
+    """Bug caught: a forcing tool_choice given through extra (in the provider's own form) was
+    sent again on every model call after a tool step, forcing a tool call on each until
+    max_steps, where the option's own tool_choice is dropped after the first tool step."""
+    extra = {"tool_choice": choice, "seed": 7}
+    pipe, model = pipe_with([calls("a"), calls("b"), "done"], pre=[shaping("force", extra=extra)])
+
+    await pipe.run(start())
+
+    assert [dict(request.options.extra) for request in model.requests] == [
+        extra,
+        {"seed": 7},
+        {"seed": 7},
+    ]
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        pytest.param("auto", id="auto"),
+        pytest.param("none", id="none"),
+        pytest.param({"type": "auto", "disable_parallel_tool_use": True}, id="anthropic-auto"),
+        pytest.param(
+            {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}},
+            id="openai-allowed-auto",
+        ),
+    ],
+)
+async def test_a_tool_choice_in_extra_that_forces_nothing_is_kept_after_a_tool_step(
+    choice,
+) -> None:
+    """Bug caught: dropping every tool_choice in extra after a tool step would also drop
+    Anthropic's {"type": "auto", "disable_parallel_tool_use": True}, letting the model call
+    tools in parallel from the second step on."""
+    extra = {"tool_choice": choice}
+    pipe, model = pipe_with([calls("a"), "done"], pre=[shaping("auto", extra=extra)])
+
+    await pipe.run(start())
+
+    assert [dict(request.options.extra) for request in model.requests] == [extra, extra]
+
+
 async def test_at_most_tool_concurrency_calls_run_at_once(autojump_clock) -> None:
     running = 0
     peak = 0
