@@ -120,7 +120,7 @@ async def call_model(
     """
     model = runner.plan.model
     if runner.emit is not None:
-        name, provider = describe_model(model)
+        name, provider = describe_model(model, request.options)
         runner.emit(
             ev.ModelCalled(
                 runner.turn_ref,
@@ -257,14 +257,18 @@ def _spec_tokens(tools: tuple[ToolSpec, ...], count: Callable[[str], int]) -> in
     )
 
 
-def describe_model(model: object) -> tuple[str, str | None]:
+def describe_model(model: object, options: RequestOptions | None = None) -> tuple[str, str | None]:
     """A model's name and its provider's, for events and traces.
 
-    A provider's ``model`` attribute (the name sent in requests) and ``provider``; a model
-    without them (an offline one, a user's own) is named by its class.
+    A provider's ``model`` attribute (the name sent in requests), or the ``model`` of
+    `options`' ``extra`` that replaces it in this request, and ``provider``; a model without
+    them (an offline one, a user's own) is named by its class.
     """
     name = getattr(model, "model", None)
     provider = getattr(model, "provider", None)
+    picked = options.extra.get("model") if options is not None else None
+    if isinstance(name, str) and type(picked) is str and picked:
+        name = picked
     return (
         name if isinstance(name, str) else type(model).__name__,
         provider if isinstance(provider, str) else None,

@@ -181,11 +181,13 @@ class ModelCalled(Event):
     Attributes:
         attempt: The attempt, from 1 (regenerations start new attempts).
         step: The model call within the attempt, from 1 (tool steps add calls).
-        model: The model's name (a provider's ``model``, else the model's class name).
+        model: The model's name (a provider's ``model``, or the ``model`` of the options'
+            ``extra`` that replaced it in this request; else the model's class name).
         provider: The provider's name (``"openai"``, ``"anthropic"``, ...), where the model
             has one.
         options: The request options of this call, as sent: with the model's own defaults
-            (a config's ``[model]`` temperature) where the turn left an option unset.
+            (a config's ``[model]`` temperature) where the turn left an option unset, and
+            the values a provider sent from ``extra`` in place of the options' own.
 
     The last three describe the call; like `at`, they are not part of the event's equality.
     """

@@ -73,18 +73,24 @@ class Shaped:
         return contextlib.nullcontext(self)
 
     def effective_options(self, options: RequestOptions) -> RequestOptions:
-        """`options` with the defaults filled in where the turn left them unset.
+        """`options` with the defaults filled in where the turn left them unset, as the
+        wrapped model sends them (its own ``effective_options``, where it has one).
 
         The runtime reads it for `ModelCalled.options`, so events and traces show what is
         sent (a ``[model]`` temperature is the chat span's ``gen_ai.request.temperature``).
         """
+        options = self._with_defaults(options)
+        inner = getattr(self.inner, "effective_options", None)
+        return inner(options) if callable(inner) else options
+
+    def _with_defaults(self, options: RequestOptions) -> RequestOptions:
         unset = {k: v for k, v in self.defaults.items() if getattr(options, k) is None}
         return attrs.evolve(options, **unset) if unset else options
 
     def stream(
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
-        options = self.effective_options(request.options)
+        options = self._with_defaults(request.options)
         if options is not request.options:
             request = attrs.evolve(request, options=options)
         return self.inner.stream(request)

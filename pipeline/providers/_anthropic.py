@@ -8,7 +8,7 @@ from typing import Any, final
 import attrs
 import httpx
 
-from turns import Message, Text, ToolCall, ToolResult, Usage
+from turns import Message, RequestOptions, Text, ToolCall, ToolResult, Usage
 
 from .._errors import RequestError
 from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
@@ -20,10 +20,12 @@ from ._convert import (
     decode_arguments,
     decode_json,
     load_json,
+    options_sent,
     own_id,
     protocol_error,
     rejoin_halves,
     sendable_arguments,
+    text_choice,
     tokens,
     wire_fields,
 )
@@ -163,6 +165,21 @@ def build_body(model: str, request: ModelRequest, *, max_tokens: int) -> dict[st
         body["temperature"] = options.temperature
     body.update(options.extra)
     return body
+
+
+def _choice_sent(choice: Any) -> str | None:
+    """A ``tool_choice`` of ``extra`` as `RequestOptions.tool_choice` would say it."""
+    if not isinstance(choice, Mapping):
+        return text_choice(choice)
+    kind = choice.get("type")
+    if kind == "tool":
+        name = choice.get("name")
+        return name if type(name) is str and name else None
+    return _KINDS.get(kind) if type(kind) is str else None
+
+
+_KINDS = {wire["type"]: choice for choice, wire in _CHOICES.items()}
+"""`_CHOICES` read backwards: a wire ``type`` and the `RequestOptions.tool_choice` it is."""
 
 
 def _system(messages: tuple[Message, ...]) -> str | list[dict[str, Any]]:
@@ -516,6 +533,14 @@ class AnthropicMessages(PooledProvider):
     def provider(self) -> str:
         """The provider's name in errors."""
         return "anthropic"
+
+    def effective_options(self, options: RequestOptions) -> RequestOptions:
+        """`options` as sent: ``temperature``, ``max_tokens`` and ``tool_choice`` of
+        ``options.extra``, which win over the options' own, in their place.
+
+        The runtime reads it for `ModelCalled.options` and the chat span.
+        """
+        return options_sent(options, "max_tokens", _choice_sent)
 
     def stream(
         self, request: ModelRequest

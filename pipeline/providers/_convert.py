@@ -3,8 +3,12 @@
 import json
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import attrs
+
+from turns import RequestOptions
 
 from .._errors import ProviderProtocolError, RequestError
 
@@ -207,3 +211,32 @@ def tokens(value: Any) -> int:
         return int(value)
     except OverflowError:  # Infinity, which Python's JSON decoder accepts, or 1e400
         raise ValueError(f"a token count must be finite, got {value!r}") from None
+
+
+def options_sent(
+    options: RequestOptions, limit_key: str, choice_of: Callable[[Any], str | None]
+) -> RequestOptions:
+    """`options` as the body sent them, where `RequestOptions.extra` replaced one of them.
+
+    ``temperature``, the token limit (under `limit_key`, the field the provider writes it
+    to) and ``tool_choice`` in ``extra`` win over the options' values, so `ModelCalled` and
+    the chat span show theirs. A value with no form among the options (a temperature out of
+    0-2, a tool choice `choice_of` cannot name) shows as ``None``: ``extra`` holds it.
+    """
+    extra = options.extra
+    changes: dict[str, Any] = {}
+    if "temperature" in extra:
+        value = extra["temperature"]
+        fits = type(value) in (int, float) and 0 <= value <= 2
+        changes["temperature"] = value if fits else None
+    if limit_key in extra:
+        value = extra[limit_key]
+        changes["max_tokens"] = value if type(value) is int and value >= 1 else None
+    if "tool_choice" in extra:
+        changes["tool_choice"] = choice_of(extra["tool_choice"])
+    return attrs.evolve(options, **changes) if changes else options
+
+
+def text_choice(choice: Any) -> str | None:
+    """A tool choice sent as text (OpenAI's ``"auto"``, ``"required"``, ...), else None."""
+    return choice if type(choice) is str and choice else None

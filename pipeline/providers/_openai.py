@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import attrs
 import httpx
 
-from turns import Message, Text, ToolCall, ToolResult, Usage
+from turns import Message, RequestOptions, Text, ToolCall, ToolResult, Usage
 
 from .._errors import RequestError
 from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
@@ -25,10 +25,12 @@ from ._convert import (
     check_extra,
     decode_arguments,
     load_json,
+    options_sent,
     own_id,
     protocol_error,
     rejoin_halves,
     sendable_arguments,
+    text_choice,
     tokens,
     wire_fields,
 )
@@ -121,6 +123,15 @@ def _tool_choice(choice: str) -> str | dict[str, Any]:
     if choice in _KEYWORD_CHOICES:
         return choice
     return {"type": "function", "function": {"name": choice}}
+
+
+def _choice_sent(choice: Any) -> str | None:
+    """A ``tool_choice`` of ``extra`` as `RequestOptions.tool_choice` would say it."""
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        return name if type(name) is str and name else None
+    return text_choice(choice)
 
 
 def _messages(message: Message) -> list[dict[str, Any]]:
@@ -437,6 +448,15 @@ class OpenAIChat(PooledProvider):
     def provider(self) -> str:
         """The provider's name in errors."""
         return "openai"
+
+    def effective_options(self, options: RequestOptions) -> RequestOptions:
+        """`options` as sent: ``temperature``, the token limit and ``tool_choice`` of
+        ``options.extra``, which win over the options' own, in their place.
+
+        The runtime reads it for `ModelCalled.options` and the chat span.
+        """
+        field = self.max_tokens_field or max_tokens_field_for(self.base_url)
+        return options_sent(options, field, _choice_sent)
 
     def stream(
         self, request: ModelRequest

@@ -220,6 +220,10 @@ def cool(turn: Turn) -> Any:
     return cont(turn.with_request(temperature=0))
 
 
+def hot_by_extra(turn: Turn) -> Any:
+    return cont(turn.with_request(extra={"temperature": 0.9}))
+
+
 @pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_a_model_with_defaults_is_still_held_and_named_as_its_provider() -> None:
     """Bug: ``temperature`` or ``max_tokens`` in ``[model]`` wrapped the provider in a model
@@ -255,14 +259,20 @@ async def test_a_model_with_defaults_is_still_held_and_named_as_its_provider() -
 
 @pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 @pytest.mark.parametrize(
-    ("pre", "sent"), [([], (0.25, 64)), ([{"kind": "python", "ref": f"{__name__}:cool"}], (0, 64))]
+    ("pre", "sent"),
+    [
+        ([], (0.25, 64)),
+        ([{"kind": "python", "ref": f"{__name__}:cool"}], (0, 64)),
+        ([{"kind": "python", "ref": f"{__name__}:hot_by_extra"}], (0.9, 64)),
+    ],
 )
 async def test_model_called_shows_the_options_sent_with_the_model_defaults(
     pre: list[dict[str, Any]], sent: tuple[float, int]
 ) -> None:
     """Bug: ``ModelCalled.options`` was the turn's options without the ``[model]`` table's
     defaults, so a configured temperature was sent but never shown: the event said none, and
-    the OpenTelemetry chat span had no ``gen_ai.request.temperature``."""
+    the OpenTelemetry chat span had no ``gen_ai.request.temperature``. And (hot_by_extra) it
+    showed the configured temperature where the turn's ``extra`` replaced it in the body."""
     async with wire.running(wire.stream(wire.openai_text(["Hi."]))) as server:
         pipe = pipeline_from_dict(
             {

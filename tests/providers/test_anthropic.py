@@ -155,6 +155,38 @@ def test_tool_choice(choice: str, wire_choice: object) -> None:
     assert body(Message.user("hi"), tool_choice=choice)["tool_choice"] == wire_choice
 
 
+@pytest.mark.parametrize(
+    ("choice", "wire_choice"),
+    [
+        ("auto", {"type": "auto", "disable_parallel_tool_use": True}),
+        ("required", {"type": "any"}),
+        ("none", {"type": "none"}),
+        ("stat_file", {"type": "tool", "name": "stat_file"}),
+    ],
+)
+def test_a_tool_choice_sent_in_extra_is_the_effective_tool_choice(
+    choice: str, wire_choice: object
+) -> None:
+    """Bug caught: ModelCalled.options (effective_options) kept the turn's tool_choice where
+    extra's, in Anthropic's form, replaced it in the body sent."""
+    options = RequestOptions(tool_choice="auto", extra={"tool_choice": wire_choice})
+    assert AnthropicMessages("m").effective_options(options).tool_choice == choice
+
+
+def test_extra_values_with_no_form_among_the_options_show_as_none() -> None:
+    """Bug caught: a temperature or tool_choice extra sent that RequestOptions cannot hold
+    left the options' own value shown, as if it had been sent."""
+    extra = {"temperature": 3, "max_tokens": 0, "tool_choice": {"type": "mystery"}}
+    options = RequestOptions(temperature=0.2, max_tokens=50, tool_choice="auto", extra=extra)
+    shown = AnthropicMessages("m").effective_options(options)
+    assert (shown.temperature, shown.max_tokens, shown.tool_choice, shown.extra) == (
+        None,
+        None,
+        None,
+        extra,
+    )
+
+
 def test_temperature_and_extra_are_sent() -> None:
     sent = body(Message.user("hi"), temperature=0.3, extra={"top_k": 5})
     assert (sent["temperature"], sent["top_k"]) == (0.3, 5)

@@ -4,6 +4,7 @@ import logging
 import re
 import socket
 import traceback
+from typing import Any
 
 import pytest
 import trio
@@ -12,8 +13,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pipeline import Pipeline, ProviderConnectionError, otel
-from pipeline.providers import OpenAIChat
+from pipeline import Pipeline, ProviderConnectionError, cont, otel, tool
+from pipeline import events as ev
+from pipeline.providers import AnthropicMessages, OpenAIChat
 from turns import Turn
 
 from . import server as wire
@@ -25,6 +27,10 @@ RATE_LIMITED = {"error": {"message": "Rate limit reached", "type": "requests"}}
 
 def openai(server: ProtocolServer) -> OpenAIChat:
     return OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
+
+
+def anthropic(server: ProtocolServer) -> AnthropicMessages:
+    return AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
 
 
 async def test_a_retry_is_a_warning_with_status_attempt_and_delay_and_no_key(
@@ -115,3 +121,73 @@ async def test_a_malformed_answer_quoting_the_key_stays_out_of_logs_and_tracebac
     assert KEY not in caplog.text
     assert KEY not in "".join(traceback.format_exception(caught.value))
     assert "[redacted]" in caplog.text
+
+
+@tool
+def stat_path(path: str) -> str:
+    """Describe a path.
+
+    Args:
+        path: The path.
+    """
+    return path
+
+
+@pytest.mark.parametrize(
+    ("provider", "forced"),
+    [
+        (openai, {"type": "function", "function": {"name": "stat_path"}}),
+        (anthropic, {"type": "tool", "name": "stat_path", "disable_parallel_tool_use": True}),
+    ],
+)
+async def test_model_called_and_the_chat_span_report_what_extra_sent(
+    server: ProtocolServer, provider: Any, forced: dict[str, Any]
+) -> None:
+    """Bug caught: ModelCalled ("the request options of this call, as sent") and the chat
+    span reported the options' temperature, max_tokens and tool_choice and the provider's
+    model while RequestOptions.extra replaced each of them in the body sent, so a trace
+    showed a request that was never made."""
+    reply = wire.openai_text(["ok"]) if provider is openai else wire.anthropic_text(["ok"])
+    server.script(wire.stream(reply))
+    extra = {"model": "picked", "temperature": 0.9, "max_tokens": 77, "tool_choice": forced}
+
+    def shape(turn: Turn) -> Any:
+        changes = {"temperature": 0.2, "max_tokens": 500, "tool_choice": "auto"}
+        return cont(turn.with_request(**changes, extra=extra))
+
+    exporter = InMemorySpanExporter()
+    tracer = TracerProvider()
+    tracer.add_span_processor(SimpleSpanProcessor(exporter))
+    pipe = Pipeline(model=provider(server), tools=[stat_path], pre=[shape])
+    seen = []
+    otel.instrument(tracer_provider=tracer)
+    try:
+        async with pipe.stream(Turn.start("hi")) as events:
+            async for event in events:
+                if isinstance(event, ev.ModelCalled):
+                    assert event.options is not None
+                    options = event.options
+                    seen.append(
+                        (event.model, options.temperature, options.max_tokens, options.tool_choice)
+                    )
+    finally:
+        otel.uninstrument()
+
+    body = server.requests[0].body
+    assert (body["model"], body["temperature"], body["max_tokens"]) == ("picked", 0.9, 77)
+    assert seen == [("picked", 0.9, 77, "stat_path")]
+    (chat,) = [span for span in exporter.get_finished_spans() if span.name.startswith("chat")]
+    assert {key: chat.attributes[key] for key in SENT_ATTRIBUTES} == {
+        "gen_ai.request.model": "picked",
+        "gen_ai.request.temperature": 0.9,
+        "gen_ai.request.max_tokens": 77,
+        "turnplug.request.tool_choice": "stat_path",
+    }
+
+
+SENT_ATTRIBUTES = (
+    "gen_ai.request.model",
+    "gen_ai.request.temperature",
+    "gen_ai.request.max_tokens",
+    "turnplug.request.tool_choice",
+)
