@@ -111,13 +111,27 @@ async def run_all_background(
     """
     records: list[list[HookRecord]] = [[] for _ in steps]
     injected: list[tuple[Injection, ...]] = [() for _ in steps]
+    interrupts: list[BaseException] = []
 
-    async def one(index: int) -> None:
-        injected[index] = await run_background(runner, steps[index], turn, records[index])
+    async def one(index: int, hooks: anyio.CancelScope) -> None:
+        try:
+            injected[index] = await run_background(runner, steps[index], turn, records[index])
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Raised below, by the task awaiting the hooks, as a parallel member's is: out of
+            # a task, asyncio would stop its loop before the other hooks' tasks even started.
+            interrupts.append(exc)
+            hooks.cancel()
 
-    async with anyio.create_task_group() as hooks:
-        for index in range(len(steps)):
-            hooks.start_soon(one, index)
+    try:
+        async with anyio.create_task_group() as hooks:
+            for index in range(len(steps)):
+                hooks.start_soon(one, index, hooks.cancel_scope)
+    except BaseException:
+        # A cancellation of the caller's arriving meanwhile must not swallow the interrupt.
+        if not interrupts:
+            raise
+    if interrupts:
+        raise interrupts[0]
     for step_records in records:
         runner.records.extend(step_records)
     return tuple(injection for step_injected in injected for injection in step_injected)

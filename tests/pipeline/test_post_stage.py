@@ -1,6 +1,9 @@
 """The post stage: ordered post hooks judge the reply, background post hooks follow the turn."""
 
+import asyncio
+import gc
 import inspect
+import warnings
 
 import anyio
 import attrs
@@ -1361,3 +1364,72 @@ async def test_a_raising_when_predicate_opens_a_hook_started_before_its_hook_fai
     assert kinds(events) == expected
     assert pairing_problems(events) == []
     assert (raised is not None) == (on_error == "halt")
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_a_keyboard_interrupt_out_of_a_background_hook_leaves_no_hook_unrun(loop: str) -> None:
+    """Bug caught: a background hook raising KeyboardInterrupt under asyncio let it out of its
+    task, which stopped the loop before the other background hooks started: the coroutine
+    AnyIO had made for each was never awaited ("coroutine 'run_all_background.<locals>.one'
+    was never awaited"). Run from sync code, as an application would, and collected, so
+    that a coroutine left unawaited warns inside the test."""
+
+    async def interrupted(turn):
+        raise KeyboardInterrupt
+
+    async def sibling(turn):
+        return cont(turn)
+
+    post = [
+        hook(interrupted, name="interrupted", background=True),
+        hook(sibling, name="one", background=True),
+        hook(sibling, name="two", background=True),
+    ]
+    pipe = Pipeline(model=ScriptedModel(["ok"]), post=post)
+
+    async def main() -> None:
+        await pipe.run(Turn.start("hi"))
+
+    def run() -> None:
+        if loop == "trio":
+            trio.run(main)
+        else:
+            asyncio.run(main())
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt):
+            run()
+        gc.collect()
+    assert [str(warning.message) for warning in caught] == []
+
+
+async def test_a_system_exit_out_of_a_background_hook_is_not_lost_to_the_callers_cancellation():
+    """Bug caught: a background hook cancelling the caller's scope (as a deadline passing at
+    that instant would) and raising SystemExit, kept to be raised once the hooks' task group
+    closed: the task group raised the cancellation instead, the caller's scope absorbed it,
+    and the run returned as if nothing happened."""
+    scopes: list[anyio.CancelScope] = []
+
+    async def exiting(turn):
+        scopes[0].cancel()
+        raise SystemExit(3)
+
+    async def sibling(turn):
+        await anyio.sleep(10)
+        return cont(turn)
+
+    post = [
+        hook(exiting, name="exiting", background=True),
+        hook(sibling, name="sibling", background=True),
+    ]
+    pipe = Pipeline(model=ScriptedModel(["ok"]), post=post)
+
+    async def caller() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await pipe.run(Turn.start("hi"))
+
+    with pytest.raises(SystemExit) as info:
+        await caller()
+    assert info.value.code == 3
