@@ -52,6 +52,7 @@ from pipeline.providers import AnthropicMessages
 from turns import Context, Message, Reply, ToolCall, ToolResult, Turn
 from turns.serde import to_dict
 
+from ..config._models import unwrapped
 from ._timeline import plain
 from ._wire import (
     DONE,
@@ -399,9 +400,10 @@ class Gateway:
             keep = hook(self._keep_accepted, name=ACCEPTED_HOOK)
             self._stateless_pipe = attrs.evolve(self.pipe, post=(*self.pipe.post, keep))
         self.settings = settings
-        # The API whose names the forwarded request parameters take (`_wire.forwarded`).
+        # The API whose names the forwarded request parameters take (`_wire.forwarded`):
+        # the provider's, behind a config's `[model]` wrapper too.
         self.upstream: Upstream = (
-            "anthropic" if isinstance(pipe.model, AnthropicMessages) else "openai"
+            "anthropic" if isinstance(unwrapped(pipe.model), AnthropicMessages) else "openai"
         )
         self._secrets = tuple(s for s in settings.secrets if s)
         self.feed = Feed(settings.recent, self.scrub)

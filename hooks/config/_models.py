@@ -96,6 +96,18 @@ class Shaped:
         return self.inner.stream(request)
 
 
+def unwrapped(model: Model) -> Model:
+    """The model `model` stands for: the provider a config's ``[model]`` wraps in `Shaped`
+    (to fill in its defaults), else `model` itself.
+
+    For what only the wrapped model can tell, such as the API it speaks (the gateway names
+    the parameters it forwards as that API does).
+    """
+    while isinstance(model, Shaped):
+        model = model.inner
+    return model
+
+
 def _shaped(model: Model, **defaults: Any) -> Model:
     given = {key: value for key, value in defaults.items() if value is not None}
     return Shaped(model, given) if given else model

@@ -8,6 +8,7 @@ from typing import Any
 import openai
 import pytest
 
+from hooks.config import pipeline_from_dict
 from pipeline import Pipeline
 from pipeline.logs import SQLiteLog
 from pipeline.providers import AnthropicMessages, OpenAIChat
@@ -115,6 +116,24 @@ async def test_an_anthropic_upstream_gets_stop_top_p_and_user_in_its_own_names()
     assert sent["top_p"] == 0.5
     assert sent["metadata"] == {"user_id": "user-42"}
     assert not {"stop", "user", "store", "parallel_tool_calls", "response_format"} & set(sent)
+
+
+async def test_a_config_built_anthropic_upstream_gets_the_parameters_in_its_own_names() -> None:
+    """Bug caught: a config's ``[model]`` with a ``temperature`` wraps the Anthropic provider
+    in a model that fills in its defaults, and the gateway, seeing no ``AnthropicMessages``,
+    sent ``stop`` and ``user`` under OpenAI's names: the Messages API refuses them, and the
+    client got a 502."""
+    async with running(repeat=stream(anthropic_text(["ok"]))) as upstream:
+        table = {"provider": "anthropic", "name": "claude-x", "base_url": upstream.url}
+        pipe = pipeline_from_dict({"model": table | {"api_key_env": "", "temperature": 0.5}})
+        async with served(pipe) as gw:
+            reply = await gw.sdk().chat.completions.create(
+                model="m", messages=user("x"), stop="END", user="user-42"
+            )
+    assert reply.choices[0].message.content == "ok"
+    sent = upstream.requests[0].body
+    assert (sent["stop_sequences"], sent["metadata"]) == (["END"], {"user_id": "user-42"})
+    assert not {"stop", "user"} & set(sent)
 
 
 @pytest.mark.parametrize(
