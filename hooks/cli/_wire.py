@@ -512,18 +512,16 @@ FORWARDED: Mapping[str, str] = {
     "user": "a string",
     "response_format": "an object",
     "parallel_tool_calls": "a boolean",
-    "metadata": "an object",
-    "store": "a boolean",
     "reasoning_effort": "a string",
-    "service_tier": "a string",
 }
 """The request parameters forwarded to the upstream through ``RequestOptions.extra``, each
 with the JSON type it must have (the upstream checks the value itself): they shape the reply
-the model writes, which the pipeline's hooks then judge like any other."""
+the model writes, which the pipeline's hooks then judge like any other.
 
-_ANTHROPIC_DROPPED = frozenset({"metadata", "store", "service_tier"})
-"""Forwarded parameters an Anthropic upstream has no use for and that change nothing in the
-reply: where OpenAI stores a completion, and its billing tier."""
+``store``, ``service_tier`` and ``metadata`` are not among them: they set something on the
+upstream account, not in the reply (whether the completion is kept in it, its billing tier,
+what its dashboard shows), and that account is the operator's. A client's are accepted and
+left out, as unknown fields are; a pre hook may set them (``turn.with_request(extra=...)``)."""
 
 
 def _forwarded_type(value: Any, key: str) -> bool:
@@ -536,9 +534,9 @@ def _forwarded_type(value: Any, key: str) -> bool:
             return type(value) is int
         case "top_p" | "presence_penalty" | "frequency_penalty":
             return type(value) in (int, float)
-        case "logit_bias" | "response_format" | "metadata":
+        case "logit_bias" | "response_format":
             return isinstance(value, dict)
-        case "parallel_tool_calls" | "store":
+        case "parallel_tool_calls":
             return type(value) is bool
     return isinstance(value, str)
 
@@ -548,9 +546,9 @@ def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
 
     To an OpenAI upstream (or a model of one's own) they go as the client sent them. To an
     Anthropic one, ``stop`` goes as ``stop_sequences``, ``user`` as ``metadata.user_id`` and
-    ``top_p`` as itself; what changes nothing in the reply (``metadata``, ``store``,
-    ``service_tier``, ``parallel_tool_calls: true``, ``response_format`` of type ``text``) is
-    left out; the rest, which the Messages API has no form of, is refused.
+    ``top_p`` as itself; what changes nothing in the reply (``parallel_tool_calls: true``,
+    ``response_format`` of type ``text``) is left out; the rest, which the Messages API has
+    no form of, is refused.
 
     Raises:
         WireError: 400 naming a parameter of the wrong JSON type, or one the upstream cannot
@@ -574,9 +572,8 @@ def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
             extra["metadata"] = {"user_id": value}
         elif key == "top_p":
             extra["top_p"] = value
-        elif key in _ANTHROPIC_DROPPED or (
-            (key, value) == ("parallel_tool_calls", True)
-            or (key == "response_format" and value.get("type") == "text")
+        elif (key, value) == ("parallel_tool_calls", True) or (
+            key == "response_format" and value.get("type") == "text"
         ):
             continue
         else:

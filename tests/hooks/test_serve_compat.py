@@ -32,11 +32,11 @@ SHAPING: dict[str, Any] = {
         "type": "json_schema",
         "json_schema": {"name": "answer", "schema": {"type": "object"}, "strict": True},
     },
-    "metadata": {"team": "a"},
-    "store": True,
     "reasoning_effort": "low",
-    "service_tier": "auto",
 }
+
+# What sets something on the upstream account (the operator's), not in the reply.
+ACCOUNT: dict[str, Any] = {"store": True, "service_tier": "flex", "metadata": {"team": "a"}}
 
 
 def openai_upstream(url: str) -> OpenAIChat:
@@ -46,9 +46,9 @@ def openai_upstream(url: str) -> OpenAIChat:
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_reply_shaping_parameters_reach_an_openai_upstream(streamed: bool) -> None:
     """Bug caught: ``stop``, ``seed``, ``top_p``, the penalties, ``logit_bias``, ``user``,
-    ``response_format`` (json_schema), ``metadata``, ``store``, ``reasoning_effort`` and
-    ``service_tier`` were read and thrown away: the model wrote past the client's stop
-    sequence, ignored its JSON schema, and the client was told nothing."""
+    ``response_format`` (json_schema) and ``reasoning_effort`` were read and thrown away:
+    the model wrote past the client's stop sequence, ignored its JSON schema, and the client
+    was told nothing."""
     async with running(repeat=stream(openai_text(["{}"]))) as upstream:
         async with served(Pipeline(model=openai_upstream(upstream.url))) as gw:
             if streamed:
@@ -58,6 +58,21 @@ async def test_reply_shaping_parameters_reach_an_openai_upstream(streamed: bool)
     sent = upstream.requests[0].body
     assert {key: sent.get(key) for key in SHAPING} == SHAPING
     assert sent["stream"] is True  # the provider's own keys stay its own
+
+
+async def test_a_clients_account_level_parameters_are_accepted_and_not_forwarded() -> None:
+    """Bug caught: a client's ``store``, ``service_tier`` and ``metadata`` went to the
+    upstream, setting on the operator's account whether completions are kept in it, which
+    billing tier they use and what its dashboard shows."""
+    async with running(repeat=stream(openai_text(["ok"]))) as upstream:
+        async with served(Pipeline(model=openai_upstream(upstream.url))) as gw:
+            reply = await gw.sdk().chat.completions.create(
+                model="m", messages=user("x"), seed=3, **ACCOUNT
+            )
+    assert reply.choices[0].message.content == "ok"
+    sent = upstream.requests[0].body
+    assert sent["seed"] == 3
+    assert not set(ACCOUNT) & set(sent)
 
 
 async def test_a_string_stop_and_parallel_tool_calls_reach_an_openai_upstream() -> None:
