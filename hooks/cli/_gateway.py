@@ -49,7 +49,7 @@ from pipeline import (
 from pipeline import events as ev
 from pipeline.logs import MAX_ID_BYTES, Log
 from pipeline.providers import AnthropicMessages
-from turns import Context, Message, Reply, ToolCall, ToolResult, Turn
+from turns import Context, Message, Reply, RequestOptions, ToolCall, ToolResult, Turn
 from turns.serde import to_dict
 
 from ..config._models import unwrapped
@@ -195,7 +195,9 @@ def page_event(event: ev.Event) -> dict[str, Any] | None:
 
     Text deltas are left out (the accepted reply comes whole in ``ReplyReady``); every other
     event goes with all of its fields, whatever they are, so fields added to events later
-    reach the page without a change here.
+    reach the page without a change here. Request options (`ModelCalled.options`) go with
+    the keys of their ``extra`` only: the log keeps no request options, and the values are
+    a client's (its ``user``, an end user's id) or a hook's.
     """
     if type(event) is ev.TextDelta:
         return None
@@ -210,6 +212,9 @@ def page_event(event: ev.Event) -> dict[str, Any] | None:
             # The calls returned to the client for it to run: the log holds them in the
             # reply, and without them a turn that asked for tools shows an empty reply.
             data["tool_calls"] = [plain(p) for p in value.message.parts if type(p) is ToolCall]
+            continue
+        if isinstance(value, RequestOptions):
+            data[field.name] = plain(value) | {"extra": list(value.extra)}
             continue
         data[field.name] = plain(value)
     return data

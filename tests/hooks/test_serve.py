@@ -1042,6 +1042,27 @@ async def test_the_feed_shows_the_message_only_as_the_log_would_hold_it(strategy
     assert said == (["mail [EMAIL] today"] if strategy == "redact" else [])
 
 
+async def test_the_feed_shows_the_names_of_a_clients_extra_options_not_their_values() -> None:
+    """Catches: ``ModelCalled.options`` on the page with its ``extra`` whole, so every
+    client's ``user`` (an end user's id) was on the live page, which carries only what the
+    log could hold (and the log keeps no request options)."""
+    feed: list[dict[str, Any]] = []
+    answered = anyio.Event()
+    async with served(Pipeline(model=ScriptedModel(["ok"]))) as gw:
+        async with anyio.create_task_group() as nursery:
+            await nursery.start(partial(watch_feed, gw, feed, answered=answered))
+            await gw.sdk().chat.completions.create(
+                model="m", messages=user("hi"), temperature=0.3, user="enduser-7f3a", seed=5
+            )
+            with anyio.fail_after(10):
+                await answered.wait()
+            nursery.cancel_scope.cancel()
+    [called] = [e for e in feed if e["event"] == "ModelCalled"]
+    assert called["options"]["temperature"] == 0.3
+    assert sorted(called["options"]["extra"]) == ["seed", "user"]
+    assert "enduser-7f3a" not in json.dumps(feed)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_the_feed_shows_the_reply_as_the_client_got_it(stream: bool) -> None:
     """Catches: the page's ``ReplyReady`` carrying the model's text from before a post hook
