@@ -7,6 +7,7 @@ builders write a reply as a completion object, as stream chunks, or an error bod
 
 import functools
 import json
+import math
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -541,6 +542,30 @@ def _forwarded_type(value: Any, key: str) -> bool:
     return isinstance(value, str)
 
 
+def _check_finite(value: Any, where: str) -> None:
+    """Refuse a NaN or an infinity anywhere in a forwarded parameter's value.
+
+    Python's JSON reader takes ``NaN``, ``Infinity`` and ``1e400``, but no request can carry
+    them on: the provider would refuse the body after the pre hooks ran, naming no field.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _bad(
+            f"'{where}' is {_non_finite(value)}, which JSON has no number for — send a finite"
+            " number",
+            where,
+        )
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{where}[{i}]")
+
+
+def _non_finite(value: float) -> str:
+    return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+
+
 def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
     """The forwarded parameters the request sets (`FORWARDED`), as `upstream` names them.
 
@@ -551,8 +576,8 @@ def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
     no form of, is refused.
 
     Raises:
-        WireError: 400 naming a parameter of the wrong JSON type, or one the upstream cannot
-            honour.
+        WireError: 400 naming a parameter of the wrong JSON type, one holding a NaN or an
+            infinity (which Python's JSON reader takes), or one the upstream cannot honour.
     """
     given: dict[str, Any] = {}
     for key, kind in FORWARDED.items():
@@ -561,6 +586,7 @@ def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
             continue
         if not _forwarded_type(value, key):
             raise _bad(f"'{key}' must be {kind}, got {_json_type(value)}", key, "invalid_type")
+        _check_finite(value, key)
         given[key] = value
     if upstream == "openai":
         return given

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from hooks.config import pipeline_from_dict
-from pipeline import Pipeline
+from pipeline import Pipeline, cont, hook
 from pipeline.logs import SQLiteLog
 from pipeline.providers import AnthropicMessages, OpenAIChat
 from pipeline.testing import ScriptedModel
@@ -206,6 +206,44 @@ async def test_a_forwarded_parameter_of_the_wrong_type_is_400_naming_it(
     error = openai_error(response.content)
     assert (error["param"], error["code"], error["message"]) == (field, "invalid_type", said)
     assert model.requests == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "said"),
+    [
+        ('"top_p": NaN', "top_p", "NaN"),
+        ('"presence_penalty": Infinity', "presence_penalty", "Infinity"),
+        ('"frequency_penalty": -Infinity', "frequency_penalty", "-Infinity"),
+        ('"top_p": 1e400', "top_p", "Infinity"),
+        ('"logit_bias": {"50256": NaN}', "logit_bias.50256", "NaN"),
+    ],
+)
+async def test_a_forwarded_parameter_that_is_no_finite_number_is_400_naming_it(
+    raw: str, param: str, said: str
+) -> None:
+    """Bug caught: ``NaN``, ``Infinity`` or ``1e400`` (which Python's JSON reader takes) in a
+    forwarded parameter passed the type check and, after the pre hooks ran, ended in a 400
+    with no ``param`` about ``RequestOptions.extra``, a name the client never sent."""
+    ran: list[str] = []
+
+    def pre(turn: Any) -> Any:
+        ran.append("pre")
+        return cont(turn)
+
+    model = ScriptedModel(["ok"])
+    body = '{"model": "m", "messages": [{"role": "user", "content": "x"}], ' + raw + "}"
+    async with served(Pipeline(model=model, pre=[hook(pre, name="pre")])) as gw:
+        async with gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                content=body.encode(),
+                headers={"content-type": "application/json"},
+            )
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["param"], error["code"]) == (param, "invalid_value")
+    assert f"'{param}' is {said}," in error["message"]
+    assert (ran, model.requests) == ([], [])
 
 
 async def test_a_model_of_ones_own_receives_the_parameters_in_extra() -> None:
