@@ -88,6 +88,8 @@ class Session:
         self._task_group = task_group
         self._lock = anyio.Lock()
         self._running = 0  # background hooks still running
+        # A background hook's KeyboardInterrupt or SystemExit, raised when the block is left.
+        self._interrupt: BaseException | None = None
         self._cut_short = "cut short: the session was cancelled; nothing of it was committed"
         self._closed = False
         self._idle = anyio.Event()
@@ -395,6 +397,16 @@ class Session:
                 )
             )
             raise
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Raised by the session's block, as a parallel member's is by its group: out of a
+            # task, asyncio would stop its loop before the other hooks' tasks even started.
+            # The session stops: its turn and other background hooks are cancelled.
+            if self._interrupt is None:
+                self._interrupt = exc
+                self._abandon(
+                    f"cut short: background hook {step.name!r} raised {type(exc).__name__},"
+                    " which stopped the session; nothing of it was committed"
+                )
         finally:
             self._running -= 1
             if not self._running:
@@ -583,28 +595,38 @@ async def _session(
     reason: Reason = "error"
     session: Session | None = None
     try:
-        async with anyio.create_task_group() as task_group:
-            session = Session(plan, log, conversation_id, scope, context, task_group)
-            session._open_tools = open_tools
-            await session._start()
-            try:
-                yield session
-            except BaseException as exc:
-                reason = "cancelled" if only_cancelled(exc) else "error"
-                raise
-            else:
-                reason = "closed"
-            finally:
-                # From here on no turn commits: one still running in a task outside the block
-                # would otherwise commit after the end hooks ran.
-                session._closed = True
-                if reason == "cancelled":
-                    task_group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as task_group:
+                session = Session(plan, log, conversation_id, scope, context, task_group)
+                session._open_tools = open_tools
+                await session._start()
+                try:
+                    yield session
+                except BaseException as exc:
+                    reason = "cancelled" if only_cancelled(exc) else "error"
+                    raise
                 else:
-                    await session._drain(drain_timeout)
-                    # A cancellation that arrived during the drain (which is shielded) ends
-                    # the session cancelled, whatever the task group's exit would deliver.
-                    await anyio.lowlevel.checkpoint_if_cancelled()
+                    reason = "closed"
+                finally:
+                    # From here on no turn commits: one still running in a task outside the
+                    # block would otherwise commit after the end hooks ran.
+                    session._closed = True
+                    if reason == "cancelled":
+                        task_group.cancel_scope.cancel()
+                    else:
+                        await session._drain(drain_timeout)
+                        # A cancellation that arrived during the drain (which is shielded)
+                        # ends the session cancelled, whatever the task group's exit delivers.
+                        await anyio.lowlevel.checkpoint_if_cancelled()
+        except BaseException:
+            # The block cancelled by a background hook's interrupt (or the caller's scope
+            # cancelled at that moment): the interrupt wins, never lost to the cancellation.
+            if session is None or session._interrupt is None:
+                raise
+        if session is not None and session._interrupt is not None:
+            # The task group absorbs the cancellation it made, and the block's with it.
+            reason = "error"
+            raise session._interrupt
     except BaseException as exc:
         # Also a cancellation that arrives after the body returned (during the drain).
         if only_cancelled(exc):

@@ -1,8 +1,10 @@
 """Sessions: one conversation over a log, its lifecycle hooks and its background work."""
 
 import asyncio
+import gc
 import inspect
 import math
+import warnings
 
 import anyio
 import pytest
@@ -1920,3 +1922,84 @@ async def test_a_turn_cancelled_while_its_log_commits_is_still_cancelled():
 
     assert scope.cancelled_caught
     assert await log.log.load(CONVERSATION) == Context()
+
+
+# -- interrupts -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_a_keyboard_interrupt_out_of_a_background_hook_leaves_the_session_block(
+    loop: str,
+) -> None:
+    """Bug caught: a session's background hook raising KeyboardInterrupt under asyncio let it
+    out of its task, which stopped the loop before the other background hooks started
+    ("coroutine 'Session._background' was never awaited", then "Task exception was never
+    retrieved"). Run from sync code, as an application would, and collected, so that a
+    coroutine left unawaited warns inside the test."""
+    ran: list[str] = []
+
+    async def interrupted(turn):
+        raise KeyboardInterrupt
+
+    async def sibling(turn):
+        ran.append("sibling")
+        return cont(turn)
+
+    background = [
+        hook(interrupted, name="interrupted", background=True),
+        hook(sibling, name="one", background=True),
+        hook(sibling, name="two", background=True),
+    ]
+    pipe = Pipeline(model=ScriptedModel(["ok"]), post=background)
+
+    async def main() -> None:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+            await session.send("hi")
+            await anyio.sleep(10)
+        ran.append("after the block")
+
+    def run() -> None:
+        if loop == "trio":
+            trio.run(main)
+        else:
+            asyncio.run(main())
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt):
+            run()
+        gc.collect()
+    assert [str(warning.message) for warning in caught] == []
+    assert ran == ["sibling", "sibling"]
+
+
+async def test_a_system_exit_out_of_a_background_hook_is_not_lost_to_the_callers_cancellation():
+    """Bug caught: a session's background hook cancelling the caller's scope (as a deadline
+    passing at that instant would) and raising SystemExit: the interrupt was lost to the
+    cancellation, or, kept to be raised when the block is left, swallowed by the session's
+    task group absorbing its own cancellation of the block. The end hooks say "error": the
+    block was left by an exception, not cancelled."""
+    scopes: list[anyio.CancelScope] = []
+    trace: list[object] = []
+
+    async def exiting(turn):
+        scopes[0].cancel()
+        raise SystemExit(3)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[hook(exiting, name="exiting", background=True)],
+        on_session_end=[end_recorder(trace)],
+    )
+
+    async def caller() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+                await session.send("hi")
+                await anyio.sleep(10)
+
+    with pytest.raises(SystemExit) as info:
+        await caller()
+    assert info.value.code == 3
+    assert [entry[:2] for entry in trace] == [("end", "error")]
