@@ -38,6 +38,7 @@ class ToolJob:
         "call_rewritten_by",
         "failure",
         "halt",
+        "interrupt",
         "records",
         "requested",
         "result",
@@ -50,6 +51,8 @@ class ToolJob:
         self.result: ToolResult | None = None
         self.halt: Halt | None = None
         self.failure: HookError | None = None
+        # A KeyboardInterrupt or SystemExit out of the call (its hooks or its tool).
+        self.interrupt: BaseException | None = None
         self.records: list[HookRecord] = []
         self.blocked_by: str | None = None
         self.call_rewritten_by: list[str] = []

@@ -154,18 +154,26 @@ async def run_batch(
     jobs = [ToolJob(call) for call in calls]
     limiter = anyio.CapacityLimiter(runner.plan.tool_concurrency)
     stopping = _Stopping()
-    async with anyio.create_task_group() as batch:
-        for job in jobs:
-            await limiter.acquire_on_behalf_of(job)
-            if stopping:
-                # A call halted or failed meanwhile: the calls not started are dropped.
-                limiter.release_on_behalf_of(job)
-                break
-            # start(), not start_soon(): a loop may run newly started tasks in any order,
-            # and calls start in call order.
-            await batch.start(
-                _run_job, runner, turn, job, active, limiter, batch.cancel_scope, stopping
-            )
+    try:
+        async with anyio.create_task_group() as batch:
+            for job in jobs:
+                await limiter.acquire_on_behalf_of(job)
+                if stopping:
+                    # A call halted or failed meanwhile: the calls not started are dropped.
+                    limiter.release_on_behalf_of(job)
+                    break
+                # start(), not start_soon(): a loop may run newly started tasks in any order,
+                # and calls start in call order.
+                await batch.start(
+                    _run_job, runner, turn, job, active, limiter, batch.cancel_scope, stopping
+                )
+    except BaseException:
+        # The caller's scope cancelled as a call was interrupted: the interrupt wins.
+        if _interrupt(jobs) is None:
+            raise
+    interrupt = _interrupt(jobs)
+    if interrupt is not None:
+        raise interrupt
     for job in jobs:
         runner.records.extend(job.records)
     failures = [job.failure for job in jobs if job.failure is not None]
@@ -186,6 +194,11 @@ async def run_batch(
     return results  # type: ignore[return-value]
 
 
+def _interrupt(jobs: list[ToolJob]) -> BaseException | None:
+    """The first call's KeyboardInterrupt or SystemExit, in call order, if any."""
+    return next((job.interrupt for job in jobs if job.interrupt is not None), None)
+
+
 async def _run_job(
     runner: Runner,
     turn: Turn,
@@ -203,7 +216,13 @@ async def _run_job(
             await _handle(runner, turn, job, active, stopping)
         except HookError as error:
             job.failure = error
-        if job.failure is not None or job.halt is not None:
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Raised by `run_batch`, in the task awaiting the batch, once the calls running
+            # ended (a sync tool's thread cannot be interrupted), as trio's nursery would:
+            # out of a task, asyncio would stop its loop at once, the later calls never run
+            # and a sync tool's thread left behind.
+            job.interrupt = exc
+        if job.failure is not None or job.halt is not None or job.interrupt is not None:
             # From now on no tool of the batch starts, not even one whose before-tool hooks
             # already let it through: the siblings still run until the batch is cancelled
             # (`stop_group` lets those woken at the same instant finish their step first).

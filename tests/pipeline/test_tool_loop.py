@@ -1,11 +1,15 @@
 """The tool loop: batches of tool calls, before/after tool hooks, bounds, events and the audit."""
 
 import asyncio
+import gc
 import re
+import threading
+import warnings
 
 import anyio
 import attrs
 import pytest
+import trio
 
 from pipeline import (
     TOOL_HOOKS,
@@ -1786,3 +1790,98 @@ async def test_a_halted_step_emits_no_step_event() -> None:
     assert result.outcome == "halted"
     assert of_type(events, ev.ToolFinished) != []
     assert of_type(events, ev.ToolStepFinished) == []
+
+
+# -- interrupts -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_a_keyboard_interrupt_out_of_a_tool_waits_for_the_running_calls_and_starts_no_more(
+    loop: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bug caught: a tool raising KeyboardInterrupt under asyncio let it out of its task,
+    which stopped the loop at once: the caller got it while a sync tool of the batch still
+    ran in its worker thread (left behind, it kept the process from exiting), and the task
+    was reported ("Task exception was never retrieved"). Under trio the batch waits for
+    the running calls, starts no more, then raises it: asyncio now does the same. Run from
+    sync code, as an application would, and collected, so that what is left over shows."""
+    release = threading.Event()
+    ran: list[str] = []
+
+    @tool
+    def slow() -> str:
+        """Runs in a worker thread until released."""
+        release.wait(10)
+        ran.append("slow")
+        return "slow"
+
+    @tool
+    async def interrupted() -> str:
+        """Interrupted while `slow` runs."""
+        # Released a moment later: the batch must wait for it, the caller must not.
+        threading.Timer(0.05, release.set).start()
+        raise KeyboardInterrupt
+
+    @tool
+    async def later() -> str:
+        """After the interrupted call: must never start."""
+        ran.append("later")
+        return "later"
+
+    batch = [ToolCall("c1", "slow", {}), ToolCall("c2", "interrupted", {})]
+    batch.append(ToolCall("c3", "later", {}))
+    pipe = Pipeline(model=ScriptedModel([batch, "never"]), tools=[slow, interrupted, later])
+
+    async def main() -> None:
+        await pipe.run(start())
+
+    def run() -> None:
+        if loop == "trio":
+            trio.run(main)
+        else:
+            asyncio.run(main())
+
+    seen: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            run()
+        except KeyboardInterrupt:
+            seen = list(ran)
+        gc.collect()
+    release.set()
+    assert seen == ["slow"]
+    assert [str(warning.message) for warning in caught] == []
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+async def test_a_system_exit_out_of_a_tool_is_not_lost_to_the_callers_cancellation() -> None:
+    """Bug caught: a tool cancelling the caller's scope (as a deadline passing at that instant
+    would) and raising SystemExit, kept to be raised once the batch's task group closed: the
+    task group raised the cancellation instead, the caller's scope absorbed it, and the run
+    returned as if nothing happened."""
+    scopes: list[anyio.CancelScope] = []
+
+    @tool
+    async def exiting() -> str:
+        """Exits."""
+        scopes[0].cancel()
+        raise SystemExit(3)
+
+    @tool
+    async def sibling() -> str:
+        """Runs until cancelled."""
+        await anyio.sleep(10)
+        return "never"
+
+    batch = [ToolCall("c1", "exiting", {}), ToolCall("c2", "sibling", {})]
+    pipe = Pipeline(model=ScriptedModel([batch, "never"]), tools=[exiting, sibling])
+
+    async def caller() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await pipe.run(start())
+
+    with pytest.raises(SystemExit) as info:
+        await caller()
+    assert info.value.code == 3
