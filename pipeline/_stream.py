@@ -23,6 +23,7 @@ from ._loop import Lot, current_loop, new_lot
 from ._result import TurnResult
 
 T = TypeVar("T")
+_Scope = trio.CancelScope | anyio.CancelScope
 
 
 @final
@@ -81,7 +82,7 @@ async def stream_turn(
     error: BaseException | None = None
     try:
         async with group as tasks:
-            tasks.start_soon(events._drive, drive, turn)
+            tasks.start_soon(events._drive, drive, turn, tasks.cancel_scope)
             try:
                 yield events
             finally:
@@ -92,8 +93,16 @@ async def stream_turn(
                 if not events._done:
                     tasks.cancel_scope.cancel()
                 events._left = True
-    except BaseExceptionGroup as group_error:
-        error = own_error(group_error)
+    except BaseException as exc:
+        # The block cancelled by the turn's interrupt (or the caller's scope cancelled at
+        # that moment): the interrupt wins, never lost to the cancellation.
+        if events._interrupt is None:
+            if not isinstance(exc, BaseExceptionGroup):
+                raise
+            error = own_error(exc)
+    if events._interrupt is not None:
+        # The task group absorbs the cancellation it made, and the block's with it.
+        raise events._interrupt
     if error is not None:
         raise error
     if events._stopped_at_end:
@@ -127,6 +136,7 @@ class TurnEvents:
         "_done",
         "_error",
         "_exhausted",
+        "_interrupt",
         "_left",
         "_lot",
         "_raised",
@@ -152,6 +162,8 @@ class TurnEvents:
         self._done = False
         self._result: TurnResult | None = None
         self._error: Exception | None = None
+        # A KeyboardInterrupt or SystemExit that ended the turn: raised to the consumer.
+        self._interrupt: BaseException | None = None
         self._raised = False
         self._exhausted = False
         # The consumer found the turn stopped before its end (`_stopped`).
@@ -192,6 +204,8 @@ class TurnEvents:
     async def __anext__(self) -> ev.Event:
         while not self._buffer:
             if self._done:
+                if self._interrupt is not None:
+                    raise self._interrupt
                 if self._result is None and self._error is None:
                     await self._stopped()
                 self._end()
@@ -226,8 +240,9 @@ class TurnEvents:
         """The turn ended with neither a result nor an error: it was stopped.
 
         Cancelled with its caller (a deadline, the caller's scope), or its task ended by a
-        BaseException that is not an Exception (KeyboardInterrupt, SystemExit), which the
-        task group raises when the block is left. Never a plain end of the events, which
+        BaseException that is neither an Exception nor an interrupt (KeyboardInterrupt and
+        SystemExit are the drive's `_interrupt`), which the task group raises when the block
+        is left. Never a plain end of the events, which
         would let the consumer take a cut-short turn for a finished one: the caller's own
         cancellation, or the task group's, is delivered here; if none is (the consumer is
         shielded), the iteration fails.
@@ -245,7 +260,7 @@ class TurnEvents:
             raise self._error from self._error.__cause__
         raise StopAsyncIteration
 
-    async def _drive(self, drive: Drive, turn: Turn) -> None:
+    async def _drive(self, drive: Drive, turn: Turn, tasks: _Scope) -> None:
         try:
             try:
                 self._result = await drive.run(turn)
@@ -253,6 +268,14 @@ class TurnEvents:
                 raise_single(group)
         except Exception as exc:  # delivered to the consumer through the iteration
             self._error = exc
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Raised to the consumer, as if it had run the turn itself: by its waiting
+            # `__anext__`, or, when it is elsewhere in its block, by the block, which is
+            # cancelled (as trio's nursery would). Out of the task, asyncio would stop its
+            # loop and report the task ("Task exception was never retrieved").
+            self._interrupt = exc
+            if not self._waiting:
+                tasks.cancel()
         finally:
             self._done = True
             self._lot.unpark_all()

@@ -1,11 +1,15 @@
 """Pipeline.stream: one drive loop with run, events of the turn, failures and cancellation."""
 
-from collections.abc import Callable
+import asyncio
+import gc
+import warnings
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.lowlevel
 import attrs
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -991,3 +995,120 @@ async def test_the_result_of_a_finished_turn_whose_events_were_left_unread_says_
     assert rest == ([TurnFinished] if last is Committed else [])
     assert events.result.outcome == "completed"
     assert [m.text for m in (await log.load("c")).messages] == ["hi", "answer"]
+
+
+# -- interrupts -----------------------------------------------------------------------------
+
+
+def run_on(loop: str, main: Callable[[], Awaitable[None]]) -> None:
+    """Run `main` from sync code, as an application would: what a loop leaves over shows."""
+    if loop == "trio":
+        trio.run(main)
+    else:
+        asyncio.run(main())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("where", ["pipeline", "session"])
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_a_keyboard_interrupt_in_a_streamed_turn_reaches_the_consumer_cleanly(
+    loop: str, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bug caught: a hook of a streamed turn raising KeyboardInterrupt under asyncio let it out
+    of the drive's task, which stopped the loop: the consumer's iteration was cancelled, and
+    once the caller got the interrupt asyncio printed "Task exception was never retrieved"
+    with its traceback (under trio too the iteration was cancelled, the block raising it).
+    The iteration now raises it, as if the consumer had run the turn itself, and nothing of
+    the turn is committed."""
+
+    async def interrupted(turn):
+        raise KeyboardInterrupt
+
+    pipe = Pipeline(model=ScriptedModel(["never"]), pre=[hook(interrupted, name="interrupted")])
+    log = MemoryLog()
+    raised: list[str] = []
+
+    async def consume(events) -> None:
+        try:
+            async for _ in events:
+                pass
+        except BaseException as exc:
+            raised.append(type(exc).__name__)
+            raise
+
+    async def main() -> None:
+        if where == "pipeline":
+            async with pipe.stream(Turn.start("hi")) as events:
+                await consume(events)
+        else:
+            async with (
+                pipe.session(log=log, conversation_id="c") as session,
+                session.stream("hi") as events,
+            ):
+                await consume(events)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt):
+            run_on(loop, main)
+        gc.collect()
+    assert raised == ["KeyboardInterrupt"]
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+    assert [str(warning.message) for warning in caught] == []
+    assert trio.run(log.entries, "c") == ()
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_a_keyboard_interrupt_in_a_streamed_turn_stops_a_consumer_busy_elsewhere(
+    loop: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bug caught: a streamed turn's hook raising KeyboardInterrupt while its consumer awaited
+    something else in its block (not the next event): under asyncio it left the drive's
+    task and stopped the loop, asyncio reporting the task ("Task exception was never
+    retrieved"). The block is cancelled, as trio's nursery cancels it, and raises it."""
+
+    async def main() -> None:
+        gate = anyio.Event()
+
+        async def interrupted(turn):
+            await gate.wait()
+            raise KeyboardInterrupt
+
+        pipe = Pipeline(model=ScriptedModel(["never"]), pre=[hook(interrupted, name="i")])
+        async with pipe.stream(Turn.start("hi")) as events:
+            async for event in events:
+                if isinstance(event, HookStarted):
+                    gate.set()
+                    await anyio.sleep(10)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt):
+            run_on(loop, main)
+        gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+    assert [str(warning.message) for warning in caught] == []
+
+
+async def test_a_system_exit_in_a_streamed_turn_is_not_lost_to_the_callers_cancellation():
+    """Bug caught: a streamed turn's hook cancelling the caller's scope (as a deadline passing
+    at that instant would) and raising SystemExit: kept only by the drive, the stream's task
+    group absorbing its own cancellation of the block would have lost it, and the caller's
+    scope absorbed the rest: the stream ended as if nothing happened."""
+    scopes: list[anyio.CancelScope] = []
+
+    async def exiting(turn):
+        scopes[0].cancel()
+        raise SystemExit(3)
+
+    pipe = Pipeline(model=ScriptedModel(["never"]), pre=[hook(exiting, name="exiting")])
+
+    async def caller() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            async with pipe.stream(Turn.start("hi")) as events:
+                async for _ in events:
+                    await anyio.lowlevel.checkpoint()
+
+    with pytest.raises(SystemExit) as info:
+        await caller()
+    assert info.value.code == 3
