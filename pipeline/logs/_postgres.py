@@ -470,9 +470,10 @@ class _Watchdog:
     A psycopg call blocks its worker thread until the server answers; nothing else can
     interrupt it. Shutting its socket down makes it fail at once, the connection broken.
     Over TCP on Linux the kernel says how long ago the server last sent anything (data, or
-    the acknowledgement of what the log sent: `_silence`), so a call is given up on only
-    after that long a silence, however long a server still sending takes; elsewhere (a
-    Unix-domain socket, another system) a call is given up on that long after it started.
+    the acknowledgement of data the log sent, not of a TCP keepalive probe: `_silence`), so
+    a call is given up on only after that long a silence, however long a server still
+    sending takes; elsewhere (a Unix-domain socket, another system) a call is given up on
+    that long after it started.
     Started on the first call, ended with the log.
     """
 
@@ -536,18 +537,22 @@ class _Watchdog:
                 self._lock.wait(None if wait is None else max(wait - now, 0.005))
 
 
-# struct tcp_info (linux/tcp.h, a stable part of the kernel's ABI): tcpi_last_data_recv and
-# tcpi_last_ack_recv, the milliseconds since the peer last sent data and last acknowledged
-# data, are the two 32-bit fields at byte 52.
+# struct tcp_info (linux/tcp.h, a stable part of the kernel's ABI), the fields read:
+# tcpi_unacked, the 32-bit count at byte 24 of segments sent and not yet acknowledged; and
+# the four 32-bit fields from byte 44, milliseconds since the log last sent data
+# (tcpi_last_data_sent) and acknowledged data (tcpi_last_ack_sent, unused), and since the
+# server last sent data (tcpi_last_data_recv) and acknowledged anything (tcpi_last_ack_recv).
 _TCP_INFO = getattr(socket, "TCP_INFO", None) if sys.platform.startswith("linux") else None
-_LAST_RECEIVED = struct.Struct("=II")
-_LAST_RECEIVED_AT = 52
+_UNACKED = struct.Struct("=I")
+_UNACKED_AT = 24
+_TIMES = struct.Struct("=IIII")
+_TIMES_AT = 44
 
 
 def _silence(fileno: int) -> float | None:
     """Seconds since the server at the other end of the TCP socket `fileno` last sent
-    anything: data, or the acknowledgement of what the log sent (a commit still being
-    uploaded). None where the system cannot say (not Linux, not TCP)."""
+    anything that shows it alive (`_silence_in`). None where the system cannot say (not
+    Linux, not TCP)."""
     if _TCP_INFO is None:
         return None
     try:
@@ -557,10 +562,25 @@ def _silence(fileno: int) -> float | None:
             info = duplicate.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 64)
     except OSError:
         return None
-    if len(info) < _LAST_RECEIVED_AT + _LAST_RECEIVED.size:
+    return _silence_in(info)
+
+
+def _silence_in(info: bytes) -> float | None:
+    """Seconds since the server last showed itself alive, read from a socket's `info`
+    (struct tcp_info): data it sent, or its acknowledgement of data the log sent (a commit
+    still being uploaded). None if `info` is too short to say.
+
+    An acknowledgement counts only while data the log sent awaits one: with none in flight,
+    the server's kernel also acknowledges TCP keepalive probes, however hung the server
+    process is, and would pass for an answer every keepalive interval. Then the last
+    acknowledgement of data came after that data was sent: the time since the log last sent
+    data bounds it."""
+    if len(info) < _TIMES_AT + _TIMES.size:
         return None
-    data, acknowledged = _LAST_RECEIVED.unpack_from(info, _LAST_RECEIVED_AT)
-    return min(int(data), int(acknowledged)) / 1000
+    (unacked,) = _UNACKED.unpack_from(info, _UNACKED_AT)
+    sent, _, received, acknowledged = _TIMES.unpack_from(info, _TIMES_AT)
+    heard = acknowledged if unacked else sent
+    return min(int(received), int(heard)) / 1000
 
 
 def _shut(fileno: int) -> None:

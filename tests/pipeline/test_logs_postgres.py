@@ -466,6 +466,9 @@ class Relay:
 
     def close(self) -> None:
         for connection in [*self.sockets, self.listener]:
+            # Shut down first: a close alone would wait for a thread blocked reading it.
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
             connection.close()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -631,6 +634,84 @@ async def test_over_a_unix_socket_a_call_is_bounded_as_a_whole_and_the_error_say
     assert "had not answered in full after 1.5 s (timeout=0.5 s, plus 1)" in message
     assert "Unix-domain socket" in message
     assert [entry.turn_ref for entry in entries] == ["t1"]
+
+
+# TCP keepalive probes every second of idleness, as a DSN set against idle NAT drops would.
+KEEPALIVES = {"keepalives_idle": "1", "keepalives_interval": "1"}
+
+
+async def test_a_server_that_stops_answering_is_given_up_on_though_keepalives_are_acked(postgres):
+    """Bug caught: the server's kernel (here the relay's) acknowledges TCP keepalive probes
+    however hung the server is, and each acknowledgement counted as the server speaking:
+    with keepalives more frequent than the timeout plus a second, a commit to a server
+    that stopped answering waited forever. Only acknowledgements of data the log sent
+    count now."""
+    relay = Relay(postgres)
+    # Against a hang: the relay's connections end (a different error) if nothing did before.
+    guard = threading.Timer(30, relay.close)
+    try:
+        dsn = with_params(relay.dsn(postgres), **KEEPALIVES)
+        async with PostgresLog(dsn, max_connections=1, timeout=0.5) as log:
+            await log.append("c", "t1", exchange("q1", "a1"))
+            relay.dropping = True
+            guard.start()
+            with pytest.raises(LogError) as raised:
+                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+    finally:
+        guard.cancel()
+        relay.close()
+
+    message = str(raised.value)
+    assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' was given up")
+    assert "sent nothing for 1.5 s (timeout=0.5 s, plus 1) on a kept connection" in message
+
+
+@contextlib.contextmanager
+def stopped_backend(dsn: str, application_name: str, *, at_most: float):
+    """The server process serving the connection named `application_name` stopped
+    (SIGSTOP: hung, while its kernel still acknowledges what reaches its socket), for
+    `at_most` seconds (against a hang); yields an Event set when that ran out."""
+    import signal
+
+    with admin(dsn) as db:
+        row = db.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application_name,)
+        ).fetchone()
+    assert row is not None, f"no backend named {application_name!r}"
+    pid = row[0]
+    ran_out = threading.Event()
+
+    def resume() -> None:
+        ran_out.set()
+        os.kill(pid, signal.SIGCONT)
+
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except (PermissionError, ProcessLookupError):
+        pytest.skip("the test server's processes are not this machine's to signal")
+    guard = threading.Timer(at_most, resume)
+    guard.start()
+    try:
+        yield ran_out
+    finally:
+        guard.cancel()
+        os.kill(pid, signal.SIGCONT)
+
+
+async def test_a_hung_backend_is_given_up_on_though_its_kernel_acks_keepalives(postgres):
+    """Bug caught: a hung server process (stopped here) whose kernel acknowledged the TCP
+    keepalive probes the DSN asks for every second seemed to speak each time, so a read
+    from it waited as long as it was hung; now its silence ends the read's try on that
+    connection, and the try on a new connection (another server process) answers."""
+    dsn = with_params(postgres, application_name="hung", **KEEPALIVES)
+    async with PostgresLog(dsn, max_connections=1, timeout=0.5) as log:
+        await log.append("c", "t1", exchange("q1", "a1"))
+        with stopped_backend(postgres, "hung", at_most=30) as ran_out:
+            loaded = await log.load("c")
+            resumed_first = ran_out.is_set()
+
+    assert not resumed_first, "the read waited for the hung server process to resume"
+    assert loaded == Context(messages=exchange("q1", "a1"))
 
 
 def lock_tables(dsn: str):
