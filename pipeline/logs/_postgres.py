@@ -353,8 +353,8 @@ class PostgresLog(DatabaseLog):
             return f"sent nothing for {limit}"
         return (
             f"had not answered in full after {limit} (over a connection that is not TCP on"
-            " Linux, a Unix-domain socket say, the log cannot see whether the server is still"
-            " sending, so it bounds the whole call)"
+            " Linux, a Unix-domain socket say, or whose TCP stack does not report it, the log"
+            " cannot see whether the server is still sending, so it bounds the whole call)"
         )
 
     @staticmethod
@@ -538,11 +538,12 @@ class _Watchdog:
 
 
 # struct tcp_info (linux/tcp.h, a stable part of the kernel's ABI), the fields read:
-# tcpi_unacked, the 32-bit count at byte 24 of segments sent and not yet acknowledged; and
+# tcpi_state, the byte at 0 (TCP_ESTABLISHED is 1); tcpi_unacked, the 32-bit count at byte 24 of segments sent and not yet acknowledged; and
 # the four 32-bit fields from byte 44, milliseconds since the log last sent data
 # (tcpi_last_data_sent) and acknowledged data (tcpi_last_ack_sent, unused), and since the
 # server last sent data (tcpi_last_data_recv) and acknowledged anything (tcpi_last_ack_recv).
 _TCP_INFO = getattr(socket, "TCP_INFO", None) if sys.platform.startswith("linux") else None
+_ESTABLISHED = 1
 _UNACKED = struct.Struct("=I")
 _UNACKED_AT = 24
 _TIMES = struct.Struct("=IIII")
@@ -552,7 +553,8 @@ _TIMES_AT = 44
 def _silence(fileno: int) -> float | None:
     """Seconds since the server at the other end of the TCP socket `fileno` last sent
     anything that shows it alive (`_silence_in`). None where the system cannot say (not
-    Linux, not TCP)."""
+    Linux, not TCP, a TCP stack that does not fill tcp_info in): the caller then bounds the
+    whole call."""
     if _TCP_INFO is None:
         return None
     try:
@@ -568,14 +570,16 @@ def _silence(fileno: int) -> float | None:
 def _silence_in(info: bytes) -> float | None:
     """Seconds since the server last showed itself alive, read from a socket's `info`
     (struct tcp_info): data it sent, or its acknowledgement of data the log sent (a commit
-    still being uploaded). None if `info` is too short to say.
+    still being uploaded). None if `info` cannot say: too short, or not of an established
+    connection (a stack that fills it with zeros, as gVisor's does, says state 0, and its
+    zero times would read as a server that just spoke, however long it has been silent).
 
     An acknowledgement counts only while data the log sent awaits one: with none in flight,
     the server's kernel also acknowledges TCP keepalive probes, however hung the server
     process is, and would pass for an answer every keepalive interval. Then the last
     acknowledgement of data came after that data was sent: the time since the log last sent
     data bounds it."""
-    if len(info) < _TIMES_AT + _TIMES.size:
+    if len(info) < _TIMES_AT + _TIMES.size or info[0] != _ESTABLISHED:
         return None
     (unacked,) = _UNACKED.unpack_from(info, _UNACKED_AT)
     sent, _, received, acknowledged = _TIMES.unpack_from(info, _TIMES_AT)

@@ -9,6 +9,7 @@ import datetime
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -712,6 +713,75 @@ async def test_a_hung_backend_is_given_up_on_though_its_kernel_acks_keepalives(p
 
     assert not resumed_first, "the read waited for the hung server process to resume"
     assert loaded == Context(messages=exchange("q1", "a1"))
+
+
+def tcp_info(*, state=1, unacked=0, data_sent=0, data_received=0, ack_received=0) -> bytes:
+    """A struct tcp_info as Linux fills it in (linux/tcp.h: tcpi_state at byte 0, 1 being
+    TCP_ESTABLISHED; tcpi_unacked at 24; tcpi_last_data_sent, _ack_sent, _data_recv and
+    _ack_recv, in milliseconds, from 44), the other fields zero."""
+    info = bytearray(104)
+    info[0] = state
+    struct.pack_into("=I", info, 24, unacked)
+    struct.pack_into("=IIII", info, 44, data_sent, 0, data_received, ack_received)
+    return bytes(info)
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        bytes(104),  # gVisor's netstack: full length, all zeros
+        tcp_info(state=0, data_sent=0, data_received=0, ack_received=0),
+        tcp_info(state=8, data_sent=9000, data_received=9000, ack_received=9000),  # CLOSE_WAIT
+        tcp_info()[:40],
+    ],
+    ids=["zeros", "no-state", "close-wait", "short"],
+)
+def test_tcp_info_that_cannot_tell_the_servers_silence_says_so(info):
+    """Bug caught: a TCP stack that returns a full-length tcp_info of zeros (gVisor's)
+    read as a server heard from just now, on every look, so the watchdog never gave up on
+    a silent server, and nothing else bounded the call; a tcp_info not of an established
+    connection now says nothing, and the call is bounded as a whole."""
+    assert _postgres._silence_in(info) is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "silence"),
+    [
+        # Nothing in flight, the server hung: its kernel still acknowledges keepalive probes.
+        ({"data_sent": 4000, "data_received": 4000, "ack_received": 300}, 4.0),
+        # A commit still being uploaded: each acknowledgement of it is the server's.
+        ({"unacked": 3, "data_sent": 10, "data_received": 9000, "ack_received": 200}, 0.2),
+        # An upload just acknowledged whole: the server spoke since the last of it was sent.
+        ({"data_sent": 700, "data_received": 9000, "ack_received": 100}, 0.7),
+        # A server still sending.
+        ({"data_sent": 9000, "data_received": 50, "ack_received": 9000}, 0.05),
+    ],
+    ids=["keepalive-acks", "upload", "uploaded", "sending"],
+)
+def test_the_servers_silence_read_from_tcp_info(fields, silence):
+    """Bug caught (with the keepalive tests above): an acknowledgement of a keepalive
+    probe counted as the server speaking; acknowledgements count only while data the log
+    sent awaits one."""
+    assert _postgres._silence_in(tcp_info(**fields)) == pytest.approx(silence)
+
+
+def test_the_silence_of_a_real_tcp_socket_is_read_only_while_it_is_established():
+    """Bug caught: tcp_info was read whatever the connection's state; on the socket of a
+    real TCP connection, the silence is read while it is established, and nothing is said
+    once it is closing."""
+    if _postgres._TCP_INFO is None:
+        pytest.skip("tcp_info is Linux's")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server = listener.accept()[0]
+        with client, server:
+            server.sendall(b"hello")
+            assert client.recv(5) == b"hello"
+            silence = _postgres._silence(client.fileno())
+            assert silence is not None
+            assert 0 <= silence < 60
+            client.shutdown(socket.SHUT_WR)  # FIN_WAIT: no longer established
+            assert _postgres._silence(client.fileno()) is None
 
 
 def lock_tables(dsn: str):
