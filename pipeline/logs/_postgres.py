@@ -133,11 +133,12 @@ class PostgresLog(DatabaseLog):
             connection, opened on demand and kept).
         timeout: Seconds a call may wait before it fails with `pipeline.LogError` (a
             call's length is not bounded). For a lock: the server's ``lock_timeout``
-            (unless the DSN's ``options`` set one) gives up a statement waiting on another
-            transaction's lock, rolled back, the connection kept. For a server that sends
-            nothing for a second longer: the log closes the connection. Over TCP on Linux
-            that is measured silence, however long a server still sending takes;
-            elsewhere (a Unix-domain socket) the call's whole length. A call given up on a
+            (unless the DSN's ``options``, or ``PGOPTIONS`` for a DSN without them, set
+            one) gives up a statement waiting on another transaction's lock, rolled back,
+            the connection kept. For a server that sends nothing for a second longer: the
+            log closes the connection. Over TCP on Linux that is measured silence, however
+            long a server still sending takes; elsewhere (a Unix-domain socket) the call's
+            whole length. A call given up on a
             connection kept from an earlier call is made once more on a new one; a commit
             given up on may have reached the server, and its error says so. Connecting
             waits as long (rounded up to whole seconds, at least 2), unless the DSN gives a
@@ -205,10 +206,13 @@ class PostgresLog(DatabaseLog):
         self._timeout = float(timeout)
         if "connect_timeout" not in params:
             self._connect_options["connect_timeout"] = max(2, math.ceil(self._timeout))
-        # The server's timeouts the DSN sets itself (options=-clock_timeout=...) are its own.
-        self._dsn_sets = {
-            f"{name}_timeout" for name in _TIMEOUT_OPTION.findall(params.get("options") or "")
-        }
+        # The server's timeouts the DSN sets itself (options=-clock_timeout=...) are its own,
+        # and so are those of PGOPTIONS, which libpq reads for a DSN without options.
+        if "options" in params:
+            options, self._options_from = params["options"] or "", "the DSN's"
+        else:
+            options, self._options_from = os.environ.get("PGOPTIONS", ""), "PGOPTIONS'"
+        self._dsn_sets = {f"{name.lower()}_timeout" for name in _TIMEOUT_OPTION.findall(options)}
         self._watchdog = _Watchdog(f"{self!r} watchdog")
         weakref.finalize(self, self._watchdog.stop)
         self._migrated = False
@@ -376,7 +380,8 @@ class PostgresLog(DatabaseLog):
             )
         if isinstance(exc, _Refused) and exc.sqlstate == _LOCK_NOT_AVAILABLE:
             if "lock_timeout" in self._dsn_sets:
-                limit, longer = "the DSN's lock_timeout", "raise the DSN's lock_timeout"
+                limit = f"{self._options_from} lock_timeout"
+                longer = f"raise {self._options_from} lock_timeout"
             else:
                 limit = f"timeout={self._timeout:g} s (the server's lock_timeout)"
                 longer = "give PostgresLog a longer timeout="
@@ -427,8 +432,9 @@ _GRACE = 1.0
 _LOCK_NOT_AVAILABLE = "55P03"
 _QUERY_CANCELED = "57014"
 
-# A server timeout set in a DSN's options: -c name=value, -cname=value or --name=value.
-_TIMEOUT_OPTION = re.compile(r"(?:-c\s*|--)(statement|lock)[_-]timeout=")
+# A server timeout set in a DSN's options: -c name=value, -cname=value or --name=value, the
+# name in any case (the server's are case-insensitive).
+_TIMEOUT_OPTION = re.compile(r"(?:-c\s*|--)(statement|lock)[_-]timeout=", re.IGNORECASE)
 
 
 class _TimedOut(Exception):

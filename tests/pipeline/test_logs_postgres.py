@@ -874,6 +874,53 @@ async def test_a_lock_timeout_the_dsn_sets_is_kept_and_named_in_the_error(postgr
     assert [entry.turn_ref for entry in entries] == ["t1"]
 
 
+async def test_a_lock_timeout_the_dsn_sets_in_another_case_is_kept(postgres):
+    """Bug caught: a lock_timeout the DSN's options set with its name in another case
+    (PostgreSQL's setting names are case-insensitive) was not seen, and the log overwrote
+    it with its own timeout: a commit waiting on a lock waited the log's 5 s, not 200 ms."""
+    async with PostgresLog(
+        with_options(postgres, "-c Lock_Timeout=200ms"), max_connections=1, timeout=5
+    ) as log:
+        await log.append("c", "t1", exchange("q1", "a1"))
+        holder = lock_tables(postgres)
+        try:
+            with anyio.fail_after(20), pytest.raises(LogError) as raised:
+                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+        finally:
+            holder.rollback()
+            holder.close()
+
+    message = str(raised.value)
+    assert "waited longer than the DSN's lock_timeout" in message
+    assert "raise the DSN's lock_timeout" in message
+
+
+async def test_a_lock_timeout_pgoptions_sets_is_kept_and_named(postgres, monkeypatch):
+    """Bug caught: libpq takes the server's options from PGOPTIONS for a DSN without
+    options, but the log looked at the DSN's alone, and overwrote a lock_timeout set there
+    with its own timeout: a commit waiting on a lock waited the log's 5 s, not 200 ms, and
+    the error named the wrong limit."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(postgres)
+    monkeypatch.setenv("PGOPTIONS", f"{params.pop('options')} -c lock_timeout=200ms")
+    async with PostgresLog(make_conninfo(**params), max_connections=1, timeout=5) as log:
+        await log.append("c", "t1", exchange("q1", "a1"))
+        holder = lock_tables(postgres)
+        try:
+            with anyio.fail_after(20), pytest.raises(LogError) as raised:
+                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+        finally:
+            holder.rollback()
+            holder.close()
+        entries = await log.entries("c")
+
+    message = str(raised.value)
+    assert "waited longer than PGOPTIONS' lock_timeout" in message
+    assert "raise PGOPTIONS' lock_timeout" in message
+    assert [entry.turn_ref for entry in entries] == ["t1"]  # PGOPTIONS' search_path
+
+
 async def test_a_statement_timeout_the_dsn_sets_is_not_overwritten(postgres):
     """Bug caught: the log set statement_timeout on each connection to its own timeout,
     overwriting the one the DSN's options gave: a commit waiting on a lock waited the
