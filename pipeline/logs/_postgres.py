@@ -137,8 +137,8 @@ class PostgresLog(DatabaseLog):
             one) gives up a statement waiting on another transaction's lock, rolled back,
             the connection kept. For a server that sends nothing for a second longer: the
             log closes the connection. Over TCP on Linux that is measured silence, however
-            long a server still sending takes; elsewhere (a Unix-domain socket) the call's
-            whole length. A call given up on a
+            long a server still sending takes; elsewhere (a Unix-domain socket, a TCP
+            stack that does not report it) the call's whole length. A call given up on a
             connection kept from an earlier call is made once more on a new one; a commit
             given up on may have reached the server, and its error says so. Connecting
             waits as long (rounded up to whole seconds, at least 2), unless the DSN gives a
