@@ -95,12 +95,14 @@ async def stream_turn(
                 events._left = True
     except BaseException as exc:
         # The block cancelled by the turn's interrupt (or the caller's scope cancelled at
-        # that moment): the interrupt wins, never lost to the cancellation.
-        if events._interrupt is None:
+        # that moment): the interrupt wins, never lost to the cancellation. One the
+        # consumer's iteration raised is delivered: what the block does with it (carries
+        # on, raises an error of its own) stands, as after `pipe.run`.
+        if events._interrupt is None or events._delivered:
             if not isinstance(exc, BaseExceptionGroup):
                 raise
             error = own_error(exc)
-    if events._interrupt is not None:
+    if events._interrupt is not None and not events._delivered:
         # The task group absorbs the cancellation it made, and the block's with it.
         raise events._interrupt
     if error is not None:
@@ -133,6 +135,7 @@ class TurnEvents:
     __slots__ = (
         "_behind",
         "_buffer",
+        "_delivered",
         "_done",
         "_error",
         "_exhausted",
@@ -164,6 +167,8 @@ class TurnEvents:
         self._error: Exception | None = None
         # A KeyboardInterrupt or SystemExit that ended the turn: raised to the consumer.
         self._interrupt: BaseException | None = None
+        # Whether the consumer's iteration raised it (the block then does not raise it again).
+        self._delivered = False
         self._raised = False
         self._exhausted = False
         # The consumer found the turn stopped before its end (`_stopped`).
@@ -205,6 +210,7 @@ class TurnEvents:
         while not self._buffer:
             if self._done:
                 if self._interrupt is not None:
+                    self._delivered = True
                     raise self._interrupt
                 if self._result is None and self._error is None:
                     await self._stopped()

@@ -1112,3 +1112,79 @@ async def test_a_system_exit_in_a_streamed_turn_is_not_lost_to_the_callers_cance
     with pytest.raises(SystemExit) as info:
         await caller()
     assert info.value.code == 3
+
+
+def interrupted_pipe() -> Pipeline:
+    async def interrupted(turn):
+        raise KeyboardInterrupt
+
+    return Pipeline(model=ScriptedModel(["never"]), pre=[hook(interrupted, name="interrupted")])
+
+
+async def no_interrupt_after(main: Callable[[], Awaitable[None]]) -> None:
+    """Await `main`, failing the test (not ending the test run) if a KeyboardInterrupt escapes."""
+    try:
+        await main()
+    except KeyboardInterrupt:
+        pytest.fail("the block raised the KeyboardInterrupt its consumer had handled")
+
+
+@pytest.mark.parametrize("where", ["pipeline", "session"])
+async def test_a_consumer_that_handles_the_interrupt_its_iteration_raised_carries_on(where):
+    """Bug caught: a streamed turn's KeyboardInterrupt, raised by the consumer's iteration and
+    caught there, was raised again by the stream block when it exited, so a consumer could
+    not handle it as `pipe.run`'s caller can (Pipeline.stream and session.stream)."""
+    pipe = interrupted_pipe()
+    seen: list[str] = []
+
+    async def consume(events) -> None:
+        try:
+            async for _ in events:
+                pass
+        except KeyboardInterrupt:
+            seen.append("interrupt")
+
+    async def main() -> None:
+        if where == "pipeline":
+            async with pipe.stream(Turn.start("hi")) as events:
+                await consume(events)
+        else:
+            async with (
+                pipe.session(log=MemoryLog(), conversation_id="c") as session,
+                session.stream("hi") as events,
+            ):
+                await consume(events)
+        seen.append("after the block")
+
+    await no_interrupt_after(main)
+    assert seen == ["interrupt", "after the block"]
+
+
+@pytest.mark.parametrize("where", ["pipeline", "session"])
+async def test_a_consumer_that_turns_the_interrupt_into_its_own_error_keeps_it(where):
+    """Bug caught: a consumer turning the KeyboardInterrupt its iteration raised into an error
+    of its own (`raise RuntimeError(...) from exc`) had that error replaced by the same
+    KeyboardInterrupt, raised again by the stream block."""
+    pipe = interrupted_pipe()
+
+    async def consume(events) -> None:
+        try:
+            async for _ in events:
+                pass
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("aborted by the user") from exc
+
+    async def main() -> None:
+        if where == "pipeline":
+            async with pipe.stream(Turn.start("hi")) as events:
+                await consume(events)
+        else:
+            async with (
+                pipe.session(log=MemoryLog(), conversation_id="c") as session,
+                session.stream("hi") as events,
+            ):
+                await consume(events)
+
+    with pytest.raises(RuntimeError, match="aborted by the user") as info:
+        await no_interrupt_after(main)
+    assert isinstance(info.value.__cause__, KeyboardInterrupt)
