@@ -110,34 +110,54 @@ def _after_tools(options: RequestOptions) -> RequestOptions:
     A forcing ``tool_choice`` (``"required"`` or a tool's name) has done its work once the
     model called a tool; kept, it would force a call on every step until ``max_steps``. The
     same holds for one in ``extra``, in the provider's own form, which the provider sends in
-    place of the option's.
+    place of the option's: it is relaxed to the choice that forces nothing but keeps its
+    restrictions (`_relaxed`).
     """
     choice = options.tool_choice
     if choice is not None and choice not in ("auto", "none"):
         options = attrs.evolve(options, tool_choice=None)
-    if "tool_choice" in options.extra and _forcing(options.extra["tool_choice"]):
-        extra = {key: value for key, value in options.extra.items() if key != "tool_choice"}
-        options = attrs.evolve(options, extra=extra)
+    if "tool_choice" in options.extra:
+        given = options.extra["tool_choice"]
+        relaxed = _relaxed(given)
+        if relaxed is not given:
+            extra = {key: value for key, value in options.extra.items() if key != "tool_choice"}
+            if relaxed is not None:
+                extra["tool_choice"] = relaxed
+            options = attrs.evolve(options, extra=extra)
     return options
 
 
-def _forcing(choice: object) -> bool:
-    """Whether a provider's own ``tool_choice`` forces a tool call.
+def _relaxed(choice: object) -> object | None:
+    """A provider's own ``tool_choice`` for the calls after a tool step; None to leave it out.
 
-    Only ``"auto"`` and ``"none"`` leave the model free, as text or as a dict's ``type``
-    (Anthropic's ``{"type": "auto", "disable_parallel_tool_use": True}``), and OpenAI's
-    ``allowed_tools`` in ``"auto"`` mode; anything else (``"required"``, Anthropic's
-    ``"any"`` and ``"tool"``, OpenAI's ``"function"``) is taken to force one.
+    One that forces nothing is kept as it is (the same object): ``"auto"`` and ``"none"``, as
+    text or as a dict's ``type``, and OpenAI's ``allowed_tools`` in ``"auto"`` mode. One that
+    forces a call keeps what restricts the model beside the forcing: OpenAI's
+    ``allowed_tools`` in ``"required"`` mode goes to ``"auto"`` mode over the same tools;
+    Anthropic's ``"any"`` or ``"tool"`` goes to ``{"type": "auto"}`` with its
+    ``disable_parallel_tool_use``, if it has one. Anything else (``"required"``, OpenAI's
+    ``"function"``) restricts nothing but the forcing, and is left out.
     """
     if isinstance(choice, str):
-        return choice not in ("auto", "none")
+        return choice if choice in ("auto", "none") else None
     if not isinstance(choice, Mapping):
-        return True
+        return None
     kind = choice.get("type")
+    if kind in ("auto", "none"):
+        return choice
     if kind == "allowed_tools":
         allowed = choice.get("allowed_tools")
-        return not (isinstance(allowed, Mapping) and allowed.get("mode") == "auto")
-    return kind not in ("auto", "none")
+        if not isinstance(allowed, Mapping):
+            return None
+        if allowed.get("mode") == "auto":
+            return choice
+        return {**choice, "allowed_tools": {**allowed, "mode": "auto"}}
+    if kind in ("any", "tool"):
+        relaxed: dict[str, object] = {"type": "auto"}
+        if "disable_parallel_tool_use" in choice:
+            relaxed["disable_parallel_tool_use"] = choice["disable_parallel_tool_use"]
+        return relaxed
+    return None
 
 
 async def run_batch(

@@ -1312,8 +1312,6 @@ async def test_tool_choice_auto_is_kept_after_a_tool_step() -> None:
     [
         pytest.param("required", id="openai-required"),
         pytest.param({"type": "function", "function": {"name": "lookup"}}, id="openai-function"),
-        pytest.param({"type": "any", "disable_parallel_tool_use": True}, id="anthropic-any"),
-        pytest.param({"type": "tool", "name": "lookup"}, id="anthropic-tool"),
     ],
 )
 async def test_a_forcing_tool_choice_in_extra_is_dropped_after_the_first_tool_step(choice) -> None:
@@ -1329,6 +1327,51 @@ async def test_a_forcing_tool_choice_in_extra_is_dropped_after_the_first_tool_st
         extra,
         {"seed": 7},
         {"seed": 7},
+    ]
+
+
+ONLY_LOOKUP = [{"type": "function", "function": {"name": "lookup"}}]
+
+
+@pytest.mark.parametrize(
+    ("choice", "after"),
+    [
+        pytest.param(
+            {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": ONLY_LOOKUP}},
+            {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": ONLY_LOOKUP}},
+            id="openai-allowed-required",
+        ),
+        pytest.param(
+            {"type": "any", "disable_parallel_tool_use": True},
+            {"type": "auto", "disable_parallel_tool_use": True},
+            id="anthropic-any-no-parallel",
+        ),
+        pytest.param(
+            {"type": "tool", "name": "lookup", "disable_parallel_tool_use": True},
+            {"type": "auto", "disable_parallel_tool_use": True},
+            id="anthropic-tool-no-parallel",
+        ),
+        pytest.param({"type": "any"}, {"type": "auto"}, id="anthropic-any"),
+        pytest.param({"type": "tool", "name": "lookup"}, {"type": "auto"}, id="anthropic-tool"),
+    ],
+)
+async def test_a_forcing_tool_choice_in_extra_keeps_its_restrictions_after_a_tool_step(
+    choice, after
+) -> None:
+    """Bug caught: a forcing tool_choice in extra was dropped whole after the first tool step,
+    and its restrictions with it: OpenAI's allowed_tools in "required" mode let the later
+    steps call any tool of the request, and Anthropic's any or tool lost its
+    disable_parallel_tool_use. It is relaxed to the choice that forces nothing instead."""
+    extra = {"tool_choice": choice, "seed": 7}
+    pipe, model = pipe_with([calls("a"), calls("b"), "done"], pre=[shaping("force", extra=extra)])
+
+    await pipe.run(start())
+
+    relaxed = {"tool_choice": after, "seed": 7}
+    assert [dict(request.options.extra) for request in model.requests] == [
+        extra,
+        relaxed,
+        relaxed,
     ]
 
 
