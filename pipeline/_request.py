@@ -262,12 +262,15 @@ def describe_model(model: object, options: RequestOptions | None = None) -> tupl
 
     A provider's ``model`` attribute (the name sent in requests), or the ``model`` of
     `options`' ``extra`` that replaces it in this request, and ``provider``; a model without
-    them (an offline one, a user's own) is named by its class.
+    them (an offline one, a user's own) is named by its class. Only a provider's name (a
+    model with a ``model`` and a ``provider``) is replaced by ``extra``'s, the one name a
+    request carries: a config's ``[model]`` wrapper names a model that is not a provider
+    by its class, and nothing sends ``extra``'s.
     """
     name = getattr(model, "model", None)
     provider = getattr(model, "provider", None)
     picked = options.extra.get("model") if options is not None else None
-    if isinstance(name, str) and type(picked) is str and picked:
+    if isinstance(name, str) and isinstance(provider, str) and type(picked) is str and picked:
         name = picked
     return (
         name if isinstance(name, str) else type(model).__name__,

@@ -7,6 +7,7 @@ import attrs
 import pytest
 
 from hooks.config import pipeline_from_dict
+from hooks.config._models import Shaped
 from pipeline import ConfigError, Pipeline, ProviderError, StepLimitExceeded, cont
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
@@ -295,6 +296,22 @@ async def test_model_called_shows_the_options_sent_with_the_model_defaults(
     (event,) = called
     assert event.options is not None
     assert (event.options.temperature, event.options.max_tokens) == sent
+
+
+async def test_a_wrapped_model_with_no_name_of_its_own_is_not_named_by_extras_model() -> None:
+    """Bug caught: a config's ``[model]`` wrapper (`Shaped`) around a model with no ``model``
+    of its own (a user's) answered its class name as the model's ``model``, so
+    ``RequestOptions.extra``'s ``model`` replaced it in ``ModelCalled.model`` (and the chat
+    span's name) though nothing sent it; the bare model kept its class name."""
+    names = []
+    for model in (ScriptedModel(["hi"]), Shaped(ScriptedModel(["hi"]), {"temperature": 0.2})):
+        pipe = Pipeline(model=model)
+        turn = Turn.start("x").with_request(extra={"model": "gpt-4o"})
+        async with pipe.stream(turn) as events:
+            (called,) = [e async for e in events if isinstance(e, ev.ModelCalled)]
+        names.append(called.model)
+
+    assert names == ["ScriptedModel", "ScriptedModel"]
 
 
 async def test_a_model_whose_effective_options_raises_fails_as_the_model() -> None:
