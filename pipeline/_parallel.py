@@ -18,7 +18,7 @@ from ._signals import Halt
 class _Member:
     """One member's run: what it decided, or how it failed, and its records."""
 
-    __slots__ = ("failure", "interrupt", "outcome", "records", "step")
+    __slots__ = ("failure", "interrupt", "interrupt_late", "outcome", "records", "step")
 
     def __init__(self, step: Step) -> None:
         self.step = step
@@ -26,6 +26,8 @@ class _Member:
         self.outcome: tuple[Part, ...] | Halt | None = None
         self.failure: HookError | None = None
         self.interrupt: BaseException | None = None
+        # Whether it came once the group was being stopped (raised while being cancelled).
+        self.interrupt_late = False
 
 
 async def run_group(runner: Runner, group: Group, turn: Turn) -> Turn | Halt:
@@ -54,13 +56,27 @@ async def run_group(runner: Runner, group: Group, turn: Turn) -> Turn | Halt:
             raise
     interrupt = _interrupt(members)
     if interrupt is not None:
+        for member in members:
+            if member.interrupt is not None and member.interrupt is not interrupt:
+                interrupt.add_note(
+                    f"member {member.step.label} also raised {type(member.interrupt).__name__}"
+                    " as the group stopped"
+                )
         raise interrupt
     return _merge(runner, group, turn, members)
 
 
 def _interrupt(members: list[_Member]) -> BaseException | None:
-    """The first member's KeyboardInterrupt or SystemExit, in declaration order, if any."""
-    return next((m.interrupt for m in members if m.interrupt is not None), None)
+    """The KeyboardInterrupt or SystemExit that stopped the group, if any.
+
+    One raised before the group was cancelled stopped it: among those (several at the same
+    instant), the first in declaration order. One raised while being cancelled came after
+    it, and wins only when none came before (the group stopped by a failure or a halt).
+    """
+    interrupted = [m for m in members if m.interrupt is not None]
+    if not interrupted:
+        return None
+    return min(interrupted, key=lambda m: m.interrupt_late).interrupt
 
 
 async def _run_member(
@@ -84,6 +100,7 @@ async def _run_member(
         # siblings not yet started never run (AnyIO made each one's coroutine when it
         # scheduled it: never awaited, it warns), those started are dropped mid-await.
         member.interrupt = exc
+        member.interrupt_late = group.cancel_called
         await stop_group(group)
         return
     if called is None:

@@ -39,6 +39,7 @@ class ToolJob:
         "failure",
         "halt",
         "interrupt",
+        "interrupt_late",
         "records",
         "requested",
         "result",
@@ -53,6 +54,8 @@ class ToolJob:
         self.failure: HookError | None = None
         # A KeyboardInterrupt or SystemExit out of the call (its hooks or its tool).
         self.interrupt: BaseException | None = None
+        # Whether it came once the batch was being stopped (raised while being cancelled).
+        self.interrupt_late = False
         self.records: list[HookRecord] = []
         self.blocked_by: str | None = None
         self.call_rewritten_by: list[str] = []

@@ -193,6 +193,12 @@ async def run_batch(
             raise
     interrupt = _interrupt(jobs)
     if interrupt is not None:
+        for job in jobs:
+            if job.interrupt is not None and job.interrupt is not interrupt:
+                interrupt.add_note(
+                    f"tool call {job.requested.id} ({job.requested.name!r}) also raised"
+                    f" {type(job.interrupt).__name__} as the batch stopped"
+                )
         raise interrupt
     for job in jobs:
         runner.records.extend(job.records)
@@ -215,8 +221,17 @@ async def run_batch(
 
 
 def _interrupt(jobs: list[ToolJob]) -> BaseException | None:
-    """The first call's KeyboardInterrupt or SystemExit, in call order, if any."""
-    return next((job.interrupt for job in jobs if job.interrupt is not None), None)
+    """The KeyboardInterrupt or SystemExit that stopped the batch, if any.
+
+    One raised before the batch was cancelled stopped it: among those (several at the same
+    instant), the first in call order. One raised while being cancelled (an after-tool hook
+    seeing the cancelled result) came after it, and wins only when none came before (the
+    batch stopped by a failure or a halt).
+    """
+    interrupted = [job for job in jobs if job.interrupt is not None]
+    if not interrupted:
+        return None
+    return min(interrupted, key=lambda job: job.interrupt_late).interrupt
 
 
 async def _run_job(
@@ -242,6 +257,7 @@ async def _run_job(
             # out of a task, asyncio would stop its loop at once, the later calls never run
             # and a sync tool's thread left behind.
             job.interrupt = exc
+            job.interrupt_late = batch.cancel_called
         if job.failure is not None or job.halt is not None or job.interrupt is not None:
             # From now on no tool of the batch starts, not even one whose before-tool hooks
             # already let it through: the siblings still run until the batch is cancelled

@@ -7,6 +7,7 @@ import threading
 import warnings
 
 import anyio
+import anyio.lowlevel
 import hypothesis.strategies as st
 import pytest
 import trio
@@ -735,3 +736,37 @@ async def test_a_system_exit_out_of_a_member_is_not_lost_to_the_callers_cancella
     with pytest.raises(SystemExit) as info:
         await caller()
     assert info.value.code == 3
+
+
+async def test_the_interrupt_that_stopped_the_group_wins_over_one_raised_as_it_stops():
+    """Bug caught: the group raised the first interrupt in declaration order, not the one that
+    stopped it: a later member raising SystemExit(5) cancelled an earlier one, which raised
+    KeyboardInterrupt as it was cancelled, and the caller got that KeyboardInterrupt, the
+    exit code lost. The later one rides along as a note."""
+
+    async def interrupted_on_cancel(turn):
+        try:
+            await anyio.Event().wait()
+        finally:
+            raise KeyboardInterrupt  # in place of the cancellation
+        return [Text("[never]")]
+
+    async def exiting(turn):
+        await anyio.lowlevel.checkpoint()
+        raise SystemExit(5)
+
+    group = parallel(
+        hook(interrupted_on_cancel, name="first"), hook(exiting, name="second"), name="group"
+    )
+    pipe = Pipeline(model=ScriptedModel(["never sent"]), pre=[group])
+
+    async def run() -> None:
+        try:
+            await pipe.run(Turn.start("hi"))
+        except KeyboardInterrupt:
+            pytest.fail("the KeyboardInterrupt raised as the group stopped replaced SystemExit(5)")
+
+    with pytest.raises(SystemExit) as info:
+        await run()
+    assert info.value.code == 5
+    assert any("'first'" in note and "KeyboardInterrupt" in note for note in info.value.__notes__)

@@ -7,6 +7,7 @@ import threading
 import warnings
 
 import anyio
+import anyio.lowlevel
 import attrs
 import pytest
 import trio
@@ -1928,3 +1929,45 @@ async def test_a_system_exit_out_of_a_tool_is_not_lost_to_the_callers_cancellati
     with pytest.raises(SystemExit) as info:
         await caller()
     assert info.value.code == 3
+
+
+async def test_the_interrupt_that_stopped_the_batch_wins_over_one_raised_as_it_stops() -> None:
+    """Bug caught: the batch raised the first interrupt in call order, not the one that
+    stopped it: a later call's tool raising SystemExit(5) cancelled an earlier call, whose
+    after-tool hook raised KeyboardInterrupt on seeing the cancelled result, and the caller
+    got that KeyboardInterrupt, the exit code lost. The later one rides along as a note."""
+
+    @tool
+    async def waiting() -> str:
+        """Runs until cancelled."""
+        await anyio.Event().wait()
+        return "never"
+
+    @tool
+    async def exiting() -> str:
+        """Exits while `waiting` runs."""
+        await anyio.lowlevel.checkpoint()
+        raise SystemExit(5)
+
+    async def on_cancel(call, result, turn):
+        if result.error_class == "cancelled":
+            raise KeyboardInterrupt
+        return cont(result)
+
+    batch = [ToolCall("c1", "waiting", {}), ToolCall("c2", "exiting", {})]
+    pipe = Pipeline(
+        model=ScriptedModel([batch, "never"]),
+        tools=[waiting, exiting],
+        after_tool=[hook(on_cancel, name="on_cancel")],
+    )
+
+    async def run() -> None:
+        try:
+            await pipe.run(start())
+        except KeyboardInterrupt:
+            pytest.fail("the KeyboardInterrupt raised as the batch stopped replaced SystemExit(5)")
+
+    with pytest.raises(SystemExit) as info:
+        await run()
+    assert info.value.code == 5
+    assert any("c1" in note and "KeyboardInterrupt" in note for note in info.value.__notes__)
