@@ -138,8 +138,9 @@ class PostgresLog(DatabaseLog):
             the connection kept. For a server that sends nothing for a second longer: the
             log closes the connection. Over TCP on Linux that is measured silence, however
             long a server still sending takes; elsewhere (a Unix-domain socket, a TCP
-            stack that does not report it) the call's whole length. A call given up on a
-            connection kept from an earlier call is made once more on a new one; a commit
+            stack that does not report when the server last sent anything, gVisor's say)
+            the call's whole length. A call given up on a connection kept from an earlier
+            call is made once more on a new one; a commit
             given up on may have reached the server, and its error says so. Connecting
             waits as long (rounded up to whole seconds, at least 2), unless the DSN gives a
             ``connect_timeout``. A schema migration is not bounded.
@@ -357,8 +358,9 @@ class PostgresLog(DatabaseLog):
             return f"sent nothing for {limit}"
         return (
             f"had not answered in full after {limit} (over a connection that is not TCP on"
-            " Linux, a Unix-domain socket say, or whose TCP stack does not report it, the log"
-            " cannot see whether the server is still sending, so it bounds the whole call)"
+            " Linux, a Unix-domain socket say, or whose TCP stack does not report when the"
+            " server last sent anything, gVisor's say, the log cannot see whether the server"
+            " is still sending, so it bounds the whole call)"
         )
 
     @staticmethod
@@ -544,12 +546,17 @@ class _Watchdog:
 
 
 # struct tcp_info (linux/tcp.h, a stable part of the kernel's ABI), the fields read:
-# tcpi_state, the byte at 0 (TCP_ESTABLISHED is 1); tcpi_unacked, the 32-bit count at byte 24 of segments sent and not yet acknowledged; and
-# the four 32-bit fields from byte 44, milliseconds since the log last sent data
-# (tcpi_last_data_sent) and acknowledged data (tcpi_last_ack_sent, unused), and since the
-# server last sent data (tcpi_last_data_recv) and acknowledged anything (tcpi_last_ack_recv).
+# tcpi_state, the byte at 0 (TCP_ESTABLISHED is 1); tcpi_snd_mss and tcpi_rcv_mss, the 32-bit
+# sizes at bytes 16 and 20, which Linux fills in on every established connection (and gVisor's
+# netstack, which fills in the state but not the times, leaves at 0); tcpi_unacked, the 32-bit
+# count at byte 24 of segments sent and not yet acknowledged; and the four 32-bit fields from
+# byte 44, milliseconds since the log last sent data (tcpi_last_data_sent) and acknowledged
+# data (tcpi_last_ack_sent, unused), and since the server last sent data (tcpi_last_data_recv)
+# and acknowledged anything (tcpi_last_ack_recv).
 _TCP_INFO = getattr(socket, "TCP_INFO", None) if sys.platform.startswith("linux") else None
 _ESTABLISHED = 1
+_SEGMENT_SIZES = struct.Struct("=II")
+_SEGMENT_SIZES_AT = 16
 _UNACKED = struct.Struct("=I")
 _UNACKED_AT = 24
 _TIMES = struct.Struct("=IIII")
@@ -559,8 +566,8 @@ _TIMES_AT = 44
 def _silence(fileno: int) -> float | None:
     """Seconds since the server at the other end of the TCP socket `fileno` last sent
     anything that shows it alive (`_silence_in`). None where the system cannot say (not
-    Linux, not TCP, a TCP stack that does not fill tcp_info in): the caller then bounds the
-    whole call."""
+    Linux, not TCP, a TCP stack that does not fill tcp_info's times in): the caller then
+    bounds the whole call."""
     if _TCP_INFO is None:
         return None
     try:
@@ -576,9 +583,12 @@ def _silence(fileno: int) -> float | None:
 def _silence_in(info: bytes) -> float | None:
     """Seconds since the server last showed itself alive, read from a socket's `info`
     (struct tcp_info): data it sent, or its acknowledgement of data the log sent (a commit
-    still being uploaded). None if `info` cannot say: too short, or not of an established
-    connection (a stack that fills it with zeros, as gVisor's does, says state 0, and its
-    zero times would read as a server that just spoke, however long it has been silent).
+    still being uploaded). None if `info` cannot say: too short, not of an established
+    connection, or without the segment sizes Linux always fills in on one. A stack that
+    leaves the times at zero would read as a server that just spoke, however long it has
+    been silent: gVisor's netstack fills in the state (established), the round-trip times
+    and the congestion window, but no time since anything was sent or received, nor the
+    segment sizes.
 
     An acknowledgement counts only while data the log sent awaits one: with none in flight,
     the server's kernel also acknowledges TCP keepalive probes, however hung the server
@@ -586,6 +596,8 @@ def _silence_in(info: bytes) -> float | None:
     acknowledgement of data came after that data was sent: the time since the log last sent
     data bounds it."""
     if len(info) < _TIMES_AT + _TIMES.size or info[0] != _ESTABLISHED:
+        return None
+    if 0 in _SEGMENT_SIZES.unpack_from(info, _SEGMENT_SIZES_AT):
         return None
     (unacked,) = _UNACKED.unpack_from(info, _UNACKED_AT)
     sent, _, received, acknowledged = _TIMES.unpack_from(info, _TIMES_AT)

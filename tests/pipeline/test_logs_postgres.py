@@ -715,12 +715,16 @@ async def test_a_hung_backend_is_given_up_on_though_its_kernel_acks_keepalives(p
     assert loaded == Context(messages=exchange("q1", "a1"))
 
 
-def tcp_info(*, state=1, unacked=0, data_sent=0, data_received=0, ack_received=0) -> bytes:
+def tcp_info(
+    *, state=1, mss=(32768, 536), unacked=0, data_sent=0, data_received=0, ack_received=0
+) -> bytes:
     """A struct tcp_info as Linux fills it in (linux/tcp.h: tcpi_state at byte 0, 1 being
-    TCP_ESTABLISHED; tcpi_unacked at 24; tcpi_last_data_sent, _ack_sent, _data_recv and
-    _ack_recv, in milliseconds, from 44), the other fields zero."""
+    TCP_ESTABLISHED; tcpi_snd_mss and tcpi_rcv_mss at 16, here a loopback connection's;
+    tcpi_unacked at 24; tcpi_last_data_sent, _ack_sent, _data_recv and _ack_recv, in
+    milliseconds, from 44), the other fields zero."""
     info = bytearray(104)
     info[0] = state
+    struct.pack_into("=II", info, 16, *mss)
     struct.pack_into("=I", info, 24, unacked)
     struct.pack_into("=IIII", info, 44, data_sent, 0, data_received, ack_received)
     return bytes(info)
@@ -742,6 +746,22 @@ def test_tcp_info_that_cannot_tell_the_servers_silence_says_so(info):
     a silent server, and nothing else bounded the call; a tcp_info not of an established
     connection now says nothing, and the call is bounded as a whole."""
     assert _postgres._silence_in(info) is None
+
+
+def test_tcp_info_of_gvisors_netstack_cannot_tell_the_servers_silence():
+    """Bug caught: gVisor's netstack fills in tcp_info's state (established), its
+    round-trip times, retransmission timeout and congestion window, but leaves every
+    time since something was sent or received at 0: that read as a server heard from
+    just now, on every look, so the watchdog never gave up on a hung server and nothing
+    else bounded the call. Such a tcp_info now says nothing, and the call is bounded as a
+    whole."""
+    info = bytearray(104)
+    info[0] = 1  # tcpi_state: TCP_ESTABLISHED; tcpi_ca_state (byte 1) 0, TCP_CA_Open
+    struct.pack_into("=I", info, 8, 200_000)  # tcpi_rto, microseconds
+    # tcpi_rtt, tcpi_rttvar, tcpi_snd_ssthresh, tcpi_snd_cwnd
+    struct.pack_into("=IIII", info, 68, 5_000, 2_500, 0x7FFFFFFF, 10)
+
+    assert _postgres._silence_in(bytes(info)) is None
 
 
 @pytest.mark.parametrize(
