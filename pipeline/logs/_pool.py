@@ -14,9 +14,9 @@ the caller learns it before the cancellation is delivered, or did not), and the
 cancellation is delivered at the next checkpoint. asyncio's own cancellation
 (``Task.cancel``, ``asyncio.timeout``), which no cancel scope holds, is raised as soon as the
 call has ended: the caller is cancelled, and the call ran to its end. Database calls are
-short, and each log's ``timeout`` bounds their waits: SQLite's lock timeout, PostgreSQL's
-``lock_timeout`` and a watchdog closing the connection of a server that sends nothing
-back (docs/logs.md, "Cancellation").
+short, and each log's ``timeout`` bounds their waits: SQLite's lock timeout; PostgreSQL's
+``statement_timeout`` (a commit), ``lock_timeout`` (a read) and a watchdog closing the
+connection of a server that sends nothing back (docs/logs.md, "Cancellation").
 """
 
 import asyncio

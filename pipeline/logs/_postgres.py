@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, LiteralString, TypeVar, final
 
@@ -131,17 +131,20 @@ class PostgresLog(DatabaseLog):
         dsn: A libpq connection string or a ``postgresql://`` URL.
         max_connections: How many database calls may run at once (each on its own
             connection, opened on demand and kept).
-        timeout: Seconds a call may wait before it fails with `pipeline.LogError` (a
-            call's length is not bounded). For a lock: the server's ``lock_timeout``
-            (unless the DSN's ``options``, or ``PGOPTIONS`` for a DSN without them, set
-            one) gives up a statement waiting on another transaction's lock, rolled back,
-            the connection kept. For a server that sends nothing for a second longer: the
-            log closes the connection. Over TCP on Linux that is measured silence, however
+        timeout: Seconds a call may wait before it fails with `pipeline.LogError`. The
+            server gives up a commit (or a check made on connecting) that has lasted that
+            long, however many locks it waited on (its ``statement_timeout``), and a read
+            that has waited that long on one lock (its ``lock_timeout``), rolled back, the
+            connection kept; a read is otherwise not bounded, however long a large one
+            takes to arrive. A shorter (non-zero) limit the DSN's ``options``,
+            ``PGOPTIONS`` (for a DSN without them), the role or the database sets is
+            kept; a longer one, or 0, is replaced by ``timeout``. For a server that sends
+            nothing for a second longer: the log closes the connection. Over TCP on Linux that is measured silence, however
             long a server still sending takes; elsewhere (a Unix-domain socket, a TCP
             stack that does not report when the server last sent anything, gVisor's say)
-            the call's whole length. A call given up on a connection kept from an earlier
-            call is made once more on a new one; a commit
-            given up on may have reached the server, and its error says so. Connecting
+            the call's whole length. A call given up on for silence on a connection kept
+            from an earlier call is made once more on a new one; a commit given up on for
+            silence may have reached the server, and its error says so. Connecting
             waits as long (rounded up to whole seconds, at least 2), unless the DSN gives a
             ``connect_timeout``. A schema migration is not bounded.
         create_tables: False refuses a database without turnplug's tables with
@@ -207,13 +210,15 @@ class PostgresLog(DatabaseLog):
         self._timeout = float(timeout)
         if "connect_timeout" not in params:
             self._connect_options["connect_timeout"] = max(2, math.ceil(self._timeout))
-        # The server's timeouts the DSN sets itself (options=-clock_timeout=...) are its own,
-        # and so are those of PGOPTIONS, which libpq reads for a DSN without options.
-        if "options" in params:
-            options, self._options_from = params["options"] or "", "the DSN's"
-        else:
-            options, self._options_from = os.environ.get("PGOPTIONS", ""), "PGOPTIONS'"
-        self._dsn_sets = {f"{name.lower()}_timeout" for name in _TIMEOUT_OPTION.findall(options)}
+        # Where the server's settings a connection asks for come from: the DSN's options, or
+        # PGOPTIONS, which libpq reads for a DSN without options.
+        self._options_from = "the DSN's" if "options" in params else "PGOPTIONS'"
+        # The server's lock_timeout and statement_timeout on the log's connections, in
+        # milliseconds, and where a shorter one the log kept comes from (None: the log's).
+        milliseconds = max(1, math.ceil(self._timeout * 1000))
+        self._limits: dict[str, tuple[int, str | None]] = dict.fromkeys(
+            _LIMITS, (milliseconds, None)
+        )
         self._watchdog = _Watchdog(f"{self!r} watchdog")
         weakref.finalize(self, self._watchdog.stop)
         self._migrated = False
@@ -281,14 +286,24 @@ class PostgresLog(DatabaseLog):
 
     def _prepare(self, connection: "psycopg.Connection[Any]") -> bool:
         """Set the connection up; whether the schema needs migrating."""
-        # The server gives up a statement waiting on a lock another transaction holds, and
-        # rolls it back: a clean error, a usable connection. (Not statement_timeout, which
-        # would also end a long read still sending to a slow client.)
-        if "lock_timeout" not in self._dsn_sets:
-            milliseconds = max(1, math.ceil(self._timeout * 1000))
-            connection.execute(
-                "SELECT set_config('lock_timeout', %s, false)", (f"{milliseconds}ms",)
-            )
+        # The server gives up a statement that lasted the log's timeout (statement_timeout,
+        # however many locks it waited on) or waited that long on one lock (lock_timeout),
+        # and rolls it back: a clean error, a usable connection. Reads lift the first
+        # (`_unlimited`): a large read still sending to a slow client is not ended. A
+        # shorter limit set elsewhere (the DSN, PGOPTIONS, the role) is kept; a longer one,
+        # or none (0), would leave a live server silent past the watchdog's limit.
+        milliseconds = max(1, math.ceil(self._timeout * 1000))
+        rows = connection.execute(
+            "SELECT s.name, s.setting::bigint, s.source, set_config(s.name, CASE"
+            " WHEN s.setting::bigint BETWEEN 1 AND %s THEN s.setting ELSE %s END, false)"
+            " FROM pg_settings AS s WHERE s.name = ANY(%s)",
+            (milliseconds, str(milliseconds), list(_LIMITS)),
+        ).fetchall()
+        for name, setting, source, _ in rows:
+            if 1 <= setting <= milliseconds:
+                self._limits[name] = (int(setting), self._source(str(source)))
+            else:
+                self._limits[name] = (milliseconds, None)
         if self._migrated:
             return False
         if _migrated(connection, repr(self), create=self._create_tables):
@@ -297,14 +312,16 @@ class PostgresLog(DatabaseLog):
         return True
 
     def _bounded(self, work: Callable[[Any], T], what: str) -> Callable[[Any], T]:
-        """`work` given up on after the log's timeout: the server's own lock_timeout ends
-        a statement waiting on a lock; a server that sends nothing for a second longer has
-        its connection shut (`_Watchdog`), which ends the call where it waits."""
+        """`work` given up on after the log's timeout: the server's own statement_timeout
+        ends a commit that lasted that long, and its lock_timeout a read waiting that long
+        on a lock; a server that sends nothing for a second longer has its connection shut
+        (`_Watchdog`), which ends the call where it waits."""
         driver = self._psycopg
         watchdog = self._watchdog
         deadline = self._timeout + _GRACE
 
         def bounded(connection: "psycopg.Connection[Any]") -> T:
+            started = time.monotonic()
             armed = watchdog.arm(connection.fileno(), deadline)
             try:
                 return work(connection)
@@ -314,7 +331,7 @@ class PostgresLog(DatabaseLog):
                     raise _TimedOut(what, measured=measured) from exc
                 # Told apart by SQLSTATE: the message is in the server's lc_messages.
                 if exc.sqlstate in (_LOCK_NOT_AVAILABLE, _QUERY_CANCELED):
-                    raise _Refused(what, exc.sqlstate) from exc
+                    raise _Refused(what, exc.sqlstate, time.monotonic() - started) from exc
                 raise
             finally:
                 watchdog.disarm(armed)
@@ -363,6 +380,25 @@ class PostgresLog(DatabaseLog):
             " is still sending, so it bounds the whole call)"
         )
 
+    def _source(self, source: str) -> str:
+        """Who set a server setting, from its pg_settings.source."""
+        return {
+            "client": self._options_from,
+            "user": "the role's",
+            "database": "the database's",
+            "database user": "the role's in this database",
+        }.get(source, "the server's configured")
+
+    def _limit(self, name: str) -> tuple[str, str]:
+        """The limit the server's `name` (lock_timeout, statement_timeout) puts on the
+        log's calls, as errors name it, and how to make it longer."""
+        milliseconds, source = self._limits[name]
+        if source is None:
+            return f"timeout={self._timeout:g} s (the server's {name})", (
+                "give PostgresLog a longer timeout="
+            )
+        return f"{source} {name} ({milliseconds} ms)", f"raise {source} {name}"
+
     @staticmethod
     def _unsure(exc: "_TimedOut") -> str:
         if not exc.what.startswith("committing "):
@@ -381,24 +417,29 @@ class PostgresLog(DatabaseLog):
                 " network, or give PostgresLog a longer timeout="
             )
         if isinstance(exc, _Refused) and exc.sqlstate == _LOCK_NOT_AVAILABLE:
-            if "lock_timeout" in self._dsn_sets:
-                limit = f"{self._options_from} lock_timeout"
-                longer = f"raise {self._options_from} lock_timeout"
-            else:
-                limit = f"timeout={self._timeout:g} s (the server's lock_timeout)"
-                longer = "give PostgresLog a longer timeout="
+            limit, longer = self._limit("lock_timeout")
             why = (
                 f"{exc.what} waited longer than {limit} for a lock another transaction holds"
                 " (lock_not_available): the server gave it up, nothing of it was committed,"
                 " and the log stays usable — retry, find what holds the lock (pg_locks,"
                 f" pg_stat_activity), or {longer}"
             )
+        elif (
+            isinstance(exc, _Refused) and exc.elapsed >= self._limits["statement_timeout"][0] / 1000
+        ):
+            limit, longer = self._limit("statement_timeout")
+            why = (
+                f"{exc.what} waited longer than {limit}, kept waiting by a lock another"
+                " transaction holds or by an overloaded server (query_canceled): the server"
+                " gave it up, nothing of it was committed, and the log stays usable — retry,"
+                " find what holds the lock or loads the server (pg_locks, pg_stat_activity),"
+                f" or {longer}"
+            )
         elif isinstance(exc, _Refused):
             why = (
-                f"{exc.what} was cancelled by the server (query_canceled: a statement_timeout"
-                " the DSN, the role or the database sets, the log sets none, or an"
-                " administrator's pg_cancel_backend): nothing of it was committed, and the log"
-                " stays usable — retry, or raise that statement_timeout"
+                f"{exc.what} was cancelled by the server before any timeout (query_canceled:"
+                " an administrator's pg_cancel_backend, say): nothing of it was committed,"
+                " and the log stays usable — retry"
             )
         elif isinstance(exc, self._psycopg.errors.ConnectionTimeout):
             seconds = self._connect_options.get("connect_timeout", "the DSN's connect_timeout")
@@ -425,18 +466,17 @@ class PostgresLog(DatabaseLog):
 
 
 # How much longer than its timeout a call waits for a server that sends nothing before
-# closing its connection: time for the server's own lock_timeout to end a commit waiting
-# on a lock cleanly first, its answer on the way.
+# closing its connection: time for the server's own statement_timeout or lock_timeout to
+# end a commit waiting on a lock cleanly first, its answer on the way.
 _GRACE = 1.0
+
+# The server's settings that bound the log's calls, set on each connection.
+_LIMITS = ("lock_timeout", "statement_timeout")
 
 # The SQLSTATEs of a statement the server gave up: waiting on a lock (lock_timeout), and
 # cancelled (statement_timeout, pg_cancel_backend).
 _LOCK_NOT_AVAILABLE = "55P03"
 _QUERY_CANCELED = "57014"
-
-# A server timeout set in a DSN's options: -c name=value, -cname=value or --name=value, the
-# name in any case (the server's are case-insensitive).
-_TIMEOUT_OPTION = re.compile(r"(?:-c\s*|--)(statement|lock)[_-]timeout=", re.IGNORECASE)
 
 
 class _TimedOut(Exception):
@@ -463,12 +503,15 @@ def _earlier_silence(exc: BaseException) -> _TimedOut | None:
 
 
 class _Refused(Exception):
-    """A statement the server gave up (`sqlstate` says why), rolled back: `what` it was."""
+    """A statement the server gave up (`sqlstate` says why), rolled back: `what` it was,
+    and how many seconds the call had lasted (`elapsed`: a cancel that came no sooner than
+    the statement_timeout is that timeout's; the SQLSTATE is the same)."""
 
-    def __init__(self, what: str, sqlstate: str) -> None:
+    def __init__(self, what: str, sqlstate: str, elapsed: float) -> None:
         super().__init__(what)
         self.what = what
         self.sqlstate = sqlstate
+        self.elapsed = elapsed
 
 
 @final
@@ -720,30 +763,43 @@ def _append(
     return str(row[0]), int(row[1])
 
 
+@contextlib.contextmanager
+def _unlimited(connection: "psycopg.Connection[Any]") -> Iterator[None]:
+    """A transaction whose statements no statement_timeout ends: a read of a conversation
+    or a listing, however long it takes to send to a slow client (the watchdog still gives
+    up on a silent server, and lock_timeout on a lock)."""
+    with connection.transaction():
+        connection.execute("SET LOCAL statement_timeout = 0")
+        yield
+
+
 def _load(conversation_id: str, connection: "psycopg.Connection[Any]") -> list[tuple[Message, ...]]:
-    rows = connection.execute(
-        "SELECT turn_ref, messages FROM turnplug_turns WHERE conversation_id = %s"
-        " ORDER BY position",
-        (conversation_id,),
-    ).fetchall()
+    with _unlimited(connection):
+        rows = connection.execute(
+            "SELECT turn_ref, messages FROM turnplug_turns WHERE conversation_id = %s"
+            " ORDER BY position",
+            (conversation_id,),
+        ).fetchall()
     return [_codec.read_messages(conversation_id, turn_ref, text) for turn_ref, text in rows]
 
 
 def _entries(conversation_id: str, connection: "psycopg.Connection[Any]") -> tuple[LogEntry, ...]:
-    rows = connection.execute(
-        "SELECT turn_ref, messages, audit, committed_at FROM turnplug_turns"
-        " WHERE conversation_id = %s ORDER BY position",
-        (conversation_id,),
-    ).fetchall()
+    with _unlimited(connection):
+        rows = connection.execute(
+            "SELECT turn_ref, messages, audit, committed_at FROM turnplug_turns"
+            " WHERE conversation_id = %s ORDER BY position",
+            (conversation_id,),
+        ).fetchall()
     return tuple(_codec.read_entry(conversation_id, *row) for row in rows)
 
 
 def _conversations(connection: "psycopg.Connection[Any]") -> tuple[ConversationInfo, ...]:
-    rows = connection.execute(
-        "SELECT c.conversation_id, c.turns, c.length, max(t.committed_at)"
-        " FROM turnplug_conversations AS c JOIN turnplug_turns AS t USING (conversation_id)"
-        " GROUP BY c.conversation_id, c.turns, c.length"
-    ).fetchall()
+    with _unlimited(connection):
+        rows = connection.execute(
+            "SELECT c.conversation_id, c.turns, c.length, max(t.committed_at)"
+            " FROM turnplug_conversations AS c JOIN turnplug_turns AS t USING (conversation_id)"
+            " GROUP BY c.conversation_id, c.turns, c.length"
+        ).fetchall()
     return _codec.read_conversations(rows)
 
 

@@ -837,7 +837,7 @@ async def test_a_commit_waiting_on_a_lock_another_transaction_holds_is_a_bounded
 
     message = str(raised.value)
     assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' waited longer")
-    assert "timeout=0.5 s (the server's lock_timeout)" in message
+    assert "timeout=0.5 s (the server's statement_timeout)" in message
     assert "nothing of it was committed" in message
     assert [entry.turn_ref for entry in entries] == ["t1", "t3"]
 
@@ -845,7 +845,8 @@ async def test_a_commit_waiting_on_a_lock_another_transaction_holds_is_a_bounded
 async def test_a_read_longer_than_the_timeout_is_not_ended_by_the_server(postgres):
     """Bug caught: the server was told to give up any statement lasting longer than the
     log's timeout (statement_timeout), which also ended a large read whose rows were still
-    being sent to a slow client; only a wait on a lock is given up on now (lock_timeout)."""
+    being sent to a slow client; a read runs with no statement_timeout now (the limit
+    of a commit), and only its waits on a lock are given up on (lock_timeout)."""
     relay = Relay(postgres)
     # More than the server's socket buffers hold: it is still sending after the timeout.
     turns = [exchange(f"{number}" * 500_000, "ok") for number in range(12)]
@@ -958,9 +959,126 @@ async def test_a_statement_timeout_the_dsn_sets_is_not_overwritten(postgres):
             holder.close()
 
     message = str(raised.value)
-    assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' was cancelled")
-    assert "statement_timeout" in message
+    assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' waited longer")
+    assert "than the DSN's statement_timeout (200 ms)" in message
     assert "nothing of it was committed" in message
+
+
+async def test_a_second_commit_waiting_on_a_conversations_row_is_given_up_at_the_timeout(
+    postgres,
+):
+    """Bug caught: lock_timeout bounds each lock wait of a statement separately, and a
+    second commit to a conversation whose row is locked waits twice (for the first
+    commit's hold on the row, then for the lock's holder): the server stayed silent longer
+    than the timeout plus a second, so the watchdog closed the connection, made the commit
+    again and reported a hung server or a dropped network. The server's statement_timeout
+    now ends the whole statement at the timeout, cleanly."""
+    import psycopg
+
+    results: dict[str, str] = {}
+    async with (
+        PostgresLog(postgres, max_connections=1, timeout=2) as first,
+        PostgresLog(postgres, max_connections=1, timeout=2) as second,
+    ):
+        await first.append("c", "t1", exchange("q1", "a1"))
+        await second.load("c")  # its connection is a kept one, which a silence would retry
+
+        async def commit(log: PostgresLog, turn_ref: str, delay: float) -> None:
+            await anyio.sleep(delay)
+            with pytest.raises(LogError) as raised:
+                await log.append("c", turn_ref, exchange("q", "a"))
+            results[turn_ref] = str(raised.value)
+
+        holder = psycopg.connect(postgres)
+        try:
+            holder.execute(
+                "SELECT 1 FROM turnplug_conversations WHERE conversation_id = 'c' FOR UPDATE"
+            )
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(commit, first, "ta", 0)
+                    task_group.start_soon(commit, second, "tb", 0.3)
+        finally:
+            holder.rollback()
+            holder.close()
+        await second.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+        entries = await first.entries("c")
+
+    for turn_ref, log in (("tb", second), ("ta", first)):
+        message = results[turn_ref]
+        assert message.startswith(
+            f"{log!r}: committing turn {turn_ref!r} of conversation 'c' waited longer than"
+            " timeout=2 s (the server's statement_timeout)"
+        ), message
+        assert "nothing of it was committed" in message
+    assert [entry.turn_ref for entry in entries] == ["t1", "t2"]
+
+
+def without_options(dsn: str, monkeypatch, options: str) -> str:
+    """`dsn` without options, its options (the search_path) and `options` in PGOPTIONS, as
+    a machine-wide setting would give them."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    monkeypatch.setenv("PGOPTIONS", f"{params.pop('options', '')} {options}")
+    return make_conninfo(**params)
+
+
+@pytest.mark.parametrize("lock_timeout", ["0", "1min"])
+async def test_a_lock_timeout_pgoptions_sets_to_none_or_longer_still_ends_a_commit_cleanly(
+    postgres, monkeypatch, lock_timeout
+):
+    """Bug caught: a lock_timeout of 0 (none) or longer than the log's timeout, set by
+    PGOPTIONS (often machine-wide) or the DSN, was kept, so a commit waiting on a lock kept
+    the server silent past the timeout plus a second: the watchdog closed the connection,
+    made the commit again on a new one, which waited as long, and reported a hung server or
+    a dropped network twice. The server now gives the commit up at the timeout, cleanly."""
+    dsn = without_options(postgres, monkeypatch, f"-c lock_timeout={lock_timeout}")
+    async with PostgresLog(dsn, max_connections=1, timeout=1) as log:
+        await log.append("c", "t1", exchange("q1", "a1"))
+        holder = lock_tables(postgres)
+        try:
+            with anyio.fail_after(60), pytest.raises(LogError) as raised:
+                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+        finally:
+            holder.rollback()
+            holder.close()
+        entries = await log.entries("c")
+
+    message = str(raised.value)
+    assert message.startswith(
+        f"{log!r}: committing turn 't2' of conversation 'c' waited longer than timeout=1 s"
+        " (the server's statement_timeout)"
+    ), message
+    assert [entry.turn_ref for entry in entries] == ["t1"]
+
+
+async def test_a_read_waiting_on_a_lock_is_given_up_at_the_timeout_whatever_pgoptions_says(
+    postgres, monkeypatch
+):
+    """Bug caught: a lock_timeout of 0 set by PGOPTIONS was kept, so a read waiting on a
+    lock (a migration's, an administrator's LOCK TABLE) kept the server silent: the
+    watchdog closed the connection, read again on a new one, and reported a hung server or
+    a dropped network twice. Reads, which no statement_timeout ends, are given up on by the
+    log's lock_timeout, cleanly."""
+    dsn = without_options(postgres, monkeypatch, "-c lock_timeout=0")
+    async with PostgresLog(dsn, max_connections=1, timeout=1) as log:
+        await log.append("c", "t1", exchange("q1", "a1"))
+        holder = lock_tables(postgres)
+        try:
+            with anyio.fail_after(60), pytest.raises(LogError) as raised:
+                await log.load("c")
+        finally:
+            holder.rollback()
+            holder.close()
+        loaded = await log.load("c")
+
+    message = str(raised.value)
+    assert message.startswith(
+        f"{log!r}: loading conversation 'c' waited longer than timeout=1 s"
+        " (the server's lock_timeout) for a lock another transaction holds"
+    ), message
+    assert loaded == Context(messages=exchange("q1", "a1"))
 
 
 async def test_opening_a_log_whose_tables_another_transaction_locks_is_a_bounded_log_error(
