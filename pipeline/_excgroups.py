@@ -23,6 +23,27 @@ def first_failure(failures: Sequence[E], note: Callable[[E], str]) -> E:
     return first
 
 
+def stopping_interrupt(
+    raised: Sequence[tuple[BaseException, bool, str]], stopped: str
+) -> BaseException | None:
+    """The KeyboardInterrupt or SystemExit that stopped a group of tasks, if any.
+
+    `raised` holds, in the group's order, each interrupt with whether it came while the
+    group was being cancelled, and who raised it. One raised before the cancel stopped the
+    group (the first in order, among several at the same instant); one raised during it
+    wins only when none came before (the group stopped by a failure or a halt). The others
+    ride along as notes, as `first_failure`'s do.
+    """
+    if not raised:
+        return None
+    ordered = sorted(raised, key=lambda entry: entry[1])  # stable: order kept among equals
+    who = {id(interrupt): name for interrupt, _, name in ordered}
+    return first_failure(
+        [interrupt for interrupt, _, _ in ordered],
+        lambda other: f"{who[id(other)]} also raised {type(other).__name__} as {stopped} stopped",
+    )
+
+
 def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
     """Raise what `group` carries, never the group: call it in ``except BaseExceptionGroup``.
 

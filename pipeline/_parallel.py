@@ -9,7 +9,7 @@ from turns._parts import exchange_problem, part_problem
 from ._audit import HookRecord
 from ._describe import PART_TYPES
 from ._errors import HookError
-from ._excgroups import first_failure
+from ._excgroups import first_failure, stopping_interrupt
 from ._plan import Group, Step
 from ._runner import Runner, malformed
 from ._signals import Halt
@@ -52,31 +52,19 @@ async def run_group(runner: Runner, group: Group, turn: Turn) -> Turn | Halt:
         # The caller's scope cancelled as a member was interrupted (a deadline passing then,
         # or the member cancelling it itself): the task group raises the cancellation, which
         # the caller's `move_on_after` would absorb, losing the interrupt. The interrupt wins.
-        if _interrupt(members) is None:
+        if not any(member.interrupt is not None for member in members):
             raise
-    interrupt = _interrupt(members)
+    interrupt = stopping_interrupt(
+        [
+            (member.interrupt, member.interrupt_late, f"member {member.step.label}")
+            for member in members
+            if member.interrupt is not None
+        ],
+        "the group",
+    )
     if interrupt is not None:
-        for member in members:
-            if member.interrupt is not None and member.interrupt is not interrupt:
-                interrupt.add_note(
-                    f"member {member.step.label} also raised {type(member.interrupt).__name__}"
-                    " as the group stopped"
-                )
         raise interrupt
     return _merge(runner, group, turn, members)
-
-
-def _interrupt(members: list[_Member]) -> BaseException | None:
-    """The KeyboardInterrupt or SystemExit that stopped the group, if any.
-
-    One raised before the group was cancelled stopped it: among those (several at the same
-    instant), the first in declaration order. One raised while being cancelled came after
-    it, and wins only when none came before (the group stopped by a failure or a halt).
-    """
-    interrupted = [m for m in members if m.interrupt is not None]
-    if not interrupted:
-        return None
-    return min(interrupted, key=lambda m: m.interrupt_late).interrupt
 
 
 async def _run_member(

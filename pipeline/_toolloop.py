@@ -19,7 +19,7 @@ from turns import Message, Reply, RequestOptions, ToolCall, ToolResult, Turn, Us
 from . import events as ev
 from ._audit import AttemptRecord, ToolRecord
 from ._errors import HookError, StepLimitExceeded
-from ._excgroups import first_failure
+from ._excgroups import first_failure, stopping_interrupt
 from ._model import ModelRequest
 from ._observe import TOOL_CALL
 from ._parallel import stop_group
@@ -189,16 +189,21 @@ async def run_batch(
                 )
     except BaseException:
         # The caller's scope cancelled as a call was interrupted: the interrupt wins.
-        if _interrupt(jobs) is None:
+        if not any(job.interrupt is not None for job in jobs):
             raise
-    interrupt = _interrupt(jobs)
+    interrupt = stopping_interrupt(
+        [
+            (
+                job.interrupt,
+                job.interrupt_late,
+                f"tool call {job.requested.id} ({job.requested.name!r})",
+            )
+            for job in jobs
+            if job.interrupt is not None
+        ],
+        "the batch",
+    )
     if interrupt is not None:
-        for job in jobs:
-            if job.interrupt is not None and job.interrupt is not interrupt:
-                interrupt.add_note(
-                    f"tool call {job.requested.id} ({job.requested.name!r}) also raised"
-                    f" {type(job.interrupt).__name__} as the batch stopped"
-                )
         raise interrupt
     for job in jobs:
         runner.records.extend(job.records)
@@ -218,20 +223,6 @@ async def run_batch(
     results = tuple(job.result for job in jobs)
     assert all(result is not None for result in results)
     return results  # type: ignore[return-value]
-
-
-def _interrupt(jobs: list[ToolJob]) -> BaseException | None:
-    """The KeyboardInterrupt or SystemExit that stopped the batch, if any.
-
-    One raised before the batch was cancelled stopped it: among those (several at the same
-    instant), the first in call order. One raised while being cancelled (an after-tool hook
-    seeing the cancelled result) came after it, and wins only when none came before (the
-    batch stopped by a failure or a halt).
-    """
-    interrupted = [job for job in jobs if job.interrupt is not None]
-    if not interrupted:
-        return None
-    return min(interrupted, key=lambda job: job.interrupt_late).interrupt
 
 
 async def _run_job(
