@@ -1,7 +1,11 @@
 """Helpers the pipeline tests share."""
 
 import asyncio
+import gc
+import warnings
+from collections.abc import Awaitable, Callable
 
+import pytest
 import sniffio
 import trio
 
@@ -59,3 +63,22 @@ def pairing_problems(events) -> list[str]:
             problems.append(f"{type(event).__name__} {key} closes nothing")
     problems.extend(f"{key} never closed" for key in sorted(opened))
     return problems
+
+
+def run_on(loop: str, main: Callable[[], Awaitable[None]]) -> None:
+    """Run `main` from sync code, as an application would: what a loop leaves over shows."""
+    if loop == "trio":
+        trio.run(main)
+    else:
+        asyncio.run(main())  # type: ignore[arg-type]
+
+
+def warnings_of_an_interrupted_run(loop: str, main: Callable[[], Awaitable[None]]) -> list[str]:
+    """Run `main` on `loop` from sync code, which must end in KeyboardInterrupt; the warnings
+    the run left once collected (a coroutine created and never run shows only then)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt):
+            run_on(loop, main)
+        gc.collect()
+    return [str(warning.message) for warning in caught]

@@ -1,10 +1,7 @@
 """Parallel groups in the pre list: concurrency, declaration order, halts and failures."""
 
-import asyncio
-import gc
 import inspect
 import threading
-import warnings
 
 import anyio
 import anyio.lowlevel
@@ -29,7 +26,7 @@ from pipeline import events as ev
 from pipeline.testing import ScriptedModel
 from turns import Injection, Message, Text, ToolCall, Turn
 
-from .support import collect
+from .support import collect, warnings_of_an_interrupted_run
 
 BARRIER_TIMEOUT = 5.0
 """Real seconds a sync member waits for its sibling at the barrier before giving up."""
@@ -696,18 +693,7 @@ def test_a_keyboard_interrupt_out_of_a_member_passes_through_leaving_no_coroutin
     async def main() -> None:
         await pipe.run(Turn.start("hi"))
 
-    def run() -> None:
-        if loop == "trio":
-            trio.run(main)
-        else:
-            asyncio.run(main())
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(KeyboardInterrupt):
-            run()
-        gc.collect()
-    assert [str(warning.message) for warning in caught] == []
+    assert warnings_of_an_interrupted_run(loop, main) == []
 
 
 async def test_a_system_exit_out_of_a_member_is_not_lost_to_the_callers_cancellation():

@@ -1,9 +1,6 @@
 """The post stage: ordered post hooks judge the reply, background post hooks follow the turn."""
 
-import asyncio
-import gc
 import inspect
-import warnings
 
 import anyio
 import attrs
@@ -35,7 +32,7 @@ from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Injection, Message, Text, ToolCall, Turn
 
 from .support import collect as streamed
-from .support import pairing_problems
+from .support import pairing_problems, warnings_of_an_interrupted_run
 
 TURN_REF = "turn-post"
 
@@ -1390,18 +1387,7 @@ def test_a_keyboard_interrupt_out_of_a_background_hook_leaves_no_hook_unrun(loop
     async def main() -> None:
         await pipe.run(Turn.start("hi"))
 
-    def run() -> None:
-        if loop == "trio":
-            trio.run(main)
-        else:
-            asyncio.run(main())
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(KeyboardInterrupt):
-            run()
-        gc.collect()
-    assert [str(warning.message) for warning in caught] == []
+    assert warnings_of_an_interrupted_run(loop, main) == []
 
 
 async def test_a_system_exit_out_of_a_background_hook_is_not_lost_to_the_callers_cancellation():

@@ -1,10 +1,8 @@
 """Sessions: one conversation over a log, its lifecycle hooks and its background work."""
 
 import asyncio
-import gc
 import inspect
 import math
-import warnings
 
 import anyio
 import pytest
@@ -30,7 +28,7 @@ from pipeline.logs import LogEntry, MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Scope, Text, Turn
 
-from .support import live_tasks, pairing_problems
+from .support import live_tasks, pairing_problems, warnings_of_an_interrupted_run
 
 CONVERSATION = "conv-1"
 
@@ -1958,18 +1956,7 @@ def test_a_keyboard_interrupt_out_of_a_background_hook_leaves_the_session_block(
             await anyio.sleep(10)
         ran.append("after the block")
 
-    def run() -> None:
-        if loop == "trio":
-            trio.run(main)
-        else:
-            asyncio.run(main())
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(KeyboardInterrupt):
-            run()
-        gc.collect()
-    assert [str(warning.message) for warning in caught] == []
+    assert warnings_of_an_interrupted_run(loop, main) == []
     assert ran == ["sibling", "sibling"]
 
 

@@ -1,8 +1,5 @@
 """Pipeline.stream: one drive loop with run, events of the turn, failures and cancellation."""
 
-import asyncio
-import gc
-import warnings
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -29,7 +26,7 @@ from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Text, Turn
 
-from .support import collect, live_tasks
+from .support import collect, live_tasks, warnings_of_an_interrupted_run
 
 TURN_REF = "turn-0123"
 
@@ -1000,14 +997,6 @@ async def test_the_result_of_a_finished_turn_whose_events_were_left_unread_says_
 # -- interrupts -----------------------------------------------------------------------------
 
 
-def run_on(loop: str, main: Callable[[], Awaitable[None]]) -> None:
-    """Run `main` from sync code, as an application would: what a loop leaves over shows."""
-    if loop == "trio":
-        trio.run(main)
-    else:
-        asyncio.run(main())  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("where", ["pipeline", "session"])
 @pytest.mark.parametrize("loop", ["trio", "asyncio"])
 def test_a_keyboard_interrupt_in_a_streamed_turn_reaches_the_consumer_cleanly(
@@ -1046,14 +1035,10 @@ def test_a_keyboard_interrupt_in_a_streamed_turn_reaches_the_consumer_cleanly(
             ):
                 await consume(events)
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(KeyboardInterrupt):
-            run_on(loop, main)
-        gc.collect()
+    left = warnings_of_an_interrupted_run(loop, main)
     assert raised == ["KeyboardInterrupt"]
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
-    assert [str(warning.message) for warning in caught] == []
+    assert left == []
     assert trio.run(log.entries, "c") == ()
 
 
@@ -1080,13 +1065,9 @@ def test_a_keyboard_interrupt_in_a_streamed_turn_stops_a_consumer_busy_elsewhere
                     gate.set()
                     await anyio.sleep(10)
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(KeyboardInterrupt):
-            run_on(loop, main)
-        gc.collect()
+    left = warnings_of_an_interrupted_run(loop, main)
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
-    assert [str(warning.message) for warning in caught] == []
+    assert left == []
 
 
 async def test_a_system_exit_in_a_streamed_turn_is_not_lost_to_the_callers_cancellation():

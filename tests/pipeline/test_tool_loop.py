@@ -10,7 +10,6 @@ import anyio
 import anyio.lowlevel
 import attrs
 import pytest
-import trio
 
 from pipeline import (
     TOOL_HOOKS,
@@ -36,7 +35,7 @@ from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Scope, ToolCall, ToolResult, ToolSpec, Turn
 
-from .support import collect, live_tasks, pairing_problems
+from .support import collect, live_tasks, pairing_problems, run_on
 
 TURN_REF = "turn-tools"
 CONVERSATION = "conv-tools"
@@ -1879,17 +1878,11 @@ def test_a_keyboard_interrupt_out_of_a_tool_waits_for_the_running_calls_and_star
     async def main() -> None:
         await pipe.run(start())
 
-    def run() -> None:
-        if loop == "trio":
-            trio.run(main)
-        else:
-            asyncio.run(main())
-
     seen: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            run()
+            run_on(loop, main)
         except KeyboardInterrupt:
             seen = list(ran)
         gc.collect()
