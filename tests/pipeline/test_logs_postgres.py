@@ -816,6 +816,19 @@ def lock_tables(dsn: str):
     return holder
 
 
+async def commit_behind_locked_tables(log: PostgresLog, dsn: str) -> LogError:
+    """The LogError of committing turn t2 of conversation c while another connection holds
+    every table of the log locked (released afterwards); a hang fails the test."""
+    holder = lock_tables(dsn)
+    try:
+        with anyio.fail_after(60), pytest.raises(LogError) as raised:
+            await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
+    finally:
+        holder.rollback()
+        holder.close()
+    return raised.value
+
+
 async def test_a_commit_waiting_on_a_lock_another_transaction_holds_is_a_bounded_log_error(
     postgres,
 ):
@@ -825,17 +838,11 @@ async def test_a_commit_waiting_on_a_lock_another_transaction_holds_is_a_bounded
     committed, and the log commits once the lock is gone."""
     async with PostgresLog(postgres, max_connections=1, timeout=0.5) as log:
         await log.append("c", "t1", exchange("q1", "a1"))
-        holder = lock_tables(postgres)
-        try:
-            with anyio.fail_after(60), pytest.raises(LogError) as raised:
-                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
-        finally:
-            holder.rollback()
-            holder.close()
+        refused = await commit_behind_locked_tables(log, postgres)
         await log.append("c", "t3", exchange("q3", "a3"), expected_length=2)
         entries = await log.entries("c")
 
-    message = str(raised.value)
+    message = str(refused)
     assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' waited longer")
     assert "timeout=0.5 s (the server's statement_timeout)" in message
     assert "nothing of it was committed" in message
@@ -879,16 +886,10 @@ async def test_a_lock_timeout_the_dsn_sets_is_kept_and_named_in_the_error(postgr
         with_options(postgres, "-c lock_timeout=200ms"), max_connections=1, timeout=30
     ) as log:
         await log.append("c", "t1", exchange("q1", "a1"))
-        holder = lock_tables(postgres)
-        try:
-            with anyio.fail_after(20), pytest.raises(LogError) as raised:
-                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
-        finally:
-            holder.rollback()
-            holder.close()
+        refused = await commit_behind_locked_tables(log, postgres)
         entries = await log.entries("c")
 
-    message = str(raised.value)
+    message = str(refused)
     assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' waited longer")
     assert "the DSN's lock_timeout" in message
     assert "nothing of it was committed" in message
@@ -903,15 +904,9 @@ async def test_a_lock_timeout_the_dsn_sets_in_another_case_is_kept(postgres):
         with_options(postgres, "-c Lock_Timeout=200ms"), max_connections=1, timeout=5
     ) as log:
         await log.append("c", "t1", exchange("q1", "a1"))
-        holder = lock_tables(postgres)
-        try:
-            with anyio.fail_after(20), pytest.raises(LogError) as raised:
-                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
-        finally:
-            holder.rollback()
-            holder.close()
+        refused = await commit_behind_locked_tables(log, postgres)
 
-    message = str(raised.value)
+    message = str(refused)
     assert "waited longer than the DSN's lock_timeout" in message
     assert "raise the DSN's lock_timeout" in message
 
@@ -927,16 +922,10 @@ async def test_a_lock_timeout_pgoptions_sets_is_kept_and_named(postgres, monkeyp
     monkeypatch.setenv("PGOPTIONS", f"{params.pop('options')} -c lock_timeout=200ms")
     async with PostgresLog(make_conninfo(**params), max_connections=1, timeout=5) as log:
         await log.append("c", "t1", exchange("q1", "a1"))
-        holder = lock_tables(postgres)
-        try:
-            with anyio.fail_after(20), pytest.raises(LogError) as raised:
-                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
-        finally:
-            holder.rollback()
-            holder.close()
+        refused = await commit_behind_locked_tables(log, postgres)
         entries = await log.entries("c")
 
-    message = str(raised.value)
+    message = str(refused)
     assert "waited longer than PGOPTIONS' lock_timeout" in message
     assert "raise PGOPTIONS' lock_timeout" in message
     assert [entry.turn_ref for entry in entries] == ["t1"]  # PGOPTIONS' search_path
@@ -950,15 +939,9 @@ async def test_a_statement_timeout_the_dsn_sets_is_not_overwritten(postgres):
         with_options(postgres, "-cstatement_timeout=200"), max_connections=1, timeout=30
     ) as log:
         await log.append("c", "t1", exchange("q1", "a1"))
-        holder = lock_tables(postgres)
-        try:
-            with anyio.fail_after(20), pytest.raises(LogError) as raised:
-                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
-        finally:
-            holder.rollback()
-            holder.close()
+        refused = await commit_behind_locked_tables(log, postgres)
 
-    message = str(raised.value)
+    message = str(refused)
     assert message.startswith(f"{log!r}: committing turn 't2' of conversation 'c' waited longer")
     assert "than the DSN's statement_timeout (200 ms)" in message
     assert "nothing of it was committed" in message
@@ -1036,16 +1019,10 @@ async def test_a_lock_timeout_pgoptions_sets_to_none_or_longer_still_ends_a_comm
     dsn = without_options(postgres, monkeypatch, f"-c lock_timeout={lock_timeout}")
     async with PostgresLog(dsn, max_connections=1, timeout=1) as log:
         await log.append("c", "t1", exchange("q1", "a1"))
-        holder = lock_tables(postgres)
-        try:
-            with anyio.fail_after(60), pytest.raises(LogError) as raised:
-                await log.append("c", "t2", exchange("q2", "a2"), expected_length=2)
-        finally:
-            holder.rollback()
-            holder.close()
+        refused = await commit_behind_locked_tables(log, postgres)
         entries = await log.entries("c")
 
-    message = str(raised.value)
+    message = str(refused)
     assert message.startswith(
         f"{log!r}: committing turn 't2' of conversation 'c' waited longer than timeout=1 s"
         " (the server's statement_timeout)"
