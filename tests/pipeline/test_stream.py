@@ -1095,6 +1095,62 @@ async def test_a_system_exit_in_a_streamed_turn_is_not_lost_to_the_callers_cance
     assert info.value.code == 3
 
 
+@pytest.mark.parametrize("where", ["pipeline", "session"])
+async def test_an_interrupt_just_after_the_consumer_was_woken_is_raised_by_its_iteration(where):
+    """Bug caught: a hook raising KeyboardInterrupt right after the drive had woken the waiting
+    consumer for an event, before the consumer ran, cancelled the block: the consumer's own
+    await after that event was cancelled and the events emitted before the interrupt were
+    lost (both loops)."""
+    gate = anyio.Event()
+
+    async def first(turn):
+        await gate.wait()
+        return cont(turn)
+
+    async def second(turn):
+        raise KeyboardInterrupt
+
+    pipe = Pipeline(
+        model=ScriptedModel(["never"]), pre=[hook(first, name="first"), hook(second, name="second")]
+    )
+    seen: list[str] = []
+
+    async def consume(events) -> None:
+        try:
+            async for event in events:
+                seen.append(f"{type(event).__name__} {getattr(event, 'hook', '')}".strip())
+                if isinstance(event, HookStarted) and event.hook == "first":
+                    # The consumer waits again at once: `first` ends, `second` starts and
+                    # raises while it is woken but has not run yet.
+                    gate.set()
+                else:
+                    await anyio.lowlevel.checkpoint()
+        except BaseException as exc:
+            seen.append(f"iteration raised {type(exc).__name__}")
+            raise
+
+    async def main() -> None:
+        if where == "pipeline":
+            async with pipe.stream(Turn.start("hi")) as events:
+                await consume(events)
+        else:
+            async with (
+                pipe.session(log=MemoryLog(), conversation_id="c") as session,
+                session.stream("hi") as events,
+            ):
+                await consume(events)
+
+    with pytest.raises(KeyboardInterrupt):
+        await main()
+    assert seen == [
+        "TurnStarted",
+        "HookStarted first",
+        "HookFinished first",
+        "HookStarted second",
+        "iteration raised KeyboardInterrupt",
+    ]
+
+
 def interrupted_pipe() -> Pipeline:
     async def interrupted(turn):
         raise KeyboardInterrupt
