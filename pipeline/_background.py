@@ -20,6 +20,8 @@ from . import events as ev
 from ._audit import HookRecord
 from ._describe import describe, exc_text
 from ._emit import hook_started
+from ._excgroups import stopping_interrupt
+from ._parallel import stop_group
 from ._plan import Step
 from ._runner import Runner, failure_detail
 from ._signals import Cont
@@ -111,7 +113,8 @@ async def run_all_background(
     """
     records: list[list[HookRecord]] = [[] for _ in steps]
     injected: list[tuple[Injection, ...]] = [() for _ in steps]
-    interrupts: list[BaseException] = []
+    # Each hook's KeyboardInterrupt or SystemExit, in declaration order (`stopping_interrupt`).
+    interrupts: list[tuple[BaseException, bool, str] | None] = [None for _ in steps]
 
     async def one(index: int, hooks: anyio.CancelScope) -> None:
         try:
@@ -119,8 +122,8 @@ async def run_all_background(
         except (KeyboardInterrupt, SystemExit) as exc:
             # Raised below, by the task awaiting the hooks, as a parallel member's is: out of
             # a task, asyncio would stop its loop before the other hooks' tasks even started.
-            interrupts.append(exc)
-            hooks.cancel()
+            interrupts[index] = (exc, hooks.cancel_called, f"background hook {steps[index].label}")
+            await stop_group(hooks)
 
     try:
         async with anyio.create_task_group() as hooks:
@@ -128,10 +131,13 @@ async def run_all_background(
                 hooks.start_soon(one, index, hooks.cancel_scope)
     except BaseException:
         # A cancellation of the caller's arriving meanwhile must not swallow the interrupt.
-        if not interrupts:
+        if not any(interrupts):
             raise
-    if interrupts:
-        raise interrupts[0]
+    interrupt = stopping_interrupt(
+        [raised for raised in interrupts if raised is not None], "the background hooks"
+    )
+    if interrupt is not None:
+        raise interrupt
     for step_records in records:
         runner.records.extend(step_records)
     return tuple(injection for step_injected in injected for injection in step_injected)

@@ -1419,3 +1419,35 @@ async def test_a_system_exit_out_of_a_background_hook_is_not_lost_to_the_callers
     with pytest.raises(SystemExit) as info:
         await caller()
     assert info.value.code == 3
+
+
+async def test_the_interrupt_that_stopped_the_background_hooks_carries_the_others_as_notes():
+    """Bug caught: run without a session, the background hooks raised the first interrupt to
+    end, and one another hook raised as they stopped (KeyboardInterrupt in place of its
+    cancellation) was dropped without a word, where a parallel group's or a tool batch's
+    rides along as a note."""
+
+    async def interrupted_on_cancel(turn):
+        try:
+            await anyio.Event().wait()
+        finally:
+            raise KeyboardInterrupt  # in place of the cancellation
+        return cont(turn)
+
+    async def exiting(turn):
+        await anyio.lowlevel.checkpoint()
+        raise SystemExit(5)
+
+    post = [
+        hook(interrupted_on_cancel, name="first", background=True),
+        hook(exiting, name="second", background=True),
+    ]
+    pipe = Pipeline(model=ScriptedModel(["ok"]), post=post)
+
+    with pytest.raises(SystemExit) as info:
+        await pipe.run(Turn.start("hi"))
+    assert info.value.code == 5
+    assert info.value.__notes__ == [
+        "background hook 'first' (post, position 1) also raised KeyboardInterrupt as the"
+        " background hooks stopped"
+    ]
