@@ -443,6 +443,16 @@ class OpenAIChat(PooledProvider):
     api_key_env: str | None = attrs.field(default="OPENAI_API_KEY", kw_only=True)
     max_tokens_field: MaxTokensField | None = attrs.field(default=None, kw_only=True)
     _pool: Pool = attrs.field(init=False, factory=Pool, repr=False, eq=False)
+    # The field the token limit goes to, read from `base_url` once rather than on every call.
+    _tokens_field: MaxTokensField = attrs.field(
+        init=False,
+        default=attrs.Factory(
+            lambda self: self.max_tokens_field or max_tokens_field_for(self.base_url),
+            takes_self=True,
+        ),
+        repr=False,
+        eq=False,
+    )
 
     @property
     def provider(self) -> str:
@@ -455,15 +465,13 @@ class OpenAIChat(PooledProvider):
 
         The runtime reads it for `ModelCalled.options` and the chat span.
         """
-        field = self.max_tokens_field or max_tokens_field_for(self.base_url)
-        return options_sent(options, field, _choice_sent)
+        return options_sent(options, self._tokens_field, _choice_sent)
 
     def stream(
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
         """Stream the model's answer to `request` (see `pipeline.Model`)."""
-        field = self.max_tokens_field or max_tokens_field_for(self.base_url)
-        body = build_body(self.model, request, max_tokens_field=field)
+        body = build_body(self.model, request, max_tokens_field=self._tokens_field)
         return open_model_stream(
             self._endpoint(),
             body,
