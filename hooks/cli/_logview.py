@@ -38,19 +38,22 @@ def existing_log(where: str) -> SQLiteLog | PostgresLog:
             created either; a PostgreSQL one says so when it is opened).
         ConfigError: A malformed DSN, or psycopg is not installed.
     """
-    if not where.startswith(POSTGRES_SCHEMES) and os.path.isdir(where):
+    if where.startswith(POSTGRES_SCHEMES):
+        # Opening it as a log would create turnplug's tables in a database holding none.
+        return PostgresLog(where, max_connections=1, create_tables=False)
+    if os.path.isdir(where):
         raise LogError(
             f"no log at {where!r}: it is a directory, not an SQLite database file — pass the"
             " path of the log file (the one --log was given when the turns were run)",
             log=f"SQLiteLog({where!r})",
         )
-    if not where.startswith(POSTGRES_SCHEMES) and not os.path.isfile(where):
+    if not os.path.isfile(where):
         raise LogError(
             f"no log at {where!r}: the file does not exist — pass the path of an existing"
             " SQLite log, or a postgresql:// DSN",
             log=f"SQLiteLog({where!r})",
         )
-    if not where.startswith(POSTGRES_SCHEMES) and _holds_a_log(where) is False:
+    if _holds_a_log(where) is False:
         # Opening it as a log would make it one: WAL mode and turnplug's tables, written
         # into another program's database by a command that only reads.
         raise LogError(
@@ -59,9 +62,6 @@ def existing_log(where: str) -> SQLiteLog | PostgresLog:
             " (the one --log was given when the turns were run)",
             log=f"SQLiteLog({where!r})",
         )
-    if where.startswith(POSTGRES_SCHEMES):
-        # Opening it as a log would create turnplug's tables in a database holding none.
-        return PostgresLog(where, max_connections=1, create_tables=False)
     return durable_log(where)
 
 
