@@ -415,6 +415,9 @@ class Gateway:
         self.in_flight = 0
         self.shutting_down = False  # `shut_down` was called: new turns are refused
         self.cut = False  # `cut_turns` was called: the turns in flight were stopped
+        # The KeyboardInterrupt or SystemExit a turn raised, which stops the gateway (`_stop_for`).
+        self.interrupt: BaseException | None = None
+        self._interrupted: anyio.Event | None = None  # set when `interrupt` is
         self._cuts: set[Callable[[], None]] = set()  # each stops one turn in flight
         self._quiet: anyio.Event | None = None  # set when the last turn in flight ends
         # Conversation sessions live in the gateway's own task group (`running`), so that one
@@ -448,6 +451,44 @@ class Gateway:
         self.cut = True
         for cut in list(self._cuts):
             cut()
+
+    async def interrupted(self) -> BaseException:
+        """Return the KeyboardInterrupt or SystemExit a turn raised, once one did.
+
+        Such a turn is answered 503 and the gateway refuses new turns from then on, as after
+        `shut_down`: whoever serves it stops the server as on SIGTERM, and `running` raises
+        the interrupt when it ends.
+        """
+        while self.interrupt is None:
+            self._interrupted = anyio.Event()
+            await self._interrupted.wait()
+        return self.interrupt
+
+    def _stop_for(self, turn_ref: str, exc: BaseException) -> WireError:
+        """Keep the interrupt turn `turn_ref` raised (the first; later ones are notes on it),
+        refuse new turns, and return the error the turn is answered with.
+
+        Out of the request's task an interrupt would be lost: the server answers a bare 500
+        and goes on serving (on asyncio the loop's handler prints it; on trio nothing does).
+        """
+        name = type(exc).__name__
+        if self.interrupt is None:
+            self.interrupt = exc
+        elif exc is not self.interrupt:
+            self.interrupt.add_note(f"turn {turn_ref} also raised {name} as the gateway stopped")
+        self.shut_down()
+        if self._interrupted is not None:
+            self._interrupted.set()
+        error = WireError(
+            503,
+            f"the gateway is stopping: this turn raised {name} (in a hook, a tool or the"
+            " model), which stops the gateway as SIGTERM does; nothing of it was committed",
+            type="server_error",
+            code="shutting_down",
+            headers=_SHUTTING_DOWN,
+        )
+        error.__cause__ = exc  # the gateway's log names it whole (`_failed`)
+        return error
 
     async def turns_finished(self) -> None:
         """Return once no turn is in flight (after `shut_down`, none starts again)."""
@@ -629,6 +670,11 @@ class Gateway:
             error = exc if isinstance(exc, WireError) else failure_error(exc)
             self._failed(turn_ref, error, _text(exc))
             raise error from exc
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Answered here, never raised on: the request's task is the server's.
+            error = self._stop_for(turn_ref, exc)
+            self._failed(turn_ref, error, _text(exc))
+            raise error from exc
         except anyio.get_cancelled_exc_class():
             if self.cut and conversation is None:
                 # Stopped at the drain timeout: answered 503 (`_Endpoint`), so a failure
@@ -749,18 +795,23 @@ class Gateway:
 
         It holds the task group where conversation sessions run, so a session may close
         after its request was answered. On exit, what is still running is cancelled: call
-        `drain` first to let it finish.
+        `drain` first to let it finish. Then the KeyboardInterrupt or SystemExit a turn
+        raised, if one did (`interrupted`), is raised.
         """
-        async with anyio.create_task_group() as group:
-            self._group = group
-            self._idle = anyio.Event()
-            self._idle.set()
-            try:
-                yield self
-            finally:
-                self._group = None
-                self._stopping = True
-                group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as group:
+                self._group = group
+                self._idle = anyio.Event()
+                self._idle.set()
+                try:
+                    yield self
+                finally:
+                    self._group = None
+                    self._stopping = True
+                    group.cancel_scope.cancel()
+        finally:
+            if self.interrupt is not None:
+                raise self.interrupt
 
     async def drain(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for every conversation session to close; whether
@@ -853,6 +904,20 @@ class Gateway:
             else:
                 _logger.warning(
                     "conversation %r: closing the session after turn %s failed: %s",
+                    conversation,
+                    turn_ref,
+                    self.scrub(_text(exc)),
+                )
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Kept by the gateway, never raised on: out of this task (the gateway's group),
+            # it would stop the server at once, turns in flight and all.
+            error = self._stop_for(turn_ref, exc)
+            if not handoff.answered:
+                handoff.fail(error)
+            else:
+                _logger.warning(
+                    "conversation %r: closing the session after turn %s raised %s: the"
+                    " gateway stops",
                     conversation,
                     turn_ref,
                     self.scrub(_text(exc)),

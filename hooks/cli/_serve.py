@@ -5,7 +5,9 @@ worker by default, or its trio worker with ``--loop trio``: Starlette and the ru
 either through AnyIO (docs/serve.md says why this stack and this default). SIGTERM (or
 Ctrl-C) refuses new turns (503 ``shutting_down``), lets the turns in flight finish, then
 stops listening and lets the sessions of answered conversation turns close (their
-background hooks), all within the drain timeout, and exits 0.
+background hooks), all within the drain timeout, and exits 0. A turn that raises
+KeyboardInterrupt or SystemExit (a hook calling ``sys.exit()``) is answered 503 and stops the
+gateway the same way; the command then exits as ``turnplug run`` does for it (130, or 1).
 """
 
 import argparse
@@ -172,25 +174,41 @@ async def serve(
             ),
         )
         sock, address = listen(options.host, options.port)
-        stopping = anyio.Event()  # the signal came
+        stopping = anyio.Event()  # the signal came, or a turn's interrupt
         closing = anyio.Event()  # the server stops listening and closes idle connections
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
 
+            def stop(why: str) -> None:
+                if stopping.is_set():
+                    return
+                gateway.shut_down()
+                say(
+                    f"turnplug serve: {why}: new turns get 503; finishing"
+                    f" {gateway.in_flight} turns in flight and {gateway.closing} closing"
+                    f" sessions (up to {options.drain_timeout:g} s)"
+                )
+                stopping.set()
+
             async def on_signal() -> None:
                 async for signum in signals:
-                    gateway.shut_down()
-                    say(
-                        f"turnplug serve: {signal.Signals(signum).name}: new turns get 503;"
-                        f" finishing {gateway.in_flight} turns in flight and"
-                        f" {gateway.closing} closing sessions (up to"
-                        f" {options.drain_timeout:g} s)"
-                    )
-                    stopping.set()
+                    stop(signal.Signals(signum).name)
                     return
 
+            async def on_interrupt() -> None:
+                # A turn's KeyboardInterrupt or SystemExit stops the gateway as a signal
+                # does; `gateway.running` raises it once the server stopped.
+                stop(f"a turn raised {raised(await gateway.interrupted())}")
+
+            async def until_stopped(scope: anyio.CancelScope) -> None:
+                with scope:
+                    async with anyio.create_task_group() as watching:
+                        watching.start_soon(on_signal)
+                        watching.start_soon(on_interrupt)
+
+            watchers = anyio.CancelScope()
             async with gateway.running():
                 async with anyio.create_task_group() as group:
-                    group.start_soon(on_signal)
+                    group.start_soon(until_stopped, watchers)
                     group.start_soon(
                         partial(
                             serve_app,
@@ -213,6 +231,7 @@ async def serve(
                     say(f"turnplug serve: live page {address}/ ; API {address}/v1")
                     task_status.started(address)
                     await stopping.wait()
+                    watchers.cancel()  # the other one's stop would not come
                     deadline = anyio.current_time() + options.drain_timeout
                     # Still listening, so that a request sent meanwhile gets a 503 rather
                     # than a refused connection, until the turns in flight are done.
@@ -237,6 +256,13 @@ async def serve(
                         " cancelled; their background hooks' output was not committed"
                     )
             say("turnplug serve: stopped")
+
+
+def raised(interrupt: BaseException) -> str:
+    """How the command names an interrupt a turn raised: ``sys.exit(3)``, ``KeyboardInterrupt``."""
+    if isinstance(interrupt, SystemExit):
+        return f"sys.exit({interrupt.code!r})"
+    return type(interrupt).__name__
 
 
 def run(args: Any, loaded: Any) -> int:

@@ -1260,3 +1260,50 @@ async def test_a_failing_hook_is_500_naming_it_without_its_exceptions_text(
     assert "hunter2" not in response.text
     assert any("hunter2" in r.getMessage() for r in caplog.records if r.name == "turnplug.serve")
     assert model.requests == []
+
+
+def stops_the_process(interrupt: BaseException) -> Pipeline:
+    """A pipeline whose pre hook raises `interrupt` (a hook calling ``sys.exit(3)``, say)."""
+
+    async def stop(turn: Turn) -> Turn:
+        raise interrupt
+
+    return Pipeline(model=ScriptedModel(["never"] * 2), pre=[hook(stop, name="stop")])
+
+
+@pytest.mark.parametrize("interrupt", [SystemExit(3), KeyboardInterrupt()], ids=repr)
+@pytest.mark.parametrize("where", ["stateless", "streamed", "conversation"])
+async def test_a_turn_raising_an_interrupt_is_503_and_stops_the_gateway_with_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str, interrupt: BaseException
+) -> None:
+    """Bug caught: a KeyboardInterrupt or SystemExit out of a turn lost in the server's request
+    task (a bare 500, the gateway serving on; on asyncio the loop's handler printing it) or,
+    out of a conversation's session, stopping the loop at once."""
+    conversation = {"X-Conversation-Id": "c"} if where == "conversation" else {}
+    body = {"model": "m", "messages": user("hi"), "stream": where == "streamed"}
+    answers: list[httpx.Response] = []
+
+    async def serve_until_stopped(log: SQLiteLog) -> None:
+        async with served(stops_the_process(interrupt), log=log) as gw, gw.http() as client:
+            answers.append(
+                await client.post("/v1/chat/completions", json=body, headers=conversation)
+            )
+            answers.append(await client.post("/v1/chat/completions", json=body))
+            answers.append(await client.get("/healthz"))
+
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        with pytest.raises(type(interrupt)) as raised:
+            await serve_until_stopped(log)
+        stored = await log.load("c")
+    assert raised.value is interrupt
+    response, later, health = answers
+    assert response.status_code == 503, response.text
+    error = openai_error(response.content)
+    assert (error["type"], error["code"]) == ("server_error", "shutting_down")
+    assert f"this turn raised {type(interrupt).__name__}" in error["message"]
+    assert response.headers["retry-after"] == "1"
+    assert openai_error(later.content)["code"] == "shutting_down"
+    assert health.json()["status"] == "shutting_down"
+    assert stored.messages == ()
+    # Nothing left a task for the loop to report (asyncio's "never retrieved", say).
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

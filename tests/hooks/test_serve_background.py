@@ -290,3 +290,55 @@ async def test_background_hooks_not_yet_seen_starting_at_the_turn_timeout_are_re
     assert all("turn timeout of 0.5 s" in e["error"] for e in feed if e["event"] == "HookFailed")
     warned = [r.getMessage() for r in caplog.records if "turn timeout" in r.getMessage()]
     assert [message.split("'")[1] for message in warned] == ["first", "second"]
+
+
+async def test_a_background_hook_raising_an_interrupt_after_the_answer_stops_the_gateway(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bug caught: a background hook's sys.exit() after a conversation turn was answered
+    leaving its session's task (the gateway's own group) and stopping the server at once,
+    the interrupt lost on trio or printed by asyncio's loop, where it stops the gateway as
+    SIGTERM does and is raised when the gateway's lifetime ends."""
+    interrupt = SystemExit(3)
+    answered = anyio.Event()
+
+    async def leave(turn: Turn) -> Any:
+        await answered.wait()
+        raise interrupt
+
+    pipe = Pipeline(
+        model=ScriptedModel(["the answer", "never"]),
+        post=[hook(leave, name="leave", background=True)],
+    )
+    answers: list[Any] = []
+
+    async def serve_until_stopped(log: SQLiteLog) -> None:
+        async with served(pipe, log=log) as gw, gw.http() as client:
+            reply = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": user("hi")},
+                headers={"X-Conversation-Id": "c"},
+            )
+            answers.append(reply)
+            answered.set()
+            with anyio.fail_after(10):
+                assert await gw.gateway.interrupted() is interrupt
+            answers.append(
+                await client.post(
+                    "/v1/chat/completions", json={"model": "m", "messages": user("again")}
+                )
+            )
+
+    with caplog.at_level(logging.WARNING, logger="turnplug.serve"):
+        async with SQLiteLog(tmp_path / "log.db") as log:
+            with pytest.raises(SystemExit) as raised:
+                await serve_until_stopped(log)
+            stored = await log.load("c")
+    assert raised.value is interrupt
+    first, later = answers
+    assert first.status_code == 200
+    assert json.loads(first.content)["choices"][0]["message"]["content"] == "the answer"
+    assert [m.text for m in stored.messages] == ["hi", "the answer"]  # committed before
+    assert later.status_code == 503
+    assert any("raised SystemExit" in r.getMessage() for r in caplog.records)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -128,6 +128,60 @@ def test_sigterm_finishes_the_turn_in_flight_and_exits_0(tmp_path: Path, loop: s
         httpx.get(url + "/healthz")
 
 
+@pytest.mark.parametrize(
+    ("raised", "status", "told"),
+    [
+        ("SystemExit(3)", 1, "turnplug: error: sys.exit(3) in what the command ran"),
+        ("KeyboardInterrupt()", 130, ""),
+    ],
+)
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_a_turn_raising_an_interrupt_stops_the_gateway_as_sigterm_does(
+    tmp_path: Path, loop: str, raised: str, status: int, told: str
+) -> None:
+    """Bug caught: a hook's sys.exit() or KeyboardInterrupt lost in the server's request task
+    (a bare 500 and the gateway serving on), where it should drain the turn in flight and
+    exit with the interrupt's status, on either loop."""
+    (tmp_path / "stop_hooks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import anyio
+            from pipeline import cont
+
+            async def stop_or_pause(turn):
+                if turn.user_message.text == "stop":
+                    raise {raised}
+                await anyio.sleep(1.5)
+                return cont(turn)
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[pre]]\nkind = "python"\nref = "stop_hooks:stop_or_pause"\n')
+    with gateway(config, "--loop", loop) as (process, url):
+        answers: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: answers.append(post(url, "slow one")))
+        sender.start()
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/healthz").json()["in_flight"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        stopped = post(url, "stop")
+        sender.join(20)
+        code = process.wait(20)
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert code == status, said
+    assert stopped.status_code == 503
+    assert openai_error(stopped.content)["code"] == "shutting_down"
+    assert [a.status_code for a in answers] == [200]  # the turn in flight was drained
+    name = raised.replace("SystemExit(3)", "sys.exit(3)").removesuffix("()")
+    assert f"a turn raised {name}: new turns get 503" in said
+    assert told in said
+    assert "Traceback" not in said
+    assert "Unhandled exception" not in said
+
+
 def serve_until_exit(args: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`turnplug serve ARGS` run to its exit (one that refuses to start), its output captured."""
     return subprocess.run(
