@@ -474,6 +474,48 @@ async def test_tool_call_arguments_nested_too_deep_are_read_as_undecodable() -> 
 
 
 @pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ('{"x": NaN}', "not valid JSON (NaN is not a JSON value)"),
+        ('{"x": Infinity}', "not valid JSON (Infinity is not a JSON value)"),
+        ('{"x": [1, -Infinity]}', "not valid JSON (-Infinity is not a JSON value)"),
+        (
+            '{"x": {"y": 1e400}}',
+            "out of range: the number 1e400 is past a float's range (about 1.8e308)",
+        ),
+    ],
+)
+async def test_tool_call_arguments_with_non_finite_numbers_are_read_as_undecodable(
+    arguments: str, error: str
+) -> None:
+    """Bug caught: a client's tool-call arguments read with Python's lenient JSON, so NaN,
+    Infinity or 1e400 (a number JSON has but a float cannot hold) reached the model as
+    numbers, where the request body refuses them and the providers mark them undecodable."""
+    model = ScriptedModel(["ok"])
+    history = [
+        {"role": "user", "content": "x"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "bad"},
+    ]
+    async with served(Pipeline(model=model)) as gw, gw.http() as client:
+        response = await client.post(
+            "/v1/chat/completions", json={"model": "m", "messages": history}
+        )
+    assert response.status_code == 200, response.text
+    [call] = model.requests[0].messages[1].parts
+    assert isinstance(call, ToolCall)
+    assert call.arguments == {}
+    assert call.meta["invalid_arguments"]["raw"] == arguments
+    assert call.meta["invalid_arguments"]["error"] == f"{error}: {arguments!r}"
+
+
+@pytest.mark.parametrize(
     ("field", "param"),
     [
         ({"tool_calls": 5}, "messages[1].tool_calls"),
