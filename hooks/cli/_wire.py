@@ -434,7 +434,25 @@ def _encodable(text: str) -> bool:
     return True
 
 
-_KIND_NAMES: Mapping[type, str] = {int: "an integer", float: "a number", bool: "a boolean"}
+_KIND_NAMES: Mapping[Any, str] = {
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    str: "a string",
+    dict: "an object",
+    str | list[str]: "a string or an array of strings",
+}
+"""The kinds a request field may have to be (`_is_kind`), in JSON's words."""
+
+
+def _is_kind(value: Any, kind: Any) -> bool:
+    """Whether `value`, as read from JSON, is of `kind` (a key of `_KIND_NAMES`): an integer
+    is a number too, a boolean is not an integer."""
+    if kind == str | list[str]:
+        return type(value) is str or (
+            type(value) is list and all(type(item) is str for item in value)
+        )
+    return type(value) is kind or (kind is float and type(value) is int)
 
 
 def _json_type(value: Any) -> str:
@@ -459,7 +477,7 @@ def _optional(data: Mapping[str, Any], key: str, kind: type, default: Any, prefi
     value = data.get(key)
     if value is None:
         return default
-    if type(value) is not kind and not (kind is float and type(value) is int):
+    if not _is_kind(value, kind):
         raise _bad(
             f"'{prefix}{key}' must be {_KIND_NAMES[kind]}, got {_json_type(value)}",
             prefix + key,
@@ -503,43 +521,26 @@ Upstream = Literal["openai", "anthropic"]
 """The API the gateway's model speaks: OpenAI's (a model of one's own receives the same
 names), or Anthropic's Messages API."""
 
-FORWARDED: Mapping[str, str] = {
-    "stop": "a string or an array of strings",
-    "seed": "an integer",
-    "top_p": "a number",
-    "presence_penalty": "a number",
-    "frequency_penalty": "a number",
-    "logit_bias": "an object",
-    "user": "a string",
-    "response_format": "an object",
-    "parallel_tool_calls": "a boolean",
-    "reasoning_effort": "a string",
+FORWARDED: Mapping[str, Any] = {
+    "stop": str | list[str],
+    "seed": int,
+    "top_p": float,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "logit_bias": dict,
+    "user": str,
+    "response_format": dict,
+    "parallel_tool_calls": bool,
+    "reasoning_effort": str,
 }
 """The request parameters forwarded to the upstream through ``RequestOptions.extra``, each
-with the JSON type it must have (the upstream checks the value itself): they shape the reply
-the model writes, which the pipeline's hooks then judge like any other.
+with the JSON type it must have (`_KIND_NAMES`; the upstream checks the value itself): they
+shape the reply the model writes, which the pipeline's hooks then judge like any other.
 
 ``store``, ``service_tier`` and ``metadata`` are not among them: they set something on the
 upstream account, not in the reply (whether the completion is kept in it, its billing tier,
 what its dashboard shows), and that account is the operator's. A client's are accepted and
 left out, as unknown fields are; a pre hook may set them (``turn.with_request(extra=...)``)."""
-
-
-def _forwarded_type(value: Any, key: str) -> bool:
-    match key:
-        case "stop":
-            return isinstance(value, str) or (
-                isinstance(value, list) and all(isinstance(item, str) for item in value)
-            )
-        case "seed":
-            return type(value) is int
-        case "top_p" | "presence_penalty" | "frequency_penalty":
-            return type(value) in (int, float)
-        case "logit_bias" | "response_format":
-            return isinstance(value, dict)
-        case "parallel_tool_calls":
-            return type(value) is bool
-    return isinstance(value, str)
 
 
 def _check_finite(value: Any, where: str) -> None:
@@ -584,8 +585,12 @@ def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
         value = data.get(key)
         if value is None:
             continue
-        if not _forwarded_type(value, key):
-            raise _bad(f"'{key}' must be {kind}, got {_json_type(value)}", key, "invalid_type")
+        if not _is_kind(value, kind):
+            raise _bad(
+                f"'{key}' must be {_KIND_NAMES[kind]}, got {_json_type(value)}",
+                key,
+                "invalid_type",
+            )
         _check_finite(value, key)
         given[key] = value
     if upstream == "openai":
