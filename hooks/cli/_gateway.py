@@ -53,7 +53,7 @@ from turns import Context, Message, Reply, RequestOptions, ToolCall, ToolResult,
 from turns.serde import to_dict
 
 from ..config._models import unwrapped
-from ._timeline import plain
+from ._timeline import plain, rejected_by
 from ._wire import (
     DONE,
     ChatRequest,
@@ -238,12 +238,7 @@ def outcome_error(result: TurnResult) -> WireError | None:
         )
     if result.outcome == "exhausted":
         last = result.rejections[-1]
-        count = len(result.rejections)
-        rejected = (
-            f"{count} attempts were rejected, the last by"
-            if count > 1
-            else "its one attempt was rejected by"
-        )
+        rejected = rejected_by(len(result.rejections))
         return WireError(
             422,
             f"no acceptable reply: {rejected} hook {last.hook!r}: {last.feedback}",

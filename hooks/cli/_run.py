@@ -28,7 +28,7 @@ from turns import Text, Usage
 from turns.serde import to_dict
 
 from ..config._types import one_line
-from ._timeline import plain
+from ._timeline import plain, rejected_by
 
 
 @final
@@ -90,12 +90,7 @@ def explain(result: TurnResult, console: Console) -> None:
         )
     elif result.outcome == "exhausted":
         last = result.rejections[-1]
-        count = len(result.rejections)
-        rejected = (
-            f"{count} attempts rejected, the last by"
-            if count > 1
-            else "its one attempt was rejected by"
-        )
+        rejected = rejected_by(len(result.rejections))
         console.note(
             f"turnplug: no acceptable reply: {rejected} {last.hook!r}: {one_line(last.feedback)}"
         )

@@ -1,5 +1,5 @@
-"""How the commands show messages and parts in a line (the timeline of a turn's events
-itself is `pipeline.events.timeline`)."""
+"""How the commands show messages, parts and outcomes in a line (the timeline of a turn's
+events itself is `pipeline.events.timeline`)."""
 
 from collections.abc import Mapping
 from typing import Any
@@ -12,6 +12,15 @@ from turns.serde import to_dict
 
 def clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def rejected_by(count: int) -> str:
+    """The start of "no acceptable reply: ... 'hook': feedback" after `count` rejections,
+    which names the hook that rejected the last attempt."""
+    if count > 1:
+        return f"{count} attempts rejected, the last by"
+    # Not "1 attempts": a turn with `max_regenerations=0` has one attempt.
+    return "its one attempt was rejected by"
 
 
 def part_text(part: object) -> str:
