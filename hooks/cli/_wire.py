@@ -548,6 +548,10 @@ def _check_finite(value: Any, where: str) -> None:
 
     Python's JSON reader takes ``NaN``, ``Infinity`` and ``1e400``, but no request can carry
     them on: the provider would refuse the body after the pre hooks ran, naming no field.
+
+    Not the providers' own finder of what JSON cannot encode: that one is private to
+    `pipeline.providers`, and it names the value in Python's words (``nan``, ``inf``) inside
+    one sentence, where the client wrote JSON and the 400 needs the path as its ``param``.
     """
     if isinstance(value, float) and not math.isfinite(value):
         raise _bad(
