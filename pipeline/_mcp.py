@@ -11,6 +11,12 @@ SDK's stdio transport closes its stdin, then terminates and kills its process gr
 when the owner is cancelled; a connection closed while it is still starting stops its start
 at once instead of waiting for its ``connect_timeout``.
 
+A `KeyboardInterrupt` or `SystemExit` raised in the connection's tasks (the task keeping it,
+the session's task handing it what the server wrote) is caught there, as a tool call's is:
+it ends the connection, cancels the owner's task group, and is raised by the tasks awaiting
+the connection (its opener, a call waiting for an answer, the owner once its group ended),
+never left to the loop (asyncio would stop at once) nor lost to a cancellation.
+
 The SDK (extra ``turnplug[mcp]``) is imported when a server is first connected.
 """
 
@@ -317,6 +323,9 @@ class Connection:
         # The last thing the server wrote that is no JSON-RPC message, and how many so far.
         self._garbage: str | None = None
         self._garbage_count = 0
+        # The KeyboardInterrupt or SystemExit that ended the connection, raised by its awaiters.
+        self.interrupt: BaseException | None = None
+        self._group: anyio.abc.TaskGroup | None = None
 
     @property
     def label(self) -> str:
@@ -338,8 +347,11 @@ class Connection:
         self._session_lost = False
         self._http_status = None
         self._garbage = None
+        self._group = group
         group.start_soon(self._keep, ready, failure, self._starting)
         await ready.wait()
+        if self.interrupt is not None:
+            raise self.interrupt
         if failure:
             self.fail(failure[0])
             raise ToolsetError(failure[0], toolset=self.spec.name)
@@ -363,6 +375,15 @@ class Connection:
         self.dead = True
         self.error = why
         self._stop.set()
+
+    def _interrupted(self, interrupt: BaseException) -> None:
+        """Keep `interrupt` for the connection's awaiters, end the connection and cancel the
+        owner's task group, as a task of it that raised would."""
+        if self.interrupt is None:
+            self.interrupt = interrupt
+        self.fail(f"it was interrupted ({type(interrupt).__name__})")
+        if self._group is not None:
+            self._group.cancel_scope.cancel()
 
     async def close(self) -> None:
         self.error = "the toolsets were closed"
@@ -437,6 +458,13 @@ class Connection:
             else:
                 # Closing the transport of a server that crashed can fail: nothing is left.
                 logger.debug("closing %s: %s", self.label, exc_text(exc))
+        except BaseException as exc:
+            # A KeyboardInterrupt or SystemExit here or in a task of the SDK's (carried out of
+            # its task groups in a group): kept for the awaiters, never out of this task.
+            interrupt = _interrupt_of(exc)
+            if interrupt is None:
+                raise
+            self._interrupted(interrupt)
         finally:
             self.session = None
             if not ready.is_set() and not failure:
@@ -512,15 +540,19 @@ class Connection:
         """The session's `message_handler`: keeps the last line a stdio server wrote that
         is no JSON-RPC message (the transport hands it over as the error parsing it), which
         says more than a timeout when a request then goes unanswered."""
-        if isinstance(message, Exception) and self.spec.command is not None:
-            errors = getattr(message, "errors", None)
-            line = errors()[0].get("input") if callable(errors) and errors() else None
-            if isinstance(line, bytes):
-                line = line.decode("utf-8", "replace")
-            text = line if isinstance(line, str) else exc_text(message)
-            self._garbage = self._masked(text.strip())
-            self._garbage_count += 1
-        await anyio.lowlevel.checkpoint()
+        try:
+            if isinstance(message, Exception) and self.spec.command is not None:
+                errors = getattr(message, "errors", None)
+                line = errors()[0].get("input") if callable(errors) and errors() else None
+                if isinstance(line, bytes):
+                    line = line.decode("utf-8", "replace")
+                text = line if isinstance(line, str) else exc_text(message)
+                self._garbage = self._masked(text.strip())
+                self._garbage_count += 1
+            await anyio.lowlevel.checkpoint()
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # This runs in a task of the SDK's session: out of it, asyncio would stop its loop.
+            self._interrupted(exc)
 
     def _garbage_note(self) -> str:
         if self._garbage is None:
@@ -627,6 +659,7 @@ class Connection:
             with anyio.move_on_after(self.spec.timeout) as scope:
                 result = await session.call_tool(own, arguments)
         except MCPError as exc:
+            self._raise_interrupt()
             if self._session_lost:
                 # A 404 for the session: the server forgot it (it restarted, say), and the
                 # protocol's answer is a new session.
@@ -644,13 +677,16 @@ class Connection:
             refused = self._http_refusal(exc) or exc.error.message
             raise ToolFailure(f"MCP server {name!r} refused the call: {refused}") from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+            self._raise_interrupt()
             self.fail(f"its connection broke during a call of {own!r}")
             raise ToolFailure(
                 f"MCP server {name!r}'s connection broke during the call; it is connected"
                 " again on the next turn"
             ) from None
         except Exception as exc:
+            self._raise_interrupt()
             raise ToolFailure(f"MCP server {name!r}: {exc_text(exc)}") from None
+        self._raise_interrupt()
         if scope.cancelled_caught:
             note = self._garbage_note() if self._garbage_count > garbage else ""
             raise ToolFailure(
@@ -661,6 +697,12 @@ class Connection:
         if result.is_error:
             raise ToolFailure(f"MCP server {name!r} reported an error: {text}")
         return text
+
+    def _raise_interrupt(self) -> None:
+        """Raise the interrupt that ended the connection under a call, if one did: the call
+        awaited the connection, so its task raises it, as the owner's does."""
+        if self.interrupt is not None:
+            raise self.interrupt
 
 
 async def _list_tools(session: "ClientSession") -> list[Any]:
@@ -683,6 +725,18 @@ async def _list_tools(session: "ClientSession") -> list[Any]:
         listed = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
         tools.extend(listed.tools)
     return tools
+
+
+def _interrupt_of(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or SystemExit that `exc` is, or carries in a task group's group."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _interrupt_of(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def _leaf(exc: BaseException) -> BaseException:

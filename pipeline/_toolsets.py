@@ -10,13 +10,16 @@ then).
 
 The tools of a local toolset are fixed when the pipeline is built; those of an MCP toolset
 live in a `Toolbox`: the open connections of one owner (``async with pipe``, a session, or
-one turn run outside both), each kept by a task of the owner's task group.
+one turn run outside both), each kept by a task of the owner's task group. A
+`KeyboardInterrupt` or `SystemExit` that ends a connection cancels that group and is raised by
+the owner once the group ended (and by the tasks opening it or calling through it), never a
+cancellation or a group in its place.
 """
 
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from typing import Any, Protocol, final
 
@@ -25,7 +28,7 @@ import anyio.abc
 import attrs
 
 from ._errors import ConfigError, ToolsetError
-from ._excgroups import first_failure, own_error
+from ._excgroups import first_failure, own_error, stopping_interrupt
 from ._tools import Tool, tool
 
 logger = logging.getLogger("turnplug.mcp")
@@ -134,6 +137,8 @@ class Connection(Protocol):
     def raw_names(self) -> Mapping[str, str]: ...
     @property
     def dead(self) -> bool: ...
+    @property
+    def interrupt(self) -> BaseException | None: ...
 
     async def open(self, group: anyio.abc.TaskGroup) -> None: ...
     async def reconnect(self, group: anyio.abc.TaskGroup) -> None: ...
@@ -315,16 +320,14 @@ class Toolbox:
         """
         failures: list[BaseException] = []
 
-        async def connect(connection: Connection) -> None:
+        async def connect(connection: Connection, group: anyio.abc.TaskGroup) -> None:
             try:
                 await connection.open(self.group)
             except ToolsetError as error:
                 failures.append(error)
                 group.cancel_scope.cancel()
 
-        async with anyio.create_task_group() as group:
-            for connection in self.connections:
-                group.start_soon(connect, connection)
+        await self._each(connect)
         if failures:
             raise first_failure(failures, lambda other: f"also: {other}")
         self.tools = self._merged()
@@ -335,9 +338,11 @@ class Toolbox:
         on the connection, whose calls then fail with it)."""
         dead = [connection for connection in self.connections if connection.dead]
         if dead:
-            async with anyio.create_task_group() as group:
-                for connection in dead:
-                    group.start_soon(connection.reconnect, self.group)
+
+            async def reconnect(connection: Connection, _: anyio.abc.TaskGroup) -> None:
+                await connection.reconnect(self.group)
+
+            await self._each(reconnect, dead)
             try:
                 self.tools = self._merged()
             except ConfigError as error:
@@ -346,6 +351,40 @@ class Toolbox:
                 for connection in dead:
                     connection.fail(str(error))
         return self.tools
+
+    async def _each(
+        self,
+        work: Callable[[Connection, anyio.abc.TaskGroup], Awaitable[None]],
+        connections: Iterable[Connection] | None = None,
+    ) -> None:
+        """Run `work` on each connection concurrently (all of them by default), in a task of
+        its own; a KeyboardInterrupt or SystemExit out of one stops the others and is raised
+        here once they ended, never left to the loop nor lost to a cancellation."""
+        interrupts: list[tuple[BaseException, bool, str]] = []
+
+        async def one(connection: Connection, group: anyio.abc.TaskGroup) -> None:
+            try:
+                await work(connection, group)
+            except (KeyboardInterrupt, SystemExit) as exc:
+                name = f"MCP toolset {connection.spec.name!r}"
+                interrupts.append((exc, group.cancel_scope.cancel_called, name))
+                group.cancel_scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as group:
+                for connection in self.connections if connections is None else connections:
+                    group.start_soon(one, connection, group)
+        except BaseException:
+            if not interrupts:
+                raise
+        interrupt = stopping_interrupt(interrupts, "the connections")
+        if interrupt is not None:
+            raise interrupt
+
+    @property
+    def interrupt(self) -> BaseException | None:
+        """The KeyboardInterrupt or SystemExit that ended one of the connections, if any."""
+        return next((c.interrupt for c in self.connections if c.interrupt is not None), None)
 
     def _merged(self) -> dict[str, Tool]:
         groups: list[Offered] = [
@@ -368,7 +407,13 @@ class Toolbox:
 
 @asynccontextmanager
 async def open_toolbox(pipe: ToolOwner) -> AsyncIterator[Toolbox]:
-    """Connect the pipeline's MCP servers for the time of the block, and close them after."""
+    """Connect the pipeline's MCP servers for the time of the block, and close them after.
+
+    A connection ended by a KeyboardInterrupt or SystemExit cancels the group (the block with
+    it), and the interrupt is raised once the group ended, in place of the cancellation or of
+    what the block raised as it was cancelled.
+    """
+    box: Toolbox | None = None
     try:
         async with anyio.create_task_group() as group:
             box = Toolbox(pipe, group)
@@ -377,10 +422,15 @@ async def open_toolbox(pipe: ToolOwner) -> AsyncIterator[Toolbox]:
                 yield box
             finally:
                 await box.close()
-    except BaseExceptionGroup as caught:
-        # The connections' tasks never fail: what the group holds is the block's own error.
-        error = own_error(caught)
-        raise error from error.__cause__
+    except BaseException as caught:
+        if box is None or box.interrupt is None:
+            if not isinstance(caught, BaseExceptionGroup):
+                raise
+            # The connections' tasks never fail: what the group holds is the block's own error.
+            error = own_error(caught)
+            raise error from error.__cause__
+    if box is not None and box.interrupt is not None:
+        raise box.interrupt
 
 
 @asynccontextmanager

@@ -18,6 +18,7 @@ from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
 from turns import ToolCall, Turn
 
+from ..support import warnings_of_an_interrupted_run
 from .servers import HttpServer, faulty_toolset, free_port, server_processes, time_toolset
 
 # The SDK's HTTP transport cancels its GET stream without closing httpx2's async iterators;
@@ -827,4 +828,49 @@ async def test_a_tool_hook_matching_a_name_no_server_lists_fails_the_open():
         str(caught.value)
     )
     assert "'time_get_current_time'" in str(caught.value)
+    assert server_processes() == []
+
+
+@pytest.mark.parametrize("where", ["open", "call"])
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_a_keyboard_interrupt_in_a_connections_task_is_raised_by_the_block(
+    loop: str, where: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bug caught: a KeyboardInterrupt landing in a task that keeps an MCP connection (as
+    Ctrl-C does in whatever code runs) left that task: under asyncio the loop stopped with
+    "unhandled exception during asyncio.run() shutdown" for the tasks, under trio the block
+    raised it wrapped in an exception group, or a call waiting on the connection ran out its
+    timeout and the turn went on. Here it lands while the connection lists the tools (open)
+    or takes what the server wrote during a call."""
+    import pipeline._mcp as mcp_module
+
+    if where == "open":
+        real_list = mcp_module._list_tools
+
+        async def listing(session):
+            await real_list(session)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(mcp_module, "_list_tools", listing)
+        server = faulty_toolset("tools", timeout=60)
+    else:
+
+        def masked(self, text):
+            raise KeyboardInterrupt  # as the line the server wrote is read
+
+        monkeypatch.setattr(mcp_module.Connection, "_masked", masked)
+        server = faulty_toolset("babbling", timeout=60)
+    model = ScriptedModel([[ToolCall("c1", "faulty_babble", {})], "never"])
+    pipe = Pipeline(model=model, toolsets=[server])
+    after: list[str] = []
+
+    async def main() -> None:
+        async with pipe:
+            await pipe.run(Turn.start("go"))
+            after.append("the turn ended")
+
+    assert warnings_of_an_interrupted_run(loop, main) == []
+    assert after == []
+    assert len(model.requests) == (1 if where == "call" else 0)
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
     assert server_processes() == []
