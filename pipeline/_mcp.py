@@ -24,8 +24,8 @@ import json
 import logging
 import math
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TextIO, final
 
 import anyio
@@ -47,6 +47,9 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_CONNECT_TIMEOUT = 60.0
 """Seconds an MCP server gets to start, initialize and list its tools (``npx`` may first
 download the server)."""
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The largest message a stdio server may send (a line of JSON-RPC), in bytes."""
 
 _STDERR_TAIL = 800
 # What the SDK's HTTP transport makes of a refusal (an HTTP error status) whose body holds no
@@ -80,6 +83,7 @@ class MCPToolset(Toolset):
         headers: HTTP headers sent with every request (values are never shown).
         timeout: Seconds the server gets to answer each call.
         connect_timeout: Seconds it gets to start, initialize and list its tools.
+        max_message_bytes: The largest message a stdio server may send, in bytes.
     """
 
     command: str | None = attrs.field(default=None, kw_only=True)
@@ -90,6 +94,7 @@ class MCPToolset(Toolset):
     headers: Mapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=_hidden)
     timeout: float = attrs.field(default=DEFAULT_TIMEOUT, kw_only=True)
     connect_timeout: float = attrs.field(default=DEFAULT_CONNECT_TIMEOUT, kw_only=True)
+    max_message_bytes: int = attrs.field(default=DEFAULT_MAX_MESSAGE_BYTES, kw_only=True)
 
     def connection(self) -> "Connection":
         """A new connection to this server, opened by the `Toolbox` that holds it."""
@@ -124,6 +129,7 @@ def mcp_toolset(
     headers: Mapping[str, str] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     include: Iterable[str] | None = None,
     exclude: Iterable[str] | None = None,
 ) -> MCPToolset:
@@ -145,6 +151,10 @@ def mcp_toolset(
         headers: HTTP headers for every request, such as an authorization (never shown).
         timeout: Seconds for each call; a call still unanswered then is a ``tool_error``.
         connect_timeout: Seconds for starting the server, initializing and listing.
+        max_message_bytes: The largest message (a call's result, say) a stdio server may
+            send, 16 MiB by default: a larger one fails its call with a ``tool_error`` saying
+            its size, as soon as that much has arrived, and the server is connected again on
+            the next turn.
         include: Only these tools.
         exclude: Not these tools.
 
@@ -183,6 +193,15 @@ def mcp_toolset(
             raise ConfigError(
                 f"{owner}: {key} must be a positive number of seconds, got {seconds!r}"
             )
+    if (
+        isinstance(max_message_bytes, bool)
+        or not isinstance(max_message_bytes, int)
+        or max_message_bytes <= 0
+    ):
+        raise ConfigError(
+            f"{owner}: max_message_bytes must be a positive number of bytes, got"
+            f" {max_message_bytes!r}"
+        )
     try:
         import mcp  # noqa: F401
     except ImportError:
@@ -201,6 +220,7 @@ def mcp_toolset(
         headers=_strings(headers, "headers", owner),
         timeout=float(timeout),
         connect_timeout=float(connect_timeout),
+        max_message_bytes=max_message_bytes,
     )
 
 
@@ -323,6 +343,8 @@ class Connection:
         # The last thing the server wrote that is no JSON-RPC message, and how many so far.
         self._garbage: str | None = None
         self._garbage_count = 0
+        # The size of a message from a stdio server over `max_message_bytes`, once one came.
+        self._oversized: int | None = None
         # The KeyboardInterrupt or SystemExit that ended the connection, raised by its awaiters.
         self.interrupt: BaseException | None = None
         self._group: anyio.abc.TaskGroup | None = None
@@ -347,6 +369,7 @@ class Connection:
         self._session_lost = False
         self._http_status = None
         self._garbage = None
+        self._oversized = None
         self._group = group
         group.start_soon(self._keep, ready, failure, self._starting)
         await ready.wait()
@@ -476,16 +499,7 @@ class Connection:
     async def _transport(self, stack: AsyncExitStack, errlog: TextIO) -> tuple[Any, Any]:
         spec = self.spec
         if spec.command is not None:
-            from mcp.client.stdio import StdioServerParameters, stdio_client
-
-            params = StdioServerParameters(
-                command=spec.command,
-                args=list(spec.args),
-                env=dict(spec.env) if spec.env is not None else None,
-                cwd=spec.cwd,
-            )
-            read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
-            return read, write
+            return await stack.enter_async_context(self._stdio(errlog))
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
@@ -515,6 +529,97 @@ class Connection:
             streamable_http_client(spec.url, http_client=client)
         )
         return read, write
+
+    @asynccontextmanager
+    async def _stdio(self, errlog: TextIO) -> AsyncIterator[tuple[Any, Any]]:
+        """The server as a subprocess, spoken to over its stdin and stdout.
+
+        The SDK's `stdio_client`, but for its reader: the SDK's joins each chunk of a line to
+        the whole line read so far (a 20 MB result took 10 s to read, and a call's timeout
+        ran out meanwhile, reported as no answer), holds no bound on a line's size, and once
+        interrupted waits for the server to close its stdout. This one keeps a line in one
+        buffer, ends the connection as soon as a line passes `max_message_bytes`, and hands
+        a KeyboardInterrupt or SystemExit to the connection's awaiters. Starting the process
+        (in a process group of its own) and stopping it are the SDK's.
+        """
+        from mcp.client import stdio as sdk
+        from mcp.shared.message import SessionMessage
+        from mcp_types import jsonrpc_message_adapter
+
+        spec = self.spec
+        assert spec.command is not None
+        limit = spec.max_message_bytes
+        process = await sdk._create_platform_compatible_process(
+            command=await sdk._get_executable_command(spec.command),
+            args=list(spec.args),
+            env=sdk.get_default_environment() | dict(spec.env or {}),
+            errlog=errlog,
+            cwd=spec.cwd,
+        )
+        stdout, stdin = process.stdout, process.stdin
+        assert stdout is not None
+        assert stdin is not None
+        received, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        write, sent = anyio.create_memory_object_stream[SessionMessage](0)
+
+        async def reader() -> None:
+            buffer = bytearray()
+            try:
+                async with received:
+                    while True:
+                        try:
+                            chunk = await stdout.receive()
+                        except (anyio.EndOfStream, anyio.ClosedResourceError, OSError):
+                            return
+                        scanned = len(buffer)
+                        buffer += chunk
+                        start = 0
+                        while (end := buffer.find(b"\n", scanned)) >= 0:
+                            line = bytes(buffer[start:end])
+                            start = scanned = end + 1
+                            if line.strip():
+                                await received.send(parsed(line))
+                        del buffer[:start]
+                        if len(buffer) > limit:
+                            # The session sees the connection close; the call says why.
+                            self._oversized = len(buffer)
+                            return
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # the session is gone
+            except (KeyboardInterrupt, SystemExit) as exc:
+                self._interrupted(exc)
+
+        def parsed(line: bytes) -> SessionMessage | Exception:
+            try:
+                return SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
+            except ValueError as exc:
+                return exc  # what the SDK hands the session: its message_handler keeps it
+
+        async def writer() -> None:
+            try:
+                async with sent:
+                    async for message in sent:
+                        text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                        await stdin.send((text + "\n").encode())
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                await received.aclose()  # the session sees the connection end
+            except (KeyboardInterrupt, SystemExit) as exc:
+                self._interrupted(exc)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(reader)
+            tasks.start_soon(writer)
+            try:
+                yield read, write
+            finally:
+                with anyio.CancelScope(shield=True):
+                    read.close()
+                    write.close()
+                    # Closes its stdin, waits, then terminates and kills its process group.
+                    await sdk._stop_server_process(process)
+                    for stream in (read, write, received, sent):
+                        await stream.aclose()
+                tasks.cancel_scope.cancel()
 
     def _startup_failure(self, stage: str, exc: BaseException, errlog: TextIO) -> str:
         cause = _leaf(exc)
@@ -668,6 +773,14 @@ class Connection:
                     f"MCP server {name!r} no longer knows this connection's session (HTTP"
                     " 404: was it restarted?); it is connected again on the next turn"
                 ) from None
+            if self._oversized is not None:
+                self.fail(f"it sent a message over max_message_bytes during a call of {own!r}")
+                raise ToolFailure(
+                    f"MCP server {name!r} sent a message of more than"
+                    f" {_size(self._oversized)} (its max_message_bytes is"
+                    f" {_size(self.spec.max_message_bytes)}): the connection was closed; it is"
+                    " connected again on the next turn"
+                ) from None
             if _closed(exc):
                 self.fail(f"it closed the connection during a call of {own!r}")
                 raise ToolFailure(
@@ -725,6 +838,10 @@ async def _list_tools(session: "ClientSession") -> list[Any]:
         listed = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
         tools.extend(listed.tools)
     return tools
+
+
+def _size(count: int) -> str:
+    return f"{count} bytes" if count < 1024 * 1024 else f"{count / 1024 / 1024:.1f} MiB"
 
 
 def _interrupt_of(exc: BaseException) -> BaseException | None:

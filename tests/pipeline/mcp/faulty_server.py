@@ -63,6 +63,11 @@ def tools_server() -> MCPServer:
         os._exit(3)
 
     @server.tool(structured_output=False)
+    def big(size: int) -> str:
+        """A text of `size` characters."""
+        return "x" * size
+
+    @server.tool(structured_output=False)
     def picture() -> list[ImageContent | EmbeddedResource]:
         """An image and a resource."""
         return [

@@ -874,3 +874,30 @@ def test_a_keyboard_interrupt_in_a_connections_task_is_raised_by_the_block(
     assert len(model.requests) == (1 if where == "call" else 0)
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
     assert server_processes() == []
+
+
+async def test_a_result_over_max_message_bytes_is_refused_at_once_and_one_within_arrives():
+    """Bug caught: a stdio server's 20 MB result had no bound: it was read whole, each chunk
+    joined to the line read so far (a 40 MB message took 10 s, so a short call timeout ran
+    out first and was reported as the server not answering). A message over
+    max_message_bytes is now a tool_error saying its size, the next turn reconnects, and a
+    5 MB result arrives whole."""
+    model = ScriptedModel(
+        [
+            [ToolCall("c1", "faulty_big", {"size": 20_000_000})],
+            "noted",
+            [ToolCall("c2", "faulty_big", {"size": 5_000_000})],
+            "ok",
+        ]
+    )
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("tools", timeout=5)])
+    async with pipe:
+        first = await pipe.run(Turn.start("big"))
+        second = await pipe.run(Turn.start("smaller"))
+
+    refused = first.reply.messages[1].parts[0]
+    assert refused.error_class == "tool_error"
+    assert refused.content.startswith("tool 'faulty_big' failed: MCP server 'faulty' sent a")
+    assert "(its max_message_bytes is 16.0 MiB): the connection was closed" in refused.content
+    assert second.reply.messages[1].parts[0].content == "x" * 5_000_000
+    assert server_processes() == []
