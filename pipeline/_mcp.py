@@ -17,9 +17,13 @@ it ends the connection, cancels the owner's task group, and is raised by the tas
 the connection (its opener, a call waiting for an answer, the owner once its group ended),
 never left to the loop (asyncio would stop at once) nor lost to a cancellation.
 
-The SDK (extra ``turnplug[mcp]``) is imported when a server is first connected.
+The SDK (extra ``turnplug[mcp]``) is imported when a server is first connected. What the SDK
+logs in a connection's tasks (a traceback for a response it could not parse, say, beside the
+error the call gets) goes to the ``turnplug.mcp`` logger at DEBUG, one line with no traceback
+(`SDKRecords`); what it logs in the application's own tasks is left alone.
 """
 
+import contextvars
 import json
 import logging
 import math
@@ -52,6 +56,11 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The largest message a stdio server may send (a line of JSON-RPC), in bytes."""
 
 _STDERR_TAIL = 800
+# The label of the connection whose task runs: set in its keeper (inherited by the SDK's
+# tasks) and around a call.
+_CONNECTION: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "turnplug_mcp_connection", default=None
+)
 # What the SDK's HTTP transport makes of a refusal (an HTTP error status) whose body holds no
 # JSON-RPC error: a stand-in that does not say the status.
 _HTTP_STAND_INS = frozenset(("Server returned an error response", "Not Found"))
@@ -430,6 +439,7 @@ class Connection:
 
         `starting` is cancelled when the connection is closed before it is ready.
         """
+        _CONNECTION.set(self.label)
         with starting:
             await self._hold(ready, failure)
 
@@ -444,6 +454,7 @@ class Connection:
         try:
             async with AsyncExitStack() as stack:
                 try:
+                    SDKRecords.install()
                     read, write = await self._transport(stack, errlog)
                     from mcp.client.session import ClientSession
 
@@ -760,6 +771,8 @@ class Connection:
         from mcp.shared.exceptions import MCPError
 
         garbage = self._garbage_count
+        # The SDK handles a request in its sender's context: what it logs there is diverted.
+        token = _CONNECTION.set(self.label)
         try:
             with anyio.move_on_after(self.spec.timeout) as scope:
                 result = await session.call_tool(own, arguments)
@@ -799,6 +812,8 @@ class Connection:
         except Exception as exc:
             self._raise_interrupt()
             raise ToolFailure(f"MCP server {name!r}: {exc_text(exc)}") from None
+        finally:
+            _CONNECTION.reset(token)
         self._raise_interrupt()
         if scope.cancelled_caught:
             note = self._garbage_note() if self._garbage_count > garbage else ""
@@ -838,6 +853,68 @@ async def _list_tools(session: "ClientSession") -> list[Any]:
         listed = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
         tools.extend(listed.tools)
     return tools
+
+
+@final
+class SDKRecords(logging.Filter):
+    """The filter on the SDK's loggers that sends what they log in an MCP connection's tasks
+    (and in its calls) to ``turnplug.mcp`` at DEBUG, one line with the exception's text and no traceback: the
+    call or the open already fails with turnplug's error saying what happened. Records logged
+    elsewhere (an application using the SDK itself) pass untouched.
+
+    Installed, once, on the loggers of the ``mcp`` package (and the SDK session's logger,
+    named ``client``) when a server is first connected; `uninstall` removes it.
+    """
+
+    installed: "SDKRecords | None" = None
+    off = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        label = _CONNECTION.get()
+        if label is None:
+            return True
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text = f"{text}: {exc_text(record.exc_info[1])}"
+        logger.debug(
+            "%s: the MCP SDK logged (%s, %s): %s", label, record.name, record.levelname, text
+        )
+        return False
+
+    @classmethod
+    def loggers(cls) -> list[logging.Logger]:
+        """The SDK's loggers that exist now."""
+        names = [
+            name
+            for name in logging.Logger.manager.loggerDict
+            if name in ("mcp", "client") or name.startswith("mcp.")
+        ]
+        return [logging.getLogger(name) for name in names]
+
+    @classmethod
+    def install(cls) -> None:
+        """Put the filter on the SDK's loggers (those imported since, too)."""
+        import mcp.client.session
+        import mcp.client.stdio
+        import mcp.client.streamable_http  # noqa: F401
+
+        if cls.off:
+            return
+        if cls.installed is None:
+            cls.installed = cls()
+        for each in cls.loggers():
+            if cls.installed not in each.filters:
+                each.addFilter(cls.installed)
+
+    @classmethod
+    def uninstall(cls) -> None:
+        """Take the filter off the SDK's loggers, for good: their records go where the SDK
+        sends them."""
+        if cls.installed is not None:
+            for each in cls.loggers():
+                each.removeFilter(cls.installed)
+        cls.installed = None
+        cls.off = True
 
 
 def _size(count: int) -> str:

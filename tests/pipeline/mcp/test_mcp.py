@@ -642,7 +642,8 @@ class RawMCP:
     """A hand-written streamable HTTP MCP server with one tool, `echo`, on 127.0.0.1, whose
     answers a test bends: `hang` names the methods it never answers (and ``"DELETE"`` for
     the session's end), `call_error` the JSON-RPC error a tools/call gets (with the code
-    `call_code`), `status` the HTTP status that answers a method instead, and a GET (the optional event stream) is answered 404, as by a server that
+    `call_code`), `call_body` the body a tools/call gets instead (sent as JSON), `status` the
+    HTTP status that answers a method instead, and a GET (the optional event stream) is answered 404, as by a server that
     routes POST alone."""
 
     def __init__(
@@ -652,6 +653,7 @@ class RawMCP:
         call_error: str | None = None,
         call_code: int = -32602,
         status: dict[str, int] | None = None,
+        call_body: bytes | None = None,
     ) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -686,6 +688,15 @@ class RawMCP:
                     # An HTTP refusal whose body is no JSON-RPC error (a proxy's, say).
                     assert status is not None
                     return self.answer(status[method], {"detail": "invalid token"})
+                if method == "tools/call" and call_body is not None:
+                    # A body that is no JSON-RPC message, sent as JSON.
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("mcp-session-id", "s-1")
+                    self.send_header("content-length", str(len(call_body)))
+                    self.end_headers()
+                    self.wfile.write(call_body)
+                    return None
                 result: object
                 if method == "initialize":
                     server.initialized += 1
@@ -901,3 +912,29 @@ async def test_a_result_over_max_message_bytes_is_refused_at_once_and_one_within
     assert "(its max_message_bytes is 16.0 MiB): the connection was closed" in refused.content
     assert second.reply.messages[1].parts[0].content == "x" * 5_000_000
     assert server_processes() == []
+
+
+@sdk_unclosed_streams
+async def test_what_the_sdk_logs_in_a_connection_goes_to_turnplug_mcp_at_debug(caplog):
+    """Bug caught: a server answering a call with a body that is no JSON-RPC message had the
+    SDK log an ERROR with its traceback ("Error parsing JSON response"), printed on stderr by
+    default, beside the call's own tool_error; it is now one DEBUG line of turnplug.mcp."""
+    caplog.set_level(logging.DEBUG)
+    with RawMCP(call_body=b"<html>bad gateway</html>") as server:
+        pipe = Pipeline(
+            model=ScriptedModel([[ToolCall("c1", "raw_echo", {})], "ok"]),
+            toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5, timeout=5)],
+        )
+        async with pipe:
+            result = await pipe.run(Turn.start("hi"))
+
+    assert result.reply.messages[1].parts[0].error_class == "tool_error"
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.name, r.getMessage()) for r in loud] == []
+    assert not any(r.exc_info for r in caplog.records if not r.name.startswith("turnplug"))
+    (line,) = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "turnplug.mcp" and "Error parsing JSON response" in r.getMessage()
+    ]
+    assert line.startswith(f"MCP server 'raw' ({server.url}): the MCP SDK logged")
