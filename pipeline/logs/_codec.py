@@ -8,7 +8,7 @@ that a reader sees field names, not positions).
 """
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -152,12 +152,23 @@ def entry_from_dict(data: Any) -> LogEntry:
 # -- the stored text ------------------------------------------------------------------------
 
 
-def dumps(data: Any) -> str:
+def dumps(data: Any, *, sliced: bool = False) -> str:
     """Compact JSON that any UTF-8 store accepts.
 
     Text stays readable (no ``\\u`` escapes) unless it holds a lone surrogate, which UTF-8
     cannot encode; then everything non-ASCII is escaped, and still reads back exactly.
+
+    With `sliced` (a worker thread encoding a large commit), long strings are encoded a
+    slice at a time, with the same result: `json` encodes a string in one C call, which
+    holds the GIL throughout (0.4 s for 100 MB), so the event loop's thread would stall as
+    if it encoded the string itself. Here the thread lets go of the GIL between slices.
+    `data` must be free of cycles (`check_values` refuses them as too deep).
     """
+    if sliced and _SLICED_UTF8 is not None and _SLICED_ASCII is not None:
+        text = "".join(_SLICED_UTF8(data, 0))
+        if not text.isascii() and not _utf8(text):
+            text = "".join(_SLICED_ASCII(data, 0))
+        return text
     text = _UTF8.encode(data)
     if not text.isascii():
         try:
@@ -171,9 +182,63 @@ def dumps(data: Any) -> str:
 _UTF8 = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
+# Strings longer than this are encoded a slice at a time by `dumps(sliced=True)`: about a
+# quarter of a millisecond each, after which the GIL may change hands.
+_SLICE = 1 << 15
 
-def messages_to_json(messages: Sequence[Message]) -> str:
-    return dumps([serde.to_dict(message) for message in messages])
+
+def _by_slices(whole: Callable[[str], str]) -> Callable[[str], str]:
+    """`whole` (json's encoder of one string), a slice at a time for a long string: JSON
+    escapes each character alone, so the slices' encodings joined are the whole's."""
+
+    def encode(value: str) -> str:
+        if len(value) <= _SLICE:
+            return whole(value)
+        step = _SLICE
+        inner = [whole(value[at : at + step])[1:-1] for at in range(0, len(value), step)]
+        return f'"{"".join(inner)}"'
+
+    return encode
+
+
+def _sliced(whole: Callable[[str], str]) -> Callable[[Any, int], Sequence[str]] | None:
+    """json's C encoder with `_UTF8`'s options, calling `_by_slices(whole)` for each string.
+
+    The C encoder calls back a Python function for strings when it is given one in place of
+    its own, and the interpreter may hand the GIL over in that function, between slices.
+    No markers (cycle checks): they would be state shared by the threads that call it.
+    None where `json` has no C encoder (or one built otherwise): `dumps` then encodes
+    whole.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    try:
+        encoder: Callable[[Any, int], Sequence[str]] = make(
+            None, _UTF8.default, _by_slices(whole), None, ":", ",", False, False, False
+        )
+    except TypeError:
+        return None
+    return encoder
+
+
+_SLICED_UTF8 = _sliced(json.encoder.encode_basestring)
+_SLICED_ASCII = _sliced(json.encoder.encode_basestring_ascii)
+
+
+def _utf8(text: str) -> bool:
+    """Whether UTF-8 can encode `text` (it holds no lone surrogate), a slice at a time."""
+    step = _SLICE * 32
+    try:
+        for at in range(0, len(text), step):
+            text[at : at + step].encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def messages_to_json(messages: Sequence[Message], *, sliced: bool = False) -> str:
+    return dumps([serde.to_dict(message) for message in messages], sliced=sliced)
 
 
 def messages_from_data(data: Any) -> tuple[Message, ...]:
@@ -186,8 +251,8 @@ def messages_from_json(text: str) -> tuple[Message, ...]:
     return messages_from_data(json.loads(text))
 
 
-def audit_to_json(audit: AuditRecord | None) -> str | None:
-    return dumps(audit_to_dict(audit)) if audit is not None else None
+def audit_to_json(audit: AuditRecord | None, *, sliced: bool = False) -> str | None:
+    return dumps(audit_to_dict(audit), sliced=sliced) if audit is not None else None
 
 
 def audit_from_json(text: str | None) -> AuditRecord | None:

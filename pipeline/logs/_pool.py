@@ -37,9 +37,11 @@ import trio
 
 from turns import Context, Message
 
+from .._audit import AuditRecord
 from .._errors import LogError
 from .._loop import Loop, current_loop
-from ._protocol import ConversationInfo, LogEntry, check_id
+from . import _codec
+from ._protocol import ConversationInfo, LogEntry, check_id, check_values, heavy
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -365,6 +367,59 @@ class DatabaseLog:
         """`work` as the log runs it, `what` naming it in errors: a log whose calls have a
         deadline of their own wraps it here."""
         return work
+
+    async def _stored(
+        self,
+        conversation_id: str,
+        turn_ref: str,
+        messages: tuple[Message, ...],
+        audit: AuditRecord | None,
+    ) -> tuple[str, str | None]:
+        """The commit checked (`check_values`) and encoded: the JSON of its messages and of
+        its audit record, as stored.
+
+        A heavy commit (`heavy`) is checked and encoded in a worker thread, a long string a
+        slice at a time, so that the event loop goes on meanwhile (a 100 MB turn takes most
+        of a second). The thread is not one of the log's: a commit being encoded holds no
+        connection and does not hold up the commits behind it. A commit whose task is
+        cancelled meanwhile is dropped, as one waiting for its turn to be written is.
+        """
+        if not heavy(messages, audit):
+            return self._encode(conversation_id, turn_ref, messages, audit)
+        # The thread reads what the caller handed over while the caller awaits it: messages,
+        # parts and audit records are frozen and hold tuples, and their opaque values are
+        # values too (nothing changes a committed message's meta in place), so it reads what
+        # the loop's thread would have.
+        encode = functools.partial(
+            self._encode, conversation_id, turn_ref, messages, audit, sliced=True
+        )
+        stored = await anyio.to_thread.run_sync(encode)
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        return stored
+
+    def _encode(
+        self,
+        conversation_id: str,
+        turn_ref: str,
+        messages: tuple[Message, ...],
+        audit: AuditRecord | None,
+        *,
+        sliced: bool = False,
+    ) -> tuple[str, str | None]:
+        check_values(self, conversation_id, turn_ref, messages, audit)
+        try:
+            return (
+                _codec.messages_to_json(messages, sliced=sliced),
+                _codec.audit_to_json(audit, sliced=sliced),
+            )
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise LogError(
+                f"{self!r} cannot store turn {turn_ref!r} of conversation"
+                f" {conversation_id!r}: {exc} — a durable log stores JSON values only, so"
+                " keep meta, arguments and assigns to str, numbers, bools, None, lists and"
+                " dicts",
+                log=repr(self),
+            ) from exc
 
     async def __aenter__(self) -> Self:
         # Connect now, so that a bad path or DSN, or a newer schema, fails here, not mid-turn.

@@ -32,7 +32,6 @@ from ._protocol import (
     LogEntry,
     as_messages,
     check_append,
-    check_values,
     conflict,
 )
 
@@ -245,17 +244,7 @@ class PostgresLog(DatabaseLog):
     ) -> None:
         messages = as_messages(turn_ref, messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
-        check_values(self, conversation_id, turn_ref, messages, audit)
-        try:
-            stored = _codec.messages_to_json(messages), _codec.audit_to_json(audit)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise LogError(
-                f"{self!r} cannot store turn {turn_ref!r} of conversation"
-                f" {conversation_id!r}: {exc} — a durable log stores JSON values only, so"
-                " keep meta, arguments and assigns to str, numbers, bools, None, lists and"
-                " dicts",
-                log=repr(self),
-            ) from exc
+        stored = await self._stored(conversation_id, turn_ref, messages, audit)
         # A length no bigint holds is one no conversation has: a conflict, as in every log.
         expected = expected_length if expected_length is None else min(expected_length, _BIGINT)
         work = functools.partial(

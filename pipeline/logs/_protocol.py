@@ -1,5 +1,6 @@
 """The `Log` protocol every conversation log implements."""
 
+import itertools
 import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -8,7 +9,7 @@ from typing import Any, Protocol, cast, final, runtime_checkable
 
 import attrs
 
-from turns import Context, Message, Part, ToolCall
+from turns import Context, Message, Part, Text, ToolCall, ToolResult
 
 from .._audit import AuditRecord
 from .._errors import LogConflict, LogError
@@ -372,6 +373,81 @@ def _problem(value: object) -> tuple[str, object] | None:
             return ("deep", None)
         pending.extend((child, depth + 1) for child in children)
     return None
+
+
+HEAVY = 1 << 17
+"""How many characters (text, ids, and a unit per node of an opaque value) make a commit
+heavy: checking and encoding it would hold the event loop for about a millisecond or more,
+longer than a hand-over to a worker thread costs."""
+
+
+def heavy(messages: tuple[Message, ...], audit: AuditRecord | None) -> bool:
+    """Whether the commit holds at least `HEAVY` characters, counted cheaply: text part by
+    part, and opaque values (``meta``, tool arguments) walked only until the count is
+    reached, so that a commit of any size is weighed in a bounded time."""
+    budget = HEAVY
+    for text in _texts(messages, audit):
+        budget -= len(text)
+        if budget <= 0:
+            return True
+    for value in _opaque(messages, audit):
+        if value:
+            budget = _spend(value, budget)
+            if budget <= 0:
+                return True
+    return False
+
+
+def _texts(messages: tuple[Message, ...], audit: AuditRecord | None) -> Iterator[str]:
+    """The strings of a commit outside its opaque values: what `_opaque` leaves out."""
+    for message in messages:
+        for part in message.parts:
+            yield from _part_texts(part)
+    if audit is None:
+        return
+    for injection in audit.injections:
+        for part in injection.parts:
+            yield from _part_texts(part)
+    for hook in audit.hooks:
+        yield from (hook.hook, hook.detail or "")
+    for attempt in audit.attempts:
+        yield attempt.text
+    for rejection in audit.rejections:
+        yield from (rejection.feedback, rejection.text)
+    for record in audit.tools:
+        for part in (record.requested, record.call, record.result):
+            yield from _part_texts(part)
+    if audit.halt is not None:
+        yield audit.halt.reason
+        if isinstance(audit.halt.reply, str):
+            yield audit.halt.reply
+        elif audit.halt.reply is not None:
+            yield from _texts((audit.halt.reply,), None)
+
+
+def _part_texts(part: Part) -> Iterator[str]:
+    if isinstance(part, Text):
+        yield part.text
+    elif isinstance(part, ToolCall):
+        yield from (part.id, part.name)
+    elif isinstance(part, ToolResult):
+        yield from (part.call_id, part.content)
+
+
+def _spend(value: object, budget: int) -> int:
+    """`budget` less a unit per node of `value` and the length of each string in it, down
+    to 0 at most: a loop that stops there, whatever the size or depth of `value`."""
+    pending: list[Any] = [value]
+    while pending and budget > 0:
+        item = pending.pop()
+        budget -= 1
+        if isinstance(item, str):
+            budget -= len(item)
+        elif isinstance(item, Mapping):
+            pending.extend(itertools.islice(item.items(), budget))
+        elif isinstance(item, list | tuple):
+            pending.extend(item[:budget])
+    return budget
 
 
 def conflict(conversation_id: str, turn_ref: str, length: int, expected: int) -> LogConflict:

@@ -23,7 +23,6 @@ from ._protocol import (
     LogEntry,
     as_messages,
     check_append,
-    check_values,
     conflict,
 )
 
@@ -124,8 +123,7 @@ class SQLiteLog(DatabaseLog):
     ) -> None:
         messages = as_messages(turn_ref, messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
-        check_values(self, conversation_id, turn_ref, messages, audit)
-        stored = self._encode(conversation_id, turn_ref, messages, audit)
+        stored = await self._stored(conversation_id, turn_ref, messages, audit)
         commit = _Commit((conversation_id, turn_ref, len(messages), *stored, expected_length))
         self._connections.check_loop()  # before the write lock, which is the loop's too
         outcome, length = await self._commit(commit)
@@ -207,25 +205,7 @@ class SQLiteLog(DatabaseLog):
             raise
         return connection
 
-    # -- the seams ------------------------------------------------------------------------
-
-    def _encode(
-        self,
-        conversation_id: str,
-        turn_ref: str,
-        messages: tuple[Message, ...],
-        audit: AuditRecord | None,
-    ) -> tuple[str, str | None]:
-        try:
-            return _codec.messages_to_json(messages), _codec.audit_to_json(audit)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise LogError(
-                f"{self!r} cannot store turn {turn_ref!r} of conversation"
-                f" {conversation_id!r}: {exc} — a durable log stores JSON values only, so"
-                " keep meta, arguments and assigns to str, numbers, bools, None, lists and"
-                " dicts",
-                log=repr(self),
-            ) from exc
+    # -- the seam -------------------------------------------------------------------------
 
     def _translate(self, exc: Exception) -> LogError | None:
         if not isinstance(exc, sqlite3.Error | _codec.StoredDataError):

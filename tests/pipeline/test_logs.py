@@ -387,6 +387,69 @@ async def test_a_durable_log_is_an_async_context_manager_that_closes(durable: Ba
         await log.entries(CONVERSATION)
 
 
+# -- large turns ----------------------------------------------------------------------------
+
+
+def one_connection(durable: Backend) -> Log:
+    """A log of `durable`'s kind that makes one database call at a time, as SQLite does."""
+    from pipeline.logs import PostgresLog, SQLiteLog
+
+    if durable.kind == "sqlite":
+        return SQLiteLog(durable.where)
+    return PostgresLog(durable.where, max_connections=1)
+
+
+async def test_a_large_turn_being_encoded_holds_up_neither_the_loop_nor_other_commits(
+    durable: Backend,
+):
+    """Bug caught: a large turn's commit encoded its JSON on the event loop's thread (most
+    of a second for 100 MB), so the other commits, turns and requests of the process
+    stalled behind it, a commit of a short turn to another conversation included."""
+    large = exchange("summarize it", "x" * (32 << 20))
+    trace: list[str] = []
+
+    async def commit(conversation_id: str, messages: tuple[Message, ...]) -> None:
+        await log.append(conversation_id, "turn-1", messages, expected_length=0)
+        trace.append(conversation_id)
+
+    async with one_connection(durable) as log:  # type: ignore[attr-defined]
+        async with anyio.create_task_group() as nursery:
+            nursery.start_soon(commit, "large", large)
+            await anyio.wait_all_tasks_blocked()  # the large commit is under way
+            nursery.start_soon(commit, "small", exchange("hi", "hello"))
+        loaded = await log.load("large")
+
+    assert trace == ["small", "large"]
+    assert loaded == Context(messages=large)
+
+
+async def test_a_large_turn_round_trips_whatever_its_text_holds(durable: Backend):
+    """Guards the encoding of a large turn, a slice at a time: escapes (quotes, control
+    characters), text outside the BMP and a lone surrogate (which turns the whole commit to
+    ASCII escapes) read back as written, split wherever the slices fall."""
+    text = "".join(random.Random(7).choices('ab"\\\n\x00é中😀\ud800', k=300_000))
+    messages = (Message.user(text), Message.assistant([Text("ok", meta={"echo": text})]))
+    async with durable.open() as log:  # type: ignore[attr-defined]
+        await log.append(CONVERSATION, "turn-1", messages)
+        assert await log.load(CONVERSATION) == Context(messages=messages)
+
+
+async def test_a_large_turn_with_a_value_json_cannot_hold_is_refused_like_a_small_one(
+    durable: Backend,
+):
+    """Guards the check of a large turn, made away from the event loop: the same LogError,
+    naming the turn and the value's path, and nothing written."""
+    from pipeline import LogError
+
+    messages = (Message.user("x" * 300_000), Message.assistant([Text("ok", meta={"s": {1}})]))
+    async with durable.open() as log:  # type: ignore[attr-defined]
+        with pytest.raises(LogError, match="JSON values only") as caught:
+            await log.append(CONVERSATION, "turn-1", messages)
+        assert await log.entries(CONVERSATION) == ()
+    assert "'turn-1'" in str(caught.value)
+    assert "messages[1].parts[0].meta" in str(caught.value)
+
+
 # -- cancellation ---------------------------------------------------------------------------
 
 
