@@ -214,9 +214,9 @@ class PostgresLog(DatabaseLog):
         self._options_from = "the DSN's" if "options" in params else "PGOPTIONS'"
         # The server's lock_timeout and statement_timeout on the log's connections, in
         # milliseconds, and where a shorter one the log kept comes from (None: the log's).
-        milliseconds = max(1, math.ceil(self._timeout * 1000))
+        self._milliseconds = max(1, math.ceil(self._timeout * 1000))
         self._limits: dict[str, tuple[int, str | None]] = dict.fromkeys(
-            _LIMITS, (milliseconds, None)
+            _LIMITS, (self._milliseconds, None)
         )
         self._watchdog = _Watchdog(f"{self!r} watchdog")
         weakref.finalize(self, self._watchdog.stop)
@@ -281,7 +281,7 @@ class PostgresLog(DatabaseLog):
         # (`_unlimited`): a large read still sending to a slow client is not ended. A
         # shorter limit set elsewhere (the DSN, PGOPTIONS, the role) is kept; a longer one,
         # or none (0), would leave a live server silent past the watchdog's limit.
-        milliseconds = max(1, math.ceil(self._timeout * 1000))
+        milliseconds = self._milliseconds
         rows = connection.execute(
             "SELECT s.name, s.setting::bigint, s.source, set_config(s.name, CASE"
             " WHEN s.setting::bigint BETWEEN 1 AND %s THEN s.setting ELSE %s END, false)"
