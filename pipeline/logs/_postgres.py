@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, LiteralString, TypeVar, final
 
@@ -467,6 +467,10 @@ _LIMITS = ("lock_timeout", "statement_timeout")
 _LOCK_NOT_AVAILABLE = "55P03"
 _QUERY_CANCELED = "57014"
 
+# A connection outside any transaction: libpq's PQTRANS_IDLE, psycopg's
+# pq.TransactionStatus.IDLE (psycopg is imported only when a log is built).
+_IDLE = 0
+
 
 class _TimedOut(Exception):
     """A call the watchdog gave up on (its connection is closed): `what` it was, and
@@ -752,43 +756,70 @@ def _append(
     return str(row[0]), int(row[1])
 
 
-@contextlib.contextmanager
-def _unlimited(connection: "psycopg.Connection[Any]") -> Iterator[None]:
-    """A transaction whose statements no statement_timeout ends: a read of a conversation
-    or a listing, however long it takes to send to a slow client (the watchdog still gives
-    up on a silent server, and lock_timeout on a lock)."""
-    with connection.transaction():
-        connection.execute("SET LOCAL statement_timeout = 0")
-        yield
+def _unlimited(
+    connection: "psycopg.Connection[Any]", query: LiteralString, params: Sequence[object] = ()
+) -> list[tuple[Any, ...]]:
+    """The rows of `query`, a read of a conversation or a listing, in a transaction no
+    statement_timeout ends, however long it takes to send to a slow client (the watchdog
+    still gives up on a silent server, and lock_timeout on a lock).
+
+    One round trip: BEGIN, SET LOCAL, the query and COMMIT go to the server as one message
+    (the simple query protocol, which takes several statements; psycopg's ClientCursor
+    quotes the parameters into it). The server times each statement of it alone, so the
+    query runs with no statement_timeout. (Pipeline mode sends them as four messages and
+    costs more in psycopg than the round trips it saves on loopback.) If a statement
+    fails, the server skips the rest, COMMIT included, leaving the transaction aborted: it
+    is rolled back here, so that the connection stays usable.
+    """
+    from psycopg import ClientCursor
+
+    cursor = ClientCursor(connection)
+    try:
+        cursor.execute(
+            "BEGIN; SET LOCAL statement_timeout = 0; " + query + "; COMMIT",
+            params,
+        )
+        cursor.nextset()  # past BEGIN's result
+        cursor.nextset()  # and SET's: the query's
+        return cursor.fetchall()
+    except BaseException:
+        if not connection.closed and connection.info.transaction_status != _IDLE:
+            try:
+                connection.rollback()
+            except Exception:
+                _close(connection)  # unusable: the next call opens a new one
+        raise
+    finally:
+        cursor.close()
 
 
 def _load(conversation_id: str, connection: "psycopg.Connection[Any]") -> list[tuple[Message, ...]]:
-    with _unlimited(connection):
-        rows = connection.execute(
-            "SELECT turn_ref, messages FROM turnplug_turns WHERE conversation_id = %s"
-            " ORDER BY position",
-            (conversation_id,),
-        ).fetchall()
+    rows = _unlimited(
+        connection,
+        "SELECT turn_ref, messages FROM turnplug_turns WHERE conversation_id = %s"
+        " ORDER BY position",
+        (conversation_id,),
+    )
     return [_codec.read_messages(conversation_id, turn_ref, text) for turn_ref, text in rows]
 
 
 def _entries(conversation_id: str, connection: "psycopg.Connection[Any]") -> tuple[LogEntry, ...]:
-    with _unlimited(connection):
-        rows = connection.execute(
-            "SELECT turn_ref, messages, audit, committed_at FROM turnplug_turns"
-            " WHERE conversation_id = %s ORDER BY position",
-            (conversation_id,),
-        ).fetchall()
+    rows = _unlimited(
+        connection,
+        "SELECT turn_ref, messages, audit, committed_at FROM turnplug_turns"
+        " WHERE conversation_id = %s ORDER BY position",
+        (conversation_id,),
+    )
     return tuple(_codec.read_entry(conversation_id, *row) for row in rows)
 
 
 def _conversations(connection: "psycopg.Connection[Any]") -> tuple[ConversationInfo, ...]:
-    with _unlimited(connection):
-        rows = connection.execute(
-            "SELECT c.conversation_id, c.turns, c.length, max(t.committed_at)"
-            " FROM turnplug_conversations AS c JOIN turnplug_turns AS t USING (conversation_id)"
-            " GROUP BY c.conversation_id, c.turns, c.length"
-        ).fetchall()
+    rows = _unlimited(
+        connection,
+        "SELECT c.conversation_id, c.turns, c.length, max(t.committed_at)"
+        " FROM turnplug_conversations AS c JOIN turnplug_turns AS t USING (conversation_id)"
+        " GROUP BY c.conversation_id, c.turns, c.length",
+    )
     return _codec.read_conversations(rows)
 
 
