@@ -141,8 +141,18 @@ class Drive(Runner):
 
     async def drive_with_tools(self, turn: Turn, open_tools: OpenTools) -> TurnResult:
         """`drive` with the tools of the turn's MCP toolsets open."""
-        async with open_tools() as tools:
-            return await self.drive(turn, tools)
+        driven = False
+        try:
+            async with open_tools() as tools:
+                driven = True
+                return await self.drive(turn, tools)
+        except BaseException as error:
+            # A server that could not be started or reached (or a cancellation while it
+            # connected) ends the turn before `drive` could: its trace ends here. Once
+            # driven, `drive` has ended it.
+            if not driven and self.watch is not None:
+                self.watch.failed(error)
+            raise
 
     async def drive(self, turn: Turn, tools: Mapping[str, Tool]) -> TurnResult:
         # Hooks that run a pipeline tool themselves (a synthetic tool call) find it here,

@@ -24,11 +24,13 @@ from pipeline import (
     ConfigError,
     HookFailed,
     Pipeline,
+    ToolsetError,
     block,
     chain,
     cont,
     halt,
     hook,
+    mcp_toolset,
     otel,
     parallel,
     regenerate,
@@ -637,6 +639,44 @@ async def test_a_stream_never_entered_starts_no_span() -> None:
         otel.uninstrument()
 
     assert started.started == ["turn", "chat ScriptedModel"]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_turn_whose_mcp_server_cannot_start_ends_its_span(streamed) -> None:
+    """Bug caught: a turn that failed while its MCP toolsets connected (a server that could
+    not be started) left its `turn` span started and never ended, so never exported."""
+    started = Started()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(started)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.instrument(tracer_provider=provider)
+    pipe = Pipeline(
+        model=ScriptedModel(["never"]),
+        toolsets=[mcp_toolset("gone", command=sys.executable + "-missing")],
+    )
+
+    async def run() -> None:
+        if streamed:
+            async with pipe.stream(Turn.start("hi")) as events:
+                async for _ in events:
+                    pass
+        else:
+            await pipe.run(Turn.start("hi"))
+
+    try:
+        with pytest.raises(ToolsetError, match="could not be started"):
+            await run()
+    finally:
+        otel.uninstrument()
+
+    (turn,) = exporter.get_finished_spans()
+    assert started.started == ["turn"]
+    assert (turn.status.status_code, turn.attributes["error.type"]) == (
+        StatusCode.ERROR,
+        "ToolsetError",
+    )
+    assert turn.attributes["turnplug.turn.outcome"] == "failed"
 
 
 async def test_a_thousand_concurrent_turns_are_a_thousand_separate_traces(spans) -> None:
