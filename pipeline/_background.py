@@ -36,16 +36,25 @@ async def run_background(
     emit = runner.emit
     when = step.hook.when
     if when is not None:
+        # A failure is worded as `HookFailed.error` promises, ``Type: message``, with the
+        # type an ordered hook's predicate reports (a trace's ``error.type`` reads it).
+        detail = None
         try:
             runs: object = when(turn)
+        except Exception as exc:
+            detail = f"{exc_text(exc)} (raised by its when= predicate)"
+        else:
             if type(runs) is not bool:
                 if inspect.iscoroutine(runs):
                     runs.close()  # never awaited: it would warn again when collected
-                raise TypeError(f"when= must return True or False, got {describe(runs)}")
-        except Exception as exc:
+                detail = (
+                    "HookReturnError: its when= predicate must return True or False, got"
+                    f" {describe(runs)}"
+                )
+        if detail is not None:
             if emit is not None:
                 emit(hook_started(runner.turn_ref, step.name, step.stage))
-            _failed(runner, step, records, 0.0, f"when= predicate: {exc_text(exc)}")
+            _failed(runner, step, records, 0.0, detail)
             return ()
         if not runs:
             records.append(HookRecord(step.name, step.stage, step.position, 0.0, "skipped"))

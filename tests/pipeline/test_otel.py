@@ -439,6 +439,31 @@ async def test_a_fail_open_hook_is_an_error_span_in_a_successful_turn(spans) -> 
     assert turn.status.status_code is StatusCode.UNSET
 
 
+def refusing_gate(turn):
+    raise ValueError("the gate broke")
+
+
+@pytest.mark.parametrize(
+    ("when", "kind"), [(refusing_gate, "ValueError"), (lambda turn: "yes", "HookReturnError")]
+)
+async def test_a_background_hooks_failing_when_is_traced_with_its_exception_type(
+    spans, when, kind
+) -> None:
+    """Bug caught: a background hook whose ``when=`` predicate raised (or returned no bool)
+    was traced with ``error.type = "when= predicate"``, the start of its failure's text,
+    where an ordered hook's is the exception's type."""
+    await Pipeline(model=ScriptedModel(["ok"]), post=[hook(first, background=True, when=when)]).run(
+        Turn.start("hi")
+    )
+
+    (span,) = named(spans.get_finished_spans(), "first")
+    assert (span.status.status_code, span.status.description, span.attributes["error.type"]) == (
+        StatusCode.ERROR,
+        kind,
+        kind,
+    )
+
+
 async def test_a_provider_failure_fails_the_chat_span(spans) -> None:
     """Catches: the chat span left open or reported fine when the model fails."""
     await_ = ScriptedModel([])  # runs out at once: a ProviderError
