@@ -142,7 +142,6 @@ class TurnEvents:
         "_interrupt",
         "_left",
         "_lot",
-        "_parked",
         "_raised",
         "_relay",
         "_result",
@@ -161,9 +160,6 @@ class TurnEvents:
         self._lot: Lot = _NOT_STARTED
         self._taken: Lot = _NOT_STARTED
         self._waiting = False
-        # The consumer is in its iteration's wait, woken or not: `_waiting` ends when the
-        # drive wakes it, this once it has resumed.
-        self._parked = False
         # Whether the drive waits on `_taken` for the consumer to catch up (`_caught_up`).
         self._behind = False
         self._done = False
@@ -219,12 +215,12 @@ class TurnEvents:
                 if self._result is None and self._error is None:
                     await self._stopped()
                 self._end()
-            self._waiting = self._parked = True
+            self._waiting = True
             self._relay[0] = self._emit
             try:
                 await self._lot.park()
             finally:
-                self._waiting = self._parked = False
+                self._waiting = False
         event = self._buffer.popleft()
         if self._behind and not self._buffer:
             self._behind = False
@@ -282,12 +278,9 @@ class TurnEvents:
             # Raised to the consumer, as if it had run the turn itself: by its waiting
             # `__anext__`, or, when it is elsewhere in its block, by the block, which is
             # cancelled (as trio's nursery would). Out of the task, asyncio would stop its
-            # loop and report the task ("Task exception was never retrieved"). A consumer
-            # woken for an event just before, and not yet resumed, was waiting too: it
-            # takes the events emitted before the interrupt, then its iteration raises it;
-            # cancelled, it would have lost them to a cancellation of its own code.
+            # loop and report the task ("Task exception was never retrieved").
             self._interrupt = exc
-            if not self._parked:
+            if not self._waiting:
                 tasks.cancel()
         finally:
             self._done = True

@@ -1,6 +1,6 @@
 """Pipeline.stream: one drive loop with run, events of the turn, failures and cancellation."""
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 
 import anyio
 import anyio.lowlevel
@@ -21,7 +21,7 @@ from pipeline import (
     parallel,
     regenerate,
 )
-from pipeline.events import Committed, HookStarted, TextDelta, TurnFinished
+from pipeline.events import Committed, Event, HookStarted, TextDelta, TurnFinished
 from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Text, Turn
@@ -1095,12 +1095,13 @@ async def test_a_system_exit_in_a_streamed_turn_is_not_lost_to_the_callers_cance
     assert info.value.code == 3
 
 
-@pytest.mark.parametrize("where", ["pipeline", "session"])
-async def test_an_interrupt_just_after_the_consumer_was_woken_is_raised_by_its_iteration(where):
-    """Bug caught: a hook raising KeyboardInterrupt right after the drive had woken the waiting
-    consumer for an event, before the consumer ran, cancelled the block: the consumer's own
-    await after that event was cancelled and the events emitted before the interrupt were
-    lost (both loops)."""
+def woken_then_interrupted() -> tuple[Pipeline, anyio.Event]:
+    """A turn interrupted just after the drive woke the waiting consumer, and its gate.
+
+    `first` waits for the gate, which the consumer sets on its HookStarted before waiting again
+    at once: `first` ends, `second` starts and raises KeyboardInterrupt while the consumer is
+    woken for HookFinished but has not run yet.
+    """
     gate = anyio.Event()
 
     async def first(turn):
@@ -1113,41 +1114,75 @@ async def test_an_interrupt_just_after_the_consumer_was_woken_is_raised_by_its_i
     pipe = Pipeline(
         model=ScriptedModel(["never"]), pre=[hook(first, name="first"), hook(second, name="second")]
     )
+    return pipe, gate
+
+
+async def consume_in(
+    where: str, pipe: Pipeline, consume: Callable[[AsyncIterable[Event]], Awaitable[None]]
+) -> None:
+    """Run `consume` in the block of a streamed turn of `pipe`, or of its session's turn."""
+    if where == "pipeline":
+        async with pipe.stream(Turn.start("hi")) as events:
+            await consume(events)
+    else:
+        async with (
+            pipe.session(log=MemoryLog(), conversation_id="c") as session,
+            session.stream("hi") as events,
+        ):
+            await consume(events)
+
+
+def hook_event(event: Event) -> str:
+    return f"{type(event).__name__} {getattr(event, 'hook', '')}".strip()
+
+
+def started(event: Event, name: str) -> bool:
+    return isinstance(event, HookStarted) and event.hook == name
+
+
+@pytest.mark.parametrize("leaves", [False, True], ids=["in_its_loop", "broke_out"])
+@pytest.mark.parametrize("where", ["pipeline", "session"])
+async def test_an_interrupt_just_after_the_consumer_was_woken_cancels_its_await_after_the_events(
+    where, leaves
+):
+    """Bug caught: a stream that spared a consumer woken for an event just before a hook
+    raised KeyboardInterrupt (to hand it the events emitted before) let an await of the
+    consumer's own (in its loop, or after breaking out) hold the interrupt back as long as it
+    waited, forever on what a later hook would have done (both loops)."""
+    pipe, gate = woken_then_interrupted()
     seen: list[str] = []
 
-    async def consume(events) -> None:
+    async def busy() -> None:
+        # Waiting on something the turn would have done; bounded, so that an await left
+        # alone fails the test instead of hanging it.
         try:
-            async for event in events:
-                seen.append(f"{type(event).__name__} {getattr(event, 'hook', '')}".strip())
-                if isinstance(event, HookStarted) and event.hook == "first":
-                    # The consumer waits again at once: `first` ends, `second` starts and
-                    # raises while it is woken but has not run yet.
-                    gate.set()
-                else:
-                    await anyio.lowlevel.checkpoint()
-        except BaseException as exc:
-            seen.append(f"iteration raised {type(exc).__name__}")
+            for _ in range(1000):
+                await anyio.lowlevel.checkpoint()
+        except anyio.get_cancelled_exc_class():
+            seen.append("await cancelled")
             raise
+        seen.append("await not cancelled")
 
-    async def main() -> None:
-        if where == "pipeline":
-            async with pipe.stream(Turn.start("hi")) as events:
-                await consume(events)
-        else:
-            async with (
-                pipe.session(log=MemoryLog(), conversation_id="c") as session,
-                session.stream("hi") as events,
-            ):
-                await consume(events)
+    async def consume(events: AsyncIterable[Event]) -> None:
+        async for event in events:
+            seen.append(hook_event(event))
+            if started(event, "first"):
+                gate.set()
+            elif started(event, "second"):
+                if leaves:
+                    break
+                await busy()
+        if leaves:
+            await busy()
 
     with pytest.raises(KeyboardInterrupt):
-        await main()
+        await consume_in(where, pipe, consume)
     assert seen == [
         "TurnStarted",
         "HookStarted first",
         "HookFinished first",
         "HookStarted second",
-        "iteration raised KeyboardInterrupt",
+        "await cancelled",
     ]
 
 
