@@ -1451,3 +1451,43 @@ async def test_the_interrupt_that_stopped_the_background_hooks_carries_the_other
         "background hook 'first' (post, position 1) also raised KeyboardInterrupt as the"
         " background hooks stopped"
     ]
+
+
+async def test_background_hooks_interrupted_at_the_same_instant_raise_the_first_declared():
+    """Bug caught: run without a session, background hooks raising KeyboardInterrupt and
+    SystemExit at the same instant raised the one the loop happened to run first (at random
+    under trio, the later hook under asyncio when it was woken first), not the first in
+    declaration order."""
+    for _ in range(20):  # trio runs the two in a random order each time
+        with pytest.raises(KeyboardInterrupt) as info:
+            await pipe_interrupted_twice_at_once().run(Turn.start("hi"))
+        assert info.value.__notes__ == [
+            "background hook 'second' (post, position 2) also raised SystemExit as the"
+            " background hooks stopped"
+        ]
+
+
+def pipe_interrupted_twice_at_once() -> Pipeline:
+    """Background hooks 'first' and 'second' raise KeyboardInterrupt and SystemExit, woken at
+    one instant by 'third', the later one woken first."""
+    interrupting, exiting = anyio.Event(), anyio.Event()
+
+    async def interrupted(turn):
+        await interrupting.wait()
+        raise KeyboardInterrupt
+
+    async def exits(turn):
+        await exiting.wait()
+        raise SystemExit(5)
+
+    async def wakes_both(turn):
+        exiting.set()
+        interrupting.set()
+        return cont(turn)
+
+    post = [
+        hook(interrupted, name="first", background=True),
+        hook(exits, name="second", background=True),
+        hook(wakes_both, name="third", background=True),
+    ]
+    return Pipeline(model=ScriptedModel(["ok"]), post=post)
