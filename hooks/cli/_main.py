@@ -331,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        code: int = args.handler(args)
+        code: int = _handle(args)
     except PipelineError as exc:
         if args.debug:
             raise
@@ -361,17 +361,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Past the parser, turnplug never exits by raising: this came from what the command
         # ran (a hook calling sys.exit(), say). Exiting with its status would pass it off as
         # turnplug's, 0 for a turn that never finished.
-        raised = exc
-        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            exc = exc.exceptions[0]  # a task group's, around the one that ended it
         if args.debug:
             if not isinstance(exc, SystemExit):
                 raise
             # Python prints no traceback for a SystemExit, and would exit with its status.
-            traceback.print_exception(raised)
+            traceback.print_exception(exc)
             return 1
-        if isinstance(exc, KeyboardInterrupt):
-            return 130
         what = f"sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else one_line(repr(exc))
         print(
             f"turnplug: error: {what} in what the command ran (a hook, a tool, a model): the"
@@ -380,6 +375,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return code
+
+
+def _handle(args: argparse.Namespace) -> int:
+    """Run the command's handler. An exception group around one exception is raised as that
+    exception: a task group (chat's, a turn's) wraps the one that ended it, which `main`
+    reports by its type (a `BrokenPipeError` when the reader went away, a `PipelineError`,
+    an interrupt), where the group's would say only "ExceptionGroup"."""
+    try:
+        return int(args.handler(args))
+    except BaseExceptionGroup as group:
+        error: BaseException = group
+        while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+            error = error.exceptions[0]
+        if error is group:
+            raise
+        raise error from error.__cause__
 
 
 if __name__ == "__main__":

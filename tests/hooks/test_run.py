@@ -385,6 +385,34 @@ def _chat(
     )
 
 
+def _reader_gone(*args: str | Path, lines: str = "") -> subprocess.CompletedProcess[str]:
+    """``turnplug ARGS`` writing to a pipe whose reader has already gone, as after
+    ``turnplug ... | head -n 1``: every write to standard output fails (EPIPE)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [TURNPLUG, *map(str, args)],
+            input=lines,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+            env=environment(),
+        )
+    finally:
+        os.close(write)
+
+
+def test_chat_whose_reader_goes_away_ends_quietly(tmp_path: Path) -> None:
+    """Bug caught: chat's task group wrapped the BrokenPipeError, so instead of ending quietly
+    it printed "turnplug: error: ExceptionGroup: Exceptions from Trio nursery" and exited 1."""
+    done = _reader_gone("chat", write_config(tmp_path, CHAT), lines="hello\nand then?\n")
+    assert "error" not in done.stderr
+    assert done.returncode == 0, done.stderr
+
+
 def test_chat_answers_each_line_in_one_conversation_and_ends_at_eof(tmp_path: Path) -> None:
     done = _chat(write_config(tmp_path, CHAT), "hello\n\nand then?\n")
     assert done.returncode == 0
