@@ -345,8 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         # The reader went away (`turnplug demo | head`): stop quietly, as other tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        from ._run import discard
+
+        discard(sys.stdout)
         return 0
     except Exception as exc:
         if args.debug:

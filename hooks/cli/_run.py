@@ -12,7 +12,9 @@ Standard output carries answers (and JSON); notes about a turn — a rejection, 
 cancellation — go to standard error, so that piping the answers somewhere stays clean.
 """
 
+import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -61,25 +63,55 @@ async def run_turn(
     show_events: bool,
     console: Console,
 ) -> int:
-    """Send `message` in a session; print the outcome. Returns the exit code."""
-    async with pipe.session(log=log, conversation_id=conversation) as session:
-        if show_events:
-            async with session.stream(message) as events:
-                async for event in events:
-                    if as_json:
-                        console.write(json.dumps(event_json(event), ensure_ascii=False))
-                    elif line := ev.timeline((event,)):
-                        console.write(line.rstrip("\n"))
-            result = events.result
+    """Send `message` in a session; print the outcome. Returns the exit code.
+
+    Standard output closed by its reader (``| head``) stops the printing, and with it a turn
+    still streaming its events (nothing of it is committed, as on Ctrl-C); the exit code
+    still says how the turn ended: 0 only for a turn that completed.
+    """
+    outcome: ev.Outcome | None = None  # the turn's, once it has finished
+    try:
+        async with pipe.session(log=log, conversation_id=conversation) as session:
+            if show_events:
+                async with session.stream(message) as events:
+                    async for event in events:
+                        match event:
+                            case ev.Committed():  # only a completed turn commits
+                                outcome = "completed"
+                            case ev.TurnFinished():
+                                outcome = event.outcome
+                        if as_json:
+                            console.write(json.dumps(event_json(event), ensure_ascii=False))
+                        elif line := ev.timeline((event,)):
+                            console.write(line.rstrip("\n"))
+                result = events.result
+            else:
+                result = await session.send(message)
+        outcome = result.outcome
+        if as_json:
+            console.write(json.dumps(result_json(result, conversation), ensure_ascii=False))
         else:
-            result = await session.send(message)
-    if as_json:
-        console.write(json.dumps(result_json(result, conversation), ensure_ascii=False))
-    else:
-        if result.reply is not None:
-            console.write(result.reply.text)
-        explain(result, console)
-    return 0 if result.outcome == "completed" else 1
+            if result.reply is not None:
+                console.write(result.reply.text)
+            explain(result, console)
+    except BrokenPipeError:
+        discard(console.out)
+        if outcome is None:
+            with contextlib.suppress(OSError):
+                console.note(
+                    "turnplug: standard output was closed before the turn finished, which"
+                    " stopped it: nothing of it was committed"
+                )
+            return 1
+    return 0 if outcome == "completed" else 1
+
+
+def discard(out: TextIO) -> None:
+    """Send whatever is still written to `out` nowhere: its reader went away (``| head``),
+    and Python's flush at exit would fail on it again, and say so."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, out.fileno())
+    os.close(devnull)
 
 
 def explain(result: TurnResult, console: Console) -> None:

@@ -288,6 +288,46 @@ def test_without_a_model_the_scripted_model_answers_and_says_so(tmp_path: Path) 
     assert "scripted" in done.stderr
 
 
+def _reader_gone(*args: str | Path, lines: str = "") -> subprocess.CompletedProcess[str]:
+    """``turnplug ARGS`` writing to a pipe whose reader has already gone, as after
+    ``turnplug ... | head -n 1``: every write to standard output fails (EPIPE)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [TURNPLUG, *map(str, args)],
+            input=lines,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+            env=environment(),
+        )
+    finally:
+        os.close(write)
+
+
+def test_a_halted_turn_whose_reader_goes_away_still_exits_1(shop: Path) -> None:
+    """Bug caught: `run ... | head` of a halted turn exited 0, as if it had completed, because
+    the failed write of its substitute answer was taken for a quiet end."""
+    done = _reader_gone("run", shop, "tell me a secret")
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 1, done.stderr
+
+
+def test_run_events_whose_reader_goes_away_stops_the_turn_and_exits_1(shop: Path) -> None:
+    """Bug caught: `run --events ... | head` stopped the turn at its first event, committing
+    nothing, and exited 0 silently, as if the turn had completed."""
+    log = shop.with_name("c.db")
+    done = _reader_gone("run", shop, "How long do refunds take?", "--events", "--log", log)
+    assert done.returncode == 1, done.stderr
+    assert "closed before the turn finished" in done.stderr
+    assert "Traceback" not in done.stderr
+    shown = turnplug("log", "default", "--log", log, "--json")
+    assert json.loads(shown.stdout)["entries"] == []
+
+
 def test_a_log_path_keeps_the_conversation_across_runs(shop: Path) -> None:
     log = shop.with_name("conversations.db")
     for message in ("How long do refunds take?", "And for returns?"):
@@ -383,26 +423,6 @@ def _chat(
         env=environment(),
         cwd=cwd,
     )
-
-
-def _reader_gone(*args: str | Path, lines: str = "") -> subprocess.CompletedProcess[str]:
-    """``turnplug ARGS`` writing to a pipe whose reader has already gone, as after
-    ``turnplug ... | head -n 1``: every write to standard output fails (EPIPE)."""
-    read, write = os.pipe()
-    os.close(read)
-    try:
-        return subprocess.run(
-            [TURNPLUG, *map(str, args)],
-            input=lines,
-            stdout=write,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-            check=False,
-            env=environment(),
-        )
-    finally:
-        os.close(write)
 
 
 def test_chat_whose_reader_goes_away_ends_quietly(tmp_path: Path) -> None:
