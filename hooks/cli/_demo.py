@@ -152,13 +152,23 @@ def build(model: Model | None = None) -> Pipeline:
     )
 
 
+def unset_key(spec: str) -> str | None:
+    """The environment variable the model `spec` names needs its key from, if it is not
+    set; blank counts as not set, as for a config's `api_key_env` (the provider strips a
+    key's surrounding whitespace, and would send none)."""
+    variable = KEY_VARIABLES.get(spec.partition(":")[0].strip().lower())
+    if variable is not None and not os.environ.get(variable, "").strip():
+        return variable
+    return None
+
+
 def choose_model(spec: str | None, write: Callable[[str], None]) -> Model | None:
     """The model `--model` names, or None (offline) when it needs a key that is not set."""
     if spec is None:
         return None
     model = model_from_string(spec)  # a malformed spec is a ConfigError, shown as usage
-    variable = KEY_VARIABLES.get(spec.partition(":")[0].strip().lower())
-    if variable is not None and not os.environ.get(variable):
+    variable = unset_key(spec)
+    if variable is not None:
         write(f"note: {variable} is not set, so the demo stays offline (scripted model)")
         write("")
         return None

@@ -9,7 +9,6 @@ unless ``--debug`` is given.
 import argparse
 import importlib.metadata
 import json
-import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -51,11 +50,11 @@ def _pipeline(args: argparse.Namespace) -> Pipeline:
         return _loaded(args.config).pipeline
     from pipeline.providers import model_from_string
 
-    from ._demo import KEY_VARIABLES
+    from ._demo import unset_key
 
     model = model_from_string(args.model)  # a malformed spec is a ConfigError: exit 2
-    variable = KEY_VARIABLES.get(args.model.partition(":")[0].strip().lower())
-    if variable is not None and not os.environ.get(variable):
+    variable = unset_key(args.model)
+    if variable is not None:
         raise ConfigError(
             f"--model {args.model} needs {variable} set in the environment (the key is read"
             " from there only)"

@@ -276,6 +276,18 @@ def test_run_with_a_model_it_cannot_use_is_a_usage_error(
     assert "Traceback" not in done.stderr
 
 
+def test_run_with_a_model_whose_key_variable_is_blank_is_a_usage_error(tmp_path: Path) -> None:
+    """Bug caught: an OPENAI_API_KEY of spaces passed the --model check (a config's
+    api_key_env counts it as not set), and the turn went to the provider with no key."""
+    config = tmp_path / "bare.toml"
+    config.write_text(CONFIG_WITHOUT_MODEL)
+    # Nothing listens there: a request sent would fail as a connection error, exit 1.
+    env = environment(OPENAI_API_KEY="  ", OPENAI_BASE_URL="http://127.0.0.1:9/v1")
+    done = turnplug("run", config, "hi", "--model", "openai:gpt-4o-mini", env=env)
+    assert done.returncode == 2, done.stderr
+    assert "--model openai:gpt-4o-mini needs OPENAI_API_KEY set" in done.stderr
+
+
 def test_run_with_a_model_does_not_need_the_configs_model_key(tmp_path: Path) -> None:
     """Catches: --model building the config's own model and throwing it away, so that a
     config whose [model] key is not set fails (exit 2) although that model is never called."""
