@@ -11,7 +11,7 @@ from pipeline import ConfigError
 from pipeline.logs import MemoryLog
 from tests.hooks.cli_support import environment, turnplug, write_config
 from tests.hooks.config_support import ref
-from tests.pipeline.mcp.servers import free_port, memory_server, server_processes
+from tests.pipeline.mcp.servers import HttpServer, free_port, memory_server, server_processes
 
 TIME = f"""
     [model]
@@ -153,6 +153,47 @@ def test_check_fails_naming_a_server_nobody_listens_on(tmp_path: Path):
     assert done.returncode == 1
     assert f"ToolsetError: MCP server 'tickets' ({url}) could not be reached" in done.stderr
     assert "tickets: (no tools)" not in done.stdout
+
+
+TICKETS = """
+    [[toolsets]]
+    kind = "mcp"
+    name = "tickets"
+    url = "{url}"
+    headers = {{ Authorization = "Bearer ${{TICKETS_TOKEN}}" }}
+"""
+
+
+def test_a_header_value_with_a_trailing_newline_is_sent_without_it(tmp_path: Path):
+    """Bug caught: a secret with a trailing newline (as a mounted secret file has) failed at
+    the first request, "Illegal header value b'Bearer <the whole token>\\n'" on stderr."""
+    server = HttpServer()
+    server.start()
+    try:
+        path = write_config(tmp_path, TICKETS.format(url=server.url))
+        env = environment(TICKETS_TOKEN="tk-secret-value\n")
+        done = turnplug("check", path, env=env)
+    finally:
+        server.stop()
+
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "  tickets: tickets_" in done.stdout
+    assert "tk-secret-value" not in done.stdout
+
+
+def test_a_header_value_a_header_cannot_carry_is_refused_without_showing_it(tmp_path: Path):
+    """Bug caught: a header value holding a line break (here from ${VARIABLE}) loaded, and
+    the HTTP client's error at the first request showed the whole value, secret included."""
+    path = write_config(tmp_path, TICKETS.format(url="http://127.0.0.1:1/mcp"))
+    env = environment(TICKETS_TOKEN="tk-secret\r\nX-Injected: 1")
+    done = turnplug("check", "--offline", path, env=env)
+
+    assert done.returncode == 2, done.stdout
+    assert (
+        "toolsets[0].headers: the value of 'Authorization' contains characters an HTTP"
+        " header cannot carry"
+    ) in done.stderr
+    assert "tk-secret" not in done.stderr
 
 
 def test_check_of_a_server_that_cannot_start_prints_no_ok(tmp_path: Path):
