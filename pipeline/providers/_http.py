@@ -379,6 +379,15 @@ def strip_slash(base_url: str) -> str:
     else:
         if url.scheme not in ("http", "https") or not url.host:
             problem = "it needs http:// or https:// and a host"
+        elif found := re.search("[?#]", base_url):
+            # Each request's path is appended to the base URL: it would land in the query
+            # (``/v1?api-version=1/chat/completions``) or be dropped with the fragment. Not
+            # shown: a query may hold a key.
+            problem = (
+                "each request appends its path to it, which would land in its query or be"
+                " dropped with its fragment — give it without them"
+            )
+            base_url = f"{base_url[: found.start()]}{found.group()}..."
     if problem is not None:
         # Credentials in the URL (``https://user:secret@host``) are not shown.
         shown = hide_userinfo(base_url) if isinstance(base_url, str) else base_url

@@ -901,6 +901,20 @@ def test_a_refused_base_url_does_not_show_the_credentials_in_it(provider: Any, u
     assert "***@host/v1" in str(caught.value)
 
 
+@pytest.mark.parametrize("tail", ["?api-version=2024-02-01&key=hunter2", "#hunter2", "?"])
+@pytest.mark.parametrize("provider", [OpenAIChat, AnthropicMessages])
+def test_a_base_url_with_a_query_or_fragment_is_refused_when_built(
+    provider: Any, tail: str
+) -> None:
+    """Bug caught: `base_url="http://h/v1?api-version=..."` was accepted and every request
+    went to `/v1?api-version=.../chat/completions` (the path in the query), and with a
+    `#fragment` to `/v1`, the endpoint's path dropped."""
+    with pytest.raises(ValueError, match=re.escape("would land in its query")) as caught:
+        provider("m", base_url=f"http://127.0.0.1:1/v1{tail}")
+    assert "hunter2" not in str(caught.value)
+    assert f"'http://127.0.0.1:1/v1{tail[0]}...'" in str(caught.value)
+
+
 @pytest.mark.parametrize("provider", [OpenAIChat, AnthropicMessages])
 async def test_credentials_in_a_working_base_url_are_in_no_repr_or_error(
     server: ProtocolServer, provider: Any
