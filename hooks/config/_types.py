@@ -349,9 +349,10 @@ class Ref:
                 target = getattr(target, part)
             except AttributeError:
                 owner = ".".join([module_name, *attribute.split(".")[:index]])
+                close = difflib.get_close_matches(part, _names(target), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else "check the name after the colon"
                 raise Invalid(
-                    f"{owner!r} has no attribute {part!r} (from {json.dumps(text)}) — check the"
-                    " name after the colon"
+                    f"{owner!r} has no attribute {part!r} (from {json.dumps(text)}) — {hint}"
                 ) from None
         if not callable(target):
             raise Invalid(
@@ -367,6 +368,14 @@ class Ref:
         if cls.ARGUMENTS is not None:
             _check_arguments(text, target, cls.ARGUMENTS, cls.SHAPE)
         return cls(text, target)
+
+
+def _names(owner: object) -> list[str]:
+    """The names `owner` (a module, a class) has, for a suggestion; none if it will not say."""
+    try:
+        return [name for name in dir(owner) if not name.startswith("__")]
+    except Exception:  # a __dir__ of the user's that fails: no suggestion, the error stands
+        return []
 
 
 def _clip(text: str) -> str:

@@ -332,6 +332,15 @@ def test_a_missing_attribute_is_named() -> None:
     assert "nothing_here" in message
 
 
+def test_a_misspelt_attribute_suggests_the_close_name() -> None:
+    """Bug caught: `ref = "mod:hoook"` said only "check the name after the colon", where a
+    misspelt key, kind or tool gets "did you mean ...?"."""
+    ((path, message),) = _problems({"pre": [{"kind": "python", "ref": ref("hoook")}]})
+    assert path == "pre[0].ref"
+    assert "has no attribute 'hoook'" in message
+    assert "did you mean 'hook'?" in message
+
+
 def test_a_ref_that_is_not_callable_says_what_it_is() -> None:
     message = _message({"pre": [{"kind": "python", "ref": ref("NOT_CALLABLE")}]})
     assert "int 42" in message
