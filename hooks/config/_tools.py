@@ -94,9 +94,15 @@ def _expand(values: Mapping[str, str] | None, key: str, env: Env) -> dict[str, s
 
     expanded = {name: _VARIABLE.sub(lookup, value) for name, value in values.items()}
     if missing and not env.offline:
+        names = sorted(set(missing))
+        which = (
+            f"variable {names[0]} is not set — export it"
+            if len(names) == 1
+            else f"variables {', '.join(names)} are not set — export them"
+        )
         raise Invalid(
-            f"the environment variable {', '.join(sorted(set(missing)))} is not set — export"
-            " it before starting (its value is read from the environment, never from the file)",
+            f"the environment {which} before starting (values are read from the"
+            " environment, never from the file)",
             key=key,
         )
     return expanded

@@ -88,6 +88,28 @@ def test_check_without_offline_reports_the_missing_key_and_variable(tmp_path: Pa
     assert "toolsets[0].env: the environment variable CLOCK_TOKEN is not set" in done.stderr
 
 
+def test_several_unset_variables_are_named_in_one_plural_problem(tmp_path: Path):
+    """Bug caught: two unset variables read "the environment variable A, B is not set"."""
+    path = write_config(
+        tmp_path,
+        """
+        [[toolsets]]
+        kind = "mcp"
+        name = "m"
+        command = "server"
+        env = { A = "${FIRST_UNSET}", B = "x-${SECOND_UNSET}" }
+        """,
+    )
+
+    done = turnplug("check", path, env=environment())
+
+    assert done.returncode == 2
+    assert (
+        "toolsets[0].env: the environment variables FIRST_UNSET, SECOND_UNSET are not set"
+        " — export them before starting"
+    ) in done.stderr
+
+
 def test_check_connects_and_lists_the_tools_under_their_final_names(tmp_path: Path):
     """Catches: check reporting a config ok without the server ever answering."""
     path = write_config(tmp_path, TIME)
