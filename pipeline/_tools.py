@@ -192,18 +192,27 @@ class _Union(_Shape):
             return None
         if len(self.options) == 1 and not self.nullable:
             return self.options[0].convert(value, path, problems)
+        trials: list[tuple[_Shape, _Problems]] = []
         for option in self.options:
             trial = _Problems()
             converted = option.convert(value, path, trial)
             if not trial.items:
                 return converted
+            trials.append((option, trial))
         kind = _container(value)
-        fitting = [o for o in self.options if kind is not None and o.schema.get("type") == kind]
+        fitting = [(o, t) for o, t in trials if kind is not None and o.schema.get("type") == kind]
         if len(fitting) == 1:
             # The one object (or array) the value can be: what is wrong inside it
             # (`point.x`) says more than "expected object or null, got object".
-            return fitting[0].convert(value, path, problems)
-        expected = " or ".join(_schema_name(s) for s in self.schema.get("anyOf", [self.schema]))
+            return fitting[0][0].convert(value, path, problems)
+        if fitting:
+            # Several objects (or arrays) it could be (`Circle | Square`): what is wrong for
+            # each, since "expected object or object, got object" tells the model nothing.
+            tried = "; ".join(f"as {kind} {i}: {trial}" for i, (_, trial) in enumerate(fitting, 1))
+            problems.add(path, f"fits none of the {len(fitting)} {kind}s it may be — {tried}")
+            return _INVALID
+        names = [_schema_name(s) for s in self.schema.get("anyOf", [self.schema])]
+        expected = " or ".join(dict.fromkeys(names))
         problems.add(path, f"expected {expected}, got {_json_describe(value)}")
         return _INVALID
 

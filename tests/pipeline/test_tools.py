@@ -616,6 +616,41 @@ def test_a_value_of_another_kind_for_an_optional_says_what_was_expected() -> Non
     assert problem == "value: expected object or null, got integer 3"
 
 
+@pytest.mark.parametrize(
+    ("annotation", "value", "problem"),
+    [
+        pytest.param(
+            Point | Box,
+            {"corner": {"x": 1}, "label": 2},
+            "value: fits none of the 2 objects it may be — as object 1: value.x: required;"
+            " value.corner: unexpected argument (expected: x, y); value.label: unexpected"
+            " argument (expected: x, y); as object 2: value.label: expected string, got"
+            " integer 2",
+            id="objects",
+        ),
+        pytest.param(
+            list[int] | list[str],
+            [1, "a"],
+            "value: fits none of the 2 arrays it may be — as array 1: value[1]: expected"
+            ' integer, got string "a"; as array 2: value[0]: expected string, got integer 1',
+            id="arrays",
+        ),
+    ],
+)
+def test_a_value_fitting_none_of_several_objects_says_what_is_wrong_for_each(
+    annotation, value, problem
+) -> None:
+    """Bug caught: a value for a union of two objects (or arrays) that fits neither was
+    told "expected object or object, got object", naming nothing the model could fix."""
+    assert probe_for(annotation).check(call(arguments={"value": value})) == problem
+
+
+def test_a_value_of_another_kind_for_a_union_of_objects_names_the_kind_once() -> None:
+    """Bug caught: an integer sent for ``Point | Box`` was told "expected object or object"."""
+    problem = probe_for(Point | Box).check(call(arguments={"value": 3}))
+    assert problem == "value: expected object, got integer 3"
+
+
 def test_a_problem_in_a_dict_names_the_key() -> None:
     problem = probe_for(dict[str, int]).check(call(arguments={"value": {"a": 1, "b": "2"}}))
     assert problem == 'value.b: expected integer, got string "2"'
