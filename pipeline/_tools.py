@@ -389,6 +389,20 @@ def _shape(annotation: Any, where: str, within: tuple[type, ...] = ()) -> _Shape
     )
 
 
+def _defaulted(shape: _Shape, default: Any) -> _Shape:
+    """The shape of an argument with `default`: one whose default is None takes null too
+    (``limit: int = None``), since its schema shows ``"default": null`` and a model told so
+    may send it; the function gets what it gets when the argument is left out."""
+    if default is not None:
+        return shape
+    trial = _Problems()
+    shape.convert(None, "", trial)
+    if not trial.items:
+        return shape
+    options = shape.options if isinstance(shape, _Union) else (shape,)
+    return _Union(options, nullable=True)
+
+
 def _attrs_shape(cls: type, where: str, within: tuple[type, ...]) -> _Object:
     if cls in within:
         # Described inline, a class that holds itself would never end.
@@ -413,8 +427,9 @@ def _attrs_shape(cls: type, where: str, within: tuple[type, ...]) -> _Object:
         name = field.alias or field.name
         if field.name not in hints:
             raise ConfigError(f"{where}: field {cls.__name__}.{field.name} has no annotation")
-        fields[name] = _shape(
-            hints[field.name], f"{where} ({cls.__name__}.{field.name})", (*within, cls)
+        fields[name] = _defaulted(
+            _shape(hints[field.name], f"{where} ({cls.__name__}.{field.name})", (*within, cls)),
+            field.default,
         )
         if field.default is attrs.NOTHING:
             required.append(name)
@@ -733,7 +748,7 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
                 f"{where} has no type annotation; the model needs a schema — annotate it"
                 " (e.g. `city: str`)"
             )
-        fields[parameter.name] = _shape(annotation, where)
+        fields[parameter.name] = _defaulted(_shape(annotation, where), parameter.default)
         if parameter.default is parameter.empty:
             required.append(parameter.name)
         else:

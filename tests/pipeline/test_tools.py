@@ -148,6 +148,39 @@ def test_an_optional_argument_without_a_default_is_required_but_nullable() -> No
     assert parameters["required"] == ["value"]
 
 
+def test_an_argument_whose_default_is_none_may_be_null_in_its_schema() -> None:
+    """Bug caught: ``limit: int = None`` was shown as ``{"type": "integer", "default":
+    null}``, a default its own schema refuses."""
+
+    def search(query: str, limit: int = None) -> str:  # noqa: RUF013 (what is tested)
+        return query
+
+    assert tool(search).parameters["properties"]["limit"] == {
+        "anyOf": [{"type": "integer"}, {"type": "null"}],
+        "default": None,
+    }
+
+
+@attrs.frozen
+class Page:
+    size: int = None
+
+
+def search_page(query: str, limit: int = None, page: Page | None = None) -> str:  # noqa: RUF013
+    return query
+
+
+def test_null_for_an_argument_or_field_whose_default_is_none_is_accepted() -> None:
+    """Bug caught: a model that sent null for ``limit: int = None`` (or an attrs field so
+    declared), the default its schema showed, got invalid_arguments."""
+    arguments = {"query": "q", "limit": None, "page": {"size": None}}
+    assert tool(search_page).check(call("search_page", arguments)) == {
+        "query": "q",
+        "limit": None,
+        "page": Page(size=None),
+    }
+
+
 def test_an_attrs_class_is_a_nested_object_with_its_required_fields() -> None:
     assert property_schema(Box) == {
         "type": "object",
