@@ -640,7 +640,12 @@ def invalid_arguments(tool: Tool, call: ToolCall, problems: str) -> ToolResult:
 
 def _call_with(fn: Callable[..., Any], arguments: dict[str, Any]) -> tuple[Any]:
     # Boxed: trio refuses a coroutine a worker thread returns, asyncio passes it on.
-    return (fn(**arguments),)
+    try:
+        return (fn(**arguments),)
+    except StopIteration as exc:
+        # Raised on through the loop's coroutines, it would become "RuntimeError: coroutine
+        # raised StopIteration" (PEP 479), blaming a coroutine the sync tool never had.
+        raise ToolFailure(exc_text(exc)) from exc
 
 
 def encode_result(value: Any) -> str:

@@ -884,6 +884,21 @@ async def test_a_raising_async_tool_gives_a_tool_error() -> None:
     assert (result.error_class, "no such city: Atlantis" in result.content) == ("tool_error", True)
 
 
+async def test_a_sync_tool_raising_stop_iteration_gives_a_tool_error_naming_it() -> None:
+    """Bug caught: a sync tool's StopIteration (``next()`` on an empty iterator) came back
+    as "RuntimeError: coroutine raised StopIteration", blaming a coroutine it never had."""
+
+    @tool
+    def first_match(city: str) -> str:
+        return next(name for name in ["Oslo"] if name == city)
+
+    result = await first_match.run(call("first_match", {"city": "Atlantis"}))
+    assert (result.error_class, result.content) == (
+        "tool_error",
+        "tool 'first_match' failed: StopIteration",
+    )
+
+
 async def test_a_sync_tool_runs_in_a_worker_thread() -> None:
     threads: list[int] = []
 
