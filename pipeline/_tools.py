@@ -651,7 +651,9 @@ def _call_with(fn: Callable[..., Any], arguments: dict[str, Any]) -> tuple[Any]:
 def encode_result(value: Any) -> str:
     """A tool's return value as the model reads it: a str as is, anything else as JSON."""
     if isinstance(value, str):
-        return value
+        # As plain text: a str subclass (a `str, Enum` member) formats as itself, so a hook's
+        # f"{result.content}" would read "Mode.FAST" where the model and the log read "fast".
+        return str.__str__(value)
     try:
         return json.dumps(value, ensure_ascii=False, default=_jsonable)
     except (TypeError, ValueError) as exc:

@@ -1,5 +1,6 @@
 """`tool()`: schemas derived from signatures, argument checks, running and encoding results."""
 
+import enum
 import functools
 import json
 import math
@@ -833,6 +834,22 @@ async def test_a_str_return_is_the_content_as_is() -> None:
         return '{"not": "re-encoded"}'
 
     assert (await quote.run(call("quote"))).content == '{"not": "re-encoded"}'
+
+
+class Mode(str, enum.Enum):  # noqa: UP042 (the str mixin, not StrEnum, formats as Mode.FAST)
+    FAST = "fast"
+
+
+async def test_a_str_subclass_return_is_the_content_as_plain_text() -> None:
+    """Bug caught: a ``str, Enum`` member returned by a tool was kept as the content, so a
+    hook's f"{result.content}" read "Mode.FAST" where the model and the log read "fast"."""
+
+    @tool
+    def speed() -> str:
+        return Mode.FAST
+
+    result = await speed.run(call("speed"))
+    assert (type(result.content), f"{result.content}") == (str, "fast")
 
 
 @pytest.mark.parametrize(
