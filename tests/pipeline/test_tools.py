@@ -11,6 +11,7 @@ from typing import Any, Literal, Optional
 import anyio
 import attrs
 import hypothesis.strategies as st
+import jsonschema
 import pytest
 from hypothesis import given, settings
 
@@ -1196,3 +1197,72 @@ ARGUMENT_NAMES = st.sampled_from([*everything.parameters["properties"], "scope"]
 def test_check_never_raises_it_gives_a_problem_or_the_arguments(arguments) -> None:
     checked = everything.check(call("everything", arguments))
     assert isinstance(checked, str | dict)
+
+
+# JSON as a provider decodes it: finite numbers (a NaN is refused before any check), and
+# integers a float can hold (past that, a float argument is refused on purpose).
+DECODED = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["x", "y", "corner", "label"]) | st.text(max_size=2), inner
+        )
+    ),
+    max_leaves=8,
+)
+SCHEMA_LAW = [
+    *FITTING,
+    Literal[1, "a", True],
+    int | str,
+    float | int,
+    Point | Box,
+    list[int] | list[str],
+    dict[str, int] | Point,
+    list[Box],
+    Any,
+]
+
+
+@pytest.mark.parametrize("annotation", SCHEMA_LAW, ids=repr)
+@settings(max_examples=60)
+@given(value=DECODED)
+def test_check_accepts_exactly_what_the_json_schema_accepts(annotation, value) -> None:
+    """Bug caught: any drift between the schema the model is shown and the check its
+    arguments must pass (arguments the schema allows refused, or the reverse)."""
+    probe = probe_for(annotation)
+    allowed = jsonschema.Draft202012Validator(probe.parameters).is_valid({"value": value})
+    assert isinstance(probe.check(call(arguments={"value": value})), dict) == allowed
+
+
+@attrs.frozen
+class Query:
+    text: str
+    limit: int = None
+    unit: Literal["c", "k"] = "c"
+    tags: tuple[str, ...] = ()
+
+
+def defaults(a: int = 1, b: float = 0, c: str = None, d: Point | None = None, e: Query = None):  # noqa: RUF013
+    return a
+
+
+@pytest.mark.parametrize(
+    ("schema", "shown"),
+    [
+        pytest.param(tool(defaults).parameters, ["a", "b", "c", "d", "e"], id="tool"),
+        pytest.param(property_schema(Query), ["limit", "unit", "tags"], id="attrs"),
+    ],
+)
+def test_every_default_a_schema_shows_is_valid_for_its_argument(schema, shown) -> None:
+    """Bug caught: ``c: str = None`` shown as ``{"type": "string", "default": null}``, a
+    default its own schema refused (and the check with it)."""
+    properties = schema["properties"]
+    assert [name for name in properties if "default" in properties[name]] == shown
+    for name in shown:
+        validator = jsonschema.Draft202012Validator(properties[name])
+        assert validator.is_valid(properties[name]["default"]), name
