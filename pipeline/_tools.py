@@ -691,7 +691,8 @@ def tool(
     receives the turn's scope and is not shown to the model. The description is the
     docstring's text, and each argument's note in its ``Args:`` section describes that
     argument. `fn` may also be a `functools.partial` (what it binds by keyword is fixed, not
-    shown to the model) or an object with a typed ``__call__``.
+    shown to the model) or an object with a typed ``__call__`` (described by its class's
+    docstring, or by its ``__call__``'s when the class has none).
 
     Raises:
         ConfigError: The function cannot be described to the model (a missing or
@@ -723,6 +724,9 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
             " instead of `yield`"
         )
     doc, notes = _docstring(inner)
+    if not doc and not notes and body is not inner:
+        # A callable object whose class says nothing: its __call__ may (where its Args are).
+        doc, notes = _docstring(body)
     try:
         signature = inspect.signature(fn)
         hints = typing.get_type_hints(body)

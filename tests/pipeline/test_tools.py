@@ -341,6 +341,26 @@ def test_a_callable_object_is_described_by_its_call_method() -> None:
     )
 
 
+class Converter:
+    def __call__(self, amount: float) -> str:
+        """Convert an amount to euros.
+
+        Args:
+            amount: How much, in dollars.
+        """
+        return str(amount)
+
+
+def test_a_callable_object_whose_class_has_no_docstring_is_described_by_its_call() -> None:
+    """Bug caught: a callable object documented on its ``__call__`` (where its Args are)
+    was offered with an empty description and no argument notes."""
+    made = tool(Converter())
+    assert (made.description, made.parameters["properties"]["amount"]["description"]) == (
+        "Convert an amount to euros.",
+        "How much, in dollars.",
+    )
+
+
 def test_tool_works_as_a_bare_decorator() -> None:
     @tool
     def forecast(city: str) -> str:
