@@ -711,8 +711,11 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
     inner, bound = _unwrapped(fn)
     label = name if name is not None else getattr(inner, "__name__", callable_name(fn))
     if not isinstance(label, str) or not _NAME.fullmatch(label):
+        # A name taken from the function (a lambda's '<lambda>') is fixed by giving one.
+        fix = "" if name is not None else ' — give the tool one: tool(fn, name="...")'
         raise ConfigError(
-            f"tool name {label!r} is not one providers accept: use 1-64 letters, digits, '_' or '-'"
+            f"tool name {label!r} is not one providers accept: use 1-64 letters, digits, '_'"
+            f" or '-'{fix}"
         )
     if description is not None and not isinstance(description, str):
         raise ConfigError(f"tool {label!r}: description must be text, got {describe(description)}")

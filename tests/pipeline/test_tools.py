@@ -502,6 +502,14 @@ def test_a_name_providers_refuse_is_a_config_error_naming_it(name) -> None:
     assert repr(name) in str(caught.value)
 
 
+def test_a_lambda_is_told_to_give_its_tool_a_name() -> None:
+    """Bug caught: ``tool(lambda ...)`` was refused for the name '<lambda>' without saying
+    that ``name=`` fixes it."""
+    with pytest.raises(ConfigError, match="'<lambda>'") as caught:
+        tool(lambda: "pong")
+    assert 'give the tool one: tool(fn, name="...")' in str(caught.value)
+
+
 def test_two_scope_parameters_are_a_config_error_naming_the_second() -> None:
     """Catches: a second `Scope` parameter accepted when the tool was built, though only one
     receives the scope, so every call of the tool failed on the missing other."""
