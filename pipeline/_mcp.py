@@ -6,9 +6,9 @@ entered and exited by one task), initializes, lists the tools, and then waits un
 connection is closed; the turns' tool calls go through the session from their own tasks.
 Every wait on the server is bounded by the toolset's ``timeout``: a server that hangs,
 crashes or disconnects gives that call a ``tool_error`` naming the server, marks the
-connection dead, and the next turn connects again. Closing stops the server process (the
-SDK's stdio transport closes its stdin, then terminates and kills its process group), also
-when the owner is cancelled; a connection closed while it is still starting stops its start
+connection dead, and the next turn connects again. Closing stops the server process (its
+stdin is closed, then its process group terminated and killed: `_stop_server`), also when
+the owner is cancelled; a connection closed while it is still starting stops its start
 at once instead of waiting for its ``connect_timeout``.
 
 A `KeyboardInterrupt` or `SystemExit` raised in the connection's tasks (the task keeping it,
@@ -27,9 +27,14 @@ import contextvars
 import json
 import logging
 import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TextIO, final
 
 import anyio
@@ -545,28 +550,21 @@ class Connection:
     async def _stdio(self, errlog: TextIO) -> AsyncIterator[tuple[Any, Any]]:
         """The server as a subprocess, spoken to over its stdin and stdout.
 
-        The SDK's `stdio_client`, but for its reader: the SDK's joins each chunk of a line to
-        the whole line read so far (a 20 MB result took 10 s to read, and a call's timeout
-        ran out meanwhile, reported as no answer), holds no bound on a line's size, and once
-        interrupted waits for the server to close its stdout. This one keeps a line in one
-        buffer, ends the connection as soon as a line passes `max_message_bytes`, and hands
-        a KeyboardInterrupt or SystemExit to the connection's awaiters. Starting the process
-        (in a process group of its own) and stopping it are the SDK's.
+        What the SDK's `stdio_client` does, on public APIs only (the SDK's transport is
+        built on helpers of its own that any 2.x release may change), and with a reader of
+        its own: the SDK's joins each chunk of a line to the whole line read so far (a 20 MB
+        result took 10 s to read, and a call's timeout ran out meanwhile, reported as no
+        answer), holds no bound on a line's size, and once interrupted waits for the server
+        to close its stdout. This one keeps a line in one buffer, ends the connection as
+        soon as a line passes `max_message_bytes`, and hands a KeyboardInterrupt or
+        SystemExit to the connection's awaiters.
         """
-        from mcp.client import stdio as sdk
         from mcp.shared.message import SessionMessage
         from mcp_types import jsonrpc_message_adapter
 
         spec = self.spec
-        assert spec.command is not None
         limit = spec.max_message_bytes
-        process = await sdk._create_platform_compatible_process(
-            command=await sdk._get_executable_command(spec.command),
-            args=list(spec.args),
-            env=sdk.get_default_environment() | dict(spec.env or {}),
-            errlog=errlog,
-            cwd=spec.cwd,
-        )
+        process = await _start_server(spec, errlog)
         stdout, stdin = process.stdout, process.stdin
         assert stdout is not None
         assert stdin is not None
@@ -626,8 +624,7 @@ class Connection:
                 with anyio.CancelScope(shield=True):
                     read.close()
                     write.close()
-                    # Closes its stdin, waits, then terminates and kills its process group.
-                    await sdk._stop_server_process(process)
+                    await _stop_server(process)
                     for stream in (read, write, received, sent):
                         await stream.aclose()
                 tasks.cancel_scope.cancel()
@@ -915,6 +912,115 @@ class SDKRecords(logging.Filter):
                 each.removeFilter(cls.installed)
         cls.installed = None
         cls.off = True
+
+
+# Stopping a stdio server: the seconds it gets to exit once its stdin is closed, those its
+# process group gets between SIGTERM and SIGKILL, and those a SIGKILL gets to be seen.
+_EXIT_GRACE = 2.0
+_TERM_GRACE = 2.0
+_KILL_GRACE = 2.0
+_POLL = 0.01
+
+
+async def _start_server(spec: MCPToolset, errlog: TextIO) -> anyio.abc.Process:
+    """A stdio server's process, leading a session (so a process group) of its own: stopping
+    it signals the group, which holds the processes it started too. Its environment is the
+    SDK's few safe variables (`PATH`, `HOME`...) under the toolset's `env`."""
+    from mcp.client.stdio import get_default_environment
+
+    assert spec.command is not None
+    command, flags = spec.command, 0
+    if sys.platform == "win32":
+        # CreateProcess looks for `npx.exe` only, not `npx.cmd`; and no console window opens.
+        command = shutil.which(command) or command
+        flags = subprocess.CREATE_NO_WINDOW
+    return await anyio.open_process(
+        [command, *spec.args],
+        env=get_default_environment() | dict(spec.env or {}),
+        stderr=errlog,
+        cwd=spec.cwd,
+        start_new_session=True,
+        creationflags=flags,
+    )
+
+
+async def _stop_server(process: anyio.abc.Process) -> None:
+    """Stop a stdio server as the MCP spec's shutdown says: close its stdin and let it exit,
+    then SIGTERM its process group and SIGKILL what is left. Every wait is bounded: a process
+    that survives the kill is left running, with a warning."""
+    assert process.stdin is not None
+    assert process.stdout is not None
+
+    def exited() -> bool:
+        return process.returncode is not None
+
+    await _close(process.stdin)
+    if not await _within(_EXIT_GRACE, exited):
+        _signal_group(process, kill=False)
+        if not await _within(_TERM_GRACE, lambda: _group_gone(process)):
+            _signal_group(process, kill=True)
+            # SIGKILL cannot be ignored: only the server's exit is awaited, not the reaping
+            # of the processes it started (their zombies are init's to reap).
+            await _within(_KILL_GRACE, exited)
+    if not exited():
+        logger.warning("MCP server process %d survived SIGKILL; it is left running", process.pid)
+        await _close(process.stdout)  # ends the reader, whatever the process does
+        return
+    # Releases its pipes (and asyncio's transport, which warns when collected open). Bounded:
+    # before anyio 4.14.1 this waits for the stdout pipe to close on asyncio, which a process
+    # that left the group (a daemon) may hold; when it runs out, anyio closes the transport.
+    with anyio.move_on_after(_KILL_GRACE), suppress(*_CLOSED):
+        await process.aclose()
+
+
+_CLOSED = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+
+async def _close(stream: anyio.abc.AsyncResource) -> None:
+    """Close one of a server's pipes, which the server may have closed or broken first."""
+    with suppress(*_CLOSED):
+        await stream.aclose()
+
+
+async def _within(seconds: float, done: Callable[[], bool]) -> bool:
+    """Whether `done()` holds within `seconds`, polled: a process's exit is not awaited,
+    because an awaited exit (asyncio's, on older anyio) also waits for its pipes to close."""
+    deadline = anyio.current_time() + seconds
+    while not done():
+        if anyio.current_time() >= deadline:
+            return False
+        await anyio.sleep(_POLL)
+    return True
+
+
+def _signal_group(process: anyio.abc.Process, *, kill: bool) -> None:
+    """SIGTERM (or SIGKILL) every process of the server's group: its pid, as it leads it.
+    Windows has no process groups: the server alone is killed."""
+    if sys.platform == "win32":
+        with suppress(OSError):
+            process.kill()
+        return
+    # ESRCH: the whole group is gone. EPERM: a member that is not ours to signal (or, on
+    # macOS, a zombie); the others were signalled.
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL if kill else signal.SIGTERM)
+
+
+def _group_gone(process: anyio.abc.Process) -> bool:
+    """Whether no process of the server's group is left, not even an unreaped one."""
+    # Reads the exit status first: under trio that reaps the server, whose zombie would keep
+    # the group in existence.
+    if process.returncode is None:
+        return False
+    if sys.platform == "win32":
+        return True
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # a member we may not signal is a member still
+    return False
 
 
 def _size(count: int) -> str:

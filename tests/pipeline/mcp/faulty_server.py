@@ -19,6 +19,8 @@
   are counted in STATE_FILE);
 - ``colliding``: offers ``a.b`` and ``a_b``, one name once sanitized;
 - ``badref``: offers ``refd``, whose listed input schema has a ``$ref`` that points nowhere;
+- ``stubborn``: written by hand as ``babbling``, ignores SIGTERM, starts a child that ignores
+  it too (logging its pid in STATE_FILE after its own), and outlives its stdin's closing;
 - ``http PORT``: the ``tools`` server over streamable HTTP on 127.0.0.1:PORT.
 
 With ``FAULTY_STARTS`` set in its environment, every start appends the process's id to the
@@ -28,6 +30,8 @@ file it names, before it serves.
 import base64
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -183,6 +187,17 @@ def babbling(listed: list[dict[str, object]] | None = None, cursor: str | None =
         print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
 
 
+def stubborn(state: Path) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # its child inherits the disposition
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.DEVNULL
+    )
+    with state.open("a", encoding="utf-8") as log:
+        log.write(f"{os.getpid()}\n{child.pid}\n")
+    babbling()
+    time.sleep(600)  # its stdin is closed: it stays
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     starts = os.environ.get("FAULTY_STARTS")
@@ -216,6 +231,8 @@ if __name__ == "__main__":
         colliding_server().run()
     elif mode == "badref":
         badref_server().run()
+    elif mode == "stubborn":
+        stubborn(Path(sys.argv[2]))
     elif mode == "http":
         tools_server().run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

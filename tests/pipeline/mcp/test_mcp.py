@@ -586,6 +586,29 @@ async def test_a_turn_in_flight_keeps_the_connections_until_it_ends_when_the_blo
     assert server_processes() == []
 
 
+async def test_a_server_ignoring_its_stdin_closing_and_sigterm_is_killed_with_its_child(
+    tmp_path,
+):
+    """Bug caught: closing a stdio server that outlives its stdin's closing and ignores SIGTERM
+    leaving it or the process it started running, where its whole process group is killed."""
+    pids = tmp_path / "pids"
+    pipe = Pipeline(model=ScriptedModel([]), toolsets=[faulty_toolset("stubborn", str(pids))])
+
+    async with pipe:
+        server, child = started_pids(pids)
+        assert alive(server)
+        assert alive(child)
+
+    assert not alive(server)
+    # Killed with the server, by one signal that it may take a moment to act on.
+    for _ in range(100):
+        if not alive(child):
+            break
+        await anyio.sleep(0.05)
+    assert not alive(child)
+    assert server_processes() == []
+
+
 async def test_a_session_of_another_task_does_not_hold_the_block_open(tmp_path):
     """Catches: the block's exit waiting for a session of another task that itself waits for
     what comes after the block (a hang); the session's next turn connects for itself."""
