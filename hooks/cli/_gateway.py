@@ -412,9 +412,12 @@ class Gateway:
         self.cut = False  # `cut_turns` was called: the turns in flight were stopped
         # The KeyboardInterrupt or SystemExit a turn raised, which stops the gateway (`_stop_for`).
         self.interrupt: BaseException | None = None
-        self._interrupted: anyio.Event | None = None  # set when `interrupt` is
+        # Set when `interrupt` is, once for all: one event, so that every waiter wakes.
+        self._interrupted = anyio.Event()
         self._cuts: set[Callable[[], None]] = set()  # each stops one turn in flight
-        self._quiet: anyio.Event | None = None  # set when the last turn in flight ends
+        # Set when the last turn in flight ends, then replaced for the next quiet: every
+        # waiter of one quiet waits on the same event.
+        self._quiet = anyio.Event()
         # Conversation sessions live in the gateway's own task group (`running`), so that one
         # outlives its request: the answer goes out once the turn is committed, and the
         # session closes (draining background hooks) afterwards.
@@ -454,9 +457,8 @@ class Gateway:
         `shut_down`: whoever serves it stops the server as on SIGTERM, and `running` raises
         the interrupt when it ends.
         """
-        while self.interrupt is None:
-            self._interrupted = anyio.Event()
-            await self._interrupted.wait()
+        await self._interrupted.wait()
+        assert self.interrupt is not None
         return self.interrupt
 
     def _stop_for(self, turn_ref: str, exc: BaseException) -> WireError:
@@ -472,8 +474,7 @@ class Gateway:
         elif exc is not self.interrupt:
             self.interrupt.add_note(f"turn {turn_ref} also raised {name} as the gateway stopped")
         self.shut_down()
-        if self._interrupted is not None:
-            self._interrupted.set()
+        self._interrupted.set()
         error = WireError(
             503,
             f"the gateway is stopping: this turn raised {name} (in a hook, a tool or the"
@@ -488,13 +489,13 @@ class Gateway:
     async def turns_finished(self) -> None:
         """Return once no turn is in flight (after `shut_down`, none starts again)."""
         while self.in_flight:
-            self._quiet = anyio.Event()
             await self._quiet.wait()
 
     def _turn_ended(self) -> None:
         self.in_flight -= 1
-        if not self.in_flight and self._quiet is not None:
+        if not self.in_flight:
             self._quiet.set()
+            self._quiet = anyio.Event()
 
     def scrub(self, text: str) -> str:
         return scrub_secrets(text, self._secrets)

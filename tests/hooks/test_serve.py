@@ -1349,3 +1349,69 @@ async def test_a_turn_raising_an_interrupt_is_503_and_stops_the_gateway_with_it(
     assert stored.messages == ()
     # Nothing left a task for the loop to report (asyncio's "never retrieved", say).
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_every_waiter_of_interrupted_wakes_when_a_turn_raises_one() -> None:
+    """Bug caught: each `interrupted()` call replacing the event the interrupt sets, so only
+    the last waiter woke and the earlier ones waited forever."""
+    interrupt = SystemExit(3)
+    woke: list[str] = []
+
+    async def wait(gw: Any, name: str) -> None:
+        assert await gw.gateway.interrupted() is interrupt
+        woke.append(name)
+
+    answers: list[httpx.Response] = []
+
+    async def serve_until_stopped() -> None:
+        async with served(stops_the_process(interrupt)) as gw, gw.http() as client:
+            # The group ends once both waiters woke.
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as waiters:
+                    waiters.start_soon(wait, gw, "first")
+                    await anyio.wait_all_tasks_blocked()
+                    waiters.start_soon(wait, gw, "second")
+                    await anyio.wait_all_tasks_blocked()
+                    body = {"model": "m", "messages": user("hi")}
+                    answers.append(await client.post("/v1/chat/completions", json=body))
+
+    with pytest.raises(SystemExit):
+        await serve_until_stopped()
+    assert [a.status_code for a in answers] == [503]
+    assert sorted(woke) == ["first", "second"]
+
+
+async def test_every_waiter_of_turns_finished_wakes_when_the_last_turn_ends() -> None:
+    """Bug caught: each `turns_finished()` call replacing the event the last turn's end
+    sets, so only the last waiter woke and the earlier ones waited forever."""
+    entered, release = anyio.Event(), anyio.Event()
+    woke: list[str] = []
+
+    async def held(turn: Turn) -> Any:
+        entered.set()
+        await release.wait()
+        return cont(turn)
+
+    async def wait(gw: Any, name: str) -> None:
+        await gw.gateway.turns_finished()
+        woke.append(name)
+
+    async def ask(client: httpx.AsyncClient, into: list[httpx.Response]) -> None:
+        body = {"model": "m", "messages": user("hi")}
+        into.append(await client.post("/v1/chat/completions", json=body))
+
+    pipe = Pipeline(model=ScriptedModel(["done"]), pre=[hook(held, name="held")])
+    answers: list[httpx.Response] = []
+    async with served(pipe) as gw, gw.http() as client:
+        # The group ends once the turn was answered and both waiters woke.
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(ask, client, answers)
+                await entered.wait()
+                group.start_soon(wait, gw, "first")
+                await anyio.wait_all_tasks_blocked()
+                group.start_soon(wait, gw, "second")
+                await anyio.wait_all_tasks_blocked()
+                release.set()
+    assert [a.status_code for a in answers] == [200]
+    assert sorted(woke) == ["first", "second"]
