@@ -37,12 +37,20 @@ async def run_background(
     when = step.hook.when
     if when is not None:
         # A failure is worded as `HookFailed.error` promises, ``Type: message``, with the
-        # type an ordered hook's predicate reports (a trace's ``error.type`` reads it).
+        # type an ordered hook's predicate reports (a trace's ``error.type`` reads it). An
+        # exception with no message gets none, as an ordered hook's: only the note saying
+        # where it came from, after the colon all the same.
         detail = None
         try:
             runs: object = when(turn)
         except Exception as exc:
-            detail = f"{exc_text(exc)} (raised by its when= predicate)"
+            message = str(exc)
+            where = "raised by its when= predicate"
+            detail = (
+                f"{type(exc).__name__}: {message} ({where})"
+                if message
+                else f"{type(exc).__name__}: {where}"
+            )
         else:
             if type(runs) is not bool:
                 if inspect.iscoroutine(runs):

@@ -464,6 +464,26 @@ async def test_a_background_hooks_failing_when_is_traced_with_its_exception_type
     )
 
 
+def silent_gate(turn):
+    raise ValueError()
+
+
+async def test_a_background_hooks_when_raising_no_message_is_traced_with_its_type(
+    capturing,
+) -> None:
+    """Bug caught: a background hook's ``when=`` predicate raising an exception with no
+    message was recorded as "ValueError (raised by its when= predicate)", with no colon, so
+    its span's ``error.type`` was that whole sentence."""
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]), post=[hook(first, background=True, when=silent_gate)]
+    )
+    await pipe.run(Turn.start("hi"))
+
+    (span,) = named(capturing.get_finished_spans(), "first")
+    assert span.attributes["error.type"] == "ValueError"
+    assert span.status.description == "ValueError: raised by its when= predicate"
+
+
 async def test_a_provider_failure_fails_the_chat_span(spans) -> None:
     """Catches: the chat span left open or reported fine when the model fails."""
     await_ = ScriptedModel([])  # runs out at once: a ProviderError
