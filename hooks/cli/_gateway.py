@@ -462,19 +462,14 @@ class Gateway:
         return self.interrupt
 
     def _stop_for(self, turn_ref: str, exc: BaseException) -> WireError:
-        """Keep the interrupt turn `turn_ref` raised (the first; later ones are notes on it),
-        refuse new turns, and return the error the turn is answered with.
+        """Keep the interrupt turn `turn_ref` raised (`_keep_interrupt`) and return the error
+        the turn is answered with.
 
         Out of the request's task an interrupt would be lost: the server answers a bare 500
         and goes on serving (on asyncio the loop's handler prints it; on trio nothing does).
         """
+        self._keep_interrupt(turn_ref, exc)
         name = type(exc).__name__
-        if self.interrupt is None:
-            self.interrupt = exc
-        elif exc is not self.interrupt:
-            self.interrupt.add_note(f"turn {turn_ref} also raised {name} as the gateway stopped")
-        self.shut_down()
-        self._interrupted.set()
         error = WireError(
             503,
             f"the gateway is stopping: this turn raised {name} (in a hook, a tool or the"
@@ -485,6 +480,17 @@ class Gateway:
         )
         error.__cause__ = exc  # the gateway's log names it whole (`_failed`)
         return error
+
+    def _keep_interrupt(self, turn_ref: str, exc: BaseException) -> None:
+        """Keep the interrupt turn `turn_ref` raised (the first; later ones are notes on it)
+        and refuse new turns: whoever serves the gateway stops it (`interrupted`)."""
+        if self.interrupt is None:
+            self.interrupt = exc
+        elif exc is not self.interrupt:
+            name = type(exc).__name__
+            self.interrupt.add_note(f"turn {turn_ref} also raised {name} as the gateway stopped")
+        self.shut_down()
+        self._interrupted.set()
 
     async def turns_finished(self) -> None:
         """Return once no turn is in flight (after `shut_down`, none starts again)."""
@@ -751,9 +757,25 @@ class Gateway:
         timeout = self.settings.turn_timeout
         ended: list[str] = []
         pieces: list[str] = []
-        with anyio.CancelScope(deadline=anyio.current_time() + timeout) as deadline:
-            async with self._stateless_pipe.stream(turn) as events:
-                pieces = await self._watch(events, live, ended)
+        try:
+            with anyio.CancelScope(deadline=anyio.current_time() + timeout) as deadline:
+                async with self._stateless_pipe.stream(turn) as events:
+                    pieces = await self._watch(events, live, ended)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            accepted = self._accepted.get(turn_ref)
+            if accepted is None:
+                raise  # answered 503 by `turn`: nothing of it stands
+            # Only background hooks were left: the answer stands and is sent, as a
+            # conversation's is once committed; the interrupt still stops the gateway.
+            self._keep_interrupt(turn_ref, exc)
+            _logger.warning(
+                "turn %s: a background hook raised %s after the answer was accepted: the"
+                " answer is sent and the gateway stops",
+                turn_ref,
+                self.scrub(_text(exc)),
+            )
+            self.publish(ev.TurnFinished(turn_ref, "completed"))
+            return accepted, pieces
         if not deadline.cancelled_caught:
             return self._answered(events.result).turn, pieces
         accepted = self._accepted.get(turn_ref)

@@ -18,7 +18,7 @@ from pipeline.testing import ScriptedModel
 from tests.providers.server import openai_text, running, stream
 from turns import Message, Text, Turn
 
-from .serve_support import served, user, watch_feed
+from .serve_support import served, sse_data, user, watch_feed
 
 UPSTREAM_KEY = "sk-upstream-background-2b7c"
 
@@ -342,3 +342,46 @@ async def test_a_background_hook_raising_an_interrupt_after_the_answer_stops_the
     assert later.status_code == 503
     assert any("raised SystemExit" in r.getMessage() for r in caplog.records)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_stateless_turns_background_interrupt_keeps_its_answer_and_stops_the_gateway(
+    streamed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bug caught: a stateless turn whose background hook raised SystemExit after its reply
+    was accepted answered 503 "nothing of it was committed", where a conversation turn in
+    the same place keeps its answer; the gateway still stops."""
+    interrupt = SystemExit(4)
+
+    async def leave(turn: Turn) -> Any:
+        raise interrupt
+
+    pipe = Pipeline(
+        model=ScriptedModel(["the answer", "never"]),
+        post=[hook(leave, name="leave", background=True)],
+    )
+    body = {"model": "m", "messages": user("hi"), "stream": streamed}
+    answers: list[Any] = []
+
+    async def serve_until_stopped() -> None:
+        async with served(pipe) as gw, gw.http() as client:
+            answers.append(await client.post("/v1/chat/completions", json=body))
+            answers.append(await client.post("/v1/chat/completions", json=body))
+
+    with caplog.at_level(logging.WARNING, logger="turnplug.serve"):
+        with pytest.raises(SystemExit) as raised:
+            await serve_until_stopped()
+    assert raised.value is interrupt
+    first, later = answers
+    assert first.status_code == 200
+    if streamed:
+        frames = sse_data(first.text)
+        assert frames[-1] == "[DONE]"
+        chunks = [json.loads(frame) for frame in frames[:-1]]
+        assert all("error" not in chunk for chunk in chunks)
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    else:
+        text = first.json()["choices"][0]["message"]["content"]
+    assert text == "the answer"
+    assert later.status_code == 503
+    assert any("raised SystemExit" in r.getMessage() for r in caplog.records)
