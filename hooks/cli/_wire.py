@@ -191,8 +191,13 @@ def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
         WireError: 400 for a body that is not a JSON object, or a field of the wrong type or
             value; the error's ``param`` names the field (``messages[2].content``).
     """
+    non_finite: list[str] = []  # the NaN, Infinity or out-of-range numbers read
     try:
-        data = json.loads(body)
+        data = json.loads(
+            body,
+            parse_constant=functools.partial(_note_constant, non_finite),
+            parse_float=functools.partial(_note_float, non_finite),
+        )
     except RecursionError:
         # Nested hundreds deep: json recurses once per level, so it is refused, not a 500.
         raise _bad(
@@ -216,6 +221,12 @@ def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
         )
     if _SURROGATE_ESCAPE.search(body):
         _check_unicode(data)
+    if non_finite:
+        # Anywhere in the body (a client tool's schema, tool_choice, a forwarded parameter):
+        # no request can carry it on, and the provider would refuse it after the pre hooks
+        # ran, naming a field the client never sent.
+        for key, value in data.items():
+            _check_finite(value, key)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise _bad(
@@ -543,28 +554,45 @@ what its dashboard shows), and that account is the operator's. A client's are ac
 left out, as unknown fields are; a pre hook may set them (``turn.with_request(extra=...)``)."""
 
 
+def _note_constant(seen: list[str], name: str) -> float:
+    """Read ``NaN``, ``Infinity`` or ``-Infinity`` as Python does, noting it in `seen`."""
+    seen.append(name)
+    return float(name)
+
+
+def _note_float(seen: list[str], text: str) -> float:
+    """Read a JSON number with a fraction or exponent, noting one past a float's range."""
+    value = float(text)
+    if not math.isfinite(value):
+        seen.append(text)
+    return value
+
+
 def _check_finite(value: Any, where: str) -> None:
-    """Refuse a NaN or an infinity anywhere in a forwarded parameter's value.
+    """Refuse a NaN or an infinity anywhere in `value`, the request body's field `where`.
 
     Python's JSON reader takes ``NaN``, ``Infinity`` and ``1e400``, but no request can carry
     them on: the provider would refuse the body after the pre hooks ran, naming no field.
+    The first one, in the body's order, is named by its path.
 
     Not the providers' own finder of what JSON cannot encode: that one is private to
     `pipeline.providers`, and it names the value in Python's words (``nan``, ``inf``) inside
     one sentence, where the client wrote JSON and the 400 needs the path as its ``param``.
+    A stack, not recursion: the body may nest as deep as the JSON reader went.
     """
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _bad(
-            f"'{where}' is {_non_finite(value)}, which JSON has no number for — send a finite"
-            " number",
-            where,
-        )
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_finite(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_finite(item, f"{where}[{i}]")
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _bad(
+                f"'{where}' is {_non_finite(value)}, which JSON has no number for — send a"
+                " finite number",
+                where,
+            )
+        if isinstance(value, dict):
+            stack.extend((item, f"{where}.{key}") for key, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{i}]") for i, item in reversed(list(enumerate(value))))
 
 
 def _non_finite(value: float) -> str:
@@ -581,8 +609,9 @@ def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
     no form of, is refused.
 
     Raises:
-        WireError: 400 naming a parameter of the wrong JSON type, one holding a NaN or an
-            infinity (which Python's JSON reader takes), or one the upstream cannot honour.
+        WireError: 400 naming a parameter of the wrong JSON type or one the upstream
+            cannot honour. (A NaN or an infinity in `data`, which Python's JSON reader
+            takes, was refused as `parse_request` read it.)
     """
     given: dict[str, Any] = {}
     for key, kind in FORWARDED.items():
@@ -595,7 +624,6 @@ def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
                 key,
                 "invalid_type",
             )
-        _check_finite(value, key)
         given[key] = value
     if upstream == "openai":
         return given

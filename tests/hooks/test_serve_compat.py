@@ -246,6 +246,59 @@ async def test_a_forwarded_parameter_that_is_no_finite_number_is_400_naming_it(
     assert (ran, model.requests) == ([], [])
 
 
+TOOL = '{"type": "function", "function": {"name": "f", "parameters": %s}}'
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "said"),
+    [
+        (
+            '"tools": [%s]' % (TOOL % '{"type": "object", "properties": {"x": {"maximum": NaN}}}'),
+            "tools[0].function.parameters.properties.x.maximum",
+            "NaN",
+        ),
+        (
+            '"tools": [%s]' % (TOOL % '{"type": "object", "minProperties": 1e400}'),
+            "tools[0].function.parameters.minProperties",
+            "Infinity",
+        ),
+        (
+            '"tool_choice": {"type": "function", "function": {"name": "f", "x": -Infinity}}',
+            "tool_choice.function.x",
+            "-Infinity",
+        ),
+        ('"metadata": {"tags": [1, NaN]}', "metadata.tags[1]", "NaN"),
+    ],
+)
+async def test_a_number_that_is_not_finite_anywhere_in_the_body_is_400_naming_it(
+    raw: str, param: str, said: str
+) -> None:
+    """Bug caught: ``NaN``, ``Infinity`` or ``1e400`` (which Python's JSON reader takes)
+    outside the forwarded parameters (a client tool's schema, say) was accepted: the pre
+    hooks ran and the model was called, a provider then failing with a 400 about
+    ``RequestOptions.extra`` that named no ``param``."""
+    ran: list[str] = []
+
+    def pre(turn: Any) -> Any:
+        ran.append("pre")
+        return cont(turn)
+
+    model = ScriptedModel(["ok"])
+    body = '{"model": "m", "messages": [{"role": "user", "content": "x"}], ' + raw + "}"
+    async with served(Pipeline(model=model, pre=[hook(pre, name="pre")])) as gw:
+        async with gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                content=body.encode(),
+                headers={"content-type": "application/json"},
+            )
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["param"], error["code"]) == (param, "invalid_value")
+    assert f"'{param}' is {said}," in error["message"]
+    assert (ran, model.requests) == ([], [])
+
+
 async def test_a_model_of_ones_own_receives_the_parameters_in_extra() -> None:
     """Bug caught: a model of one's own (``provider = "python"``) never saw the client's
     ``stop`` or ``response_format``, so it could not honour them."""
