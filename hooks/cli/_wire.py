@@ -9,6 +9,7 @@ import functools
 import json
 import math
 import re
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, final
@@ -210,6 +211,15 @@ def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
         raise _bad(
             f"the request body is not valid JSON: {exc} — send a JSON object with 'model' and"
             " 'messages'",
+            None,
+            "invalid_json",
+        )
+    except ValueError:
+        # Valid JSON, but an integer longer than Python converts from text (a guard against
+        # the quadratic cost of the conversion, `sys.get_int_max_str_digits`).
+        raise _bad(
+            f"the request body holds an integer of more than {sys.get_int_max_str_digits()}"
+            " digits, which the gateway does not read — send shorter numbers",
             None,
             "invalid_json",
         )

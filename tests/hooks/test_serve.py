@@ -358,6 +358,25 @@ async def test_a_turn_past_its_timeout_is_504() -> None:
 # -- malformed requests, auth, size ----------------------------------------------------------
 
 
+async def test_an_integer_too_long_to_read_is_400_not_500() -> None:
+    """Bug caught: a request body holding an integer of more than 4300 digits (valid JSON,
+    which Python refuses to convert) raised a ValueError the reader did not catch: a bare
+    500 with no OpenAI-style error."""
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": '
+    model = ScriptedModel(["never"])
+    async with served(Pipeline(model=model)) as gw, gw.http() as client:
+        response = await client.post(
+            "/v1/chat/completions",
+            content=body + b"9" * 5000 + b"}",
+            headers={"content-type": "application/json"},
+        )
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["param"], error["code"]) == (None, "invalid_json")
+    assert "holds an integer of more than" in error["message"]
+    assert model.requests == []
+
+
 @pytest.mark.parametrize(
     ("body", "param", "code"),
     [
