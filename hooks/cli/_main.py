@@ -368,9 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exception(exc)
             return 1
         what = f"sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else one_line(repr(exc))
+        # Raised before a turn's commit or after it (by a session's background hook, as the
+        # session closes): the words hold for both.
         print(
-            f"turnplug: error: {what} in what the command ran (a hook, a tool, a model): the"
-            " turn did not finish (run with --debug for the traceback)",
+            f"turnplug: error: {what} in what the command ran (a hook, a tool, a model)"
+            " stopped it: a turn committed before stays committed, the rest was not (run"
+            " with --debug for the traceback)",
             file=sys.stderr,
         )
         return 1

@@ -192,6 +192,30 @@ def test_a_hook_calling_sys_exit_is_one_line_and_exits_1(tmp_path: Path, command
     assert done.stderr.count("\n") == 1, done.stderr
 
 
+def test_a_background_hook_calling_sys_exit_after_the_commit_is_not_said_unfinished(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: a background hook's sys.exit() as the session closed, after its turn was
+    committed, was reported as "the turn did not finish", though the log holds the turn."""
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = ["the answer"]\n\n'
+        '[[post]]\nkind = "python"\nref = "quitter:leave"\nbackground = true\n',
+    )
+    (tmp_path / "quitter.py").write_text("import sys\n\n\ndef leave(turn):\n    sys.exit(3)\n")
+    log = tmp_path / "log.db"
+    done = turnplug("run", config, "hi", "--log", log)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "turnplug: error: sys.exit(3) in what the command ran (a hook, a tool, a model)"
+        " stopped it: a turn committed before stays committed, the rest was not (run with"
+        " --debug for the traceback)\n"
+    )
+    shown = turnplug("log", "default", "--log", log, "--json")
+    (entry,) = json.loads(shown.stdout)["entries"]
+    assert "the answer" in json.dumps(entry["messages"])
+
+
 def test_with_debug_a_hook_calling_sys_exit_shows_its_traceback_and_exits_1(
     tmp_path: Path,
 ) -> None:
