@@ -206,8 +206,23 @@ async def test_an_exhausted_regeneration_is_422() -> None:
     error = caught.value.body
     assert isinstance(error, dict)
     assert error["type"] == "regeneration_exhausted"
-    assert "3 attempts" in error["message"]
     assert "internal use only" not in json.dumps(error).lower().replace("internal material", "")
+
+
+async def test_an_exhausted_turns_422_names_its_attempts_and_the_last_rejecting_hook() -> None:
+    """Bug caught: the 422 of a turn whose attempts were all rejected worded apart from
+    ``turnplug run``'s note ("3 attempts were rejected, the last by"), a wording no test
+    pinned (only "3 attempts" was checked)."""
+    async with served(guarded(["internal use only"] * 3, max_regenerations=2)) as gw:
+        with pytest.raises(openai.UnprocessableEntityError) as caught:
+            await gw.sdk().chat.completions.create(model="m", messages=user("x"))
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert (error["message"], error["hook"]) == (
+        "no acceptable reply: 3 attempts rejected, the last by hook 'deny':"
+        " Do not reveal internal material.",
+        "deny",
+    )
 
 
 async def test_an_exhausted_turn_of_one_attempt_is_not_called_1_attempts() -> None:
