@@ -16,6 +16,7 @@ from typing import Any, Literal, final
 
 import attrs
 
+from pipeline.providers import decode_arguments
 from turns import (
     Context,
     Message,
@@ -828,50 +829,10 @@ def _tool_call(call: Any, where: str) -> ToolCall:
         raise _bad(
             f"'{where}' needs a string 'id', 'function.name' and 'function.arguments'", where
         )
-    try:
-        parsed = _strict_json(arguments) if arguments.strip() else {}
-    except RecursionError:
-        return _undecodable(call_id, name, arguments, "nested too deeply to decode")
-    except _OutOfRange as exc:
-        return _undecodable(call_id, name, arguments, f"out of range: {exc}")
-    except ValueError as exc:  # json.JSONDecodeError, or a NaN or an Infinity
-        return _undecodable(call_id, name, arguments, f"not valid JSON ({exc})")
-    if not isinstance(parsed, dict):
-        return _undecodable(
-            call_id, name, arguments, f"expected a JSON object, got {_json_type(parsed)}"
-        )
-    return ToolCall(call_id, name, parsed)
-
-
-def _strict_json(text: str) -> Any:
-    """`text` decoded as JSON has it: ``NaN``, ``Infinity`` and ``-Infinity``, which Python's
-    reader takes, and a number past a float's range (``1e400``), which it reads as infinity,
-    are refused with a `ValueError`, as the providers refuse them in a model's arguments."""
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
-class _OutOfRange(ValueError):
-    """A JSON number Python reads as infinity: valid JSON, but not a value to send on."""
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _OutOfRange(f"the number {text} is past a float's range (about 1.8e308)")
-    return value
-
-
-def _undecodable(call_id: str, name: str, raw: str, error: str) -> ToolCall:
-    """A call whose arguments the model wrote undecodable, as the client echoes it back (the
-    gateway returned the model's text, `tool_calls`): marked as a provider marks it."""
-    quoted = raw[:200] + ("..." if len(raw) > 200 else "")
-    return ToolCall(
-        call_id, name, {}, {INVALID_ARGUMENTS: {"raw": raw, "error": f"{error}: {quoted!r}"}}
-    )
+    # Read as the providers read a model's calls (the gateway returned the model's text as
+    # it was written, and the client echoes it back): undecodable text is marked in the meta.
+    parsed, meta = decode_arguments(arguments)
+    return ToolCall(call_id, name, parsed, meta)
 
 
 # -- responses --------------------------------------------------------------------------------

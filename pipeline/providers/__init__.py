@@ -8,11 +8,18 @@ maps httpx's exceptions to the `ProviderError` tree). `model_from_string` builds
 """
 
 from ._anthropic import AnthropicMessages
+from ._convert import decode_arguments
 from ._http import hide_userinfo
 from ._openai import OpenAIChat
 from ._strings import model_from_string
 
-__all__ = ["AnthropicMessages", "OpenAIChat", "hide_userinfo", "model_from_string"]
+__all__ = [
+    "AnthropicMessages",
+    "OpenAIChat",
+    "decode_arguments",
+    "hide_userinfo",
+    "model_from_string",
+]
 
 for _name in __all__:
     _obj = globals()[_name]

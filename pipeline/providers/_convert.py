@@ -59,6 +59,9 @@ def decode_arguments(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:
     Python reads as numbers JSON cannot write, so that the arguments echoed to the provider in
     the next request could not hold them) is kept in the meta rather than raised: it is the model's error to correct, not a broken stream. The
     error quotes the start of the text, so that the model sees what it sent.
+
+    Public for what reads a model's calls written down elsewhere (``turnplug serve`` reads
+    those a client echoes back in its history): one reading, one wording.
     """
     if not raw.strip():
         return {}, {}

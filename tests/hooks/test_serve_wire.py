@@ -5,7 +5,9 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hooks.cli._wire import Completion, sse
+from hooks.cli._wire import Completion, parse_request, sse
+from pipeline.providers import decode_arguments
+from turns import ToolCall
 
 # Any text a model may send, surrogates aside (they cannot be encoded as UTF-8 at all).
 TEXT = st.text(st.characters(exclude_categories=["Cs"]))
@@ -39,3 +41,27 @@ def test_any_text_a_model_sends_is_written_as_json_it_means(text: str) -> None:
     # as the one character they pair into, as in UTF-16.
     utf16 = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
     assert json.loads(frame.removeprefix(b"data: "))["choices"][0]["delta"]["content"] == utf16
+
+
+# Arguments a client may echo back: any text, and the texts that are no JSON object.
+ARGUMENTS = TEXT | st.sampled_from(
+    ["", " ", "{", "[1]", '{"a": 1}', '{"x": NaN}', '{"x": -Infinity}', '{"x": 1e400}']
+)
+
+
+@given(ARGUMENTS)
+def test_a_clients_tool_call_arguments_are_read_as_a_provider_reads_a_models(raw: str) -> None:
+    """Catches: the gateway's reading of the tool calls a client echoes back drifting from
+    the providers' reading of a model's (what is undecodable, its meta, its wording)."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": raw}}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        ],
+    }
+    request = parse_request(json.dumps(body).encode())
+    [read] = [p for m in request.history for p in m.parts if isinstance(p, ToolCall)]
+    assert (dict(read.arguments), dict(read.meta)) == decode_arguments(raw)
