@@ -60,28 +60,41 @@ def current_tools() -> Mapping[str, "Tool"]:
 
 
 _MAX_PROBLEMS = 20
-"""How many problems an ``invalid_arguments`` result lists; the rest are counted. A model that
-sends a huge array of wrong items gets a short answer, not one larger than what it sent."""
+"""How many problems an ``invalid_arguments`` result lists, those inside a union's options
+included; the rest are counted. A model that sends a huge array of wrong items gets a short
+answer, not one larger than what it sent."""
 
 
 class _Problems:
-    """What is wrong with a model's arguments, each with its path."""
+    """What is wrong with a model's arguments, each with its path.
 
-    __slots__ = ("items", "more")
+    `budget` is how many problems it lists: a union of several objects tries the value as each
+    and lists each option's problems inside its own, so each option gets a share of what is
+    left, and nested unions cannot multiply the cap (20 per option at each level would).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("budget", "found", "items", "listed")
+
+    def __init__(self, budget: int = _MAX_PROBLEMS) -> None:
         self.items: list[str] = []
-        self.more = 0
+        self.found = 0
+        """How many problems there are, listed or not."""
+        self.budget = budget
+        self.listed = 0
+        """How many problems `items` lists, counting those inside a union's problem."""
 
-    def add(self, path: str, message: str) -> None:
-        if len(self.items) < _MAX_PROBLEMS:
+    def add(self, path: str, message: str, listed: int = 1) -> None:
+        self.found += 1
+        if self.listed < self.budget:
             self.items.append(f"{path}: {message}" if path else message)
-        else:
-            self.more += 1
+            self.listed += listed
 
     def __str__(self) -> str:
+        more = self.found - len(self.items)
+        if not self.items:
+            return f"{more} problem{'s' if more > 1 else ''} not listed"
         listed = "; ".join(self.items)
-        return f"{listed}; and {self.more} more" if self.more else listed
+        return f"{listed}; and {more} more" if more else listed
 
 
 _INVALID = object()
@@ -186,35 +199,67 @@ class _Union(_Shape):
         if nullable:
             schemas.append({"type": "null"})
         self.schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        self.kinds = tuple(_container_type(option) for option in options)
+        """Each option's JSON Schema type when it is an object or an array, else None."""
+        self.several = any(self.kinds.count(k) > 1 for k in ("object", "array"))
+        """Whether an object, or an array, may be several of the options (`Circle | Square`),
+        and so have each one's problems listed (`budgets`)."""
 
     def convert(self, value: Any, path: str, problems: _Problems) -> Any:
         if value is None and self.nullable:
             return None
         if len(self.options) == 1 and not self.nullable:
             return self.options[0].convert(value, path, problems)
-        trials: list[tuple[_Shape, _Problems]] = []
-        for option in self.options:
-            trial = _Problems()
+        budgets = self.budgets(value, problems) if self.several else None
+        trials: list[_Problems] = []
+        for i, option in enumerate(self.options):
+            trial = _Problems(budgets[i] if budgets else 0)
             converted = option.convert(value, path, trial)
-            if not trial.items:
+            if not trial.found:
                 return converted
-            trials.append((option, trial))
+            trials.append(trial)
         kind = _container(value)
-        fitting = [(o, t) for o, t in trials if kind is not None and o.schema.get("type") == kind]
+        fitting = [
+            (option, trial)
+            for option, option_kind, trial in zip(self.options, self.kinds, trials, strict=True)
+            if kind is not None and option_kind == kind
+        ]
         if len(fitting) == 1:
             # The one object (or array) the value can be: what is wrong inside it
             # (`point.x`) says more than "expected object or null, got object".
             return fitting[0][0].convert(value, path, problems)
         if fitting:
             # Several objects (or arrays) it could be (`Circle | Square`): what is wrong for
-            # each, since "expected object or object, got object" tells the model nothing.
-            tried = "; ".join(f"as {kind} {i}: {trial}" for i, (_, trial) in enumerate(fitting, 1))
-            problems.add(path, f"fits none of the {len(fitting)} {kind}s it may be — {tried}")
+            # each, since "expected object or object, got object" tells the model nothing;
+            # bracketed, so that a union inside one of them reads unambiguously.
+            tried = "; ".join(f"as {kind} {i} ({t})" for i, (_, t) in enumerate(fitting, 1))
+            problems.add(
+                path,
+                f"fits none of the {len(fitting)} {kind}s it may be — {tried}",
+                sum(t.listed for _, t in fitting),
+            )
             return _INVALID
         names = [_schema_name(s) for s in self.schema.get("anyOf", [self.schema])]
         expected = " or ".join(dict.fromkeys(names))
         problems.add(path, f"expected {expected}, got {_json_describe(value)}")
         return _INVALID
+
+    def budgets(self, value: Any, problems: _Problems) -> list[int] | None:
+        """How many problems each option's trial lists: for a value several options may be,
+        each of those a share of what is left of the answer's budget, since what is wrong for
+        each is listed (`convert`); None when every trial only tells whether the value fits,
+        listing nothing."""
+        kind = _container(value)
+        fit = self.kinds.count(kind) if kind is not None else 0
+        if fit < 2:
+            return None
+        share, extra = divmod(problems.budget - problems.listed, fit)
+        budgets = []
+        for option_kind in self.kinds:
+            fits = option_kind == kind
+            budgets.append(share + (extra > 0) if fits else 0)
+            extra -= fits
+        return budgets
 
 
 class _Checked(_Shape):
@@ -281,7 +326,7 @@ class _Object(_Shape):
                 problems.add(_join_sent(path, name), f"unexpected argument (expected: {known})")
                 continue
             converted[name] = shape.convert(item, _join(path, name), problems)
-        if problems.items or self.build is None:
+        if problems.found or self.build is None:
             return converted
         try:
             return self.build(**converted)
@@ -292,6 +337,12 @@ class _Object(_Shape):
             name = getattr(self.build, "__name__", "the value")
             problems.add(path, f"{name} refused it: {exc_text(exc)}")
             return _INVALID
+
+
+def _container_type(shape: _Shape) -> str | None:
+    """`shape`'s JSON Schema type when it is an object or an array (see `_container`)."""
+    kind = shape.schema.get("type")
+    return kind if kind == "object" or kind == "array" else None
 
 
 def _container(value: Any) -> str | None:
@@ -397,7 +448,7 @@ def _defaulted(shape: _Shape, default: Any) -> _Shape:
         return shape
     trial = _Problems()
     shape.convert(None, "", trial)
-    if not trial.items:
+    if not trial.found:
         return shape
     options = shape.options if isinstance(shape, _Union) else (shape,)
     return _Union(options, nullable=True)
@@ -557,7 +608,7 @@ class Tool:
             return f"the arguments are {invalid.get('error', 'not a JSON object')}"
         problems = _Problems()
         converted = self._arguments.convert(dict(call.arguments), "", problems)
-        if problems.items:
+        if problems.found:
             return str(problems)
         assert isinstance(converted, dict)
         return converted

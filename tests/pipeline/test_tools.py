@@ -685,17 +685,17 @@ def test_a_value_of_another_kind_for_an_optional_says_what_was_expected() -> Non
         pytest.param(
             Point | Box,
             {"corner": {"x": 1}, "label": 2},
-            "value: fits none of the 2 objects it may be — as object 1: value.x: required;"
+            "value: fits none of the 2 objects it may be — as object 1 (value.x: required;"
             " value.corner: unexpected argument (expected: x, y); value.label: unexpected"
-            " argument (expected: x, y); as object 2: value.label: expected string, got"
-            " integer 2",
+            " argument (expected: x, y)); as object 2 (value.label: expected string, got"
+            " integer 2)",
             id="objects",
         ),
         pytest.param(
             list[int] | list[str],
             [1, "a"],
-            "value: fits none of the 2 arrays it may be — as array 1: value[1]: expected"
-            ' integer, got string "a"; as array 2: value[0]: expected string, got integer 1',
+            "value: fits none of the 2 arrays it may be — as array 1 (value[1]: expected"
+            ' integer, got string "a"); as array 2 (value[0]: expected string, got integer 1)',
             id="arrays",
         ),
     ],
@@ -706,6 +706,62 @@ def test_a_value_fitting_none_of_several_objects_says_what_is_wrong_for_each(
     """Bug caught: a value for a union of two objects (or arrays) that fits neither was
     told "expected object or object, got object", naming nothing the model could fix."""
     assert probe_for(annotation).check(call(arguments={"value": value})) == problem
+
+
+@attrs.frozen
+class Circle:
+    r: int
+
+
+@attrs.frozen
+class Square:
+    side: int
+
+
+@attrs.frozen
+class Group:
+    shapes: list[Circle | Square]
+
+
+@attrs.frozen
+class Layer:
+    groups: list[Group]
+
+
+@attrs.frozen
+class Scene:
+    layers: list[Group | Layer]
+
+
+@pytest.mark.parametrize(
+    ("annotation", "value"),
+    [
+        pytest.param(list[Group | Layer], [{"shapes": [{}] * 25}] * 25, id="two-levels"),
+        pytest.param(
+            list[Scene | Group], [{"layers": [{"shapes": [{}] * 21}] * 21}] * 21, id="three-levels"
+        ),
+    ],
+)
+def test_nested_unions_of_objects_share_the_cap_on_listed_problems(annotation, value) -> None:
+    """Bug caught: each option of a union of objects listed up to 20 problems of its own, at
+    each level of nesting, so 2.9 KB of wrong items got a 65 KB answer (41 KB, 1.35 MB)."""
+    problem = probe_for(annotation).check(call(arguments={"value": value}))
+    assert isinstance(problem, str)
+    listed = problem.count(": required") + problem.count(": unexpected argument")
+    assert 0 < listed <= 20
+    assert len(problem) < 2_500 < len(json.dumps(value))
+    # Each option's problems bracketed, so that the union inside it reads unambiguously.
+    assert problem.startswith("value[0]: fits none of the 2 objects it may be — as object 1 (")
+    assert problem.endswith(" more")
+
+
+def test_an_option_left_no_room_in_the_answer_counts_its_problems() -> None:
+    problem = probe_for(list[Point | Box]).check(call(arguments={"value": [{"x": "a"}] * 21}))
+    assert isinstance(problem, str)
+    assert problem.endswith(
+        "value[5]: fits none of the 2 objects it may be — as object 1 (value[5].x: expected"
+        ' integer, got string "a"); as object 2 (3 problems not listed); and 15 more'
+    )
 
 
 def test_a_value_of_another_kind_for_a_union_of_objects_names_the_kind_once() -> None:
