@@ -27,6 +27,19 @@ def exc_text(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+_PEP_479 = frozenset(("coroutine raised StopIteration", "generator raised StopIteration"))
+
+
+def as_raised(exc: Exception) -> Exception:
+    """The exception a function raised: the `StopIteration` (``next()`` on an empty
+    iterator) that Python turned into "RuntimeError: coroutine raised StopIteration" on its
+    way out of a coroutine (PEP 479), ours or the function's own, or else `exc` itself."""
+    cause = exc.__cause__
+    if type(exc) is RuntimeError and type(cause) is StopIteration and str(exc) in _PEP_479:
+        return cause
+    return exc
+
+
 def describe(value: object) -> str:
     """A short description of a value for error messages: its type and a clipped repr."""
     if value is None:

@@ -21,7 +21,7 @@ from turns._parts import exchange_problem
 from . import events as ev
 from ._audit import AttemptRecord, HookRecord, Rejection, ToolRecord, new_record
 from ._budget import parts_tokens
-from ._describe import describe, exc_text, wrong_return_hint
+from ._describe import as_raised, describe, exc_text, wrong_return_hint
 from ._emit import hook_finished, hook_started
 from ._errors import HookError, HookFailed, HookReturnError, HookTimeout, InjectionOverflow
 from ._loop import spurious_cancellation
@@ -549,12 +549,15 @@ def raised_by(step: Step, exc: BaseException) -> Exception:
     hook ran, or a hook it called, raised it about a hook of its own. It is this hook's
     failure (`HookFailed` naming it, subject to its ``on_error``), the original as the
     cause; so is a `CancelledError` it raised itself (`spurious_cancellation`). Any other
-    exception is left to `Runner.fail`, which wraps it alike.
+    exception is left to `Runner.fail`, which wraps it alike (a `StopIteration` the hook
+    raised as itself, not as the RuntimeError a coroutine made of it: `as_raised`).
     """
     if not isinstance(exc, Exception):
         return cancelled_itself(step, exc)
     if not isinstance(exc, HookError):
-        return exc
+        # A sync hook's StopIteration came out of `call` as "RuntimeError: coroutine raised
+        # StopIteration", blaming a coroutine the hook never had: named as it was raised.
+        return as_raised(exc)
     error = HookFailed(
         f"hook {step.label} raised {exc_text(exc)}", hook=step.name, stage=step.stage
     )

@@ -24,7 +24,7 @@ import attrs
 
 from turns import Scope, ToolCall, ToolResult, ToolSpec
 
-from ._describe import describe, exc_text
+from ._describe import as_raised, describe, exc_text
 from ._errors import ConfigError
 from ._hooks import callable_name, is_async_callable
 from ._loop import spurious_cancellation
@@ -661,7 +661,7 @@ class Tool:
         except Exception as exc:
             return ToolResult(
                 call.id,
-                f"tool {self.name!r} failed: {exc_text(exc)}",
+                f"tool {self.name!r} failed: {exc_text(as_raised(exc))}",
                 is_error=True,
                 error_class=TOOL_ERROR,
             )

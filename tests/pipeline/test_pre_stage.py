@@ -23,6 +23,7 @@ from pipeline import (
     cont,
     halt,
     hook,
+    parallel,
     regenerate,
 )
 from pipeline import events as ev
@@ -609,6 +610,36 @@ async def test_an_async_raising_hook_fails_closed_too() -> None:
         await pipe.run(Turn.start("hi"))
 
     assert raised.value.__cause__ is original
+
+
+def first_rule(turn):
+    return next(rule for rule in () if rule)  # StopIteration: no rule
+
+
+async def first_rule_async(turn):
+    await anyio.lowlevel.checkpoint()
+    return first_rule(turn)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param(hook(first_rule), id="sync"),
+        pytest.param(hook(first_rule, timeout=5), id="sync-in-a-thread"),
+        pytest.param(parallel(hook(first_rule), hook(first_rule, name="other")), id="group"),
+        pytest.param(hook(first_rule_async, name="first_rule"), id="async"),
+    ],
+)
+async def test_a_hook_raising_stop_iteration_fails_naming_it(entry) -> None:
+    """Bug caught: a hook's StopIteration (``next()`` on an empty iterator) failed the turn
+    as "raised RuntimeError: coroutine raised StopIteration", blaming a coroutine the hook
+    (a sync one at least) never had."""
+    pipe = Pipeline(model=scripted(), pre=[entry])
+
+    with pytest.raises(HookFailed, match=r"'first_rule' \(pre, position 1[.1]*\)") as raised:
+        await pipe.run(Turn.start("hi"))
+    assert str(raised.value).endswith(" raised StopIteration")
+    assert type(raised.value.__cause__) is StopIteration
 
 
 @pytest.mark.parametrize("stage", ["pre", "post"])

@@ -1006,6 +1006,21 @@ async def test_a_sync_tool_raising_stop_iteration_gives_a_tool_error_naming_it()
     )
 
 
+async def test_an_async_tool_raising_stop_iteration_gives_a_tool_error_naming_it() -> None:
+    """Bug caught: an async tool's StopIteration came back as "RuntimeError: coroutine raised
+    StopIteration", Python's wording for it leaving a coroutine, not what the tool raised."""
+
+    @tool
+    async def first_match(city: str) -> str:
+        return next(name for name in ["Oslo"] if name == city)
+
+    result = await first_match.run(call("first_match", {"city": "Atlantis"}))
+    assert (result.error_class, result.content) == (
+        "tool_error",
+        "tool 'first_match' failed: StopIteration",
+    )
+
+
 async def test_a_sync_tool_runs_in_a_worker_thread() -> None:
     threads: list[int] = []
 
