@@ -9,6 +9,7 @@ so a tool only ever sees arguments of the types it declared.
 
 import collections.abc
 import contextvars
+import dataclasses
 import functools
 import inspect
 import json
@@ -534,6 +535,8 @@ _ARGS = ("Args", "Arguments", "Parameters")
 def _docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
     """The description and per-argument notes of a Google-style docstring."""
     doc = inspect.getdoc(fn) or ""
+    if doc and doc == _dataclass_doc(fn if isinstance(fn, type) else type(fn)):
+        doc = ""  # written by @dataclass, not by the class's author
     lines = doc.splitlines()
     description: list[str] = []
     notes: dict[str, str] = {}
@@ -563,6 +566,17 @@ def _docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
             elif current is not None and stripped:
                 notes[current] = f"{notes[current]} {stripped}".strip()
     return "\n".join(description).strip(), notes
+
+
+def _dataclass_doc(cls: type) -> str | None:
+    """The docstring ``@dataclass`` gives a class that has none (``Converter(rate: float)``),
+    or None when `cls` is no dataclass."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    try:
+        return cls.__name__ + str(inspect.signature(cls)).replace(" -> None", "")
+    except (TypeError, ValueError):
+        return None
 
 
 @final
@@ -743,7 +757,7 @@ def tool(
     docstring's text, and each argument's note in its ``Args:`` section describes that
     argument. `fn` may also be a `functools.partial` (what it binds by keyword is fixed, not
     shown to the model) or an object with a typed ``__call__`` (described by its class's
-    docstring, or by its ``__call__``'s when the class has none).
+    docstring, or by its ``__call__``'s when the class has none or notes no argument).
 
     Raises:
         ConfigError: The function cannot be described to the model (a missing or
@@ -778,9 +792,11 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None) ->
             " instead of `yield`"
         )
     doc, notes = _docstring(inner)
-    if not doc and not notes and body is not inner:
-        # A callable object whose class says nothing: its __call__ may (where its Args are).
-        doc, notes = _docstring(body)
+    if not notes and body is not inner:
+        # A callable object whose class says nothing (or notes no argument): its __call__
+        # may, where its Args naturally are.
+        call_doc, notes = _docstring(body)
+        doc = doc or call_doc
     try:
         signature = inspect.signature(fn)
         hints = typing.get_type_hints(body)

@@ -1,5 +1,6 @@
 """`tool()`: schemas derived from signatures, argument checks, running and encoding results."""
 
+import dataclasses
 import enum
 import functools
 import inspect
@@ -362,6 +363,45 @@ def test_a_callable_object_whose_class_has_no_docstring_is_described_by_its_call
     made = tool(Converter())
     assert (made.description, made.parameters["properties"]["amount"]["description"]) == (
         "Convert an amount to euros.",
+        "How much, in dollars.",
+    )
+
+
+@dataclasses.dataclass
+class RateConverter:
+    rate: float
+
+    def __call__(self, amount: float) -> str:
+        """Convert an amount to euros.
+
+        Args:
+            amount: How much, in dollars.
+        """
+        return str(amount * self.rate)
+
+
+@dataclasses.dataclass
+class NotedConverter(RateConverter):
+    """Convert at a fixed rate."""
+
+
+def test_a_dataclass_callable_without_a_docstring_is_described_by_its_call() -> None:
+    """Bug caught: the docstring ``@dataclass`` writes for a class without one,
+    "RateConverter(rate: float)", was the tool's description, and the Args notes of its
+    ``__call__`` were dropped."""
+    made = tool(RateConverter(0.9))
+    assert (made.description, made.parameters["properties"]["amount"]["description"]) == (
+        "Convert an amount to euros.",
+        "How much, in dollars.",
+    )
+
+
+def test_a_class_docstring_without_args_leaves_the_notes_to_its_call() -> None:
+    """Bug caught: a class docstring describing the tool but noting no argument hid the Args
+    notes of its ``__call__``."""
+    made = tool(NotedConverter(0.9))
+    assert (made.description, made.parameters["properties"]["amount"]["description"]) == (
+        "Convert at a fixed rate.",
         "How much, in dollars.",
     )
 
