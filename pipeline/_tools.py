@@ -714,7 +714,8 @@ def _call_with(fn: Callable[..., Any], arguments: dict[str, Any]) -> tuple[Any]:
 
 
 def encode_result(value: Any) -> str:
-    """A tool's return value as the model reads it: a str as is, anything else as JSON."""
+    """A tool's return value as the model reads it: a str as its plain text (a `str, Enum`
+    member as its value, not ``Mode.FAST``), anything else as JSON."""
     if isinstance(value, str):
         # As plain text: a str subclass (a `str, Enum` member) formats as itself, so a hook's
         # f"{result.content}" would read "Mode.FAST" where the model and the log read "fast".
