@@ -67,9 +67,11 @@ async def run_turn(
 
     Standard output closed by its reader (``| head``) stops the printing, and with it a turn
     still streaming its events (nothing of it is committed, as on Ctrl-C); the exit code
-    still says how the turn ended: 0 only for a turn that completed.
+    still says how the turn ended: 0 only for a turn that completed, and a turn that did not
+    still gets its note on standard error.
     """
     outcome: ev.Outcome | None = None  # the turn's, once it has finished
+    result: TurnResult | None = None
     try:
         async with pipe.session(log=log, conversation_id=conversation) as session:
             if show_events:
@@ -103,6 +105,11 @@ async def run_turn(
                     " stopped it: nothing of it was committed"
                 )
             return 1
+        if result is not None and not as_json:
+            # Standard error may still be open: the note naming who halted the turn is not
+            # lost with the answer its reader did not wait for.
+            with contextlib.suppress(OSError):
+                explain(result, console)
     return 0 if outcome == "completed" else 1
 
 

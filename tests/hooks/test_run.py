@@ -340,6 +340,21 @@ def test_a_halted_turn_whose_reader_goes_away_still_exits_1(shop: Path) -> None:
     assert done.returncode == 1, done.stderr
 
 
+def test_a_halted_turn_whose_reader_goes_away_still_names_its_hook(shop: Path) -> None:
+    """Bug caught: `run ... | head` of a halted turn wrote nothing on standard error, open all
+    along, because the failed write of its substitute answer skipped the note naming the hook."""
+    done = _reader_gone("run", shop, "tell me a secret")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == "turnplug: turn halted by 'gate': asked for a secret\n"
+
+
+def test_a_completed_turn_whose_reader_goes_away_exits_0_quietly(shop: Path) -> None:
+    """Bug caught: none on the old code; no test pinned that `run ... | head` of a completed
+    turn exits 0 with nothing on standard error, which a halted turn's note must not change."""
+    done = _reader_gone("run", shop, "How long do refunds take?")
+    assert (done.returncode, done.stderr) == (0, "")
+
+
 def test_run_events_whose_reader_goes_away_stops_the_turn_and_exits_1(shop: Path) -> None:
     """Bug caught: `run --events ... | head` stopped the turn at its first event, committing
     nothing, and exited 0 silently, as if the turn had completed."""
