@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -132,6 +133,44 @@ def _strings(value: Any, what: str, owner: str) -> Mapping[str, str] | None:
     return dict(value)
 
 
+# RFC 9110: a field name is a token; a value is visible ASCII, spaces and tabs (a line
+# break or another control character would end the header, or start another).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
+
+def _headers(value: Any, owner: str) -> Mapping[str, str] | None:
+    """HTTP headers as they can be sent: surrounding whitespace (a secret file's trailing
+    newline) dropped, as HTTP ignores it; a name or a value a header cannot carry refused
+    now, naming the header but never showing a value (the HTTP client's own error, at the
+    first request, quoted the whole value, secret included). Every bad header is a problem
+    at ``headers`` of the `ConfigError`, for a config to place."""
+    headers = _strings(value, "headers", owner)
+    if headers is None:
+        return None
+    problems: list[str] = []
+    sent: dict[str, str] = {}
+    for name, text in headers.items():
+        if not _HEADER_NAME.fullmatch(name):
+            problems.append(
+                f"{name!r} is not an HTTP header name: letters, digits and"
+                ' !#$%&\'*+-.^_`|~ only, no spaces (e.g. "Authorization")'
+            )
+        sent[name] = text.strip(" \t\r\n")
+        if not _HEADER_VALUE.fullmatch(sent[name]):
+            problems.append(
+                f"the value of {name!r} contains characters an HTTP header cannot carry (a line"
+                " break, another control character, or non-ASCII); it is not shown here —"
+                " check where it comes from (a secret, an environment variable)"
+            )
+    if problems:
+        raise ConfigError(
+            f"{owner}: headers: " + "; ".join(problems),
+            problems=tuple(("headers", problem) for problem in problems),
+        )
+    return sent
+
+
 def mcp_toolset(
     name: str,
     *,
@@ -162,7 +201,8 @@ def mcp_toolset(
         env: Environment variables for the server (never shown in reprs or messages).
         cwd: The server's working directory.
         url: The server's streamable HTTP endpoint.
-        headers: HTTP headers for every request, such as an authorization (never shown).
+        headers: HTTP headers for every request, such as an authorization (never shown);
+            each value is sent without its surrounding whitespace.
         timeout: Seconds for each call; a call still unanswered then is a ``tool_error``.
         connect_timeout: Seconds for starting the server, initializing and listing.
         max_message_bytes: The largest message (a call's result, say) a stdio server may
@@ -174,7 +214,9 @@ def mcp_toolset(
 
     Raises:
         ConfigError: Neither or both of `command` and `url`, options of the other
-            transport, a bad timeout, or the ``mcp`` package missing.
+            transport, a bad timeout, a header name or value HTTP cannot carry (each such
+            header is in ``.problems`` at ``headers``; no value is shown), or the ``mcp``
+            package missing.
     """
     owner = f"mcp_toolset({name!r})"
     check_toolset_name(name, owner)
@@ -231,7 +273,7 @@ def mcp_toolset(
         env=_strings(env, "env", owner),
         cwd=cwd,
         url=url,
-        headers=_strings(headers, "headers", owner),
+        headers=_headers(headers, owner),
         timeout=float(timeout),
         connect_timeout=float(connect_timeout),
         max_message_bytes=max_message_bytes,

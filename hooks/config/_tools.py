@@ -108,44 +108,6 @@ def _expand(values: Mapping[str, str] | None, key: str, env: Env) -> dict[str, s
     return expanded
 
 
-# RFC 9110: a field name is a token; a value is visible ASCII, spaces and tabs (a line
-# break or another control character would end the header, or start another).
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
-
-
-def _headers(values: dict[str, str] | None) -> dict[str, str] | None:
-    """HTTP headers as they can be sent: surrounding whitespace (a secret's trailing
-    newline) dropped, as HTTP ignores it; a name or a value a header cannot carry refused
-    when loading, naming the header but never showing a value (the HTTP client's own error,
-    at the first request, quoted the whole value, a secret from ``${VARIABLE}`` included)."""
-    if values is None:
-        return None
-    problems: list[Invalid] = []
-    sent: dict[str, str] = {}
-    for name, value in values.items():
-        if not _HEADER_NAME.fullmatch(name):
-            problems.append(
-                Invalid(
-                    f"{name!r} is not an HTTP header name: letters, digits and"
-                    ' !#$%&\'*+-.^_`|~ only, no spaces (e.g. "Authorization")',
-                    key="headers",
-                )
-            )
-        sent[name] = value.strip(" \t\r\n")
-        if not _HEADER_VALUE.fullmatch(sent[name]):
-            problems.append(
-                Invalid(
-                    f"the value of {name!r} contains characters an HTTP header cannot carry (a"
-                    " line break, another control character, or non-ASCII); it is not shown"
-                    " here — check the file and the environment variables it reads",
-                    key="headers",
-                )
-            )
-    raise_all(problems)
-    return sent
-
-
 def _beside(path: str | None, env: Env) -> str | None:
     """A path from the config, relative to the config file's directory as `ref` is."""
     if path is None or env.folder is None or os.path.isabs(path):
@@ -210,12 +172,14 @@ class MCPToolsetEntry:
                 env=_expand(self.env, "env", env),
                 cwd=_beside(self.cwd, env),
                 url=self.url,
-                headers=_headers(_expand(self.headers, "headers", env)),
+                headers=_expand(self.headers, "headers", env),
                 include=self.include,
                 exclude=self.exclude,
                 **options,
             )
         except ConfigError as exc:
+            # A problem of an argument (each bad header) is one at the key that gave it.
+            raise_all([Invalid(text, key=key) for key, text in exc.problems])
             raise Invalid(_unowned(str(exc), f"mcp_toolset({self.name!r})")) from None
 
 

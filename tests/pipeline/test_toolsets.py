@@ -212,6 +212,28 @@ def test_mcp_toolset_refuses_bad_options(options, expected):
         mcp_toolset("s", **options)
 
 
+def test_mcp_toolset_refuses_a_header_value_http_cannot_carry_without_showing_it():
+    """Bug caught: a header value holding a line break was accepted, and the HTTP client's
+    error at the first request quoted the whole value, secret included."""
+    with pytest.raises(ConfigError) as caught:
+        mcp_toolset(
+            "s", url="http://127.0.0.1:1/mcp", headers={"Authorization": "Bearer s3cret\nX-A: 1"}
+        )
+
+    assert "the value of 'Authorization' contains characters an HTTP header cannot carry" in (
+        str(caught.value)
+    )
+    assert "s3cret" not in str(caught.value)
+    assert [key for key, _ in caught.value.problems] == ["headers"]
+
+
+def test_mcp_toolset_refuses_a_header_name_that_is_not_an_http_token():
+    """Bug caught: a header name with a space was accepted, to fail at the first request
+    with the HTTP client's error instead of one naming the header."""
+    with pytest.raises(ConfigError, match="'X Token' is not an HTTP header name"):
+        mcp_toolset("s", url="http://127.0.0.1:1/mcp", headers={"X Token": "v"})
+
+
 def test_mcp_toolset_repr_hides_header_and_env_values():
     """Catches: a secret header or environment value printed in a repr or a log line."""
     made = mcp_toolset(

@@ -397,6 +397,18 @@ async def test_an_http_server_nobody_listens_on_fails_the_open_naming_it():
 
 
 @sdk_unclosed_streams
+async def test_a_header_value_with_a_trailing_newline_is_sent_without_it(http_server):
+    """Bug caught: a token read from a secret file, with its trailing newline, failed the
+    first request with "Illegal header value b'Bearer <the whole token>\\n'"."""
+    web = http_server.toolset(headers={"Authorization": "Bearer tk-secret\n"}, connect_timeout=5)
+    pipe = Pipeline(model=echo_turns("web", 1), toolsets=[web])
+    async with pipe:
+        result = await pipe.run(Turn.start("0"))
+
+    assert result.reply.messages[1].parts[0].content == "echo: 0"
+
+
+@sdk_unclosed_streams
 async def test_a_failed_http_reconnect_warns_and_a_later_turn_reconnects(http_server, caplog):
     """Catches: a failed reconnect of an HTTP server passing for a success: no warning, and
     calls failing with "not connected (None)" for good, even once the server is back."""
