@@ -376,21 +376,22 @@ def strip_slash(base_url: str) -> str:
         url = httpx.URL(base_url)
     except (httpx.InvalidURL, TypeError, ValueError) as exc:
         problem = str(exc)
+        if isinstance(base_url, str) and "@" in base_url:
+            # httpx quotes the host or port it could not read, which may be a piece of a
+            # password holding a raw "/", "?" or "#" (``https://user:pa?ss@host``).
+            problem = problem.split(": ", 1)[0]
     else:
         if url.scheme not in ("http", "https") or not url.host:
             problem = "it needs http:// or https:// and a host"
-        elif found := re.search("[?#]", base_url):
+        elif re.search("[?#]", base_url):
             # Each request's path is appended to the base URL: it would land in the query
-            # (``/v1?api-version=1/chat/completions``) or be dropped with the fragment. Not
-            # shown: a query may hold a key.
+            # (``/v1?api-version=1/chat/completions``) or be dropped with the fragment.
             problem = (
                 "each request appends its path to it, which would land in its query or be"
                 " dropped with its fragment — give it without them"
             )
-            base_url = f"{base_url[: found.start()]}{found.group()}..."
     if problem is not None:
-        # Credentials in the URL (``https://user:secret@host``) are not shown.
-        shown = hide_userinfo(base_url) if isinstance(base_url, str) else base_url
+        shown = refused_url(base_url) if isinstance(base_url, str) else base_url
         raise ValueError(
             f"base_url {shown!r} is not a URL requests can go to ({problem}) — e.g."
             " 'https://api.openai.com/v1' or 'http://localhost:11434/v1'"
@@ -398,13 +399,30 @@ def strip_slash(base_url: str) -> str:
     return base_url.rstrip("/")
 
 
-_USERINFO = re.compile(r"^([^/]*//)?[^/?#]*@")
+def refused_url(url: str) -> str:
+    """A refused base URL as its error shows it: credentials hidden (`hide_userinfo`), then
+    cut after the first ``?`` or ``#``, as a query may hold a key. A ``?`` or ``#`` before
+    the last ``@`` is a password's character or a query holding an ``@``; which, the URL
+    cannot tell, so nothing after the ``@`` is shown either."""
+    shown = hide_userinfo(url)
+    if re.search("[?#]", url[: max(url.rfind("@"), 0)]):
+        return shown[: shown.rindex("***@") + 4] + "..."
+    found = re.search("[?#]", shown)
+    return shown if found is None else shown[: found.end()] + "..."
+
+
+# Up to the URL's last "@", not only the authority's (which ends at the first "/", "?" or
+# "#"): a password may hold one of those unescaped, and what httpx then reads as a host, a
+# path or a query is the password's rest. Hiding more than httpx would send beats showing it.
+_USERINFO = re.compile(r"^([^/]*//)?[\s\S]*@")
 
 
 def hide_userinfo(url: str) -> str:
     """`url` with the credentials it may carry (``https://user:secret@host``, which httpx
     sends as Basic auth) replaced by ``***``: for reprs, messages and anything else that shows
-    a base URL (``turnplug check`` does), as the providers show it."""
+    a base URL (``turnplug check`` does), as the providers show it. Everything between the
+    scheme's ``//`` and the URL's last ``@`` counts as credentials, a raw ``/``, ``?`` or
+    ``#`` in a password included."""
     return _USERINFO.sub(r"\1***@", url)
 
 

@@ -901,6 +901,50 @@ def test_a_refused_base_url_does_not_show_the_credentials_in_it(provider: Any, u
     assert "***@host/v1" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("ftp://h/v1?key=hunter2", "'ftp://h/v1?...'"),
+        ("localhost:11434/v1?key=hunter2", "'localhost:11434/v1?...'"),
+        ("https:///v1#hunter2", "'https:///v1#...'"),
+    ],
+)
+@pytest.mark.parametrize("provider", [OpenAIChat, AnthropicMessages])
+def test_a_base_url_refused_for_its_scheme_or_host_does_not_show_its_query(
+    provider: Any, url: str, shown: str
+) -> None:
+    """Bug caught: the query (which may hold a key) was hidden only when it was the URL's
+    one problem: refused for its scheme or host first, the error quoted the whole URL."""
+    with pytest.raises(ValueError, match="is not a URL requests can go to") as caught:
+        provider("m", base_url=url)
+    assert "hunter2" not in str(caught.value)
+    assert f"base_url {shown} is not" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://user:pa?hunter2@h/v1", "'https://***@...'"),
+        ("https://user:pa#hunter2@h/v1", "'https://***@...'"),
+        ("https://user:pa/hunter2@h/v1", "'https://***@h/v1'"),
+        ("https://user:pa/hunter2@h/v1?key=x", "'https://***@h/v1?...'"),
+        ("https://h/v1?key=x@hunter2", "'https://***@...'"),
+    ],
+)
+@pytest.mark.parametrize("provider", [OpenAIChat, AnthropicMessages])
+def test_a_refused_base_url_hides_a_password_holding_a_raw_url_delimiter(
+    provider: Any, url: str, shown: str
+) -> None:
+    """Bug caught: a raw "?", "#" or "/" in a base_url's password ended what was hidden as
+    credentials there, so the error quoted the password's rest (and httpx's "Invalid port"
+    its start); an "@" in a query, which the same rule reads as a password's end, hides all."""
+    with pytest.raises(ValueError, match="is not a URL requests can go to") as caught:
+        provider("m", base_url=url)
+    assert "hunter2" not in str(caught.value)
+    assert "'pa'" not in str(caught.value)
+    assert f"base_url {shown} is not" in str(caught.value)
+
+
 @pytest.mark.parametrize("tail", ["?api-version=2024-02-01&key=hunter2", "#hunter2", "?"])
 @pytest.mark.parametrize("provider", [OpenAIChat, AnthropicMessages])
 def test_a_base_url_with_a_query_or_fragment_is_refused_when_built(
