@@ -50,8 +50,21 @@ def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
     An except clause at the call site rather than a wrapper coroutine: a turn's coroutine
     stack is walked at every checkpoint, so each level costs on every chunk.
     """
-    error = single(group)
-    raise error from error.__cause__
+    reraise(single(group))
+
+
+def reraise(error: BaseException) -> NoReturn:
+    """Raise `error` again as it was first raised: its cause and its own context (what it
+    was raised while handling, which a traceback shows) kept, where raising it in an
+    ``except`` clause makes the exception handled there (the group) its context.
+
+    The context is put back as the exception leaves, before anyone can catch it.
+    """
+    context, suppressed = error.__context__, error.__suppress_context__
+    try:
+        raise error
+    finally:
+        error.__context__, error.__suppress_context__ = context, suppressed
 
 
 def single(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -20,7 +20,7 @@ from ._commit import injection_messages
 from ._describe import describe, exc_text
 from ._drive import Drive, OpenTools, TurnHost
 from ._errors import ConfigError, HookReturnError, LogConflict, LogError
-from ._excgroups import only_cancelled, own_error, raise_single
+from ._excgroups import only_cancelled, own_error, raise_single, reraise
 from ._hooks import is_async_callable
 from ._loop import current_loop, is_cancellation, spurious_cancellation
 from ._plan import Plan, Step
@@ -632,8 +632,7 @@ async def _session(
         if only_cancelled(exc):
             reason = "cancelled"
         if isinstance(exc, BaseExceptionGroup):
-            error = own_error(exc)
-            raise error from error.__cause__
+            reraise(own_error(exc))
         raise
     finally:
         if session is not None:

@@ -18,7 +18,7 @@ from turns import Turn
 
 from . import events as ev
 from ._drive import Drive
-from ._excgroups import own_error, raise_single
+from ._excgroups import own_error, raise_single, reraise
 from ._loop import Lot, current_loop, new_lot
 from ._result import TurnResult
 
@@ -263,7 +263,7 @@ class TurnEvents:
         self._exhausted = True
         if self._error is not None and not self._raised:
             self._raised = True
-            raise self._error from self._error.__cause__
+            reraise(self._error)
         raise StopAsyncIteration
 
     async def _drive(self, drive: Drive, turn: Turn, tasks: _Scope) -> None:

@@ -28,7 +28,7 @@ import anyio.abc
 import attrs
 
 from ._errors import ConfigError, ToolsetError
-from ._excgroups import first_failure, own_error, stopping_interrupt
+from ._excgroups import first_failure, own_error, reraise, stopping_interrupt
 from ._tools import Tool, tool
 
 logger = logging.getLogger("turnplug.mcp")
@@ -427,8 +427,7 @@ async def open_toolbox(pipe: ToolOwner) -> AsyncIterator[Toolbox]:
             if not isinstance(caught, BaseExceptionGroup):
                 raise
             # The connections' tasks never fail: what the group holds is the block's own error.
-            error = own_error(caught)
-            raise error from error.__cause__
+            reraise(own_error(caught))
     if box is not None and box.interrupt is not None:
         raise box.interrupt
 

@@ -393,7 +393,10 @@ def _handle(args: argparse.Namespace) -> int:
             error = error.exceptions[0]
         if error is group:
             raise
-        raise error from error.__cause__
+    # Raised once the group is no longer being handled: raised inside its handler, the
+    # exception's own context (what it was raised while handling, which --debug's traceback
+    # shows) would become the group.
+    raise error
 
 
 if __name__ == "__main__":

@@ -235,6 +235,38 @@ def test_with_debug_a_hook_calling_sys_exit_shows_its_traceback_and_exits_1(
     assert "SystemExit" in done.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "run --events", "chat"])
+def test_with_debug_the_traceback_shows_what_an_interrupt_was_raised_while_handling(
+    tmp_path: Path, command: str
+) -> None:
+    """Bug caught: unwrapping the exception groups around a hook's SystemExit gave it the
+    group as its context, suppressed, so --debug's traceback lost the KeyError it was raised
+    while handling ("During handling of the above exception")."""
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = ["never seen"]\n\n'
+        '[[pre]]\nkind = "python"\nref = "quitter:leave"\n',
+    )
+    (tmp_path / "quitter.py").write_text(
+        "import sys\n\n\ndef leave(turn):\n    try:\n        {}['missing']\n"
+        "    except KeyError:\n        sys.exit(3)\n"
+    )
+    name, *options = command.split()
+    message = [] if name == "chat" else ["hi"]
+    done = subprocess.run(
+        [TURNPLUG, name, str(config), *message, *options, "--debug"],
+        input="hi\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=environment(),
+    )
+    assert done.returncode == 1, done.stderr
+    assert "KeyError: 'missing'\n\nDuring handling of the above exception" in done.stderr
+    assert done.stderr.rstrip().endswith("SystemExit: 3")
+
+
 def test_run_json_is_the_result(shop: Path) -> None:
     done = turnplug("run", shop, "refunds?", "--json", "--conversation", "c-9")
     assert done.returncode == 0

@@ -1990,3 +1990,32 @@ async def test_a_system_exit_out_of_a_background_hook_is_not_lost_to_the_callers
         await caller()
     assert info.value.code == 3
     assert [entry[:2] for entry in trace] == [("end", "error")]
+
+
+async def test_an_interrupt_raised_while_handling_an_error_keeps_that_error_as_its_context():
+    """Bug caught: unwrapping the task groups' exception groups raised the interrupt with the
+    group as its context, so its traceback lost the error it was raised while handling."""
+
+    def leave(turn):
+        try:
+            {}["missing"]
+        except KeyError:
+            raise SystemExit(3)
+
+    pipe = Pipeline(model=ScriptedModel(["ok"]), pre=[hook(leave, name="leave")])
+
+    async def sent() -> None:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+            await session.send("hi")
+
+    async def streamed() -> None:
+        session = pipe.session(log=MemoryLog(), conversation_id=CONVERSATION)
+        async with session as opened, opened.stream("hi") as events:
+            async for _ in events:
+                pass
+
+    for run in (lambda: pipe.run(Turn.start("hi")), sent, streamed):
+        with pytest.raises(SystemExit) as info:
+            await run()
+        assert type(info.value.__context__) is KeyError
+        assert not info.value.__suppress_context__
