@@ -162,6 +162,12 @@ def unset_key(spec: str) -> str | None:
     return None
 
 
+def unset_state(variable: str) -> str:
+    """How `variable` (which `unset_key` named) is unset: ``"not set"``, or ``"set but
+    blank"`` when it holds whitespace only, which is no key either."""
+    return "set but blank" if variable in os.environ else "not set"
+
+
 def choose_model(spec: str | None, write: Callable[[str], None]) -> Model | None:
     """The model `--model` names, or None (offline) when it needs a key that is not set."""
     if spec is None:
@@ -169,7 +175,8 @@ def choose_model(spec: str | None, write: Callable[[str], None]) -> Model | None
     model = model_from_string(spec)  # a malformed spec is a ConfigError, shown as usage
     variable = unset_key(spec)
     if variable is not None:
-        write(f"note: {variable} is not set, so the demo stays offline (scripted model)")
+        state = unset_state(variable)
+        write(f"note: {variable} is {state}, so the demo stays offline (scripted model)")
         write("")
         return None
     return model

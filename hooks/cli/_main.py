@@ -50,14 +50,14 @@ def _pipeline(args: argparse.Namespace) -> Pipeline:
         return _loaded(args.config).pipeline
     from pipeline.providers import model_from_string
 
-    from ._demo import unset_key
+    from ._demo import unset_key, unset_state
 
     model = model_from_string(args.model)  # a malformed spec is a ConfigError: exit 2
     variable = unset_key(args.model)
     if variable is not None:
         raise ConfigError(
-            f"--model {args.model} needs {variable} set in the environment (the key is read"
-            " from there only)"
+            f"--model {args.model} needs its key in {variable}, which is"
+            f" {unset_state(variable)} in the environment (the key is read from there only)"
         )
     # The config's own model is not built: its key need not be set, as it is never called.
     return _config._load(args.config, model=model).pipeline

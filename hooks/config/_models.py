@@ -116,8 +116,11 @@ def _shaped(model: Model, **defaults: Any) -> Model:
 def _key(env: Env, variable: str, provider: str) -> None:
     key = env.environ.get(variable, "").strip() if variable else ""
     if variable and not key and not env.offline:
+        # A variable set to whitespace only is no key either; saying "not set" of it would
+        # send the reader to check the name rather than the value.
+        state = "is set but blank" if variable in env.environ else "is not set"
         raise Invalid(
-            f"the environment variable {variable} is not set — export it with your {provider}"
+            f"the environment variable {variable} {state} — export it with your {provider}"
             ' key, or name the variable that holds it (api_key_env = "" for a server that'
             " needs no key)",
             key="api_key_env",

@@ -344,12 +344,14 @@ class Ref:
                 " 'mypkg.hooks:search_docs'"
             )
         target: Any = _import(module_name)
-        for index, part in enumerate(attribute.split(".")):
+        parts = attribute.split(".")
+        for index, part in enumerate(parts):
             try:
                 target = getattr(target, part)
             except AttributeError:
-                owner = ".".join([module_name, *attribute.split(".")[:index]])
-                close = difflib.get_close_matches(part, _names(target), n=1)
+                owner = ".".join([module_name, *parts[:index]])
+                names = _names(target, part, last=index == len(parts) - 1)
+                close = difflib.get_close_matches(part, names, n=1)
                 hint = f"did you mean {close[0]!r}?" if close else "check the name after the colon"
                 raise Invalid(
                     f"{owner!r} has no attribute {part!r} (from {json.dumps(text)}) — {hint}"
@@ -370,12 +372,28 @@ class Ref:
         return cls(text, target)
 
 
-def _names(owner: object) -> list[str]:
-    """The names `owner` (a module, a class) has, for a suggestion; none if it will not say."""
+def _names(owner: object, part: str, *, last: bool) -> list[str]:
+    """The names of `owner` (a module, a class) a ref could mean in place of `part`, for a
+    suggestion: as its last part, only callables (a ref names a function; a constant close
+    to the name would only fail next as "not callable"); a private name (``_x``) only for a
+    `part` that is one too. None if `owner` will not say."""
     try:
-        return [name for name in dir(owner) if not name.startswith("__")]
+        names = [name for name in dir(owner) if not name.startswith("__")]
     except Exception:  # a __dir__ of the user's that fails: no suggestion, the error stands
         return []
+    if not part.startswith("_"):
+        names = [name for name in names if not name.startswith("_")]
+    if last:
+        names = [name for name in names if callable(_attribute(owner, name))]
+    return names
+
+
+def _attribute(owner: object, name: str) -> object:
+    """``getattr(owner, name)``, or None when getting it fails (a property that raises)."""
+    try:
+        return getattr(owner, name)
+    except Exception:
+        return None
 
 
 def _clip(text: str) -> str:

@@ -145,6 +145,14 @@ def test_demo_with_a_model_whose_key_is_missing_stays_offline() -> None:
     assert "outcome: completed" in done.stdout
 
 
+def test_demo_with_a_model_whose_key_is_blank_says_so_and_stays_offline() -> None:
+    """Bug caught: an OPENAI_API_KEY of spaces was noted as "not set", sending the reader to
+    check a variable that is set, rather than its value."""
+    done = turnplug("demo", "--model", "openai:gpt-4o-mini", env=environment(OPENAI_API_KEY=" "))
+    assert done.returncode == 0, done.stderr
+    assert "note: OPENAI_API_KEY is set but blank, so the demo stays offline" in done.stdout
+
+
 def test_demo_with_a_malformed_model_spec_is_a_usage_error() -> None:
     done = turnplug("demo", "--model", "gpt-4o")
     assert done.returncode == 2
@@ -258,7 +266,10 @@ async def test_run_and_chat_with_a_model_talk_to_it_instead_of_the_configs(
 @pytest.mark.parametrize(
     ("spec", "says"),
     [
-        ("openai:gpt-4o-mini", "--model openai:gpt-4o-mini needs OPENAI_API_KEY set"),
+        (
+            "openai:gpt-4o-mini",
+            "--model openai:gpt-4o-mini needs its key in OPENAI_API_KEY, which is not set",
+        ),
         ("nonsense", "nonsense"),
     ],
 )
@@ -285,7 +296,18 @@ def test_run_with_a_model_whose_key_variable_is_blank_is_a_usage_error(tmp_path:
     env = environment(OPENAI_API_KEY="  ", OPENAI_BASE_URL="http://127.0.0.1:9/v1")
     done = turnplug("run", config, "hi", "--model", "openai:gpt-4o-mini", env=env)
     assert done.returncode == 2, done.stderr
-    assert "--model openai:gpt-4o-mini needs OPENAI_API_KEY set" in done.stderr
+    assert "--model openai:gpt-4o-mini needs its key in OPENAI_API_KEY" in done.stderr
+
+
+def test_run_with_a_model_whose_key_variable_is_blank_says_it_is_blank(tmp_path: Path) -> None:
+    """Bug caught: an OPENAI_API_KEY of spaces was refused as "needs OPENAI_API_KEY set",
+    sending the reader to check a variable that is set, rather than its value."""
+    config = tmp_path / "bare.toml"
+    config.write_text(CONFIG_WITHOUT_MODEL)
+    env = environment(OPENAI_API_KEY="  ", OPENAI_BASE_URL="http://127.0.0.1:9/v1")
+    done = turnplug("run", config, "hi", "--model", "openai:gpt-4o-mini", env=env)
+    assert done.returncode == 2, done.stderr
+    assert "OPENAI_API_KEY, which is set but blank in the environment" in done.stderr
 
 
 def test_run_with_a_model_does_not_need_the_configs_model_key(tmp_path: Path) -> None:

@@ -341,6 +341,22 @@ def test_a_misspelt_attribute_suggests_the_close_name() -> None:
     assert "did you mean 'hook'?" in message
 
 
+@pytest.mark.parametrize("name", ["NOT_CALABLE", "delete"])
+def test_a_misspelt_attribute_suggests_no_name_that_could_not_work(name: str) -> None:
+    """Bug caught: `ref = "mod:NOT_CALABLE"` suggested 'NOT_CALLABLE', a constant that would
+    only fail next as not callable, and `ref = "mod:delete"` the module's private '_delete'."""
+    ((path, message),) = _problems({"pre": [{"kind": "python", "ref": ref(name)}]})
+    assert path == "pre[0].ref"
+    assert message.endswith("— check the name after the colon"), message
+
+
+def test_a_misspelt_part_of_a_dotted_ref_suggests_what_leads_to_a_callable() -> None:
+    """Bug caught: none on the old code; a part before the last names what holds the
+    function (a class, a constant with methods), so it may be suggested though not callable."""
+    message = _message({"pre": [{"kind": "python", "ref": ref("NOT_CALABLE.bit_length")}]})
+    assert "did you mean 'NOT_CALLABLE'?" in message
+
+
 def test_a_ref_that_is_not_callable_says_what_it_is() -> None:
     message = _message({"pre": [{"kind": "python", "ref": ref("NOT_CALLABLE")}]})
     assert "int 42" in message
@@ -471,6 +487,15 @@ def test_a_missing_api_key_names_the_variable() -> None:
     assert path == "model.api_key_env"
     assert "OPENAI_API_KEY" in message
     pipeline_from_dict(data, environ={"OPENAI_API_KEY": "sk-test"})  # and with it, it loads
+
+
+def test_a_blank_api_key_says_its_variable_is_blank() -> None:
+    """Bug caught: a key variable set to whitespace only was reported as "not set", sending
+    the reader to check the variable's name rather than its value."""
+    data = {"model": {"provider": "openai", "name": "gpt-4o-mini"}}
+    ((path, message),) = _problems(data, environ={"OPENAI_API_KEY": " \n"})
+    assert path == "model.api_key_env"
+    assert message.startswith("the environment variable OPENAI_API_KEY is set but blank — ")
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
