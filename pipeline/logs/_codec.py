@@ -7,6 +7,7 @@ converter has no rule for) and the hook records (named tuples, written as object
 that a reader sees field names, not positions).
 """
 
+import collections
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -152,23 +153,12 @@ def entry_from_dict(data: Any) -> LogEntry:
 # -- the stored text ------------------------------------------------------------------------
 
 
-def dumps(data: Any, *, sliced: bool = False) -> str:
+def dumps(data: Any) -> str:
     """Compact JSON that any UTF-8 store accepts.
 
     Text stays readable (no ``\\u`` escapes) unless it holds a lone surrogate, which UTF-8
     cannot encode; then everything non-ASCII is escaped, and still reads back exactly.
-
-    With `sliced` (a worker thread encoding a large commit), long strings are encoded a
-    slice at a time, with the same result: `json` encodes a string in one C call, which
-    holds the GIL throughout (0.4 s for 100 MB), so the event loop's thread would stall as
-    if it encoded the string itself. Here the thread lets go of the GIL between slices.
-    `data` must be free of cycles (`check_values` refuses them as too deep).
     """
-    if sliced and _SLICED_UTF8 is not None and _SLICED_ASCII is not None:
-        text = "".join(_SLICED_UTF8(data, 0))
-        if not text.isascii() and not _utf8(text):
-            text = "".join(_SLICED_ASCII(data, 0))
-        return text
     text = _UTF8.encode(data)
     if not text.isascii():
         try:
@@ -178,67 +168,90 @@ def dumps(data: Any, *, sliced: bool = False) -> str:
     return text
 
 
+def dumps_utf8(data: Any) -> bytearray:
+    """`dumps(data)` encoded to UTF-8, made a slice at a time: for a worker thread encoding
+    a large commit, which hands the driver the bytes.
+
+    `json` encodes a string in one C call, which holds the GIL throughout (0.4 s for
+    100 MB), and so do joining the slices of a string into one and converting text that is
+    not all ASCII to UTF-8 (all of it four bytes a character once it holds one emoji): the
+    event loop's thread would stall as if it did the work itself. Here each long string is
+    encoded and converted a slice at a time, and the result grows a slice at a time, so the
+    thread lets go of the GIL between slices. `data` must be free of cycles (`check_values`
+    refuses them as too deep).
+    """
+    try:
+        return _by_slices(data, json.encoder.encode_basestring)
+    except UnicodeEncodeError:  # a lone surrogate: everything non-ASCII escaped
+        return _by_slices(data, json.encoder.encode_basestring_ascii)
+
+
 # What json.dumps(data, **options) would build on every call.
 _UTF8 = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
-# Strings longer than this are encoded a slice at a time by `dumps(sliced=True)`: about a
-# quarter of a millisecond each, after which the GIL may change hands.
+# Strings longer than this are encoded a slice at a time by `dumps_utf8`: about a quarter
+# of a millisecond each, after which the GIL may change hands.
 _SLICE = 1 << 15
 
+# What stands for a long string in the C encoder's output, to be replaced by its slices: a
+# character JSON never writes unescaped, so it cannot stand for anything else.
+_MARK = "\x00"
 
-def _by_slices(whole: Callable[[str], str]) -> Callable[[str], str]:
-    """`whole` (json's encoder of one string), a slice at a time for a long string: JSON
-    escapes each character alone, so the slices' encodings joined are the whole's."""
+
+def _by_slices(data: Any, whole: Callable[[str], str]) -> bytearray:
+    """`data` as JSON in UTF-8, `whole` (json's encoder of one string) encoding each string.
+
+    json's C encoder calls back a Python function for strings when it is given one in place
+    of its own, and the interpreter may hand the GIL over in that function. A long string's
+    slices are encoded there, JSON escaping each character alone, and kept aside (as UTF-8,
+    to keep them small); the encoder writes `_MARK` in its place. Its output is then read a
+    slice at a time, each mark replaced by its string's slices. No cycle checks (the C
+    encoder's "markers"): `data` has none. Without a C encoder (or with one built
+    otherwise), `data` is encoded whole.
+    """
+    longs: collections.deque[list[bytes]] = collections.deque()
 
     def encode(value: str) -> str:
         if len(value) <= _SLICE:
             return whole(value)
-        step = _SLICE
-        inner = [whole(value[at : at + step])[1:-1] for at in range(0, len(value), step)]
-        return f'"{"".join(inner)}"'
+        slices = [b'"']
+        for at in range(0, len(value), _SLICE):
+            slices.append(whole(value[at : at + _SLICE])[1:-1].encode("utf-8"))
+        slices.append(b'"')
+        longs.append(slices)
+        return _MARK
 
-    return encode
-
-
-def _sliced(whole: Callable[[str], str]) -> Callable[[Any, int], Sequence[str]] | None:
-    """json's C encoder with `_UTF8`'s options, calling `_by_slices(whole)` for each string.
-
-    The C encoder calls back a Python function for strings when it is given one in place of
-    its own, and the interpreter may hand the GIL over in that function, between slices.
-    No markers (cycle checks): they would be state shared by the threads that call it.
-    None where `json` has no C encoder (or one built otherwise): `dumps` then encodes
-    whole.
-    """
     make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return None
     try:
+        if make is None:
+            raise TypeError("json has no C encoder")
         encoder: Callable[[Any, int], Sequence[str]] = make(
-            None, _UTF8.default, _by_slices(whole), None, ":", ",", False, False, False
+            None, _UTF8.default, encode, None, ":", ",", False, False, False
         )
     except TypeError:
-        return None
-    return encoder
-
-
-_SLICED_UTF8 = _sliced(json.encoder.encode_basestring)
-_SLICED_ASCII = _sliced(json.encoder.encode_basestring_ascii)
-
-
-def _utf8(text: str) -> bool:
-    """Whether UTF-8 can encode `text` (it holds no lone surrogate), a slice at a time."""
+        ascii = whole is json.encoder.encode_basestring_ascii
+        return bytearray((_ASCII if ascii else _UTF8).encode(data), "utf-8")
+    out = bytearray()
     step = _SLICE * 32
-    try:
-        for at in range(0, len(text), step):
-            text[at : at + step].encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    for chunk in encoder(data, 0):
+        for at in range(0, len(chunk), step):
+            first, *rest = chunk[at : at + step].split(_MARK)
+            out += first.encode("utf-8")
+            for after in rest:
+                for piece in longs.popleft():
+                    out += piece
+                out += after.encode("utf-8")
+    return out
 
 
-def messages_to_json(messages: Sequence[Message], *, sliced: bool = False) -> str:
-    return dumps([serde.to_dict(message) for message in messages], sliced=sliced)
+def messages_to_json(messages: Sequence[Message]) -> str:
+    return dumps([serde.to_dict(message) for message in messages])
+
+
+def messages_to_utf8(messages: Sequence[Message]) -> bytearray:
+    """`messages_to_json` in UTF-8, made a slice at a time (`dumps_utf8`)."""
+    return dumps_utf8([serde.to_dict(message) for message in messages])
 
 
 def messages_from_data(data: Any) -> tuple[Message, ...]:
@@ -251,8 +264,13 @@ def messages_from_json(text: str) -> tuple[Message, ...]:
     return messages_from_data(json.loads(text))
 
 
-def audit_to_json(audit: AuditRecord | None, *, sliced: bool = False) -> str | None:
-    return dumps(audit_to_dict(audit), sliced=sliced) if audit is not None else None
+def audit_to_json(audit: AuditRecord | None) -> str | None:
+    return dumps(audit_to_dict(audit)) if audit is not None else None
+
+
+def audit_to_utf8(audit: AuditRecord | None) -> bytearray | None:
+    """`audit_to_json` in UTF-8, made a slice at a time (`dumps_utf8`)."""
+    return dumps_utf8(audit_to_dict(audit)) if audit is not None else None
 
 
 def audit_from_json(text: str | None) -> AuditRecord | None:

@@ -374,15 +374,17 @@ class DatabaseLog:
         turn_ref: str,
         messages: tuple[Message, ...],
         audit: AuditRecord | None,
-    ) -> tuple[str, str | None]:
+    ) -> tuple[str | bytearray, str | bytearray | None]:
         """The commit checked (`check_values`) and encoded: the JSON of its messages and of
-        its audit record, as stored.
+        its audit record, as stored, as text or (a heavy commit's) as UTF-8 bytes.
 
         A heavy commit (`heavy`) is checked and encoded in a worker thread, a long string a
-        slice at a time, so that the event loop goes on meanwhile (a 100 MB turn takes most
-        of a second). The thread is not one of the log's: a commit being encoded holds no
-        connection and does not hold up the commits behind it. A commit whose task is
-        cancelled meanwhile is dropped, as one waiting for its turn to be written is.
+        slice at a time, into UTF-8 that the driver takes as it is, so that the event loop
+        goes on meanwhile (a 100 MB turn takes most of a second): the driver's own
+        conversion of text to UTF-8 would hold the GIL for the whole of it. The thread is
+        not one of the log's: a commit being encoded holds no connection and does not hold
+        up the commits behind it. A commit whose task is cancelled meanwhile is dropped, as
+        one waiting for its turn to be written is.
         """
         if not heavy(messages, audit):
             return self._encode(conversation_id, turn_ref, messages, audit)
@@ -405,13 +407,12 @@ class DatabaseLog:
         audit: AuditRecord | None,
         *,
         sliced: bool = False,
-    ) -> tuple[str, str | None]:
+    ) -> tuple[str | bytearray, str | bytearray | None]:
         check_values(self, conversation_id, turn_ref, messages, audit)
         try:
-            return (
-                _codec.messages_to_json(messages, sliced=sliced),
-                _codec.audit_to_json(audit, sliced=sliced),
-            )
+            if sliced:
+                return _codec.messages_to_utf8(messages), _codec.audit_to_utf8(audit)
+            return _codec.messages_to_json(messages), _codec.audit_to_json(audit)
         except (TypeError, ValueError, RecursionError) as exc:
             raise LogError(
                 f"{self!r} cannot store turn {turn_ref!r} of conversation"

@@ -263,6 +263,7 @@ class PostgresLog(DatabaseLog):
             self._dsn, autocommit=True, **self._connect_options
         )
         try:
+            connection.adapters.register_dumper(bytearray, _utf8_text(self._psycopg))
             if self._bounded(self._prepare, "opening a connection")(connection):
                 # Not bounded by the timeout: a migration may take long, and a log opening
                 # meanwhile must wait for it (on its lock), not fail.
@@ -742,8 +743,8 @@ def _append(
     conversation_id: str,
     turn_ref: str,
     count: int,
-    messages: str,
-    audit: str | None,
+    messages: str | bytearray,
+    audit: str | bytearray | None,
     expected_length: int | None,
     connection: "psycopg.Connection[Any]",
 ) -> tuple[str, int]:
@@ -754,6 +755,24 @@ def _append(
     ).fetchone()
     assert row is not None
     return str(row[0]), int(row[1])
+
+
+@functools.cache
+def _utf8_text(driver: ModuleType) -> type:
+    """psycopg's dumper for a large commit's JSON, UTF-8 in a bytearray (`DatabaseLog._stored`):
+    sent as it is, as text in binary format (for text, its bytes in the client encoding,
+    UTF-8 here), where psycopg would send a bytearray as bytea, and a str not all ASCII it
+    would convert to UTF-8 whole, holding the GIL. Registered on the log's connections
+    alone."""
+
+    class Utf8Text(driver.adapt.Dumper):  # type: ignore[name-defined,misc]
+        format = driver.pq.Format.BINARY
+        oid = driver.postgres.types["text"].oid
+
+        def dump(self, obj: bytearray) -> bytearray:
+            return obj
+
+    return Utf8Text
 
 
 def _unlimited(

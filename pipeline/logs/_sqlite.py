@@ -250,7 +250,9 @@ class _Commit:
 
     __slots__ = ("args", "done", "error", "outcome", "taken")
 
-    def __init__(self, args: tuple[str, str, int, str, str | None, int | None]) -> None:
+    def __init__(
+        self, args: tuple[str, str, int, str | bytearray, str | bytearray | None, int | None]
+    ) -> None:
         self.args = args
         self.taken = False  # in a transaction: it will be written or fail, not dropped
         self.done = anyio.Event()
@@ -343,7 +345,7 @@ def _write_batch(batch: "list[_Commit]", connection: sqlite3.Connection) -> None
 
 
 def _append_batch(
-    commits: list[tuple[str, str, int, str, str | None, int | None]],
+    commits: list[tuple[str, str, int, str | bytearray, str | bytearray | None, int | None]],
     connection: sqlite3.Connection,
 ) -> list[_Outcome]:
     # IMMEDIATE takes the write lock now, before the reads: no other connection can commit
@@ -364,8 +366,8 @@ def _append_locked(
     conversation_id: str,
     turn_ref: str,
     count: int,
-    messages: str,
-    audit: str | None,
+    messages: str | bytearray,
+    audit: str | bytearray | None,
     expected_length: int | None,
 ) -> _Outcome:
     row = connection.execute(
@@ -378,12 +380,18 @@ def _append_locked(
         if _committed(connection, conversation_id, turn_ref):
             return "duplicate", 0
         return "conflict", length
+    if isinstance(messages, bytearray) and not _utf8(connection):
+        messages = messages.decode("utf-8")
+        audit = audit.decode("utf-8") if isinstance(audit, bytearray) else audit
     # The turn_ref's unique index tells a duplicate apart: no row inserted, and no read of
-    # the turns for the common case.
+    # the turns for the common case. A large commit's JSON comes as UTF-8 bytes, which the
+    # driver binds as they are (a str not all ASCII it would convert to UTF-8 whole, holding
+    # the GIL), as a BLOB: CAST stores it as the TEXT it is, and leaves text as it is.
     inserted = connection.execute(
         "INSERT INTO turnplug_turns (conversation_id, position, turn_ref, message_count,"
         " messages, audit, committed_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"
+        " VALUES (?, ?, ?, ?, CAST(? AS TEXT), CAST(? AS TEXT),"
+        " strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"
         " ON CONFLICT (conversation_id, turn_ref) DO NOTHING",
         (conversation_id, turns, turn_ref, count, messages, audit),
     ).rowcount
@@ -400,6 +408,14 @@ def _append_locked(
             (length + count, turns + 1, conversation_id),
         )
     return "committed", length + count
+
+
+def _utf8(connection: sqlite3.Connection) -> bool:
+    """Whether the database keeps its text in UTF-8, as SQLite does unless a file was made
+    otherwise (``PRAGMA encoding``) before turnplug's tables: CAST reads bytes as text in
+    the database's encoding."""
+    row = connection.execute("PRAGMA encoding").fetchone()
+    return row is not None and row[0] == "UTF-8"
 
 
 def _committed(connection: sqlite3.Connection, conversation_id: str, turn_ref: str) -> bool:

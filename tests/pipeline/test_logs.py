@@ -399,13 +399,15 @@ def one_connection(durable: Backend) -> Log:
     return PostgresLog(durable.where, max_connections=1)
 
 
+@pytest.mark.parametrize("kind", ["ascii", "not ascii"])
 async def test_a_large_turn_being_encoded_holds_up_neither_the_loop_nor_other_commits(
-    durable: Backend,
+    durable: Backend, kind: str
 ):
     """Bug caught: a large turn's commit encoded its JSON on the event loop's thread (most
     of a second for 100 MB), so the other commits, turns and requests of the process
-    stalled behind it, a commit of a short turn to another conversation included."""
-    large = exchange("summarize it", "x" * (32 << 20))
+    stalled behind it, a commit of a short turn to another conversation included. Text
+    not all ASCII goes to the driver as UTF-8 bytes, and is stored as the same text."""
+    large = exchange("summarize it", "x" * (64 << 20) if kind == "ascii" else "é" * (32 << 20))
     trace: list[str] = []
 
     async def commit(conversation_id: str, messages: tuple[Message, ...]) -> None:

@@ -309,6 +309,30 @@ async def test_meta_that_json_cannot_hold_is_a_log_error_and_commits_nothing(tmp
     assert "'t1'" in str(excinfo.value)
 
 
+@pytest.mark.parametrize("encoding", ["UTF-8", "UTF-16le"])
+async def test_a_large_turn_is_stored_as_text_whatever_the_databases_encoding(tmp_path, encoding):
+    """Guards a large commit's JSON, handed to SQLite as UTF-8 bytes: it is stored as TEXT,
+    as a small one is (a reader's json_extract or LIKE works on it), also in a file made
+    with another encoding before turnplug's tables, where SQLite's documentation has CAST
+    read the bytes in that encoding."""
+    path = tmp_path / "log.db"
+    with raw(path) as connection:
+        connection.execute(f"PRAGMA encoding = '{encoding}'")
+        connection.execute("CREATE TABLE other (x)")
+    large = exchange("é" * 200_000, "中😀" * 100_000)
+    async with SQLiteLog(path) as log:
+        await log.append("c", "t1", large)
+        await log.append("c", "t2", exchange("q", "a"))
+        assert await log.load("c") == Context(messages=(*large, *exchange("q", "a")))
+
+    with raw(path) as connection:
+        kinds = connection.execute(
+            "SELECT typeof(messages), json_extract(messages, '$[1].parts[0].text')"
+            " FROM turnplug_turns ORDER BY position"
+        ).fetchall()
+    assert kinds == [("text", "中😀" * 100_000), ("text", "a")]
+
+
 # -- group commit ---------------------------------------------------------------------------
 
 
