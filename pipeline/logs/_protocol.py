@@ -376,25 +376,26 @@ def _problem(value: object) -> tuple[str, object] | None:
 
 
 HEAVY = 1 << 17
-"""How many characters (text, ids, and a unit per node of an opaque value) make a commit
-heavy: checking and encoding it would hold the event loop for about a millisecond or more,
-longer than a hand-over to a worker thread costs."""
+"""How many units (a character of text or ids, a string, a message, a part, a node of an
+opaque value) make a commit heavy: checking and encoding it would hold the event loop for
+about a millisecond or more, longer than a hand-over to a worker thread costs."""
 
 
 def heavy(messages: tuple[Message, ...], audit: AuditRecord | None) -> bool:
-    """Whether the commit holds at least `HEAVY` characters, counted cheaply: text part by
-    part, and opaque values (``meta``, tool arguments) walked only until the count is
-    reached, so that a commit of any size is weighed in a bounded time."""
+    """Whether the commit weighs at least `HEAVY` units, counted cheaply: text part by part,
+    and opaque values (``meta``, tool arguments) walked only until the count is reached, so
+    that a commit of any size is weighed in a bounded time. Each string, message and part
+    counts as well as its characters: encoding a part costs far more than a character, and
+    a commit of many empty parts is as heavy as one long text."""
     budget = HEAVY
     for text in _texts(messages, audit):
-        budget -= len(text)
+        budget -= 1 + len(text)
         if budget <= 0:
             return True
-    for value in _opaque(messages, audit):
-        if value:
-            budget = _spend(value, budget)
-            if budget <= 0:
-                return True
+    for value in _opaque(messages, audit):  # a meta for each message and part
+        budget = _spend(value, budget) if value else budget - 1
+        if budget <= 0:
+            return True
     return False
 
 

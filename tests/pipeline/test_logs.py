@@ -425,6 +425,28 @@ async def test_a_large_turn_being_encoded_holds_up_neither_the_loop_nor_other_co
     assert loaded == Context(messages=large)
 
 
+async def test_a_turn_of_many_empty_parts_is_encoded_away_from_the_loop_too(durable: Backend):
+    """Bug caught: a commit was weighed by its characters alone, so one of 150,000 empty
+    parts (little text, a quarter of a second to check and encode) was encoded on the event
+    loop's thread, and a short turn's commit made meanwhile waited behind it."""
+    many = (Message.user("go"), Message.assistant([Text("") for _ in range(150_000)]))
+    trace: list[str] = []
+
+    async def commit(conversation_id: str, messages: tuple[Message, ...]) -> None:
+        await log.append(conversation_id, "turn-1", messages, expected_length=0)
+        trace.append(conversation_id)
+
+    async with one_connection(durable) as log:  # type: ignore[attr-defined]
+        async with anyio.create_task_group() as nursery:
+            nursery.start_soon(commit, "many", many)
+            await anyio.wait_all_tasks_blocked()  # the many parts' commit is under way
+            nursery.start_soon(commit, "small", exchange("hi", "hello"))
+        loaded = await log.load("many")
+
+    assert trace == ["small", "many"]
+    assert loaded == Context(messages=many)
+
+
 async def test_a_large_turn_round_trips_whatever_its_text_holds(durable: Backend):
     """Guards the encoding of a large turn, a slice at a time: escapes (quotes, control
     characters), text outside the BMP and a lone surrogate (which turns the whole commit to
