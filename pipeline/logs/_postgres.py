@@ -263,6 +263,7 @@ class PostgresLog(DatabaseLog):
             self._dsn, autocommit=True, **self._connect_options
         )
         try:
+            check_server_version(connection.info.server_version, repr(self))
             connection.adapters.register_dumper(bytearray, _utf8_text(self._psycopg))
             if self._bounded(self._prepare, "opening a connection")(connection):
                 # Not bounded by the timeout: a migration may take long, and a log opening
@@ -459,6 +460,28 @@ class PostgresLog(DatabaseLog):
 # closing its connection: time for the server's own statement_timeout or lock_timeout to
 # end a commit waiting on a lock cleanly first, its answer on the way.
 _GRACE = 1.0
+
+# The oldest PostgreSQL the log works with, as libpq numbers versions (major * 10000 +
+# minor): before 13, a server timed a message of several statements as one for
+# statement_timeout, which would end a long read (`_unlimited`).
+MIN_SERVER_VERSION = 130000
+
+
+def check_server_version(version: int, name: str) -> None:
+    """Refuse a server older than `MIN_SERVER_VERSION` (`version` as libpq gives it), with
+    a `LogError` naming its version and the oldest the log works with."""
+    if version >= MIN_SERVER_VERSION:
+        return
+    if version >= 100000:
+        shown = f"{version // 10000}.{version % 10000}"
+    else:  # 9.6.24 is 90624
+        shown = f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+    raise LogError(
+        f"{name}: the server runs PostgreSQL {shown}, older than the"
+        f" {MIN_SERVER_VERSION // 10000} a PostgresLog needs — upgrade the server",
+        log=name,
+    )
+
 
 # The server's settings that bound the log's calls, set on each connection.
 _LIMITS = ("lock_timeout", "statement_timeout")

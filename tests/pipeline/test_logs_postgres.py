@@ -7,6 +7,7 @@ works in a fresh schema of the test server (the `postgres` fixture, tests/postgr
 import contextlib
 import datetime
 import os
+import re
 import shutil
 import socket
 import struct
@@ -396,6 +397,8 @@ class Relay:
     that still delivers). `forget_existing()` silences the connections made so far for good
     (a firewall or NAT that forgot them while they were idle). With `mute_new`, a new
     connection goes silent from its first query on. `accepted` counts the connections.
+    With `reported_major`, the server's version as it reports it when a connection starts
+    (its server_version parameter) is that major version, as an older server's would be.
     """
 
     def __init__(self, dsn: str, *, unix: bool = False) -> None:
@@ -416,6 +419,7 @@ class Relay:
         self.dropping_replies = False
         self.rate: float | None = None
         self.mute_new = False
+        self.reported_major: int | None = None
         self.accepted = 0
         self.forgotten: set[int] = set()
         self.muted: set[int] = set()
@@ -461,9 +465,16 @@ class Relay:
                     continue
                 if replies and self.rate:
                     time.sleep(len(data) / self.rate)
+                if replies and self.reported_major is not None:
+                    data = re.sub(rb"(?<=server_version\x00)[^\x00]+", self._reported, data)
                 target.sendall(data)
         with contextlib.suppress(OSError):
             target.shutdown(socket.SHUT_RDWR)
+
+    def _reported(self, version: re.Match[bytes]) -> bytes:
+        # As long as the real one, so that the message's length stays right: "15.18" -> "12.22",
+        # padded with spaces (after which libpq reads nothing).
+        return f"{self.reported_major}.22".encode().ljust(len(version[0]))
 
     def close(self) -> None:
         for connection in [*self.sockets, self.listener]:
@@ -473,6 +484,34 @@ class Relay:
             connection.close()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+async def test_a_server_older_than_postgresql_13_is_refused_naming_both_versions(postgres):
+    """Bug caught: a server before PostgreSQL 13, which times a message of several statements
+    as one for statement_timeout, was used, and a long read (sent as one message) could be
+    ended by the limit the log lifts for it."""
+    relay = Relay(postgres)
+    relay.reported_major = 12
+    try:
+        with pytest.raises(LogError) as raised:
+            async with PostgresLog(relay.dsn(postgres)):
+                pass
+    finally:
+        relay.close()
+
+    message = str(raised.value)
+    assert "PostgreSQL 12.22" in message
+    assert "older than the 13 a PostgresLog needs" in message
+
+
+def test_the_server_version_check_reads_libpqs_numbers():
+    """Guards the version shown for a refused server: libpq numbers 12.22 as 120022 and
+    9.6.24 as 90624."""
+    _postgres.check_server_version(130000, "log")
+    _postgres.check_server_version(170002, "log")
+    for version, shown in ((120022, "12.22"), (90624, "9.6.24")):
+        with pytest.raises(LogError, match=rf"PostgreSQL {re.escape(shown)}, older than the 13"):
+            _postgres.check_server_version(version, "log")
 
 
 async def test_opening_the_log_on_a_server_that_never_answers_is_a_bounded_log_error():
