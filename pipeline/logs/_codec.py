@@ -194,6 +194,12 @@ _ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # of a millisecond each, after which the GIL may change hands.
 _SLICE = 1 << 15
 
+# Strings longer than this are set aside by `dumps_utf8`, out of the C encoder's output:
+# the encoder joins its output into one str, holding the GIL, and a str takes four bytes a
+# character once it holds one emoji (3,000 tool results of 30,000 characters held the loop
+# for 0.3 s). Left in, only the structure and short strings are joined.
+_ASIDE = 1 << 10
+
 # What stands for a long string in the C encoder's output, to be replaced by its slices: a
 # character JSON never writes unescaped, so it cannot stand for anything else.
 _MARK = "\x00"
@@ -203,9 +209,9 @@ def _by_slices(data: Any, whole: Callable[[str], str]) -> bytearray:
     """`data` as JSON in UTF-8, `whole` (json's encoder of one string) encoding each string.
 
     json's C encoder calls back a Python function for strings when it is given one in place
-    of its own, and the interpreter may hand the GIL over in that function. A long string's
-    slices are encoded there, JSON escaping each character alone, and kept aside (as UTF-8,
-    to keep them small); the encoder writes `_MARK` in its place. Its output is then read a
+    of its own, and the interpreter may hand the GIL over in that function. A string longer
+    than `_ASIDE` is encoded there (a long one a slice at a time, JSON escaping each
+    character alone) and kept aside as UTF-8; the encoder writes `_MARK` in its place. Its output is then read a
     slice at a time, each mark replaced by its string's slices. No cycle checks (the C
     encoder's "markers"): `data` has none. Without a C encoder (or with one built
     otherwise), `data` is encoded whole.
@@ -213,8 +219,11 @@ def _by_slices(data: Any, whole: Callable[[str], str]) -> bytearray:
     longs: collections.deque[list[bytes]] = collections.deque()
 
     def encode(value: str) -> str:
-        if len(value) <= _SLICE:
+        if len(value) <= _ASIDE:
             return whole(value)
+        if len(value) <= _SLICE:
+            longs.append([whole(value).encode("utf-8")])
+            return _MARK
         slices = [b'"']
         for at in range(0, len(value), _SLICE):
             slices.append(whole(value[at : at + _SLICE])[1:-1].encode("utf-8"))

@@ -407,7 +407,7 @@ async def test_a_large_turn_being_encoded_holds_up_neither_the_loop_nor_other_co
     of a second for 100 MB), so the other commits, turns and requests of the process
     stalled behind it, a commit of a short turn to another conversation included. Text
     not all ASCII goes to the driver as UTF-8 bytes, and is stored as the same text."""
-    large = exchange("summarize it", "x" * (64 << 20) if kind == "ascii" else "é" * (32 << 20))
+    large = exchange("summarize it", "x" * (32 << 20) if kind == "ascii" else "é" * (32 << 20))
     trace: list[str] = []
 
     async def commit(conversation_id: str, messages: tuple[Message, ...]) -> None:
@@ -453,6 +453,26 @@ async def test_a_large_turn_round_trips_whatever_its_text_holds(durable: Backend
     ASCII escapes) read back as written, split wherever the slices fall."""
     text = "".join(random.Random(7).choices('ab"\\\n\x00é中😀\ud800', k=300_000))
     messages = (Message.user(text), Message.assistant([Text("ok", meta={"echo": text})]))
+    async with durable.open() as log:  # type: ignore[attr-defined]
+        await log.append(CONVERSATION, "turn-1", messages)
+        assert await log.load(CONVERSATION) == Context(messages=messages)
+
+
+async def test_a_large_turn_of_many_mid_sized_strings_round_trips_in_order(durable: Backend):
+    """Guards the strings a large commit's encoding sets aside from json's own output (those
+    over a thousand characters, each whole or a slice at a time) and puts back in order:
+    tool results and meta of every size around the limits read back as written."""
+    rng = random.Random(11)
+    sizes = [1023, 1024, 1025, 4000, 32767, 32768, 32769, 70000] * 4
+    texts = ["".join(rng.choices('ab"\\\n\x00é中😀', k=size)) for size in sizes]
+    rng.shuffle(texts)
+    calls = [ToolCall(f"c{i}", "fetch", {"url": text[:2000]}) for i, text in enumerate(texts)]
+    messages = (
+        Message.user("fetch them"),
+        Message.assistant(calls),
+        *(Message.tool(ToolResult(f"c{i}", text)) for i, text in enumerate(texts)),
+        Message.assistant([Text(texts[0], meta={"pages": texts[:5], texts[1][:1500]: 1})]),
+    )
     async with durable.open() as log:  # type: ignore[attr-defined]
         await log.append(CONVERSATION, "turn-1", messages)
         assert await log.load(CONVERSATION) == Context(messages=messages)
