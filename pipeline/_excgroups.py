@@ -65,6 +65,7 @@ def reraise(error: BaseException) -> NoReturn:
         raise error
     finally:
         error.__context__, error.__suppress_context__ = context, suppressed
+        del error, context  # no cycle through this frame: the traceback holds it
 
 
 def single(group: BaseExceptionGroup[BaseException]) -> BaseException:
