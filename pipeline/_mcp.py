@@ -598,8 +598,10 @@ class Connection:
         result took 10 s to read, and a call's timeout ran out meanwhile, reported as no
         answer), holds no bound on a line's size, and once interrupted waits for the server
         to close its stdout. This one keeps a line in one buffer, ends the connection as
-        soon as a line passes `max_message_bytes`, and hands a KeyboardInterrupt or
-        SystemExit to the connection's awaiters.
+        soon as a line passes `max_message_bytes` (then, as once the session is gone, it
+        reads and drops what the server still writes: a server left blocked on a full pipe
+        would never see its stdin close), and hands a KeyboardInterrupt or SystemExit to the
+        connection's awaiters.
         """
         from mcp.shared.message import SessionMessage
         from mcp_types import jsonrpc_message_adapter
@@ -614,31 +616,46 @@ class Connection:
         write, sent = anyio.create_memory_object_stream[SessionMessage](0)
 
         async def reader() -> None:
-            buffer = bytearray()
             try:
                 async with received:
-                    while True:
-                        try:
-                            chunk = await stdout.receive()
-                        except (anyio.EndOfStream, anyio.ClosedResourceError, OSError):
-                            return
-                        scanned = len(buffer)
-                        buffer += chunk
-                        start = 0
-                        while (end := buffer.find(b"\n", scanned)) >= 0:
-                            line = bytes(buffer[start:end])
-                            start = scanned = end + 1
-                            if line.strip():
-                                await received.send(parsed(line))
-                        del buffer[:start]
-                        if len(buffer) > limit:
-                            # The session sees the connection close; the call says why.
-                            self._oversized = len(buffer)
-                            return
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass  # the session is gone
+                    await deliver()
+                # The session is gone (or the server sent too much): what the server still
+                # writes is read and dropped, so that a server blocked writing to a full
+                # pipe goes on to see its stdin close and exits, instead of being killed.
+                await drain()
             except (KeyboardInterrupt, SystemExit) as exc:
                 self._interrupted(exc)
+
+        async def deliver() -> None:
+            buffer = bytearray()
+            try:
+                while True:
+                    try:
+                        chunk = await stdout.receive()
+                    except (anyio.EndOfStream, anyio.ClosedResourceError, OSError):
+                        return
+                    scanned = len(buffer)
+                    buffer += chunk
+                    start = 0
+                    while (end := buffer.find(b"\n", scanned)) >= 0:
+                        line = bytes(buffer[start:end])
+                        start = scanned = end + 1
+                        if line.strip():
+                            await received.send(parsed(line))
+                    del buffer[:start]
+                    if len(buffer) > limit:
+                        # The session sees the connection close; the call says why.
+                        self._oversized = len(buffer)
+                        return
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # the session is gone
+
+        async def drain() -> None:
+            while True:
+                try:
+                    await stdout.receive()
+                except (anyio.EndOfStream, anyio.ClosedResourceError, OSError):
+                    return
 
         def parsed(line: bytes) -> SessionMessage | Exception:
             try:

@@ -21,6 +21,9 @@
 - ``badref``: offers ``refd``, whose listed input schema has a ``$ref`` that points nowhere;
 - ``stubborn``: written by hand as ``babbling``, ignores SIGTERM, starts a child that ignores
   it too (logging its pid in STATE_FILE after its own), and outlives its stdin's closing;
+- ``sized STATE_FILE``: written by hand as ``babbling``, lists ``sized``, whose calls it
+  answers with a message of exactly ``size`` bytes (its newline aside) in one write, and
+  appends ``stdin closed`` to STATE_FILE once its stdin ends, before it exits;
 - ``http PORT``: the ``tools`` server over streamable HTTP on 127.0.0.1:PORT.
 
 With ``FAULTY_STARTS`` set in its environment, every start appends the process's id to the
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -174,17 +178,48 @@ def babbling(listed: list[dict[str, object]] | None = None, cursor: str | None =
         if method == "tools/call":
             print("DEBUG babble: connecting to the backend", flush=True)
             continue
-        if method == "initialize":
-            version = message["params"]["protocolVersion"]
-            info = {"name": "babbling", "version": "1"}
-            result = {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": info}
-        elif method == "tools/list":
-            result = {"tools": listed}
-            if cursor is not None:
-                result["nextCursor"] = cursor
-        else:
-            result = {}
-        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+        babbling_answer(message, listed, cursor)
+
+
+def babbling_answer(
+    message: dict[str, Any], listed: list[dict[str, object]], cursor: str | None = None
+) -> None:
+    """Answer a request other than a call as ``babbling`` does (a notification goes
+    unanswered)."""
+    method = message.get("method")
+    if "id" not in message:
+        return
+    if method == "initialize":
+        version = message["params"]["protocolVersion"]
+        info = {"name": "babbling", "version": "1"}
+        result = {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": info}
+    elif method == "tools/list":
+        result = {"tools": listed}
+        if cursor is not None:
+            result["nextCursor"] = cursor
+    else:
+        result = {}
+    print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+
+
+def sized(state: Path) -> None:
+    schema = {"type": "object", "properties": {"size": {"type": "integer"}}}
+    listed = [{"name": "sized", "inputSchema": schema}]
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message.get("method") != "tools/call":
+            babbling_answer(message, listed)
+            continue
+        empty = {"content": [{"type": "text", "text": ""}], "isError": False}
+        base = len(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": empty}))
+        text = "x" * (message["params"]["arguments"]["size"] - base)
+        result = {"content": [{"type": "text", "text": text}], "isError": False}
+        answer = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result})
+        data = answer.encode() + b"\n"
+        while data:
+            data = data[os.write(1, data) :]
+    with state.open("a", encoding="utf-8") as log:
+        log.write("stdin closed\n")
 
 
 def stubborn(state: Path) -> None:
@@ -231,6 +266,8 @@ if __name__ == "__main__":
         colliding_server().run()
     elif mode == "badref":
         badref_server().run()
+    elif mode == "sized":
+        sized(Path(sys.argv[2]))
     elif mode == "stubborn":
         stubborn(Path(sys.argv[2]))
     elif mode == "http":

@@ -949,6 +949,24 @@ async def test_a_result_over_max_message_bytes_is_refused_at_once_and_one_within
     assert server_processes() == []
 
 
+async def test_a_server_whose_message_was_too_large_sees_its_stdin_close_and_exits(tmp_path):
+    """Bug caught: once a message passed max_message_bytes, the server's stdout was no longer
+    read, so a server still writing it blocked on the full pipe, never saw its stdin close
+    and was killed by SIGTERM 2 s later."""
+    state = tmp_path / "state"
+    model = ScriptedModel([[ToolCall("c1", "faulty_sized", {"size": 3_000_000})], "noted"])
+    toolset = faulty_toolset("sized", str(state), max_message_bytes=1_000_000, timeout=10)
+    pipe = Pipeline(model=model, toolsets=[toolset])
+    async with pipe:
+        result = await pipe.run(Turn.start("big"))
+
+    refused = result.reply.messages[1].parts[0].content
+    assert "MCP server 'faulty' sent a message of more than" in refused
+    # Written by the server after its stdin ended: a server killed first writes nothing.
+    assert (state.read_text() if state.exists() else "") == "stdin closed\n"
+    assert server_processes() == []
+
+
 @sdk_unclosed_streams
 async def test_what_the_sdk_logs_in_a_connection_goes_to_turnplug_mcp_at_debug(caplog):
     """Bug caught: a server answering a call with a body that is no JSON-RPC message had the
