@@ -638,6 +638,11 @@ class Connection:
                     buffer += chunk
                     start = 0
                     while (end := buffer.find(b"\n", scanned)) >= 0:
+                        if end - start > limit:
+                            # A whole line within one read is refused too: the bound holds
+                            # to the byte, however the pipe cut what the server wrote.
+                            self._oversized = end - start
+                            return
                         line = bytes(buffer[start:end])
                         start = scanned = end + 1
                         if line.strip():

@@ -949,6 +949,31 @@ async def test_a_result_over_max_message_bytes_is_refused_at_once_and_one_within
     assert server_processes() == []
 
 
+async def test_max_message_bytes_holds_to_the_byte_for_a_message_arriving_in_one_read(
+    tmp_path,
+):
+    """Bug caught: a message whose newline came in the read that passed max_message_bytes was
+    delivered whole (a limit of 1000 let 1001 and 60000 bytes through): only a line still
+    unfinished at the end of a read was measured."""
+    sized = [ToolCall(f"c{n}", "faulty_sized", {"size": n}) for n in (1000, 1001, 60_000)]
+    model = ScriptedModel([[sized[0]], [sized[1]], "noted", [sized[2]], "noted"])
+    toolset = faulty_toolset("sized", str(tmp_path / "state"), max_message_bytes=1000)
+    pipe = Pipeline(model=model, toolsets=[toolset])
+    async with pipe:
+        first = await pipe.run(Turn.start("at the limit, then over"))
+        second = await pipe.run(Turn.start("far over"))
+
+    within, over = first.reply.messages[1].parts[0], first.reply.messages[3].parts[0]
+    far_over = second.reply.messages[1].parts[0]
+    assert within.error_class is None
+    assert set(within.content) == {"x"}
+    assert over.error_class == far_over.error_class == "tool_error"
+    # Written at once, 1001 bytes arrive in one read; 60000 may come in several.
+    assert "a message of more than 1001 bytes (its max_message_bytes is 1000" in over.content
+    assert "(its max_message_bytes is 1000 bytes): the connection was closed" in far_over.content
+    assert server_processes() == []
+
+
 async def test_a_server_whose_message_was_too_large_sees_its_stdin_close_and_exits(tmp_path):
     """Bug caught: once a message passed max_message_bytes, the server's stdout was no longer
     read, so a server still writing it blocked on the full pipe, never saw its stdin close
