@@ -18,9 +18,10 @@ the connection (its opener, a call waiting for an answer, the owner once its gro
 never left to the loop (asyncio would stop at once) nor lost to a cancellation.
 
 The SDK (extra ``turnplug[mcp]``) is imported when a server is first connected. What the SDK
-logs in a connection's tasks (a traceback for a response it could not parse, say, beside the
-error the call gets) goes to the ``turnplug.mcp`` logger at DEBUG, one line with no traceback
-(`SDKRecords`); what it logs in the application's own tasks is left alone.
+logs in a connection's tasks goes to the ``turnplug.mcp`` logger, one line with no traceback
+(`SDKRecords`): a warning as a warning, anything else (a traceback for a response it could
+not parse, say, beside the error the call gets) at DEBUG; what it logs in the application's
+own tasks is left alone.
 """
 
 import contextvars
@@ -919,9 +920,11 @@ async def _list_tools(session: "ClientSession") -> list[Any]:
 @final
 class SDKRecords(logging.Filter):
     """The filter on the SDK's loggers that sends what they log in an MCP connection's tasks
-    (and in its calls) to ``turnplug.mcp`` at DEBUG, one line with the exception's text and no traceback: the
-    call or the open already fails with turnplug's error saying what happened. Records logged
-    elsewhere (an application using the SDK itself) pass untouched.
+    (and in its calls) to ``turnplug.mcp``, one line with the exception's text and no
+    traceback: a warning as a warning (a notification it could not read, a process it left
+    running: nothing else says so), anything else at DEBUG (an error repeats what the call's
+    or the open's own error already says). Records logged elsewhere (an application using
+    the SDK itself) pass untouched.
 
     Installed, once, on the loggers of the ``mcp`` package (and the SDK session's logger,
     named ``client``) when a server is first connected; `uninstall` removes it.
@@ -937,8 +940,14 @@ class SDKRecords(logging.Filter):
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             text = f"{text}: {exc_text(record.exc_info[1])}"
-        logger.debug(
-            "%s: the MCP SDK logged (%s, %s): %s", label, record.name, record.levelname, text
+        level = logging.WARNING if record.levelno == logging.WARNING else logging.DEBUG
+        logger.log(
+            level,
+            "%s: the MCP SDK logged (%s, %s): %s",
+            label,
+            record.name,
+            record.levelname,
+            " ".join(text.split()),  # one line: a validation error's text has several
         )
         return False
 

@@ -19,6 +19,9 @@
   are counted in STATE_FILE);
 - ``colliding``: offers ``a.b`` and ``a_b``, one name once sanitized;
 - ``badref``: offers ``refd``, whose listed input schema has a ``$ref`` that points nowhere;
+- ``notifying``: written by hand as ``babbling``, lists ``note``, whose calls it answers
+  with a ``notifications/message`` that is no valid one (its level is ``loud``), then with
+  the text ``noted``;
 - ``stubborn``: written by hand as ``babbling``, ignores SIGTERM, starts a child that ignores
   it too (logging its pid in STATE_FILE after its own), and outlives its stdin's closing;
 - ``sized STATE_FILE``: written by hand as ``babbling``, lists ``sized``, whose calls it
@@ -202,6 +205,19 @@ def babbling_answer(
     print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
 
 
+def notifying() -> None:
+    listed = [{"name": "note", "inputSchema": {"type": "object"}}]
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message.get("method") != "tools/call":
+            babbling_answer(message, listed)
+            continue
+        params = {"level": "loud", "data": "a log line"}
+        print(json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": params}))
+        result = {"content": [{"type": "text", "text": "noted"}], "isError": False}
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+
+
 def sized(state: Path) -> None:
     schema = {"type": "object", "properties": {"size": {"type": "integer"}}}
     listed = [{"name": "sized", "inputSchema": schema}]
@@ -266,6 +282,8 @@ if __name__ == "__main__":
         colliding_server().run()
     elif mode == "badref":
         badref_server().run()
+    elif mode == "notifying":
+        notifying()
     elif mode == "sized":
         sized(Path(sys.argv[2]))
     elif mode == "stubborn":

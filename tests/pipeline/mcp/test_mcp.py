@@ -1016,3 +1016,26 @@ async def test_what_the_sdk_logs_in_a_connection_goes_to_turnplug_mcp_at_debug(c
         if r.name == "turnplug.mcp" and "Error parsing JSON response" in r.getMessage()
     ]
     assert line.startswith(f"MCP server 'raw' ({server.url}): the MCP SDK logged")
+
+
+async def test_a_warning_the_sdk_logs_in_a_connection_stays_a_warning_on_one_line(caplog):
+    """Bug caught: every record the SDK logged in a connection's tasks was sent to DEBUG,
+    warnings nothing else reports too (a server's notification it could not read and
+    dropped), hidden at the default level."""
+    caplog.set_level(logging.DEBUG)
+    pipe = Pipeline(
+        model=ScriptedModel([[ToolCall("c1", "faulty_note", {})], "ok"]),
+        toolsets=[faulty_toolset("notifying", timeout=10)],
+    )
+    async with pipe:
+        result = await pipe.run(Turn.start("hi"))
+
+    assert result.reply.messages[1].parts[0].content == "noted"
+    (warning,) = mcp_warnings(caplog)
+    assert warning.startswith("MCP server 'faulty' (`")
+    assert "the MCP SDK logged (client, WARNING): Failed to validate notification" in warning
+    assert "ValidationError" in warning
+    assert "\n" not in warning
+    sdk = [r for r in caplog.records if not r.name.startswith("turnplug")]
+    assert [r for r in sdk if r.levelno >= logging.WARNING or r.exc_info] == []
+    assert server_processes() == []
