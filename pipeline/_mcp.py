@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TextIO, final
@@ -927,11 +928,14 @@ class SDKRecords(logging.Filter):
     the SDK itself) pass untouched.
 
     Installed, once, on the loggers of the ``mcp`` package (and the SDK session's logger,
-    named ``client``) when a server is first connected; `uninstall` removes it.
+    named ``client``) when a server is first connected, and on those created since when
+    another is; `uninstall` removes it.
     """
 
     installed: "SDKRecords | None" = None
     off = False
+    # Servers may be connected from several threads (an event loop each) at once.
+    _lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
         label = _CONNECTION.get()
@@ -954,37 +958,41 @@ class SDKRecords(logging.Filter):
     @classmethod
     def loggers(cls) -> list[logging.Logger]:
         """The SDK's loggers that exist now."""
+        # A copy (made at once, under the GIL): another thread may meanwhile create a logger,
+        # importing a module, and a dict that changes size fails the loop going through it.
         names = [
             name
-            for name in logging.Logger.manager.loggerDict
+            for name in logging.Logger.manager.loggerDict.copy()
             if name in ("mcp", "client") or name.startswith("mcp.")
         ]
         return [logging.getLogger(name) for name in names]
 
     @classmethod
     def install(cls) -> None:
-        """Put the filter on the SDK's loggers (those imported since, too)."""
+        """Put the filter on the SDK's loggers that exist now. It runs whenever a server is
+        connected: a logger that a module of the SDK imported later creates gets it then."""
         import mcp.client.session
         import mcp.client.stdio
         import mcp.client.streamable_http  # noqa: F401
 
-        if cls.off:
-            return
-        if cls.installed is None:
-            cls.installed = cls()
-        for each in cls.loggers():
-            if cls.installed not in each.filters:
-                each.addFilter(cls.installed)
+        with cls._lock:
+            if cls.off:
+                return
+            if cls.installed is None:
+                cls.installed = cls()
+            for each in cls.loggers():
+                each.addFilter(cls.installed)  # which adds it once
 
     @classmethod
     def uninstall(cls) -> None:
         """Take the filter off the SDK's loggers, for good: their records go where the SDK
         sends them."""
-        if cls.installed is not None:
-            for each in cls.loggers():
-                each.removeFilter(cls.installed)
-        cls.installed = None
-        cls.off = True
+        with cls._lock:
+            if cls.installed is not None:
+                for each in cls.loggers():
+                    each.removeFilter(cls.installed)
+            cls.installed = None
+            cls.off = True
 
 
 # Stopping a stdio server: the seconds it gets to exit once its stdin is closed, those its

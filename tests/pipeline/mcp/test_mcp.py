@@ -6,6 +6,7 @@ Every test ends by checking the process table: no server process outlives its ow
 import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -14,6 +15,7 @@ import psutil
 import pytest
 
 from pipeline import ConfigError, Pipeline, ToolsetError, cont, hook, mcp_toolset
+from pipeline._mcp import SDKRecords
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
 from turns import ToolCall, Turn
@@ -1039,3 +1041,66 @@ async def test_a_warning_the_sdk_logs_in_a_connection_stays_a_warning_on_one_lin
     sdk = [r for r in caplog.records if not r.name.startswith("turnplug")]
     assert [r for r in sdk if r.levelno >= logging.WARNING or r.exc_info] == []
     assert server_processes() == []
+
+
+def test_listing_the_sdks_loggers_while_another_thread_creates_loggers_does_not_fail():
+    """Bug caught: SDKRecords went through logging's dict of loggers while another thread
+    could add to it (a module being imported), and failed with "dictionary changed size
+    during iteration", reported as the server failing to start."""
+
+    def create_loggers() -> None:
+        for n in range(20_000):
+            logging.getLogger(f"turnplug_tests.churn.{n}")
+
+    errors = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hands the GIL over as often as it can
+    churn = threading.Thread(target=create_loggers)
+    churn.start()
+    try:
+        while churn.is_alive() and not errors:
+            try:
+                SDKRecords.loggers()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+    finally:
+        churn.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
+
+
+def test_installing_sdkrecords_from_threads_at_once_puts_one_filter_on_each_logger():
+    """Bug caught: SDKRecords.install checked whether a filter was made, then made one, with
+    no lock: threads connecting servers at once could each make and put their own, and
+    uninstall then took off only the last one."""
+    SDKRecords.install()  # imports the SDK: its loggers exist
+    loggers = SDKRecords.loggers()
+    saved = (SDKRecords.installed, SDKRecords.off, [list(each.filters) for each in loggers])
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hands the GIL over as often as it can
+    counts = []
+    try:
+        for _ in range(100):
+            for each in loggers:
+                each.filters[:] = [f for f in each.filters if not isinstance(f, SDKRecords)]
+            SDKRecords.installed, SDKRecords.off = None, False
+            barrier = threading.Barrier(8)
+
+            def install(barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                SDKRecords.install()
+
+            threads = [threading.Thread(target=install) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            counts.append(
+                {sum(isinstance(f, SDKRecords) for f in each.filters) for each in loggers}
+            )
+    finally:
+        sys.setswitchinterval(interval)
+        SDKRecords.installed, SDKRecords.off = saved[0], saved[1]
+        for each, filters in zip(loggers, saved[2], strict=True):
+            each.filters[:] = filters
+    assert all(count == {1} for count in counts)
