@@ -100,7 +100,8 @@ class MCPToolset(Toolset):
         headers: HTTP headers sent with every request (values are never shown).
         timeout: Seconds the server gets to answer each call.
         connect_timeout: Seconds it gets to start, initialize and list its tools.
-        max_message_bytes: The largest message a stdio server may send, in bytes.
+        max_message_bytes: The largest message a stdio server may send, in bytes (None:
+            `DEFAULT_MAX_MESSAGE_BYTES`).
     """
 
     command: str | None = attrs.field(default=None, kw_only=True)
@@ -111,7 +112,7 @@ class MCPToolset(Toolset):
     headers: Mapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=_hidden)
     timeout: float = attrs.field(default=DEFAULT_TIMEOUT, kw_only=True)
     connect_timeout: float = attrs.field(default=DEFAULT_CONNECT_TIMEOUT, kw_only=True)
-    max_message_bytes: int = attrs.field(default=DEFAULT_MAX_MESSAGE_BYTES, kw_only=True)
+    max_message_bytes: int | None = attrs.field(default=None, kw_only=True)
 
     def connection(self) -> "Connection":
         """A new connection to this server, opened by the `Toolbox` that holds it."""
@@ -184,7 +185,7 @@ def mcp_toolset(
     headers: Mapping[str, str] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    max_message_bytes: int | None = None,
     include: Iterable[str] | None = None,
     exclude: Iterable[str] | None = None,
 ) -> MCPToolset:
@@ -208,7 +209,7 @@ def mcp_toolset(
         timeout: Seconds for each call; a call still unanswered then is a ``tool_error``.
         connect_timeout: Seconds for starting the server, initializing and listing.
         max_message_bytes: The largest message (a call's result, say) a stdio server may
-            send, 16 MiB by default: a larger one fails its call with a ``tool_error`` saying
+            send, 16 MiB when None: a larger one fails its call with a ``tool_error`` saying
             its size, as soon as that much has arrived, and the server is connected again on
             the next turn.
         include: Only these tools.
@@ -216,9 +217,9 @@ def mcp_toolset(
 
     Raises:
         ConfigError: Neither or both of `command` and `url`, options of the other
-            transport, a bad timeout, a header name or value HTTP cannot carry (each such
-            header is in ``.problems`` at ``headers``; no value is shown), or the ``mcp``
-            package missing.
+            transport, a bad timeout or max_message_bytes, a header name or value HTTP
+            cannot carry (each such header is in ``.problems`` at ``headers``; no value is
+            shown), or the ``mcp`` package missing.
     """
     owner = f"mcp_toolset({name!r})"
     check_toolset_name(name, owner)
@@ -235,8 +236,10 @@ def mcp_toolset(
     if url is not None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(f"{owner}: url must start with http:// or https://, got {url!r}")
-        if tuple(args) or env is not None or cwd is not None:
-            raise ConfigError(f"{owner}: args, env and cwd are for a command, not a url")
+        if tuple(args) or env is not None or cwd is not None or max_message_bytes is not None:
+            raise ConfigError(
+                f"{owner}: args, env, cwd and max_message_bytes are for a command, not a url"
+            )
     if isinstance(args, str) or not all(isinstance(a, str) for a in args):
         raise ConfigError(f"{owner}: args must be a list of strings, got {args!r}")
     if cwd is not None and not isinstance(cwd, str):
@@ -251,7 +254,7 @@ def mcp_toolset(
             raise ConfigError(
                 f"{owner}: {key} must be a positive number of seconds, got {seconds!r}"
             )
-    if (
+    if max_message_bytes is not None and (
         isinstance(max_message_bytes, bool)
         or not isinstance(max_message_bytes, int)
         or max_message_bytes <= 0
@@ -609,7 +612,7 @@ class Connection:
         from mcp_types import jsonrpc_message_adapter
 
         spec = self.spec
-        limit = spec.max_message_bytes
+        limit = _message_limit(spec)
         process = await _start_server(spec, errlog)
         stdout, stdin = process.stdout, process.stdin
         assert stdout is not None
@@ -854,7 +857,7 @@ class Connection:
                 raise ToolFailure(
                     f"MCP server {name!r} sent a message of more than"
                     f" {_size(self._oversized)} (its max_message_bytes is"
-                    f" {_size(self.spec.max_message_bytes)}): the connection was closed; it is"
+                    f" {_size(_message_limit(self.spec))}): the connection was closed; it is"
                     " connected again on the next turn"
                 ) from None
             if _closed(exc):
@@ -1102,6 +1105,13 @@ def _group_gone(process: anyio.abc.Process) -> bool:
     except PermissionError:
         pass  # a member we may not signal is a member still
     return False
+
+
+def _message_limit(spec: MCPToolset) -> int:
+    """The largest message the toolset's stdio server may send, in bytes."""
+    if spec.max_message_bytes is None:
+        return DEFAULT_MAX_MESSAGE_BYTES
+    return spec.max_message_bytes
 
 
 def _size(count: int) -> str:

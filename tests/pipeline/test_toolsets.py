@@ -234,6 +234,15 @@ def test_mcp_toolset_refuses_a_header_name_that_is_not_an_http_token():
         mcp_toolset("s", url="http://127.0.0.1:1/mcp", headers={"X Token": "v"})
 
 
+def test_mcp_toolset_refuses_max_message_bytes_with_a_url():
+    """Bug caught: max_message_bytes, which bounds what a stdio server writes, was accepted
+    with a url and bounded nothing there, where a command's other options are refused."""
+    with pytest.raises(ConfigError, match="max_message_bytes are for a command, not a url"):
+        mcp_toolset("s", url="http://h/mcp", max_message_bytes=1000)
+    assert mcp_toolset("s", url="http://h/mcp").max_message_bytes is None
+    assert mcp_toolset("s", command="x", max_message_bytes=1000).max_message_bytes == 1000
+
+
 def test_mcp_toolset_repr_hides_header_and_env_values():
     """Catches: a secret header or environment value printed in a repr or a log line."""
     made = mcp_toolset(
