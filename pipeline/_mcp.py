@@ -813,6 +813,14 @@ class Connection:
 
     def _caller(self, own: str, fault: Callable[[Any], str | None]) -> Callable[..., Any]:
         async def call(**arguments: Any) -> str:
+            where = _unencodable(arguments)
+            if where is not None:
+                # Sent, it would fail the transport's encoding and end the connection.
+                raise ToolFailure(
+                    f"MCP server {self.spec.name!r} was not sent the call: its arguments hold"
+                    " text that UTF-8 cannot encode (a lone surrogate, such as JSON's"
+                    f' "\\ud800", in {where})'
+                )
             why = fault(arguments)
             if why is not None:
                 raise ToolFailure(
@@ -1112,6 +1120,33 @@ def _message_limit(spec: MCPToolset) -> int:
     if spec.max_message_bytes is None:
         return DEFAULT_MAX_MESSAGE_BYTES
     return spec.max_message_bytes
+
+
+def _unencodable(value: Any, path: str = "") -> str | None:
+    """Where `value` (a call's arguments) holds a text that UTF-8 cannot encode, a lone
+    surrogate that a model's JSON may carry as an escape; None when nowhere."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "the arguments"
+        return None
+    if isinstance(value, Mapping):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        # Escaped: the message naming the place must encode.
+        name = str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+        where = f"{path}.{name}" if path else name
+        if isinstance(key, str) and _unencodable(key) is not None:
+            return f"the name {where}"
+        found = _unencodable(item, where)
+        if found is not None:
+            return found
+    return None
 
 
 def _size(count: int) -> str:

@@ -976,6 +976,32 @@ async def test_max_message_bytes_holds_to_the_byte_for_a_message_arriving_in_one
     assert server_processes() == []
 
 
+async def test_an_argument_holding_a_lone_surrogate_is_a_tool_error_and_the_server_stays():
+    """Bug caught: a call whose arguments held a lone surrogate (a model's JSON may carry
+    "\\ud800") failed the stdio writer's encoding, which ended the connection: the call was
+    told the server closed it ("did it crash?") and the next call that it was not connected."""
+    model = ScriptedModel(
+        [
+            [ToolCall("c1", "faulty_echo", {"text": "a\ud800b"})],
+            [ToolCall("c2", "faulty_echo", {"text": "fine"})],
+            "ok",
+        ]
+    )
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("tools", timeout=10)])
+    async with pipe:
+        result = await pipe.run(Turn.start("hi"))
+
+    refused, answered = result.reply.messages[1].parts[0], result.reply.messages[3].parts[0]
+    assert refused.error_class == "tool_error"
+    assert refused.content == (
+        "tool 'faulty_echo' failed: MCP server 'faulty' was not sent the call: its arguments"
+        ' hold text that UTF-8 cannot encode (a lone surrogate, such as JSON\'s "\\ud800", in'
+        " text)"
+    )
+    assert answered.content == "echo: fine"
+    assert server_processes() == []
+
+
 async def test_a_server_whose_message_was_too_large_sees_its_stdin_close_and_exits(tmp_path):
     """Bug caught: once a message passed max_message_bytes, the server's stdout was no longer
     read, so a server still writing it blocked on the full pipe, never saw its stdin close
