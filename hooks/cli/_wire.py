@@ -236,8 +236,7 @@ def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
         # Anywhere in the body (a client tool's schema, tool_choice, a forwarded parameter):
         # no request can carry it on, and the provider would refuse it after the pre hooks
         # ran, naming a field the client never sent.
-        for key, value in data.items():
-            _check_finite(value, key)
+        _check_finite(data)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise _bad(
@@ -423,11 +422,10 @@ def _check_unicode(data: dict[str, Any]) -> None:
     No UTF-8 encoder accepts one, so it could reach neither the model, the log nor the
     client, and would fail the turn wherever it is first encoded.
     """
-    stack: list[tuple[Any, str | None]] = [(data, None)]
-    while stack:
-        value, where = stack.pop()
+    for value, place in _walk(data):
         if isinstance(value, str):
             if not _encodable(value):
+                where = _path(place)
                 raise _bad(
                     f"'{where}' holds a lone UTF-16 surrogate escape (such as \\ud800), which"
                     " is not a character — send valid Unicode text (a surrogate only as half of"
@@ -437,15 +435,52 @@ def _check_unicode(data: dict[str, Any]) -> None:
         elif isinstance(value, dict):
             for key in value:
                 if not _encodable(key):
+                    where = _path(place)
                     raise _bad(
                         f"a key of '{where or 'the request body'}' holds a lone UTF-16"
                         " surrogate escape (such as \\ud800) — send valid Unicode text",
-                        where,
+                        where or None,
                     )
-            prefix = f"{where}." if where else ""
-            stack.extend((item, prefix + key) for key, item in reversed(value.items()))
+
+
+_Place = tuple["_Place", str | int] | None
+"""Where a value is in the request body: its parent's place and its key or index (``None``
+for the body itself)."""
+
+_KEY_SHOWN = 40
+"""The most characters of a key an error's path shows (a key may be as long as the body)."""
+
+
+def _walk(data: Any) -> Iterator[tuple[Any, _Place]]:
+    """Every value in `data`, the body, in the body's order, each with its place.
+
+    A stack, not recursion: the body may nest as deep as the JSON reader went. A place is
+    its parent's plus one key, and is written out (`_path`) only for a value refused: paths
+    written for every value would cost each one its parent's path again, a long key times a
+    long list.
+    """
+    stack: list[tuple[Any, _Place]] = [(data, None)]
+    while stack:
+        value, place = stack.pop()
+        yield value, place
+        if isinstance(value, dict):
+            stack.extend((item, (place, key)) for key, item in reversed(value.items()))
         elif isinstance(value, list):
-            stack.extend((item, f"{where}[{i}]") for i, item in reversed(list(enumerate(value))))
+            stack.extend((value[i], (place, i)) for i in reversed(range(len(value))))
+
+
+def _path(place: _Place) -> str:
+    """`place` as the error's ``param`` names a field (``messages[2].content``), each key cut
+    to `_KEY_SHOWN` characters."""
+    steps: list[str] = []
+    while place is not None:
+        place, step = place
+        if isinstance(step, int):
+            steps.append(f"[{step}]")
+        else:
+            key = step if len(step) <= _KEY_SHOWN else step[:_KEY_SHOWN] + "..."
+            steps.append(f".{key}" if place is not None else key)
+    return "".join(reversed(steps))
 
 
 def _encodable(text: str) -> bool:
@@ -579,8 +614,8 @@ def _note_float(seen: list[str], text: str) -> float:
     return value
 
 
-def _check_finite(value: Any, where: str) -> None:
-    """Refuse a NaN or an infinity anywhere in `value`, the request body's field `where`.
+def _check_finite(data: dict[str, Any]) -> None:
+    """Refuse a NaN or an infinity anywhere in `data`, the request body.
 
     Python's JSON reader takes ``NaN``, ``Infinity`` and ``1e400``, but no request can carry
     them on: the provider would refuse the body after the pre hooks ran, naming no field.
@@ -589,21 +624,15 @@ def _check_finite(value: Any, where: str) -> None:
     Not the providers' own finder of what JSON cannot encode: that one is private to
     `pipeline.providers`, and it names the value in Python's words (``nan``, ``inf``) inside
     one sentence, where the client wrote JSON and the 400 needs the path as its ``param``.
-    A stack, not recursion: the body may nest as deep as the JSON reader went.
     """
-    stack: list[tuple[Any, str]] = [(value, where)]
-    while stack:
-        value, where = stack.pop()
+    for value, place in _walk(data):
         if isinstance(value, float) and not math.isfinite(value):
+            where = _path(place)
             raise _bad(
                 f"'{where}' is {_non_finite(value)}, which JSON has no number for — send a"
                 " finite number",
                 where,
             )
-        if isinstance(value, dict):
-            stack.extend((item, f"{where}.{key}") for key, item in reversed(value.items()))
-        elif isinstance(value, list):
-            stack.extend((item, f"{where}[{i}]") for i, item in reversed(list(enumerate(value))))
 
 
 def _non_finite(value: float) -> str:

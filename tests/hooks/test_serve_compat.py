@@ -2,6 +2,7 @@
 OpenAI SDK passes on, forwarded to the upstream, refused with a 400 naming them, or honoured
 by the gateway itself; never dropped where the client would get something else."""
 
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -297,6 +298,61 @@ async def test_a_number_that_is_not_finite_anywhere_in_the_body_is_400_naming_it
     assert (error["param"], error["code"]) == (param, "invalid_value")
     assert f"'{param}' is {said}," in error["message"]
     assert (ran, model.requests) == ([], [])
+
+
+LONG_KEY = "k" * 10_000
+# A refused value (a NaN, a lone surrogate) after a long list under a long key: the body is
+# walked to name its place.
+UNDER_LONG_KEY = ["NaN", '"\\ud800"']
+
+
+async def post_raw(body: str) -> Any:
+    """`body` posted as is (json.dumps writes no NaN), to a gateway whose model never runs."""
+    async with served(Pipeline(model=ScriptedModel([]))) as gw, gw.http() as client:
+        return await client.post(
+            "/v1/chat/completions",
+            content=body.encode(),
+            headers={"content-type": "application/json"},
+        )
+
+
+def with_long_key(leaf: str, length: int) -> str:
+    head = '{"model": "m", "messages": [{"role": "user", "content": "x"}], "x": '
+    return head + f'{{"{LONG_KEY}": [{"0, " * length}{leaf}]}}}}'
+
+
+@pytest.mark.parametrize("leaf", UNDER_LONG_KEY)
+async def test_a_refused_value_in_a_long_list_under_a_long_key_is_400_in_bounded_memory(
+    leaf: str,
+) -> None:
+    """Bug caught: the walk that names a refused value's place wrote the path of every value
+    it went by, each as long as its parent's, so a long key over a long list cost their
+    product (a 176 KiB body took 3.9 GB and 10 s; this one took 100 MB)."""
+    tracing = tracemalloc.is_tracing()
+    if tracing:
+        tracemalloc.reset_peak()
+    else:
+        tracemalloc.start()
+    try:
+        response = await post_raw(with_long_key(leaf, 10_000))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    assert response.status_code == 400
+    assert peak < 16 * 1024 * 1024, f"{peak} bytes allocated at the peak"
+
+
+@pytest.mark.parametrize("leaf", UNDER_LONG_KEY)
+async def test_a_long_key_is_cut_in_the_path_a_400_names(leaf: str) -> None:
+    """Bug caught: the error naming a refused value's place held each key of its path whole,
+    twice (``param`` and the message), so a 100 KB key made a 200 KB error body."""
+    response = await post_raw(with_long_key(leaf, 1))
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert error["param"] == "x." + "k" * 40 + "...[1]"
+    assert f"'{error['param']}' " in error["message"]
+    assert len(response.content) < 1000
 
 
 async def test_a_model_of_ones_own_receives_the_parameters_in_extra() -> None:
