@@ -628,8 +628,9 @@ def _read_json(body: bytes) -> tuple[Any, bool]:
     text = body.decode(json.detect_encoding(body), "surrogatepass")
     try:
         return _READER.decode(text), False
-    except _NonFinite:
-        # Read again without the hooks: the stop said what, not where.
+    except (_NonFinite, RecursionError):
+        # Read again without the hooks: the stop said what, not where; or the body nests as
+        # deep as the reader goes, where a float hook's frame was one too many.
         return _PLAIN_READER.decode(text), True
 
 

@@ -1,11 +1,13 @@
 """The gateway's wire builders, as pure functions: laws that hold for any text."""
 
 import json
+import sys
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hooks.cli._wire import Completion, parse_request, sse
+from hooks.cli._wire import ChatRequest, Completion, WireError, parse_request, sse
 from pipeline.providers import decode_arguments
 from turns import ToolCall
 
@@ -65,3 +67,49 @@ def test_a_clients_tool_call_arguments_are_read_as_a_provider_reads_a_models(raw
     request = parse_request(json.dumps(body).encode())
     [read] = [p for m in request.history for p in m.parts if isinstance(p, ToolCall)]
     assert (dict(read.arguments), dict(read.meta)) == decode_arguments(raw)
+
+
+def nested(depth: int, leaf: str) -> bytes:
+    """A request whose field ``x`` holds `leaf` inside `depth` arrays."""
+    head = '{"model": "m", "messages": [{"role": "user", "content": "x"}], "x": '
+    return f"{head}{'[' * depth}{leaf}{']' * depth}}}".encode()
+
+
+def read(body: bytes) -> ChatRequest | WireError:
+    """`body` read by `parse_request`, or its refusal."""
+    try:
+        return parse_request(body)
+    except WireError as error:
+        return error
+
+
+def read_at_the_deepest(leaf: str) -> ChatRequest | WireError:
+    """A request holding `leaf` at the deepest nesting `parse_request` reads an integer at,
+    read there: the limit is Python's recursion limit less the frames on the stack, so the
+    deepest is found, and `leaf` read, from the same frame."""
+    low, high = 1, sys.getrecursionlimit() + 100
+    while low < high:
+        middle = (low + high + 1) // 2
+        read_it = isinstance(read(nested(middle, "7")), ChatRequest)
+        low, high = (middle, high) if read_it else (low, middle - 1)
+    assert "nests too deeply" in str(read(nested(low + 1, "7")))
+    return read(nested(low, leaf))
+
+
+@pytest.mark.parametrize(
+    ("leaf", "refused"), [("0.5", None), ("1e-5", None), ("1e400", "Infinity")]
+)
+def test_a_number_at_the_deepest_nesting_read_is_read_as_an_integer_there_is(
+    leaf: str, refused: str | None
+) -> None:
+    """Bug caught: a float at the deepest nesting the reader takes (an integer there is
+    read) was refused as nesting too deeply, the reader's hook for floats needing one more
+    frame; so was 1e400 there, which is a 400 naming its place."""
+    read = read_at_the_deepest(leaf)
+    if refused is None:
+        assert isinstance(read, ChatRequest), read
+    else:
+        assert isinstance(read, WireError)
+        assert read.code == "invalid_value", read.message
+        assert str(read.param).startswith("x[0][0]")
+        assert f"'{read.param}' is {refused}," in read.message
