@@ -34,6 +34,10 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _encode_string = json.encoder.encode_basestring
+# Words of Python's ValueError for an integer past `sys.get_int_max_str_digits`: besides a
+# JSONDecodeError or UnicodeDecodeError, the one ValueError of the JSON reader that is the
+# body's fault (any other would be a bug of the gateway's, a 500).
+_LONG_INTEGER = "for integer string conversion"
 TOOL_CHOICES = ("none", "auto", "required")
 OPENAI_META = "openai"
 """The meta key whose fields the OpenAI provider adds to a message on the wire (see
@@ -210,7 +214,9 @@ def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
             None,
             "invalid_json",
         )
-    except ValueError:
+    except ValueError as exc:
+        if _LONG_INTEGER not in str(exc):
+            raise
         # Valid JSON, but an integer longer than Python converts from text (a guard against
         # the quadratic cost of the conversion, `sys.get_int_max_str_digits`).
         raise _bad(

@@ -53,8 +53,9 @@ ARGUMENTS = TEXT | st.sampled_from(
 
 @given(ARGUMENTS)
 def test_a_clients_tool_call_arguments_are_read_as_a_provider_reads_a_models(raw: str) -> None:
-    """Catches: the gateway's reading of the tool calls a client echoes back drifting from
-    the providers' reading of a model's (what is undecodable, its meta, its wording)."""
+    """Catches: a tool call a client echoes back read otherwise than `decode_arguments` (the
+    providers' reader of a model's calls) reads its text: the text changed on its way through
+    the body, or the arguments or meta the reader gave changed on their way into the call."""
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": raw}}
     body = {
         "model": "m",
