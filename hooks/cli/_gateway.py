@@ -768,13 +768,7 @@ class Gateway:
             # Only background hooks were left: the answer stands and is sent, as a
             # conversation's is once committed; the interrupt still stops the gateway.
             self._keep_interrupt(turn_ref, exc)
-            _logger.warning(
-                "turn %s: a background hook raised %s after the answer was accepted: the"
-                " answer is sent and the gateway stops",
-                turn_ref,
-                self.scrub(_text(exc)),
-            )
-            self.publish(ev.TurnFinished(turn_ref, "completed"))
+            self._stopped_background(turn_ref, ended, exc)
             return accepted, pieces
         if not deadline.cancelled_caught:
             return self._answered(events.result).turn, pieces
@@ -782,28 +776,62 @@ class Gateway:
         if accepted is None:
             raise TimeoutError(f"the turn did not finish within {timeout} s")
         # Only background hooks were left: they cannot change the answer, which is sent.
-        self._cut_background(turn_ref, ended, timeout)
-        return accepted, pieces
-
-    def _cut_background(self, turn_ref: str, ended: Sequence[str], timeout: float) -> None:
-        """Report the background hooks of an answered stateless turn that the turn timeout
-        cancelled, as a session reports those its drain timeout cancels.
-
-        Every background hook that was not read ending (`ended`) was cut: also one whose
-        `HookStarted` the timeout kept from being read, or that had not started yet (the
-        timeout cancels the reading of the events with the turn, and the hooks start after
-        the accepted reply).
-        """
         why = (
             f"did not finish within the gateway's turn timeout of {timeout} s and was"
             " cancelled; the answer was sent without it"
         )
-        cut = list(self._background)
-        for name in ended:
-            if name in cut:
-                cut.remove(name)
+        cut = self._unended(ended)
         for name in cut:
             _logger.warning("background hook %r of turn %s %s", name, turn_ref, why)
+        self._cut_background(turn_ref, dict.fromkeys(cut, why))
+        return accepted, pieces
+
+    def _stopped_background(self, turn_ref: str, ended: Sequence[str], exc: BaseException) -> None:
+        """Report the background hooks of an answered stateless turn that one of them stopped
+        by raising `exc`, a KeyboardInterrupt or SystemExit: the one that raised it, and the
+        others, which it cancelled.
+
+        The interrupt does not say which hook raised it: the hook is named when it was the
+        only one left running; among several, they are named together.
+        """
+        left = self._unended(ended)
+        raised = self.scrub(repr(exc))  # SystemExit(3), KeyboardInterrupt()
+        if len(left) == 1:
+            culprit = f"background hook {left[0]!r}"
+            reasons = {left[0]: f"raised {raised}, which stops the gateway; the answer was sent"}
+        else:
+            culprit = f"one of the background hooks {', '.join(map(repr, left))}"
+            why = (
+                f"ended when {culprit} raised {raised}, which stops the gateway (it raised it,"
+                " or was cancelled); the answer was sent"
+            )
+            reasons = dict.fromkeys(left, why)
+        _logger.warning(
+            "turn %s: a background hook raised %s after the answer was accepted: the"
+            " answer is sent and the gateway stops",
+            turn_ref,
+            self.scrub(_text(exc)),
+        )
+        self._cut_background(turn_ref, reasons)
+
+    def _unended(self, ended: Sequence[str]) -> list[str]:
+        """The background hooks of a stateless turn not read ending (`ended`), in order.
+
+        Also one whose `HookStarted` was not read, or that had not started yet: the turn's
+        end (its timeout, an interrupt) stops the reading of its events, and the hooks
+        start after the accepted reply.
+        """
+        left = list(self._background)
+        for name in ended:
+            if name in left:
+                left.remove(name)
+        return left
+
+    def _cut_background(self, turn_ref: str, reasons: Mapping[str, str]) -> None:
+        """Report the background hooks of an answered stateless turn that its end (the turn
+        timeout, an interrupt) cut, each with why, as a session reports those its drain
+        timeout cuts; then the turn's end."""
+        for name, why in reasons.items():
             self.publish(ev.HookFailed(turn_ref, name, "post", why, False))
         self.publish(ev.TurnFinished(turn_ref, "completed"))
 

@@ -385,3 +385,65 @@ async def test_a_stateless_turns_background_interrupt_keeps_its_answer_and_stops
     assert text == "the answer"
     assert later.status_code == 503
     assert any("raised SystemExit" in r.getMessage() for r in caplog.records)
+
+
+async def stateless_feed(pipe: Pipeline) -> tuple[int, list[dict[str, Any]]]:
+    """One stateless request to `pipe`, whose background hook stops the gateway: the answer's
+    status, and the page's feed of the turn."""
+    feed: list[dict[str, Any]] = []
+    statuses: list[int] = []
+
+    async def serve_until_stopped() -> None:
+        answered = anyio.Event()
+        async with served(pipe) as gw, anyio.create_task_group() as nursery:
+            await nursery.start(partial(watch_feed, gw, feed, answered=answered))
+            async with gw.http() as client:
+                answer = await client.post(
+                    "/v1/chat/completions", json={"model": "m", "messages": user("hi")}
+                )
+            statuses.append(answer.status_code)
+            with anyio.fail_after(10):
+                await answered.wait()
+            nursery.cancel_scope.cancel()
+
+    with pytest.raises((SystemExit, KeyboardInterrupt)):
+        await serve_until_stopped()
+    return statuses[0], feed
+
+
+@pytest.mark.parametrize("alone", [True, False])
+async def test_background_hooks_a_stateless_turns_interrupt_stopped_are_reported_ended(
+    alone: bool,
+) -> None:
+    """Bug caught: a stateless turn's background hook raising SystemExit after the answer left
+    it, and the background hooks it cancelled, started and never ended on the page, where
+    the turn timeout reports each hook it cuts as failed."""
+    started = anyio.Event()
+
+    async def leave(turn: Turn) -> Any:
+        if not alone:
+            await started.wait()
+        raise SystemExit(5)
+
+    async def slow(turn: Turn) -> Any:
+        started.set()
+        await anyio.sleep_forever()
+
+    hooks = [hook(leave, name="leave", background=True)]
+    if not alone:
+        hooks.append(hook(slow, name="slow", background=True))
+    status, feed = await stateless_feed(Pipeline(model=ScriptedModel(["answer"]), post=hooks))
+    assert status == 200
+    seen = [e for e in feed if e["event"] in ("HookStarted", "HookFailed") and e["stage"] == "post"]
+    failed = {e["hook"]: e["error"] for e in seen if e["event"] == "HookFailed"}
+    assert sorted(failed) == sorted({e["hook"] for e in seen})
+    if alone:
+        assert failed == {
+            "leave": "raised SystemExit(5), which stops the gateway; the answer was sent"
+        }
+    else:
+        assert set(failed.values()) == {
+            "ended when one of the background hooks 'leave', 'slow' raised SystemExit(5), which"
+            " stops the gateway (it raised it, or was cancelled); the answer was sent"
+        }
+    assert [e["event"] for e in feed[-2:]] == ["TurnFinished", "GatewayMessage"]
