@@ -807,10 +807,11 @@ class Gateway:
             )
             reasons = dict.fromkeys(left, why)
         _logger.warning(
-            "turn %s: a background hook raised %s after the answer was accepted: the"
-            " answer is sent and the gateway stops",
+            "turn %s: %s raised %s after the answer was accepted; the answer is sent and the"
+            " gateway stops",
             turn_ref,
-            self.scrub(_text(exc)),
+            culprit,
+            raised,
         )
         self._cut_background(turn_ref, reasons)
 
@@ -1063,8 +1064,15 @@ def _said(message: Message) -> str:
 
 
 def _text(exc: BaseException) -> str:
-    cause = f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
-    return f"{type(exc).__name__}: {exc}{cause}"
+    """``Type: message``, and its cause the same way."""
+    cause = f" (caused by {_named(exc.__cause__)})" if exc.__cause__ else ""
+    return _named(exc) + cause
+
+
+def _named(exc: BaseException) -> str:
+    """``Type: message``, or ``Type`` for an exception without a message."""
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def _set(options: Any) -> dict[str, Any]:

@@ -447,3 +447,53 @@ async def test_background_hooks_a_stateless_turns_interrupt_stopped_are_reported
             " stops the gateway (it raised it, or was cancelled); the answer was sent"
         }
     assert [e["event"] for e in feed[-2:]] == ["TurnFinished", "GatewayMessage"]
+
+
+@pytest.mark.parametrize(
+    ("interrupt", "said"), [("KeyboardInterrupt", "KeyboardInterrupt()"), ("exit", "SystemExit(3)")]
+)
+async def test_the_warning_of_a_stateless_turns_background_interrupt_names_its_hook(
+    interrupt: str, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bug caught: the warning said "a background hook raised KeyboardInterrupt:  after the
+    answer was accepted", naming no hook, with a colon before nothing and a double space."""
+
+    async def leave(turn: Turn) -> Any:
+        raise KeyboardInterrupt() if interrupt == "KeyboardInterrupt" else SystemExit(3)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["answer"]), post=[hook(leave, name="leave", background=True)]
+    )
+    with caplog.at_level(logging.WARNING, logger="turnplug.serve"):
+        await stateless_feed(pipe)
+    warned = [
+        r.getMessage().split(": ", 1)[1] for r in caplog.records if "answer" in r.getMessage()
+    ]
+    assert warned == [
+        f"background hook 'leave' raised {said} after the answer was accepted; the answer is"
+        " sent and the gateway stops"
+    ]
+
+
+async def test_a_turn_interrupted_without_a_message_is_warned_of_by_its_type_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Bug caught: the 503 warning of a turn whose hook raised ``KeyboardInterrupt()`` ended
+    "(HTTP 503): KeyboardInterrupt: ", a colon before nothing."""
+
+    async def stop(turn: Turn) -> Any:
+        raise KeyboardInterrupt()
+
+    async def serve_until_stopped() -> None:
+        async with served(Pipeline(model=ScriptedModel(["x"]), pre=[stop])) as gw:
+            async with gw.http() as client:
+                answer = await client.post(
+                    "/v1/chat/completions", json={"model": "m", "messages": user("hi")}
+                )
+        assert answer.status_code == 503
+
+    with caplog.at_level(logging.WARNING, logger="turnplug.serve"):
+        with pytest.raises(KeyboardInterrupt):
+            await serve_until_stopped()
+    warned = [r.getMessage() for r in caplog.records if "(HTTP 503)" in r.getMessage()]
+    assert [message.split("(HTTP 503): ")[1] for message in warned] == ["KeyboardInterrupt"]
