@@ -369,11 +369,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         what = f"sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else one_line(repr(exc))
         # Raised before a turn's commit or after it (by a session's background hook, as the
-        # session closes): the words hold for both.
+        # session closes): the words hold for both. Without --log nothing outlives the
+        # command (run's log is in memory, serve's stateless turns are never committed).
+        kept = (
+            ": what was committed to the log before stays there, the rest was not"
+            if getattr(args, "log", None)
+            else ""
+        )
         print(
             f"turnplug: error: {what} in what the command ran (a hook, a tool, a model)"
-            " stopped it: a turn committed before stays committed, the rest was not (run"
-            " with --debug for the traceback)",
+            f" stopped it{kept} (run with --debug for the traceback)",
             file=sys.stderr,
         )
         return 1

@@ -208,12 +208,32 @@ def test_a_background_hook_calling_sys_exit_after_the_commit_is_not_said_unfinis
     assert done.returncode == 1
     assert done.stderr == (
         "turnplug: error: sys.exit(3) in what the command ran (a hook, a tool, a model)"
-        " stopped it: a turn committed before stays committed, the rest was not (run with"
-        " --debug for the traceback)\n"
+        " stopped it: what was committed to the log before stays there, the rest was not"
+        " (run with --debug for the traceback)\n"
     )
     shown = turnplug("log", "default", "--log", log, "--json")
     (entry,) = json.loads(shown.stdout)["entries"]
     assert "the answer" in json.dumps(entry["messages"])
+
+
+def test_a_hook_calling_sys_exit_without_a_log_is_not_said_to_leave_a_commit(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: run without --log, whose log lives in memory and ends with the command,
+    said of a hook's sys.exit() that "a turn committed before stays committed", where
+    nothing outlives the command."""
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = ["the answer"]\n\n'
+        '[[post]]\nkind = "python"\nref = "quitter:leave"\nbackground = true\n',
+    )
+    (tmp_path / "quitter.py").write_text("import sys\n\n\ndef leave(turn):\n    sys.exit(3)\n")
+    done = turnplug("run", config, "hi")
+    assert done.returncode == 1
+    assert done.stderr == (
+        "turnplug: error: sys.exit(3) in what the command ran (a hook, a tool, a model)"
+        " stopped it (run with --debug for the traceback)\n"
+    )
 
 
 def test_with_debug_a_hook_calling_sys_exit_shows_its_traceback_and_exits_1(
