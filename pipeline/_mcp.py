@@ -1122,31 +1122,53 @@ def _message_limit(spec: MCPToolset) -> int:
     return spec.max_message_bytes
 
 
-def _unencodable(value: Any, path: str = "") -> str | None:
-    """Where `value` (a call's arguments) holds a text that UTF-8 cannot encode, a lone
-    surrogate that a model's JSON may carry as an escape; None when nowhere."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path or "the arguments"
-        return None
-    if isinstance(value, Mapping):
-        items: Iterable[tuple[Any, Any]] = value.items()
-    elif isinstance(value, list | tuple):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        # Escaped: the message naming the place must encode.
-        name = str(key).encode("utf-8", "backslashreplace").decode("utf-8")
-        where = f"{path}.{name}" if path else name
-        if isinstance(key, str) and _unencodable(key) is not None:
-            return f"the name {where}"
-        found = _unencodable(item, where)
-        if found is not None:
-            return found
+def _unencodable(arguments: Any) -> str | None:
+    """Where `arguments` (a call's) hold a text that UTF-8 cannot encode, a lone surrogate
+    that a model's JSON may carry as an escape; None when nowhere.
+
+    A stack, not recursion (arguments may nest as deep as the JSON reader went), and a
+    place is written out only for the text found: a path written for every value would
+    cost each one its parent's path again, a long key times a long list.
+    """
+    stack: list[tuple[Any, Any]] = [(arguments, None)]
+    while stack:
+        value, place = stack.pop()
+        if isinstance(value, str):
+            if not _encodes(value):
+                return _place(place) if place is not None else "the arguments"
+            continue
+        if isinstance(value, Mapping):
+            for key in value:
+                if isinstance(key, str) and not _encodes(key):
+                    return f"the name {_place((place, key))}"
+            stack.extend((item, (place, key)) for key, item in reversed(value.items()))
+        elif isinstance(value, list | tuple):
+            stack.extend((value[i], (place, i)) for i in reversed(range(len(value))))
     return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _place(place: Any) -> str:
+    """A place in the arguments (``items[2].text``), each name cut to 40 characters and
+    escaped, so that the message naming it can be encoded."""
+    steps: list[str] = []
+    while place is not None:
+        place, step = place
+        if isinstance(step, int):
+            steps.append(f"[{step}]")
+            continue
+        name = str(step)
+        name = name if len(name) <= 40 else name[:40] + "..."
+        name = name.encode("utf-8", "backslashreplace").decode("utf-8")
+        steps.append(f".{name}" if place is not None else name)
+    return "".join(reversed(steps))
 
 
 def _size(count: int) -> str:
