@@ -1141,7 +1141,7 @@ def _unencodable(arguments: Any) -> str | None:
             for key in value:
                 if isinstance(key, str) and not _encodes(key):
                     return f"the name {_place((place, key))}"
-            stack.extend((item, (place, key)) for key, item in reversed(value.items()))
+            stack.extend((item, (place, key)) for key, item in reversed(list(value.items())))
         elif isinstance(value, list | tuple):
             stack.extend((value[i], (place, i)) for i in reversed(range(len(value))))
     return None
