@@ -209,22 +209,9 @@ async def test_a_forwarded_parameter_of_the_wrong_type_is_400_naming_it(
     assert model.requests == []
 
 
-@pytest.mark.parametrize(
-    ("raw", "param", "said"),
-    [
-        ('"top_p": NaN', "top_p", "NaN"),
-        ('"presence_penalty": Infinity', "presence_penalty", "Infinity"),
-        ('"frequency_penalty": -Infinity', "frequency_penalty", "-Infinity"),
-        ('"top_p": 1e400', "top_p", "Infinity"),
-        ('"logit_bias": {"50256": NaN}', "logit_bias.50256", "NaN"),
-    ],
-)
-async def test_a_forwarded_parameter_that_is_no_finite_number_is_400_naming_it(
-    raw: str, param: str, said: str
-) -> None:
-    """Bug caught: ``NaN``, ``Infinity`` or ``1e400`` (which Python's JSON reader takes) in a
-    forwarded parameter passed the type check and, after the pre hooks ran, ended in a 400
-    with no ``param`` about ``RequestOptions.extra``, a name the client never sent."""
+async def refused_before_any_hook(raw: str, param: str, said: str) -> None:
+    """A body holding `raw` is a 400 whose ``param`` is `param` and whose message says the
+    value is `said`, before any pre hook ran or the model was called."""
     ran: list[str] = []
 
     def pre(turn: Any) -> Any:
@@ -245,6 +232,25 @@ async def test_a_forwarded_parameter_that_is_no_finite_number_is_400_naming_it(
     assert (error["param"], error["code"]) == (param, "invalid_value")
     assert f"'{param}' is {said}," in error["message"]
     assert (ran, model.requests) == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "said"),
+    [
+        ('"top_p": NaN', "top_p", "NaN"),
+        ('"presence_penalty": Infinity', "presence_penalty", "Infinity"),
+        ('"frequency_penalty": -Infinity', "frequency_penalty", "-Infinity"),
+        ('"top_p": 1e400', "top_p", "Infinity"),
+        ('"logit_bias": {"50256": NaN}', "logit_bias.50256", "NaN"),
+    ],
+)
+async def test_a_forwarded_parameter_that_is_no_finite_number_is_400_naming_it(
+    raw: str, param: str, said: str
+) -> None:
+    """Bug caught: ``NaN``, ``Infinity`` or ``1e400`` (which Python's JSON reader takes) in a
+    forwarded parameter passed the type check and, after the pre hooks ran, ended in a 400
+    with no ``param`` about ``RequestOptions.extra``, a name the client never sent."""
+    await refused_before_any_hook(raw, param, said)
 
 
 TOOL = '{"type": "function", "function": {"name": "f", "parameters": %s}}'
@@ -278,26 +284,7 @@ async def test_a_number_that_is_not_finite_anywhere_in_the_body_is_400_naming_it
     outside the forwarded parameters (a client tool's schema, say) was accepted: the pre
     hooks ran and the model was called, a provider then failing with a 400 about
     ``RequestOptions.extra`` that named no ``param``."""
-    ran: list[str] = []
-
-    def pre(turn: Any) -> Any:
-        ran.append("pre")
-        return cont(turn)
-
-    model = ScriptedModel(["ok"])
-    body = '{"model": "m", "messages": [{"role": "user", "content": "x"}], ' + raw + "}"
-    async with served(Pipeline(model=model, pre=[hook(pre, name="pre")])) as gw:
-        async with gw.http() as client:
-            response = await client.post(
-                "/v1/chat/completions",
-                content=body.encode(),
-                headers={"content-type": "application/json"},
-            )
-    assert response.status_code == 400
-    error = openai_error(response.content)
-    assert (error["param"], error["code"]) == (param, "invalid_value")
-    assert f"'{param}' is {said}," in error["message"]
-    assert (ran, model.requests) == ([], [])
+    await refused_before_any_hook(raw, param, said)
 
 
 LONG_KEY = "k" * 10_000

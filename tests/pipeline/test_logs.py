@@ -399,6 +399,25 @@ def one_connection(durable: Backend) -> Log:
     return PostgresLog(durable.where, max_connections=1)
 
 
+async def committed_behind(
+    durable: Backend, heavy: tuple[Message, ...]
+) -> tuple[list[str], Context]:
+    """Commit `heavy` to conversation "heavy" and, once that is under way, a short turn to
+    "small": the conversations in the order their commits returned, and what "heavy" holds."""
+    trace: list[str] = []
+
+    async def commit(conversation_id: str, messages: tuple[Message, ...]) -> None:
+        await log.append(conversation_id, "turn-1", messages, expected_length=0)
+        trace.append(conversation_id)
+
+    async with one_connection(durable) as log:  # type: ignore[attr-defined]
+        async with anyio.create_task_group() as nursery:
+            nursery.start_soon(commit, "heavy", heavy)
+            await anyio.wait_all_tasks_blocked()  # the heavy commit is under way
+            nursery.start_soon(commit, "small", exchange("hi", "hello"))
+        return trace, await log.load("heavy")
+
+
 @pytest.mark.parametrize("kind", ["ascii", "not ascii"])
 async def test_a_large_turn_being_encoded_holds_up_neither_the_loop_nor_other_commits(
     durable: Backend, kind: str
@@ -408,21 +427,7 @@ async def test_a_large_turn_being_encoded_holds_up_neither_the_loop_nor_other_co
     stalled behind it, a commit of a short turn to another conversation included. Text
     not all ASCII goes to the driver as UTF-8 bytes, and is stored as the same text."""
     large = exchange("summarize it", "x" * (32 << 20) if kind == "ascii" else "é" * (32 << 20))
-    trace: list[str] = []
-
-    async def commit(conversation_id: str, messages: tuple[Message, ...]) -> None:
-        await log.append(conversation_id, "turn-1", messages, expected_length=0)
-        trace.append(conversation_id)
-
-    async with one_connection(durable) as log:  # type: ignore[attr-defined]
-        async with anyio.create_task_group() as nursery:
-            nursery.start_soon(commit, "large", large)
-            await anyio.wait_all_tasks_blocked()  # the large commit is under way
-            nursery.start_soon(commit, "small", exchange("hi", "hello"))
-        loaded = await log.load("large")
-
-    assert trace == ["small", "large"]
-    assert loaded == Context(messages=large)
+    assert await committed_behind(durable, large) == (["small", "heavy"], Context(messages=large))
 
 
 async def test_a_turn_of_many_empty_parts_is_encoded_away_from_the_loop_too(durable: Backend):
@@ -430,21 +435,7 @@ async def test_a_turn_of_many_empty_parts_is_encoded_away_from_the_loop_too(dura
     parts (little text, a quarter of a second to check and encode) was encoded on the event
     loop's thread, and a short turn's commit made meanwhile waited behind it."""
     many = (Message.user("go"), Message.assistant([Text("") for _ in range(150_000)]))
-    trace: list[str] = []
-
-    async def commit(conversation_id: str, messages: tuple[Message, ...]) -> None:
-        await log.append(conversation_id, "turn-1", messages, expected_length=0)
-        trace.append(conversation_id)
-
-    async with one_connection(durable) as log:  # type: ignore[attr-defined]
-        async with anyio.create_task_group() as nursery:
-            nursery.start_soon(commit, "many", many)
-            await anyio.wait_all_tasks_blocked()  # the many parts' commit is under way
-            nursery.start_soon(commit, "small", exchange("hi", "hello"))
-        loaded = await log.load("many")
-
-    assert trace == ["small", "many"]
-    assert loaded == Context(messages=many)
+    assert await committed_behind(durable, many) == (["small", "heavy"], Context(messages=many))
 
 
 async def test_a_large_turn_round_trips_whatever_its_text_holds(durable: Backend):
