@@ -136,6 +136,22 @@ def _strings(value: Any, what: str, owner: str) -> Mapping[str, str] | None:
     return dict(value)
 
 
+def _environment(value: Any, owner: str) -> Mapping[str, str] | None:
+    """A server's environment variables as a process can be given them: a name that is
+    empty or holds ``=`` or a NUL, or a value holding a NUL, is refused naming the variable,
+    never showing a value (it may be a secret)."""
+    env = _strings(value, "env", owner)
+    for name, text in (env or {}).items():
+        if not name or "=" in name or "\x00" in name:
+            raise ConfigError(f"{owner}: env has {name!r}, which is no environment variable name")
+        if "\x00" in text:
+            raise ConfigError(
+                f"{owner}: the value of env {name!r} holds a NUL character, which a process"
+                " cannot be given"
+            )
+    return env
+
+
 # RFC 9110: a field name is a token; a value is visible ASCII, spaces and tabs (a line
 # break or another control character would end the header, or start another).
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -233,17 +249,31 @@ def mcp_toolset(
             raise ConfigError(f"{owner}: command must be a program's name or path, got {command!r}")
         if headers is not None:
             raise ConfigError(f"{owner}: headers are for a url; a command gets env instead")
+    if isinstance(args, str) or not isinstance(args, Iterable):
+        raise ConfigError(f"{owner}: args must be a list of strings, got {args!r}")
+    args = tuple(args)  # read once: a generator would be empty the second time
     if url is not None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(f"{owner}: url must start with http:// or https://, got {url!r}")
-        if tuple(args) or env is not None or cwd is not None or max_message_bytes is not None:
+        if args or env is not None or cwd is not None or max_message_bytes is not None:
             raise ConfigError(
                 f"{owner}: args, env, cwd and max_message_bytes are for a command, not a url"
             )
-    if isinstance(args, str) or not all(isinstance(a, str) for a in args):
-        raise ConfigError(f"{owner}: args must be a list of strings, got {args!r}")
+    if not all(isinstance(a, str) for a in args):
+        raise ConfigError(f"{owner}: args must be a list of strings, got {list(args)!r}")
     if cwd is not None and not isinstance(cwd, str):
         raise ConfigError(f"{owner}: cwd must be a directory's path, got {cwd!r}")
+    # What the operating system cannot pass to a process: refused here, not as Python's
+    # "embedded null byte" when the server is started.
+    for what, text in (
+        ("command", command),
+        ("cwd", cwd),
+        *((f"args[{i}]", arg) for i, arg in enumerate(args)),
+    ):
+        if isinstance(text, str) and "\x00" in text:
+            raise ConfigError(
+                f"{owner}: {what} holds a NUL character, which a process cannot be given"
+            )
     for key, seconds in (("timeout", timeout), ("connect_timeout", connect_timeout)):
         if (
             isinstance(seconds, bool)
@@ -275,7 +305,7 @@ def mcp_toolset(
         exclude=_names(exclude, "exclude", owner),
         command=command,
         args=tuple(args),
-        env=_strings(env, "env", owner),
+        env=_environment(env, owner),
         cwd=cwd,
         url=url,
         headers=_headers(headers, owner),

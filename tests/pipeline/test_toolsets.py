@@ -243,6 +243,34 @@ def test_mcp_toolset_refuses_max_message_bytes_with_a_url():
     assert mcp_toolset("s", command="x", max_message_bytes=1000).max_message_bytes == 1000
 
 
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"command": "serve\x00x"}, "command holds a NUL character"),
+        ({"command": "x", "args": ["--a", "b\x00"]}, r"args\[1\] holds a NUL character"),
+        ({"command": "x", "cwd": "/srv\x00"}, "cwd holds a NUL character"),
+        ({"command": "x", "env": {"TOKEN": "s3cret\x00"}}, "env 'TOKEN' holds a NUL"),
+        ({"command": "x", "env": {"A=B": "s3cret"}}, "'A=B', which is no environment"),
+        ({"command": "x", "env": {"": "s3cret"}}, "'', which is no environment"),
+    ],
+)
+def test_mcp_toolset_refuses_what_no_process_can_be_given(options, expected):
+    """Bug caught: a NUL in a command, an argument, a directory or an environment value, or
+    an environment name holding '=', was accepted, to fail when the server started with
+    Python's bare "embedded null byte" (a config run exiting 1, not 2); an environment
+    value is never shown."""
+    with pytest.raises(ConfigError, match=expected) as caught:
+        mcp_toolset("s", **options)
+    assert "s3cret" not in str(caught.value)
+
+
+def test_mcp_toolset_keeps_args_given_as_a_generator():
+    """Bug caught: args given as a generator were read by the type check and then stored
+    empty, so the server started without its arguments."""
+    toolset = mcp_toolset("s", command="x", args=(arg for arg in ["--port", "1"]))
+    assert toolset.args == ("--port", "1")
+
+
 def test_mcp_toolset_repr_hides_header_and_env_values():
     """Catches: a secret header or environment value printed in a repr or a log line."""
     made = mcp_toolset(
