@@ -407,6 +407,13 @@ class Session:
                     f"cut short: background hook {step.name!r} raised {type(exc).__name__},"
                     " which stopped the session; nothing of it was committed"
                 )
+            else:
+                # One raised later (as it was cut short, say) rides along, as a parallel
+                # group's does (`stopping_interrupt`).
+                self._interrupt.add_note(
+                    f"background hook {step.label} also raised {type(exc).__name__} as the"
+                    " session stopped"
+                )
         finally:
             self._running -= 1
             if not self._running:

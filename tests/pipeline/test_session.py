@@ -5,6 +5,7 @@ import inspect
 import math
 
 import anyio
+import anyio.lowlevel
 import pytest
 import trio
 
@@ -1990,6 +1991,42 @@ async def test_a_system_exit_out_of_a_background_hook_is_not_lost_to_the_callers
         await caller()
     assert info.value.code == 3
     assert [entry[:2] for entry in trace] == [("end", "error")]
+
+
+async def test_the_interrupt_that_stopped_a_sessions_background_hooks_carries_later_ones_as_notes():
+    """Bug caught: a session's background hooks raised the first interrupt to come, and one
+    another hook raised as the session stopped (KeyboardInterrupt in place of its
+    cancellation) was dropped without a word, where a parallel group's rides along as a note."""
+
+    async def interrupted_on_cancel(turn):
+        try:
+            await anyio.Event().wait()
+        finally:
+            raise KeyboardInterrupt  # in place of the cancellation
+        return cont(turn)
+
+    async def exiting(turn):
+        await anyio.lowlevel.checkpoint()
+        raise SystemExit(5)
+
+    post = [
+        hook(interrupted_on_cancel, name="first", background=True),
+        hook(exiting, name="second", background=True),
+    ]
+    pipe = Pipeline(model=ScriptedModel(["ok"]), post=post)
+
+    async def converse() -> None:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+            await session.send("hi")
+            await anyio.sleep(10)
+
+    with pytest.raises(SystemExit) as info:
+        await converse()
+    assert info.value.code == 5
+    assert info.value.__notes__ == [
+        "background hook 'first' (post, position 1) also raised KeyboardInterrupt as the"
+        " session stopped"
+    ]
 
 
 async def test_an_interrupt_raised_while_handling_an_error_keeps_that_error_as_its_context():
