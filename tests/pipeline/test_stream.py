@@ -1009,10 +1009,7 @@ def test_a_keyboard_interrupt_in_a_streamed_turn_reaches_the_consumer_cleanly(
     The iteration now raises it, as if the consumer had run the turn itself, and nothing of
     the turn is committed."""
 
-    async def interrupted(turn):
-        raise KeyboardInterrupt
-
-    pipe = Pipeline(model=ScriptedModel(["never"]), pre=[hook(interrupted, name="interrupted")])
+    pipe = interrupted_pipe()
     log = MemoryLog()
     raised: list[str] = []
 
@@ -1025,15 +1022,7 @@ def test_a_keyboard_interrupt_in_a_streamed_turn_reaches_the_consumer_cleanly(
             raise
 
     async def main() -> None:
-        if where == "pipeline":
-            async with pipe.stream(Turn.start("hi")) as events:
-                await consume(events)
-        else:
-            async with (
-                pipe.session(log=log, conversation_id="c") as session,
-                session.stream("hi") as events,
-            ):
-                await consume(events)
+        await consume_in(where, pipe, consume, log)
 
     left = warnings_of_an_interrupted_run(loop, main)
     assert raised == ["KeyboardInterrupt"]
@@ -1118,15 +1107,19 @@ def woken_then_interrupted() -> tuple[Pipeline, anyio.Event]:
 
 
 async def consume_in(
-    where: str, pipe: Pipeline, consume: Callable[[AsyncIterable[Event]], Awaitable[None]]
+    where: str,
+    pipe: Pipeline,
+    consume: Callable[[AsyncIterable[Event]], Awaitable[None]],
+    log: MemoryLog | None = None,
 ) -> None:
-    """Run `consume` in the block of a streamed turn of `pipe`, or of its session's turn."""
+    """Run `consume` in the block of a streamed turn of `pipe`, or of its session's turn
+    (conversation "c" of `log`, a new one by default)."""
     if where == "pipeline":
         async with pipe.stream(Turn.start("hi")) as events:
             await consume(events)
     else:
         async with (
-            pipe.session(log=MemoryLog(), conversation_id="c") as session,
+            pipe.session(log=log or MemoryLog(), conversation_id="c") as session,
             session.stream("hi") as events,
         ):
             await consume(events)
@@ -1217,15 +1210,7 @@ async def test_a_consumer_that_handles_the_interrupt_its_iteration_raised_carrie
             seen.append("interrupt")
 
     async def main() -> None:
-        if where == "pipeline":
-            async with pipe.stream(Turn.start("hi")) as events:
-                await consume(events)
-        else:
-            async with (
-                pipe.session(log=MemoryLog(), conversation_id="c") as session,
-                session.stream("hi") as events,
-            ):
-                await consume(events)
+        await consume_in(where, pipe, consume)
         seen.append("after the block")
 
     await no_interrupt_after(main)
@@ -1247,15 +1232,7 @@ async def test_a_consumer_that_turns_the_interrupt_into_its_own_error_keeps_it(w
             raise RuntimeError("aborted by the user") from exc
 
     async def main() -> None:
-        if where == "pipeline":
-            async with pipe.stream(Turn.start("hi")) as events:
-                await consume(events)
-        else:
-            async with (
-                pipe.session(log=MemoryLog(), conversation_id="c") as session,
-                session.stream("hi") as events,
-            ):
-                await consume(events)
+        await consume_in(where, pipe, consume)
 
     with pytest.raises(RuntimeError, match="aborted by the user") as info:
         await no_interrupt_after(main)
