@@ -5,12 +5,15 @@ import gc
 import warnings
 from collections.abc import Awaitable, Callable
 
+import anyio
+import anyio.lowlevel
 import pytest
 import sniffio
 import trio
 
-from pipeline import Pipeline, TurnResult
+from pipeline import Pipeline, TurnResult, cont, hook
 from pipeline import events as ev
+from pipeline.testing import ScriptedModel
 from turns import Turn
 
 
@@ -82,3 +85,25 @@ def warnings_of_an_interrupted_run(loop: str, main: Callable[[], Awaitable[None]
             run_on(loop, main)
         gc.collect()
     return [str(warning.message) for warning in caught]
+
+
+def exiting_with_a_late_interrupt() -> Pipeline:
+    """A pipeline whose background hook 'second' raises SystemExit(5) while 'first' waits,
+    and 'first', cancelled by it, raises KeyboardInterrupt in place of its cancellation."""
+
+    async def interrupted_on_cancel(turn: Turn) -> object:
+        try:
+            await anyio.Event().wait()
+        finally:
+            raise KeyboardInterrupt  # in place of the cancellation
+        return cont(turn)
+
+    async def exiting(turn: Turn) -> object:
+        await anyio.lowlevel.checkpoint()
+        raise SystemExit(5)
+
+    post = [
+        hook(interrupted_on_cancel, name="first", background=True),
+        hook(exiting, name="second", background=True),
+    ]
+    return Pipeline(model=ScriptedModel(["ok"]), post=post)

@@ -32,7 +32,7 @@ from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Injection, Message, Text, ToolCall, Turn
 
 from .support import collect as streamed
-from .support import pairing_problems, warnings_of_an_interrupted_run
+from .support import exiting_with_a_late_interrupt, pairing_problems, warnings_of_an_interrupted_run
 
 TURN_REF = "turn-post"
 
@@ -1427,22 +1427,7 @@ async def test_the_interrupt_that_stopped_the_background_hooks_carries_the_other
     cancellation) was dropped without a word, where a parallel group's or a tool batch's
     rides along as a note."""
 
-    async def interrupted_on_cancel(turn):
-        try:
-            await anyio.Event().wait()
-        finally:
-            raise KeyboardInterrupt  # in place of the cancellation
-        return cont(turn)
-
-    async def exiting(turn):
-        await anyio.lowlevel.checkpoint()
-        raise SystemExit(5)
-
-    post = [
-        hook(interrupted_on_cancel, name="first", background=True),
-        hook(exiting, name="second", background=True),
-    ]
-    pipe = Pipeline(model=ScriptedModel(["ok"]), post=post)
+    pipe = exiting_with_a_late_interrupt()
 
     with pytest.raises(SystemExit) as info:
         await pipe.run(Turn.start("hi"))

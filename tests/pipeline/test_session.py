@@ -29,7 +29,12 @@ from pipeline.logs import LogEntry, MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Scope, Text, Turn
 
-from .support import live_tasks, pairing_problems, warnings_of_an_interrupted_run
+from .support import (
+    exiting_with_a_late_interrupt,
+    live_tasks,
+    pairing_problems,
+    warnings_of_an_interrupted_run,
+)
 
 CONVERSATION = "conv-1"
 
@@ -1998,22 +2003,7 @@ async def test_the_interrupt_that_stopped_a_sessions_background_hooks_carries_la
     another hook raised as the session stopped (KeyboardInterrupt in place of its
     cancellation) was dropped without a word, where a parallel group's rides along as a note."""
 
-    async def interrupted_on_cancel(turn):
-        try:
-            await anyio.Event().wait()
-        finally:
-            raise KeyboardInterrupt  # in place of the cancellation
-        return cont(turn)
-
-    async def exiting(turn):
-        await anyio.lowlevel.checkpoint()
-        raise SystemExit(5)
-
-    post = [
-        hook(interrupted_on_cancel, name="first", background=True),
-        hook(exiting, name="second", background=True),
-    ]
-    pipe = Pipeline(model=ScriptedModel(["ok"]), post=post)
+    pipe = exiting_with_a_late_interrupt()
 
     async def converse() -> None:
         async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
