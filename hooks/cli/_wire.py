@@ -492,13 +492,16 @@ def _encodable(text: str) -> bool:
     return True
 
 
+_STRINGS = str | list[str]
+"""A field that is a string or an array of strings (`stop`)."""
+
 _KIND_NAMES: Mapping[Any, str] = {
     int: "an integer",
     float: "a number",
     bool: "a boolean",
     str: "a string",
     dict: "an object",
-    str | list[str]: "a string or an array of strings",
+    _STRINGS: "a string or an array of strings",
 }
 """The kinds a request field may have to be (`_is_kind`), in JSON's words."""
 
@@ -506,7 +509,7 @@ _KIND_NAMES: Mapping[Any, str] = {
 def _is_kind(value: Any, kind: Any) -> bool:
     """Whether `value`, as read from JSON, is of `kind` (a key of `_KIND_NAMES`): an integer
     is a number too, a boolean is not an integer."""
-    if kind == str | list[str]:
+    if kind == _STRINGS:
         return type(value) is str or (
             type(value) is list and all(type(item) is str for item in value)
         )
@@ -580,7 +583,7 @@ Upstream = Literal["openai", "anthropic"]
 names), or Anthropic's Messages API."""
 
 FORWARDED: Mapping[str, Any] = {
-    "stop": str | list[str],
+    "stop": _STRINGS,
     "seed": int,
     "top_p": float,
     "presence_penalty": float,
@@ -681,16 +684,9 @@ def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
     """
     given: dict[str, Any] = {}
     for key, kind in FORWARDED.items():
-        value = data.get(key)
-        if value is None:
-            continue
-        if not _is_kind(value, kind):
-            raise _bad(
-                f"'{key}' must be {_KIND_NAMES[kind]}, got {_json_type(value)}",
-                key,
-                "invalid_type",
-            )
-        given[key] = value
+        value = _optional(data, key, kind, None)
+        if value is not None:
+            given[key] = value
     if upstream == "openai":
         return given
     extra: dict[str, Any] = {}
