@@ -304,7 +304,7 @@ def mcp_toolset(
         include=_names(include, "include", owner),
         exclude=_names(exclude, "exclude", owner),
         command=command,
-        args=tuple(args),
+        args=args,
         env=_environment(env, owner),
         cwd=cwd,
         url=url,
@@ -667,7 +667,7 @@ class Connection:
                 while True:
                     try:
                         chunk = await stdout.receive()
-                    except (anyio.EndOfStream, anyio.ClosedResourceError, OSError):
+                    except _ENDED:
                         return
                     scanned = len(buffer)
                     buffer += chunk
@@ -694,7 +694,7 @@ class Connection:
             while True:
                 try:
                     await stdout.receive()
-                except (anyio.EndOfStream, anyio.ClosedResourceError, OSError):
+                except _ENDED:
                     return
 
         def parsed(line: bytes) -> SessionMessage | Exception:
@@ -709,7 +709,7 @@ class Connection:
                     async for message in sent:
                         text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
                         await stdin.send((text + "\n").encode())
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            except _CLOSED:
                 await received.aclose()  # the session sees the connection end
             except (KeyboardInterrupt, SystemExit) as exc:
                 self._interrupted(exc)
@@ -1096,6 +1096,9 @@ async def _stop_server(process: anyio.abc.Process) -> None:
 
 
 _CLOSED = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+# What reading a server's stdout raises once it has ended or been closed.
+_ENDED = (OSError, anyio.EndOfStream, anyio.ClosedResourceError)
 
 
 async def _close(stream: anyio.abc.AsyncResource) -> None:
