@@ -142,12 +142,14 @@ class Session:
             request: This turn's request options (temperature, max_tokens, tool_choice,
                 ...), as the pre hooks then find them on ``turn.request``.
             turn_ref: The turn's correlation id; a fresh one by default. One this session
-                already committed is a ValueError: the log would keep only the first.
+                already committed, or one the log holds from before (read from its
+                entries), is a ValueError: the log would keep only the first.
         """
         self._check_open("send")
         async with self._lock:
             self._check_closed("send")  # closed while this send waited for the turn before
             await self._settle()
+            await self._refuse_held(turn_ref)
             turn = self._turn(message, system, tools, request, turn_ref)
             try:
                 return await self._drive(None).run(turn)
@@ -181,6 +183,7 @@ class Session:
         async with self._lock:
             self._check_closed("stream")
             await self._settle()
+            await self._refuse_held(turn_ref)
             events = TurnEvents()
             turn = self._turn(message, system, tools, request, turn_ref)
             drive = self._drive(events._emit, events._caught_up, events._relay)
@@ -204,6 +207,31 @@ class Session:
             )
 
     # -- turns --------------------------------------------------------------------------------
+
+    async def _refuse_held(self, turn_ref: str | None) -> None:
+        """Refuse a caller's `turn_ref` the log already holds, before the turn runs.
+
+        The log would ignore the turn's commit (it keeps the first commit of a turn_ref):
+        the turn would be answered, reported committed and lost. `_turn` refuses those this
+        session committed without asking the log; one committed before it opened (by an
+        earlier session or another process) only the log's entries tell.
+        """
+        if turn_ref is None:
+            return  # a fresh one
+        check_turn_ref(turn_ref)  # as `_turn` would: a bad one is refused before the read
+        if turn_ref in self._committed or not is_async_callable(
+            getattr(self._log, "entries", None)
+        ):
+            # One `_turn` refuses; or a log of one's own with only load and append.
+            return
+        held = await self._log.entries(self._conversation_id)
+        if any(entry.turn_ref == turn_ref for entry in held):
+            raise ValueError(
+                f"conversation {self._conversation_id!r} already holds a commit under"
+                f" {turn_ref!r} (made by an earlier session or another process), and a log keeps"
+                " one commit per turn_ref: this turn would be answered and then lost — give"
+                " each turn its own turn_ref (or none, for a fresh one)"
+            )
 
     def _turn(
         self,

@@ -2,11 +2,13 @@
 runs, request options and a correlation id (`Session.send`, `Session.stream`), and a tool
 message that continues from the results of the calls the conversation ends with."""
 
+from pathlib import Path
+
 import pytest
 
 from pipeline import Pipeline, Session, cont, hook
 from pipeline import events as ev
-from pipeline.logs import MemoryLog
+from pipeline.logs import MemoryLog, SQLiteLog
 from pipeline.testing import ScriptedModel
 from turns import Message, RequestOptions, ToolCall, ToolResult, ToolSpec, Turn
 
@@ -116,6 +118,28 @@ async def test_a_turn_ref_the_session_already_committed_is_refused_before_the_tu
     assert (session.info.turns, len(model.requests)) == (2, 2)
     assert result.outcome == "completed"
     assert session.context == await log.load("c")
+
+
+@pytest.mark.parametrize("method", ["send", "stream"])
+async def test_a_turn_ref_an_earlier_session_committed_is_refused_before_the_turn_runs(
+    method: str, tmp_path: Path
+) -> None:
+    """Bug caught: a turn under a turn_ref the log already held from an earlier session was
+    answered and reported committed while the log ignored it, and the session's next turn
+    then failed with a LogConflict blaming another writer."""
+    model = ScriptedModel(["Hello.", "Bye."])
+    pipe = Pipeline(model=model)
+    async with SQLiteLog(str(tmp_path / "chats.db")) as log:
+        async with pipe.session(log=log, conversation_id="c") as session:
+            await session.send("hi", turn_ref="ref-1")
+        async with pipe.session(log=log, conversation_id="c") as session:
+            with pytest.raises(ValueError, match="already holds a commit under 'ref-1'"):
+                await again(session, method, "ref-1")
+            result = await session.send("bye")
+        assert (session.info.turns, len(model.requests)) == (1, 2)
+        assert result.outcome == "completed"
+        assert session.context == await log.load("c")
+        assert len(await log.entries("c")) == 2  # the first turn and "bye"
 
 
 @pytest.mark.parametrize("method", ["send", "stream"])
