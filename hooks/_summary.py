@@ -73,9 +73,10 @@ def running_summary(model: Model, *, every: int = 10) -> Hook:
     turns since the last summary into it; the new summary joins the log as a user message
     headed "Summary of the conversation so far:", its text part marked with
     `RUNNING_SUMMARY`. Turns are counted from the history the turn was answered from, so
-    the count survives the log. A summary that fails (the model raises or says nothing) is
-    reported as a `HookFailed` event and nothing is committed; the next try comes `every`
-    turns later. Pair it with ``compact=drop_oldest()``, which keeps the latest summary
+    the count survives the log; a turn continuing from tool results its caller ran is
+    counted with the turn that made the calls. A summary that fails (the model raises or
+    says nothing) is reported as a `HookFailed` event and nothing is committed; the next
+    try comes `every` turns later. Pair it with ``compact=drop_oldest()``, which keeps the latest summary
     while it drops the turns it covers.
 
     Raises:
@@ -93,8 +94,14 @@ def running_summary(model: Model, *, every: int = 10) -> Hook:
             )
         history = turn.context.messages
         latest, covered, uncovered = _coverage(history)
-        count = covered + _noted(history) + len(uncovered) + 1
-        if count % every:
+        # A turn continuing from tool results its caller ran (a tool message) finishes the
+        # turn that made the calls: in the log it reads as that turn's tool step, so it is
+        # counted with it, and a turn waiting for such results is summarized once they came.
+        asked = _asked(turn.user_message)
+        if not asked and not uncovered:
+            return cont(turn)
+        count = covered + _noted(history) + len(uncovered) + int(asked)
+        if count % every or _awaits_results(reply.messages):
             return cont(turn)
         previous = history[latest].text.removeprefix(_HEADING) if latest is not None else ""
         pending = [m for start, end in uncovered for m in history[start:end] if _marker(m) is None]
@@ -115,13 +122,18 @@ def running_summary(model: Model, *, every: int = 10) -> Hook:
                 " the next summary covers these turns too — check that the model answers the"
                 " summary prompt (its system prompt and max tokens)"
             )
-        through = _fingerprint(turn.user_message, reply.messages)
         folded = [  # every uncovered turn has a fingerprint: `_coverage` keeps only those
             fingerprint
             for start, end in uncovered
             if (fingerprint := _turn_fingerprint(history, start, end)) is not None
         ]
-        folded.append(through)
+        if asked:
+            through = _fingerprint(turn.user_message, reply.messages)
+            folded.append(through)
+        else:  # the fingerprint the turn it finishes will have in the log
+            start, end = uncovered[-1]
+            whole = (*history[start:end], turn.user_message, *reply.messages)
+            through = folded[-1] = _turn_fingerprint(whole, 0, len(whole)) or folded[-1]
         marker = {
             "turns": count,
             "through": through,
@@ -289,6 +301,11 @@ def _call_ids(message: Message) -> list[str]:
         for part in message.parts
         if type(part) is ToolCall or type(part) is ToolResult
     ]
+
+
+def _awaits_results(reply: Sequence[Message]) -> bool:
+    """Whether a reply ends with tool calls for its caller to run (a turn continues it)."""
+    return bool(reply) and any(type(part) is ToolCall for part in reply[-1].parts)
 
 
 def _injected_exchange(message: Message) -> bool:

@@ -19,7 +19,7 @@ from pipeline import (
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
-from turns import Context, Message, Reply, Text, ToolCall, ToolResult, Turn
+from turns import Context, Message, Reply, Text, ToolCall, ToolResult, ToolSpec, Turn
 
 HEADING = "Summary of the conversation so far:\n"
 
@@ -218,6 +218,34 @@ async def test_the_count_survives_the_log_across_sessions():
         async with pipe.session(log=log, conversation_id="c") as session:
             await session.send(f"question {n}")
     assert summary_texts((await log.load("c")).messages) == [(3, HEADING + "S after 3.")]
+
+
+async def test_turns_continuing_from_tool_results_the_caller_ran_are_counted_with_their_turn():
+    """Bug caught: a turn continuing from tool results its caller ran (a tool message, as a
+    gateway's client tools send) counted as a turn of its own, though the log reads it as its
+    turn's tool step, so every summary came early and folded in the whole conversation again."""
+    weather = ToolSpec("get_weather", "The weather.", {"type": "object", "properties": {}})
+    replies: list = []
+    for n in range(1, 5):
+        replies += [[ToolCall(f"c{n}", "get_weather", {})], f"answer {n}"]
+    summarizer = ScriptedModel(["S after 2.", "S after 4."])
+    pipe = Pipeline(model=ScriptedModel(replies), post=[running_summary(summarizer, every=2)])
+    log = MemoryLog()
+    async with pipe.session(log=log, conversation_id="c") as session:
+        for n in range(1, 5):
+            await session.send(f"question {n}", tools=[weather])
+            await session.send(Message.tool(ToolResult(f"c{n}", f"sunny {n}")))
+            await anyio.wait_all_tasks_blocked()
+    assert summary_texts((await log.load("c")).messages) == [
+        (2, HEADING + "S after 2."),
+        (4, HEADING + "S after 4."),
+    ]
+    second = summarizer.requests[1].messages[-1].text
+    assert ("question 2" in second, "question 3" in second, "answer 4" in second) == (
+        False,
+        True,
+        True,
+    )
 
 
 async def test_in_a_session_a_summary_that_lands_late_is_caught_up_with():
