@@ -81,6 +81,9 @@ class Session:
         # entries included: the log keeps the first commit of a turn_ref and ignores the
         # next, so a second commit under one of them would be lost.
         self._committed: set[str] = set()
+        # The turn_refs the log held from before this session, read once, when a caller
+        # first gives a turn_ref (`_refuse_held`); None until then.
+        self._held: frozenset[str] | None = None
         # Whether a commit ended unsure (asyncio's own cancellation, or a LogError, raised
         # out of an append that may have written: a PostgresLog commit whose answer was
         # lost): the log alone knows, so the next commit or turn reloads.
@@ -213,8 +216,9 @@ class Session:
 
         The log would ignore the turn's commit (it keeps the first commit of a turn_ref):
         the turn would be answered, reported committed and lost. `_turn` refuses those this
-        session committed without asking the log; one committed before it opened (by an
-        earlier session or another process) only the log's entries tell.
+        session committed without asking the log; those committed before it opened (by an
+        earlier session or another process) are read from the log's entries once, the first
+        time a caller gives a turn_ref, so a turn does not read the whole conversation.
         """
         if turn_ref is None:
             return  # a fresh one
@@ -224,8 +228,10 @@ class Session:
         ):
             # One `_turn` refuses; or a log of one's own with only load and append.
             return
-        held = await self._log.entries(self._conversation_id)
-        if any(entry.turn_ref == turn_ref for entry in held):
+        if self._held is None:
+            entries = await self._log.entries(self._conversation_id)
+            self._held = frozenset(entry.turn_ref for entry in entries)
+        if turn_ref in self._held:
             raise ValueError(
                 f"conversation {self._conversation_id!r} already holds a commit under"
                 f" {turn_ref!r} (made by an earlier session or another process), and a log keeps"
