@@ -4,6 +4,8 @@ A background hook (``hook(..., background=True)``) sees the committed turn. What
 cannot change the turn any more: its durable injections are committed on their own by a
 session; a failure, a timeout or a wrong return is recorded (a `HookFailed` event with
 ``enforced=False`` and an audit entry), never raised — the turn it follows already stands.
+Only a KeyboardInterrupt or SystemExit it raises is raised (its `HookFailed` enforced), and
+cuts the others short (each a `HookFailed` naming it).
 A shadow background hook's verdict is recorded and its injections are discarded.
 """
 
@@ -136,6 +138,19 @@ async def run_all_background(
     async def one(index: int, hooks: anyio.CancelScope) -> None:
         try:
             injected[index] = await run_background(runner, steps[index], turn, records[index])
+        except anyio.get_cancelled_exc_class():
+            # Only a hook that started can be cancelled in `run_background` (it awaits
+            # nothing before its HookStarted): one a sibling's interrupt cut short ends as a
+            # session's does, a failure not enforced. (A caller's cancellation stops the
+            # turn's consumer too: nobody would read it.)
+            stopped = [raised for raised in interrupts if raised is not None]
+            if stopped and runner.emit is not None:
+                # Named as `stopping_interrupt` picks it: the first raised before the cancel.
+                interrupt, _, who = min(stopped, key=lambda raised: raised[1])
+                cut = f"cut short: {who} raised {type(interrupt).__name__}, which stopped the turn"
+                step = steps[index]
+                runner.emit(ev.HookFailed(runner.turn_ref, step.name, step.stage, cut, False))
+            raise
         except (KeyboardInterrupt, SystemExit) as exc:
             # Raised below, by the task awaiting the hooks, as a parallel member's is: out of
             # a task, asyncio would stop its loop before the other hooks' tasks even started.

@@ -257,6 +257,8 @@ class Drive(Runner):
                 except BaseException as exc:
                     stamper.stamp = None
                     if not isinstance(exc, Exception) and not spurious_cancellation(exc):
+                        if isinstance(exc, KeyboardInterrupt | SystemExit):
+                            self.interrupted(step, exc, now() - started)
                         raise
                     self.fail(step, raised_by(step, exc), now() - started)
                     continue

@@ -160,6 +160,8 @@ class Runner:
                 result = await self.call(step, *args, threaded=threaded)
         except BaseException as exc:
             if not isinstance(exc, Exception) and not spurious_cancellation(exc):
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    self.interrupted(step, exc, self.now() - started, records)
                 raise
             error = raised_by(step, exc)
             (self.fail if failed is None else failed)(step, error, self.now() - started, records)
@@ -354,6 +356,29 @@ class Runner:
             step.stage,
             detail,
         )
+
+    def interrupted(
+        self,
+        step: Step,
+        exc: BaseException,
+        elapsed: float,
+        records: list[HookRecord] | None = None,
+    ) -> None:
+        """Record a hook that raised a KeyboardInterrupt or SystemExit and close its
+        HookStarted; the caller raises the interrupt on.
+
+        Its `HookFailed` is always enforced: an interrupt stops the turn (or the run or
+        session around a background hook) whatever the hook's ``on_error``, and is raised to
+        the caller. Nothing here awaits: the interrupt is not held back.
+        """
+        detail = exc_text(exc)
+        (self.records if records is None else records).append(
+            HookRecord(
+                step.name, step.stage, step.position, elapsed, "failed", step.hook.shadow, detail
+            )
+        )
+        if self.emit is not None:
+            self.emit(ev.HookFailed(self.turn_ref, step.name, step.stage, detail, True))
 
     # -- injections ---------------------------------------------------------------------------
 

@@ -101,14 +101,17 @@ class HookFinished(Event):
 @final
 @attrs.frozen
 class HookFailed(Event):
-    """A hook raised or timed out.
+    """A hook raised or timed out (or was cut short, see `enforced`).
 
     Attributes:
         hook: Its name.
         stage: Its stage.
         error: The failure, as ``"Type: message"``.
-        enforced: True when the failure stops the turn; False when the hook fails open
-            (``on_error="skip"``) or is a shadow hook.
+        enforced: True when the failure stops the turn, and always for a hook that raised
+            KeyboardInterrupt or SystemExit (raised to the caller whatever its
+            ``on_error``, a background hook's too); False when the hook fails open
+            (``on_error="skip"``), is a shadow hook, or is a background hook (one cut
+            short too, when a sibling's interrupt or a session's end cancelled it).
     """
 
     hook: str

@@ -71,6 +71,8 @@ from ._wire import (
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+_Ended = ev.HookFinished | ev.HookFailed | ev.HookSkipped
+"""The event a hook's run ends with."""
 
 MIB = 1 << 20
 _logger = logging.getLogger("turnplug.serve")
@@ -755,7 +757,7 @@ class Gateway:
         turn = turn.with_request(**_set(request.options))
         live = on_text if not self.holds else None
         timeout = self.settings.turn_timeout
-        ended: list[str] = []
+        ended: list[_Ended] = []
         pieces: list[str] = []
         try:
             with anyio.CancelScope(deadline=anyio.current_time() + timeout) as deadline:
@@ -786,17 +788,32 @@ class Gateway:
         self._cut_background(turn_ref, dict.fromkeys(cut, why))
         return accepted, pieces
 
-    def _stopped_background(self, turn_ref: str, ended: Sequence[str], exc: BaseException) -> None:
+    def _stopped_background(
+        self, turn_ref: str, ended: Sequence[_Ended], exc: BaseException
+    ) -> None:
         """Report the background hooks of an answered stateless turn that one of them stopped
         by raising `exc`, a KeyboardInterrupt or SystemExit: the one that raised it, and the
         others, which it cancelled.
 
-        The interrupt does not say which hook raised it: the hook is named when it was the
-        only one left running; among several, they are named together.
+        The pipeline ends each hook it started: the one that raised the interrupt with an
+        enforced `HookFailed` (no other background failure is enforced), each it cut short
+        with one of its own; read on the way (`ended`), they are on the page already. Only
+        the hooks not read ending are reported here (one not started yet, or all of them
+        when the turn's events stopped being read first). When the interrupt's own
+        `HookFailed` was not read, it does not say which hook raised it: the hook is named
+        when it was the only one left running; among several, they are named together.
         """
         left = self._unended(ended)
         raised = self.scrub(repr(exc))  # SystemExit(3), KeyboardInterrupt()
-        if len(left) == 1:
+        stopper = next((e.hook for e in ended if type(e) is ev.HookFailed and e.enforced), None)
+        if stopper is not None:
+            culprit = f"background hook {stopper!r}"
+            why = (
+                f"ended when {culprit} raised {raised}, which stops the gateway; the answer"
+                " was sent"
+            )
+            reasons = dict.fromkeys(left, why)
+        elif len(left) == 1:
             culprit = f"background hook {left[0]!r}"
             reasons = {left[0]: f"raised {raised}, which stops the gateway; the answer was sent"}
         else:
@@ -815,17 +832,18 @@ class Gateway:
         )
         self._cut_background(turn_ref, reasons)
 
-    def _unended(self, ended: Sequence[str]) -> list[str]:
-        """The background hooks of a stateless turn not read ending (`ended`), in order.
+    def _unended(self, ended: Sequence[_Ended]) -> list[str]:
+        """The background hooks of a stateless turn not read ending (`ended`, their end
+        events), in order.
 
         Also one whose `HookStarted` was not read, or that had not started yet: the turn's
         end (its timeout, an interrupt) stops the reading of its events, and the hooks
         start after the accepted reply.
         """
         left = list(self._background)
-        for name in ended:
-            if name in left:
-                left.remove(name)
+        for event in ended:
+            if event.hook in left:
+                left.remove(event.hook)
         return left
 
     def _cut_background(self, turn_ref: str, reasons: Mapping[str, str]) -> None:
@@ -999,12 +1017,12 @@ class Gateway:
         self,
         events: AsyncIterator[ev.Event],
         on_text: Callable[[str], Awaitable[None]] | None,
-        ended: list[str] | None = None,
+        ended: list[_Ended] | None = None,
     ) -> list[str]:
         """Publish a turn's events; its text goes to `on_text`, or is collected and returned.
 
-        `ended` receives the names of the hooks that ended (finished, failed or were
-        skipped) after the gateway's accepted hook: the background hooks.
+        `ended` receives the end events (finished, failed or skipped) of the hooks that
+        ended after the gateway's accepted hook: the background hooks.
         """
         pieces: list[str] = []
         accepted = False
@@ -1019,7 +1037,7 @@ class Gateway:
                 event, ev.HookFinished | ev.HookFailed | ev.HookSkipped
             ):
                 if accepted:
-                    ended.append(event.hook)
+                    ended.append(event)
                 elif event.hook == ACCEPTED_HOOK:
                     accepted = True
             self.publish(event)

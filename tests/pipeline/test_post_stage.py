@@ -1438,6 +1438,83 @@ async def test_the_interrupt_that_stopped_the_background_hooks_carries_the_other
     ]
 
 
+def hook_trace(events) -> list[tuple[str, str, str | None, bool | None]]:
+    """The hook events of `events`: kind, hook, error (or verdict) and whether enforced."""
+    return [
+        (
+            type(e).__name__,
+            e.hook,
+            getattr(e, "error", getattr(e, "verdict", None)),
+            getattr(e, "enforced", None),
+        )
+        for e in events
+        if type(e) in (ev.HookStarted, ev.HookFinished, ev.HookFailed)
+    ]
+
+
+def leaving_while_slow_runs() -> Pipeline:
+    """Background hooks 'slow', which waits forever, and 'leave', which raises SystemExit(5)
+    once 'slow' has started."""
+    started = anyio.Event()
+
+    async def slow(turn):
+        started.set()
+        await anyio.sleep_forever()
+
+    async def leave(turn):
+        await started.wait()
+        raise SystemExit(5)
+
+    post = [hook(slow, name="slow", background=True), hook(leave, name="leave", background=True)]
+    return Pipeline(model=ScriptedModel(["ok"]), post=post)
+
+
+@pytest.mark.parametrize("where", ["pipeline", "session"])
+async def test_background_hooks_an_interrupt_stopped_each_end_once_in_the_events(where):
+    """Bug caught: a background hook raising SystemExit, and the background hook it cut short
+    (without a session), left their HookStarted open in the events, so a timeline showed
+    them running forever."""
+    pipe = leaving_while_slow_runs()
+    seen: list[ev.Event] = []
+
+    async def main() -> None:
+        if where == "pipeline":
+            async with pipe.stream(Turn.start("hi")) as events:
+                async for event in events:
+                    seen.append(event)
+            return
+        try:
+            async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+                await session.send("hi")
+                await anyio.sleep_forever()
+        finally:
+            seen.extend(session.events)
+
+    with pytest.raises(SystemExit):
+        await main()
+    if where == "session":
+        cut = (
+            "cut short: background hook 'leave' raised SystemExit, which stopped the session;"
+            " nothing of it was committed"
+        )
+    else:
+        cut = (
+            "cut short: background hook 'leave' (post, position 2) raised SystemExit, which"
+            " stopped the turn"
+        )
+    trace = hook_trace(seen)
+    # The two start together, in the order the loop runs their tasks.
+    assert sorted(trace[:2]) == [
+        ("HookStarted", "leave", None, None),
+        ("HookStarted", "slow", None, None),
+    ]
+    assert trace[2:] == [
+        ("HookFailed", "leave", "SystemExit: 5", True),
+        ("HookFailed", "slow", cut, False),
+    ]
+    assert pairing_problems(seen) == []
+
+
 async def test_background_hooks_interrupted_at_the_same_instant_raise_the_first_declared():
     """Bug caught: run without a session, background hooks raising KeyboardInterrupt and
     SystemExit at the same instant raised the one the loop happened to run first (at random

@@ -21,6 +21,7 @@ from pipeline import (
     parallel,
     regenerate,
 )
+from pipeline import events as ev
 from pipeline.events import Committed, Event, HookStarted, TextDelta, TurnFinished
 from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
@@ -1237,3 +1238,59 @@ async def test_a_consumer_that_turns_the_interrupt_into_its_own_error_keeps_it(w
     with pytest.raises(RuntimeError, match="aborted by the user") as info:
         await no_interrupt_after(main)
     assert isinstance(info.value.__cause__, KeyboardInterrupt)
+
+
+def interrupted_at(where: str) -> Pipeline:
+    """A pipeline whose hook 'stop' raises KeyboardInterrupt: an ordered pre hook (the
+    drive's inlined path, or with a when= predicate), a post hook, or a parallel group's
+    member once its sibling 'other' has started."""
+    started = anyio.Event()
+
+    async def stop(turn):
+        await started.wait()
+        raise KeyboardInterrupt
+
+    async def other(turn):
+        started.set()
+        await anyio.sleep_forever()
+
+    if where != "member":
+        started.set()
+    model = ScriptedModel(["never" if where != "post" else "ok"])
+    if where == "pre":
+        return Pipeline(model=model, pre=[hook(stop, name="stop")])
+    if where == "pre_when":
+        return Pipeline(model=model, pre=[hook(stop, name="stop", when=lambda turn: True)])
+    if where == "post":
+        return Pipeline(model=model, post=[hook(stop, name="stop")])
+    group = parallel(hook(stop, name="stop"), hook(other, name="other"))
+    return Pipeline(model=model, pre=[group])
+
+
+@pytest.mark.parametrize("where", ["pre", "pre_when", "post", "member"])
+async def test_a_hook_raising_an_interrupt_ends_its_hook_started_in_the_events(where):
+    """Bug caught: an ordered hook or a parallel member raising KeyboardInterrupt left its
+    HookStarted open in the streamed events, so a timeline showed it running forever."""
+    seen: list[Event] = []
+
+    async def consume(events: AsyncIterable[Event]) -> None:
+        async for event in events:
+            seen.append(event)
+
+    with pytest.raises(KeyboardInterrupt):
+        await consume_in("pipeline", interrupted_at(where), consume)
+    trace = [
+        (type(e).__name__, e.hook, getattr(e, "error", getattr(e, "verdict", None)))
+        for e in seen
+        if type(e) in (ev.HookStarted, ev.HookFinished, ev.HookFailed)
+    ]
+    if where == "member":
+        # The two start together, in the order the loop runs their tasks.
+        assert sorted(trace[:2]) == [("HookStarted", "other", None), ("HookStarted", "stop", None)]
+        assert trace[2:] == [
+            ("HookFailed", "stop", "KeyboardInterrupt"),
+            ("HookFinished", "other", "cancelled"),
+        ]
+    else:
+        assert trace == [("HookStarted", "stop", None), ("HookFailed", "stop", "KeyboardInterrupt")]
+    assert [e.enforced for e in seen if type(e) is ev.HookFailed] == [True]
