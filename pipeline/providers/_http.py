@@ -247,7 +247,7 @@ def retry_after(headers: Mapping[str, str], now: float | None = None) -> float |
     except ValueError:
         try:
             when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # a year or offset past a datetime's
             return None
         delay = when.timestamp() - (time.time() if now is None else now)
         return max(delay, 0.0)

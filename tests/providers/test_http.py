@@ -89,6 +89,27 @@ def test_garbage_retry_after_is_no_hint() -> None:
     assert retry_after({"retry-after": "soon"}) is None
 
 
+ABSURD_DATES = [
+    "Mon, 01 Jan 99999999999 00:00:00 GMT",
+    "Mon, 01 Jan 2025 00:00:00 +99999999999999999999",
+    "Mon, 01 Jan 2025 00:00:99999999999999999999 GMT",
+]
+
+
+@pytest.mark.parametrize("date", ABSURD_DATES)
+async def test_a_retry_after_date_past_any_calendar_is_no_hint(
+    server: ProtocolServer, date: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Bug caught: a 429 whose retry-after date had a year or an offset too large for a
+    datetime raised a bare OverflowError out of the call, where garbage is no hint."""
+    assert retry_after({"retry-after": date}) is None
+    server.script(
+        wire.json_error(429, OPENAI_ERROR, [("retry-after", date)]),
+        wire.stream(wire.openai_text(["ok"])),
+    )
+    assert (await collect(openai(server)))[0] == ModelText("ok")
+
+
 @pytest.mark.parametrize(("made", "delay"), [(0, 0.5), (1, 1.0), (2, 2.0), (5, 8.0), (9, 8.0)])
 def test_backoff_doubles_from_half_a_second_up_to_eight(made: int, delay: float) -> None:
     assert backoff(made, 0.0) == delay
