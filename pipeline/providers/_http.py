@@ -17,6 +17,7 @@ a session or the CLI) every call goes through one `httpx.AsyncClient`, so connec
 kept alive and reused; unheld, each call opens a client of its own and closes it.
 """
 
+import datetime
 import email.utils
 import functools
 import json
@@ -249,6 +250,10 @@ def retry_after(headers: Mapping[str, str], now: float | None = None) -> float |
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, OverflowError):  # a year or offset past a datetime's
             return None
+        if when.tzinfo is None:
+            # No zone (HTTP's asctime format, or ``-0000``): HTTP dates are GMT, never the
+            # local time `timestamp` would read them in.
+            when = when.replace(tzinfo=datetime.UTC)
         delay = when.timestamp() - (time.time() if now is None else now)
         return max(delay, 0.0)
     return delay if delay >= 0 else None

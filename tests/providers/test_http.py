@@ -6,9 +6,12 @@ import datetime
 import decimal
 import email.utils
 import json
+import os
 import re
 import socket
+import time
 import tracemalloc
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -87,6 +90,36 @@ def test_retry_after_as_an_http_date() -> None:
 
 def test_garbage_retry_after_is_no_hint() -> None:
     assert retry_after({"retry-after": "soon"}) is None
+
+
+@pytest.fixture
+def local_time_five_hours_behind_utc() -> Iterator[None]:
+    """The process's local time zone set to UTC-5 for the test, then restored."""
+    saved = os.environ.get("TZ")
+    os.environ["TZ"] = "EST+5"
+    time.tzset()
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = saved
+        time.tzset()
+
+
+@pytest.mark.parametrize(
+    "date",
+    ["Sun Nov  6 08:49:37 1994", "Sun, 06 Nov 1994 08:49:37", "Sun, 06 Nov 1994 08:49:37 -0000"],
+    ids=["asctime", "no-zone", "unknown-zone"],
+)
+@pytest.mark.usefixtures("local_time_five_hours_behind_utc")
+def test_a_retry_after_date_without_a_zone_is_read_as_gmt(date: str) -> None:
+    """Bug caught: a retry-after date without a zone (HTTP's asctime format, which is GMT) was
+    read in the machine's local time, so 7 s asked for became 18007 s five hours west of UTC
+    (no retry at all) and nothing east of it."""
+    now = datetime.datetime(1994, 11, 6, 8, 49, 30, tzinfo=datetime.UTC).timestamp()
+    assert retry_after({"retry-after": date}, now=now) == 7.0
 
 
 ABSURD_DATES = [
