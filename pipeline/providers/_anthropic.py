@@ -23,6 +23,7 @@ from ._convert import (
     options_sent,
     own_id,
     protocol_error,
+    quoted,
     rejoin_halves,
     sendable_arguments,
     text_choice,
@@ -458,7 +459,9 @@ class AnthropicStreamParser:
         else:
             said = str(error)
         return protocol_error(
-            self.provider, self.request_id, f"{self.provider} reported an error mid-stream: {said}"
+            self.provider,
+            self.request_id,
+            f"{self.provider} reported an error mid-stream: {quoted(said)}",
         )
 
 

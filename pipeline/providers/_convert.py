@@ -20,6 +20,20 @@ _QUOTED = 200
 """How much of undecodable arguments the model is shown back (all of it stays in the meta)."""
 
 
+QUOTE_CAP = 2000
+"""The most characters of a provider's own error message an error quotes. Real ones are a
+sentence or a few (a long validation error, a few hundred characters); a server that sends a
+megabyte of message, mid-stream or in an error body, must not make every log line and
+traceback that shows the error that long."""
+
+
+def quoted(said: str) -> str:
+    """What a provider said, as an error quotes it: at most `QUOTE_CAP` characters."""
+    if len(said) <= QUOTE_CAP:
+        return said
+    return f"{said[:QUOTE_CAP]}... ({len(said) - QUOTE_CAP} more characters)"
+
+
 def decode_json(data: str, *, strict: bool = False) -> Any:
     """`json.loads`, with nesting too deep for the decoder a `ValueError` like any other
     malformed JSON (Python's decoder recurses: 100,000 brackets raise `RecursionError`).

@@ -48,7 +48,7 @@ from .._errors import (
     RequestError,
 )
 from .._model import ModelEvent
-from ._convert import decode_json
+from ._convert import decode_json, quoted
 from ._encoding import (
     ACCEPT_ENCODING,
     Decode,
@@ -658,7 +658,9 @@ def status_error(
     # Decoding may turn an escaped key back into the key: scrub what was decoded too.
     kind, text = (None if part is None else scrub(part, secret) for part in error_detail(body))
     request_id = request_id_of(headers, secret)
-    said = f"{kind}: {text}" if kind and text else (text or kind or body[:200] or "(empty body)")
+    said = quoted(f"{kind}: {text}" if kind and text else (text or kind or "")) or (
+        body[:200] or "(empty body)"
+    )
     message = f"{endpoint.provider} answered HTTP {status} at {endpoint.shown}: {said}"
     if request_id:
         message += f" (request id {request_id})"
@@ -1010,7 +1012,7 @@ async def _check_content_type(endpoint: Endpoint, response: httpx.Response) -> N
         detail = [
             None if part is None else scrub(part, endpoint.secret) for part in error_detail(body)
         ]
-        said = ": ".join(part for part in detail if part) or body[:200].strip()
+        said = quoted(": ".join(part for part in detail if part)) or body[:200].strip()
         raise ProviderProtocolError(
             f"{endpoint.provider} answered {response.status_code} with content-type"
             f" {kind or '(none)'!r} at {endpoint.shown}, expected a text/event-stream — is the"

@@ -28,6 +28,7 @@ from ._convert import (
     options_sent,
     own_id,
     protocol_error,
+    quoted,
     rejoin_halves,
     sendable_arguments,
     text_choice,
@@ -388,7 +389,7 @@ class OpenAIStreamParser:
             message = error.get("message")
         else:
             kind, message = None, error
-        said = f"{kind}: {message}" if kind else str(message)
+        said = quoted(f"{kind}: {message}" if kind else str(message))
         return protocol_error(
             self.provider, self.request_id, f"{self.provider} reported an error mid-stream: {said}"
         )

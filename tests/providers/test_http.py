@@ -693,6 +693,35 @@ async def test_an_anthropic_error_event_keeps_type_and_message(server: ProtocolS
     assert "overloaded_error: Overloaded" in str(error)
 
 
+def huge_error(where: str) -> wire.Reply:
+    """An error whose message is a megabyte (60 KB in an error body, under its cap): in an OpenAI
+    error chunk, in an Anthropic error event, in a 400's body or in a 200's JSON body."""
+    if where == "openai-chunk":
+        error = {"error": {"type": "server_error", "message": "x" * 1_000_000}}
+        return wire.stream((*wire.openai_text(["partial"])[:2], wire.sse(error)))
+    if where == "anthropic-event":
+        error = {"type": "error", "error": {"type": "api_error", "message": "x" * 1_000_000}}
+        return wire.stream((*wire.anthropic_text(["partial"])[:4], wire.sse(error, "error")))
+    error = {"error": {"type": "invalid_request_error", "message": "x" * 60_000}}
+    return wire.json_error(400 if where == "status" else 200, error)
+
+
+@pytest.mark.parametrize("where", ["openai-chunk", "anthropic-event", "status", "200-json"])
+async def test_a_huge_error_message_is_quoted_in_bounded_length(
+    server: ProtocolServer, where: str
+) -> None:
+    """Bug caught: the provider's own error message was quoted whole in the error, a 1 MB
+    mid-stream error making a 1 MB exception message (in every log line and traceback)."""
+    server.script(huge_error(where))
+    model = anthropic(server) if where == "anthropic-event" else openai(server)
+    error = await fails(model, ProviderError)
+    message = str(error)
+    assert len(message) < 10_000
+    assert re.search(r"x{1000}\.\.\. \(\d+ more characters\)", message)
+    if where == "status":
+        assert error.body.endswith("x" * 1000 + '"}}')  # type: ignore[attr-defined]
+
+
 async def test_invalid_json_in_a_data_line_is_a_protocol_error(server: ProtocolServer) -> None:
     server.script(wire.stream((wire.openai_text(["a"])[0], b'data: {"choices": [\n\n')))
     error = await fails_in_pipeline(openai(server), ProviderProtocolError)
