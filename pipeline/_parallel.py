@@ -41,7 +41,11 @@ async def run_group(runner: Runner, group: Group, turn: Turn) -> Turn | Halt:
     meanwhile.
     """
     members = [_Member(step) for step in group.members]
-    running = [m for m in members if m.step.hook.when is None or runner.passes(m.step, turn)]
+    # A member skipped (or failing open in its `when=`) is recorded with the others, at its
+    # position: the group's audit records follow declaration order.
+    running = [
+        m for m in members if m.step.hook.when is None or runner.passes(m.step, turn, m.records)
+    ]
     try:
         async with anyio.create_task_group() as members_group:
             for member in running:

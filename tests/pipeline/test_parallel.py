@@ -406,6 +406,27 @@ async def test_group_audit_records_follow_declaration_order_whatever_finishes_fi
     ]
 
 
+def broken_predicate(turn):
+    raise ValueError("when= broke")
+
+
+@pytest.mark.parametrize(
+    ("when", "verdict"), [(lambda turn: False, "skipped"), (broken_predicate, "failed")]
+)
+async def test_a_skipped_members_audit_record_keeps_its_declaration_position(when, verdict):
+    """Bug caught: a member skipped by its `when=` (or failing open in it) was audited before
+    every member of its group, whatever its position, as the others were added after the run."""
+    pipe = pipe_with(
+        parallel(member("first"), member("middle", when=when, on_error="skip"), member("last"))
+    )
+    result = await pipe.run(Turn.start("hi"))
+    assert [(r.hook, r.verdict) for r in result.audit.hooks] == [
+        ("first", "parts"),
+        ("middle", verdict),
+        ("last", "parts"),
+    ]
+
+
 # -- shadow members ---------------------------------------------------------------------------
 
 
