@@ -282,7 +282,8 @@ class Seam:
                 if text:
                     text = instance.feed(text)
             except Exception as exc:
-                raise self._failed(index, "flush()", exc) from exc
+                # Its feed, given what the transformers before it released at the end.
+                raise self._failed(index, "feed()", exc) from exc
             if type(text) is not str:
                 raise self._wrong(index, "feed()", text)
             try:

@@ -679,6 +679,27 @@ async def test_flush_returning_none_is_a_return_error():
     assert "'forgetful'" in str(info.value)
 
 
+async def test_a_feed_failing_on_the_text_released_at_the_end_is_named_as_feed():
+    """Bug caught: a transformer whose feed() raised on the text a transformer before it
+    released on flush was reported as raising in flush(), a method that never ran."""
+
+    class NoBang(Shout):
+        def feed(self, text: str) -> str:
+            if "!" in text:
+                raise ValueError("no exclamations")
+            return text
+
+    class Exclaim(Shout):
+        def flush(self) -> str:
+            return "!"
+
+    with pytest.raises(HookFailed) as info:
+        await pipe_with(Factory("exclaim", Exclaim), Factory("calm", NoBang)).run(start())
+    assert info.value.hook == "calm"
+    assert "in feed()" in str(info.value)
+    assert "flush()" not in str(info.value)
+
+
 # -- run and stream -------------------------------------------------------------------------
 
 
