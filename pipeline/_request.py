@@ -174,9 +174,14 @@ async def call_model(
                         provider=_model_name(model),
                     )
     except Exception as exc:
-        if seam is not None and seam.failure is not None and exc is seam.failure:
+        if seam is not None and seam.failure is not None:
+            # The seam failed in the model's block: its failure, even when the model hands
+            # it back wrapped (a stream that reads in a task group of its own raises an
+            # ExceptionGroup holding it).
             _transformer_failed(runner, seam.failure)
-            raise
+            if exc is seam.failure:
+                raise
+            raise seam.failure from seam.failure.__cause__
         # A model's PipelineError (a provider's, or a wrapped model's) is raised as it is; a
         # HookError is not one: a pipeline the model ran failed, so the model failed.
         if isinstance(exc, PipelineError) and not isinstance(exc, HookError):

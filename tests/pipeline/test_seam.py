@@ -3,7 +3,8 @@
 import inspect
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
@@ -13,6 +14,9 @@ from pipeline import (
     ConfigError,
     HookFailed,
     HookReturnError,
+    ModelFinish,
+    ModelRequest,
+    ModelText,
     Pipeline,
     cont,
     per_chunk,
@@ -698,6 +702,35 @@ async def test_a_feed_failing_on_the_text_released_at_the_end_is_named_as_feed()
     assert info.value.hook == "calm"
     assert "in feed()" in str(info.value)
     assert "flush()" not in str(info.value)
+
+
+class ReadInTaskGroup:
+    """A model whose stream is read by a task of its own, in a task group around the block."""
+
+    @asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[object]:
+        send, receive = anyio.create_memory_object_stream[object](4)
+
+        async def produce() -> None:
+            async with send:
+                for text in ("hel", "lo"):
+                    await send.send(ModelText(text))
+                await send.send(ModelFinish("stop"))
+
+        async with anyio.create_task_group() as tasks, receive:
+            tasks.start_soon(produce)
+            yield receive
+
+
+async def test_a_transformer_failing_in_a_model_stream_with_a_task_group_is_still_named():
+    """Bug caught: a transformer's failure inside a model's stream that runs a task group
+    came back wrapped in an ExceptionGroup and was raised as a ProviderError blaming the
+    model, with no HookFailed event naming the transformer."""
+    pipe = Pipeline(model=ReadInTaskGroup(), transformers=[failing("scrubber")])
+    with pytest.raises(HookFailed) as info:
+        await collect(pipe, start())
+    assert (info.value.hook, info.value.stage) == ("scrubber", "transformers")
+    assert isinstance(info.value.__cause__, ValueError)
 
 
 # -- run and stream -------------------------------------------------------------------------
