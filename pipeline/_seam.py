@@ -82,6 +82,11 @@ def per_chunk(fn: Callable[[str], str], *, name: str | None = None) -> PerChunk:
     """
     if not callable(fn):
         raise ConfigError(f"per_chunk() needs a function str -> str, got {fn!r}")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ConfigError(
+            f"per_chunk({callable_name(fn)}, name=...) must be non-empty text (it keys the"
+            f" transformer's annotations and names it in errors), got {describe(name)}"
+        )
     if is_async_callable(fn):
         raise ConfigError(
             f"per_chunk({callable_name(fn)}) needs a plain function str -> str, got an async"

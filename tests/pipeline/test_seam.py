@@ -407,6 +407,15 @@ def test_per_chunk_is_named_after_its_function():
     assert per_chunk(scrub, name="cleaner").name == "cleaner"
 
 
+@pytest.mark.parametrize("name", [3, "", "  ", b"shout"])
+def test_per_chunk_refuses_a_name_that_is_not_text(name: object):
+    """Bug caught: per_chunk(fn, name=3) was accepted and named the transformer 'PerChunk' in
+    errors and annotations, and a blank name fell back to the function's without a word."""
+    with pytest.raises(ConfigError, match=r"per_chunk\(.*upper.*name=") as info:
+        per_chunk(str.upper, name=name)  # type: ignore[arg-type]
+    assert repr(name) in str(info.value)
+
+
 def test_per_chunk_refuses_what_is_not_a_function():
     with pytest.raises(ConfigError, match="'upper'"):
         per_chunk("upper")  # type: ignore[arg-type]
