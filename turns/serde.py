@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, get_args, get_origin
 
@@ -276,32 +277,73 @@ def to_json(obj: Any) -> str:
 
     Raises:
         TypeError, ValueError: An opaque value (`meta`, `arguments`, ...) JSON cannot hold
-            (a date, a set, bytes, NaN); the message names its path.
+            (a date, a set, bytes, NaN, a key that is not a string, an int of more digits
+            than Python writes as text); the message names its path.
     """
     data = to_dict(obj)
     try:
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         found = _not_json(data, _name(type(obj)))
         if found is None:  # a key JSON cannot hold (a tuple): its own message says which
             raise
-        path, value = found
-        raise type(exc)(
-            f"cannot write a {_name(type(obj))} as JSON: {path} holds {_shown(value)}, which"
-            " JSON cannot hold — convert it first (a date to its ISO text, a set to a sorted"
-            " list; no NaN or infinity)"
-        ) from exc
+        raise (TypeError if found[2] == "key" else type(exc))(_unwritable(obj, *found)) from exc
+    # json writes the keys 1, 1.5, True and None as "1", "1.5", "true" and "null": the
+    # record would read back as another one (two keys could even become one). Looked for in
+    # one flat pass; the path is named only when a key that is not a str turns up.
+    if not _str_keys(data):
+        found = _not_json(data, _name(type(obj)))
+        if found is not None:
+            raise TypeError(_unwritable(obj, *found))
+    return text
 
 
-def _not_json(value: Any, path: str) -> tuple[str, Any] | None:
-    """The path and value of the first leaf in `value` that JSON cannot hold, or None."""
+def _unwritable(obj: Any, path: str, value: Any, kind: str) -> str:
+    """`to_json`'s message for `value`, at `path`, which JSON cannot hold."""
+    name = _name(type(obj))
+    if kind == "key":
+        return (
+            f"cannot write a {name} as JSON: {path} holds the key {_shown(value)}, and JSON"
+            " keys are strings, so it would read back as another value — use string keys"
+        )
+    if kind == "int":
+        return (
+            f"cannot write a {name} as JSON: {path} holds an int of more than"
+            f" {sys.get_int_max_str_digits()} digits, more than Python writes as text (see"
+            " sys.set_int_max_str_digits) — write it as a string"
+        )
+    return (
+        f"cannot write a {name} as JSON: {path} holds {_shown(value)}, which"
+        " JSON cannot hold — convert it first (a date to its ISO text, a set to a sorted"
+        " list; no NaN or infinity)"
+    )
+
+
+def _str_keys(data: Any) -> bool:
+    """Whether every key of every mapping in `data` (what `to_dict` made) is a plain str."""
+    pending = [data]
+    pop, extend = pending.pop, pending.extend
+    while pending:
+        item = pop()
+        kind = type(item)
+        if kind is dict:
+            for key in item:
+                if type(key) is not str:
+                    return False
+            extend(item.values())
+        elif kind is list:
+            extend(item)
+    return True
+
+
+def _not_json(value: Any, path: str) -> tuple[str, Any, str] | None:
+    """The path, value and kind (``"key"``, ``"int"`` or ``"value"``) of the first thing in
+    `value` that JSON cannot hold, or None."""
     if isinstance(value, dict):
         for key, item in value.items():
-            inner = (
-                f"{path}.{key}"
-                if isinstance(key, str) and key.isidentifier()
-                else f"{path}[{key!r}]"
-            )
+            if not isinstance(key, str):
+                return path, key, "key"
+            inner = f"{path}.{key}" if key.isidentifier() else f"{path}[{key!r}]"
             found = _not_json(item, inner)
             if found is not None:
                 return found
@@ -313,10 +355,20 @@ def _not_json(value: Any, path: str) -> tuple[str, Any] | None:
                 return found
         return None
     if isinstance(value, float):
-        return None if math.isfinite(value) else (path, value)
+        return None if math.isfinite(value) else (path, value, "value")
+    if isinstance(value, int) and value.bit_length() > _SHORT_INT_BITS:
+        try:
+            int.__repr__(value)
+        except ValueError:  # more digits than sys.get_int_max_str_digits()
+            return path, value, "int"
+        return None
     if value is None or isinstance(value, str | int):
         return None
-    return path, value
+    return path, value, "value"
+
+
+# No int of this many bits has more digits than the least limit Python allows (640).
+_SHORT_INT_BITS = 2000
 
 
 def from_json(cls: type[T], text: str | bytes) -> T:
@@ -333,6 +385,12 @@ def from_json(cls: type[T], text: str | bytes) -> T:
         raise ValueError(f"cannot read a {_name(cls)} from this data: {_TOO_DEEP}") from None
     except _Refused as exc:
         raise ValueError(f"cannot read a {_name(cls)} from this data: {exc}") from None
+    except ValueError as exc:
+        if isinstance(exc, json.JSONDecodeError):  # not JSON: json's error says where
+            raise
+        # An int of more digits than Python reads (sys.set_int_max_str_digits), or bytes
+        # that are not UTF-8: json's message names neither the record nor the cause.
+        raise ValueError(f"cannot read a {_name(cls)} from this data: {exc}") from exc
     return from_dict(cls, data)
 
 

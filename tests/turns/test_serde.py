@@ -490,3 +490,61 @@ def test_from_json_refuses_a_number_to_json_could_not_write_back(text: str, show
     writing back a record failed on the write, far from the bad input."""
     with pytest.raises(ValueError, match=f"cannot read a Text from this data: {shown}"):
         from_json(Text, text)
+
+
+# Keys a Python mapping may hold that JSON writes as text: 1 as "1", True as "true".
+_keys = st.one_of(
+    st.text(max_size=3), st.integers(), st.booleans(), st.none(), st.floats(allow_nan=False)
+)
+
+
+@given(st.dictionaries(_keys, st.integers(), max_size=4))
+def test_to_json_gives_back_the_record_or_refuses_a_key_that_is_no_string(
+    meta: dict[Any, int],
+) -> None:
+    """Bug caught: `to_json` writing the meta key 1 as "1" (and True as "true", two keys 1
+    and "1" as one), so that `from_json` gave back another record than was written."""
+    text = Text("a", meta=meta)
+
+    if all(type(key) is str for key in meta):
+        assert from_json(Text, to_json(text)) == text
+    else:
+        with pytest.raises(
+            TypeError, match=r"cannot write a Text as JSON: Text\.meta holds the key"
+        ):
+            to_json(text)
+
+
+def test_a_key_that_is_no_string_deep_in_a_value_is_named_with_its_path() -> None:
+    """Bug caught: `to_json` writing a nested key 7 as "7" without a word, which read back
+    as another record."""
+    call = ToolCall("c1", "search", {"filters": [{"tag": "a"}, {7: "b"}]})
+
+    with pytest.raises(
+        TypeError, match=r"ToolCall\.arguments\.filters\[1\] holds the key int 7, and JSON keys"
+    ):
+        to_json(call)
+
+
+def test_an_int_too_long_for_python_to_write_is_named_with_its_path() -> None:
+    """Bug caught: `to_json` of a count of 5,000 digits failing with Python's bare "Exceeds
+    the limit (4300 digits)", naming neither the record nor the field."""
+    with pytest.raises(
+        ValueError, match=r"cannot write a Usage as JSON: Usage\.input_tokens holds an int of"
+    ):
+        to_json(Usage(10**5000))
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ('{"input_tokens": ' + "9" * 5000 + ', "output_tokens": 0}', "Exceeds the limit"),
+        (b'{"input_tokens": 1, "output_tokens": \xff}', "can't decode byte 0xff"),
+    ],
+    ids=["int-too-long", "not-utf-8"],
+)
+def test_from_json_names_the_record_of_text_python_cannot_read(text: str | bytes, shown) -> None:
+    """Bug caught: `from_json` of an int of 5,000 digits, or of bytes that are not UTF-8,
+    raising json's bare error, which named no record."""
+    with pytest.raises(ValueError, match=f"cannot read a Usage from this data: .*{shown}"):
+        from_json(Usage, text)
