@@ -13,12 +13,14 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
+    Iterable,
     Sequence,
 )
 from contextlib import AbstractAsyncContextManager
 from typing import TypeAlias, final
 
 from turns import ToolCall, Usage
+from turns._parts import part_problem
 
 from ._budget import CHARS_PER_TOKEN, estimate_tokens, message_tokens, part_tokens
 from ._errors import ProviderError
@@ -36,11 +38,18 @@ def _check_reply(reply: object, where: str) -> tuple[ScriptItem, ...]:
     if isinstance(reply, list | tuple):
         for item in reply:
             # Plain chunks first: a reply of many chunks is checked once per model call.
-            if type(item) is not str and not isinstance(item, str | ToolCall):
+            if type(item) is str:
+                continue
+            if not isinstance(item, str | ToolCall):
                 raise TypeError(
                     f"{where}: a reply's items must be str chunks or ToolCall parts, got"
                     f" {type(item).__name__} {item!r}"
                 )
+            # A tool call with an id that is no str, or arguments that are no mapping,
+            # would otherwise fail as the pipeline builds the reply, naming no reply.
+            problem = part_problem(item) if isinstance(item, ToolCall) else None
+            if problem is not None:
+                raise TypeError(f"{where}: {problem}")
         return tuple(reply)
     raise TypeError(
         f"{where}: a reply must be a str or a list of str chunks and ToolCall parts, got"
@@ -170,6 +179,11 @@ class ScriptedModel:
     def __init__(self, replies: Sequence[ScriptReply]) -> None:
         if isinstance(replies, str):
             raise TypeError("ScriptedModel takes a list of replies; wrap a single reply: [reply]")
+        if not isinstance(replies, Iterable):
+            raise TypeError(
+                f"ScriptedModel takes a list of replies, got {type(replies).__name__}"
+                f' {replies!r:.60} — e.g. ScriptedModel(["Hello!"])'
+            )
         self.replies: tuple[tuple[ScriptItem, ...], ...] = tuple(
             _check_reply(reply, f"ScriptedModel reply {index}")
             for index, reply in enumerate(replies, 1)

@@ -129,6 +129,32 @@ def test_scripted_model_rejects_a_bare_str_instead_of_a_list():
         ScriptedModel("Hello!")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        pytest.param(ToolCall(3, "lookup"), "ToolCall.id and .name must be str", id="int-id"),  # type: ignore[arg-type]
+        pytest.param(
+            ToolCall("call-1", "lookup", arguments=["q"]),  # type: ignore[arg-type]
+            "ToolCall.arguments must be a mapping",
+            id="list-arguments",
+        ),
+    ],
+)
+def test_scripted_model_rejects_a_malformed_tool_call_at_construction_naming_its_reply(call, says):
+    """Bug caught: a scripted tool call with an int id or list arguments was taken, and the
+    turn that played it failed with a bare TypeError naming neither the model nor the reply."""
+    with pytest.raises(TypeError, match=rf"^ScriptedModel reply 2: {re.escape(says)}"):
+        ScriptedModel(["fine", ["calling", call]])
+
+
+@pytest.mark.parametrize("script", [42, None], ids=["int", "none"])
+def test_scripted_model_rejects_a_script_that_is_no_list_saying_what_to_pass(script):
+    """Bug caught: `ScriptedModel(42)` failing with Python's bare "'int' object is not
+    iterable", which did not say a list of replies was wanted."""
+    with pytest.raises(TypeError, match=r"ScriptedModel takes a list of replies, got"):
+        ScriptedModel(script)
+
+
 # -- FunctionModel ---------------------------------------------------------------------------
 
 
@@ -196,3 +222,17 @@ async def test_a_scripted_model_out_of_replies_says_it_is_the_scripted_provider(
     with pytest.raises(ProviderError) as info:
         await pipe.run(Turn.start("hi"))
     assert info.value.provider == "scripted"
+
+
+async def test_a_function_models_malformed_tool_call_is_a_provider_error_naming_the_function():
+    """Bug caught: a reply function returning a tool call with an int id made the turn fail
+    with a bare TypeError out of building the reply message, not the ProviderError naming the
+    function that every other malformed reply gives."""
+
+    def lookup_with_an_int_id(request: ModelRequest) -> list[object]:
+        return [ToolCall(3, "lookup")]  # type: ignore[arg-type]
+
+    pipe = Pipeline(model=FunctionModel(lookup_with_an_int_id))
+
+    with pytest.raises(ProviderError, match=r"lookup_with_an_int_id: ToolCall\.id and \.name must"):
+        await pipe.run(Turn.start("hi"))
