@@ -83,6 +83,13 @@ def _check_mapping(instance: Any, attribute: Any, value: Any) -> None:
         )
 
 
+def _check_text(instance: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{type(instance).__name__}.{attribute.name} must be a str, got {_shown(value)}"
+        )
+
+
 @final
 @attrs.frozen
 class ToolSpec:
@@ -94,10 +101,10 @@ class ToolSpec:
         parameters: A JSON Schema object describing its arguments.
     """
 
-    name: str
-    description: str = ""
+    name: str = attrs.field(validator=_check_text)
+    description: str = attrs.field(default="", validator=_check_text)
     parameters: Mapping[str, Any] = attrs.field(
-        factory=lambda: {"type": "object", "properties": {}}
+        factory=lambda: {"type": "object", "properties": {}}, validator=_check_mapping
     )
 
 

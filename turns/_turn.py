@@ -10,7 +10,16 @@ import attrs
 
 from ._context import Context, RequestOptions, Scope, merge_extra, narrow_tools, reply_messages
 from ._message import Message, _parts
-from ._parts import EMPTY, Part, Text, ToolCall, ToolResult, exchange_problem, part_problem
+from ._parts import (
+    EMPTY,
+    Part,
+    Text,
+    ToolCall,
+    ToolResult,
+    _shown,
+    exchange_problem,
+    part_problem,
+)
 
 Stage: TypeAlias = Literal["pre", "post"]
 
@@ -58,6 +67,16 @@ class Usage:
         )
 
 
+def _check_reply_message(_instance: Any, _attribute: Any, message: Any) -> None:
+    # Checked as the reply is built (a post hook's `attrs.evolve(reply, message=...)`): text
+    # in its place failed only when the reply was committed or written, naming another field.
+    if type(message) is not Message:
+        raise TypeError(
+            f"Reply.message must be the final assistant Message, got {_shown(message)} — build"
+            ' it with Message.assistant("...")'
+        )
+
+
 @final
 @attrs.frozen
 class Reply:
@@ -77,7 +96,7 @@ class Reply:
             a guardrail can relax on the last one; None when no bound applies.
     """
 
-    message: Message
+    message: Message = attrs.field(validator=_check_reply_message)
     messages: tuple[Message, ...] = attrs.field(default=(), converter=reply_messages)
     attempt: int = 1
     finish_reason: str | None = None

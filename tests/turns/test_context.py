@@ -181,3 +181,22 @@ def test_lists_given_to_a_context_are_stored_as_tuples() -> None:
 def test_request_options_reject_impossible_values_naming_the_field(options, field) -> None:
     with pytest.raises((TypeError, ValueError), match=field):
         RequestOptions(**options)
+
+
+@pytest.mark.parametrize(
+    ("build", "problem"),
+    [
+        (lambda: ToolSpec(3), r"ToolSpec\.name must be a str, got int 3"),
+        (lambda: ToolSpec("search", None), r"ToolSpec\.description must be a str, got NoneType"),
+        (
+            lambda: ToolSpec("search", parameters=[("q", "string")]),
+            r"ToolSpec\.parameters must be a mapping, got list",
+        ),
+    ],
+    ids=["int-name", "none-description", "list-parameters"],
+)
+def test_a_tool_spec_of_the_wrong_shape_is_refused_naming_the_field(build, problem) -> None:
+    """Bug caught: a ToolSpec with an int name, no description or a list for its schema was
+    accepted into a context, which `to_dict` wrote and `from_dict` then refused to read."""
+    with pytest.raises(TypeError, match=problem):
+        build()

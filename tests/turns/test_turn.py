@@ -634,3 +634,13 @@ def test_a_reply_whose_messages_are_not_messages_is_refused_naming_the_culprit()
     committed or sent back to the model."""
     with pytest.raises(TypeError, match=r"Reply\.messages\[1\] must be a Message, got str"):
         Reply(Message.assistant("hi"), messages=[Message.assistant("hi"), "hi"])
+
+
+def test_a_reply_whose_message_is_not_a_message_is_refused_naming_the_field() -> None:
+    """Bug caught: `Reply("hi")` (or a post hook's `attrs.evolve(reply, message="...")`) was
+    accepted, and `to_dict` of it failed with a bare AttributeError ('str' object has no
+    attribute 'role')."""
+    reply = Reply(Message.assistant("hi"))
+
+    with pytest.raises(TypeError, match=r"Reply\.message must be the final assistant Message"):
+        attrs.evolve(reply, message="redacted")
