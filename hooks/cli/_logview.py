@@ -12,7 +12,6 @@ log's conversations are listed, the most recently committed first.
 import json
 import os
 import re
-import sqlite3
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
@@ -22,7 +21,7 @@ from pipeline import INJECTED_BY, TOOL_HOOKS, AuditRecord, LogError
 from pipeline.logs import ConversationInfo, LogEntry, PostgresLog, SQLiteLog, entry_to_dict
 from turns import Message, Text, ToolCall, ToolResult
 
-from ._logs import POSTGRES_SCHEMES, durable_log
+from ._logs import POSTGRES_SCHEMES
 
 Write = Callable[[str], None]
 
@@ -34,8 +33,8 @@ def existing_log(where: str) -> SQLiteLog | PostgresLog:
 
     Raises:
         LogError: No SQLite file at that path (it is not created: this only reads), or a
-            directory there, or a database without turnplug's tables (they are not
-            created either; a PostgreSQL one says so when it is opened).
+            directory there; a database without turnplug's tables (they are not created
+            either) says so when it is opened.
         ConfigError: A malformed DSN, or psycopg is not installed.
     """
     if where.startswith(POSTGRES_SCHEMES):
@@ -53,16 +52,10 @@ def existing_log(where: str) -> SQLiteLog | PostgresLog:
             " SQLite log, or a postgresql:// DSN",
             log=f"SQLiteLog({where!r})",
         )
-    if _holds_a_log(where) is False:
-        # Opening it as a log would make it one: WAL mode and turnplug's tables, written
-        # into another program's database by a command that only reads.
-        raise LogError(
-            f"no log at {where!r}: it is an SQLite database without turnplug's tables, so it"
-            " holds no conversations; it was not written to — pass the path of the log file"
-            " (the one --log was given when the turns were run)",
-            log=f"SQLiteLog({where!r})",
-        )
-    return durable_log(where)
+    # Read-only: it is never created, migrated or written to, and may be on a read-only
+    # mount or a file this user may only read; a database without turnplug's tables is
+    # refused when it is opened.
+    return SQLiteLog(where, read_only=True)
 
 
 def _empty_file(where: str) -> bool:
@@ -73,31 +66,6 @@ def _empty_file(where: str) -> bool:
         and os.path.isfile(where)
         and os.path.getsize(where) == 0
     )
-
-
-def _holds_a_log(path: str) -> bool | None:
-    """Whether the SQLite file at `path` holds turnplug's tables, read without writing to
-    it; None when it cannot be read so (the log's own error then says why).
-
-    Without a ``-wal`` file beside it everything is in the file itself, and it is read as
-    immutable: a read-only open of a WAL-mode database would leave ``-shm`` and ``-wal``
-    files next to another program's database.
-    """
-    immutable = "&immutable=1" if not os.path.exists(f"{path}-wal") else ""
-    uri = f"file:{urllib.parse.quote(os.fsencode(os.path.abspath(path)))}?mode=ro{immutable}"
-    try:
-        connection = sqlite3.connect(uri, uri=True)
-    except sqlite3.Error:
-        return None
-    try:
-        row = connection.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'turnplug_schema'"
-        ).fetchone()
-    except sqlite3.Error:
-        return None
-    finally:
-        connection.close()
-    return row is not None
 
 
 async def show_log(

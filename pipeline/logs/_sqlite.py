@@ -6,6 +6,7 @@ import functools
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Sequence
 from typing import Literal, TypeAlias, final
 
@@ -78,9 +79,19 @@ class SQLiteLog(DatabaseLog):
             ``":memory:"`` for a private in-memory database that lives as long as the log.
         timeout: Seconds to wait for another process's write lock before a commit fails
             with `pipeline.LogError`.
+        read_only: True reads the log without writing anything, for a reader such as
+            ``turnplug log`` (a file on a read-only mount, or one the user may only read):
+            the file must exist and hold turnplug's tables, at the current schema version
+            (else `pipeline.LogError`); nothing is created, migrated or changed, and
+            ``append`` raises `pipeline.LogError`. Without a ``-wal`` file beside it,
+            everything is in the file itself, which is read as immutable: SQLite would
+            otherwise leave ``-wal`` and ``-shm`` files next to it, or fail in a directory
+            it may not write to.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, timeout: float = 10.0, read_only: bool = False
+    ) -> None:
         if not isinstance(path, str | os.PathLike) or not os.fspath(path):
             raise TypeError(f"SQLiteLog(path) takes a file path, got {path!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
@@ -97,6 +108,14 @@ class SQLiteLog(DatabaseLog):
         if b"\x00" in file:
             raise ValueError(f"SQLiteLog(path): {self._path!r} holds a NUL character")
         self._timeout = float(timeout)
+        if not isinstance(read_only, bool):
+            raise TypeError(f"SQLiteLog(read_only=...) must be True or False, got {read_only!r}")
+        if read_only and self._path == ":memory:":
+            raise ValueError(
+                "SQLiteLog(':memory:', read_only=True) would read an empty database that"
+                " nothing can write — pass the path of an existing log file"
+            )
+        self._read_only = read_only
         self._queue: list[_Commit] = []
         self._write_lock = anyio.Lock(fast_acquire=True)
         self._connections = Connections(
@@ -123,6 +142,12 @@ class SQLiteLog(DatabaseLog):
     ) -> None:
         messages = as_messages(turn_ref, messages)
         check_append(conversation_id, turn_ref, messages, audit, expected_length)
+        if self._read_only:
+            raise LogError(
+                f"{self!r} was opened with read_only=True: turn {turn_ref!r} of conversation"
+                f" {conversation_id!r} was not committed — open it without read_only to write",
+                log=repr(self),
+            )
         stored = await self._stored(conversation_id, turn_ref, messages, audit)
         commit = _Commit((conversation_id, turn_ref, len(messages), *stored, expected_length))
         self._connections.check_loop()  # before the write lock, which is the loop's too
@@ -193,6 +218,8 @@ class SQLiteLog(DatabaseLog):
     # -- inside worker threads -------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        if self._read_only:
+            return self._connect_read_only()
         connection = sqlite3.connect(
             self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
         )
@@ -200,6 +227,61 @@ class SQLiteLog(DatabaseLog):
             _enter_wal(connection, self._timeout)
             connection.execute("PRAGMA synchronous=FULL")
             _migrate(connection, repr(self))
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        name = repr(self)
+        if not os.path.isfile(self._path):
+            # mode=ro never creates one, but its error would not say which file is missing.
+            raise LogError(
+                f"{name}: no file at that path (a log opened with read_only=True is never"
+                " created) — pass the path of an existing log",
+                log=name,
+            )
+        wal = os.path.exists(f"{self._path}-wal")
+        path = urllib.parse.quote(os.fsencode(os.path.abspath(self._path)))
+        # Without a -wal file everything is in the file, and no writer has it open; a
+        # writer that starts, commits and checkpoints during a read may make the read fail.
+        uri = f"file:{path}?mode=ro{'' if wal else '&immutable=1'}"
+        connection = sqlite3.connect(
+            uri, uri=True, timeout=self._timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            try:
+                version = _version(connection)
+            except sqlite3.OperationalError as exc:
+                if "unable to open" not in str(exc) or os.path.exists(f"{self._path}-shm"):
+                    raise
+                # Read as immutable, the file would show the log without the commits its
+                # -wal file holds: say why it cannot be read instead.
+                raise LogError(
+                    f"{name}: its -wal file holds commits SQLite reads through a -shm file,"
+                    " which is missing and cannot be created beside it (a directory this"
+                    " user may not write to, or a read-only mount) — open the log once"
+                    " where it can be written, which folds the -wal file into it",
+                    log=name,
+                ) from exc
+            if version is None:
+                raise LogError(
+                    f"{name}: no log in that file: it is an SQLite database without"
+                    " turnplug's tables, so it holds no conversations; it was not written to"
+                    " — pass the path of the log file",
+                    log=name,
+                )
+            if version != len(MIGRATIONS):
+                raise LogError(
+                    f"{name}: the database has schema version {version}, and this turnplug"
+                    f" reads version {len(MIGRATIONS)} — "
+                    + (
+                        "upgrade turnplug to read it"
+                        if version > len(MIGRATIONS)
+                        else "open it once without read_only=True, which migrates it forward"
+                    ),
+                    log=name,
+                )
         except BaseException:
             connection.close()
             raise
@@ -219,6 +301,8 @@ class SQLiteLog(DatabaseLog):
                 f" {self._timeout:g} s ({text}); nothing was committed — retry, or give"
                 " SQLiteLog a longer timeout="
             )
+        elif "unable to open" in text and self._read_only:
+            why = f"cannot open the file ({text}) — check that this user may read it"
         elif "unable to open" in text:
             why = f"cannot open the file ({text}) — check that its directory exists and is writable"
         elif "not a database" in text:

@@ -10,6 +10,7 @@ import os
 import re
 import sqlite3
 import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -296,11 +297,69 @@ def test_log_refuses_an_sqlite_file_that_is_no_log_and_leaves_it_as_it_was(tmp_p
     args = ["log", "--log", str(path)] if listing else ["log", CONVERSATION, "--log", str(path)]
     line = one_line_error(turnplug(*args))
 
-    assert line.startswith("turnplug: error: LogError: no log at")
-    assert repr(str(path)) in line
+    assert line.startswith(f"turnplug: error: LogError: SQLiteLog({str(path)!r}): no log in")
     assert "without turnplug's tables" in line
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+LEFT_BY_A_DEAD_WRITER = """
+import os, sys, trio
+from pipeline.logs import SQLiteLog
+from turns import Message
+
+async def main():
+    log = SQLiteLog(sys.argv[1])
+    await log.append("c", "t1", (Message.user("hi"),))
+    await log.append("c", "t2", (Message.user("again"),))
+    os._exit(0)  # never closed: the commits stay in the -wal file
+
+trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("left", ["closed", "by a dead writer"])
+async def test_log_reads_a_read_only_log_and_writes_nothing_beside_it(tmp_path, left):
+    """Bug caught: `turnplug log` opened the file for writing, so it failed on a read-only
+    mount or for a file the user may only read ("attempt to write a readonly database"), and
+    otherwise created ``-wal`` and ``-shm`` files beside it, or folded a ``-wal`` file a dead
+    writer left into it.
+
+    Root ignores the permissions; what is asserted (no byte, mtime or file changed) holds
+    for any user."""
+    directory = tmp_path / "logs"
+    directory.mkdir()
+    path = directory / "log.db"
+    if left == "closed":
+        async with SQLiteLog(path) as log:
+            await log.append("c", "t1", (Message.user("hi"),))
+            await log.append("c", "t2", (Message.user("again"),))
+    else:
+        writer = [sys.executable, "-c", LEFT_BY_A_DEAD_WRITER, str(path)]
+        await anyio.run_process(writer)
+        assert (directory / "log.db-wal").exists()
+    for file in (*directory.iterdir(), directory):
+        os.utime(file, ns=(1_000_000_000, 1_000_000_000))  # any write would show
+    files = sorted(directory.iterdir())
+    # The -shm file is the WAL's index in shared memory, which every reader may update.
+    kept = [file for file in files if not file.name.endswith("-shm")]
+    before = [(f.read_bytes(), f.stat().st_mtime_ns) for f in kept]
+    for file in files:
+        file.chmod(0o444)
+    directory.chmod(0o555)
+    try:
+        shown = await anyio.to_thread.run_sync(turnplug, "log", "c", "--log", str(path))
+        listed = await anyio.to_thread.run_sync(turnplug, "log", "--log", str(path))
+    finally:
+        directory.chmod(0o755)
+
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0] == "conversation 'c': 2 commits, 2 messages"
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0] == f"{path}: 1 conversation"
+    assert sorted(directory.iterdir()) == files
+    assert [(f.read_bytes(), f.stat().st_mtime_ns) for f in kept] == before
+    assert directory.stat().st_mtime_ns == 1_000_000_000
 
 
 def test_an_empty_file_reads_as_a_log_with_no_conversations_and_is_left_empty(tmp_path):

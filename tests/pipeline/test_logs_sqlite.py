@@ -3,11 +3,14 @@
 What every log does is in test_logs.py, which runs against SQLiteLog too.
 """
 
+import contextlib
 import datetime
+import os
 import re
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -124,6 +127,8 @@ def test_repr_shows_the_path():
         (("",), {}, TypeError),
         (("x.db",), {"timeout": 0}, ValueError),
         (("x.db",), {"timeout": True}, ValueError),
+        (("x.db",), {"read_only": "yes"}, TypeError),
+        ((":memory:",), {"read_only": True}, ValueError),
         # Catches: a path holding a NUL or a lone surrogate taken when the log was built and
         # failing its first call with a bare ValueError or UnicodeEncodeError naming no log.
         pytest.param(("chat\x00.db",), {}, ValueError, id="nul"),
@@ -653,3 +658,127 @@ async def test_a_commit_time_out_of_range_in_utc_is_a_log_error_naming_the_turn(
             LogError, match=f"the last turn of conversation 'c'.*{re.escape(repr(stored))}"
         ):
             await log.conversations()
+
+
+# -- read_only ------------------------------------------------------------------------------
+
+
+def untouched(directory: Path) -> dict[str, tuple[bytes, int]]:
+    """What a reader must leave as it was: each file's bytes and mtime, and the directory's
+    mtime (which a file created and removed again changes, even for root)."""
+    files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(directory.iterdir())}
+    return {**files, ".": (b"", directory.stat().st_mtime_ns)}
+
+
+@contextlib.contextmanager
+def read_only_files(directory: Path) -> Iterator[None]:
+    """`directory` and its files made read-only (which root ignores: what is asserted must
+    hold without it), their mtimes set in the past so that any write shows."""
+    for path in (*directory.iterdir(), directory):
+        os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        yield
+    finally:
+        directory.chmod(0o755)
+        for path in directory.iterdir():
+            path.chmod(0o644)
+
+
+async def test_a_read_only_log_reads_a_closed_log_and_writes_nothing(tmp_path):
+    """Bug caught: reading a log opened it for writing, which fails in a directory or for a
+    file this user may only read, and leaves ``-wal`` and ``-shm`` files beside it."""
+    directory = tmp_path / "logs"
+    directory.mkdir()
+    path = directory / "log.db"
+    await committed(path, "t1", "t2")
+
+    with read_only_files(directory):
+        before = untouched(directory)
+        async with SQLiteLog(path, read_only=True) as log:
+            context = await log.load("c")
+            entries = await log.entries("c")
+            conversations = await log.conversations()
+        after = untouched(directory)
+
+    assert len(context.messages) == 4
+    assert [entry.turn_ref for entry in entries] == ["t1", "t2"]
+    assert [(info.conversation_id, info.turns) for info in conversations] == [("c", 2)]
+    assert after == before
+    assert list(after) == ["log.db", "."]
+
+
+async def test_a_read_only_log_reads_what_a_writer_holding_the_file_commits(tmp_path):
+    """Bug caught: a read-only reader opening the file as immutable while a writer has it
+    open (its ``-wal`` file beside it) would miss the commits not yet folded into the file."""
+    path = tmp_path / "log.db"
+    async with SQLiteLog(path) as writer, SQLiteLog(path, read_only=True) as reader:
+        await writer.append("c", "t1", exchange("q", "a"))
+        assert [entry.turn_ref for entry in await reader.entries("c")] == ["t1"]
+        await writer.append("c", "t2", exchange("q2", "a2"))
+        assert [entry.turn_ref for entry in await reader.entries("c")] == ["t1", "t2"]
+
+
+async def test_a_read_only_log_is_never_created(tmp_path):
+    """Bug caught: reading a missing file created an empty database there."""
+    path = tmp_path / "nope.db"
+
+    with pytest.raises(LogError, match="no file at that path") as excinfo:
+        async with SQLiteLog(path, read_only=True):
+            pass
+
+    assert str(path) in str(excinfo.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("wal", [False, True], ids=["rollback journal", "WAL mode"])
+async def test_a_read_only_log_refuses_a_database_without_its_tables_and_leaves_it_so(
+    tmp_path, wal
+):
+    """Bug caught: reading another program's database added turnplug's tables to it."""
+    path = tmp_path / "app.db"
+    with contextlib.closing(raw(path)) as db:
+        if wal:
+            db.execute("PRAGMA journal_mode = WAL")
+        db.execute("CREATE TABLE users (id INTEGER)")
+    before = untouched(tmp_path)
+
+    with pytest.raises(LogError, match="without turnplug's tables") as excinfo:
+        async with SQLiteLog(path, read_only=True):
+            pass
+
+    assert str(path) in str(excinfo.value)
+    assert untouched(tmp_path) == before
+
+
+@pytest.mark.parametrize(("version", "advice"), [(0, "migrates it forward"), (99, "upgrade")])
+async def test_a_read_only_log_refuses_another_schema_version_naming_both(
+    tmp_path, version, advice
+):
+    """Bug caught: a read-only reader would migrate an older schema, writing to the file."""
+    path = tmp_path / "log.db"
+    await committed(path, "t1")
+    with contextlib.closing(raw(path)) as db:
+        db.execute("UPDATE turnplug_schema SET version = ?", (version,))
+    before = untouched(tmp_path)
+
+    with pytest.raises(LogError, match=advice) as excinfo:
+        async with SQLiteLog(path, read_only=True):
+            pass
+
+    assert f"version {version}" in str(excinfo.value)
+    assert f"version {len(_sqlite.MIGRATIONS)}" in str(excinfo.value)
+    assert untouched(tmp_path) == before
+
+
+async def test_a_read_only_log_refuses_a_commit_naming_the_turn(tmp_path):
+    path = tmp_path / "log.db"
+    await committed(path, "t1")
+
+    async with SQLiteLog(path, read_only=True) as log:
+        with pytest.raises(LogError, match="read_only=True") as excinfo:
+            await log.append("c", "t2", exchange("q", "a"))
+
+    assert "'t2'" in str(excinfo.value)
+    async with SQLiteLog(path) as log:
+        assert [entry.turn_ref for entry in await log.entries("c")] == ["t1"]
