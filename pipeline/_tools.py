@@ -202,16 +202,14 @@ class _Union(_Shape):
         self.schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
         self.kinds = tuple(_container_type(option) for option in options)
         """Each option's JSON Schema type when it is an object or an array, else None."""
-        self.several = any(self.kinds.count(k) > 1 for k in ("object", "array"))
-        """Whether an object, or an array, may be several of the options (`Circle | Square`),
-        and so have each one's problems listed (`budgets`)."""
 
     def convert(self, value: Any, path: str, problems: _Problems) -> Any:
         if value is None and self.nullable:
             return None
         if len(self.options) == 1 and not self.nullable:
             return self.options[0].convert(value, path, problems)
-        budgets = self.budgets(value, problems) if self.several else None
+        kind = _container(value)
+        budgets = self.budgets(kind, problems)
         trials: list[_Problems] = []
         for i, option in enumerate(self.options):
             trial = _Problems(budgets[i] if budgets else 0)
@@ -219,7 +217,6 @@ class _Union(_Shape):
             if not trial.found:
                 return converted
             trials.append(trial)
-        kind = _container(value)
         fitting = [
             (option, trial)
             for option, option_kind, trial in zip(self.options, self.kinds, trials, strict=True)
@@ -245,12 +242,12 @@ class _Union(_Shape):
         problems.add(path, f"expected {expected}, got {_json_describe(value)}")
         return _INVALID
 
-    def budgets(self, value: Any, problems: _Problems) -> list[int] | None:
-        """How many problems each option's trial lists: for a value several options may be,
-        each of those a share of what is left of the answer's budget, since what is wrong for
-        each is listed (`convert`); None when every trial only tells whether the value fits,
-        listing nothing."""
-        kind = _container(value)
+    def budgets(self, kind: str | None, problems: _Problems) -> list[int] | None:
+        """How many problems each option's trial lists: for a value (of container `kind`)
+        several options may be (an object of `Circle | Square`), each of those a share of
+        what is left of the answer's budget, since what is wrong for each is listed
+        (`convert`); None when every trial only tells whether the value fits, listing
+        nothing."""
         fit = self.kinds.count(kind) if kind is not None else 0
         if fit < 2:
             return None
