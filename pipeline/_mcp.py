@@ -872,53 +872,24 @@ class Connection:
                 f"MCP server {name!r} is not connected ({self.error}); it is connected again"
                 " on the next turn"
             )
-        from mcp.shared.exceptions import MCPError
-
         garbage = self._garbage_count
+        failed: Exception | None = None
         # The SDK handles a request in its sender's context: what it logs there is diverted.
         token = _CONNECTION.set(self.label)
         try:
             with anyio.move_on_after(self.spec.timeout) as scope:
                 result = await session.call_tool(own, arguments)
-        except MCPError as exc:
-            self._raise_interrupt()
-            if self._session_lost:
-                # A 404 for the session: the server forgot it (it restarted, say), and the
-                # protocol's answer is a new session.
-                self.fail(f"it no longer knew its session during a call of {own!r}")
-                raise ToolFailure(
-                    f"MCP server {name!r} no longer knows this connection's session (HTTP"
-                    " 404: was it restarted?); it is connected again on the next turn"
-                ) from None
-            if self._oversized is not None:
-                self.fail(f"it sent a message over max_message_bytes during a call of {own!r}")
-                raise ToolFailure(
-                    f"MCP server {name!r} sent a message of more than"
-                    f" {_size(self._oversized)} (its max_message_bytes is"
-                    f" {_size(_message_limit(self.spec))}): the connection was closed; it is"
-                    " connected again on the next turn"
-                ) from None
-            if _closed(exc):
-                self.fail(f"it closed the connection during a call of {own!r}")
-                raise ToolFailure(
-                    f"MCP server {name!r} closed the connection during the call (did it"
-                    " crash?); it is connected again on the next turn"
-                ) from None
-            refused = self._http_refusal(exc) or exc.error.message
-            raise ToolFailure(f"MCP server {name!r} refused the call: {refused}") from None
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
-            self._raise_interrupt()
-            self.fail(f"its connection broke during a call of {own!r}")
-            raise ToolFailure(
-                f"MCP server {name!r}'s connection broke during the call; it is connected"
-                " again on the next turn"
-            ) from None
         except Exception as exc:
-            self._raise_interrupt()
-            raise ToolFailure(f"MCP server {name!r}: {exc_text(exc)}") from None
+            failed = exc
         finally:
             _CONNECTION.reset(token)
-        self._raise_interrupt()
+        if self.interrupt is not None:
+            # The interrupt that ended the connection under the call, whatever the call
+            # then saw: the call awaited the connection, so its task raises it, as the
+            # owner's does.
+            raise self.interrupt
+        if failed is not None:
+            raise self._failure(own, failed)
         if scope.cancelled_caught:
             note = self._garbage_note() if self._garbage_count > garbage else ""
             raise ToolFailure(
@@ -930,11 +901,46 @@ class Connection:
             raise ToolFailure(f"MCP server {name!r} reported an error: {text}")
         return text
 
-    def _raise_interrupt(self) -> None:
-        """Raise the interrupt that ended the connection under a call, if one did: the call
-        awaited the connection, so its task raises it, as the owner's does."""
-        if self.interrupt is not None:
-            raise self.interrupt
+    def _failure(self, own: str, exc: Exception) -> ToolFailure:
+        """What a call of `own` that raised `exc` fails with; a connection it ended is
+        marked failed, to be connected again on the next turn."""
+        from mcp.shared.exceptions import MCPError
+
+        name = self.spec.name
+        if isinstance(exc, MCPError):
+            if self._session_lost:
+                # A 404 for the session: the server forgot it (it restarted, say), and the
+                # protocol's answer is a new session.
+                self.fail(f"it no longer knew its session during a call of {own!r}")
+                return ToolFailure(
+                    f"MCP server {name!r} no longer knows this connection's session (HTTP"
+                    " 404: was it restarted?); it is connected again on the next turn"
+                )
+            if self._oversized is not None:
+                self.fail(f"it sent a message over max_message_bytes during a call of {own!r}")
+                return ToolFailure(
+                    f"MCP server {name!r} sent a message of more than"
+                    f" {_size(self._oversized)} (its max_message_bytes is"
+                    f" {_size(_message_limit(self.spec))}): the connection was closed; it is"
+                    " connected again on the next turn"
+                )
+            if _closed(exc):
+                self.fail(f"it closed the connection during a call of {own!r}")
+                return ToolFailure(
+                    f"MCP server {name!r} closed the connection during the call (did it"
+                    " crash?); it is connected again on the next turn"
+                )
+            refused = self._http_refusal(exc) or exc.error.message
+            return ToolFailure(f"MCP server {name!r} refused the call: {refused}")
+        if isinstance(
+            exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream
+        ):
+            self.fail(f"its connection broke during a call of {own!r}")
+            return ToolFailure(
+                f"MCP server {name!r}'s connection broke during the call; it is connected"
+                " again on the next turn"
+            )
+        return ToolFailure(f"MCP server {name!r}: {exc_text(exc)}")
 
 
 async def _list_tools(session: "ClientSession") -> list[Any]:
