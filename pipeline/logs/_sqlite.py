@@ -217,22 +217,28 @@ class SQLiteLog(DatabaseLog):
 
     # -- inside worker threads -------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> "_Connection":
         if self._read_only:
             return self._connect_read_only()
         connection = sqlite3.connect(
-            self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+            self._path,
+            timeout=self._timeout,
+            isolation_level=None,
+            check_same_thread=False,
+            factory=_Connection,
         )
         try:
             _enter_wal(connection, self._timeout)
             connection.execute("PRAGMA synchronous=FULL")
             _migrate(connection, repr(self))
+            # Fixed once the database holds tables, as it does now.
+            connection.utf8 = _utf8(connection)
         except BaseException:
             connection.close()
             raise
         return connection
 
-    def _connect_read_only(self) -> sqlite3.Connection:
+    def _connect_read_only(self) -> "_Connection":
         name = repr(self)
         if not os.path.isfile(self._path):
             # mode=ro never creates one, but its error would not say which file is missing.
@@ -247,7 +253,12 @@ class SQLiteLog(DatabaseLog):
         # writer that starts, commits and checkpoints during a read may make the read fail.
         uri = f"file:{path}?mode=ro{'' if wal else '&immutable=1'}"
         connection = sqlite3.connect(
-            uri, uri=True, timeout=self._timeout, isolation_level=None, check_same_thread=False
+            uri,
+            uri=True,
+            timeout=self._timeout,
+            isolation_level=None,
+            check_same_thread=False,
+            factory=_Connection,
         )
         try:
             try:
@@ -355,6 +366,12 @@ class _Commit:
         return self.outcome
 
 
+class _Connection(sqlite3.Connection):
+    """A connection that knows its database's text encoding, read once (`_utf8`)."""
+
+    utf8 = True
+
+
 def _close(connection: sqlite3.Connection) -> None:
     # Closing a broken connection: there is nothing more to release.
     with contextlib.suppress(sqlite3.Error):
@@ -422,7 +439,7 @@ def _rollback(connection: sqlite3.Connection) -> None:
         connection.execute("ROLLBACK")
 
 
-def _write_batch(batch: "list[_Commit]", connection: sqlite3.Connection) -> None:
+def _write_batch(batch: "list[_Commit]", connection: _Connection) -> None:
     outcomes = _append_batch([commit.args for commit in batch], connection)
     for commit, outcome in zip(batch, outcomes, strict=True):
         commit.outcome = outcome
@@ -430,7 +447,7 @@ def _write_batch(batch: "list[_Commit]", connection: sqlite3.Connection) -> None
 
 def _append_batch(
     commits: list[tuple[str, str, int, str | bytearray, str | bytearray | None, int | None]],
-    connection: sqlite3.Connection,
+    connection: _Connection,
 ) -> list[_Outcome]:
     # IMMEDIATE takes the write lock now, before the reads: no other connection can commit
     # between a length check and its insert.
@@ -446,7 +463,7 @@ def _append_batch(
 
 
 def _append_locked(
-    connection: sqlite3.Connection,
+    connection: _Connection,
     conversation_id: str,
     turn_ref: str,
     count: int,
@@ -464,7 +481,7 @@ def _append_locked(
         if _committed(connection, conversation_id, turn_ref):
             return "duplicate", 0
         return "conflict", length
-    if isinstance(messages, bytearray) and not _utf8(connection):
+    if isinstance(messages, bytearray) and not connection.utf8:
         messages = messages.decode("utf-8")
         audit = audit.decode("utf-8") if isinstance(audit, bytearray) else audit
     # The turn_ref's unique index tells a duplicate apart: no row inserted, and no read of
