@@ -285,13 +285,14 @@ class PostgresLog(DatabaseLog):
         # or none (0), would leave a live server silent past the watchdog's limit.
         milliseconds = self._milliseconds
         rows = connection.execute(
-            "SELECT s.name, s.setting::bigint, s.source, set_config(s.name, CASE"
-            " WHEN s.setting::bigint BETWEEN 1 AND %s THEN s.setting ELSE %s END, false)"
-            " FROM pg_settings AS s WHERE s.name = ANY(%s)",
-            (milliseconds, str(milliseconds), list(_LIMITS)),
+            "SELECT name, setting, source, kept,"
+            " set_config(name, CASE WHEN kept THEN setting ELSE %s END, false)"
+            " FROM (SELECT name, setting, source, setting::bigint BETWEEN 1 AND %s AS kept"
+            " FROM pg_settings WHERE name = ANY(%s)) AS s",
+            (str(milliseconds), milliseconds, list(_LIMITS)),
         ).fetchall()
-        for name, setting, source, _ in rows:
-            if 1 <= setting <= milliseconds:
+        for name, setting, source, kept, _ in rows:
+            if kept:
                 self._limits[name] = (int(setting), self._source(str(source)))
             else:
                 self._limits[name] = (milliseconds, None)
