@@ -409,7 +409,10 @@ class Gateway:
         )
         self._secrets = tuple(s for s in settings.secrets if s)
         self.feed = Feed(settings.recent, self.scrub)
-        self.in_flight = 0
+        self._flying: set[str] = set()  # the turns whose requests are in flight, by turn_ref
+        # The turns that raised an interrupt (`_keep_interrupt`): answered already, they are
+        # not what a drain waits for (`finishing`).
+        self._raised: set[str] = set()
         self.shutting_down = False  # `shut_down` was called: new turns are refused
         self.cut = False  # `cut_turns` was called: the turns in flight were stopped
         # The KeyboardInterrupt or SystemExit a turn raised, which stops the gateway (`_stop_for`).
@@ -439,6 +442,17 @@ class Gateway:
         ]
         self.router = Starlette(routes=routes)
         self.app = self._guard
+
+    @property
+    def in_flight(self) -> int:
+        """How many turns are in flight: their requests not answered yet."""
+        return len(self._flying)
+
+    @property
+    def finishing(self) -> int:
+        """How many turns in flight a drain waits for to finish: not one that raised the
+        interrupt stopping the gateway, which is answered 503 at once."""
+        return len(self._flying - self._raised)
 
     def shut_down(self) -> None:
         """Refuse new turns from now on (503 ``shutting_down``); those in flight go on."""
@@ -486,6 +500,7 @@ class Gateway:
     def _keep_interrupt(self, turn_ref: str, exc: BaseException) -> None:
         """Keep the interrupt turn `turn_ref` raised (the first; later ones are notes on it)
         and refuse new turns: whoever serves the gateway stops it (`interrupted`)."""
+        self._raised.add(turn_ref)
         if self.interrupt is None:
             self.interrupt = exc
         elif exc is not self.interrupt:
@@ -499,9 +514,9 @@ class Gateway:
         while self.in_flight:
             await self._quiet.wait()
 
-    def _turn_ended(self) -> None:
-        self.in_flight -= 1
-        if not self.in_flight:
+    def _turn_ended(self, turn_ref: str) -> None:
+        self._flying.discard(turn_ref)
+        if not self._flying:
             self._quiet.set()
             self._quiet = anyio.Event()
 
@@ -642,8 +657,9 @@ class Gateway:
         request: ChatRequest,
         conversation: str | None,
         on_text: Callable[[str], Awaitable[None]] | None,
+        turn_ref: str,
     ) -> tuple[Turn, list[str]]:
-        """Run one turn; with a conversation, through a session of it, which commits it.
+        """Run turn `turn_ref`; with a conversation, through a session of it, which commits it.
 
         Returns the turn as answered (its accepted reply) and the text as it was streamed.
 
@@ -654,7 +670,6 @@ class Gateway:
             WireError: The turn did not complete, or a client tool call was refused.
             PipelineError, TimeoutError: The turn failed.
         """
-        turn_ref = secrets.token_hex(16)
         # Not the message yet: it is shown as the log would hold it, once the turn completed
         # (a pre hook may scrub it first, and nothing of a failed turn is logged).
         self.feed.publish(
@@ -1170,11 +1185,12 @@ class _Endpoint:
         except WireError as error:
             await gateway.reply_error(send, error)
             return
-        gateway.in_flight += 1
+        turn_ref = secrets.token_hex(16)
+        gateway._flying.add(turn_ref)
         try:
-            await self._answer(scope, receive, send, request, conversation)
+            await self._answer(scope, receive, send, request, conversation, turn_ref)
         finally:
-            gateway._turn_ended()
+            gateway._turn_ended(turn_ref)
 
     async def _answer(
         self,
@@ -1183,6 +1199,7 @@ class _Endpoint:
         send: Send,
         request: ChatRequest,
         conversation: str | None,
+        turn_ref: str,
     ) -> None:
         gateway = self.gateway
         completion = Completion(f"chatcmpl-{secrets.token_hex(12)}", gateway.settings.model)
@@ -1201,12 +1218,14 @@ class _Endpoint:
                 gateway._cuts.add(cut)
             try:
                 if outbox is None:
-                    result, pieces = await gateway.turn(request, conversation, None)
+                    result, pieces = await gateway.turn(request, conversation, None, turn_ref)
                 else:
                     async with anyio.create_task_group() as writing:
                         writing.start_soon(outbox.write)
                         try:
-                            result, pieces = await gateway.turn(request, conversation, outbox.text)
+                            result, pieces = await gateway.turn(
+                                request, conversation, outbox.text, turn_ref
+                            )
                             if outbox.opened:
                                 # The ending goes out with the last text, in one write.
                                 assert result.reply is not None

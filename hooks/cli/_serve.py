@@ -184,7 +184,7 @@ async def serve(
                 gateway.shut_down()
                 say(
                     f"turnplug serve: {why}: new turns get 503; finishing"
-                    f" {gateway.in_flight} turns in flight and {gateway.closing} closing"
+                    f" {gateway.finishing} turns in flight and {gateway.closing} closing"
                     f" sessions (up to {options.drain_timeout:g} s)"
                 )
                 stopping.set()

@@ -183,6 +183,25 @@ def test_a_turn_raising_an_interrupt_stops_the_gateway_as_sigterm_does(
     assert "Unhandled exception" not in said
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_the_stop_message_counts_the_turns_it_waits_for_not_the_one_that_raised(
+    tmp_path: Path, loop: str
+) -> None:
+    """Bug caught: a turn's interrupt stopped the gateway saying "finishing 1 turns in
+    flight" with no other turn running: it counted the turn that raised, already answered."""
+    (tmp_path / "stop_hooks.py").write_text("def stop(turn):\n    raise KeyboardInterrupt\n")
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[pre]]\nkind = "python"\nref = "stop_hooks:stop"\n')
+    with gateway(config, "--loop", loop) as (process, url):
+        stopped = post(url, "stop")
+        code = process.wait(20)
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert code == 130, said
+    assert stopped.status_code == 503
+    assert "a turn raised KeyboardInterrupt: new turns get 503; finishing 0 turns in flight" in said
+
+
 def serve_until_exit(args: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`turnplug serve ARGS` run to its exit (one that refuses to start), its output captured."""
     return subprocess.run(
