@@ -89,6 +89,11 @@ async def run_before_hooks(runner: Runner, job: ToolJob, turn: Turn) -> ToolCall
             asked = runner.now()
             try:
                 allowed, reason = await _ask(runner, step, call, signal.question, turn)
+            except anyio.get_cancelled_exc_class():
+                runner.finished(
+                    step, elapsed + runner.now() - asked, "cancelled", None, job.records
+                )
+                raise
             except HookError as error:
                 runner.fail(step, error, elapsed + runner.now() - asked, job.records)
                 continue
@@ -263,7 +268,14 @@ async def _judged(
     """
     if not _applies(runner, step, name, turn, job.records):
         return None
-    called = await runner.timed(step, *args, records=job.records)
+    started = runner.now()
+    try:
+        called = await runner.timed(step, *args, records=job.records)
+    except anyio.get_cancelled_exc_class():
+        # A sibling call's halt or failure stopped the batch (or the caller cancelled the
+        # turn) while the hook ran: its HookStarted is closed, as a parallel member's is.
+        runner.finished(step, runner.now() - started, "cancelled", records=job.records)
+        raise
     if called is None:
         return None
     returned, elapsed = called

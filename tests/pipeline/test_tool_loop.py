@@ -462,6 +462,67 @@ async def test_every_tool_hook_start_is_closed_once() -> None:
     assert pairing_problems(events) == []
 
 
+async def _slow_before(c, turn):
+    if c.arguments["city"] == "x":
+        await anyio.sleep(10)
+    return cont(c)
+
+
+async def _slow_after(c, result, turn):
+    if c.arguments["city"] == "x":
+        await anyio.sleep(10)
+    return cont(result)
+
+
+@pytest.mark.parametrize("stage", ["before_tool", "after_tool"])
+async def test_a_tool_hook_a_siblings_halt_cancels_is_closed_as_cancelled(
+    autojump_clock, stage
+) -> None:
+    """Bug caught: a tool hook cancelled by a sibling call's halt left its HookStarted open
+    and was missing from the audit, where a cancelled parallel member is closed as
+    ``"cancelled"``."""
+    slow = hook(_slow_before if stage == "before_tool" else _slow_after, name="slow")
+    pipe, _ = pipe_with(
+        [[call("c1", "x"), call("c2", "a")], "done"],
+        before_tool=[stopper(city="a", delay=1), *([slow] if stage == "before_tool" else [])],
+        after_tool=[slow] if stage == "after_tool" else [],
+        tool_concurrency=2,
+    )
+
+    events, result = await collect(pipe, start())
+
+    assert pairing_problems(events) == []
+    assert [(r.hook, r.verdict) for r in result.audit.hooks if r.hook == "slow"] == [
+        ("slow", "cancelled")
+    ]
+
+
+async def test_an_ask_whose_permission_a_siblings_halt_cancels_is_closed_as_cancelled(
+    autojump_clock,
+) -> None:
+    """Bug caught: a before-tool hook whose ``ask`` was waiting for permission when a sibling
+    call halted the batch left its HookStarted open and was missing from the audit."""
+
+    async def slow_permission(c, question, turn):
+        await anyio.sleep(10)
+        return True
+
+    asker = before("asker", lambda c: ask("may I?") if c.arguments["city"] == "x" else cont(c))
+    pipe, _ = pipe_with(
+        [[call("c1", "x"), call("c2", "a")], "done"],
+        before_tool=[stopper(city="a", delay=1), asker],
+        permission=slow_permission,
+        tool_concurrency=2,
+    )
+
+    events, result = await collect(pipe, start())
+
+    assert pairing_problems(events) == []
+    assert [(r.hook, r.verdict) for r in result.audit.hooks if r.hook == "asker"] == [
+        ("asker", "cancelled")
+    ]
+
+
 async def test_a_whole_turn_emits_its_events_in_order() -> None:
     batch = calls("a", "b")
     guard = before("guard", lambda c: block("no") if c.arguments["city"] == "b" else cont(c))
