@@ -3,7 +3,17 @@
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from turns import Message, Part, RequestOptions, Text, ToolCall, ToolSpec, Turn, render
+from turns import (
+    Message,
+    Part,
+    RequestOptions,
+    Text,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Turn,
+    render,
+)
 
 from . import events as ev
 from ._budget import json_text, message_tokens
@@ -48,18 +58,35 @@ def build_request(runner: Runner, turn: Turn, extra: tuple[Message, ...] = ()) -
 
 
 def check_context(
-    runner: Runner, messages: tuple[Message, ...], tools: tuple[ToolSpec, ...]
+    runner: Runner,
+    messages: tuple[Message, ...],
+    tools: tuple[ToolSpec, ...],
+    results: tuple[ToolResult, ...] = (),
 ) -> None:
-    """Raise `ContextOverflow` when a request would not fit the budget's context."""
+    """Raise `ContextOverflow` when a request would not fit the budget's context.
+
+    `results` are the tool results a tool step just added: when they are what outgrew the
+    budget, the error says so, since compacting the history (which runs before the turn)
+    cannot make room for them.
+    """
     budget = runner.plan.budget
     if budget is None:
         return
     count = runner.plan.count
     tokens = message_tokens(messages, count) + _spec_tokens(tools, count)
     if tokens > budget.context_tokens:
+        fix = "compact the history (compact=) or inject less"
+        if results:
+            sizes = [(count(result.content), result.call_id) for result in results]
+            largest, call_id = max(sizes)
+            fix = (
+                f"the tool results just added hold {sum(size for size, _ in sizes)} of them"
+                f" (call {call_id!r} the most, {largest}) — have the tools return less (an"
+                " after-tool hook can cut a result down), or raise context_tokens"
+            )
         raise ContextOverflow(
             f"the rendered request holds {tokens} tokens, over the budget's context_tokens"
-            f" of {budget.context_tokens}: compact the history (compact=) or inject less",
+            f" of {budget.context_tokens}: {fix}",
             tokens=tokens,
             limit=budget.context_tokens,
         )

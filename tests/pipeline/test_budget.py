@@ -24,10 +24,11 @@ from pipeline import (
     hook,
     message_tokens,
     parallel,
+    tool,
 )
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
-from turns import Context, Message, Text, Turn
+from turns import Context, Message, Text, ToolCall, Turn
 
 from .support import collect
 
@@ -298,6 +299,24 @@ async def test_context_check_counts_with_a_custom_tokenizer():
     with pytest.raises(ContextOverflow) as info:
         await pipe.run(Turn.start("a b c d e f g h i j"))
     assert info.value.tokens == 14
+
+
+async def test_a_context_overflow_after_a_tool_step_names_the_tool_results() -> None:
+    """Bug caught: a tool step whose results outgrew context_tokens was told to compact the
+    history or inject less, which cannot make room for them, and named no tool result."""
+
+    async def lookup(city: str) -> str:
+        return tokens_of(1) if city == "a" else tokens_of(500)
+
+    batch = [ToolCall("c1", "lookup", {"city": "a"}), ToolCall("c2", "lookup", {"city": "b"})]
+    pipe = build(budget=Budget(400, 5), model=ScriptedModel([batch, "ok"]), tools=[tool(lookup)])
+
+    with pytest.raises(ContextOverflow) as info:
+        await pipe.run(Turn.start("hi"))
+
+    message = str(info.value)
+    assert "the tool results just added hold 501 of them (call 'c2' the most, 500)" in message
+    assert "compact" not in message
 
 
 # -- compact= ----------------------------------------------------------------------------------
