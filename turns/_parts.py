@@ -125,6 +125,14 @@ def part_problem(part: object) -> str | None:
                 "ToolResult.call_id and .content must be str (encode a structured result as"
                 f" JSON text), got {_shown(answers)}, {_shown(content)}"
             )
+        is_error: object = part.is_error
+        error_class: object = part.error_class
+        # As a log reads them back: a bool (or 0 or 1), and a str or None. Anything else
+        # would be committed, and the conversation could never be loaded again.
+        if not isinstance(is_error, int) or is_error not in (0, 1):
+            return f"ToolResult.is_error must be a bool, got {_shown(is_error)}"
+        if error_class is not None and not isinstance(error_class, str):
+            return f"ToolResult.error_class must be a str or None, got {_shown(error_class)}"
     else:
         return (
             f"a message part must be Text, ToolCall or ToolResult, got {_shown(part)} — wrap"

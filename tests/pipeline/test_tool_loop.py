@@ -31,7 +31,7 @@ from pipeline import (
     tool,
 )
 from pipeline import events as ev
-from pipeline.logs import MemoryLog
+from pipeline.logs import MemoryLog, SQLiteLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Scope, ToolCall, ToolResult, ToolSpec, Turn
 
@@ -1229,6 +1229,31 @@ async def test_an_after_hook_rewriting_the_content_to_no_text_is_a_hook_return_e
 
     with pytest.raises(HookReturnError, match=r"'rewrite'.*malformed result: ToolResult.call_id"):
         await pipe.run(start())
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"is_error": "yes"}, "ToolResult.is_error must be a bool, got str 'yes'"),
+        ({"error_class": 5}, "ToolResult.error_class must be a str or None, got int 5"),
+    ],
+    ids=["is_error", "error_class"],
+)
+async def test_an_after_hook_rewriting_a_result_a_log_cannot_read_is_a_hook_return_error(
+    tmp_path, change, problem
+) -> None:
+    """Bug caught: an after-tool hook's result with ``is_error="yes"`` (or a number for its
+    ``error_class``) was committed to the SQLite log, which then refused to load the
+    conversation ever again."""
+    fix = after("fix", lambda r: cont(attrs.evolve(r, **change)))
+    pipe, _ = pipe_with([calls("a"), "done"], after_tool=[fix])
+    log = SQLiteLog(tmp_path / "log.db")
+
+    with pytest.raises(HookReturnError, match=rf"'fix'.*malformed result: {re.escape(problem)}"):
+        async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+            await session.send("weather?")
+
+    assert (await log.load(CONVERSATION)).messages == ()
 
 
 async def test_a_raising_before_hook_fails_the_turn_by_default() -> None:
