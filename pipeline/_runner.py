@@ -329,8 +329,14 @@ class Runner:
         exc: Exception,
         elapsed: float,
         records: list[HookRecord] | None = None,
+        *,
+        enforceable: bool = True,
     ) -> None:
-        """Record a hook's failure; raise it unless the hook fails open or is a shadow."""
+        """Record a hook's failure; raise it unless the hook fails open or is a shadow.
+
+        `enforceable` is False where nothing the hook says is kept (an after-tool hook of a
+        cancelled call): its failure is recorded, and stops nothing.
+        """
         hook = step.hook
         if isinstance(exc, HookError):
             error: HookError = exc
@@ -339,7 +345,11 @@ class Runner:
                 f"hook {step.label} raised {exc_text(exc)}", hook=step.name, stage=step.stage
             )
             error.__cause__ = exc
-        enforced = not hook.shadow and (hook.on_error == "halt" or type(error) is HookReturnError)
+        enforced = (
+            enforceable
+            and not hook.shadow
+            and (hook.on_error == "halt" or type(error) is HookReturnError)
+        )
         detail = failure_detail(error)
         (self.records if records is None else records).append(
             HookRecord(step.name, step.stage, step.position, elapsed, "failed", hook.shadow, detail)
@@ -348,6 +358,14 @@ class Runner:
             self.emit(ev.HookFailed(self.turn_ref, step.name, step.stage, detail, enforced))
         if enforced:
             raise error
+        if not enforceable:
+            log.warning(
+                "hook %r (%s) failed on a cancelled tool call; nothing it returns is kept: %s",
+                step.name,
+                step.stage,
+                detail,
+            )
+            return
         log.warning(
             "%s hook %r (%s) failed and was not enforced; the turn goes on without it (nothing"
             " it would have injected was added): %s",

@@ -6,6 +6,7 @@ applies (``match=``, ``when=``), what its signal means (`Cont`, `Block`, `Ask`, 
 records it on the call's `ToolJob`.
 """
 
+import functools
 import inspect
 import re
 from collections.abc import Callable
@@ -209,9 +210,10 @@ async def run_after_hooks(
     for step in runner.plan.after_tool:
         try:
             judged = await _judged(
-                runner, step, job, turn, call.name, (call, result, turn), _after_signal
+                runner, step, job, turn, call.name, (call, result, turn), _after_signal, enforce
             )
         except HookError:
+            # A failing match= predicate of a cancelled call's hook (it is raised by `_applies`).
             if enforce:
                 raise
             continue
@@ -260,17 +262,20 @@ async def _judged(
     name: str,
     args: tuple[Any, ...],
     judge: Callable[[Runner, Step, tuple[Any, ...], object], object],
+    enforce: bool = True,
 ) -> tuple[object, float] | None:
     """Run a tool hook on `args` if it applies to the tool `name`: its checked signal and time.
 
     None when it did not apply, failed open, returned the wrong signal (recorded; raised when
-    enforced), or is a shadow (its verdict recorded, nothing enforced).
+    enforced), or is a shadow (its verdict recorded, nothing enforced). Without `enforce` (a
+    cancelled call's after-tool hooks), no failure is raised, nor said to stop the turn.
     """
     if not _applies(runner, step, name, turn, job.records):
         return None
+    fail = runner.fail if enforce else functools.partial(runner.fail, enforceable=False)
     started = runner.now()
     try:
-        called = await runner.timed(step, *args, records=job.records)
+        called = await runner.timed(step, *args, records=job.records, failed=fail)
     except anyio.get_cancelled_exc_class():
         # A sibling call's halt or failure stopped the batch (or the caller cancelled the
         # turn) while the hook ran: its HookStarted is closed, as a parallel member's is.
@@ -282,7 +287,7 @@ async def _judged(
     try:
         signal = judge(runner, step, args, returned)
     except HookReturnError as error:
-        runner.fail(step, error, elapsed, job.records)
+        fail(step, error, elapsed, job.records)
         return None
     if step.hook.shadow:
         runner.shadow_verdict(step, elapsed, _verdict(signal), signal, job.records)

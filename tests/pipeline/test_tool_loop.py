@@ -944,6 +944,33 @@ async def test_after_hooks_see_a_cancelled_call(autojump_clock) -> None:
     ]
 
 
+def _raises(result):
+    raise RuntimeError("release failed")
+
+
+@pytest.mark.parametrize("decide", [_raises, lambda r: r], ids=["raises", "wrong-return"])
+async def test_a_failing_after_hook_of_a_cancelled_call_is_not_said_to_stop_the_turn(
+    autojump_clock, decide
+) -> None:
+    """Bug caught: an after-tool hook failing on a call cancelled by a sibling's halt was
+    reported as ``HookFailed(enforced=True)``, a failure that stops the turn, while nothing
+    it does is kept and the turn halted."""
+    pipe, _ = pipe_with(
+        [[call("c1", "x"), call("c2", "a")], "done"],
+        lookup_tool(delays={"x": 10}),
+        before_tool=[stopper(city="a", delay=1)],
+        after_tool=[after("release", decide)],
+        tool_concurrency=2,
+    )
+
+    events, result = await collect(pipe, start())
+
+    assert (result.outcome, [(e.hook, e.enforced) for e in of_type(events, ev.HookFailed)]) == (
+        "halted",
+        [("release", False)],
+    )
+
+
 # -- after-tool hooks ---------------------------------------------------------------------------
 
 
