@@ -360,6 +360,14 @@ def _refuse_unsupported(data: Mapping[str, Any]) -> None:
             "modalities",
             "unsupported_value",
         )
+    if data.get("moderation") is not None:
+        raise _bad(
+            "'moderation' is not supported: the gateway returns no moderation results, and"
+            " its answer is the reply the pipeline's guardrails accepted — leave it out, and"
+            " moderate in a hook of the pipeline",
+            "moderation",
+            "unsupported_parameter",
+        )
     if data.get("audio") is not None:
         raise _bad(
             "'audio' is not supported: the gateway answers with text only — leave it out",
@@ -593,14 +601,19 @@ FORWARDED: Mapping[str, Any] = {
     "response_format": dict,
     "parallel_tool_calls": bool,
     "reasoning_effort": str,
+    "verbosity": str,
+    "web_search_options": dict,
+    "safety_identifier": str,
 }
 """The request parameters forwarded to the upstream through ``RequestOptions.extra``, each
 with the JSON type it must have (`_KIND_NAMES`; the upstream checks the value itself): they
-shape the reply the model writes, which the pipeline's hooks then judge like any other.
+shape the reply the model writes, which the pipeline's hooks then judge like any other
+(``user`` and ``safety_identifier``, which replaces it, name the end user it is for).
 
-``store``, ``service_tier`` and ``metadata`` are not among them: they set something on the
-upstream account, not in the reply (whether the completion is kept in it, its billing tier,
-what its dashboard shows), and that account is the operator's. A client's are accepted and
+``store``, ``service_tier``, ``metadata``, ``prediction`` and the ``prompt_cache_*``
+parameters are not among them: they set something on the upstream account, not in the reply
+(whether the completion is kept in it, its billing tier, what its dashboard shows, what it
+pays for speed and caching), and that account is the operator's. A client's are accepted and
 left out, as unknown fields are; a pre hook may set them (``turn.with_request(extra=...)``)."""
 
 
@@ -672,8 +685,8 @@ def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
     """The forwarded parameters the request sets (`FORWARDED`), as `upstream` names them.
 
     To an OpenAI upstream (or a model of one's own) they go as the client sent them. To an
-    Anthropic one, ``stop`` goes as ``stop_sequences``, ``user`` as ``metadata.user_id`` and
-    ``top_p`` as itself; what changes nothing in the reply (``parallel_tool_calls: true``,
+    Anthropic one, ``stop`` goes as ``stop_sequences``, ``user`` (or ``safety_identifier``) as
+    ``metadata.user_id`` and ``top_p`` as itself; what changes nothing in the reply (``parallel_tool_calls: true``,
     ``response_format`` of type ``text``) is left out; the rest, which the Messages API has
     no form of, is refused.
 
@@ -693,7 +706,9 @@ def forwarded(data: Mapping[str, Any], upstream: Upstream) -> dict[str, Any]:
     for key, value in given.items():
         if key == "stop":
             extra["stop_sequences"] = [value] if isinstance(value, str) else value
-        elif key == "user":
+        elif key in ("user", "safety_identifier"):
+            # The end user's id; `safety_identifier`, which replaces `user`, comes later in
+            # `FORWARDED` and wins when a client sends both.
             extra["metadata"] = {"user_id": value}
         elif key == "top_p":
             extra["top_p"] = value

@@ -474,3 +474,81 @@ async def test_a_tool_choice_naming_an_undeclared_tool_is_400_naming_tool_choice
     assert (error["param"], error["code"]) == ("tool_choice", "invalid_value")
     assert "'g'" in error["message"]
     assert model.requests == []
+
+
+# What newer SDKs send to shape the reply, or to name its end user instead of ``user``.
+NEWER: dict[str, Any] = {
+    "verbosity": "low",
+    "web_search_options": {"search_context_size": "low"},
+    "safety_identifier": "hashed-user-42",
+}
+
+
+async def test_newer_sdk_parameters_reach_an_openai_upstream() -> None:
+    """Bug caught: ``verbosity``, ``web_search_options`` and ``safety_identifier`` (which
+    replaces ``user``), parameters of the SDK's own ``create``, were dropped as unknown
+    fields: the model answered at its default length and search settings, and the upstream
+    never learned the end user, all with a 200 and no word of it."""
+    async with running(repeat=stream(openai_text(["ok"]))) as upstream:
+        async with served(Pipeline(model=openai_upstream(upstream.url))) as gw:
+            await gw.sdk().chat.completions.create(model="m", messages=user("x"), **NEWER)
+    sent = upstream.requests[0].body
+    assert {key: sent.get(key) for key in NEWER} == NEWER
+
+
+async def test_an_anthropic_upstream_gets_safety_identifier_as_its_user_id() -> None:
+    """Bug caught: ``safety_identifier``, the end user's id newer SDKs send instead of
+    ``user``, dropped on the way to an Anthropic upstream, where ``user`` goes as
+    ``metadata.user_id``."""
+    async with running(repeat=stream(anthropic_text(["ok"]))) as upstream:
+        model = AnthropicMessages("claude-x", base_url=upstream.url, api_key=UPSTREAM_KEY)
+        async with served(Pipeline(model=model)) as gw:
+            await gw.sdk().chat.completions.create(
+                model="m", messages=user("x"), user="old-id", safety_identifier="new-id"
+            )
+    sent = upstream.requests[0].body
+    assert sent["metadata"] == {"user_id": "new-id"}
+    assert not {"user", "safety_identifier"} & set(sent)
+
+
+@pytest.mark.parametrize("field", ["verbosity", "web_search_options"])
+async def test_a_newer_parameter_an_anthropic_upstream_cannot_honour_is_400_naming_it(
+    field: str,
+) -> None:
+    """Bug caught: ``verbosity`` or ``web_search_options`` silently dropped on the way to an
+    Anthropic upstream, which has no form of them: the client got a reply of the default
+    length, or one written without a search, with a 200."""
+    async with running() as upstream:
+        model = AnthropicMessages("claude-x", base_url=upstream.url, api_key=UPSTREAM_KEY)
+        async with served(Pipeline(model=model)) as gw:
+            with pytest.raises(openai.BadRequestError) as caught:
+                await gw.sdk().chat.completions.create(
+                    model="m", messages=user("x"), **{field: NEWER[field]}
+                )
+    error = openai_error(caught.value.response.content)
+    assert (error["param"], error["code"]) == (field, "unsupported_parameter")
+    assert upstream.requests == []
+
+
+async def test_moderation_is_400_naming_it() -> None:
+    """Bug caught: ``moderation`` (moderate the input and output, maybe blocking them)
+    dropped as an unknown field: the client got an unmoderated reply and no moderation
+    results, with a 200."""
+    model = ScriptedModel(["ok"])
+    async with served(Pipeline(model=model)) as gw:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await gw.sdk().chat.completions.create(
+                model="m",
+                messages=user("x"),
+                moderation={
+                    "model": "omni-moderation-latest",
+                    "policy": {"output": {"mode": "block"}},
+                },
+            )
+        reply = await gw.sdk().chat.completions.create(
+            model="m", messages=user("x"), extra_body={"moderation": None}
+        )
+    error = openai_error(caught.value.response.content)
+    assert (error["param"], error["code"]) == ("moderation", "unsupported_parameter")
+    assert reply.choices[0].message.content == "ok"
+    assert len(model.requests) == 1
