@@ -255,12 +255,16 @@ def failure_error(exc: BaseException) -> WireError:
     """The error a failed turn is answered with (see docs/serve.md for the table)."""
     name = type(exc).__name__
     if isinstance(exc, LogConflict):
+        # The official SDKs retry a 409 (the API's lock timeout) by themselves: this one
+        # asks the client to reload first, or its message would go after a turn it has not
+        # seen, the whole turn run again for it.
         return WireError(
             409,
             "the conversation grew while this turn ran (another request committed first);"
             " nothing of this turn was committed — reload the conversation and send again",
             type="conversation_conflict",
             code="conflict",
+            headers=((b"x-should-retry", b"false"),),
         )
     if isinstance(exc, RateLimited):
         # The upstream's wait goes on to the client: the SDKs wait as `Retry-After` says

@@ -837,6 +837,48 @@ async def test_two_racing_turns_on_one_conversation_give_one_409(tmp_path: Path)
     assert len(stored.messages) == 2
 
 
+async def test_the_sdk_does_not_retry_a_turn_that_lost_a_race(tmp_path: Path) -> None:
+    """Bug caught: the official SDK retries a 409 by itself (twice by default), so the
+    turn that lost a race ran again and its message was committed after a turn its client
+    had not seen, where the client was to reload and send again."""
+    both_loaded = anyio.Event()
+    arrived = 0
+
+    async def answer(request: Any) -> str:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 2:
+            both_loaded.set()
+        await both_loaded.wait()
+        return "answer"
+
+    outcomes: list[str] = []
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with served(Pipeline(model=FunctionModel(answer)), log=log) as gw:
+            # The SDK's default retries, which the fixture's clients turn off.
+            client = openai.AsyncOpenAI(base_url=gw.base, api_key=KEY, timeout=30)
+            gw.clients.append(client)
+
+            async def send(text: str) -> None:
+                try:
+                    await client.chat.completions.create(
+                        model="m",
+                        messages=user(text),
+                        extra_headers={"X-Conversation-Id": "race"},
+                    )
+                    outcomes.append("answered")
+                except openai.ConflictError as exc:
+                    outcomes.append(f"conflict, retry: {exc.response.headers['x-should-retry']}")
+
+            async with anyio.create_task_group() as nursery:
+                nursery.start_soon(send, "a")
+                nursery.start_soon(send, "b")
+        stored = await log.load("race")
+    assert sorted(outcomes) == ["answered", "conflict, retry: false"]
+    assert arrived == 2  # the losing turn was not run again
+    assert len(stored.messages) == 2
+
+
 def remembers(seen: list[str] | None = None) -> Any:
     """A durable background post hook that records the reply it followed."""
 
