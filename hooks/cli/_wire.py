@@ -814,6 +814,16 @@ def _message(item: Any, where: str) -> Message:
             f"{where}.function_call",
             "unsupported_parameter",
         )
+    refusal = item.get("refusal")
+    if refusal is not None and not isinstance(refusal, str):
+        raise _bad(
+            f"'{where}.refusal' must be a string, got {_json_type(refusal)}",
+            f"{where}.refusal",
+            "invalid_type",
+        )
+    # What the model said when it refused: read as its text, as the providers read a
+    # model's refusal, so the model sees in the history that it refused.
+    text += refusal or ""
     parts: list[Part] = [Text(text)] if text else []
     calls = item.get("tool_calls")
     if calls is not None and not isinstance(calls, list):
@@ -866,6 +876,14 @@ def _content(content: Any, where: str, role: str) -> str:
     if isinstance(content, list):
         texts = []
         for k, part in enumerate(content):
+            if (
+                role == "assistant"
+                and isinstance(part, dict)
+                and part.get("type") == "refusal"
+                and isinstance(part.get("refusal"), str)
+            ):
+                texts.append(part["refusal"])  # an assistant's refusal part: its text
+                continue
             if (
                 not isinstance(part, dict)
                 or part.get("type") != "text"

@@ -552,3 +552,44 @@ async def test_moderation_is_400_naming_it() -> None:
     assert (error["param"], error["code"]) == ("moderation", "unsupported_parameter")
     assert reply.choices[0].message.content == "ok"
     assert len(model.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        {"content": None, "refusal": "I can't help with that."},
+        {"content": [{"type": "refusal", "refusal": "I can't help with that."}]},
+    ],
+)
+async def test_an_assistant_messages_refusal_reaches_the_upstream_as_its_text(
+    refused: dict[str, Any],
+) -> None:
+    """Bug caught: an assistant message's ``refusal`` (how the API returns a model's
+    refusal, which clients keep in their history) was dropped, leaving an empty assistant
+    message upstream, and a ``refusal`` content part was a 400."""
+    messages = [*user("q"), {"role": "assistant", **refused}, *user("why not?")]
+    async with running(repeat=stream(openai_text(["ok"]))) as upstream:
+        async with served(Pipeline(model=openai_upstream(upstream.url))) as gw:
+            await gw.sdk().chat.completions.create(model="m", messages=messages)
+    sent = upstream.requests[0].body["messages"]
+    assert [(m["role"], m["content"]) for m in sent] == [
+        ("user", "q"),
+        ("assistant", "I can't help with that."),
+        ("user", "why not?"),
+    ]
+
+
+async def test_an_assistant_messages_refusal_that_is_no_text_is_400_naming_it() -> None:
+    """Bug caught: an assistant message's ``refusal`` of the wrong type read as nothing,
+    where the client sent something the gateway could not read."""
+    model = ScriptedModel([])
+    body = {
+        "model": "m",
+        "messages": [*user("q"), {"role": "assistant", "refusal": 3}, *user("x")],
+    }
+    async with served(Pipeline(model=model)) as gw, gw.http() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["param"], error["code"]) == ("messages[1].refusal", "invalid_type")
+    assert model.requests == []
