@@ -317,9 +317,11 @@ class Seam:
         entry = self._compiled[index]
         if inspect.iscoroutine(value):
             value.close()  # never to be awaited: no "never awaited" warning after the error
+        # Its type only: the value is made from the model's text before this transformer
+        # (and those after it) changed it, which only the transformed text may show.
         self.failure = HookReturnError(
             f"expected transformer {entry.label} to return str from {method}, got"
-            f" {type(value).__name__} {value!r:.80}",
+            f" {type(value).__name__}",
             hook=entry.name,
             stage="transformers",
         )

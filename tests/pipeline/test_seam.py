@@ -681,6 +681,30 @@ async def test_feed_returning_something_other_than_text_is_a_return_error():
     assert "'encoder'" in str(info.value)
 
 
+async def test_a_return_error_never_quotes_the_text_the_transformer_was_fed():
+    """Bug caught: a transformer returning bytes had its value quoted in the error and in the
+    HookFailed event (which the serve page and `run --events` show), so the model's raw text
+    reached them untransformed."""
+
+    class Encoder(Shout):
+        def feed(self, text: str) -> str:
+            return text.encode()  # type: ignore[return-value]
+
+    pipe = pipe_with(Factory("encoder", Encoder), replies=[["card 4111"]])
+    seen: list[ev.Event] = []
+
+    async def watch() -> None:
+        async with pipe.stream(start()) as events:
+            async for event in events:
+                seen.append(event)
+
+    with pytest.raises(HookReturnError) as info:
+        await watch()
+    (failed,) = [event for event in seen if isinstance(event, ev.HookFailed)]
+    assert "bytes" in str(info.value)
+    assert [text for text in (str(info.value), failed.error) if "4111" in text] == []
+
+
 async def test_flush_returning_none_is_a_return_error():
     class Forgetful(Shout):
         def flush(self) -> str:
