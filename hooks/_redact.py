@@ -915,11 +915,18 @@ class _Compiled:
     def computed(self, found: re.Match[str]) -> str:
         """The text a computed replacement gives for `found`, checked."""
         assert self.substitute is not None
-        text = self.substitute(found)
+        text: object = self.substitute(found)
         if type(text) is not str:
+            # Its type only: what it returned comes from the match (a `re.Match`, its
+            # bytes), the text this transformer is there to keep from everyone.
+            hint = (
+                " (return found.group() or a text made from it)"
+                if isinstance(text, re.Match)
+                else ""
+            )
             raise TypeError(
-                f"the redact replacement function returned {type(text).__name__} {text!r:.60}"
-                " for a match; it must return the text to put in its place"
+                f"the redact replacement function returned {type(text).__name__} for a match;"
+                f" it must return the text to put in its place{hint}"
             )
         return text
 

@@ -304,6 +304,28 @@ async def test_a_computed_replacement_that_returns_no_text_fails_the_turn():
     assert "replacement" in str(info.value.__cause__)
 
 
+async def test_a_replacement_returning_the_match_never_shows_it_in_the_error():
+    """Bug caught: a computed replacement returning the `re.Match` had it quoted in the error
+    and in the HookFailed event, so the very text redact was to remove was shown whole."""
+    pipe = Pipeline(
+        model=ScriptedModel(["code TK-4821 sent"]),
+        transformers=[redact(r"TK-\d+", replacement=lambda found: found, name="codes")],  # type: ignore[arg-type,return-value]
+    )
+    seen: list[ev.Event] = []
+
+    async def watch() -> None:
+        async with pipe.stream(Turn.start("hi")) as events:
+            async for event in events:
+                seen.append(event)
+
+    with pytest.raises(HookFailed) as info:
+        await watch()
+    (failed,) = [event for event in seen if isinstance(event, ev.HookFailed)]
+    shown = [str(info.value), str(info.value.__cause__), failed.error]
+    assert "Match" in failed.error
+    assert [text for text in shown if "4821" in text] == []
+
+
 async def test_a_validator_that_raises_fails_the_turn():
     def broken(match: re.Match[str]) -> bool:
         raise ValueError("no")
