@@ -28,7 +28,7 @@ from ._result import TurnResult
 from ._runner import Emit, Runner, failure_detail
 from ._signals import Cont
 from ._stream import OneUse, TurnEvents, stream_turn
-from .logs import Log
+from .logs import Log, LogEntry
 from .logs._protocol import check_id, check_turn_ref
 
 Reason: TypeAlias = Literal["closed", "error", "cancelled"]
@@ -223,20 +223,17 @@ class Session:
         if turn_ref is None:
             return  # a fresh one
         check_turn_ref(turn_ref)  # as `_turn` would: a bad one is refused before the read
-        if turn_ref in self._committed or not is_async_callable(
-            getattr(self._log, "entries", None)
-        ):
-            # One `_turn` refuses; or a log of one's own with only load and append.
-            return
+        if turn_ref in self._committed:
+            return  # `_turn` refuses it
         if self._held is None:
-            entries = await self._log.entries(self._conversation_id)
-            self._held = frozenset(entry.turn_ref for entry in entries)
+            self._held = await held_turn_refs(self._log, self._conversation_id)
         if turn_ref in self._held:
             raise ValueError(
                 f"conversation {self._conversation_id!r} already holds a commit under"
-                f" {turn_ref!r} (made by an earlier session or another process), and a log keeps"
-                " one commit per turn_ref: this turn would be answered and then lost — give"
-                " each turn its own turn_ref (or none, for a fresh one)"
+                f" {turn_ref!r} (made by an earlier session, another process, or a commit of"
+                " this session that failed unsure whether it wrote), and a log keeps one commit"
+                " per turn_ref: this turn would be answered and then lost — give each turn its"
+                " own turn_ref (or none, for a fresh one)"
             )
 
     def _turn(
@@ -368,6 +365,9 @@ class Session:
         self._context = await load(self._log, self._conversation_id)
         self._length = len(self._context.messages)
         self._unsure = False
+        # The log may hold turn_refs it did not at the first read: another writer's, or
+        # this session's own, from a commit that failed unsure whether it wrote.
+        self._held = None
 
     # -- background hooks ---------------------------------------------------------------------
 
@@ -544,6 +544,37 @@ async def load(log: Log, conversation_id: str) -> Context:
             " Context() when it does not exist)"
         )
     return context
+
+
+async def held_turn_refs(log: Log, conversation_id: str) -> frozenset[str]:
+    """The turn_refs `log` holds for the conversation, read from its entries, checked.
+
+    A log of one's own needs only load and append: one without `entries`, or whose
+    `entries` returns None (the `Log` protocol's stub, which a class subclassing it inherits),
+    cannot tell, and is taken at its word (none held).
+    """
+    if not is_async_callable(getattr(log, "entries", None)):
+        return frozenset()
+    try:
+        entries: object = await log.entries(conversation_id)
+    except BaseException as exc:
+        if spurious_cancellation(exc):
+            what = f"reading the entries of conversation {conversation_id!r}"
+            raise cancelled_itself(log, what, exc) from exc
+        raise
+    if entries is None:
+        return frozenset()
+    returned = describe(entries)
+    if isinstance(entries, Sequence) and not isinstance(entries, str | bytes):
+        odd = [entry for entry in entries if type(entry) is not LogEntry]
+        if not odd:
+            return frozenset(entry.turn_ref for entry in entries)
+        returned += f", holding {describe(odd[0])}"
+    raise TypeError(
+        f"{type(log).__name__}.entries({conversation_id!r}) returned {returned}, not a"
+        " sequence of pipeline.logs.LogEntry — a Log's entries returns the conversation's"
+        " commits (an empty tuple when it does not exist), or None when it cannot tell"
+    )
 
 
 def cancelled_itself(log: Log, what: str, exc: BaseException, then: str = "") -> LogError:

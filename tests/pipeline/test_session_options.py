@@ -2,15 +2,16 @@
 runs, request options and a correlation id (`Session.send`, `Session.stream`), and a tool
 message that continues from the results of the calls the conversation ends with."""
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from pipeline import Pipeline, Session, cont, hook
+from pipeline import LogError, Pipeline, Session, cont, hook
 from pipeline import events as ev
-from pipeline.logs import MemoryLog, SQLiteLog
+from pipeline.logs import Log, LogEntry, MemoryLog, SQLiteLog
 from pipeline.testing import ScriptedModel
-from turns import Message, RequestOptions, ToolCall, ToolResult, ToolSpec, Turn
+from turns import Context, Message, RequestOptions, ToolCall, ToolResult, ToolSpec, Turn
 
 WEATHER = ToolSpec("get_weather", "The weather.", {"type": "object", "properties": {}})
 
@@ -140,6 +141,128 @@ async def test_a_turn_ref_an_earlier_session_committed_is_refused_before_the_tur
         assert result.outcome == "completed"
         assert session.context == await log.load("c")
         assert len(await log.entries("c")) == 2  # the first turn and "bye"
+
+
+class AnswerLostLog:
+    """A `MemoryLog` whose append under `lose` writes the turn, then fails with a LogError
+    once, as a PostgresLog commit does when its answer is lost on the way back."""
+
+    def __init__(self, lose: str) -> None:
+        self.log = MemoryLog()
+        self.lose: str | None = lose
+
+    async def load(self, conversation_id: str) -> Context:
+        return await self.log.load(conversation_id)
+
+    async def append(self, conversation_id: str, turn_ref: str, *args, **options) -> None:
+        await self.log.append(conversation_id, turn_ref, *args, **options)
+        if turn_ref == self.lose:
+            self.lose = None
+            raise LogError("the answer was lost; the commit may have been written", log="lost")
+
+    async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
+        return await self.log.entries(conversation_id)
+
+
+@pytest.mark.parametrize("method", ["send", "stream"])
+async def test_a_retry_under_the_turn_ref_of_a_commit_that_failed_unsure_is_refused(
+    method: str,
+) -> None:
+    """Bug caught: the log's turn_refs, read once, were kept past the reload after a commit
+    that failed unsure whether it wrote, so a retry under its turn_ref was answered and
+    reported committed while the log ignored it, and the next turn failed with a
+    LogConflict blaming another writer."""
+    log = AnswerLostLog(lose="ref-2")
+    model = ScriptedModel(["one", "two", "three"])
+    async with Pipeline(model=model).session(log=log, conversation_id="c") as session:
+        await session.send("first", turn_ref="ref-1")  # reads the log's turn_refs
+        with pytest.raises(LogError, match="the answer was lost"):
+            await session.send("second", turn_ref="ref-2")
+        with pytest.raises(ValueError, match="already holds a commit under 'ref-2'"):
+            await again(session, method, "ref-2")
+        result = await session.send("third")
+    assert (result.outcome, len(model.requests)) == ("completed", 3)
+    assert session.context == await log.load("c")
+    assert [e.turn_ref for e in await log.entries("c")] == ["ref-1", "ref-2", result.turn.turn_ref]
+
+
+class ProtocolLog(Log):
+    """A log of one's own subclassing the `Log` protocol with only load and append: it
+    inherits the protocol's `entries`, whose stub returns None."""
+
+    def __init__(self) -> None:
+        self.log = MemoryLog()
+
+    async def load(self, conversation_id: str) -> Context:
+        return await self.log.load(conversation_id)
+
+    async def append(self, *args, **options) -> None:
+        await self.log.append(*args, **options)
+
+
+async def test_a_log_subclassing_the_protocol_with_only_load_and_append_takes_turn_refs() -> None:
+    """Bug caught: a log subclassing `Log` with only load and append (all a session needs)
+    failed every send given a turn_ref with a bare "TypeError: 'NoneType' object is not
+    iterable", from the `entries` stub it inherits."""
+    log = ProtocolLog()
+    async with Pipeline(model=ScriptedModel(["one", "two"])).session(
+        log=log, conversation_id="c"
+    ) as session:
+        await session.send("first", turn_ref="ref-1")
+        with pytest.raises(ValueError, match="already committed 'ref-1'"):
+            await session.send("again", turn_ref="ref-1")
+        result = await session.send("second", turn_ref="ref-2")
+    assert result.outcome == "completed"
+    assert session.context == await log.load("c")
+
+
+class RefsEntries(ProtocolLog):
+    """A log whose `entries` returns the turn_refs, not `LogEntry` records."""
+
+    async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
+        return ("ref-1",)  # type: ignore[return-value]
+
+
+async def test_a_log_whose_entries_returns_no_log_entries_is_a_type_error_naming_it() -> None:
+    """Bug caught: a log whose entries() returned something other than LogEntry records
+    failed a send given a turn_ref with an AttributeError about turn_ref, naming no log."""
+    model = ScriptedModel(["one"])
+    async with Pipeline(model=model).session(log=RefsEntries(), conversation_id="c") as s:
+        with pytest.raises(TypeError) as raised:
+            await s.send("first", turn_ref="ref-1")
+    assert str(raised.value).startswith(
+        "RefsEntries.entries('c') returned tuple ('ref-1',), holding str 'ref-1', not a"
+        " sequence of pipeline.logs.LogEntry"
+    )
+    assert model.requests == []
+
+
+class StrayCancellingEntries(ProtocolLog):
+    """A log whose `entries` raises a CancelledError of its own, as a library awaiting a
+    future another task cancelled would, while nothing cancels the caller."""
+
+    def __repr__(self) -> str:
+        return "StrayCancellingEntries()"
+
+    async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
+        raise asyncio.CancelledError()
+
+
+async def test_a_logs_own_cancelled_error_reading_its_entries_is_a_log_error_naming_it() -> None:
+    """Bug caught: a log whose entries() raised a CancelledError of its own (nothing
+    cancelling the caller) made a send given a turn_ref a bare cancellation, naming no log,
+    where load() raising one is a LogError naming it."""
+    model = ScriptedModel(["one"])
+    async with Pipeline(model=model).session(
+        log=StrayCancellingEntries(), conversation_id="c"
+    ) as session:
+        with pytest.raises(
+            LogError,
+            match=r"StrayCancellingEntries\(\) failed reading the entries of conversation 'c'",
+        ) as raised:
+            await session.send("first", turn_ref="ref-1")
+    assert isinstance(raised.value.__cause__, asyncio.CancelledError)
+    assert model.requests == []
 
 
 @pytest.mark.parametrize("method", ["send", "stream"])
