@@ -179,10 +179,19 @@ class Runner:
             return None
         return result, self.now() - started
 
-    def passes(self, step: Step, turn: Turn, records: list[HookRecord] | None = None) -> bool:
+    def passes(
+        self,
+        step: Step,
+        turn: Turn,
+        records: list[HookRecord] | None = None,
+        *,
+        enforceable: bool = True,
+    ) -> bool:
         """Evaluate a hook's ``when`` predicate; a false one records the skip."""
         assert step.hook.when is not None
-        verdict = self.predicate(step, "when=", step.hook.when, turn, records)
+        verdict = self.predicate(
+            step, "when=", step.hook.when, turn, records, enforceable=enforceable
+        )
         if verdict is False:
             (self.records if records is None else records).append(
                 HookRecord(step.name, step.stage, step.position, 0.0, "skipped")
@@ -198,12 +207,14 @@ class Runner:
         check: Callable[[Any], object],
         value: object,
         records: list[HookRecord] | None = None,
+        *,
+        enforceable: bool = True,
     ) -> bool | None:
         """Evaluate one of a hook's predicates (``when=``, ``match=``) on `value`.
 
         None when it failed: a raising predicate is the hook's failure, and one returning
         anything but a bool a `HookReturnError`; either is recorded (and raised, when
-        enforced) like a failure of the hook itself.
+        enforced) like a failure of the hook itself, `enforceable` as for `fail`.
         """
         error: HookError
         try:
@@ -235,7 +246,7 @@ class Runner:
         if self.emit is not None:
             # The failure closes a HookStarted, like every hook failure.
             self.emit(hook_started(self.turn_ref, step.name, step.stage))
-        self.fail(step, error, 0.0, records)
+        self.fail(step, error, 0.0, records, enforceable=enforceable)
         return None
 
     # -- judging ------------------------------------------------------------------------------
@@ -389,7 +400,12 @@ class Runner:
         session around a background hook) whatever the hook's ``on_error``, and is raised to
         the caller. Nothing here awaits: the interrupt is not held back.
         """
-        detail = exc_text(exc)
+        try:
+            detail = exc_text(exc)
+        except Exception:
+            # Its str() failed (a SystemExit of an object whose __str__ raises): that error
+            # must not replace the interrupt on its way to the caller.
+            detail = type(exc).__name__
         (self.records if records is None else records).append(
             HookRecord(
                 step.name, step.stage, step.position, elapsed, "failed", step.hook.shadow, detail

@@ -95,6 +95,11 @@ async def run_before_hooks(runner: Runner, job: ToolJob, turn: Turn) -> ToolCall
                     step, elapsed + runner.now() - asked, "cancelled", None, job.records
                 )
                 raise
+            except (KeyboardInterrupt, SystemExit) as exc:
+                # A Ctrl-C at the callback's prompt, say: the hook's HookStarted is closed,
+                # as for an interrupt out of the hook itself (`Runner.timed`).
+                runner.interrupted(step, exc, elapsed + runner.now() - asked, job.records)
+                raise
             except HookError as error:
                 runner.fail(step, error, elapsed + runner.now() - asked, job.records)
                 continue
@@ -208,15 +213,9 @@ async def run_after_hooks(
 ) -> ToolResult | None:
     """Run the after-tool hooks on a result: the effective result, or None (halted)."""
     for step in runner.plan.after_tool:
-        try:
-            judged = await _judged(
-                runner, step, job, turn, call.name, (call, result, turn), _after_signal, enforce
-            )
-        except HookError:
-            # A failing match= predicate of a cancelled call's hook (it is raised by `_applies`).
-            if enforce:
-                raise
-            continue
+        judged = await _judged(
+            runner, step, job, turn, call.name, (call, result, turn), _after_signal, enforce
+        )
         if judged is None:
             continue
         signal, elapsed = judged
@@ -270,7 +269,7 @@ async def _judged(
     enforced), or is a shadow (its verdict recorded, nothing enforced). Without `enforce` (a
     cancelled call's after-tool hooks), no failure is raised, nor said to stop the turn.
     """
-    if not _applies(runner, step, name, turn, job.records):
+    if not _applies(runner, step, name, turn, job.records, enforce):
         return None
     fail = runner.fail if enforce else functools.partial(runner.fail, enforceable=False)
     started = runner.now()
@@ -295,21 +294,31 @@ async def _judged(
     return signal, elapsed
 
 
-def _applies(runner: Runner, step: Step, name: str, turn: Turn, records: list[HookRecord]) -> bool:
-    """Whether a tool hook's ``match=`` accepts the tool `name` (and its ``when=`` the turn)."""
+def _applies(
+    runner: Runner,
+    step: Step,
+    name: str,
+    turn: Turn,
+    records: list[HookRecord],
+    enforce: bool = True,
+) -> bool:
+    """Whether a tool hook's ``match=`` accepts the tool `name` (and its ``when=`` the turn).
+
+    A predicate that fails is the hook's failure, enforced only with `enforce` (`_judged`).
+    """
     match = step.hook.match
     if isinstance(match, str):
         accepted: bool | None = match == name
     elif isinstance(match, re.Pattern):
         accepted = match.fullmatch(name) is not None
     elif match is not None:
-        accepted = runner.predicate(step, "match=", match, name, records)
+        accepted = runner.predicate(step, "match=", match, name, records, enforceable=enforce)
     else:
         accepted = True
     if not accepted:
         return False
     if step.hook.when is not None:
-        return runner.passes(step, turn, records)
+        return runner.passes(step, turn, records, enforceable=enforce)
     return True
 
 

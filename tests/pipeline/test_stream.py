@@ -1294,3 +1294,34 @@ async def test_a_hook_raising_an_interrupt_ends_its_hook_started_in_the_events(w
     else:
         assert trace == [("HookStarted", "stop", None), ("HookFailed", "stop", "KeyboardInterrupt")]
     assert [e.enforced for e in seen if type(e) is ev.HookFailed] == [True]
+
+
+class Unprintable:
+    """An exit code whose str() raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this exit code")
+
+
+async def test_an_interrupt_whose_text_cannot_be_made_still_reaches_the_caller():
+    """Bug caught: a hook raising SystemExit of an object whose __str__ raises had that
+    RuntimeError, raised while its HookFailed was written, replace the SystemExit."""
+    code = Unprintable()
+
+    async def leave(turn: Turn):
+        raise SystemExit(code)
+
+    pipe = Pipeline(model=ScriptedModel(["never"]), pre=[hook(leave, name="leave")])
+    seen: list[Event] = []
+
+    async def consume() -> None:
+        async with pipe.stream(Turn.start("hi")) as events:
+            async for event in events:
+                seen.append(event)
+
+    with pytest.raises(SystemExit) as info:
+        await consume()
+    assert info.value.code is code
+    assert [(e.hook, e.error, e.enforced) for e in seen if type(e) is ev.HookFailed] == [
+        ("leave", "SystemExit", True)
+    ]

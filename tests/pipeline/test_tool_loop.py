@@ -704,6 +704,32 @@ def asking(question: str = "may I?"):
     return before("asker", lambda c: ask(question))
 
 
+async def test_an_interrupt_out_of_the_permission_callback_ends_the_asking_hook() -> None:
+    """Bug caught: a permission callback raising SystemExit or KeyboardInterrupt (a Ctrl-C
+    at its prompt) left the asking hook's HookStarted open, where an interrupt out of the
+    hook itself ends it with an enforced HookFailed."""
+
+    def permission(c, question, turn):
+        raise SystemExit(3)
+
+    pipe, _ = pipe_with([calls("a"), "done"], before_tool=[asking()], permission=permission)
+    seen: list[ev.Event] = []
+
+    async def consume() -> None:
+        async with pipe.stream(start()) as events:
+            async for event in events:
+                seen.append(event)
+
+    with pytest.raises(SystemExit) as info:
+        await consume()
+
+    assert info.value.code == 3
+    assert [(e.hook, e.error, e.enforced) for e in of_type(seen, ev.HookFailed)] == [
+        ("asker", "SystemExit: 3", True)
+    ]
+    assert pairing_problems(seen) == []
+
+
 async def test_ask_runs_the_call_when_permission_says_yes() -> None:
     trace: list[str] = []
     pipe, _ = pipe_with(
@@ -969,6 +995,34 @@ async def test_a_failing_after_hook_of_a_cancelled_call_is_not_said_to_stop_the_
         "halted",
         [("release", False)],
     )
+
+
+def _fails(value):
+    raise RuntimeError("predicate failed")
+
+
+@pytest.mark.parametrize("option", ["match", "when"])
+async def test_a_failing_predicate_of_an_after_hook_of_a_cancelled_call_is_not_enforced(
+    autojump_clock, option
+) -> None:
+    """Bug caught: an after-tool hook whose match= or when= predicate raised on a call
+    cancelled by a sibling's halt was reported as ``HookFailed(enforced=True)``, a failure
+    that stops the turn, while the hook's own failure there is not enforced."""
+    pipe, _ = pipe_with(
+        [[call("c1", "x"), call("c2", "a")], "done"],
+        lookup_tool(delays={"x": 10}),
+        before_tool=[stopper(city="a", delay=1)],
+        after_tool=[after("release", lambda r: cont(r), **{option: _fails})],
+        tool_concurrency=2,
+    )
+
+    events, result = await collect(pipe, start())
+
+    assert (result.outcome, [(e.hook, e.enforced) for e in of_type(events, ev.HookFailed)]) == (
+        "halted",
+        [("release", False)],
+    )
+    assert pairing_problems(events) == []
 
 
 # -- after-tool hooks ---------------------------------------------------------------------------
