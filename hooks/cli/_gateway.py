@@ -824,7 +824,11 @@ class Gateway:
         """
         left = self._unended(ended)
         raised = self.scrub(repr(exc))  # SystemExit(3), KeyboardInterrupt()
-        stopper = next((e.hook for e in ended if type(e) is ev.HookFailed and e.enforced), None)
+        # Among hooks interrupted at one instant, the pipeline raises the first declared, not
+        # the first to end: the one whose enforced HookFailed tells the raised interrupt.
+        enforced = [e for e in ended if type(e) is ev.HookFailed and e.enforced]
+        told = [e for e in enforced if e.error == _named(exc)]
+        stopper = next((e.hook for e in (*told, *enforced)), None)
         if stopper is not None:
             culprit = f"background hook {stopper!r}"
             why = (

@@ -479,6 +479,46 @@ async def test_the_warning_of_a_stateless_turns_background_interrupt_names_its_h
     ]
 
 
+async def test_the_warning_of_background_interrupts_at_one_instant_names_the_raised_ones_hook(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Bug caught: of two background hooks interrupted at one instant, the warning named the
+    one that ended first ('second', woken first, raising SystemExit) as having raised the
+    KeyboardInterrupt that the pipeline raises, the first declared hook's ('first')."""
+    interrupting, exiting = anyio.Event(), anyio.Event()
+
+    async def interrupted(turn: Turn) -> Any:
+        await interrupting.wait()
+        raise KeyboardInterrupt
+
+    async def exits(turn: Turn) -> Any:
+        await exiting.wait()
+        raise SystemExit(5)
+
+    async def wakes_both(turn: Turn) -> Any:
+        exiting.set()
+        interrupting.set()
+        return cont(turn)
+
+    post = [
+        hook(interrupted, name="first", background=True),
+        hook(exits, name="second", background=True),
+        hook(wakes_both, name="third", background=True),
+    ]
+    with caplog.at_level(logging.WARNING, logger="turnplug.serve"):
+        status, _ = await stateless_feed(Pipeline(model=ScriptedModel(["answer"]), post=post))
+    warned = [
+        r.getMessage().split(": ", 1)[1] for r in caplog.records if "answer" in r.getMessage()
+    ]
+    assert (status, warned) == (
+        200,
+        [
+            "background hook 'first' raised KeyboardInterrupt() after the answer was accepted;"
+            " the answer is sent and the gateway stops"
+        ],
+    )
+
+
 async def test_a_turn_interrupted_without_a_message_is_warned_of_by_its_type_alone(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
