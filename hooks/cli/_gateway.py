@@ -778,8 +778,18 @@ class Gateway:
         timeout = self.settings.turn_timeout
         ended: list[_Ended] = []
         pieces: list[str] = []
+        drained: list[bool] = []  # the gateway stopped it past its drain timeout
+
+        def cut() -> None:
+            # An accepted answer whose background hooks are still running is sent, as at
+            # the turn timeout; a turn not accepted yet is stopped whole (`_Endpoint`).
+            if turn_ref in self._accepted:
+                drained.append(True)
+                deadline.cancel()
+
         try:
             with anyio.CancelScope(deadline=anyio.current_time() + timeout) as deadline:
+                self._cuts.add(cut)
                 async with self._stateless_pipe.stream(turn) as events:
                     pieces = await self._watch(events, live, ended)
         except (KeyboardInterrupt, SystemExit) as exc:
@@ -791,6 +801,8 @@ class Gateway:
             self._keep_interrupt(turn_ref, exc)
             self._stopped_background(turn_ref, ended, exc)
             return accepted, pieces
+        finally:
+            self._cuts.discard(cut)
         if not deadline.cancelled_caught:
             return self._answered(events.result).turn, pieces
         accepted = self._accepted.get(turn_ref)
@@ -798,13 +810,16 @@ class Gateway:
             raise TimeoutError(f"the turn did not finish within {timeout} s")
         # Only background hooks were left: they cannot change the answer, which is sent.
         why = (
-            f"did not finish within the gateway's turn timeout of {timeout} s and was"
+            "was still running when the gateway stopped, past its drain timeout, and was"
+            " cancelled; the answer was sent without it"
+            if drained
+            else f"did not finish within the gateway's turn timeout of {timeout} s and was"
             " cancelled; the answer was sent without it"
         )
-        cut = self._unended(ended)
-        for name in cut:
+        left = self._unended(ended)
+        for name in left:
             _logger.warning("background hook %r of turn %s %s", name, turn_ref, why)
-        self._cut_background(turn_ref, dict.fromkeys(cut, why))
+        self._cut_background(turn_ref, dict.fromkeys(left, why))
         return accepted, pieces
 
     def _stopped_background(
@@ -1218,10 +1233,16 @@ class _Endpoint:
         failure: WireError | None = None
         async with anyio.create_task_group() as group:
             # A client that hangs up cancels its turn: nothing of it is committed. So does
-            # the gateway, past its drain timeout (`Gateway.cut_turns`); a conversation
-            # turn is stopped in its session instead, and only if it is not committed yet.
+            # the gateway, past its drain timeout (`Gateway.cut_turns`), unless the turn's
+            # answer was accepted (its background hooks are cut, `Gateway._stateless`); a
+            # conversation turn is stopped in its session instead, and only if it is not
+            # committed yet.
             group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
-            cut = group.cancel_scope.cancel
+
+            def cut() -> None:
+                if turn_ref not in gateway._accepted:
+                    group.cancel_scope.cancel()
+
             if conversation is None:
                 gateway._cuts.add(cut)
             try:

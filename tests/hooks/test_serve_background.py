@@ -249,6 +249,61 @@ async def test_a_stateless_answer_is_sent_when_background_hooks_outlast_the_time
     )
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_stateless_answer_is_sent_when_background_hooks_outlast_the_drain_timeout(
+    streamed: bool,
+) -> None:
+    """Bug caught: a stateless turn whose reply was accepted, its background hook still
+    running when the gateway stopped past its drain timeout, was answered 503 "nothing of it
+    was committed" in place of its answer, and the hook was left started on the page, where
+    the turn timeout sends the answer and reports the hook it cuts."""
+
+    running = anyio.Event()
+
+    async def slow(turn: Turn) -> Any:
+        running.set()
+        await anyio.sleep_forever()
+
+    pipe = Pipeline(
+        model=ScriptedModel(["answer"]), post=[hook(slow, name="slow", background=True)]
+    )
+    feed: list[dict[str, Any]] = []
+    answers: list[Any] = []
+    body = {"model": "m", "messages": user("hi"), "stream": streamed}
+    answered, replied = anyio.Event(), anyio.Event()
+    async with served(pipe) as gw, anyio.create_task_group() as nursery:
+        await nursery.start(partial(watch_feed, gw, feed, answered=answered))
+
+        async def ask() -> None:
+            async with gw.http() as client:
+                answers.append(await client.post("/v1/chat/completions", json=body))
+            replied.set()
+
+        nursery.start_soon(ask)
+        with anyio.fail_after(10):
+            await running.wait()  # the reply was accepted: only the hook is left
+        gw.gateway.shut_down()
+        gw.gateway.cut_turns()
+        with anyio.fail_after(10):
+            await replied.wait()
+            await answered.wait()
+        nursery.cancel_scope.cancel()
+    [answer] = answers
+    assert answer.status_code == 200
+    if streamed:
+        frames = sse_data(answer.text)
+        assert frames[-1] == "[DONE]"
+        chunks = [json.loads(frame) for frame in frames[:-1]]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    else:
+        text = answer.json()["choices"][0]["message"]["content"]
+    assert text == "answer"
+    ends = [(e["event"], e.get("hook")) for e in feed if e["event"] != "HookStarted"]
+    assert ends[-3:] == [("HookFailed", "slow"), ("TurnFinished", None), ("GatewayMessage", None)]
+    assert "drain timeout" in [e for e in feed if e["event"] == "HookFailed"][-1]["error"]
+    assert "GatewayError" not in [e["event"] for e in feed]
+
+
 async def test_background_hooks_not_yet_seen_starting_at_the_turn_timeout_are_reported(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
