@@ -50,7 +50,10 @@ class AttemptRecord:
     Attributes:
         attempt: Its number, from 1.
         steps: How many model calls it made.
-        text: The reply text it produced (after stream transformers).
+        text: The reply text it produced (after stream transformers), as the post hooks
+            left it: rewritten where one rewrote it (a scrub, a disclaimer), as the log holds
+            it; for a rejected or halted attempt, as the hook that rejected or halted it saw
+            it.
         finish_reason: Why the model stopped.
         usage: Token counts over its model calls.
     """
@@ -71,7 +74,8 @@ class Rejection:
         attempt: The rejected attempt's number.
         hook: The rejecting hook.
         feedback: What the hook told the model.
-        text: The rejected reply's text (after stream transformers).
+        text: The rejected reply's text (after stream transformers) as the rejecting hook
+            saw it: after the rewrites of the post hooks before it in that pass.
     """
 
     attempt: int

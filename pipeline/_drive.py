@@ -365,6 +365,8 @@ class Drive(Runner):
                 return self.halted(turn, reply, attempt)
             match await self.ordered(plan.post, attrs.evolve(turn, reply=reply)):
                 case Accepted(turn=accepted):
+                    if accepted.reply is not reply:
+                        self.judged(accepted.reply)
                     if held:
                         assert emit is not None
                         for event in held:
@@ -378,9 +380,11 @@ class Drive(Runner):
                 case Halted(turn=reached, halt=stop):
                     # What the post hooks before it did stays in the record; the halted reply
                     # does not stay on the turn.
+                    self.judged(reached.reply)
                     return self.halted(attrs.evolve(reached, reply=None), stop, attempt)
-                case Rejected(hook=hook, feedback=feedback):
-                    self.rejections.append(Rejection(attempt, hook, feedback, reply.text))
+                case Rejected(turn=reached, hook=hook, feedback=feedback):
+                    text = self.judged(reached.reply)
+                    self.rejections.append(Rejection(attempt, hook, feedback, text))
                     if held is not None:
                         held.clear()
                     if emit is not None:
@@ -390,6 +394,21 @@ class Drive(Runner):
                     extra = (*extra, *_shown_again(reply, attempt), note)
                     request = build_request(self, turn, extra)
         return self.finish("exhausted", turn, None, None)
+
+    def judged(self, reply: Reply | None) -> str:
+        """The attempt's text as the post hook that decided on it saw it, now in its record.
+
+        The audit is stored next to the committed turn: like the log, it holds what a post
+        hook rewrote (a scrub, a disclaimer) as rewritten, never the text the hook replaced.
+        A rejected or halted attempt's is the text its rejecting or halting hook judged,
+        after the rewrites of the post hooks before it.
+        """
+        assert reply is not None, "the post stage runs on a turn with its reply"
+        record = self.attempts[-1]
+        text = reply.text
+        if text != record.text:
+            self.attempts[-1] = attrs.evolve(record, text=text)
+        return text
 
     def settle(
         self,

@@ -27,7 +27,7 @@ from pipeline import (
     regenerate,
 )
 from pipeline import events as ev
-from pipeline.logs import MemoryLog
+from pipeline.logs import MemoryLog, SQLiteLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Injection, Message, Text, ToolCall, Turn
 
@@ -1185,6 +1185,77 @@ async def test_a_post_hooks_scrub_leaves_the_unscrubbed_text_out_of_the_logged_m
     logged = [message.text for message in entry.messages]
     assert logged == ["number?", "call ### ####"]
     assert [message.text for message in result.log_messages] == logged
+
+
+def reject_if(word: str):
+    """A guardrail sending the model back while the reply holds `word`."""
+
+    def check(turn):
+        return regenerate("leave it out") if word in turn.reply.text else cont(turn)
+
+    return hook(check, name="guard")
+
+
+async def test_a_post_hooks_scrub_leaves_the_unscrubbed_text_out_of_the_stored_audit(
+    tmp_path,
+) -> None:
+    """Bug caught: the audit record stored next to the committed turn kept every attempt's
+    text (and a rejected attempt's) as the model said it, before a post hook scrubbed it, so
+    the SQLite file held the digits the scrub had removed."""
+    path = tmp_path / "log.db"
+    pipe = Pipeline(
+        model=scripted("call 555 1234, boss", "call 555 9876"),
+        post=[scrub_digits, reject_if("boss")],
+    )
+
+    async with SQLiteLog(path) as log:
+        async with pipe.session(log=log, conversation_id="c1") as session:
+            result = await session.send("number?")
+        stored = b"".join(file.read_bytes() for file in tmp_path.iterdir())
+        (entry,) = await log.entries("c1")
+
+    assert (b"555 1234" in stored, b"555 9876" in stored) == (False, False)
+    assert stored.count(b"### ####") >= 3  # the audit and the messages reached the files
+    assert entry.audit == result.audit
+    assert entry.audit is not None
+    assert [(a.attempt, a.text) for a in entry.audit.attempts] == [
+        (1, "call ### ####, boss"),
+        (2, "call ### ####"),
+    ]
+    assert [(r.attempt, r.hook, r.text) for r in entry.audit.rejections] == [
+        (1, "guard", "call ### ####, boss")
+    ]
+
+
+async def test_a_rejection_holds_the_text_as_the_rejecting_hook_saw_it() -> None:
+    """Bug caught: a rejected attempt's record held the text before the post hooks ahead of
+    the rejecting one rewrote it, where it should hold what that hook judged."""
+    pipe = Pipeline(
+        model=scripted("call 555 1234, boss", "fine"),
+        post=[scrub_digits, reject_if("boss"), disclaimer],
+    )
+
+    result = await pipe.run(start())
+
+    assert [(r.attempt, r.text) for r in result.rejections] == [(1, "call ### ####, boss")]
+    assert [a.text for a in result.audit.attempts] == [
+        "call ### ####, boss",
+        "fine (not legal advice)",
+    ]
+
+
+async def test_a_post_stage_halt_audits_the_attempt_as_the_halting_hook_saw_it() -> None:
+    """Bug caught: a halted attempt's record held the text before the post hooks ahead of
+    the halting one scrubbed it."""
+    stop = hook(lambda turn: halt("no numbers at all"), name="stop")
+    pipe = Pipeline(model=scripted("call 555 1234"), post=[scrub_digits, stop])
+
+    result = await pipe.run(start())
+
+    assert (result.outcome, [a.text for a in result.audit.attempts]) == (
+        "halted",
+        ["call ### ####"],
+    )
 
 
 async def test_a_post_hook_setting_the_user_message_to_text_fails_it_and_commits_nothing() -> None:
