@@ -369,12 +369,10 @@ class Drive(Runner):
                         self.judged(accepted.reply)
                     if held:
                         assert emit is not None
+                        if accepted.reply is not reply:
+                            assert accepted.reply is not None
+                            held = _as_accepted(held, accepted.reply, attempt)
                         for event in held:
-                            if type(event) is ev.ReplyReady and accepted.reply is not reply:
-                                # Released as accepted: as the post hooks left the reply
-                                # (a hook may rewrite it), which is what the log holds.
-                                assert accepted.reply is not None
-                                event = attrs.evolve(event, reply=accepted.reply)
                             emit(event)
                     return await self.complete(accepted)
                 case Halted(turn=reached, halt=stop):
@@ -544,6 +542,34 @@ class Drive(Runner):
             tuple(self.calls),
         )
         return TurnResult(outcome, turn, reply, stop, rejections, audit)
+
+
+def _as_accepted(held: list[ev.Event], reply: Reply, attempt: int) -> list[ev.Event]:
+    """A held attempt's events as the post hooks accepted it, a hook having changed the reply.
+
+    Released as the post hooks left the reply, which is what the log holds: a `ReplyReady`
+    with the accepted reply, and, when a hook rewrote the text (a scrub, a disclaimer), the
+    text events replaced by the accepted reply's text, one per assistant message, where the
+    first of them stood, so that no event carries text a hook replaced. Text a hook left as
+    it was keeps its chunks.
+    """
+    said = [m.text for m in reply.messages if m.role == "assistant" and m.text]
+    streamed = [event.text for event in held if type(event) is ev.TextDelta]
+    rewritten = "".join(said) != "".join(streamed)
+    released: list[ev.Event] = []
+    for event in held:
+        ready = type(event) is ev.ReplyReady
+        if rewritten and (ready or type(event) is ev.TextDelta):
+            # The accepted text goes where the first text event stood (or, if the model
+            # streamed none, before the reply).
+            released.extend(ev.TextDelta(event.turn_ref, text, attempt) for text in said)
+            said = []
+            if not ready:
+                continue
+        if isinstance(event, ev.ReplyReady):
+            event = attrs.evolve(event, reply=reply)
+        released.append(event)
+    return released
 
 
 NOT_RUN = "not run: this reply was rejected (the reason follows)"

@@ -227,7 +227,12 @@ class ModelFinished(Event):
 @final
 @attrs.frozen
 class TextDelta(Event):
-    """A chunk of the reply's text, as delivered (after stream transformers)."""
+    """A chunk of the reply's text, as delivered (after stream transformers).
+
+    With ``hold_until_accepted=True`` the chunks are released once the post hooks accept
+    the attempt; if a hook rewrote the text, they are replaced by the accepted text, one
+    event per assistant message.
+    """
 
     text: str
     attempt: int

@@ -1258,6 +1258,28 @@ async def test_a_post_stage_halt_audits_the_attempt_as_the_halting_hook_saw_it()
     )
 
 
+async def test_held_text_is_released_as_a_post_hook_scrubbed_it() -> None:
+    """Bug caught: with hold_until_accepted, the released text events carried the reply as
+    the model said it, digits a post hook had scrubbed included, beside a ReplyReady that
+    carried it scrubbed."""
+    pipe = Pipeline(
+        model=scripted("call 555 1234 now"), post=[scrub_digits], hold_until_accepted=True
+    )
+
+    seen, result = await streamed(pipe, start())
+
+    texts = [(e.text, e.attempt) for e in seen if type(e) is ev.TextDelta]
+    ready = [e.reply.text for e in seen if type(e) is ev.ReplyReady]
+    assert (texts, ready, result.reply.text) == (
+        [("call ### #### now", 1)],
+        ["call ### #### now"],
+        "call ### #### now",
+    )
+    assert [type(e) for e in seen].index(ev.TextDelta) < [type(e) for e in seen].index(
+        ev.ReplyReady
+    )
+
+
 async def test_a_post_hook_setting_the_user_message_to_text_fails_it_and_commits_nothing() -> None:
     """Bug: a post hook could set turn.user_message to a str; the turn completed and the
     session's commit failed with an AttributeError naming no hook."""
