@@ -34,7 +34,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 from turns import Message, Part, Reply, Text, ToolCall, ToolResult, Turn
 
 from . import events as ev
-from ._errors import ConfigError, ProviderError
+from ._errors import ConfigError, ProviderError, ProviderProtocolError
 from ._hooks import Chain, Hook, Parallel
 from ._observe import TOOL_CALL, set_tracing
 from ._plan import Plan
@@ -268,10 +268,13 @@ class _TurnTrace:
         kind = type(error).__name__
         span.set_attribute("error.type", kind)
         attributes: dict[str, str] = {"exception.type": kind}
-        if self.capture:
+        # A malformed stream's error quotes the provider's raw event, model text no
+        # transformer has seen: it is recorded by its type only, even with capture on.
+        said = self.capture and not isinstance(error, ProviderProtocolError)
+        if said:
             attributes["exception.message"] = str(error)
         span.add_event("exception", attributes)
-        span.set_status(Status(StatusCode.ERROR, str(error) if self.capture else kind))
+        span.set_status(Status(StatusCode.ERROR, str(error) if said else kind))
 
     def close_all(self, end: int) -> None:
         for spans in self.hooks.values():

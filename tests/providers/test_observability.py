@@ -13,7 +13,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pipeline import Pipeline, ProviderConnectionError, cont, otel, tool
+from pipeline import (
+    Pipeline,
+    ProviderConnectionError,
+    ProviderProtocolError,
+    cont,
+    otel,
+    per_chunk,
+    tool,
+)
 from pipeline import events as ev
 from pipeline.providers import AnthropicMessages, OpenAIChat
 from turns import Turn
@@ -121,6 +129,36 @@ async def test_a_malformed_answer_quoting_the_key_stays_out_of_logs_and_tracebac
     assert KEY not in caplog.text
     assert KEY not in "".join(traceback.format_exception(caught.value))
     assert "[redacted]" in caplog.text
+
+
+async def test_a_malformed_streams_error_reaches_a_captured_trace_by_its_type_only(
+    server: ProtocolServer,
+) -> None:
+    """Bug caught: with content capture on, a protocol error's message, which quotes the raw
+    stream event (model text no transformer had seen), was recorded on the turn and chat
+    spans, where a transformer had kept that text out of everything else."""
+    broken = b'data: {"choices": [{"index": 0, "delta": {"content": "SECRET-42 and'
+    server.script(wire.stream((*wire.openai_text(["SECRET-41 "])[:2], broken + b"\n\n")))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.instrument(tracer_provider=provider, capture_content=True)
+    hide = per_chunk(lambda text: re.sub(r"SECRET-\d+", "[gone]", text))
+    try:
+        with pytest.raises(ProviderProtocolError, match="SECRET-42"):
+            await Pipeline(model=openai(server), transformers=[hide]).run(Turn.start("hi"))
+    finally:
+        otel.uninstrument()
+
+    spans = exporter.get_finished_spans()
+    failed = [span for span in spans if span.attributes.get("error.type")]
+    assert sorted(span.name for span in failed) == ["chat gpt-test", "turn"]
+    for span in failed:
+        assert span.status.description == "ProviderProtocolError"
+        (event,) = [event for event in span.events if event.name == "exception"]
+        assert dict(event.attributes) == {"exception.type": "ProviderProtocolError"}
+    for span in spans:
+        assert "SECRET" not in repr(dict(span.attributes)) + repr(span.events) + repr(span.status)
 
 
 @tool
