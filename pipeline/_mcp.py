@@ -701,6 +701,11 @@ class Connection:
             try:
                 return SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
             except ValueError as exc:
+                repaired = _surrogates_replaced(line) if b"\\u" in line else None
+                if repaired is not None:
+                    with suppress(ValueError):
+                        message = jsonrpc_message_adapter.validate_json(repaired, by_name=False)
+                        return SessionMessage(message)
                 return exc  # what the SDK hands the session: its message_handler keeps it
 
         async def writer() -> None:
@@ -1152,6 +1157,21 @@ def _group_gone(process: anyio.abc.Process) -> bool:
     except PermissionError:
         pass  # a member we may not signal is a member still
     return False
+
+
+def _surrogates_replaced(line: bytes) -> bytes | None:
+    """A stdio server's JSON `line` with each lone surrogate it escapes (``"\\ud83d"``, which
+    JavaScript's ``JSON.stringify`` writes for a string cut inside a pair, and JSON allows)
+    read as U+FFFD, which the SDK's parser accepts (it refuses the whole message); None when
+    the line is no JSON at all.
+    """
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    text = json.dumps(value, ensure_ascii=False)
+    # A pair was joined by the reading; a surrogate still alone becomes U+FFFD.
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
 
 
 def _message_limit(spec: MCPToolset) -> int:

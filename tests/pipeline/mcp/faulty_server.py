@@ -22,6 +22,9 @@
 - ``notifying``: written by hand as ``babbling``, lists ``note``, whose calls it answers
   with a ``notifications/message`` that is no valid one (its level is ``loud``), then with
   the text ``noted``;
+- ``surrogate``: written by hand as ``babbling``, lists ``cut`` (its description cut too), whose calls it
+  answers with a text cut inside a surrogate pair, escaped as JSON allows (``"\\ud83d"``, as JavaScript's
+  ``JSON.stringify`` writes it; the SDK's server cannot);
 - ``stubborn``: written by hand as ``babbling``, ignores SIGTERM, starts a child that ignores
   it too (logging its pid in STATE_FILE after its own), and outlives its stdin's closing;
 - ``sized STATE_FILE``: written by hand as ``babbling``, lists ``sized``, whose calls it
@@ -218,6 +221,19 @@ def notifying() -> None:
         print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
 
 
+def surrogate() -> None:
+    listed = [{"name": "cut", "description": "Cut \ud83d", "inputSchema": {"type": "object"}}]
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message.get("method") != "tools/call":
+            babbling_answer(message, listed)
+            continue
+        result = {"content": [{"type": "text", "text": "smile \ud83d"}], "isError": False}
+        answer = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result})
+        assert "\\ud83d" in answer
+        print(answer, flush=True)
+
+
 def sized(state: Path) -> None:
     schema = {"type": "object", "properties": {"size": {"type": "integer"}}}
     listed = [{"name": "sized", "inputSchema": schema}]
@@ -284,6 +300,8 @@ if __name__ == "__main__":
         badref_server().run()
     elif mode == "notifying":
         notifying()
+    elif mode == "surrogate":
+        surrogate()
     elif mode == "sized":
         sized(Path(sys.argv[2]))
     elif mode == "stubborn":

@@ -1002,6 +1002,22 @@ async def test_an_argument_holding_a_lone_surrogate_is_a_tool_error_and_the_serv
     assert server_processes() == []
 
 
+async def test_a_lone_surrogate_a_stdio_server_escapes_is_read_as_a_replacement_character():
+    """Bug caught: a stdio server's answer holding a string cut inside a surrogate pair
+    (``"\\ud83d"``, as JavaScript's JSON.stringify writes it) was refused whole by the SDK's
+    parser, so its call waited out its timeout and was reported as no answer."""
+    model = ScriptedModel([[ToolCall("c1", "faulty_cut", {})], "done"])
+    toolset = faulty_toolset("surrogate", connect_timeout=10, timeout=10)
+    pipe = Pipeline(model=model, toolsets=[toolset])
+    result = await pipe.run(Turn.start("go"))
+
+    (spec,) = model.requests[0].tools
+    assert spec.description == "Cut \ufffd"
+    cut = result.reply.messages[1].parts[0]
+    assert (cut.is_error, cut.content) == (False, "smile \ufffd")
+    assert server_processes() == []
+
+
 async def test_a_server_whose_message_was_too_large_sees_its_stdin_close_and_exits(tmp_path):
     """Bug caught: once a message passed max_message_bytes, the server's stdout was no longer
     read, so a server still writing it blocked on the full pipe, never saw its stdin close
