@@ -150,6 +150,8 @@ class ToolOwner(Protocol):
     """What the toolsets need of the pipeline declaring them (`Pipeline` is one)."""
 
     @property
+    def tools(self) -> tuple[Tool, ...]: ...
+    @property
     def toolsets(self) -> tuple[Toolset, ...]: ...
     @property
     def _tool_map(self) -> Mapping[str, Tool]: ...
@@ -262,14 +264,19 @@ def merge(groups: Iterable[Offered]) -> dict[str, Tool]:
     return found
 
 
-def static_tools(tools: tuple[Tool, ...], toolsets: tuple[Toolset, ...]) -> dict[str, Tool]:
-    """The tools a pipeline knows when it is built: its own and its local toolsets'."""
+def static_groups(tools: tuple[Tool, ...], toolsets: tuple[Toolset, ...]) -> list[Offered]:
+    """The tools a pipeline knows when it is built, by owner: its own, each local toolset's."""
     groups: list[Offered] = [("the pipeline's tools", [(t, None) for t in tools])]
     for each in toolsets:
         if isinstance(each, LocalToolset):
             kept = select(each.name, [t.name for t in each.tools], each.include, each.exclude)
             groups.append((f"toolset {each.name!r}", zip(each.final_tools(), kept, strict=True)))
-    return merge(groups)
+    return groups
+
+
+def static_tools(tools: tuple[Tool, ...], toolsets: tuple[Toolset, ...]) -> dict[str, Tool]:
+    """The tools a pipeline knows when it is built: its own and its local toolsets'."""
+    return merge(static_groups(tools, toolsets))
 
 
 def remote_toolsets(toolsets: tuple[Toolset, ...]) -> tuple[Toolset, ...]:
@@ -387,9 +394,8 @@ class Toolbox:
         return next((c.interrupt for c in self.connections if c.interrupt is not None), None)
 
     def _merged(self) -> dict[str, Tool]:
-        groups: list[Offered] = [
-            ("the pipeline", [(t, None) for t in self.pipe._tool_map.values()])
-        ]
+        # A clash names a local toolset's tool by its toolset, as when the pipeline is built.
+        groups = static_groups(self.pipe.tools, self.pipe.toolsets)
         for connection in self.connections:
             named = [(t, connection.raw_names[final]) for final, t in connection.tools.items()]
             groups.append((f"MCP toolset {connection.spec.name!r}", named))

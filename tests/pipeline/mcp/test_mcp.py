@@ -14,7 +14,7 @@ import anyio
 import psutil
 import pytest
 
-from pipeline import ConfigError, Pipeline, ToolsetError, cont, hook, mcp_toolset
+from pipeline import ConfigError, Pipeline, ToolsetError, cont, hook, mcp_toolset, toolset
 from pipeline._mcp import SDKRecords
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
@@ -309,6 +309,30 @@ async def test_two_server_tools_with_one_final_name_fail_the_open_naming_both():
     assert server_processes() == []
 
 
+async def test_a_server_tool_clashing_with_a_local_toolsets_is_named_by_its_toolset():
+    """Bug caught: an MCP tool clashing with a tool of a local toolset named that tool by its
+    final name as one "of the pipeline" (``tool 'time_get_current_time' of the pipeline``),
+    a tool the pipeline's tools= does not hold, instead of by its toolset and own name."""
+
+    def current_time() -> str:
+        """The local clock."""
+        return "noon"
+
+    pipe = Pipeline(
+        model=ScriptedModel(["hi"]),
+        toolsets=[time_toolset(), toolset("time_get", [current_time])],
+    )
+    with pytest.raises(ConfigError) as caught:
+        async with pipe:
+            pass
+
+    assert str(caught.value).startswith(
+        "tool 'current_time' of toolset 'time_get' and tool 'get_current_time' of MCP toolset"
+        " 'time' are both offered as 'time_get_current_time'"
+    )
+    assert server_processes() == []
+
+
 async def test_a_server_listing_two_tools_of_one_name_fails_the_open_naming_it():
     """Catches: a server that lists two different tools under one name having one of them
     silently dropped (the last listed kept), so that the model was offered a tool the
@@ -462,7 +486,7 @@ async def test_a_reconnect_whose_tools_collide_is_a_warning(tmp_path, caplog):
 
     assert crashed.reply.messages[1].parts[0].error_class == "tool_error"
     assert mcp_warnings(caplog) == [
-        "reconnecting failed: tool 'changing_beta' of the pipeline and tool 'beta' of MCP"
+        "reconnecting failed: tool 'changing_beta' of the pipeline's tools and tool 'beta' of MCP"
         " toolset 'changing' are both offered as 'changing_beta'; the model calls tools by"
         " name — rename a toolset or exclude one of them (exclude = [...])"
     ]
