@@ -903,7 +903,8 @@ class Connection:
             )
         text = render_result(result)
         if result.is_error:
-            raise ToolFailure(f"MCP server {name!r} reported an error: {text}")
+            said = text if text.strip() else "(it said nothing about it)"
+            raise ToolFailure(f"MCP server {name!r} reported an error: {said}")
         return text
 
     def _failure(self, own: str, exc: Exception) -> ToolFailure:
@@ -935,7 +936,11 @@ class Connection:
                     f"MCP server {name!r} closed the connection during the call (did it"
                     " crash?); it is connected again on the next turn"
                 )
-            refused = self._http_refusal(exc) or exc.error.message
+            refused = (
+                self._http_refusal(exc)
+                or (exc.error.message if exc.error.message.strip() else None)
+                or f"JSON-RPC error {exc.code}, with no message"
+            )
             return ToolFailure(f"MCP server {name!r} refused the call: {refused}")
         if isinstance(
             exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream

@@ -25,6 +25,9 @@
 - ``surrogate``: written by hand as ``babbling``, lists ``cut`` (its description cut too), whose calls it
   answers with a text cut inside a surrogate pair, escaped as JSON allows (``"\\ud83d"``, as JavaScript's
   ``JSON.stringify`` writes it; the SDK's server cannot);
+- ``mute``: the SDK's low-level server, listing ``mute``, whose calls it answers with an
+  error result with no content, and ``refuse``, whose calls it refuses with a JSON-RPC error
+  -32602 whose message is empty;
 - ``stubborn``: written by hand as ``babbling``, ignores SIGTERM, starts a child that ignores
   it too (logging its pid in STATE_FILE after its own), and outlives its stdin's closing;
 - ``sized STATE_FILE``: written by hand as ``babbling``, lists ``sized``, whose calls it
@@ -46,9 +49,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import EmbeddedResource, ImageContent, TextResourceContents
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    CallToolRequestParams,
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextResourceContents,
+)
 from mcp_types import Tool as ListedTool
 
 
@@ -156,6 +172,30 @@ def badref_server() -> MCPServer:
         return f"refd got {a}"
 
     return server
+
+
+def mute_server() -> Server[Any]:
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        listed = [
+            ListedTool(name=name, input_schema={"type": "object"}) for name in ("mute", "refuse")
+        ]
+        return ListToolsResult(tools=listed)
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> CallToolResult:
+        if params.name == "refuse":
+            raise MCPError(-32602, "")
+        return CallToolResult(content=[], is_error=True)
+
+    return Server("mute", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def serve_stdio(server: Server[Any]) -> None:
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
 
 
 def silent() -> None:
@@ -302,6 +342,8 @@ if __name__ == "__main__":
         notifying()
     elif mode == "surrogate":
         surrogate()
+    elif mode == "mute":
+        anyio.run(serve_stdio, mute_server())
     elif mode == "sized":
         sized(Path(sys.argv[2]))
     elif mode == "stubborn":

@@ -374,6 +374,25 @@ async def test_a_tool_list_whose_pages_never_end_fails_the_open_saying_so():
     assert server_processes() == []
 
 
+async def test_an_error_result_or_a_refusal_with_no_message_says_so():
+    """Bug caught: a server's error result with no content, or its JSON-RPC error with an
+    empty message, reached the model as "reported an error: " / "refused the call: ", a
+    sentence ending on nothing."""
+    model = ScriptedModel(
+        [[ToolCall("c1", "mute_mute", {}), ToolCall("c2", "mute_refuse", {})], "done"]
+    )
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("mute", name="mute")])
+    result = await pipe.run(Turn.start("go"))
+
+    mute, refuse = (m.parts[0] for m in result.reply.messages[1:3])
+    assert mute.error_class == refuse.error_class == "tool_error"
+    assert mute.content.endswith("MCP server 'mute' reported an error: (it said nothing about it)")
+    assert refuse.content.endswith(
+        "MCP server 'mute' refused the call: JSON-RPC error -32602, with no message"
+    )
+    assert server_processes() == []
+
+
 async def test_a_turn_outside_async_with_connects_for_itself_and_closes_after():
     """Catches: pipe.run leaving the servers it started running."""
     model = ScriptedModel([[ToolCall("c1", "faulty_echo", {"text": "once"})], "ok"])
