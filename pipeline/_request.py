@@ -27,7 +27,7 @@ from ._errors import (
     ProviderProtocolError,
     RequestError,
 )
-from ._loop import spurious_cancellation
+from ._loop import is_cancellation, spurious_cancellation
 from ._model import ModelFinish, ModelRequest, ModelText, ModelToolCall
 from ._runner import Runner
 from ._seam import PIECE, Seam
@@ -202,13 +202,19 @@ async def call_model(
                     )
     except Exception as exc:
         if seam is not None and seam.failure is not None:
-            # The seam failed in the model's block: its failure, even when the model hands
-            # it back wrapped (a stream that reads in a task group of its own raises an
-            # ExceptionGroup holding it).
-            _transformer_failed(runner, seam.failure)
-            if exc is seam.failure:
+            failure = seam.failure
+            _transformer_failed(runner, failure)
+            if exc is failure:
                 raise
-            raise seam.failure from seam.failure.__cause__
+            if _comes_from(exc, failure):
+                # The model handed the seam's failure back wrapped (a stream that reads in
+                # a task group of its own raises an ExceptionGroup holding it) or raised an
+                # error of its own from it: the transformer's failure.
+                raise failure from failure.__cause__
+            # Anything else is the model's own failure, raised as any other below, even
+            # after a transformer failed in this call: it swallowed the transformer's error
+            # and then failed by itself, or its task group holds the error of a task of
+            # its own beside it (the group, kept as the cause, holds both).
         # A model's PipelineError (a provider's, or a wrapped model's) is raised as it is; a
         # HookError is not one: a pipeline the model ran failed, so the model failed.
         if isinstance(exc, PipelineError) and not isinstance(exc, HookError):
@@ -226,6 +232,12 @@ async def call_model(
             " cancelled)",
             provider=_model_name(model),
         ) from exc
+    if seam is not None and seam.failure is not None:
+        # The model swallowed the seam's failure (its stream caught what the block raised):
+        # the turn still stops here, since the failed transformer's held text cannot be
+        # released, and the failure ends with this call, never blamed on a later one.
+        _transformer_failed(runner, seam.failure)
+        raise seam.failure from seam.failure.__cause__
     if finish is None:
         raise ProviderProtocolError(
             f"model {model!r} ended its stream without a ModelFinish: the response is truncated",
@@ -280,6 +292,26 @@ def _transformer_failed(runner: Runner, error: HookError) -> None:
     if runner.emit is not None:
         cause = error.__cause__ if error.__cause__ is not None else error
         runner.emit(ev.HookFailed(runner.turn_ref, error.hook, error.stage, exc_text(cause), True))
+
+
+def _comes_from(exc: BaseException, failure: HookError) -> bool:
+    """Whether `exc` is the seam's `failure`, raised from it (its ``__cause__`` chain), or a
+    group holding nothing else, cancellations aside, however deeply.
+
+    Not its ``__context__``: whatever the model's context manager raises as it exits has
+    the failure the block raised as its context, its own errors included.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        held = [inner for inner in exc.exceptions if not is_cancellation(inner)]
+        return bool(held) and all(_comes_from(inner, failure) for inner in held)
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if link is failure:
+            return True
+        seen.add(id(link))
+        link = link.__cause__
+    return False
 
 
 def _spec_tokens(tools: tuple[ToolSpec, ...], count: Callable[[str], int]) -> int:

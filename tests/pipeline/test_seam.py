@@ -4,7 +4,7 @@ import inspect
 import re
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 
 import anyio
 import pytest
@@ -17,7 +17,10 @@ from pipeline import (
     ModelFinish,
     ModelRequest,
     ModelText,
+    ModelToolCall,
     Pipeline,
+    ProviderConnectionError,
+    ProviderError,
     cont,
     per_chunk,
     regenerate,
@@ -764,6 +767,122 @@ async def test_a_transformer_failing_in_a_model_stream_with_a_task_group_is_stil
         await collect(pipe, start())
     assert (info.value.hook, info.value.stage) == ("scrubber", "transformers")
     assert isinstance(info.value.__cause__, ValueError)
+
+
+class Swallowing:
+    """A model whose stream catches what the block raises and ends quietly, or then fails
+    by itself (``fail``) with a connection error, raised apart from the caught one."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.calls = 0
+
+    @asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[object]:
+        self.calls += 1
+
+        async def events() -> AsyncIterator[object]:
+            yield ModelToolCall(ToolCall("c1", "ping", {}))
+            yield ModelFinish("tool_calls")
+            yield ModelText("trailing")  # a provider's chunk after the finish
+
+        with suppress(Exception):
+            yield events()
+        if self.fail:
+            raise ProviderConnectionError("connection reset by peer", provider="sloppy")
+
+
+@tool
+def ping() -> str:
+    """Ping."""
+    return "pong"
+
+
+async def test_a_transformer_failure_the_model_swallows_still_stops_the_turn_in_that_call():
+    """Bug caught: a model stream that swallowed a transformer's failure let the turn go on
+    to run the tools and call the model again, which then failed with the stale HookFailed
+    of the earlier call whatever the model had done."""
+    model = Swallowing()
+    pipe = Pipeline(model=model, tools=[ping], transformers=[failing("scrubber")])
+    seen: list[ev.Event] = []
+    with pytest.raises(HookFailed) as info:
+        await collect_into(seen, pipe, start())
+    assert (info.value.hook, isinstance(info.value.__cause__, ValueError)) == ("scrubber", True)
+    assert model.calls == 1
+    assert [type(e) for e in seen] == [ev.TurnStarted, ev.ModelCalled, ev.HookFailed]
+
+
+async def test_a_model_failing_by_itself_after_swallowing_a_transformer_failure_is_its_own():
+    """Bug caught: a model that swallowed a transformer's failure and then failed on its own
+    (a connection error) was reported as the transformer's HookFailed, hiding the
+    ProviderConnectionError."""
+    pipe = Pipeline(model=Swallowing(fail=True), transformers=[failing("scrubber")])
+    seen: list[ev.Event] = []
+    with pytest.raises(ProviderConnectionError, match="connection reset by peer"):
+        await collect_into(seen, pipe, start())
+    failed = [e for e in seen if isinstance(e, ev.HookFailed)]
+    assert [(e.hook, e.stage) for e in failed] == [("scrubber", "transformers")]
+
+
+class FailingBeside:
+    """A model whose stream's own task fails as the block's failure cancels it."""
+
+    @asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[object]:
+        send, receive = anyio.create_memory_object_stream[object](4)
+
+        async def produce() -> None:
+            async with send:
+                await send.send(ModelText("hello"))
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    # Closing the connection fails as the task is cancelled.
+                    raise ProviderConnectionError("connection reset by peer", provider="x")
+
+        async with anyio.create_task_group() as tasks, receive:
+            tasks.start_soon(produce)
+            yield receive
+
+
+async def test_a_model_error_beside_a_transformer_failure_in_one_group_is_not_dropped():
+    """Bug caught: an ExceptionGroup holding a transformer's failure and the model's own
+    connection error was raised as the transformer's HookFailed, the model's error dropped."""
+    pipe = Pipeline(model=FailingBeside(), transformers=[failing("scrubber")])
+    seen: list[ev.Event] = []
+    with pytest.raises(ProviderError) as info:
+        await collect_into(seen, pipe, start())
+    group = info.value.__cause__
+    assert isinstance(group, BaseExceptionGroup)
+    assert group.subgroup(ProviderConnectionError) is not None
+    assert group.subgroup(HookFailed) is not None
+    assert [(e.hook, e.stage) for e in seen if isinstance(e, ev.HookFailed)] == [
+        ("scrubber", "transformers")
+    ]
+
+
+class RaisingFrom:
+    """A model whose stream raises an error of its own from what the block raised."""
+
+    @asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[object]:
+        async def events() -> AsyncIterator[object]:
+            yield ModelText("hello")
+            yield ModelFinish("stop")
+
+        try:
+            yield events()
+        except Exception as exc:
+            raise RuntimeError("the stream was abandoned") from exc
+
+
+async def test_a_model_error_raised_from_a_transformer_failure_is_the_transformers():
+    """A model's error raised from the transformer's failure (its ``__cause__``) is the
+    transformer's failure, raised as its HookFailed."""
+    pipe = Pipeline(model=RaisingFrom(), transformers=[failing("scrubber")])
+    with pytest.raises(HookFailed) as info:
+        await collect(pipe, start())
+    assert (info.value.hook, info.value.stage) == ("scrubber", "transformers")
 
 
 # -- run and stream -------------------------------------------------------------------------
