@@ -90,6 +90,12 @@ def _check_text(instance: Any, attribute: Any, value: Any) -> None:
         )
 
 
+def _no_description(value: str | None) -> str:
+    # An absent description, as a tool dict of OpenAI or MCP gives it (`t.get("description")`),
+    # is the empty one providers leave out; any other non-text is refused by `_check_text`.
+    return "" if value is None else value
+
+
 @final
 @attrs.frozen
 class ToolSpec:
@@ -97,12 +103,12 @@ class ToolSpec:
 
     Attributes:
         name: The tool's name, as the model calls it.
-        description: What it does, for the model.
+        description: What it does, for the model; None is taken as ``""`` (no description).
         parameters: A JSON Schema object describing its arguments.
     """
 
     name: str = attrs.field(validator=_check_text)
-    description: str = attrs.field(default="", validator=_check_text)
+    description: str = attrs.field(default="", converter=_no_description, validator=_check_text)
     parameters: Mapping[str, Any] = attrs.field(
         factory=lambda: {"type": "object", "properties": {}}, validator=_check_mapping
     )

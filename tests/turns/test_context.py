@@ -19,6 +19,14 @@ def test_tool_spec_description_is_empty_by_default() -> None:
     assert ToolSpec("search").description == ""
 
 
+def test_a_tool_spec_without_a_description_takes_none_as_empty() -> None:
+    """Bug caught: ToolSpec(name, None, schema), built from an OpenAI or MCP tool dict whose
+    description is absent (`t.get("description")`), was refused with a TypeError."""
+    tool = {"name": "lookup", "parameters": {"type": "object", "properties": {}}}
+    spec = ToolSpec(tool["name"], tool.get("description"), tool["parameters"])
+    assert spec == ToolSpec("lookup", "", tool["parameters"])
+
+
 def test_tool_spec_default_parameters_are_a_json_schema_object() -> None:
     assert ToolSpec("search").parameters["type"] == "object"
 
@@ -187,16 +195,16 @@ def test_request_options_reject_impossible_values_naming_the_field(options, fiel
     ("build", "problem"),
     [
         (lambda: ToolSpec(3), r"ToolSpec\.name must be a str, got int 3"),
-        (lambda: ToolSpec("search", None), r"ToolSpec\.description must be a str, got NoneType"),
+        (lambda: ToolSpec("search", 3), r"ToolSpec\.description must be a str, got int 3"),
         (
             lambda: ToolSpec("search", parameters=[("q", "string")]),
             r"ToolSpec\.parameters must be a mapping, got list",
         ),
     ],
-    ids=["int-name", "none-description", "list-parameters"],
+    ids=["int-name", "int-description", "list-parameters"],
 )
 def test_a_tool_spec_of_the_wrong_shape_is_refused_naming_the_field(build, problem) -> None:
-    """Bug caught: a ToolSpec with an int name, no description or a list for its schema was
+    """Bug caught: a ToolSpec with an int name or description or a list for its schema was
     accepted into a context, which `to_dict` wrote and `from_dict` then refused to read."""
     with pytest.raises(TypeError, match=problem):
         build()
