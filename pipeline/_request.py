@@ -61,13 +61,14 @@ def check_context(
     runner: Runner,
     messages: tuple[Message, ...],
     tools: tuple[ToolSpec, ...],
-    results: tuple[ToolResult, ...] = (),
+    step: tuple[Message, tuple[ToolResult, ...]] | None = None,
 ) -> None:
     """Raise `ContextOverflow` when a request would not fit the budget's context.
 
-    `results` are the tool results a tool step just added: when they are what outgrew the
-    budget, the error says so, since compacting the history (which runs before the turn)
-    cannot make room for them.
+    `step` is the model's message of a tool step and the results the step added: the
+    error blames the results when the request would fit without them, since compacting the
+    history (which runs before the turn) cannot make room for them; else the model's own
+    message, its text and call arguments, outgrew the budget.
     """
     budget = runner.plan.budget
     if budget is None:
@@ -76,20 +77,45 @@ def check_context(
     tokens = message_tokens(messages, count) + _spec_tokens(tools, count)
     if tokens > budget.context_tokens:
         fix = "compact the history (compact=) or inject less"
-        if results:
-            sizes = [(count(result.content), result.call_id) for result in results]
-            largest, call_id = max(sizes)
-            fix = (
-                f"the tool results just added hold {sum(size for size, _ in sizes)} of them"
-                f" (call {call_id!r} the most, {largest}) — have the tools return less (an"
-                " after-tool hook can cut a result down), or raise context_tokens"
-            )
+        if step is not None:
+            fix = _step_fix(step, tokens, budget.context_tokens, count)
         raise ContextOverflow(
             f"the rendered request holds {tokens} tokens, over the budget's context_tokens"
             f" of {budget.context_tokens}: {fix}",
             tokens=tokens,
             limit=budget.context_tokens,
         )
+
+
+def _step_fix(
+    step: tuple[Message, tuple[ToolResult, ...]],
+    tokens: int,
+    limit: int,
+    count: Callable[[str], int],
+) -> str:
+    # What outgrew the budget after a tool step, and what can shrink it.
+    message, results = step
+    sizes = [(count(result.content), result.call_id) for result in results]
+    added = message_tokens(tuple(Message.tool(result) for result in results), count)
+    if sizes and tokens - added <= limit:
+        largest, call_id = max(sizes)
+        return (
+            f"the tool results just added hold {sum(size for size, _ in sizes)} of them"
+            f" (call {call_id!r} the most, {largest}) — have the tools return less (an"
+            " after-tool hook can cut a result down), or raise context_tokens"
+        )
+    calls = [
+        (count(json_text(part.arguments)), part.id)
+        for part in message.parts
+        if type(part) is ToolCall
+    ]
+    widest = f", call {max(calls)[1]!r} the most, {max(calls)[0]}" if calls else ""
+    return (
+        f"the model's own message of this tool step holds {message_tokens((message,), count)}"
+        f" of them (its text and its tool calls' arguments{widest}) and the tool results just"
+        f" added only {added}, so the request does not fit even without them — compact the"
+        " history (compact=) or inject less to leave the model room, or raise context_tokens"
+    )
 
 
 def _check_choice(choice: object, names: list[str], shaped_by: Mapping[str, str]) -> None:

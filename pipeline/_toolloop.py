@@ -99,7 +99,7 @@ async def answer(
         answers = tuple(Message.tool(result) for result in outcome)
         exchange = (*exchange, message, *answers)
         messages = (*request.messages, message, *answers)
-        check_context(runner, messages, request.tools, outcome)
+        check_context(runner, messages, request.tools, (message, outcome))
         request = ModelRequest(messages, request.tools, _after_tools(request.options))
     raise AssertionError("unreachable: the last model call returns or raises")
 

@@ -319,6 +319,25 @@ async def test_a_context_overflow_after_a_tool_step_names_the_tool_results() -> 
     assert "compact" not in message
 
 
+async def test_a_context_overflow_after_a_tool_step_names_the_models_own_message() -> None:
+    """Bug caught: a request that outgrew context_tokens with the model's own long call
+    arguments was blamed on a 1-token tool result, advising tools to return less."""
+
+    async def lookup(city: str) -> str:
+        return tokens_of(1)
+
+    batch = [ToolCall("c1", "lookup", {"city": tokens_of(500)})]
+    pipe = build(budget=Budget(400, 5), model=ScriptedModel([batch, "ok"]), tools=[tool(lookup)])
+
+    with pytest.raises(ContextOverflow) as info:
+        await pipe.run(Turn.start("hi"))
+
+    message = str(info.value)
+    assert "the model's own message of this tool step holds" in message
+    assert "call 'c1' the most" in message
+    assert "have the tools return less" not in message
+
+
 # -- compact= ----------------------------------------------------------------------------------
 
 HISTORY = (Message.user("an old question"), Message.assistant("an old answer"))
