@@ -523,6 +523,94 @@ async def test_an_ask_whose_permission_a_siblings_halt_cancels_is_closed_as_canc
     ]
 
 
+def halt_after(started: anyio.Event):
+    """A before-tool hook that halts on city "a" once `started` is set, passing other calls:
+    the sibling's hook, tool or permission is then known to be waiting, on either loop."""
+
+    async def run(c, turn):
+        if c.arguments["city"] != "a":
+            return cont(c)
+        await started.wait()
+        return halt("stopper stopped a")
+
+    return hook(run, name="stopper")
+
+
+@pytest.mark.parametrize("stage", ["before_tool", "after_tool", "ask"])
+async def test_a_tool_hook_a_siblings_halt_cancels_is_closed_as_cancelled_on_either_loop(
+    stage,
+) -> None:
+    """Bug caught: a tool hook (or an ask's wait for permission) cancelled by a sibling
+    call's halt left its HookStarted open and was missing from the audit, checked without a
+    virtual clock so that asyncio's cancellation is covered too."""
+    started = anyio.Event()
+
+    async def wait_before(c, turn):
+        if c.arguments["city"] == "x":
+            started.set()
+            await anyio.sleep_forever()
+        return cont(c)
+
+    async def wait_after(c, result, turn):
+        if c.arguments["city"] == "x":
+            started.set()
+            await anyio.sleep_forever()
+        return cont(result)
+
+    async def permission(c, question, turn):
+        started.set()
+        await anyio.sleep_forever()
+
+    def asker(c, turn):
+        return ask("may I?") if c.arguments["city"] == "x" else cont(c)
+
+    waits = {"before_tool": wait_before, "after_tool": wait_after, "ask": asker}
+    slow = hook(waits[stage], name="slow")
+    pipe, _ = pipe_with(
+        [[call("c1", "x"), call("c2", "a")], "done"],
+        before_tool=[halt_after(started), *([slow] if stage != "after_tool" else [])],
+        after_tool=[slow] if stage == "after_tool" else [],
+        permission=permission if stage == "ask" else None,
+        tool_concurrency=2,
+    )
+
+    events, result = await collect(pipe, start())
+
+    assert pairing_problems(events) == []
+    assert result.outcome == "halted"
+    assert [(r.hook, r.verdict) for r in result.audit.hooks if r.hook == "slow"] == [
+        ("slow", "cancelled")
+    ]
+
+
+async def test_a_failing_after_hook_of_a_cancelled_call_is_not_enforced_on_either_loop() -> None:
+    """Bug caught: an after-tool hook failing on a call cancelled by a sibling's halt was
+    reported as ``HookFailed(enforced=True)``, checked without a virtual clock so that
+    asyncio's cancellation is covered too."""
+    started = anyio.Event()
+
+    async def lookup(city: str) -> str:
+        if city == "x":
+            started.set()
+            await anyio.sleep_forever()
+        return city
+
+    pipe, _ = pipe_with(
+        [[call("c1", "x"), call("c2", "a")], "done"],
+        tool(lookup),
+        before_tool=[halt_after(started)],
+        after_tool=[after("release", _raises)],
+        tool_concurrency=2,
+    )
+
+    events, result = await collect(pipe, start())
+
+    assert (result.outcome, [(e.hook, e.enforced) for e in of_type(events, ev.HookFailed)]) == (
+        "halted",
+        [("release", False)],
+    )
+
+
 async def test_a_whole_turn_emits_its_events_in_order() -> None:
     batch = calls("a", "b")
     guard = before("guard", lambda c: block("no") if c.arguments["city"] == "b" else cont(c))
