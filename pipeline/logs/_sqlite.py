@@ -7,8 +7,8 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Sequence
-from typing import Literal, TypeAlias, final
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeAlias, TypeVar, final
 
 import anyio
 
@@ -28,6 +28,7 @@ from ._protocol import (
 )
 
 _Outcome: TypeAlias = tuple[Literal["committed", "duplicate", "conflict"], int]
+T = TypeVar("T")
 
 # Forward migrations: MIGRATIONS[n] takes a database from schema version n to n + 1. A
 # database records its version in turnplug_schema; opening one runs what it lacks, in one
@@ -86,7 +87,12 @@ class SQLiteLog(DatabaseLog):
             ``append`` raises `pipeline.LogError`. Without a ``-wal`` file beside it,
             everything is in the file itself, which is read as immutable: SQLite would
             otherwise leave ``-wal`` and ``-shm`` files next to it, or fail in a directory
-            it may not write to.
+            it may not write to. A writer may open the file later: each read first checks
+            that the file is as it was and has no ``-wal`` file, else it reads through a new
+            connection (through SQLite's locks, while the ``-wal`` file is there), so a
+            long-lived reader sees later commits; a read during which a writer folded its
+            ``-wal`` file into the file is made again, or, on a connection opened for it,
+            fails with a `pipeline.LogError` saying so — read again.
     """
 
     def __init__(
@@ -122,7 +128,7 @@ class SQLiteLog(DatabaseLog):
             size=1,
             connect=self._connect,
             close=_close,
-            usable=lambda connection: True,
+            usable=lambda connection: not connection.changed,
             translate=self._translate,
             name=repr(self),
             own_thread=True,
@@ -215,6 +221,11 @@ class SQLiteLog(DatabaseLog):
                     )
                 commit.done.set()
 
+    def _bounded(self, work: Callable[[Any], T], what: str) -> Callable[[Any], T]:
+        if not self._read_only:
+            return work
+        return functools.partial(_read_unchanged, self._path, work)
+
     # -- inside worker threads -------------------------------------------------------------
 
     def _connect(self) -> "_Connection":
@@ -247,10 +258,12 @@ class SQLiteLog(DatabaseLog):
                 " created) — pass the path of an existing log",
                 log=name,
             )
+        stamp = _stamp(self._path)  # before the -wal check: a change after it shows
         wal = os.path.exists(f"{self._path}-wal")
         path = urllib.parse.quote(os.fsencode(os.path.abspath(self._path)))
-        # Without a -wal file everything is in the file, and no writer has it open; a
-        # writer that starts, commits and checkpoints during a read may make the read fail.
+        # Without a -wal file everything is in the file, and no writer has it open. SQLite
+        # trusts an immutable file not to change: each read checks it did not
+        # (`_read_unchanged`).
         uri = f"file:{path}?mode=ro{'' if wal else '&immutable=1'}"
         connection = sqlite3.connect(
             uri,
@@ -263,7 +276,9 @@ class SQLiteLog(DatabaseLog):
         try:
             try:
                 version = _version(connection)
-            except sqlite3.OperationalError as exc:
+            except sqlite3.DatabaseError as exc:
+                if not wal and _stamp(self._path) != stamp:
+                    raise _Changed from exc  # a writer folded its -wal file in meanwhile
                 if "unable to open" not in str(exc) or os.path.exists(f"{self._path}-shm"):
                     raise
                 # Read as immutable, the file would show the log without the commits its
@@ -296,15 +311,23 @@ class SQLiteLog(DatabaseLog):
         except BaseException:
             connection.close()
             raise
+        if not wal:
+            connection.stamp = stamp
         return connection
 
     # -- the seam -------------------------------------------------------------------------
 
     def _translate(self, exc: Exception) -> LogError | None:
-        if not isinstance(exc, sqlite3.Error | _codec.StoredDataError):
+        if not isinstance(exc, sqlite3.Error | _codec.StoredDataError | _Changed):
             return None
         text = str(exc)
-        if isinstance(exc, _codec.StoredDataError):
+        if isinstance(exc, _Changed):
+            why = (
+                "the file changed while it was read (a writer opened it and folded its -wal"
+                " file in), so what was read may mix two states; it was not used — read it"
+                " again"
+            )
+        elif isinstance(exc, _codec.StoredDataError):
             why = f"{text} — the file was changed by something other than turnplug"
         elif "locked" in text or "busy" in text:
             why = (
@@ -370,6 +393,58 @@ class _Connection(sqlite3.Connection):
     """A connection that knows its database's text encoding, read once (`_utf8`)."""
 
     utf8 = True
+    # A read-only connection reading the file as immutable: the file's `_stamp` when it was
+    # opened. SQLite then caches its pages and never looks at the file's locks or -wal file.
+    stamp: "_Stamp | None" = None
+    used = False  # it has served a read: it is kept from an earlier call
+    changed = False  # the file changed under it: the pool closes it
+
+
+_Stamp: TypeAlias = tuple[int, int, int, int]
+
+
+class _Changed(Exception):
+    """The file read as immutable changed, or a writer has it open: read it anew."""
+
+
+def _stamp(path: str) -> _Stamp | None:
+    """What changes when a writer changes the file: a checkpoint writes pages into it (its
+    size or mtime), a new file replaces it (its inode); None if it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _read_unchanged(path: str, work: Callable[[_Connection], T], connection: _Connection) -> T:
+    """`work(connection)`, refused on an immutable connection whose file changed.
+
+    A connection kept from an earlier call and made stale by a writer (the file changed, or
+    a -wal file now holds commits it would not see) is refused before the read; one whose
+    file changed during the read, which may have returned rows from two states or failed as
+    "malformed", after it. Either way the pool closes it and makes the call again on a new
+    connection once (`Connections`), where a kept connection was refused; a new connection
+    refused raises `_Changed` itself.
+    """
+    stamp = connection.stamp
+    if stamp is None:
+        return work(connection)
+    if connection.used and (_stamp(path) != stamp or os.path.exists(f"{path}-wal")):
+        connection.changed = True
+        raise _Changed
+    try:
+        result = work(connection)
+    except (sqlite3.DatabaseError, _codec.StoredDataError) as exc:
+        if _stamp(path) != stamp:
+            connection.changed = True
+            raise _Changed from exc
+        raise
+    if _stamp(path) != stamp:
+        connection.changed = True
+        raise _Changed
+    connection.used = True
+    return result
 
 
 def _close(connection: sqlite3.Connection) -> None:

@@ -719,6 +719,33 @@ async def test_a_read_only_log_reads_what_a_writer_holding_the_file_commits(tmp_
         assert [entry.turn_ref for entry in await reader.entries("c")] == ["t1", "t2"]
 
 
+@pytest.mark.parametrize(
+    ("count", "size"), [(2, 1), (199, 3000)], ids=["a few commits", "pages rewritten"]
+)
+async def test_a_read_only_log_sees_what_a_writer_opening_the_file_later_commits(
+    tmp_path, count, size
+):
+    """Bug caught: a reader that opened a file without a ``-wal`` file kept reading it as
+    immutable, so it never saw a writer's later commits, and once the writer had rewritten
+    the file's pages it failed with "database disk image is malformed"."""
+    path = tmp_path / "log.db"
+    await committed(path, "t0")
+    async with SQLiteLog(path, read_only=True) as reader:
+        assert [entry.turn_ref for entry in await reader.entries("c")] == ["t0"]
+        refs = [f"t{i}" for i in range(1, count + 1)]
+        async with SQLiteLog(path) as writer:  # opened, committed to and closed
+            for ref in refs:
+                await writer.append(f"c{len(ref)}", ref, exchange("q" * size, "a"))
+
+        conversations = await reader.conversations()
+        assert {info.conversation_id for info in conversations} == {
+            "c",
+            *(f"c{len(ref)}" for ref in refs),
+        }
+        assert [entry.turn_ref for entry in await reader.entries("c")] == ["t0"]
+        assert [entry.turn_ref for entry in await reader.entries("c2")] == refs[:9]
+
+
 async def test_a_read_only_log_is_never_created(tmp_path):
     """Bug caught: reading a missing file created an empty database there."""
     path = tmp_path / "nope.db"
