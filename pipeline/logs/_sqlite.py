@@ -264,7 +264,8 @@ class SQLiteLog(DatabaseLog):
         # Without a -wal file everything is in the file, and no writer has it open. SQLite
         # trusts an immutable file not to change: each read checks it did not
         # (`_read_unchanged`).
-        uri = f"file:{path}?mode=ro{'' if wal else '&immutable=1'}"
+        # An empty authority: a path starting with "//", which POSIX keeps, would be one.
+        uri = f"file://{path}?mode=ro{'' if wal else '&immutable=1'}"
         connection = sqlite3.connect(
             uri,
             uri=True,

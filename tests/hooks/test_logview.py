@@ -399,6 +399,19 @@ async def test_log_reads_a_log_whose_path_is_not_utf_8(tmp_path):
     assert shown.stdout.splitlines()[3:] == ["  user       hi"]
 
 
+async def test_log_reads_a_log_whose_path_starts_with_two_slashes(tmp_path):
+    """Bug caught: a path starting with "//" (the same file as with one, on POSIX) was read
+    as a URI's authority, and the command failed with "invalid uri authority"."""
+    path = tmp_path / "chats.db"
+    async with SQLiteLog(path) as log:
+        await log.append("c", "t1", (Message.user("hi"),))
+
+    shown = await anyio.to_thread.run_sync(turnplug, "log", "c", "--log", f"/{path}")
+
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[3:] == ["  user       hi"]
+
+
 def test_a_malformed_dsn_is_an_error_that_does_not_echo_the_password():
     line = one_line_error(turnplug("log", CONVERSATION, "--log", "postgresql://ada:s3cret pw@db/x"))
 
