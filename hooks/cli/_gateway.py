@@ -414,8 +414,8 @@ class Gateway:
         self._secrets = tuple(s for s in settings.secrets if s)
         self.feed = Feed(settings.recent, self.scrub)
         self._flying: set[str] = set()  # the turns whose requests are in flight, by turn_ref
-        # The turns that raised an interrupt (`_keep_interrupt`): answered already, they are
-        # not what a drain waits for (`finishing`).
+        # The turns that raised an interrupt and are answered 503 for it (`_stop_for`): they
+        # are not what a drain waits for (`finishing`).
         self._raised: set[str] = set()
         self.shutting_down = False  # `shut_down` was called: new turns are refused
         self.cut = False  # `cut_turns` was called: the turns in flight were stopped
@@ -488,6 +488,7 @@ class Gateway:
         Out of the request's task an interrupt would be lost: the server answers a bare 500
         and goes on serving (on asyncio the loop's handler prints it; on trio nothing does).
         """
+        self._raised.add(turn_ref)
         self._keep_interrupt(turn_ref, exc)
         name = type(exc).__name__
         error = WireError(
@@ -504,7 +505,6 @@ class Gateway:
     def _keep_interrupt(self, turn_ref: str, exc: BaseException) -> None:
         """Keep the interrupt turn `turn_ref` raised (the first; later ones are notes on it)
         and refuse new turns: whoever serves the gateway stops it (`interrupted`)."""
-        self._raised.add(turn_ref)
         if self.interrupt is None:
             self.interrupt = exc
         elif exc is not self.interrupt:
@@ -1014,10 +1014,11 @@ class Gateway:
         except (KeyboardInterrupt, SystemExit) as exc:
             # Kept by the gateway, never raised on: out of this task (the gateway's group),
             # it would stop the server at once, turns in flight and all.
-            error = self._stop_for(turn_ref, exc)
             if not handoff.answered:
-                handoff.fail(error)
+                handoff.fail(self._stop_for(turn_ref, exc))
             else:
+                # Answered 200, which may still be on its way: the drain waits for it.
+                self._keep_interrupt(turn_ref, exc)
                 _logger.warning(
                     "conversation %r: closing the session after turn %s raised %s: the"
                     " gateway stops",

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -200,6 +201,58 @@ def test_the_stop_message_counts_the_turns_it_waits_for_not_the_one_that_raised(
     assert code == 130, said
     assert stopped.status_code == 503
     assert "a turn raised KeyboardInterrupt: new turns get 503; finishing 0 turns in flight" in said
+
+
+@pytest.mark.parametrize("conversation", [None, "c"], ids=["stateless", "conversation"])
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_the_stop_message_counts_an_answered_turn_whose_background_hook_raised(
+    tmp_path: Path, loop: str, conversation: str | None
+) -> None:
+    """Bug caught: a turn whose background hook raised KeyboardInterrupt after its reply was
+    accepted, still to be answered 200 and waited for by the drain, was left out of the stop
+    message's count ("finishing 0 turns in flight")."""
+    (tmp_path / "late_hooks.py").write_text(
+        textwrap.dedent(
+            """
+            from pipeline.testing import FunctionModel
+
+            def answerer():
+                # Larger than the socket's buffers: the answer is in flight until it is read.
+                return FunctionModel(lambda request: "x" * 16_000_000)
+
+            def stop(turn):
+                raise KeyboardInterrupt
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[model]\nprovider = "python"\nref = "late_hooks:answerer"\n'
+        '[[post]]\nkind = "python"\nref = "late_hooks:stop"\nbackground = true\n'
+    )
+    log = ("--log", str(tmp_path / "log.db")) if conversation else ()
+    header = f"x-conversation-id: {conversation}\r\n" if conversation else ""
+    with gateway(config, "--loop", loop, *log) as (process, url):
+        assert process.stderr is not None
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as client:
+            client.sendall(
+                (
+                    f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
+                    f"authorization: Bearer {KEY}\r\ncontent-type: application/json\r\n"
+                    f"{header}content-length: {len(body)}\r\nconnection: close\r\n\r\n{body}"
+                ).encode()
+            )
+            stop = ""  # what it says while the answer waits to be read
+            while "new turns get 503" not in stop and (line := process.stderr.readline()):
+                stop += line
+            answer = b"".join(iter(lambda: client.recv(1 << 20), b""))
+        code = process.wait(20)
+        said = stop + process.stderr.read()
+    assert code == 130, said
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert "a turn raised KeyboardInterrupt: new turns get 503; finishing 1 turns in flight" in stop
 
 
 def serve_until_exit(args: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
