@@ -888,13 +888,18 @@ class Connection:
             failed = exc
         finally:
             _CONNECTION.reset(token)
-        if self.interrupt is not None:
-            # The interrupt that ended the connection under the call, whatever the call
-            # then saw: the call awaited the connection, so its task raises it, as the
-            # owner's does.
-            raise self.interrupt
-        if failed is not None:
-            raise self._failure(own, failed)
+        try:
+            if self.interrupt is not None:
+                # The interrupt that ended the connection under the call, whatever the call
+                # then saw: the call awaited the connection, so its task raises it, as the
+                # owner's does.
+                raise self.interrupt
+            if failed is not None:
+                raise self._failure(own, failed)
+        finally:
+            # Its traceback holds this frame: kept here, it would make a reference cycle
+            # of every failed call.
+            del failed
         if scope.cancelled_caught:
             note = self._garbage_note() if self._garbage_count > garbage else ""
             raise ToolFailure(
