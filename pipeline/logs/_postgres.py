@@ -284,6 +284,13 @@ class PostgresLog(DatabaseLog):
         # shorter limit set elsewhere (the DSN, PGOPTIONS, the role) is kept; a longer one,
         # or none (0), would leave a live server silent past the watchdog's limit.
         milliseconds = self._milliseconds
+        # Racing commits are ordered by the conversation's row lock, and the one that waited
+        # must then see the other's commit and report a LogConflict: at READ COMMITTED, each
+        # statement sees what was committed before it. A stricter default the DSN, the role
+        # or the database sets (repeatable read, serializable) would fail it with a
+        # serialization failure instead, and a migration waiting on another's would not
+        # see the version it wrote.
+        connection.execute("SET default_transaction_isolation = 'read committed'")
         rows = connection.execute(
             "SELECT name, setting, source, kept,"
             " set_config(name, CASE WHEN kept THEN setting ELSE %s END, false)"

@@ -22,7 +22,7 @@ from functools import partial
 import anyio
 import pytest
 
-from pipeline import ConfigError, LogError, Pipeline
+from pipeline import ConfigError, LogConflict, LogError, Pipeline
 from pipeline.logs import PostgresLog, _postgres, entry_to_dict
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Text
@@ -248,6 +248,51 @@ async def test_concurrent_calls_use_at_most_max_connections(postgres):
             ).fetchone()[0]
 
     assert 1 <= peak <= 3
+
+
+@pytest.mark.parametrize("level", ["repeatable\\ read", "serializable"])
+async def test_racing_sessions_lose_with_a_log_conflict_whatever_isolation_the_dsn_sets(
+    postgres, level
+):
+    """Bug caught: with a stricter default_transaction_isolation (set by the DSN, the role
+    or the database), the commit that waited on the conversation's row lock failed with a
+    LogError (a serialization failure) instead of a LogConflict."""
+    arrived: list[str] = []
+    both = anyio.Event()
+
+    async def answer(request):
+        arrived.append(request.messages[-1].text)
+        if len(arrived) % 2 == 0:
+            both.set()
+        await both.wait()
+        return f"re: {request.messages[-1].text}"
+
+    pipe = Pipeline(model=FunctionModel(answer))
+    dsn = with_options(postgres, f"-c default_transaction_isolation={level}")
+    outcomes: list[str] = []
+
+    async def race(session, text: str) -> None:
+        try:
+            await session.send(text)
+            outcomes.append("committed")
+        except LogConflict:
+            outcomes.append("conflict")
+
+    async with (
+        PostgresLog(dsn) as first,
+        PostgresLog(dsn) as second,
+        pipe.session(log=first, conversation_id="c") as a,
+        pipe.session(log=second, conversation_id="c") as b,
+    ):
+        for round_ in range(3):  # the conversation's first commit, then later ones
+            both = anyio.Event()
+            async with anyio.create_task_group() as nursery:
+                nursery.start_soon(race, a, f"a{round_}")
+                nursery.start_soon(race, b, f"b{round_}")
+        stored = await first.load("c")
+
+    assert outcomes.count("committed") == outcomes.count("conflict") == 3
+    assert len(stored.messages) == 6
 
 
 @pytest.mark.parametrize(("first", "then"), [("trio", "asyncio"), ("asyncio", "trio")])
