@@ -326,7 +326,9 @@ class Session:
                 expected_length=self._length,
             )
         except LogConflict:
-            # Someone else wrote: the next turn answers from the conversation as it is.
+            # Someone else wrote: the next turn answers from the conversation as it is. Unsure
+            # until reloaded: a reload that fails (or is cancelled) is made again by the next.
+            self._unsure = True
             await self._reload()
             raise
         except LogError:

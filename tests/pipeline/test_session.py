@@ -1894,6 +1894,49 @@ async def test_after_a_commit_fails_with_a_log_error_the_next_turn_reloads_first
     ]
 
 
+class DownOnReloadLog:
+    """A log over a shared `MemoryLog` whose loads fail with a LogError while `down` (a
+    database that went away just as a commit's conflict came back)."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self.log = log
+        self.down = False
+
+    async def load(self, conversation_id: str) -> Context:
+        if self.down:
+            raise LogError("DownOnReloadLog(): cannot reach the database", log="DownOnReloadLog()")
+        return await self.log.load(conversation_id)
+
+    async def append(self, *args, **options) -> None:
+        await self.log.append(*args, **options)
+
+
+async def test_after_a_conflict_whose_reload_failed_the_next_turn_reloads_first():
+    """Bug caught: when the reload after a LogConflict failed, the session kept the stale
+    conversation and its length, so its next turn answered from it and lost the race again
+    with a second LogConflict, where it reloads the log first."""
+    shared = MemoryLog()
+    log = DownOnReloadLog(shared)
+    seen = []
+
+    def model(request):
+        seen.append([message.text for message in request.messages])
+        return f"a{len(seen)}"
+
+    pipe = Pipeline(model=FunctionModel(model))
+    async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
+        await shared.append(CONVERSATION, "other", (Message.user("x"), Message.assistant("y")))
+        log.down = True
+        with pytest.raises(LogError, match="cannot reach the database"):
+            await session.send("q1")
+        log.down = False
+        second = await session.send("q2")
+
+    assert second.outcome == "completed"
+    assert seen[-1] == ["x", "y", "q2"]
+    assert [m.text for m in (await shared.load(CONVERSATION)).messages] == ["x", "y", "q2", "a2"]
+
+
 async def test_a_logs_own_cancelled_error_while_loading_is_a_log_error_naming_it():
     """Bug caught: a custom log whose load raised a CancelledError of its own (nothing
     cancelling the caller) made opening the session a bare cancellation, naming no log."""
