@@ -314,10 +314,13 @@ def annotations_of(runner: Runner, seam: Seam | None) -> Mapping[str, Any]:
 
 
 def _transformer_failed(runner: Runner, error: HookError) -> None:
-    # A transformer failure fails the turn, loudly; a listener sees which one.
+    # A transformer failure fails the turn, loudly; a listener sees which one. What it
+    # raised is named by its type only (`Seam._failed`): its message may quote the text
+    # before the transformer changed it.
     if runner.emit is not None:
-        cause = error.__cause__ if error.__cause__ is not None else error
-        runner.emit(ev.HookFailed(runner.turn_ref, error.hook, error.stage, exc_text(cause), True))
+        cause = error.__cause__
+        detail = type(cause).__name__ if cause is not None else exc_text(error)
+        runner.emit(ev.HookFailed(runner.turn_ref, error.hook, error.stage, detail, True))
 
 
 def _comes_from(exc: BaseException, failure: HookError) -> bool:

@@ -329,9 +329,13 @@ class Seam:
 
     def _failed(self, index: int, method: str, exc: Exception) -> HookFailed:
         entry = self._compiled[index]
+        # Its type only, as in `_wrong`: an exception's message may quote the text it was
+        # given (a replacement's KeyError names the match), which the transformer was there
+        # to change. The exception itself is the error's __cause__, for the traceback.
         failure = HookFailed(
-            f"transformer {entry.label} raised {type(exc).__name__}: {exc} in {method}; the"
-            " turn stops, since its text cannot be released untransformed",
+            f"transformer {entry.label} raised {type(exc).__name__} in {method}; the turn"
+            " stops, since its text cannot be released untransformed (its message is left"
+            " out, as it may quote that text; the exception is this error's __cause__)",
             hook=entry.name,
             stage="transformers",
         )

@@ -322,8 +322,32 @@ async def test_a_replacement_returning_the_match_never_shows_it_in_the_error():
         await watch()
     (failed,) = [event for event in seen if isinstance(event, ev.HookFailed)]
     shown = [str(info.value), str(info.value.__cause__), failed.error]
-    assert "Match" in failed.error
+    assert failed.error == "TypeError"
+    assert "Match" in str(info.value.__cause__)
     assert [text for text in shown if "4821" in text] == []
+
+
+async def test_a_replacement_raising_with_the_match_never_shows_it_in_the_error():
+    """Bug caught: a computed replacement raising KeyError(matched text) had the error and
+    the HookFailed event quote its message, so the very text redact was to remove was shown."""
+    aliases = {"555-1234": "[office]"}
+    pipe = Pipeline(
+        model=ScriptedModel(["call 555-9876 now"]),
+        transformers=[redact(r"\d{3}-\d{4}", replacement=lambda found: aliases[found.group()])],
+    )
+    seen: list[ev.Event] = []
+
+    async def watch() -> None:
+        async with pipe.stream(Turn.start("hi")) as events:
+            async for event in events:
+                seen.append(event)
+
+    with pytest.raises(HookFailed, match=r"'redact'.*raised KeyError in feed\(\)") as info:
+        await watch()
+    (failed,) = [event for event in seen if isinstance(event, ev.HookFailed)]
+    assert failed.error == "KeyError"
+    assert "9876" not in str(info.value)
+    assert isinstance(info.value.__cause__, KeyError)  # kept for the caller's traceback
 
 
 async def test_a_validator_that_raises_fails_the_turn():

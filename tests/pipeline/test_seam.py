@@ -1037,9 +1037,8 @@ async def test_a_transformer_failure_is_an_enforced_hook_failed_event_before_it_
     with pytest.raises(HookFailed, match="'scrubber'"):
         await collect_into(seen, pipe, start())
 
-    error = "ValueError: flush exploded" if in_flush else "ValueError: feed exploded"
     assert [type(event) for event in seen] == expected
-    assert seen[-1] == ev.HookFailed(TURN_REF, "scrubber", "transformers", error, True)
+    assert seen[-1] == ev.HookFailed(TURN_REF, "scrubber", "transformers", "ValueError", True)
 
 
 async def test_a_factory_failing_for_an_attempt_is_the_transformers_hook_failed():
@@ -1061,9 +1060,7 @@ async def test_a_factory_failing_for_an_attempt_is_the_transformers_hook_failed(
         await collect_into(seen, pipe, start())
 
     assert isinstance(info.value.__cause__, RuntimeError)
-    assert seen[-1] == ev.HookFailed(
-        TURN_REF, "pooled", "transformers", "RuntimeError: pool exhausted", True
-    )
+    assert seen[-1] == ev.HookFailed(TURN_REF, "pooled", "transformers", "RuntimeError", True)
 
 
 # -- tool steps: one instance per attempt, flushed after every model call --------------------
