@@ -227,6 +227,7 @@ async def call_model(
                         provider=_model_name(model),
                     )
     except Exception as exc:
+        note = None
         if seam is not None and seam.failure is not None:
             failure = seam.failure
             _transformer_failed(runner, failure)
@@ -239,15 +240,23 @@ async def call_model(
                 raise failure from failure.__cause__
             # Anything else is the model's own failure, raised as any other below, even
             # after a transformer failed in this call: it swallowed the transformer's error
-            # and then failed by itself, or its task group holds the error of a task of
-            # its own beside it (the group, kept as the cause, holds both).
+            # and then failed by itself (often with that error only as its __context__), or
+            # its task group holds the error of a task of its own beside it (the group, kept
+            # as the cause, holds both). A note names the transformer, which a caller with
+            # no event listener would otherwise find only in that chain.
+            note = f"after stream transformer {failure.hook!r} failed: {_raised(failure)}"
         # A model's PipelineError (a provider's, or a wrapped model's) is raised as it is; a
         # HookError is not one: a pipeline the model ran failed, so the model failed.
         if isinstance(exc, PipelineError) and not isinstance(exc, HookError):
+            if note is not None:
+                exc.add_note(note)
             raise
-        raise ProviderError(
+        error = ProviderError(
             f"model {model!r} failed: {exc_text(exc)}", provider=_model_name(model)
-        ) from exc
+        )
+        if note is not None:
+            error.add_note(note)
+        raise error from exc
     except BaseException as exc:
         if not spurious_cancellation(exc):
             raise
@@ -314,13 +323,16 @@ def annotations_of(runner: Runner, seam: Seam | None) -> Mapping[str, Any]:
 
 
 def _transformer_failed(runner: Runner, error: HookError) -> None:
-    # A transformer failure fails the turn, loudly; a listener sees which one. What it
-    # raised is named by its type only (`Seam._failed`): its message may quote the text
-    # before the transformer changed it.
+    # A transformer failure fails the turn, loudly; a listener sees which one.
     if runner.emit is not None:
-        cause = error.__cause__
-        detail = type(cause).__name__ if cause is not None else exc_text(error)
-        runner.emit(ev.HookFailed(runner.turn_ref, error.hook, error.stage, detail, True))
+        runner.emit(ev.HookFailed(runner.turn_ref, error.hook, error.stage, _raised(error), True))
+
+
+def _raised(error: HookError) -> str:
+    """What a transformer raised, by its type only (`Seam._failed`): its message may quote
+    the text before the transformer changed it. A wrong return's error says it all."""
+    cause = error.__cause__
+    return type(cause).__name__ if cause is not None else exc_text(error)
 
 
 def _comes_from(exc: BaseException, failure: HookError) -> bool:

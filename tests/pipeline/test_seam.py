@@ -885,6 +885,36 @@ async def test_a_model_error_raised_from_a_transformer_failure_is_the_transforme
     assert (info.value.hook, info.value.stage) == ("scrubber", "transformers")
 
 
+class RaisingAfter:
+    """A model whose stream cleans up after what the block raised and raises an error of its
+    own, not from it: the transformer's failure is only its ``__context__``."""
+
+    @asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[object]:
+        async def events() -> AsyncIterator[object]:
+            yield ModelText("hello")
+            yield ModelFinish("stop")
+
+        try:
+            yield events()
+        except Exception:
+            raise ProviderError("stream abandoned by the caller", provider="mine")
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "stream"])
+async def test_a_model_error_after_a_transformer_failure_names_the_transformer(streamed):
+    """Bug caught: a model that raised its own error after a transformer failed in its stream
+    (the failure only its __context__) hid which transformer failed from run()'s caller."""
+    pipe = Pipeline(model=RaisingAfter(), transformers=[failing("scrubber")])
+    seen: list[ev.Event] = []
+    with pytest.raises(ProviderError, match="stream abandoned") as info:
+        await (collect_into(seen, pipe, start()) if streamed else pipe.run(start()))
+    assert info.value.__notes__ == ["after stream transformer 'scrubber' failed: ValueError"]
+    assert [(e.hook, e.error) for e in seen if isinstance(e, ev.HookFailed)] == (
+        [("scrubber", "ValueError")] if streamed else []
+    )
+
+
 # -- run and stream -------------------------------------------------------------------------
 
 
