@@ -92,7 +92,8 @@ class SQLiteLog(DatabaseLog):
             connection (through SQLite's locks, while the ``-wal`` file is there), so a
             long-lived reader sees later commits; a read during which a writer folded its
             ``-wal`` file into the file is made again, or, on a connection opened for it,
-            fails with a `pipeline.LogError` saying so — read again.
+            fails with a `pipeline.LogError` saying so — read again. A connection reading
+            through the locks is made anew when another file was renamed into the path.
     """
 
     def __init__(
@@ -314,6 +315,8 @@ class SQLiteLog(DatabaseLog):
             raise
         if not wal:
             connection.stamp = stamp
+        elif stamp is not None:
+            connection.inode = stamp[:2]
         return connection
 
     # -- the seam -------------------------------------------------------------------------
@@ -397,6 +400,10 @@ class _Connection(sqlite3.Connection):
     # A read-only connection reading the file as immutable: the file's `_stamp` when it was
     # opened. SQLite then caches its pages and never looks at the file's locks or -wal file.
     stamp: "_Stamp | None" = None
+    # A read-only connection reading through SQLite's locks (a -wal file was there): the
+    # file's device and inode when it was opened, since a file put in its place by rename
+    # is one SQLite would never look at.
+    inode: tuple[int, int] | None = None
     used = False  # it has served a read: it is kept from an earlier call
     changed = False  # the file changed under it: the pool closes it
 
@@ -419,7 +426,7 @@ def _stamp(path: str) -> _Stamp | None:
 
 
 def _read_unchanged(path: str, work: Callable[[_Connection], T], connection: _Connection) -> T:
-    """`work(connection)`, refused on an immutable connection whose file changed.
+    """`work(connection)`, refused on a read-only connection whose file changed.
 
     A connection kept from an earlier call and made stale by a writer (the file changed, or
     a -wal file now holds commits it would not see) is refused before the read; one whose
@@ -427,9 +434,20 @@ def _read_unchanged(path: str, work: Callable[[_Connection], T], connection: _Co
     "malformed", after it. Either way the pool closes it and makes the call again on a new
     connection once (`Connections`), where a kept connection was refused; a new connection
     refused raises `_Changed` itself.
+
+    A connection reading through SQLite's locks sees every commit made to its file, so it
+    is only checked to still have its file (not one renamed into its place) before a read
+    it is kept for: one stat, and none after the read, since SQLite's locks keep the read
+    whole.
     """
     stamp = connection.stamp
     if stamp is None:
+        inode = connection.inode
+        if inode is not None:
+            if connection.used and (_stamp(path) or ())[:2] != inode:
+                connection.changed = True
+                raise _Changed
+            connection.used = True
         return work(connection)
     if connection.used and (_stamp(path) != stamp or os.path.exists(f"{path}-wal")):
         connection.changed = True

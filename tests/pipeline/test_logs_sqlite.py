@@ -746,6 +746,23 @@ async def test_a_read_only_log_sees_what_a_writer_opening_the_file_later_commits
         assert [entry.turn_ref for entry in await reader.entries("c2")] == refs[:9]
 
 
+async def test_a_read_only_log_opened_beside_a_writer_sees_a_file_renamed_into_place(tmp_path):
+    """Bug caught: a reader that opened the file while a writer held it (a ``-wal`` file
+    beside it) kept reading the old file forever once another was renamed into its place."""
+    path = tmp_path / "log.db"
+    await committed(path, "t1")
+    writer = SQLiteLog(path)
+    await writer.load("c")  # it has the file open, with its -wal file
+    async with SQLiteLog(path, read_only=True) as reader:
+        assert [entry.turn_ref for entry in await reader.entries("c")] == ["t1"]
+        await writer.aclose()
+        assert (tmp_path / "log.db-wal").exists()  # the reader still has it open
+        await committed(tmp_path / "other.db", "n1", "n2")
+        os.replace(tmp_path / "other.db", path)
+
+        assert [entry.turn_ref for entry in await reader.entries("c")] == ["n1", "n2"]
+
+
 async def test_a_read_only_log_is_never_created(tmp_path):
     """Bug caught: reading a missing file created an empty database there."""
     path = tmp_path / "nope.db"
