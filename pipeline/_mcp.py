@@ -1169,6 +1169,10 @@ def _group_gone(process: anyio.abc.Process) -> bool:
     return False
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A surrogate code point: in text read from JSON, one that was escaped alone."""
+
+
 def _surrogates_replaced(line: bytes) -> bytes | None:
     """A stdio server's JSON `line` with each lone surrogate it escapes (``"\\ud83d"``, which
     JavaScript's ``JSON.stringify`` writes for a string cut inside a pair, and JSON allows)
@@ -1179,9 +1183,9 @@ def _surrogates_replaced(line: bytes) -> bytes | None:
         value = json.loads(line)
     except (ValueError, RecursionError):
         return None
-    text = json.dumps(value, ensure_ascii=False)
-    # A pair was joined by the reading; a surrogate still alone becomes U+FFFD.
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+    # The reading joined every pair: a surrogate left in the text is alone.
+    text = _SURROGATE.sub("\ufffd", json.dumps(value, ensure_ascii=False))
+    return text.encode("utf-8")
 
 
 def _message_limit(spec: MCPToolset) -> int:
