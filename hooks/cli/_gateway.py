@@ -404,7 +404,11 @@ class Gateway:
         ]
         if self._background:
             keep = hook(self._keep_accepted, name=ACCEPTED_HOOK)
-            self._stateless_pipe = attrs.evolve(self.pipe, post=(*self.pipe.post, keep))
+            post = tuple(_abandonable(entry, settings.turn_timeout) for entry in self.pipe.post)
+            self._stateless_pipe = attrs.evolve(self.pipe, post=(*post, keep))
+        # The background hooks the drain timeout cut, which may still run (a sync hook's
+        # worker thread cannot be stopped): "background hook 'bg' of turn tp_1".
+        self.abandoned: list[str] = []
         self.settings = settings
         # The API whose names the forwarded request parameters take (`_wire.forwarded`):
         # the provider's, behind a config's `[model]` wrapper too.
@@ -457,6 +461,15 @@ class Gateway:
         """How many turns in flight a drain waits for to finish: not one that raised the
         interrupt stopping the gateway, which is answered 503 at once."""
         return len(self._flying - self._raised)
+
+    def left(self) -> str:
+        """What still runs past the drain, for the command's hard stop: the turns in flight,
+        the sessions not closed, the background hooks the drain timeout cut."""
+        what = [f"turn {turn_ref} (in flight)" for turn_ref in sorted(self._flying)]
+        if self._sessions:
+            what.append(f"{self._sessions} conversation sessions (closing)")
+        what.extend(f"{name} (cancelled at the drain timeout)" for name in self.abandoned)
+        return "; ".join(what) or "nothing the gateway still tracks (a worker thread)"
 
     def shut_down(self) -> None:
         """Refuse new turns from now on (503 ``shutting_down``); those in flight go on."""
@@ -819,6 +832,8 @@ class Gateway:
         left = self._unended(ended)
         for name in left:
             _logger.warning("background hook %r of turn %s %s", name, turn_ref, why)
+            if drained:
+                self.abandoned.append(f"background hook {name!r} of turn {turn_ref}")
         self._cut_background(turn_ref, dict.fromkeys(left, why))
         return accepted, pieces
 
@@ -1110,6 +1125,16 @@ class Gateway:
         if judged != calls:
             turn = attrs.evolve(turn, reply=_with_calls(reply, calls, judged))
         return cont(turn)
+
+
+def _abandonable(entry: Any, turn_timeout: float) -> Any:
+    """A stateless turn's sync background hook without a timeout, with the turn's timeout
+    as its own: its worker thread is then abandoned when the turn ends (its timeout, the
+    drain timeout), as a timed-out hook's is, instead of being waited for. It never fires
+    first: the hook starts after the turn, whose timeout is the same."""
+    if isinstance(entry, Hook) and entry.background and not entry.is_async:
+        return entry if entry.timeout is not None else attrs.evolve(entry, timeout=turn_timeout)
+    return entry
 
 
 def _said(message: Message) -> str:

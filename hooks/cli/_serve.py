@@ -5,7 +5,8 @@ worker by default, or its trio worker with ``--loop trio``: Starlette and the ru
 either through AnyIO (docs/serve.md says why this stack and this default). SIGTERM (or
 Ctrl-C) refuses new turns (503 ``shutting_down``), lets the turns in flight finish, then
 stops listening and lets the sessions of answered conversation turns close (their
-background hooks), all within the drain timeout, and exits 0. A turn that raises
+background hooks), all within the drain timeout, and exits 0; what does not stop when
+cancelled (a shielded hook) is left to a hard stop shortly after, which exits 1. A turn that raises
 KeyboardInterrupt or SystemExit (a hook calling ``sys.exit()``) is answered 503 and stops the
 gateway the same way; the command then exits as ``turnplug run`` does for it (130, or 1).
 """
@@ -17,6 +18,8 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -56,6 +59,12 @@ DEFAULT_LOOP = "asyncio"
 CUT_SECONDS = 2.0
 """How long the turns stopped at the drain timeout have to send their 503 before the server
 closes their connections."""
+CLOSE_SECONDS = 5.0
+"""How long after the drain timeout the server has to close its connections before it is
+cancelled."""
+HARD_STOP_SECONDS = CLOSE_SECONDS + CUT_SECONDS
+"""How long after the drain timeout the command exits (status 1) whatever still runs: a hook
+that cannot be cancelled (a sync hook's worker thread, an async hook that shields itself)."""
 
 
 def gateway_key(no_auth: bool, variable: str, environ: dict[str, str] | Any) -> str | None:
@@ -117,6 +126,11 @@ def listen(host: str, port: int) -> tuple[socket.socket, str]:
     return sock, f"http://{shown}:{bound}"
 
 
+class Unstopped(RuntimeError):
+    """The server could not stop: a turn did not end when cancelled (a hook that does not
+    stop when cancelled: a sync hook in a worker thread, an async hook that shields itself)."""
+
+
 async def serve_app(
     app: Any,
     sock: socket.socket,
@@ -142,9 +156,17 @@ async def serve_app(
 
         await trio_serve(app, config, shutdown_trigger=shutdown)
     else:
+        import asyncio
+
         from hypercorn.asyncio import serve as asyncio_serve
 
-        await asyncio_serve(app, config, shutdown_trigger=shutdown)
+        try:
+            await asyncio_serve(app, config, shutdown_trigger=shutdown)
+        except asyncio.InvalidStateError as exc:
+            # Hypercorn asks its connections' tasks for their exception once it stops
+            # waiting for them (past the graceful timeout, or cancelled), where one whose
+            # turn would not stop has none yet; its own shutdown is left undone.
+            raise Unstopped("the server's connections did not close") from exc
 
 
 async def serve(
@@ -154,12 +176,16 @@ async def serve(
     model: str,
     secrets: tuple[str, ...],
     say: Callable[[str], None],
+    hard_stop: Callable[[float, Callable[[], str]], None] | None = None,
     task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `pipe` until SIGTERM or SIGINT, then drain and return.
 
     The pipeline is held (``async with pipe``) for the server's whole life, so every turn
     reuses the provider's pooled connections instead of opening a client per request.
+
+    `hard_stop(seconds, left)`, called at the signal, ends the process that many seconds
+    later if it still runs then (`left()` says what was left).
     """
     async with _open_log(options.log) as log, pipe:
         gateway = Gateway(
@@ -205,20 +231,25 @@ async def serve(
                         watching.start_soon(on_signal)
                         watching.start_soon(on_interrupt)
 
+            async def serving() -> None:
+                try:
+                    await serve_app(
+                        gateway.app,
+                        sock,
+                        loop=options.loop,
+                        drain_timeout=options.drain_timeout,
+                        shutdown=closing.wait,
+                    )
+                except Unstopped:
+                    if hard_stop is None:
+                        raise
+                    hard_stop(0.0, gateway.left)  # does not return
+
             watchers = anyio.CancelScope()
             async with gateway.running():
                 async with anyio.create_task_group() as group:
                     group.start_soon(until_stopped, watchers)
-                    group.start_soon(
-                        partial(
-                            serve_app,
-                            gateway.app,
-                            sock,
-                            loop=options.loop,
-                            drain_timeout=options.drain_timeout,
-                            shutdown=closing.wait,
-                        )
-                    )
+                    group.start_soon(serving)
                     offline = (
                         " — the offline scripted model, no provider is called"
                         if model == "scripted"
@@ -232,6 +263,8 @@ async def serve(
                     task_status.started(address)
                     await stopping.wait()
                     watchers.cancel()  # the other one's stop would not come
+                    if hard_stop is not None:
+                        hard_stop(options.drain_timeout + HARD_STOP_SECONDS, gateway.left)
                     deadline = anyio.current_time() + options.drain_timeout
                     # Still listening, so that a request sent meanwhile gets a 503 rather
                     # than a refused connection, until the turns in flight are done.
@@ -247,7 +280,7 @@ async def serve(
                     gateway.feed.close()
                     closing.set()
                     # serve_app returns once the connections are drained; then stop.
-                    group.cancel_scope.deadline = deadline + 5
+                    group.cancel_scope.deadline = deadline + CLOSE_SECONDS
                 # The answered turns' sessions may still be committing the output of
                 # background hooks: they share the drain timeout; what is left is cancelled.
                 if not await gateway.drain(max(0.0, deadline - anyio.current_time())):
@@ -300,10 +333,66 @@ def run(args: Any, loaded: Any) -> int:
     )
     tune_gc()
     anyio.run(
-        partial(serve, loaded.pipeline, options, model=model, secrets=secrets, say=_say),
+        partial(
+            serve,
+            loaded.pipeline,
+            options,
+            model=model,
+            secrets=secrets,
+            say=_say,
+            hard_stop=_exit_after,
+        ),
         backend=options.loop,
     )
+    _leave_threads()
     return 0
+
+
+def _leave_threads(wait: float = 1.0) -> None:
+    """Exit (status 0) without waiting for worker threads still running hooks that the
+    drain timeout cancelled.
+
+    A thread cannot be interrupted: the gateway abandons the thread of a sync background
+    hook it cuts (reported then), which on asyncio is not a daemon one, so the interpreter
+    would wait for it at exit. Threads that end within `wait` seconds (idle workers
+    stopping) are waited for.
+    """
+    end = time.monotonic() + wait
+    left = [t for t in threading.enumerate() if t is not threading.current_thread()]
+    for thread in left:
+        if not thread.daemon:
+            thread.join(max(0.0, end - time.monotonic()))
+    running = [t for t in left if not t.daemon and t.is_alive()]
+    if running:
+        _say(
+            f"turnplug serve: not waiting for {len(running)} worker threads still running"
+            " hooks cancelled at the drain timeout"
+        )
+        os._exit(0)
+
+
+def _exit_after(seconds: float, left: Callable[[], str]) -> None:
+    """End the process with status 1 in `seconds` unless it has exited by then.
+
+    The drain cancels what runs past its timeout, but a hook may not stop when cancelled: a
+    sync hook's worker thread cannot be interrupted, an async hook may shield itself. The
+    loop would wait for it, and the interpreter waits for a worker thread at exit; a server
+    being stopped must stop, so a timer thread, which needs neither, ends the process.
+    """
+
+    def stop() -> None:
+        _say(
+            f"turnplug serve: error: still running past the drain timeout: {left()} — a hook"
+            " that does not stop when cancelled (a sync hook in a worker thread, an async"
+            " hook shielded from cancellation); exiting without waiting for it"
+        )
+        os._exit(1)
+
+    if seconds <= 0:
+        stop()
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True  # a process that exits by itself does not wait for it
+    timer.start()
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -960,3 +960,85 @@ def test_a_stream_still_running_at_the_drain_timeout_ends_with_a_shutting_down_f
         if chunk.get("choices")
     ]
     assert "Half an " in texts
+
+
+def background_hook_past_the_drain_timeout(
+    tmp_path: Path, loop: str, body: str
+) -> tuple[httpx.Response | Exception, int, str]:
+    """A stateless turn whose background hook (`body`, after it marks that it started) runs
+    past a 1 s drain timeout: the turn's answer (or what the client raised), the exit code and
+    the stderr of the process."""
+    mark = tmp_path / "started"
+    (tmp_path / "stuck_hooks.py").write_text(
+        f"import time\nimport anyio\nfrom pipeline import cont\nMARK = {str(mark)!r}\n"
+        + textwrap.dedent(body)
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[post]]\nkind = "python"\nref = "stuck_hooks:bg"\nbackground = true\n')
+    with gateway(config, "--drain-timeout", "1", "--loop", loop) as (process, url):
+        answers: list[httpx.Response | Exception] = []
+
+        def send() -> None:
+            try:
+                answers.append(post(url, "hi"))
+            except httpx.HTTPError as exc:
+                answers.append(exc)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        deadline = time.monotonic() + 10
+        while not mark.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(20)
+        sender.join(20)
+        assert process.stderr is not None
+        said = process.stderr.read()
+    [answer] = answers
+    return answer, code, said
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_a_sync_background_hook_past_the_drain_timeout_is_abandoned_and_the_turn_answered(
+    tmp_path: Path, loop: str
+) -> None:
+    """Bug caught: a stateless turn's sync background hook without a timeout, running in a
+    worker thread past --drain-timeout, was waited for: the turn got a bare 500 or no
+    answer, and the process did not exit."""
+    body = """
+        def bg(turn):
+            open(MARK, "w").close()
+            time.sleep(60)
+            return cont(turn)
+        """
+    answer, code, said = background_hook_past_the_drain_timeout(tmp_path, loop, body)
+    assert code == 0, said
+    assert isinstance(answer, httpx.Response), said
+    assert answer.status_code == 200, said
+    assert "background hook 'bg' of turn" in said
+    assert "was still running when the gateway stopped" in said
+    assert "Traceback" not in said, said
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_a_hook_that_shields_itself_from_cancellation_cannot_hold_the_process(
+    tmp_path: Path, loop: str
+) -> None:
+    """Bug caught: a background hook shielded from cancellation held the drain without
+    bound (trio: the process never exited) or stopped it with a bare "InvalidStateError:
+    Exception is not set" from the server (asyncio), instead of the command ending itself
+    and saying what was left."""
+    body = """
+        async def bg(turn):
+            open(MARK, "w").close()
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(60)
+            return cont(turn)
+        """
+    _answer, code, said = background_hook_past_the_drain_timeout(tmp_path, loop, body)
+    assert code == 1, said
+    assert "turnplug serve: error: still running past the drain timeout: turn " in said
+    assert "(in flight)" in said
+    assert "InvalidStateError" not in said, said
+    assert "Traceback" not in said, said
