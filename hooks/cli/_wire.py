@@ -876,26 +876,22 @@ def _content(content: Any, where: str, role: str) -> str:
     if isinstance(content, list):
         texts = []
         for k, part in enumerate(content):
-            if (
-                role == "assistant"
-                and isinstance(part, dict)
-                and part.get("type") == "refusal"
-                and isinstance(part.get("refusal"), str)
-            ):
-                texts.append(part["refusal"])  # an assistant's refusal part: its text
-                continue
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            # An assistant's refusal part is read as its text.
+            field = "refusal" if role == "assistant" and kind == "refusal" else "text"
+            if not isinstance(part, dict) or kind != field:
                 raise _bad(
                     f'\'{where}[{k}]\' must be a text part {{"type": "text", "text": ...}};'
                     f" the gateway does not accept {kind!r} parts",
                     f"{where}[{k}]",
                 )
-            texts.append(part["text"])
+            if not isinstance(part.get(field), str):
+                raise _bad(
+                    f"'{where}[{k}].{field}' must be a string, got {_json_type(part.get(field))}",
+                    f"{where}[{k}].{field}",
+                    "invalid_type",
+                )
+            texts.append(part[field])
         return "".join(texts)
     raise _bad(
         f"'{where}' must be a string or an array of text parts, got {_json_type(content)}",

@@ -579,6 +579,25 @@ async def test_an_assistant_messages_refusal_reaches_the_upstream_as_its_text(
     ]
 
 
+@pytest.mark.parametrize("field", ["refusal", "text"])
+async def test_a_content_part_whose_text_is_no_string_is_400_naming_the_field(field: str) -> None:
+    """Bug caught: a ``refusal`` (or ``text``) part whose text was no string was refused as a
+    kind of part the gateway does not accept, which it does, instead of naming the field."""
+    model = ScriptedModel([])
+    part = {"type": field, field: 3}
+    body = {
+        "model": "m",
+        "messages": [*user("q"), {"role": "assistant", "content": [part]}, *user("x")],
+    }
+    async with served(Pipeline(model=model)) as gw, gw.http() as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["param"], error["code"]) == (f"messages[1].content[0].{field}", "invalid_type")
+    assert "must be a string, got a number" in error["message"]
+    assert model.requests == []
+
+
 async def test_an_assistant_messages_refusal_that_is_no_text_is_400_naming_it() -> None:
     """Bug caught: an assistant message's ``refusal`` of the wrong type read as nothing,
     where the client sent something the gateway could not read."""
