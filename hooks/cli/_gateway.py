@@ -1264,9 +1264,13 @@ class _Endpoint:
             # conversation turn is stopped in its session instead, and only if it is not
             # committed yet.
             group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
+            # The turn returned its answer, which may still be going out: a cut then would
+            # end the stream mid-send. (`Gateway.turn` forgets the accepted turn as it
+            # returns, so `_accepted` cannot tell.)
+            answered = False
 
             def cut() -> None:
-                if turn_ref not in gateway._accepted:
+                if not answered and turn_ref not in gateway._accepted:
                     group.cancel_scope.cancel()
 
             if conversation is None:
@@ -1274,6 +1278,7 @@ class _Endpoint:
             try:
                 if outbox is None:
                     result, pieces = await gateway.turn(request, conversation, None, turn_ref)
+                    answered = True
                 else:
                     async with anyio.create_task_group() as writing:
                         writing.start_soon(outbox.write)
@@ -1281,6 +1286,7 @@ class _Endpoint:
                             result, pieces = await gateway.turn(
                                 request, conversation, outbox.text, turn_ref
                             )
+                            answered = True
                             if outbox.opened:
                                 # The ending goes out with the last text, in one write.
                                 assert result.reply is not None

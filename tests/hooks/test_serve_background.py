@@ -18,7 +18,7 @@ from pipeline.testing import ScriptedModel
 from tests.providers.server import openai_text, running, stream
 from turns import Message, Text, Turn
 
-from .serve_support import served, sse_data, user, watch_feed
+from .serve_support import KEY, served, sse_data, user, watch_feed
 
 UPSTREAM_KEY = "sk-upstream-background-2b7c"
 
@@ -596,3 +596,68 @@ async def test_a_turn_interrupted_without_a_message_is_warned_of_by_its_type_alo
             await serve_until_stopped()
     warned = [r.getMessage() for r in caplog.records if "(HTTP 503)" in r.getMessage()]
     assert [message.split("(HTTP 503): ")[1] for message in warned] == ["KeyboardInterrupt"]
+
+
+async def test_a_streamed_answer_being_sent_at_the_drain_timeout_is_sent_whole() -> None:
+    """Bug caught: a streamed stateless turn that had returned its answer, whose last frames
+    were still going out to a slow client when the gateway stopped past its drain timeout,
+    was cut mid-send (no error frame, no ``[DONE]``), where the drain lets an answered turn
+    send its answer."""
+    pipe = Pipeline(model=ScriptedModel(["answer"]))
+    feed: list[dict[str, Any]] = []
+    sent: list[dict[str, Any]] = []
+    writing, release = anyio.Event(), anyio.Event()
+
+    async def slow_client(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            writing.set()
+            await release.wait()  # the client reads nothing until told
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        if not body_read.is_set():
+            body_read.set()
+            return {"type": "http.request", "body": body, "more_body": False}
+        await anyio.sleep_forever()  # the client stays connected
+        raise AssertionError
+
+    body = json.dumps({"model": "m", "messages": user("hi"), "stream": True}).encode()
+    body_read = anyio.Event()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"authorization", f"Bearer {KEY}".encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    answered = anyio.Event()
+    async with served(pipe) as gw, anyio.create_task_group() as nursery:
+        await nursery.start(partial(watch_feed, gw, feed, answered=answered))
+        asked = anyio.Event()
+
+        async def ask() -> None:
+            await gw.gateway.app(scope, receive, slow_client)
+            asked.set()
+
+        nursery.start_soon(ask)
+        with anyio.fail_after(10):
+            await answered.wait()  # the turn returned its answer
+            await writing.wait()  # and its frames wait for the client
+        gw.gateway.shut_down()
+        gw.gateway.cut_turns()
+        release.set()
+        with anyio.fail_after(10):
+            await asked.wait()
+        nursery.cancel_scope.cancel()
+    text = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    frames = sse_data(text.decode())
+    assert frames[-1] == "[DONE]"
+    chunks = [json.loads(frame) for frame in frames[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "answer"
