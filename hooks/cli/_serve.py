@@ -12,6 +12,7 @@ gateway the same way; the command then exits as ``turnplug run`` does for it (13
 """
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
@@ -368,7 +369,7 @@ def _leave_threads(wait: float = 1.0) -> None:
             f"turnplug serve: not waiting for {len(running)} worker threads still running"
             " hooks cancelled at the drain timeout"
         )
-        os._exit(0)
+        _exit_now(0)
 
 
 def _exit_after(seconds: float, left: Callable[[], str]) -> None:
@@ -386,13 +387,26 @@ def _exit_after(seconds: float, left: Callable[[], str]) -> None:
             " that does not stop when cancelled (a sync hook in a worker thread, an async"
             " hook shielded from cancellation); exiting without waiting for it"
         )
-        os._exit(1)
+        _exit_now(1)
 
     if seconds <= 0:
         stop()
     timer = threading.Timer(seconds, stop)
     timer.daemon = True  # a process that exits by itself does not wait for it
     timer.start()
+
+
+def _exit_now(status: int) -> None:
+    """End the process at once with `status`, what was written on stdout and stderr and
+    through the logging handlers flushed first (`os._exit` flushes nothing, and skips the
+    handlers registered with `atexit`: an exporter's pending spans are not sent)."""
+    streams = [*logging.getLogger().handlers, *logging.getLogger("turnplug").handlers]
+    for stream in (*streams, sys.stdout, sys.stderr):
+        # One that cannot flush (closed, or None without a console): exiting matters more.
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.flush()
+    os._exit(status)
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
