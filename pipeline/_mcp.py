@@ -878,28 +878,24 @@ class Connection:
                 " on the next turn"
             )
         garbage = self._garbage_count
-        failed: Exception | None = None
+        # Built here, not raised here: the failure carries no traceback, where the caught
+        # exception's, kept past this block, would hold this frame in a reference cycle.
+        failure: ToolFailure | None = None
         # The SDK handles a request in its sender's context: what it logs there is diverted.
         token = _CONNECTION.set(self.label)
         try:
             with anyio.move_on_after(self.spec.timeout) as scope:
                 result = await session.call_tool(own, arguments)
         except Exception as exc:
-            failed = exc
+            failure = None if self.interrupt is not None else self._failure(own, exc)
         finally:
             _CONNECTION.reset(token)
-        try:
-            if self.interrupt is not None:
-                # The interrupt that ended the connection under the call, whatever the call
-                # then saw: the call awaited the connection, so its task raises it, as the
-                # owner's does.
-                raise self.interrupt
-            if failed is not None:
-                raise self._failure(own, failed)
-        finally:
-            # Its traceback holds this frame: kept here, it would make a reference cycle
-            # of every failed call.
-            del failed
+        if self.interrupt is not None:
+            # The interrupt that ended the connection under the call, whatever the call then
+            # saw: the call awaited the connection, so its task raises it, as the owner's does.
+            raise self.interrupt
+        if failure is not None:
+            raise failure
         if scope.cancelled_caught:
             note = self._garbage_note() if self._garbage_count > garbage else ""
             raise ToolFailure(
