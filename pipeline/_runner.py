@@ -362,11 +362,7 @@ class Runner:
             and (hook.on_error == "halt" or type(error) is HookReturnError)
         )
         detail = failure_detail(error)
-        (self.records if records is None else records).append(
-            HookRecord(step.name, step.stage, step.position, elapsed, "failed", hook.shadow, detail)
-        )
-        if self.emit is not None:
-            self.emit(ev.HookFailed(self.turn_ref, step.name, step.stage, detail, enforced))
+        self._record_failed(step, elapsed, detail, enforced, records)
         if enforced:
             raise error
         if not enforceable:
@@ -406,13 +402,24 @@ class Runner:
             # Its str() failed (a SystemExit of an object whose __str__ raises): that error
             # must not replace the interrupt on its way to the caller.
             detail = type(exc).__name__
+        self._record_failed(step, elapsed, detail, True, records)
+
+    def _record_failed(
+        self,
+        step: Step,
+        elapsed: float,
+        detail: str,
+        enforced: bool,
+        records: list[HookRecord] | None,
+    ) -> None:
+        """Record `step`'s failure and close its HookStarted with a `HookFailed`."""
         (self.records if records is None else records).append(
             HookRecord(
                 step.name, step.stage, step.position, elapsed, "failed", step.hook.shadow, detail
             )
         )
         if self.emit is not None:
-            self.emit(ev.HookFailed(self.turn_ref, step.name, step.stage, detail, True))
+            self.emit(ev.HookFailed(self.turn_ref, step.name, step.stage, detail, enforced))
 
     # -- injections ---------------------------------------------------------------------------
 
