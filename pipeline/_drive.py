@@ -367,11 +367,11 @@ class Drive(Runner):
                 case Accepted(turn=accepted):
                     if accepted.reply is not reply:
                         self.judged(accepted.reply)
-                    if held:
-                        assert emit is not None
-                        if accepted.reply is not reply:
+                        if held:
                             assert accepted.reply is not None
                             held = _as_accepted(held, accepted.reply, attempt)
+                    if held:
+                        assert emit is not None
                         for event in held:
                             emit(event)
                     return await self.complete(accepted)
