@@ -109,7 +109,10 @@ def _step_fix(
         for part in message.parts
         if type(part) is ToolCall
     ]
-    widest = f", call {max(calls)[1]!r} the most, {max(calls)[0]}" if calls else ""
+    widest = ""
+    if calls:
+        most, most_id = max(calls)
+        widest = f", call {most_id!r} the most, {most}"
     return (
         f"the model's own message of this tool step holds {message_tokens((message,), count)}"
         f" of them (its text and its tool calls' arguments{widest}) and the tool results just"
