@@ -4,7 +4,7 @@ import inspect
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Literal, TypeAlias, final
+from typing import Literal, TypeAlias, TypeVar, final
 
 import anyio
 import anyio.abc
@@ -531,14 +531,24 @@ class Session:
         self._events.append(ev.HookFailed("", step.name, step.stage, failure_detail(exc), False))
 
 
-async def load(log: Log, conversation_id: str) -> Context:
-    """The conversation as `log` holds it, checked: a log of one's own may return anything."""
+_T = TypeVar("_T")
+
+
+async def _read(log: Log, what: str, read: Callable[[], Awaitable[_T]]) -> _T:
+    """What `read` of `log` returns; a cancellation the log raised of itself, not one from
+    outside, is reported as the log's (`what` it was doing)."""
     try:
-        context: object = await log.load(conversation_id)
+        return await read()
     except BaseException as exc:
         if spurious_cancellation(exc):
-            raise cancelled_itself(log, f"loading conversation {conversation_id!r}", exc) from exc
+            raise cancelled_itself(log, what, exc) from exc
         raise
+
+
+async def load(log: Log, conversation_id: str) -> Context:
+    """The conversation as `log` holds it, checked: a log of one's own may return anything."""
+    what = f"loading conversation {conversation_id!r}"
+    context: object = await _read(log, what, lambda: log.load(conversation_id))
     if type(context) is not Context:
         raise TypeError(
             f"{type(log).__name__}.load({conversation_id!r}) returned {describe(context)}, not a"
@@ -557,13 +567,8 @@ async def held_turn_refs(log: Log, conversation_id: str) -> frozenset[str]:
     """
     if not is_async_callable(getattr(log, "entries", None)):
         return frozenset()
-    try:
-        entries: object = await log.entries(conversation_id)
-    except BaseException as exc:
-        if spurious_cancellation(exc):
-            what = f"reading the entries of conversation {conversation_id!r}"
-            raise cancelled_itself(log, what, exc) from exc
-        raise
+    what = f"reading the entries of conversation {conversation_id!r}"
+    entries: object = await _read(log, what, lambda: log.entries(conversation_id))
     if entries is None:
         return frozenset()
     returned = describe(entries)
