@@ -1087,9 +1087,7 @@ class Gateway:
                 else:
                     pieces.append(event.text)
                 continue
-            if ended is not None and isinstance(
-                event, ev.HookFinished | ev.HookFailed | ev.HookSkipped
-            ):
+            if ended is not None and isinstance(event, _Ended):
                 if accepted:
                     ended.append(event)
                 elif event.hook == ACCEPTED_HOOK:
