@@ -11,6 +11,7 @@ from hooks import redact
 from pipeline import ConfigError, HookFailed, Pipeline
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
+from tests.pipeline.support import collect_into
 from turns import Turn
 
 from .text_strategies import chunkings, texts
@@ -313,13 +314,8 @@ async def test_a_replacement_returning_the_match_never_shows_it_in_the_error():
     )
     seen: list[ev.Event] = []
 
-    async def watch() -> None:
-        async with pipe.stream(Turn.start("hi")) as events:
-            async for event in events:
-                seen.append(event)
-
     with pytest.raises(HookFailed) as info:
-        await watch()
+        await collect_into(seen, pipe, Turn.start("hi"))
     (failed,) = [event for event in seen if isinstance(event, ev.HookFailed)]
     shown = [str(info.value), str(info.value.__cause__), failed.error]
     assert failed.error == "TypeError"
@@ -337,13 +333,8 @@ async def test_a_replacement_raising_with_the_match_never_shows_it_in_the_error(
     )
     seen: list[ev.Event] = []
 
-    async def watch() -> None:
-        async with pipe.stream(Turn.start("hi")) as events:
-            async for event in events:
-                seen.append(event)
-
     with pytest.raises(HookFailed, match=r"'redact'.*raised KeyError in feed\(\)") as info:
-        await watch()
+        await collect_into(seen, pipe, Turn.start("hi"))
     (failed,) = [event for event in seen if isinstance(event, ev.HookFailed)]
     assert failed.error == "KeyError"
     assert "9876" not in str(info.value)

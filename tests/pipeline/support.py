@@ -24,6 +24,13 @@ async def collect(pipe: Pipeline, turn: Turn) -> tuple[list[ev.Event], TurnResul
     return seen, events.result
 
 
+async def collect_into(seen: list[ev.Event], pipe: Pipeline, turn: Turn) -> None:
+    """Stream `turn`, appending each event to `seen` as it comes (kept if the turn fails)."""
+    async with pipe.stream(turn) as events:
+        async for event in events:
+            seen.append(event)
+
+
 def live_tasks() -> set[object]:
     """Every task of the run: asyncio's task set, or trio's task tree walked from the root."""
     if sniffio.current_async_library() == "asyncio":

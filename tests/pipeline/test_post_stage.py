@@ -32,7 +32,12 @@ from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Injection, Message, Text, ToolCall, Turn
 
 from .support import collect as streamed
-from .support import exiting_with_a_late_interrupt, pairing_problems, warnings_of_an_interrupted_run
+from .support import (
+    collect_into,
+    exiting_with_a_late_interrupt,
+    pairing_problems,
+    warnings_of_an_interrupted_run,
+)
 
 TURN_REF = "turn-post"
 
@@ -1572,9 +1577,7 @@ async def test_background_hooks_an_interrupt_stopped_each_end_once_in_the_events
 
     async def main() -> None:
         if where == "pipeline":
-            async with pipe.stream(Turn.start("hi")) as events:
-                async for event in events:
-                    seen.append(event)
+            await collect_into(seen, pipe, Turn.start("hi"))
             return
         try:
             async with pipe.session(log=MemoryLog(), conversation_id="c") as session:

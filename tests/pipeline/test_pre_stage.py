@@ -30,7 +30,7 @@ from pipeline import events as ev
 from pipeline.testing import ScriptedModel
 from turns import Injection, Message, Text, ToolResult, Turn
 
-from .support import live_tasks
+from .support import collect_into, live_tasks
 
 # -- helpers --------------------------------------------------------------------------------
 
@@ -101,13 +101,8 @@ async def streamed_until(pipe: Pipeline, turn: Turn, error: type[BaseException])
     """The events a streamed turn produced before it raised `error`, and the error."""
     seen = []
 
-    async def consume() -> None:
-        async with pipe.stream(turn) as events:
-            async for event in events:
-                seen.append(event)
-
     with pytest.raises(error) as raised:
-        await consume()
+        await collect_into(seen, pipe, turn)
     return seen, raised.value
 
 

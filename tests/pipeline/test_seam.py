@@ -31,7 +31,7 @@ from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
 from turns import ToolCall, Turn
 
-from .support import collect
+from .support import collect, collect_into
 
 TURN_REF = "turn-seam"
 
@@ -696,13 +696,8 @@ async def test_a_return_error_never_quotes_the_text_the_transformer_was_fed():
     pipe = pipe_with(Factory("encoder", Encoder), replies=[["card 4111"]])
     seen: list[ev.Event] = []
 
-    async def watch() -> None:
-        async with pipe.stream(start()) as events:
-            async for event in events:
-                seen.append(event)
-
     with pytest.raises(HookReturnError) as info:
-        await watch()
+        await collect_into(seen, pipe, start())
     (failed,) = [event for event in seen if isinstance(event, ev.HookFailed)]
     assert "bytes" in str(info.value)
     assert [text for text in (str(info.value), failed.error) if "4111" in text] == []
@@ -1034,13 +1029,6 @@ def test_per_chunk_refuses_a_function_that_cannot_take_one_chunk(fn):
 
 
 # -- a failure is an event before it is raised ------------------------------------------------
-
-
-async def collect_into(seen: list[ev.Event], pipe: Pipeline, turn: Turn) -> None:
-    """Stream `turn`, appending each event to `seen` as it comes (kept if the turn fails)."""
-    async with pipe.stream(turn) as events:
-        async for event in events:
-            seen.append(event)
 
 
 @pytest.mark.parametrize(

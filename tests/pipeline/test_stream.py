@@ -27,7 +27,7 @@ from pipeline.logs import MemoryLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Text, Turn
 
-from .support import collect, live_tasks, warnings_of_an_interrupted_run
+from .support import collect, collect_into, live_tasks, warnings_of_an_interrupted_run
 
 TURN_REF = "turn-0123"
 
@@ -1314,13 +1314,8 @@ async def test_an_interrupt_whose_text_cannot_be_made_still_reaches_the_caller()
     pipe = Pipeline(model=ScriptedModel(["never"]), pre=[hook(leave, name="leave")])
     seen: list[Event] = []
 
-    async def consume() -> None:
-        async with pipe.stream(Turn.start("hi")) as events:
-            async for event in events:
-                seen.append(event)
-
     with pytest.raises(SystemExit) as info:
-        await consume()
+        await collect_into(seen, pipe, Turn.start("hi"))
     assert info.value.code is code
     assert [(e.hook, e.error, e.enforced) for e in seen if type(e) is ev.HookFailed] == [
         ("leave", "SystemExit", True)

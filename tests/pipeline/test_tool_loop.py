@@ -35,7 +35,7 @@ from pipeline.logs import MemoryLog, SQLiteLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Scope, ToolCall, ToolResult, ToolSpec, Turn
 
-from .support import collect, live_tasks, pairing_problems, run_on
+from .support import collect, collect_into, live_tasks, pairing_problems, run_on
 
 TURN_REF = "turn-tools"
 CONVERSATION = "conv-tools"
@@ -803,13 +803,8 @@ async def test_an_interrupt_out_of_the_permission_callback_ends_the_asking_hook(
     pipe, _ = pipe_with([calls("a"), "done"], before_tool=[asking()], permission=permission)
     seen: list[ev.Event] = []
 
-    async def consume() -> None:
-        async with pipe.stream(start()) as events:
-            async for event in events:
-                seen.append(event)
-
     with pytest.raises(SystemExit) as info:
-        await consume()
+        await collect_into(seen, pipe, start())
 
     assert info.value.code == 3
     assert [(e.hook, e.error, e.enforced) for e in of_type(seen, ev.HookFailed)] == [
