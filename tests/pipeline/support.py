@@ -11,10 +11,11 @@ import pytest
 import sniffio
 import trio
 
-from pipeline import Pipeline, TurnResult, cont, hook
+from pipeline import LogError, Pipeline, TurnResult, cont, hook
 from pipeline import events as ev
+from pipeline.logs import LogEntry, MemoryLog
 from pipeline.testing import ScriptedModel
-from turns import Turn
+from turns import Context, Turn
 
 
 async def collect(pipe: Pipeline, turn: Turn) -> tuple[list[ev.Event], TurnResult]:
@@ -114,3 +115,30 @@ def exiting_with_a_late_interrupt() -> Pipeline:
         hook(exiting, name="second", background=True),
     ]
     return Pipeline(model=ScriptedModel(["ok"]), post=post)
+
+
+class AnswerLostLog:
+    """A `MemoryLog` whose append under `lose` writes the turn, then fails with a LogError
+    once, as a PostgresLog commit does when its answer is lost on the way back."""
+
+    def __init__(self, lose: str) -> None:
+        self.log = MemoryLog()
+        self.lose: str | None = lose
+
+    def __repr__(self) -> str:
+        return "AnswerLostLog()"
+
+    async def load(self, conversation_id: str) -> Context:
+        return await self.log.load(conversation_id)
+
+    async def append(self, conversation_id: str, turn_ref: str, *args, **options) -> None:
+        await self.log.append(conversation_id, turn_ref, *args, **options)
+        if turn_ref == self.lose:
+            self.lose = None
+            raise LogError(
+                "AnswerLostLog(): the answer was lost; the commit may have been written",
+                log="AnswerLostLog()",
+            )
+
+    async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
+        return await self.log.entries(conversation_id)

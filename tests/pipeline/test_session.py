@@ -30,6 +30,7 @@ from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Scope, Text, Turn
 
 from .support import (
+    AnswerLostLog,
     exiting_with_a_late_interrupt,
     live_tasks,
     pairing_problems,
@@ -1842,32 +1843,11 @@ async def test_a_logs_own_cancelled_error_at_the_commit_is_a_log_error_naming_it
     assert [m.text for m in (await log.log.load(CONVERSATION)).messages] == ["kept", "two"]
 
 
-class AnswerLostLog:
-    """A log whose next append writes the turn, then fails with a LogError, as a
-    PostgresLog commit does when its answer is lost on the way back."""
-
-    def __init__(self) -> None:
-        self.log = MemoryLog()
-        self.lose_answer = False
-
-    def __repr__(self) -> str:
-        return "AnswerLostLog()"
-
-    async def load(self, conversation_id: str) -> Context:
-        return await self.log.load(conversation_id)
-
-    async def append(self, *args, **options) -> None:
-        await self.log.append(*args, **options)
-        if self.lose_answer:
-            self.lose_answer = False
-            raise LogError("AnswerLostLog(): the answer was lost", log="AnswerLostLog()")
-
-
 async def test_after_a_commit_fails_with_a_log_error_the_next_turn_reloads_first():
     """Bug caught: after a commit failed with a LogError though it had been written (a
     PostgresLog commit whose answer was lost), the next turn ran on the conversation
     without that turn and failed with a LogConflict, where it reloads the log first."""
-    log = AnswerLostLog()
+    log = AnswerLostLog(lose="ref-2")
     seen = []
 
     def model(request):
@@ -1877,9 +1857,8 @@ async def test_after_a_commit_fails_with_a_log_error_the_next_turn_reloads_first
     pipe = Pipeline(model=FunctionModel(model))
     async with pipe.session(log=log, conversation_id=CONVERSATION) as session:
         await session.send("q1")
-        log.lose_answer = True
         with pytest.raises(LogError, match="the answer was lost"):
-            await session.send("q2")
+            await session.send("q2", turn_ref="ref-2")
         third = await session.send("q3")
 
     assert third.outcome == "completed"

@@ -13,6 +13,8 @@ from pipeline.logs import Log, LogEntry, MemoryLog, SQLiteLog
 from pipeline.testing import ScriptedModel
 from turns import Context, Message, RequestOptions, ToolCall, ToolResult, ToolSpec, Turn
 
+from .support import AnswerLostLog
+
 WEATHER = ToolSpec("get_weather", "The weather.", {"type": "object", "properties": {}})
 
 
@@ -141,27 +143,6 @@ async def test_a_turn_ref_an_earlier_session_committed_is_refused_before_the_tur
         assert result.outcome == "completed"
         assert session.context == await log.load("c")
         assert len(await log.entries("c")) == 2  # the first turn and "bye"
-
-
-class AnswerLostLog:
-    """A `MemoryLog` whose append under `lose` writes the turn, then fails with a LogError
-    once, as a PostgresLog commit does when its answer is lost on the way back."""
-
-    def __init__(self, lose: str) -> None:
-        self.log = MemoryLog()
-        self.lose: str | None = lose
-
-    async def load(self, conversation_id: str) -> Context:
-        return await self.log.load(conversation_id)
-
-    async def append(self, conversation_id: str, turn_ref: str, *args, **options) -> None:
-        await self.log.append(conversation_id, turn_ref, *args, **options)
-        if turn_ref == self.lose:
-            self.lose = None
-            raise LogError("the answer was lost; the commit may have been written", log="lost")
-
-    async def entries(self, conversation_id: str) -> tuple[LogEntry, ...]:
-        return await self.log.entries(conversation_id)
 
 
 @pytest.mark.parametrize("method", ["send", "stream"])
