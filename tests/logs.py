@@ -3,6 +3,7 @@
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
 import attrs
 import pytest
 
@@ -45,3 +46,21 @@ def make_backend(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
         return Backend(kind, path, lambda: SQLiteLog(path))
     dsn = request.getfixturevalue("postgres")
     return Backend(kind, dsn, lambda: PostgresLog(dsn))
+
+
+class Rendezvous:
+    """Holds a round's model calls until both racers' turns have reached the model, so
+    both answer from the same conversation; `reset` starts the next round."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.arrived = 0
+        self.both = anyio.Event()
+
+    async def meet(self) -> None:
+        self.arrived += 1
+        if self.arrived == 2:
+            self.both.set()
+        await self.both.wait()

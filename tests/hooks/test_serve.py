@@ -19,6 +19,7 @@ from pipeline import Pipeline, block, cont, halt, hook, tool
 from pipeline.logs import SQLiteLog
 from pipeline.providers import OpenAIChat
 from pipeline.testing import FunctionModel, ScriptedModel
+from tests.logs import Rendezvous
 from tests.providers.server import json_error, openai_text, running, stream
 from turns import Context, Message, Text, ToolCall, Turn
 
@@ -803,15 +804,10 @@ async def test_a_utf_8_conversation_id_continues_its_conversation_logged_in_lati
 
 async def test_two_racing_turns_on_one_conversation_give_one_409(tmp_path: Path) -> None:
     """Catches: a lost update — both racing turns committed, or both refused."""
-    both_loaded = anyio.Event()
-    arrived = 0
+    rendezvous = Rendezvous()
 
     async def answer(request: Any) -> str:
-        nonlocal arrived
-        arrived += 1
-        if arrived == 2:
-            both_loaded.set()
-        await both_loaded.wait()
+        await rendezvous.meet()
         return "answer"
 
     statuses: list[int] = []
@@ -841,15 +837,10 @@ async def test_the_sdk_does_not_retry_a_turn_that_lost_a_race(tmp_path: Path) ->
     """Bug caught: the official SDK retries a 409 by itself (twice by default), so the
     turn that lost a race ran again and its message was committed after a turn its client
     had not seen, where the client was to reload and send again."""
-    both_loaded = anyio.Event()
-    arrived = 0
+    rendezvous = Rendezvous()
 
     async def answer(request: Any) -> str:
-        nonlocal arrived
-        arrived += 1
-        if arrived == 2:
-            both_loaded.set()
-        await both_loaded.wait()
+        await rendezvous.meet()
         return "answer"
 
     outcomes: list[str] = []
@@ -875,7 +866,7 @@ async def test_the_sdk_does_not_retry_a_turn_that_lost_a_race(tmp_path: Path) ->
                 nursery.start_soon(send, "b")
         stored = await log.load("race")
     assert sorted(outcomes) == ["answered", "conflict, retry: false"]
-    assert arrived == 2  # the losing turn was not run again
+    assert rendezvous.arrived == 2  # the losing turn was not run again
     assert len(stored.messages) == 2
 
 
@@ -927,15 +918,10 @@ async def test_a_race_with_background_hooks_commits_one_turn_and_its_output(
 ) -> None:
     """Catches: a turn that lost the race (409) still running its background hooks, whose
     output then lands in the conversation after the winner's."""
-    both_loaded = anyio.Event()
-    arrived = 0
+    rendezvous = Rendezvous()
 
     async def answer(request: Any) -> str:
-        nonlocal arrived
-        arrived += 1
-        if arrived == 2:
-            both_loaded.set()
-        await both_loaded.wait()
+        await rendezvous.meet()
         return f"answer to {request.messages[-1].text}"
 
     seen: list[str] = []

@@ -16,7 +16,7 @@ from pipeline import LogConflict, Pipeline, TurnResult
 from pipeline.testing import FunctionModel
 from turns import Context, Message
 
-from ..logs import Backend, close
+from ..logs import Backend, Rendezvous, close
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,24 +69,6 @@ async def test_sessions_on_separate_conversations_share_one_log_and_lose_nothing
             f"{index}.{turn}" for turn in range(turns)
         ]
         assert refs[conversation] == [r.turn.turn_ref for r in results[conversation]]
-
-
-class Rendezvous:
-    """Holds a round's model calls until both racers' turns have reached the model, so
-    both answer from the same conversation."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.arrived = 0
-        self.both = anyio.Event()
-
-    async def meet(self) -> None:
-        self.arrived += 1
-        if self.arrived == 2:
-            self.both.set()
-        await self.both.wait()
 
 
 async def test_two_sessions_racing_on_one_conversation_lose_exactly_one_race_each_round(

@@ -27,6 +27,7 @@ from pipeline.logs import PostgresLog, _postgres, entry_to_dict
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Context, Message, Text
 
+from ..logs import Rendezvous
 from ..postgres import with_params
 
 
@@ -257,14 +258,10 @@ async def test_racing_sessions_lose_with_a_log_conflict_whatever_isolation_the_d
     """Bug caught: with a stricter default_transaction_isolation (set by the DSN, the role
     or the database), the commit that waited on the conversation's row lock failed with a
     LogError (a serialization failure) instead of a LogConflict."""
-    arrived: list[str] = []
-    both = anyio.Event()
+    rendezvous = Rendezvous()
 
     async def answer(request):
-        arrived.append(request.messages[-1].text)
-        if len(arrived) % 2 == 0:
-            both.set()
-        await both.wait()
+        await rendezvous.meet()
         return f"re: {request.messages[-1].text}"
 
     pipe = Pipeline(model=FunctionModel(answer))
@@ -285,7 +282,7 @@ async def test_racing_sessions_lose_with_a_log_conflict_whatever_isolation_the_d
         pipe.session(log=second, conversation_id="c") as b,
     ):
         for round_ in range(3):  # the conversation's first commit, then later ones
-            both = anyio.Event()
+            rendezvous.reset()
             async with anyio.create_task_group() as nursery:
                 nursery.start_soon(race, a, f"a{round_}")
                 nursery.start_soon(race, b, f"b{round_}")
