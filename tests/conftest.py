@@ -13,7 +13,7 @@ import inspect
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
@@ -22,6 +22,9 @@ from pipeline.logs import Log
 
 from .logs import DURABLE_LOGS, LOGS, Backend, close, make_backend
 from .postgres import fresh_schema, server_dsn
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 # Machines here are small and noisy: a per-example deadline would only add flaky failures.
 # CI replays a fixed set of examples so that a red run can be reproduced.
@@ -94,3 +97,32 @@ async def log(backend: Backend) -> AsyncIterator[Log]:
         yield opened
     finally:
         await close(opened)
+
+
+def _traced(capture_content: bool) -> "Iterator[InMemorySpanExporter]":
+    """pipeline.otel instrumented for the test with a real SDK provider; its spans kept."""
+    # Imported here: only the tests that trace pay for loading the SDK.
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from pipeline import otel
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.instrument(tracer_provider=provider, capture_content=capture_content)
+    yield exporter
+    otel.uninstrument()
+
+
+@pytest.fixture
+def spans() -> "Iterator[InMemorySpanExporter]":
+    """The spans of the test's turns, traced without content capture."""
+    yield from _traced(capture_content=False)
+
+
+@pytest.fixture
+def capturing() -> "Iterator[InMemorySpanExporter]":
+    """The spans of the test's turns, traced with content capture on."""
+    yield from _traced(capture_content=True)

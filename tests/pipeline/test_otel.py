@@ -43,26 +43,6 @@ from turns import Message, Text, ToolCall, Turn
 SECRET_REPLY = "the launch code is 7Hx9-Qw2Z-Lp4K, keep it"
 
 
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    otel.instrument(tracer_provider=provider)
-    yield exporter
-    otel.uninstrument()
-
-
-@pytest.fixture
-def capturing() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    otel.instrument(tracer_provider=provider, capture_content=True)
-    yield exporter
-    otel.uninstrument()
-
-
 def tree(spans: tuple[ReadableSpan, ...]) -> list[object]:
     """The spans as nested [name, [children]], children in start order (a parallel group's
     members, which start together, by name)."""

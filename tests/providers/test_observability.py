@@ -85,20 +85,13 @@ async def test_a_retried_connection_failure_is_a_warning_with_its_delay(
 
 
 async def test_a_traced_provider_turn_names_the_provider_and_never_the_key(
-    server: ProtocolServer,
+    server: ProtocolServer, capturing: InMemorySpanExporter
 ) -> None:
     """Catches: the API key reaching a span, even with content capture on."""
     server.script(wire.stream(wire.openai_text(["Hello", " there"], usage=(9, 3))))
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    otel.instrument(tracer_provider=provider, capture_content=True)
-    try:
-        await Pipeline(model=openai(server)).run(Turn.start("hi"))
-    finally:
-        otel.uninstrument()
+    await Pipeline(model=openai(server)).run(Turn.start("hi"))
 
-    spans = exporter.get_finished_spans()
+    spans = capturing.get_finished_spans()
     (chat,) = [span for span in spans if span.name == "chat gpt-test"]
     assert (
         chat.attributes["gen_ai.provider.name"],
@@ -132,25 +125,18 @@ async def test_a_malformed_answer_quoting_the_key_stays_out_of_logs_and_tracebac
 
 
 async def test_a_malformed_streams_error_reaches_a_captured_trace_by_its_type_only(
-    server: ProtocolServer,
+    server: ProtocolServer, capturing: InMemorySpanExporter
 ) -> None:
     """Bug caught: with content capture on, a protocol error's message, which quotes the raw
     stream event (model text no transformer had seen), was recorded on the turn and chat
     spans, where a transformer had kept that text out of everything else."""
     broken = b'data: {"choices": [{"index": 0, "delta": {"content": "SECRET-42 and'
     server.script(wire.stream((*wire.openai_text(["SECRET-41 "])[:2], broken + b"\n\n")))
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    otel.instrument(tracer_provider=provider, capture_content=True)
     hide = per_chunk(lambda text: re.sub(r"SECRET-\d+", "[gone]", text))
-    try:
-        with pytest.raises(ProviderProtocolError, match="SECRET-42"):
-            await Pipeline(model=openai(server), transformers=[hide]).run(Turn.start("hi"))
-    finally:
-        otel.uninstrument()
+    with pytest.raises(ProviderProtocolError, match="SECRET-42"):
+        await Pipeline(model=openai(server), transformers=[hide]).run(Turn.start("hi"))
 
-    spans = exporter.get_finished_spans()
+    spans = capturing.get_finished_spans()
     failed = [span for span in spans if span.attributes.get("error.type")]
     assert sorted(span.name for span in failed) == ["chat gpt-test", "turn"]
     for span in failed:
