@@ -1,6 +1,8 @@
 """Each kind of log on storage of its own per test (the fixtures are in conftest.py)."""
 
-from collections.abc import Callable
+import contextlib
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -64,3 +66,18 @@ class Rendezvous:
         if self.arrived == 2:
             self.both.set()
         await self.both.wait()
+
+
+@contextlib.contextmanager
+def read_only_files(directory: Path) -> Iterator[None]:
+    """`directory` and its files made read-only (which root ignores: what is asserted must
+    hold without it), their mtimes set in the past so that any write shows."""
+    for path in (*directory.iterdir(), directory):
+        os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        yield
+    finally:
+        directory.chmod(0o755)
+        for path in directory.iterdir():
+            path.chmod(0o644)

@@ -23,7 +23,7 @@ from pipeline.logs import LogEntry, PostgresLog, SQLiteLog, entry_from_dict
 from pipeline.testing import ScriptedModel
 from turns import Message, Text, ToolCall, ToolResult
 
-from ..logs import Backend, close
+from ..logs import Backend, close, read_only_files
 from .cli_support import turnplug
 
 CONVERSATION = "support-42"
@@ -338,20 +338,13 @@ async def test_log_reads_a_read_only_log_and_writes_nothing_beside_it(tmp_path, 
         writer = [sys.executable, "-c", LEFT_BY_A_DEAD_WRITER, str(path)]
         await anyio.run_process(writer)
         assert (directory / "log.db-wal").exists()
-    for file in (*directory.iterdir(), directory):
-        os.utime(file, ns=(1_000_000_000, 1_000_000_000))  # any write would show
-    files = sorted(directory.iterdir())
-    # The -shm file is the WAL's index in shared memory, which every reader may update.
-    kept = [file for file in files if not file.name.endswith("-shm")]
-    before = [(f.read_bytes(), f.stat().st_mtime_ns) for f in kept]
-    for file in files:
-        file.chmod(0o444)
-    directory.chmod(0o555)
-    try:
+    with read_only_files(directory):
+        files = sorted(directory.iterdir())
+        # The -shm file is the WAL's index in shared memory, which every reader may update.
+        kept = [file for file in files if not file.name.endswith("-shm")]
+        before = [(f.read_bytes(), f.stat().st_mtime_ns) for f in kept]
         shown = await anyio.to_thread.run_sync(turnplug, "log", "c", "--log", str(path))
         listed = await anyio.to_thread.run_sync(turnplug, "log", "--log", str(path))
-    finally:
-        directory.chmod(0o755)
 
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[0] == "conversation 'c': 2 commits, 2 messages"

@@ -10,7 +10,6 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -19,6 +18,8 @@ import pytest
 from pipeline import LogConflict, LogError
 from pipeline.logs import MAX_ID_BYTES, SQLiteLog, _sqlite
 from turns import Context, Message, Text
+
+from ..logs import read_only_files
 
 
 def exchange(question: str, answer: str) -> tuple[Message, ...]:
@@ -668,21 +669,6 @@ def untouched(directory: Path) -> dict[str, tuple[bytes, int]]:
     mtime (which a file created and removed again changes, even for root)."""
     files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(directory.iterdir())}
     return {**files, ".": (b"", directory.stat().st_mtime_ns)}
-
-
-@contextlib.contextmanager
-def read_only_files(directory: Path) -> Iterator[None]:
-    """`directory` and its files made read-only (which root ignores: what is asserted must
-    hold without it), their mtimes set in the past so that any write shows."""
-    for path in (*directory.iterdir(), directory):
-        os.utime(path, ns=(1_000_000_000, 1_000_000_000))
-        path.chmod(0o555 if path.is_dir() else 0o444)
-    try:
-        yield
-    finally:
-        directory.chmod(0o755)
-        for path in directory.iterdir():
-            path.chmod(0o644)
 
 
 async def test_a_read_only_log_reads_a_closed_log_and_writes_nothing(tmp_path):
