@@ -32,8 +32,11 @@ class Served:
     def base(self) -> str:
         return self.url + "/v1"
 
-    def sdk(self, key: str = KEY) -> openai.AsyncOpenAI:
-        client = openai.AsyncOpenAI(base_url=self.base, api_key=key, max_retries=0, timeout=30)
+    def sdk(self, key: str = KEY, max_retries: int = 0) -> openai.AsyncOpenAI:
+        """An SDK client of the gateway, closed when it stops; it retries nothing unless told."""
+        client = openai.AsyncOpenAI(
+            base_url=self.base, api_key=key, max_retries=max_retries, timeout=30
+        )
         self.clients.append(client)  # closed when the gateway stops
         return client
 

@@ -322,8 +322,7 @@ async def test_the_sdk_does_not_run_again_a_turn_the_upstream_refused() -> None:
     async with running(refused, refused, refused) as upstream:
         model = OpenAIChat("up", base_url=upstream.url + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
         async with served(Pipeline(model=model)) as gw:
-            retrying = openai.AsyncOpenAI(base_url=gw.base, api_key=KEY, max_retries=2)
-            gw.clients.append(retrying)
+            retrying = gw.sdk(max_retries=2)
             with pytest.raises(openai.InternalServerError) as caught:
                 await retrying.chat.completions.create(model="m", messages=user("x"))
     assert caught.value.status_code == 502
@@ -847,8 +846,7 @@ async def test_the_sdk_does_not_retry_a_turn_that_lost_a_race(tmp_path: Path) ->
     async with SQLiteLog(tmp_path / "log.db") as log:
         async with served(Pipeline(model=FunctionModel(answer)), log=log) as gw:
             # The SDK's default retries, which the fixture's clients turn off.
-            client = openai.AsyncOpenAI(base_url=gw.base, api_key=KEY, timeout=30)
-            gw.clients.append(client)
+            client = gw.sdk(max_retries=openai.DEFAULT_MAX_RETRIES)
 
             async def send(text: str) -> None:
                 try:
