@@ -406,9 +406,10 @@ def timeline(events: Iterable[Event]) -> str:
     return "".join(lines)
 
 
-_BREAKING = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
-"""Characters a terminal may break a line at or act on: control characters (the escape of
-a terminal sequence among them) and Unicode's line separators."""
+_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+"""Characters a terminal may break a line at or act on: control characters, C0 and C1 (the
+escape of a terminal sequence among them, and U+009B, a CSI on its own), and Unicode's line
+separators; and lone surrogates, which UTF-8 cannot carry (writing one would fail)."""
 
 
 def _one_line(text: str) -> str:

@@ -187,3 +187,13 @@ async def test_a_hooks_events_are_timed_from_the_turns_start_not_the_clocks_orig
         ]
         * 2
     )
+
+
+def test_a_c1_control_or_a_lone_surrogate_is_shown_escaped() -> None:
+    """Bug caught: the timeline escaped C0 control characters but not C1 ones, so U+009B (a
+    CSI on its own) in a halt's reason reached the terminal, and a lone surrogate failed the
+    printing of the line."""
+    text = ev.timeline([ev.Halted("t", "guard", "bad\x9b2J\x9d0;title\x9c and \ud800 here")])
+
+    assert "bad\\x9b2J\\x9d0;title\\x9c and \\ud800 here" in text
+    text.encode()  # every character of it can be written
