@@ -30,6 +30,7 @@ from pipeline import (
 from pipeline.providers import hide_userinfo
 from turns import Turn
 
+from .._terminal import one_line
 from ..config._file import Config
 from ..config._hooks import Guardrail, Judge, MaxLength, ParallelGroup, Retrieve, ToolCallEntry
 from ..config._models import (
@@ -43,7 +44,7 @@ from ..config._models import (
 from ..config._scrub import ScrubInput, ScrubResults
 from ..config._tools import PythonTool, ToolHookEntry
 from ..config._transformers import Pii, RedactEntry
-from ..config._types import Ref, one_line
+from ..config._types import Ref
 
 Row = tuple[str, str, str, str, str, str, str]
 """path, name, kind, durability, timeout, error policy, extra."""

@@ -21,6 +21,7 @@ from pipeline import INJECTED_BY, TOOL_HOOKS, AuditRecord, LogError
 from pipeline.logs import ConversationInfo, LogEntry, PostgresLog, SQLiteLog, entry_to_dict
 from turns import Message, Text, ToolCall, ToolResult
 
+from .._terminal import printable
 from ._logs import POSTGRES_SCHEMES
 
 Write = Callable[[str], None]
@@ -86,7 +87,7 @@ async def show_log(
             write(json.dumps({"conversations": [_info(c) for c in conversations]}, indent=2))
         else:
             for line in listing(where, conversations):
-                write(printable(line))
+                write(printable(line, breaks=False))
         return
     if as_json:
         shown = _as_json(conversation_id, entries, audit)
@@ -97,30 +98,10 @@ async def show_log(
         write(text)
         return
     for line in render(conversation_id, entries, audit=audit):
-        write(printable(line))
-
-
-_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]")
-"""Control characters but the tab: what a terminal would act on rather than show; and lone
-surrogates, which no terminal can be sent."""
+        write(printable(line, breaks=False))
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def printable(line: str) -> str:
-    """`line` with its control characters and lone surrogates escaped (``\\x1b``, ``\\r``,
-    ``\\ud800``).
-
-    A log holds what clients and models wrote, and a terminal acts on an escape sequence in
-    it (it may clear the screen, rewrite the title, set the clipboard) or on a carriage
-    return (which draws over the line): shown escaped, what is stored is what is seen. A
-    lone surrogate (a ``\\ud800`` escape a client's JSON held), which every log stores,
-    cannot be written as UTF-8 at all.
-    """
-    if _CONTROL.search(line) is None:
-        return line
-    return _CONTROL.sub(lambda found: found[0].encode("unicode_escape").decode("ascii"), line)
 
 
 def _as_json(conversation_id: str, entries: tuple[LogEntry, ...], audit: bool) -> Any:

@@ -18,8 +18,8 @@ import trio
 from pipeline import ConfigError, LogError, Pipeline, PipelineError
 from pipeline.logs import MAX_ID_BYTES
 
+from .._terminal import one_line, printable
 from ..config import _load as _config
-from ..config._types import one_line
 
 DEFAULT_CONVERSATION = "default"
 
@@ -27,7 +27,8 @@ DEFAULT_CONVERSATION = "default"
 def _demo(args: argparse.Namespace) -> int:
     from ._demo import demo
 
-    result = trio.run(demo, print, args.model)
+    # A real model behind --model writes what it likes: shown, never acted on.
+    result = trio.run(demo, lambda line: print(printable(line)), args.model)
     # As for `run`: a turn that halted or exhausted its regenerations did not complete (a
     # real model behind --model may keep leaking what the guardrail rejects).
     return 0 if result.outcome == "completed" else 1
@@ -127,7 +128,7 @@ def _check(args: argparse.Namespace) -> int:
     # One that cannot start is a ToolsetError (exit 1, as a provider that fails a turn).
     toolsets = connected(loaded.pipeline, offline=args.offline) if loaded.config.toolsets else []
     for line in [*describe(args.config, loaded.config, loaded.pipeline), *toolsets]:
-        print(line)
+        print(printable(line, breaks=False))
     return 0
 
 

@@ -29,7 +29,7 @@ from pipeline.logs import Log
 from turns import Text, Usage
 from turns.serde import to_dict
 
-from ..config._types import one_line
+from .._terminal import one_line, printable
 from ._timeline import plain, rejected_by
 
 
@@ -94,7 +94,7 @@ async def run_turn(
             console.write(json.dumps(result_json(result, conversation), ensure_ascii=False))
         else:
             if result.reply is not None:
-                console.write(result.reply.text)
+                console.write(printable(result.reply.text))
             explain(result, console)
     except BrokenPipeError:
         discard(console.out)
@@ -266,7 +266,7 @@ async def _chat_turn(session: Any, message: str, console: Console) -> None:
             match event:
                 case ev.TextDelta(text=text, attempt=attempt):
                     shown[attempt] = shown.get(attempt, "") + text
-                    console.write(text, end="")
+                    console.write(printable(text), end="")
                 case ev.AttemptRejected(attempt=attempt, hook=hook, feedback=feedback):
                     if attempt in shown:
                         console.write("")
@@ -280,7 +280,7 @@ async def _chat_turn(session: Any, message: str, console: Console) -> None:
         # A halt's substitute answer, or a reply a post hook changed after it streamed.
         if said:
             console.note("(the reply was changed after it streamed; as committed:)")
-        console.write(reply.text)
+        console.write(printable(reply.text))
     explain(result, console)
 
 

@@ -40,11 +40,12 @@ from cattrs.strategies import configure_tagged_union
 from pipeline import ConfigError, LocalToolset, MCPToolset, Model, Pipeline, Tool
 from pipeline.providers import model_from_string
 
+from .._terminal import one_line
 from ._entry import Env
 from ._file import STAGE_LISTS, TAGGED, Config
 from ._hooks import MemberEntry
 from ._schema import schema_of
-from ._types import CHECKS, FOLDER, Invalid, Ref, ToolRef, one_line, shown
+from ._types import CHECKS, FOLDER, Invalid, Ref, ToolRef, shown
 
 _Problem = tuple[str, str]
 """The path of a value (``pre[2].ref``; ``""`` for the whole file) and what is wrong."""

@@ -50,17 +50,6 @@ def shown(value: object) -> str:
     return f"{text} ({type_name(value)})"
 
 
-_BREAKING = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
-"""Characters a terminal may break a line at or act on (as `pipeline.events.timeline`
-escapes them)."""
-
-
-def one_line(text: str) -> str:
-    """`text` with its line breaks and other control characters escaped (``\\n``): a
-    problem, or an error, is one line and cannot pass for others."""
-    return _BREAKING.sub(lambda found: found[0].encode("unicode_escape").decode("ascii"), text)
-
-
 def type_name(value: object) -> str:
     """The name a config file's reader gives the type of `value`."""
     match value:

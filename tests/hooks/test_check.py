@@ -362,6 +362,24 @@ def test_check_shows_a_name_with_a_line_break_on_its_own_row(tmp_path: Path) -> 
     assert "  shop\\nx  local: shop_x_today" in lines
 
 
+def test_check_shows_a_name_s_c1_control_escaped(tmp_path: Path) -> None:
+    """Bug caught: `check` escaped C0 control characters in names but not C1 ones, so
+    U+009B (a CSI on its own, which a terminal may act on) in a hook's name reached it."""
+    config = write_config(
+        tmp_path,
+        """
+        [[pre]]
+        kind = "static"
+        name = "rules\\u009b2J"
+        text = "Be brief."
+        """,
+    )
+    done = turnplug("check", config)
+    assert done.returncode == 0, done.stderr
+    assert _row(done.stdout.splitlines(), "pre[0]")[1] == "rules\\x9b2J"
+    assert "\x9b" not in done.stdout
+
+
 def test_check_shows_what_a_scrub_entry_scrubs_and_the_tools_it_matches(tmp_path: Path) -> None:
     """Catches: scrub entries shown with no detail, so that a scrub of one tool's results
     (`match`) read as a scrub of every tool's, and neither said what it finds or does."""

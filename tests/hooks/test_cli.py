@@ -206,6 +206,24 @@ async def test_demo_with_a_model_and_its_key_talks_to_that_provider() -> None:
 
 
 @pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
+async def test_demo_shows_a_model_s_escape_sequences_escaped() -> None:
+    """Bug caught: the demo printed what a real model wrote as is (its rejected attempt, the
+    messages and the reply), escape sequences and carriage returns included, for the
+    terminal to act on."""
+    from tests.providers import server as wire
+
+    first = wire.stream(wire.openai_text(["See internal ticket RF-1\x1b]0;pwned\x07"]))
+    second = wire.stream(wire.openai_text(["fine\x1b[2J\x9b31m\rdone"]))
+    async with wire.running(first, second) as server:
+        done = await demo_against(server)
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert "See internal ticket RF-1\\x1b]0;pwned\\x07" in out
+    assert out.rstrip().endswith("reply:   fine\\x1b[2J\\x9b31m\\rdone")
+    assert not {"\x1b", "\x07", "\x9b", "\r"} & set(out)
+
+
+@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_demo_whose_model_exhausts_the_regenerations_exits_1() -> None:
     """Catches: `turnplug demo --model ...` exiting 0 when the provider's every attempt was
     rejected (outcome "exhausted"), where every other command exits 1 for a turn that did not

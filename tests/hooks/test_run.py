@@ -746,3 +746,100 @@ def test_ctrl_c_between_turns_does_not_end_the_chat(tmp_path: Path) -> None:
         chat.stdout.close()
     assert rest.splitlines() == ["history=2", "second answer"]
     assert code == 0
+
+
+# -- what a terminal would act on -------------------------------------------------------------
+
+HOSTILE = """
+    [model]
+    provider = "scripted"
+    replies = [["Hi\\u001b]0;pwned\\u0007 \\u001b[2J", "there\\u009b31m\\r\\nline two\\tend\\rover"]]
+
+    [[post]]
+    kind = "python"
+    ref = "hostile_hooks:note"
+"""
+HOSTILE_HOOKS = """
+from pipeline import cont, halt
+
+
+def note(turn):
+    if "stop" in turn.user_message.text:
+        return halt("bad\\u009b2J\\u001b]52;c;cHduZWQ=\\u0007 request")
+    return cont(turn)
+"""
+SHOWN = b"Hi\\x1b]0;pwned\\x07 \\x1b[2Jthere\\x9b31m\r\nline two\tend\\rover\n"
+"""The reply as printed: tab and CRLF kept, every other control character escaped."""
+
+
+def _hostile(tmp_path: Path) -> Path:
+    (tmp_path / "hostile_hooks.py").write_text(HOSTILE_HOOKS)
+    return write_config(tmp_path, HOSTILE)
+
+
+def test_run_prints_a_reply_s_escape_sequences_escaped(tmp_path: Path) -> None:
+    """Bug caught: `run` printed the model's reply as is, so an escape sequence in it (a
+    title change, a screen clear, a C1 CSI) and a carriage return reached the terminal,
+    which acted on them."""
+    done = subprocess.run(
+        [TURNPLUG, "run", str(_hostile(tmp_path)), "hi"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=environment(),
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, SHOWN, b"")
+
+
+@pytest.mark.parametrize("live", [[], ["--live"]])
+def test_chat_prints_a_reply_s_escape_sequences_escaped(tmp_path: Path, live: list[str]) -> None:
+    """Bug caught: `chat` wrote the model's text as it streamed, escape sequences and
+    carriage returns included, for the terminal to act on."""
+    done = subprocess.run(
+        [TURNPLUG, "chat", str(_hostile(tmp_path)), *live],
+        input=b"hi\n",
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=environment(),
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, SHOWN, b"")
+
+
+def test_a_halt_reason_s_c1_control_is_shown_escaped(tmp_path: Path) -> None:
+    """Bug caught: a note escaped C0 control characters but not C1 ones, so U+009B (a CSI
+    on its own, which a terminal may act on) in a halt's reason reached the terminal."""
+    done = subprocess.run(
+        [TURNPLUG, "run", str(_hostile(tmp_path)), "stop"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=environment(),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1
+    assert done.stderr == (
+        b"turnplug: turn halted by 'note': bad\\x9b2J\\x1b]52;c;cHduZWQ=\\x07 request\n"
+    )
+
+
+def test_a_reply_holding_a_lone_surrogate_is_printed_escaped(tmp_path: Path) -> None:
+    """Bug caught: a reply holding a lone surrogate (a ``\\ud800`` escape in a model's JSON answer)
+    failed the command with a UnicodeEncodeError (exit 1) after its turn completed."""
+    (tmp_path / "lone_model.py").write_text(
+        "from pipeline.testing import FunctionModel\n\n\n"
+        "def answerer():\n"
+        "    return FunctionModel(lambda request: 'a\\ud800b')\n"
+    )
+    config = write_config(tmp_path, '[model]\nprovider = "python"\nref = "lone_model:answerer"\n')
+    done = subprocess.run(
+        [TURNPLUG, "run", str(config), "hi"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=environment(),
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stdout) == (0, b"a\\ud800b\n")

@@ -1,0 +1,49 @@
+"""What the ``turnplug`` commands print of text they did not write, in one place.
+
+Models, tools, hooks, MCP servers and clients write text that reaches a terminal: a reply,
+a halt's reason, an error's message, a conversation id. It is printed as written, except
+what a terminal would act on rather than show, which is printed escaped, as Python writes
+it in a string (``\\x1b``, ``\\x9b``, ``\\r``):
+
+- control characters: C0 (ESC starts the sequences that clear the screen, set the title or
+  the clipboard, or make a link), DEL, and C1 (U+009B is a CSI on its own, U+0085 a line
+  break); a carriage return would draw over the line. Tab and line feed are kept in text of
+  many lines (a reply), and a CRLF as the line break it is.
+- lone surrogates (a ``\\ud800`` escape a client's JSON held), which UTF-8 cannot carry:
+  writing one fails.
+
+Format characters (a bidi override, a zero-width space) are printed as they are: a terminal
+acts on none, and right-to-left text needs them; a line break ends what an override
+reorders. `one_line` also escapes tab and Unicode's line separators, for what must stay one
+line (an error, a table's cell). `pipeline.events.timeline` escapes as `one_line` does.
+"""
+
+import re
+
+_OTHER_CONTROLS = "\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff"
+
+_IN_TEXT = re.compile(f"[{_OTHER_CONTROLS}]|\r(?!\n)")
+_IN_LINE = re.compile(f"[{_OTHER_CONTROLS}\n\r]")
+_BREAKING = re.compile(f"[{_OTHER_CONTROLS}\t\n\r\u2028\u2029]")
+
+
+def _escape(found: re.Match[str]) -> str:
+    return found[0].encode("unicode_escape").decode("ascii")
+
+
+def printable(text: str, *, breaks: bool = True) -> str:
+    """`text` as a terminal may be sent it: with its tabs and line breaks (none with
+    `breaks` false, for one line of a listing), every other control character and lone
+    surrogate escaped."""
+    pattern = _IN_TEXT if breaks else _IN_LINE
+    if pattern.search(text) is None:
+        return text
+    return pattern.sub(_escape, text)
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks, tabs, other control characters and lone surrogates
+    escaped (``\\n``): a problem, or an error, is one line and cannot pass for others."""
+    if _BREAKING.search(text) is None:
+        return text
+    return _BREAKING.sub(_escape, text)
