@@ -34,6 +34,7 @@ from hypercorn.config import Config as HypercornConfig
 from pipeline import ConfigError, Pipeline
 from pipeline.logs import Log, PostgresLog, SQLiteLog
 
+from .._terminal import one_line, printable
 from ._gateway import MIB, Gateway, Settings, scrub_secrets
 from ._logs import POSTGRES_SCHEMES
 
@@ -420,7 +421,13 @@ class _StderrHandler(logging.StreamHandler[TextIO]):
 
 @final
 class _Scrubbed(logging.Formatter):
-    """`LOG_FORMAT`, with every secret in the whole line (traceback included) replaced."""
+    """`LOG_FORMAT`, with every secret in the whole line (traceback included) replaced.
+
+    The message quotes what hooks, tools, MCP servers and clients wrote (an exception's
+    text): it is one line, its control characters escaped, so that it can neither pass for
+    a line of its own nor send the terminal a sequence to act on; a traceback keeps its
+    lines, with the same characters escaped.
+    """
 
     def __init__(self, secrets: tuple[str, ...]) -> None:
         super().__init__(LOG_FORMAT)
@@ -428,6 +435,15 @@ class _Scrubbed(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return scrub_secrets(super().format(record), self.secrets)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return printable(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return printable(super().formatStack(stack_info))
 
 
 def log_to_stderr(secrets: tuple[str, ...], stream: TextIO | None = None) -> logging.Handler:

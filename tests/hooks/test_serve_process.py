@@ -704,6 +704,48 @@ def test_a_root_logger_configured_by_a_hook_module_does_not_print_them_twice(
     assert UPSTREAM_KEY not in "\n".join(lines)
 
 
+def test_a_warning_quoting_escape_sequences_and_line_breaks_stays_one_escaped_line(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: a warning quoting an exception's text (a hook failing open) was written
+    to stderr as is, so an escape sequence in it reached the operator's terminal and a line
+    break in it wrote a forged warning line of its own."""
+    (tmp_path / "hostile_hooks.py").write_text(
+        textwrap.dedent(
+            """
+            def hostile(turn):
+                raise RuntimeError(
+                    "boom\\x1b]0;pwned\\x07\\x9b2J\\n"
+                    "2026-01-01 00:00:00,000 WARNING turnplug.serve: forged"
+                )
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[[pre]]\nkind = "python"\nref = "hostile_hooks:hostile"\non_error = "skip"\n'
+    )
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    with gateway(config, env={"PYTHONPATH": path}) as (process, url):
+        answered = httpx.post(
+            url + "/v1/chat/completions",
+            headers={"authorization": f"Bearer {KEY}"},
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert answered.status_code == 200
+    warned = [line for line in said.splitlines() if "hostile" in line]
+    assert len(warned) == 1, said
+    assert LOG_LINE.match(warned[0])
+    assert "boom\\x1b]0;pwned\\x07\\x9b2J\\n2026-01-01 00:00:00,000 WARNING" in warned[0]
+    assert "forged" not in said.replace(warned[0], "")
+    assert not {"\x1b", "\x07", "\x9b"} & set(said)
+
+
 # -- refusing new turns while draining -------------------------------------------------------
 
 
