@@ -7,16 +7,19 @@ routing; the completion endpoint is a plain ASGI callable so that it decides its
 only once it knows the turn's fate. What each outcome maps to is in ``docs/serve.md``.
 """
 
+import base64
+import hashlib
 import hmac
 import importlib.resources
 import json
 import logging
 import math
+import re
 import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
+from functools import cache, partial
 from typing import Any, final
 
 import anyio
@@ -125,6 +128,30 @@ class Settings:
 
 
 # -- the page's feed --------------------------------------------------------------------------
+
+
+@cache
+def live_page() -> tuple[str, str]:
+    """The live page, and the Content-Security-Policy it is served with.
+
+    The page shows what clients, models and hooks wrote, always as text; the policy is the
+    second line of defence should markup ever slip through: only the page's own script and
+    style run (named by their hashes: no inline handler, no other script), it may connect
+    to this gateway only, load nothing else, and be framed by no other site.
+    """
+    html = importlib.resources.files(__package__).joinpath("_page.html").read_text("utf-8")
+
+    def digest(tag: str) -> str:
+        found = re.search(f"<{tag}>(.*?)</{tag}>", html, re.DOTALL)
+        assert found is not None, f"the live page has no <{tag}>"
+        return base64.b64encode(hashlib.sha256(found[1].encode()).digest()).decode()
+
+    policy = (
+        f"default-src 'none'; script-src 'sha256-{digest('script')}';"
+        f" style-src 'sha256-{digest('style')}'; connect-src 'self'; base-uri 'none';"
+        " form-action 'none'; frame-ancestors 'none'"
+    )
+    return html, policy
 
 
 @final
@@ -594,6 +621,8 @@ class Gateway:
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
+                    # A 404 quotes the path it was sent: never read as anything but JSON.
+                    (b"x-content-type-options", b"nosniff"),
                     *error.headers,
                     *(headers or []),
                 ],
@@ -629,8 +658,15 @@ class Gateway:
         )
 
     async def page(self, request: Request) -> Response:
-        html = importlib.resources.files(__package__).joinpath("_page.html").read_text("utf-8")
-        return HTMLResponse(html, headers={"cache-control": "no-store"})
+        html, policy = live_page()
+        return HTMLResponse(
+            html,
+            headers={
+                "cache-control": "no-store",
+                "content-security-policy": policy,
+                "x-content-type-options": "nosniff",
+            },
+        )
 
     async def events(self, request: Request) -> Response:
         async def frames() -> AsyncIterator[bytes]:
@@ -640,7 +676,9 @@ class Gateway:
                     yield frame
 
         return StreamingResponse(
-            frames(), media_type="text/event-stream", headers={"cache-control": "no-store"}
+            frames(),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store", "x-content-type-options": "nosniff"},
         )
 
     # -- one turn --------------------------------------------------------------------------------

@@ -1475,3 +1475,24 @@ async def test_every_waiter_of_turns_finished_wakes_when_the_last_turn_ends() ->
                 release.set()
     assert [a.status_code for a in answers] == [200]
     assert sorted(woke) == ["first", "second"]
+
+
+async def test_the_page_has_a_security_policy_and_nothing_reflected_is_sniffed() -> None:
+    """Bug caught: the live page was served without a Content-Security-Policy, and it, its
+    feed and the error that quotes the path sent (a 404) without ``nosniff``."""
+    async with served(Pipeline(model=ScriptedModel(["hi"]))) as gw:
+        async with gw.http() as client:
+            page = await client.get("/")
+            missing = await client.get("/v1/<script>alert(1)</script>")
+            async with client.stream("GET", "/v1/turnplug/events") as feed:
+                feed_headers = feed.headers
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'none'" in policy
+    assert "script-src 'sha256-" in policy
+    assert "unsafe-inline" not in policy
+    assert "frame-ancestors 'none'" in policy
+    assert missing.status_code == 404
+    assert missing.headers["content-type"] == "application/json"
+    assert feed_headers["content-type"].startswith("text/event-stream")
+    for response in (page.headers, missing.headers, feed_headers):
+        assert response["x-content-type-options"] == "nosniff"

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from hooks import deny
-from pipeline import Pipeline, cont, hook
+from pipeline import Pipeline, cont, halt, hook
 from pipeline.testing import ScriptedModel
 from turns import ToolCall
 
@@ -121,3 +121,135 @@ async def test_tool_calls_returned_to_the_client_appear_on_the_page(tmp_path: Pa
     assert seen["outcome"] == "completed"
     assert "tool call get_weather returned to the client" in seen["text"]
     assert '{"city":"Oslo"}' in seen["text"]
+
+
+PAYLOAD = (
+    "<img src=x onerror=\"window.pwned=1;document.title='pwned'\">"
+    "</script><script>window.pwned=2</script>"
+    '<a href="javascript:window.pwned=3">link</a>'
+)
+"""Markup a client, a model, a hook or a tool may write: the page must show it, not run it."""
+
+
+SLIP_IN = """new Promise((resolve) => {
+  document.addEventListener("securitypolicyviolation", (e) => {
+    if (e.effectiveDirective.startsWith("script-src")) resolve(e.effectiveDirective);
+  });
+  document.body.insertAdjacentHTML("beforeend", '<img src=x onerror="window.slipped=1">');
+  setTimeout(() => resolve("nothing refused it"), 10000);
+})"""
+"""Markup put into the page as if it had slipped through: resolves with the directive that
+refused to run its handler (or, without a policy, says so rather than wait for ever)."""
+
+
+def browse_hostile(url: str, key: str, send: Any) -> dict[str, Any]:
+    """Open the page, send the hostile turns, wait for both to finish; what the page ran."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(url + "/")
+            page.fill("#key", key)
+            page.click("#key-form button")
+            page.wait_for_selector("#status:text('live')")
+            send()
+            page.wait_for_selector(".turn .outcome.completed", timeout=15_000)
+            page.wait_for_selector(".turn .outcome.error", timeout=15_000)  # halted: 422
+            page.wait_for_selector(".turn .user:text('user: <img')", timeout=5_000)
+            return {
+                "text": page.inner_text("main"),
+                "pwned": page.evaluate("window.pwned"),
+                "title": page.title(),
+                "elements": page.evaluate(
+                    "document.querySelectorAll('main img, main script, main a').length"
+                ),
+                "errors": errors,
+                "reply": page.inner_text(".turn .reply"),
+            }
+        finally:
+            browser.close()
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+    reason="Debian's chromium is not installed (.ci/run installs it; under CI this fails)",
+)
+async def test_markup_in_what_a_turn_carries_is_shown_as_text_never_run(tmp_path: Path) -> None:
+    """Catches: a user message, a reply, a hook's name, an injection, a halt's reason, a
+    hook's error or a conversation id put on the page as markup, where a
+    client or a model could run script in the page of whoever watches the gateway."""
+    import openai
+
+    from pipeline.logs import SQLiteLog
+
+    def inject(turn: Any) -> Any:
+        if "stop" in turn.user_message.text:
+            return halt(PAYLOAD)
+        return cont(turn.inject(PAYLOAD))
+
+    def fails(turn: Any) -> Any:
+        raise RuntimeError(PAYLOAD)
+
+    pipe = Pipeline(
+        model=ScriptedModel([PAYLOAD]),
+        pre=[hook(fails, name=PAYLOAD + "fails", on_error="skip"), hook(inject, name=PAYLOAD)],
+    )
+    async with SQLiteLog(tmp_path / "log.db") as log, served(pipe, log=log) as gw:
+        client = gw.sdk()
+
+        async def turns() -> None:
+            await client.chat.completions.create(
+                model="m",
+                messages=user(PAYLOAD),
+                extra_headers={"X-Conversation-Id": PAYLOAD},
+            )
+            with pytest.raises(openai.UnprocessableEntityError):  # the halted turn: 422
+                await client.chat.completions.create(model="m", messages=user("stop " + PAYLOAD))
+
+        def send() -> None:
+            anyio.from_thread.run(turns)
+
+        seen = await anyio.to_thread.run_sync(browse_hostile, gw.url, "gw-test-key-5c1d0e", send)
+    assert seen["pwned"] is None
+    assert seen["title"] == "turnplug gateway — live turns"
+    assert seen["elements"] == 0
+    assert seen["errors"] == []
+    text = seen["text"]
+    assert f"user: {PAYLOAD} (conversation {PAYLOAD})" in text
+    assert f"{PAYLOAD}fails failed RuntimeError: {PAYLOAD}" in text
+    assert f"{PAYLOAD} injected (transient" in text
+    assert seen["reply"] == PAYLOAD
+    assert f"committed to conversation {PAYLOAD}" in text
+    assert f"halted by {PAYLOAD} {PAYLOAD}" in text
+
+
+def slip_in(url: str) -> dict[str, Any]:
+    """Open the page and put markup into it as if it had slipped through; what ran."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(url + "/")
+            page.wait_for_selector("#status:text('live')")
+            refused = page.evaluate(SLIP_IN)
+            return {"refused": refused, "slipped": page.evaluate("window.slipped")}
+        finally:
+            browser.close()
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+    reason="Debian's chromium is not installed (.ci/run installs it; under CI this fails)",
+)
+async def test_the_page_s_policy_runs_no_script_but_its_own() -> None:
+    """Bug caught: the page had no Content-Security-Policy, so markup that slipped into it
+    (an ``onerror`` handler) would have run as the page's own script."""
+    async with served(Pipeline(model=ScriptedModel(["hi"])), api_key=None) as gw:
+        seen = await anyio.to_thread.run_sync(slip_in, gw.url)
+    assert seen == {"refused": "script-src-attr", "slipped": None}
