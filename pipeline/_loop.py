@@ -10,14 +10,16 @@ stream's hot path the loop's native primitive is used instead.
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
-from typing import Literal, Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 import anyio
 import sniffio
 import trio
 
 Loop = Literal["trio", "asyncio"]
+
+_T = TypeVar("_T")
 
 
 def current_loop(what: str) -> Loop:
@@ -76,6 +78,41 @@ def shielded() -> "trio.CancelScope | anyio.CancelScope":
     if sniffio.current_async_library() == "trio":
         return trio.CancelScope(shield=True)
     return anyio.CancelScope(shield=True)
+
+
+async def to_the_end(work: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """Await `work()` to its end whatever cancels the caller meanwhile, then raise that.
+
+    An AnyIO shield holds off a cancel scope's cancellation (trio's, AnyIO's), not asyncio's
+    own (``Task.cancel``, ``asyncio.timeout``): that is raised at the next await inside the
+    shield, cutting `work` short. Under asyncio `work` runs in a task of its own, awaited
+    again after each such cancellation, which is raised once `work` has ended. What `work` raises is raised here, by the caller (a KeyboardInterrupt
+    out of its task would stop asyncio's loop), over a cancellation that came meanwhile.
+    """
+    if sniffio.current_async_library() == "trio":
+        with trio.CancelScope(shield=True):
+            return await work()
+
+    async def contained() -> tuple[_T | None, BaseException | None]:
+        try:
+            return await work(), None
+        except BaseException as exc:
+            return None, exc
+
+    task = asyncio.ensure_future(contained())
+    deferred: BaseException | None = None
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            try:
+                await asyncio.wait([task])  # which, unlike awaiting it, never cancels it
+            except asyncio.CancelledError as exc:
+                deferred = exc
+    result, failure = task.result()
+    if failure is not None:
+        raise failure
+    if deferred is not None:
+        raise deferred
+    return cast(_T, result)
 
 
 def cancelled_by_scope(cancellation: BaseException) -> bool:

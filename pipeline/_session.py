@@ -22,7 +22,7 @@ from ._drive import Drive, OpenTools, TurnHost
 from ._errors import ConfigError, HookReturnError, LogConflict, LogError
 from ._excgroups import only_cancelled, own_error, raise_single, reraise
 from ._hooks import is_async_callable
-from ._loop import current_loop, is_cancellation, spurious_cancellation
+from ._loop import current_loop, is_cancellation, spurious_cancellation, to_the_end
 from ._plan import Plan, Step
 from ._result import TurnResult
 from ._runner import Emit, Runner, failure_detail
@@ -505,24 +505,27 @@ class Session:
     async def _end(self, reason: Reason) -> None:
         """Run every end hook, shielded from cancellation; failures become events.
 
-        Shielded so that a cancelled session still cleans up; a hook's own ``timeout=``
-        bounds it (give one to any end hook that does I/O).
+        Shielded so that a cancelled session still cleans up, also from asyncio's own
+        cancellation arriving while they run (raised once they have all run); a hook's own
+        ``timeout=`` bounds it (give one to any end hook that does I/O).
         """
+        await to_the_end(lambda: self._end_hooks(reason))
+
+    async def _end_hooks(self, reason: Reason) -> None:
         runner = _runner(self._plan, self._events.append, "")
-        with anyio.CancelScope(shield=True):
-            for step in self._plan.session_end:
-                called = await runner.timed(step, self.info, reason, failed=self._end_failed)
-                if called is None:
-                    continue
-                result, elapsed = called
-                if inspect.iscoroutine(result):
-                    # Its value is ignored, but a coroutine is work that never ran (an await
-                    # forgotten): reported, and closed rather than left to warn.
-                    expected = "once its work is done (its value is ignored)"
-                    error = runner.wrong_return(step, result, expected, group=False)
-                    self._end_failed(step, error, elapsed, None)
-                    continue
-                runner.finished(step, elapsed, "ok")
+        for step in self._plan.session_end:
+            called = await runner.timed(step, self.info, reason, failed=self._end_failed)
+            if called is None:
+                continue
+            result, elapsed = called
+            if inspect.iscoroutine(result):
+                # Its value is ignored, but a coroutine is work that never ran (an await
+                # forgotten): reported, and closed rather than left to warn.
+                expected = "once its work is done (its value is ignored)"
+                error = runner.wrong_return(step, result, expected, group=False)
+                self._end_failed(step, error, elapsed, None)
+                continue
+            runner.finished(step, elapsed, "ok")
 
     def _end_failed(
         self, step: Step, exc: Exception, _elapsed: float, _records: list[HookRecord] | None

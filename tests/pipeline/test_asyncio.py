@@ -28,6 +28,7 @@ from pipeline import (
     LogError,
     Pipeline,
     ProviderError,
+    Session,
     SessionInfo,
     cont,
     halt,
@@ -610,6 +611,42 @@ def test_on_session_end_runs_with_the_reason(how: str) -> None:
             asyncio.run(main())
 
     assert reasons == [how]
+
+
+def test_an_asyncio_timeout_firing_while_end_hooks_run_lets_them_all_finish_first() -> None:
+    """Bug caught: asyncio's own cancellation (an `asyncio.timeout`) firing while an end hook
+    ran went through the session's shield, cutting that hook short and skipping the later end
+    hooks, which a cancel scope's cancellation never did."""
+    trace: list[tuple[str, str]] = []
+
+    async def flush(info: SessionInfo, reason: str) -> None:
+        await asyncio.sleep(0.2)
+        trace.append(("flush", reason))
+
+    async def audit(info: SessionInfo, reason: str) -> None:
+        await asyncio.sleep(0)
+        trace.append(("audit", reason))
+
+    pipe = Pipeline(
+        model=hello(), on_session_end=[hook(flush, name="flush"), hook(audit, name="audit")]
+    )
+    sessions: list[Session] = []
+
+    async def main() -> None:
+        async with asyncio.timeout(0.05):
+            async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+                sessions.append(session)
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(main())
+
+    assert trace == [("flush", "closed"), ("audit", "closed")]
+    assert [(type(e), e.hook) for e in sessions[0].events] == [
+        (ev.HookStarted, "flush"),
+        (ev.HookFinished, "flush"),
+        (ev.HookStarted, "audit"),
+        (ev.HookFinished, "audit"),
+    ]
 
 
 def test_an_end_hook_that_fails_is_reported_not_raised() -> None:
