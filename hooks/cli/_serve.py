@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -334,47 +335,87 @@ def run(args: Any, loaded: Any) -> int:
         loop=args.loop,
     )
     tune_gc()
-    anyio.run(
-        partial(
-            serve,
-            loaded.pipeline,
-            options,
-            model=model,
-            secrets=secrets,
-            say=_say,
-            hard_stop=_exit_after,
-        ),
-        backend=options.loop,
-    )
-    _leave_threads()
+    timers: list[threading.Timer] = []
+
+    def hard_stop(seconds: float, left: Callable[[], str]) -> None:
+        timers.append(_exit_after(seconds, left))
+
+    try:
+        anyio.run(
+            partial(
+                serve,
+                loaded.pipeline,
+                options,
+                model=model,
+                secrets=secrets,
+                say=_say,
+                hard_stop=hard_stop,
+            ),
+            backend=options.loop,
+        )
+    except BaseException as exc:
+        # A turn's interrupt: said as `turnplug` says it, with its status, where the
+        # interpreter would wait for the abandoned threads once the command returned.
+        left = _abandoned_threads()
+        if left:
+            from ._main import failed, single
+
+            status = failed(args, single(exc))
+            if status is None:  # --debug: the traceback
+                traceback.print_exception(exc)
+            _leave_threads(1 if status is None else status, left)
+        raise
+    finally:
+        # Serving ended: a command embedded in a program of its own must not end it later.
+        for timer in timers:
+            timer.cancel()
+    left = _abandoned_threads()
+    if left:
+        _leave_threads(0, left)
     return 0
 
 
-def _leave_threads(wait: float = 1.0) -> None:
-    """Exit (status 0) without waiting for worker threads still running hooks that the
-    drain timeout cancelled.
+WORKER_THREAD = "AnyIO worker thread"
+"""The name of the worker threads sync hooks run in on asyncio (anyio's, not daemon threads:
+the interpreter waits for them at exit; trio's are daemon threads)."""
 
-    A thread cannot be interrupted: the gateway abandons the thread of a sync background
-    hook it cuts (reported then), which on asyncio is not a daemon one, so the interpreter
-    would wait for it at exit. Threads that end within `wait` seconds (idle workers
-    stopping) are waited for.
-    """
+
+def _abandoned_threads(wait: float = 1.0) -> list[threading.Thread]:
+    """The worker threads still running hooks once the loop has ended: a sync hook's the
+    gateway abandoned (the turn or drain timeout cut it) or a hook's timeout did. Idle ones,
+    stopping, are given `wait` seconds."""
     end = time.monotonic() + wait
-    left = [t for t in threading.enumerate() if t is not threading.current_thread()]
-    for thread in left:
-        if not thread.daemon:
-            thread.join(max(0.0, end - time.monotonic()))
-    running = [t for t in left if not t.daemon and t.is_alive()]
-    if running:
-        _say(
-            f"turnplug serve: not waiting for {len(running)} worker threads still running"
-            " hooks cancelled at the drain timeout"
-        )
-        _exit_now(0)
+    workers = [t for t in threading.enumerate() if t.name == WORKER_THREAD and not t.daemon]
+    for thread in workers:
+        thread.join(max(0.0, end - time.monotonic()))
+    return [t for t in workers if t.is_alive()]
 
 
-def _exit_after(seconds: float, left: Callable[[], str]) -> None:
-    """End the process with status 1 in `seconds` unless it has exited by then.
+def _leave_threads(status: int, left: list[threading.Thread]) -> None:
+    """Exit with `status` without waiting for `left`, worker threads still running hooks
+    that a timeout cut (`_abandoned_threads`).
+
+    A thread cannot be interrupted: the interpreter would wait for such a thread at exit,
+    for as long as its hook runs. Other threads (a config's own) are waited for first, as
+    the interpreter would.
+    """
+    others = [
+        t
+        for t in threading.enumerate()
+        if t is not threading.current_thread() and not t.daemon and t.name != WORKER_THREAD
+    ]
+    for thread in others:
+        thread.join()
+    _say(
+        f"turnplug serve: not waiting for {len(left)} worker threads still running hooks"
+        " cancelled at their timeout or the drain timeout"
+    )
+    _exit_now(status)
+
+
+def _exit_after(seconds: float, left: Callable[[], str]) -> threading.Timer:
+    """End the process with status 1 in `seconds` unless it has exited by then (or the
+    timer returned is cancelled).
 
     The drain cancels what runs past its timeout, but a hook may not stop when cancelled: a
     sync hook's worker thread cannot be interrupted, an async hook may shield itself. The
@@ -395,6 +436,7 @@ def _exit_after(seconds: float, left: Callable[[], str]) -> None:
     timer = threading.Timer(seconds, stop)
     timer.daemon = True  # a process that exits by itself does not wait for it
     timer.start()
+    return timer
 
 
 def _exit_now(status: int) -> None:

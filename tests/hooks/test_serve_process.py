@@ -1084,3 +1084,124 @@ def test_a_hook_that_shields_itself_from_cancellation_cannot_hold_the_process(
     assert "(in flight)" in said
     assert "InvalidStateError" not in said, said
     assert "Traceback" not in said, said
+
+
+@pytest.mark.parametrize(("raised", "status"), [("KeyboardInterrupt", 130), ("SystemExit(3)", 1)])
+def test_an_interrupt_with_an_abandoned_worker_thread_exits_with_its_status(
+    tmp_path: Path, raised: str, status: int
+) -> None:
+    """Bug caught: on asyncio, a turn's interrupt while a sync background hook's abandoned
+    worker thread still ran skipped leaving the thread, so the process waited for it until
+    the hard stop ended it with status 1 and "still running past the drain timeout"."""
+    mark = tmp_path / "started"
+    (tmp_path / "stuck_hooks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import time
+            from pipeline import cont
+
+            def bg(turn):
+                if turn.user_message.text == "stuck":
+                    open({str(mark)!r}, "w").close()
+                    time.sleep(60)
+                return cont(turn)
+
+            def pre(turn):
+                if turn.user_message.text == "stop":
+                    raise {raised}
+                return cont(turn)
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[[pre]]\nkind = "python"\nref = "stuck_hooks:pre"\n'
+        '[[post]]\nkind = "python"\nref = "stuck_hooks:bg"\nbackground = true\n'
+    )
+    with gateway(config, "--drain-timeout", "1", "--loop", "asyncio") as (process, url):
+        answers: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: answers.append(post(url, "stuck")))
+        sender.start()
+        deadline = time.monotonic() + 10
+        while not mark.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        stopped = post(url, "stop")
+        code = process.wait(30)
+        sender.join(20)
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert code == status, said
+    assert stopped.status_code == 503
+    assert [a.status_code for a in answers] == [200], said
+    assert "still running past the drain timeout" not in said, said
+    last = "turnplug serve: not waiting for 1 worker threads still running hooks"
+    assert said.splitlines()[-1].startswith(last), said
+    if status == 1:
+        assert "turnplug: error: sys.exit(3) in what the command ran" in said, said
+    assert "Traceback" not in said, said
+
+
+def test_a_thread_of_the_configs_own_is_waited_for_at_exit(tmp_path: Path) -> None:
+    """Bug caught: the command exited 0 one second after serving ended without waiting for
+    any non-daemon thread still running, a config's own (one finishing its last write)
+    too, and blamed hooks cancelled at the drain timeout though none was."""
+    written = tmp_path / "flushed"
+    (tmp_path / "own_thread.py").write_text(
+        textwrap.dedent(
+            f"""
+            import threading
+            import time
+            from pipeline import cont
+
+            def flush():
+                time.sleep(3)
+                open({str(written)!r}, "w").write("done")
+
+            threading.Thread(target=flush).start()
+
+            def pre(turn):
+                return cont(turn)
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[pre]]\nkind = "python"\nref = "own_thread:pre"\n')
+    with gateway(config) as (process, _url):
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(30)
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert code == 0, said
+    assert written.read_text() == "done", said
+    assert "not waiting for" not in said, said
+
+
+def test_serve_called_in_process_does_not_end_its_caller_later(tmp_path: Path) -> None:
+    """Bug caught: the hard stop armed at the signal was never cancelled, so a program that
+    called ``hooks.cli.main(["serve", ...])`` and went on after it returned 0 was ended with
+    status 1 seven seconds after the drain timeout."""
+    config = tmp_path / "gateway.toml"
+    config.write_text("")
+    host = textwrap.dedent(
+        f"""
+        import os, signal, sys, threading, time
+        from hooks.cli import main
+
+        threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+        code = main(["serve", {str(config)!r}, "--port", "0", "--drain-timeout", "0.1"])
+        print("returned", code, flush=True)
+        time.sleep(8)  # past the hard stop, due 0.1 + 7 s after the signal
+        print("still here", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", host],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | {"TURNPLUG_GATEWAY_KEY": KEY},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["returned 0", "still here"], done.stderr
+    assert "still running past the drain timeout" not in done.stderr
