@@ -491,11 +491,14 @@ class Gateway:
 
     def left(self) -> str:
         """What still runs past the drain, for the command's hard stop: the turns in flight,
-        the sessions not closed, the background hooks the drain timeout cut."""
-        what = [f"turn {turn_ref} (in flight)" for turn_ref in sorted(self._flying)]
+        the sessions not closed, the background hooks the drain timeout cut.
+
+        Read from another thread (the hard stop's timer) while the loop's may change them.
+        """
+        what = [f"turn {turn_ref} (in flight)" for turn_ref in sorted(_copied(self._flying))]
         if self._sessions:
             what.append(f"{self._sessions} conversation sessions (closing)")
-        what.extend(f"{name} (cancelled at the drain timeout)" for name in self.abandoned)
+        what.extend(f"{name} (cancelled at the drain timeout)" for name in list(self.abandoned))
         return "; ".join(what) or "nothing the gateway still tracks (a worker thread)"
 
     def shut_down(self) -> None:
@@ -1171,6 +1174,17 @@ def _abandonable(entry: Any, turn_timeout: float) -> Any:
     if isinstance(entry, Hook) and entry.background and not entry.is_async:
         return entry if entry.timeout is not None else attrs.evolve(entry, timeout=turn_timeout)
     return entry
+
+
+def _copied(items: set[str]) -> tuple[str, ...]:
+    """The items of a set another thread may be changing: copying it then may fail ("Set
+    changed size during iteration"), so it is tried again; empty if it never succeeds."""
+    for _ in range(100):
+        try:
+            return tuple(items)
+        except RuntimeError:
+            continue
+    return ()
 
 
 def _said(message: Message) -> str:

@@ -424,12 +424,15 @@ def _exit_after(seconds: float, left: Callable[[], str]) -> threading.Timer:
     """
 
     def stop() -> None:
-        _say(
-            f"turnplug serve: error: still running past the drain timeout: {left()} — a hook"
-            " that does not stop when cancelled (a sync hook in a worker thread, an async"
-            " hook shielded from cancellation); exiting without waiting for it"
-        )
-        _exit_now(1)
+        # Whatever saying it raises (a stderr whose reader went away), the process ends.
+        try:
+            _say(
+                f"turnplug serve: error: still running past the drain timeout: {left()} — a"
+                " hook that does not stop when cancelled (a sync hook in a worker thread, an"
+                " async hook shielded from cancellation); exiting without waiting for it"
+            )
+        finally:
+            _exit_now(1)
 
     if seconds <= 0:
         stop()

@@ -1,5 +1,6 @@
 """`turnplug serve` as a real process: the console script on a free loopback port."""
 
+import contextlib
 import json
 import os
 import re
@@ -1205,3 +1206,45 @@ def test_serve_called_in_process_does_not_end_its_caller_later(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["returned 0", "still here"], done.stderr
     assert "still running past the drain timeout" not in done.stderr
+
+
+def test_the_hard_stop_ends_the_process_when_stderr_is_gone(tmp_path: Path) -> None:
+    """Bug caught: the hard stop said what was left before ending the process, so a stderr
+    whose reader had gone away (the write raising BrokenPipeError) killed its timer thread
+    and a shielded hook held the process past the hard stop."""
+    mark = tmp_path / "started"
+    (tmp_path / "stuck_hooks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import anyio
+            from pipeline import cont
+
+            async def bg(turn):
+                open({str(mark)!r}, "w").close()
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(60)
+                return cont(turn)
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[post]]\nkind = "python"\nref = "stuck_hooks:bg"\nbackground = true\n')
+    with gateway(config, "--drain-timeout", "1", "--loop", "trio") as (process, url):
+
+        def send() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                post(url, "hi")
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        deadline = time.monotonic() + 10
+        while not mark.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        assert process.stderr is not None
+        while "new turns get 503" not in process.stderr.readline():
+            pass
+        process.stderr.close()  # the reader goes away
+        code = process.wait(30)  # the hook holds it for 60 s
+    assert code == 1
