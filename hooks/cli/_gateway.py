@@ -491,7 +491,8 @@ class Gateway:
 
     def left(self) -> str:
         """What still runs past the drain, for the command's hard stop: the turns in flight,
-        the sessions not closed, the background hooks the drain timeout cut.
+        the sessions not closed, the background hooks the drain timeout cut; and why they
+        may not stop.
 
         Read from another thread (the hard stop's timer) while the loop's may change them.
         """
@@ -499,7 +500,11 @@ class Gateway:
         if self._sessions:
             what.append(f"{self._sessions} conversation sessions (closing)")
         what.extend(f"{name} (cancelled at the drain timeout)" for name in list(self.abandoned))
-        return "; ".join(what) or "nothing the gateway still tracks (a worker thread)"
+        held = "; ".join(what) or "nothing the gateway still tracks (a worker thread)"
+        return (
+            f"{held} — a hook that does not stop when cancelled (a sync hook in a worker"
+            " thread, an async hook shielded from cancellation)"
+        )
 
     def shut_down(self) -> None:
         """Refuse new turns from now on (503 ``shutting_down``); those in flight go on."""

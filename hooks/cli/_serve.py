@@ -188,9 +188,23 @@ async def serve(
     reuses the provider's pooled connections instead of opening a client per request.
 
     `hard_stop(seconds, left)`, called at the signal, ends the process that many seconds
-    later if it still runs then (`left()` says what was left).
+    later if it still runs then (`left()` says what was left, and why it may not stop).
     """
-    async with _open_log(options.log) as log, pipe:
+    ending: list[str] = []  # what is being closed once the gateway stopped
+
+    def left() -> str:
+        if ending:
+            # Nothing of the gateway's runs any more: its sessions ended with `running`.
+            return (
+                f"{ending[-1]}, after the gateway stopped — it took longer than the time"
+                " left (an MCP server slow to exit, a log slow to close)"
+            )
+        return gateway.left()
+
+    async with (
+        _closed_as(_open_log(options.log), ending, "closing the conversation log") as log,
+        _closed_as(pipe, ending, "closing the pipeline (its MCP servers, its model's client)"),
+    ):
         gateway = Gateway(
             pipe,
             Settings(
@@ -246,7 +260,7 @@ async def serve(
                 except Unstopped:
                     if hard_stop is None:
                         raise
-                    hard_stop(0.0, gateway.left)  # does not return
+                    hard_stop(0.0, left)  # does not return
 
             watchers = anyio.CancelScope()
             async with gateway.running():
@@ -267,7 +281,7 @@ async def serve(
                     await stopping.wait()
                     watchers.cancel()  # the other one's stop would not come
                     if hard_stop is not None:
-                        hard_stop(options.drain_timeout + HARD_STOP_SECONDS, gateway.left)
+                        hard_stop(options.drain_timeout + HARD_STOP_SECONDS, left)
                     deadline = anyio.current_time() + options.drain_timeout
                     # Still listening, so that a request sent meanwhile gets a 503 rather
                     # than a refused connection, until the turns in flight are done.
@@ -292,6 +306,16 @@ async def serve(
                         " cancelled; their background hooks' output was not committed"
                     )
             say("turnplug serve: stopped")
+
+
+@asynccontextmanager
+async def _closed_as(resource: Any, closing: list[str], what: str) -> AsyncIterator[Any]:
+    """``async with resource``, `what` added to `closing` as it starts to close."""
+    async with resource as value:
+        try:
+            yield value
+        finally:
+            closing.append(what)
 
 
 def raised(interrupt: BaseException) -> str:
@@ -427,9 +451,8 @@ def _exit_after(seconds: float, left: Callable[[], str]) -> threading.Timer:
         # Whatever saying it raises (a stderr whose reader went away), the process ends.
         try:
             _say(
-                f"turnplug serve: error: still running past the drain timeout: {left()} — a"
-                " hook that does not stop when cancelled (a sync hook in a worker thread, an"
-                " async hook shielded from cancellation); exiting without waiting for it"
+                f"turnplug serve: error: still running past the drain timeout: {left()};"
+                " exiting without waiting for it"
             )
         finally:
             _exit_now(1)

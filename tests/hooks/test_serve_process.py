@@ -1248,3 +1248,43 @@ def test_the_hard_stop_ends_the_process_when_stderr_is_gone(tmp_path: Path) -> N
         process.stderr.close()  # the reader goes away
         code = process.wait(30)  # the hook holds it for 60 s
     assert code == 1
+
+
+def test_the_hard_stop_names_a_pipeline_slow_to_close_not_a_hook(tmp_path: Path) -> None:
+    """Bug caught: when closing the pipeline (an MCP server slow to exit) outlasted the hard
+    stop after the gateway had stopped, the command blamed "a hook that does not stop when
+    cancelled (a worker thread)" instead of saying what it was closing."""
+    (tmp_path / "slow_model.py").write_text(
+        textwrap.dedent(
+            """
+            import contextlib
+            import anyio
+            from pipeline.testing import FunctionModel
+
+            class SlowToClose(FunctionModel):
+                @contextlib.asynccontextmanager
+                async def hold(self):
+                    try:
+                        yield self
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await anyio.sleep(60)
+
+            def model():
+                return SlowToClose(lambda request: "ok")
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[model]\nprovider = "python"\nref = "slow_model:model"\n')
+    with gateway(config, "--drain-timeout", "0.1") as (process, _url):
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(30)  # closing holds it for 60 s
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert code == 1, said
+    assert (
+        "still running past the drain timeout: closing the pipeline (its MCP servers, its"
+        " model's client), after the gateway stopped"
+    ) in said, said
+    assert "a hook that does not stop" not in said, said
