@@ -1201,9 +1201,15 @@ def _said(message: Message) -> str:
 
 
 def _text(exc: BaseException) -> str:
-    """``Type: message``, and its cause the same way."""
-    cause = f" (caused by {_named(exc.__cause__)})" if exc.__cause__ else ""
-    return _named(exc) + cause
+    """``Type: message``, and its cause the same way; a transformer's cause by its type only:
+    its message may quote the text the transformer was there to change (a number to
+    redact), which the warning must not release."""
+    cause = exc.__cause__
+    if cause is None:
+        return _named(exc)
+    if isinstance(exc, HookError) and exc.stage == "transformers":
+        return f"{_named(exc)} (caused by {type(cause).__name__})"
+    return f"{_named(exc)} (caused by {_named(cause)})"
 
 
 def _named(exc: BaseException) -> str:

@@ -1364,6 +1364,34 @@ async def test_a_failing_hook_is_500_naming_it_without_its_exceptions_text(
     assert model.requests == []
 
 
+async def test_a_failing_transformers_warning_names_its_exception_by_type_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Bug caught: the turn-failure warning ended with "(caused by KeyError: '555-9876')",
+    releasing in the gateway's log the text a transformer was there to change."""
+
+    class Lookup:
+        def feed(self, text: str) -> str:
+            raise KeyError("555-9876")
+
+        def flush(self) -> str:
+            return ""
+
+    def lookup() -> Lookup:
+        return Lookup()
+
+    pipe = Pipeline(model=ScriptedModel(["call 555-9876"]), transformers=[lookup])
+    with caplog.at_level(logging.WARNING, logger="turnplug.serve"):
+        async with served(pipe) as gw, gw.http() as client:
+            response = await client.post(
+                "/v1/chat/completions", json={"model": "m", "messages": user("hi")}
+            )
+    assert response.status_code == 500
+    said = [r.getMessage() for r in caplog.records if r.name == "turnplug.serve"]
+    assert any("(caused by KeyError)" in line for line in said), said
+    assert not any("555-9876" in line for line in said), said
+
+
 def stops_the_process(interrupt: BaseException) -> Pipeline:
     """A pipeline whose pre hook raises `interrupt` (a hook calling ``sys.exit(3)``, say)."""
 
