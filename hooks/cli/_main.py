@@ -354,10 +354,12 @@ def failed(args: argparse.Namespace, exc: BaseException) -> int | None:
             return None
         # A config error is one line per problem already; any other error is one line.
         text = str(exc) if isinstance(exc, ConfigError) and exc.problems else one_line(str(exc))
-        print(f"turnplug: error: {type(exc).__name__}: {text}", file=sys.stderr)
-        # A bad config, or a log that cannot be opened, is the caller's to fix (2); a turn
-        # that failed did not complete (1).
-        return 2 if isinstance(exc, ConfigError | LogError) else 1
+        # A bad config, or a log that cannot be opened, is the caller's to fix (2), said in
+        # full; a turn that failed did not complete (1), and its cause is in the traceback.
+        fix = isinstance(exc, ConfigError | LogError)
+        hint = "" if fix else " (run with --debug for the traceback)"
+        print(f"turnplug: error: {type(exc).__name__}: {text}{hint}", file=sys.stderr)
+        return 2 if fix else 1
     if isinstance(exc, BrokenPipeError):
         # The reader went away (`turnplug demo | head`): stop quietly, as other tools do.
         from ._run import discard

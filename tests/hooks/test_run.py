@@ -132,13 +132,27 @@ def test_a_failing_hook_is_one_line_and_exits_1(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_a_failing_hook_says_how_to_see_its_traceback(tmp_path: Path) -> None:
+    """Bug caught: a turn's PipelineError (its cause only in the traceback) was said without
+    the "(run with --debug for the traceback)" every other error ends with."""
+    config = write_config(
+        tmp_path, '[[pre]]\nkind = "python"\nref = "shop_hooks:database"\nname = "orders"\n'
+    )
+    done = turnplug("run", config, "hi")
+    assert done.returncode == 1
+    [error] = [line for line in done.stderr.splitlines() if "note:" not in line]
+    assert error.startswith("turnplug: error: HookFailed:"), error
+    assert error.endswith(" (run with --debug for the traceback)"), error
+
+
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
         (
             "raise RuntimeError('Client error 404\\nFor more information check: the docs')",
             "turnplug: error: HookFailed: hook 'leave' (pre, position 1) raised RuntimeError:"
-            " Client error 404\\nFor more information check: the docs",
+            " Client error 404\\nFor more information check: the docs (run with --debug for"
+            " the traceback)",
         ),
         (
             "return halt('not allowed:\\n- refunds\\n- returns')",
