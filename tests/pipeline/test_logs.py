@@ -403,6 +403,9 @@ def one_connection(durable: Backend) -> Log:
     return PostgresLog(durable.where, max_connections=1)
 
 
+GATE_SECONDS = 30.0
+
+
 class Gate(dict[str, Any]):
     """A message's meta whose reading in a thread other than the loop's waits until the
     test opens it: a commit checked and encoded in a worker thread stays there, however
@@ -414,8 +417,13 @@ class Gate(dict[str, Any]):
         self.opened = threading.Event()
 
     def __iter__(self) -> Iterator[str]:
-        if threading.get_ident() != self.loop_thread:
-            self.opened.wait()
+        # Opened once the short commit returned: a commit that waits for this one never is,
+        # and then the test fails here rather than hang until the run's own timeout.
+        if threading.get_ident() != self.loop_thread and not self.opened.wait(GATE_SECONDS):
+            raise AssertionError(
+                f"the gate was not opened within {GATE_SECONDS:g} s: the short commit did not"
+                " return while the heavy one was held"
+            )
         return super().__iter__()
 
 
