@@ -16,15 +16,21 @@ Format characters (a bidi override, a zero-width space) are printed as they are:
 acts on none, and right-to-left text needs them; a line break ends what an override
 reorders. `one_line` also escapes tab and Unicode's line separators, for what must stay one
 line (an error, a table's cell). `pipeline.events.timeline` escapes as `one_line` does.
+`json_text` writes JSON for programs, which may hold a lone surrogate only as an escape.
 """
 
+import json
 import re
+from typing import Any
 
 _OTHER_CONTROLS = "\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff"
 
 _IN_TEXT = re.compile(f"[{_OTHER_CONTROLS}]|\r(?!\n)")
 _IN_LINE = re.compile(f"[{_OTHER_CONTROLS}\n\r]")
 _BREAKING = re.compile(f"[{_OTHER_CONTROLS}\t\n\r\u2028\u2029]")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _escape(found: re.Match[str]) -> str:
@@ -47,3 +53,13 @@ def one_line(text: str) -> str:
     if _BREAKING.search(text) is None:
         return text
     return _BREAKING.sub(_escape, text)
+
+
+def json_text(value: Any, *, indent: int | None = None) -> str:
+    """`value` as JSON, its text as written (JSON escapes the C0 controls), or with every
+    non-ASCII character escaped when it holds a lone surrogate: UTF-8 cannot carry one,
+    and its escape (``\\ud800``) still reads back as it was."""
+    text = json.dumps(value, ensure_ascii=False, indent=indent)
+    if _LONE_SURROGATE.search(text) is None:
+        return text
+    return json.dumps(value, indent=indent)

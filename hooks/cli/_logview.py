@@ -21,7 +21,7 @@ from pipeline import INJECTED_BY, TOOL_HOOKS, AuditRecord, LogError
 from pipeline.logs import ConversationInfo, LogEntry, PostgresLog, SQLiteLog, entry_to_dict
 from turns import Message, Text, ToolCall, ToolResult
 
-from .._terminal import printable
+from .._terminal import json_text, printable
 from ._logs import POSTGRES_SCHEMES
 
 Write = Callable[[str], None]
@@ -91,17 +91,10 @@ async def show_log(
         return
     if as_json:
         shown = _as_json(conversation_id, entries, audit)
-        text = json.dumps(shown, ensure_ascii=False, indent=2)
-        if _LONE_SURROGATE.search(text) is not None:
-            # UTF-8 cannot carry one: escaped, as the logs store it, it still reads back.
-            text = json.dumps(shown, indent=2)
-        write(text)
+        write(json_text(shown, indent=2))
         return
     for line in render(conversation_id, entries, audit=audit):
         write(printable(line, breaks=False))
-
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _as_json(conversation_id: str, entries: tuple[LogEntry, ...], audit: bool) -> Any:

@@ -13,7 +13,6 @@ cancellation — go to standard error, so that piping the answers somewhere stay
 """
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -29,7 +28,7 @@ from pipeline.logs import Log
 from turns import Text, Usage
 from turns.serde import to_dict
 
-from .._terminal import one_line, printable
+from .._terminal import json_text, one_line, printable
 from ._timeline import plain, rejected_by
 
 
@@ -83,7 +82,7 @@ async def run_turn(
                             case ev.TurnFinished():
                                 outcome = event.outcome
                         if as_json:
-                            console.write(json.dumps(event_json(event), ensure_ascii=False))
+                            console.write(json_text(event_json(event)))
                         elif line := ev.timeline((event,)):
                             console.write(line.rstrip("\n"))
                 result = events.result
@@ -91,7 +90,7 @@ async def run_turn(
                 result = await session.send(message)
         outcome = result.outcome
         if as_json:
-            console.write(json.dumps(result_json(result, conversation), ensure_ascii=False))
+            console.write(json_text(result_json(result, conversation)))
         else:
             if result.reply is not None:
                 console.write(printable(result.reply.text))

@@ -841,7 +841,8 @@ def test_a_halt_reason_s_c1_control_is_shown_escaped(tmp_path: Path) -> None:
 
 def test_a_reply_holding_a_lone_surrogate_is_printed_escaped(tmp_path: Path) -> None:
     """Bug caught: a reply holding a lone surrogate (a ``\\ud800`` escape in a model's JSON answer)
-    failed the command with a UnicodeEncodeError (exit 1) after its turn completed."""
+    failed the command with a UnicodeEncodeError (exit 1) after its turn completed, with and
+    without ``--json``."""
     (tmp_path / "lone_model.py").write_text(
         "from pipeline.testing import FunctionModel\n\n\n"
         "def answerer():\n"
@@ -857,3 +858,13 @@ def test_a_reply_holding_a_lone_surrogate_is_printed_escaped(tmp_path: Path) -> 
         cwd=tmp_path,
     )
     assert (done.returncode, done.stdout) == (0, b"a\\ud800b\n")
+    as_json = subprocess.run(
+        [TURNPLUG, "run", str(config), "hi", "--json"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=environment(),
+        cwd=tmp_path,
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["reply"] == "a\ud800b"
