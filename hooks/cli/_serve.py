@@ -487,6 +487,10 @@ class _StderrHandler(logging.StreamHandler[TextIO]):
     """The handler `log_to_stderr` puts on the ``turnplug`` logger (found again by type)."""
 
 
+CONTINUED = "  | "
+"""What starts each line of a warning's traceback on serve's stderr (docs/serve.md)."""
+
+
 @final
 class _Scrubbed(logging.Formatter):
     """`LOG_FORMAT`, with every secret in the whole line (traceback included) replaced.
@@ -494,7 +498,8 @@ class _Scrubbed(logging.Formatter):
     The message quotes what hooks, tools, MCP servers and clients wrote (an exception's
     text): it is one line, its control characters escaped, so that it can neither pass for
     a line of its own nor send the terminal a sequence to act on; a traceback keeps its
-    lines, with the same characters escaped.
+    lines, with the same characters escaped, each after `CONTINUED`: the exception's text
+    it repeats cannot start a line as a record does either.
     """
 
     def __init__(self, secrets: tuple[str, ...]) -> None:
@@ -502,7 +507,10 @@ class _Scrubbed(logging.Formatter):
         self.secrets = tuple(s for s in secrets if s)
 
     def format(self, record: logging.LogRecord) -> str:
-        return scrub_secrets(super().format(record), self.secrets)
+        # The message is one line: every line after it is the traceback's (or the stack's).
+        first, *rest = super().format(record).split("\n")
+        text = "\n".join([first, *(CONTINUED + line for line in rest)])
+        return scrub_secrets(text, self.secrets)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return one_line(super().formatMessage(record))

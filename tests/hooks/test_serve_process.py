@@ -747,6 +747,49 @@ def test_a_warning_quoting_escape_sequences_and_line_breaks_stays_one_escaped_li
     assert not {"\x1b", "\x07", "\x9b"} & set(said)
 
 
+def test_a_warning_s_traceback_cannot_forge_a_warning_line(tmp_path: Path) -> None:
+    """Bug caught: a warning's traceback repeated the exception's text with its line breaks,
+    so a line break in it still wrote a line that passed for a warning of its own."""
+    (tmp_path / "hostile_hooks.py").write_text(
+        textwrap.dedent(
+            """
+            import logging
+
+            from pipeline import cont
+
+            def hostile(turn):
+                try:
+                    raise RuntimeError(
+                        "boom\\n2026-01-01 00:00:00,000 WARNING turnplug.serve: forged"
+                    )
+                except RuntimeError:
+                    logging.getLogger("turnplug.hostile").warning("hostile", exc_info=True)
+                return cont(turn)
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[pre]]\nkind = "python"\nref = "hostile_hooks:hostile"\n')
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    with gateway(config, env={"PYTHONPATH": path}) as (process, url):
+        answered = httpx.post(
+            url + "/v1/chat/completions",
+            headers={"authorization": f"Bearer {KEY}"},
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert answered.status_code == 200
+    lines = said.splitlines()
+    start = lines.index(next(line for line in lines if line.endswith("turnplug.hostile: hostile")))
+    assert LOG_LINE.match(lines[start])
+    assert "  | 2026-01-01 00:00:00,000 WARNING turnplug.serve: forged" in lines, said
+    assert not [line for line in lines if line.startswith("2026-01-01")], said
+
+
 # -- refusing new turns while draining -------------------------------------------------------
 
 
