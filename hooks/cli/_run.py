@@ -260,16 +260,28 @@ async def chat(
 
 async def _chat_turn(session: Any, message: str, console: Console) -> None:
     shown: dict[int, str] = {}
+    # An attempt's text ending in a carriage return: the next delta says whether it is half
+    # of a CRLF (a line break) or one of its own (shown escaped), so it waits for it.
+    held: dict[int, str] = {}
+
+    def show(text: str, attempt: int) -> None:
+        text = held.pop(attempt, "") + text
+        if text.endswith("\r"):
+            text, held[attempt] = text[:-1], "\r"
+        console.write(printable(text), end="")
+
     async with session.stream(message) as events:
         async for event in events:
             match event:
                 case ev.TextDelta(text=text, attempt=attempt):
                     shown[attempt] = shown.get(attempt, "") + text
-                    console.write(printable(text), end="")
+                    show(text, attempt)
                 case ev.AttemptRejected(attempt=attempt, hook=hook, feedback=feedback):
                     if attempt in shown:
-                        console.write("")
+                        console.write(printable(held.pop(attempt, "")))
                     console.note(f"(attempt {attempt} rejected by {hook!r}: {one_line(feedback)})")
+    for rest in held.values():
+        console.write(printable(rest), end="")
     result = events.result
     reply = result.reply
     said = shown.get(reply.attempt, "") if reply is not None else ""

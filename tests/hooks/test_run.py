@@ -822,6 +822,28 @@ def test_chat_prints_a_reply_s_escape_sequences_escaped(tmp_path: Path, live: li
     assert (done.returncode, done.stdout, done.stderr) == (0, SHOWN, b"")
 
 
+@pytest.mark.parametrize("live", [[], ["--live"]])
+def test_chat_shows_a_crlf_split_across_chunks_as_a_line_break(
+    tmp_path: Path, live: list[str]
+) -> None:
+    """Bug caught: `chat` escaped each streamed chunk on its own, so a CRLF split across two
+    chunks was shown as a literal ``\\r`` before the line break."""
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = [["one\\r", "\\ntwo\\r", "three\\r"]]\n',
+    )
+    done = subprocess.run(
+        [TURNPLUG, "chat", str(config), *live],
+        input=b"hi\n",
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=environment(),
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"one\r\ntwo\\rthree\\r\n", b"")
+
+
 def test_a_halt_reason_s_c1_control_is_shown_escaped(tmp_path: Path) -> None:
     """Bug caught: a note escaped C0 control characters but not C1 ones, so U+009B (a CSI
     on its own, which a terminal may act on) in a halt's reason reached the terminal."""
