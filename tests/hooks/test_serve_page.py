@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from hooks import deny
+from hooks.cli._gateway import page_policy
 from pipeline import Pipeline, cont, halt, hook
 from pipeline.testing import ScriptedModel
 from turns import ToolCall
@@ -26,6 +27,14 @@ ARGS = [
 ]
 
 
+RECORD_VIOLATIONS = """window.violations = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.violations.push(e.effectiveDirective + " " + e.blockedURI);
+});"""
+"""Run before the page's own script: every resource the page's policy refused, in
+`window.violations`."""
+
+
 def browse(url: str, key: str, send: Any, shot: Path) -> dict[str, Any]:
     """Open the page, give it the key, send a turn, wait for it to show; screenshot it."""
     from playwright.sync_api import sync_playwright
@@ -34,6 +43,7 @@ def browse(url: str, key: str, send: Any, shot: Path) -> dict[str, Any]:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 800})
+            page.add_init_script(RECORD_VIOLATIONS)
             page.goto(url + "/")
             page.fill("#key", key)
             page.click("#key-form button")
@@ -47,6 +57,7 @@ def browse(url: str, key: str, send: Any, shot: Path) -> dict[str, Any]:
                 "text": page.inner_text("main"),
                 "hooks": page.locator(".turn li.hook b").all_inner_texts(),
                 "outcome": page.inner_text(".turn .outcome"),
+                "violations": page.evaluate("window.violations"),
             }
         finally:
             browser.close()
@@ -78,6 +89,7 @@ async def test_a_turn_sent_with_the_sdk_appears_on_the_page(tmp_path: Path) -> N
         shot = tmp_path / "page.png"
         seen = await anyio.to_thread.run_sync(browse, gw.url, "gw-test-key-5c1d0e", send, shot)
     assert seen["outcome"] == "completed"
+    assert seen["violations"] == []  # the page's own script and style all ran
     assert "add_date" in seen["hooks"]
     assert "deny" in " ".join(seen["hooks"]) or any(
         "deny" in h or "guardrail" in h for h in seen["hooks"]
@@ -121,6 +133,62 @@ async def test_tool_calls_returned_to_the_client_appear_on_the_page(tmp_path: Pa
     assert seen["outcome"] == "completed"
     assert "tool call get_weather returned to the client" in seen["text"]
     assert '{"city":"Oslo"}' in seen["text"]
+
+
+TWO_BLOCKS = """<!doctype html><html><head>
+<style>body { color: rgb(1, 2, 3) }</style>
+<style media="all">p { color: rgb(4, 5, 6) }</style>
+</head><body><p>text</p>
+<script>window.first = 1</script>
+<script type="module">window.second = 2</script>
+</body></html>"""
+"""A page with two blocks of each kind, a tag with attributes among them."""
+
+
+def policed(html: str, policy: str) -> dict[str, Any]:
+    """Open `html` served with `policy`; what its blocks did and what the policy refused."""
+    from playwright.sync_api import Route, sync_playwright
+
+    def fulfill(route: Route) -> None:
+        route.fulfill(
+            body=html,
+            content_type="text/html",
+            headers={"content-security-policy": policy},
+        )
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.add_init_script(RECORD_VIOLATIONS)
+            page.route("http://page.invalid/", fulfill)
+            page.goto("http://page.invalid/")
+            page.wait_for_load_state("load")  # every block has run (or was refused) by then
+            return {
+                "ran": page.evaluate("[window.first, window.second]"),
+                "violations": page.evaluate("window.violations"),
+                "colors": page.evaluate(
+                    "[document.body, document.querySelector('p')]"
+                    ".map((e) => getComputedStyle(e).color)"
+                ),
+            }
+        finally:
+            browser.close()
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+    reason="Debian's chromium is not installed (.ci/run installs it; under CI this fails)",
+)
+def test_the_page_policy_lets_every_script_and_style_block_of_the_page_run() -> None:
+    """Bug caught: the page's policy hashed only its first script and first style block
+    (and no tag with attributes), so any other was refused without a word."""
+    seen = policed(TWO_BLOCKS, page_policy(TWO_BLOCKS))
+    assert seen == {
+        "ran": [1, 2],
+        "violations": [],
+        "colors": ["rgb(1, 2, 3)", "rgb(4, 5, 6)"],
+    }
 
 
 PAYLOAD = (
