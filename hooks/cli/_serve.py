@@ -36,6 +36,7 @@ from pipeline import ConfigError, Pipeline
 from pipeline.logs import Log, PostgresLog, SQLiteLog
 
 from .._terminal import one_line, printable
+from ._failed import failed, single
 from ._gateway import MIB, Gateway, Settings, scrub_secrets
 from ._logs import POSTGRES_SCHEMES
 
@@ -382,8 +383,6 @@ def run(args: Any, loaded: Any) -> int:
         # interpreter would wait for the abandoned threads once the command returned.
         left = _abandoned_threads()
         if left:
-            from ._main import failed, single
-
             status = failed(args, single(exc))
             if status is None:  # --debug: the traceback
                 traceback.print_exception(exc)

@@ -1,0 +1,83 @@
+"""What an exception that ended a command means on stderr, and the exit status it gives.
+
+Shared by ``turnplug``'s entry point and by ``serve``, which says it before exiting without
+waiting for the worker threads it abandoned; a module of its own, so that neither imports
+the other.
+"""
+
+import argparse
+import sys
+import traceback
+
+from pipeline import ConfigError, LogError, PipelineError
+
+from .._terminal import one_line
+
+
+def failed(args: argparse.Namespace, exc: BaseException) -> int | None:
+    """Say on stderr what `exc`, raised by the command `args` ran, means, and return the exit
+    status it gives; None when it is to be raised again (``--debug``: its traceback).
+
+    Used by `hooks.cli._main.main`, and by ``serve`` before it exits without waiting for the worker threads
+    it abandoned (the interpreter would wait for them once `main` returned).
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, PipelineError):
+        if args.debug:
+            return None
+        # A config error is one line per problem already; any other error is one line.
+        text = str(exc) if isinstance(exc, ConfigError) and exc.problems else one_line(str(exc))
+        # A bad config, or a log that cannot be opened, is the caller's to fix (2), said in
+        # full; a turn that failed did not complete (1), and its cause is in the traceback.
+        fix = isinstance(exc, ConfigError | LogError)
+        hint = "" if fix else " (run with --debug for the traceback)"
+        print(f"turnplug: error: {type(exc).__name__}: {text}{hint}", file=sys.stderr)
+        return 2 if fix else 1
+    if isinstance(exc, BrokenPipeError):
+        # The reader went away (`turnplug demo | head`): stop quietly, as other tools do.
+        from ._run import discard
+
+        discard(sys.stdout)
+        return 0
+    if isinstance(exc, Exception):
+        if args.debug:
+            return None
+        print(
+            f"turnplug: error: {type(exc).__name__}: {one_line(str(exc))} (run with --debug for"
+            " the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+    # Past the parser, turnplug never exits by raising: this came from what the command
+    # ran (a hook calling sys.exit(), say). Exiting with its status would pass it off as
+    # turnplug's, 0 for a turn that never finished.
+    if args.debug:
+        if not isinstance(exc, SystemExit):
+            return None
+        # Python prints no traceback for a SystemExit, and would exit with its status.
+        traceback.print_exception(exc)
+        return 1
+    what = f"sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else one_line(repr(exc))
+    # Raised before a turn's commit or after it (by a session's background hook, as the
+    # session closes): the words hold for both. Without --log nothing outlives the
+    # command (run's log is in memory, serve's stateless turns are never committed).
+    kept = (
+        ": what was committed to the log before stays there, the rest was not"
+        if getattr(args, "log", None)
+        else ""
+    )
+    print(
+        f"turnplug: error: {what} in what the command ran (a hook, a tool, a model)"
+        f" stopped it{kept} (run with --debug for the traceback)",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def single(error: BaseException) -> BaseException:
+    """The one exception inside `error`, an exception group around one (and so on), or
+    `error` itself."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
