@@ -705,6 +705,27 @@ def test_a_root_logger_configured_by_a_hook_module_does_not_print_them_twice(
     assert UPSTREAM_KEY not in "\n".join(lines)
 
 
+def stderr_of_one_answered_turn(tmp_path: Path, hook_options: str = "") -> str:
+    """What a gateway whose pre hook is `hostile_hooks:hostile` (a module in `tmp_path`)
+    wrote on stderr for one turn it answered 200, then stopped by SIGTERM (exit 0)."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[[pre]]\nkind = "python"\nref = "hostile_hooks:hostile"\n{hook_options}')
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    with gateway(config, env={"PYTHONPATH": path}) as (process, url):
+        answered = httpx.post(
+            url + "/v1/chat/completions",
+            headers={"authorization": f"Bearer {KEY}"},
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+        assert process.stderr is not None
+        said = process.stderr.read()
+    assert answered.status_code == 200
+    return said
+
+
 def test_a_warning_quoting_escape_sequences_and_line_breaks_stays_one_escaped_line(
     tmp_path: Path,
 ) -> None:
@@ -722,23 +743,7 @@ def test_a_warning_quoting_escape_sequences_and_line_breaks_stays_one_escaped_li
             """
         )
     )
-    config = tmp_path / "gateway.toml"
-    config.write_text(
-        '[[pre]]\nkind = "python"\nref = "hostile_hooks:hostile"\non_error = "skip"\n'
-    )
-    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    with gateway(config, env={"PYTHONPATH": path}) as (process, url):
-        answered = httpx.post(
-            url + "/v1/chat/completions",
-            headers={"authorization": f"Bearer {KEY}"},
-            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-            timeout=30,
-        )
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(20) == 0
-        assert process.stderr is not None
-        said = process.stderr.read()
-    assert answered.status_code == 200
+    said = stderr_of_one_answered_turn(tmp_path, 'on_error = "skip"\n')
     warned = [line for line in said.splitlines() if "hostile" in line]
     assert len(warned) == 1, said
     assert LOG_LINE.match(warned[0])
@@ -768,21 +773,7 @@ def test_a_warning_s_traceback_cannot_forge_a_warning_line(tmp_path: Path) -> No
             """
         )
     )
-    config = tmp_path / "gateway.toml"
-    config.write_text('[[pre]]\nkind = "python"\nref = "hostile_hooks:hostile"\n')
-    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    with gateway(config, env={"PYTHONPATH": path}) as (process, url):
-        answered = httpx.post(
-            url + "/v1/chat/completions",
-            headers={"authorization": f"Bearer {KEY}"},
-            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-            timeout=30,
-        )
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(20) == 0
-        assert process.stderr is not None
-        said = process.stderr.read()
-    assert answered.status_code == 200
+    said = stderr_of_one_answered_turn(tmp_path)
     lines = said.splitlines()
     start = lines.index(next(line for line in lines if line.endswith("turnplug.hostile: hostile")))
     assert LOG_LINE.match(lines[start])
