@@ -41,7 +41,7 @@ from ._parallel import run_group
 from ._plan import Group, Plan, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import RUNNING, Emit, Runner, check_history, raised_by
+from ._runner import RUNNING, Emit, Runner, check_history, raised_by, split_exchange
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool
@@ -203,6 +203,9 @@ class Drive(Runner):
         result, elapsed = called
         try:
             messages = check_history(step, result)
+            split = split_exchange(step, turn, messages)
+            if split is not None:
+                raise split
         except HookReturnError as error:
             self.fail(step, error, elapsed)
             return turn
@@ -738,6 +741,10 @@ def _check_unchanged(step: Step, before: Turn, after: Turn) -> None:
             hook=step.name,
             stage=step.stage,
         )
+    if after.context.messages is not before.context.messages:
+        split = split_exchange(step, before, after.context.messages)
+        if split is not None:
+            raise split
     if after.context.tools != before.context.tools:
         raise HookReturnError(
             f"hook {step.label} changed the context's tools from"

@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
-from turns import Injection, Message, Part, Stage, Stamper, Turn
+from turns import Injection, Message, Part, Stage, Stamper, ToolCall, ToolResult, Turn
 from turns._parts import exchange_problem
 
 from . import events as ev
@@ -717,3 +717,60 @@ def check_history(step: Step, messages: object) -> tuple[Message, ...]:
             stage=step.stage,
         )
     return tuple(messages)
+
+
+def split_exchange(
+    step: Step, before: Turn, messages: tuple[Message, ...]
+) -> HookReturnError | None:
+    """The error for a history view `step` made (``compact=``, a pre hook replacing the
+    history) that parts a tool call from its result, or None.
+
+    Every provider refuses a tool result that answers no call right before it, and a call
+    whose result does not follow: sent, the turn would fail as the provider's 400, naming no
+    hook. A history that was so already (built by hand) is not the view's fault.
+    """
+    problem = history_problem(messages, before.user_message)
+    if problem is None or history_problem(before.context.messages, before.user_message):
+        return None
+    who = step.label if step.stage == "compact" else f"hook {step.label}"
+    return HookReturnError(
+        f"{who} returned a history in which {problem}: no provider accepts it — keep or"
+        " drop an assistant message with tool calls together with the tool messages that"
+        " answer them",
+        hook=step.name,
+        stage=step.stage,
+    )
+
+
+def history_problem(messages: Sequence[Message], last: Message) -> str | None:
+    """What keeps `messages` (then `last`, the turn's own message) from pairing each tool
+    call with the results in the tool messages right after it, or None."""
+    waiting: dict[str, None] = {}  # the calls of the last assistant message not answered yet
+    asked = 0
+    for index, message in enumerate((*messages, last)):
+        if message.role == "tool":
+            for part in message.parts:
+                if type(part) is ToolResult and part.call_id not in waiting:
+                    where = (
+                        "the turn's tool message"
+                        if index == len(messages)
+                        else f"the tool message at index {index}"
+                    )
+                    return (
+                        f"{where} holds a result for call {part.call_id!r}, which no"
+                        " assistant message right before it made"
+                    )
+                if type(part) is ToolResult:
+                    del waiting[part.call_id]
+            continue
+        if waiting:
+            break
+        if message.role == "assistant":
+            waiting = {part.id: None for part in message.parts if type(part) is ToolCall}
+            asked = index
+    if waiting:
+        return (
+            f"the tool calls {list(waiting)} of the assistant message at index {asked} get no"
+            " result"
+        )
+    return None

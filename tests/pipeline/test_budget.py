@@ -28,7 +28,7 @@ from pipeline import (
 )
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
-from turns import Context, Message, Text, ToolCall, Turn
+from turns import Context, Message, Text, ToolCall, ToolResult, Turn
 
 from .support import collect
 
@@ -463,6 +463,46 @@ async def test_compact_that_raises_fails_with_the_original_as_cause():
     with pytest.raises(HookFailed, match="shrink") as info:
         await pipe.run(history_turn())
     assert (info.value.__cause__, model.requests) == (original, [])
+
+
+EXCHANGE = (
+    Message.user("where is order 42?"),
+    Message.assistant([ToolCall("c1", "lookup", {"order": "42"})]),
+    Message.tool(ToolResult("c1", "shipped")),
+    Message.assistant("It shipped."),
+)
+
+
+@pytest.mark.parametrize(
+    ("kept", "culprit"),
+    [
+        pytest.param(EXCHANGE[2:], "holds a result for call 'c1'", id="result-without-call"),
+        pytest.param(EXCHANGE[:2], r"tool calls \['c1'\] .* get no result", id="call-alone"),
+    ],
+)
+async def test_compact_that_parts_a_tool_call_from_its_result_fails_naming_it(kept, culprit):
+    """Bug caught: a compact= that dropped a tool call but kept its result (or the reverse)
+    was sent as a request every provider refuses, failing as a provider error naming no hook."""
+
+    def shrink(history, target, tokenizer):
+        return kept
+
+    model = ScriptedModel(["ok"])
+    pipe = build(budget=Budget(1000, 100), compact=shrink, model=model)
+    turn = Turn.start("and order 43?", context=Context(messages=EXCHANGE))
+    with pytest.raises(HookReturnError, match=rf"\.shrink' \(compact.*{culprit}") as info:
+        await pipe.run(turn)
+    assert (info.value.stage, model.requests) == ("compact", [])
+
+
+async def test_compact_keeping_whole_exchanges_and_a_broken_history_it_was_given_pass():
+    """A compactor is blamed only for a split it made: one it was handed is let through."""
+    model = ScriptedModel(["ok", "ok"])
+    pipe = build(budget=Budget(1000, 100), compact=lambda h, target, count: h[1:], model=model)
+    await pipe.run(Turn.start("next", context=Context(messages=EXCHANGE)))
+    given = (Message.tool(ToolResult("c0", "stale")), *EXCHANGE)
+    await pipe.run(Turn.start("next", context=Context(messages=given)))
+    assert [len(request.messages) for request in model.requests] == [4, 5]
 
 
 # -- the tokenizer ------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from pipeline import (
 )
 from pipeline import events as ev
 from pipeline.testing import ScriptedModel
-from turns import Injection, Message, Text, ToolResult, Turn
+from turns import Context, Injection, Message, Text, ToolCall, ToolResult, Turn
 
 from .support import collect_into, live_tasks
 
@@ -702,6 +702,28 @@ async def test_a_hook_building_a_history_of_strings_fails_naming_the_hook() -> N
     with pytest.raises(HookFailed, match=r"'recall' .*Context\.messages\[0\]") as raised:
         await pipe.run(Turn.start("hi"))
     assert (raised.value.hook, model.requests) == ("recall", [])
+
+
+async def test_a_hook_trimming_the_history_between_a_call_and_its_result_fails_naming_it() -> None:
+    """Bug caught: a pre hook whose history view kept a tool result but dropped the call it
+    answers was sent as a request every provider refuses, failing as a provider error."""
+    history = (
+        Message.user("where is order 42?"),
+        Message.assistant([ToolCall("c1", "lookup", {"order": "42"})]),
+        Message.tool(ToolResult("c1", "shipped")),
+        Message.assistant("It shipped."),
+    )
+
+    def last_two(turn):
+        view = attrs.evolve(turn.context, messages=turn.context.messages[-2:])
+        return cont(attrs.evolve(turn, context=view))
+
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[hook(last_two, name="last_two")])
+
+    with pytest.raises(HookReturnError, match=r"hook 'last_two' \(pre.*result for call 'c1'"):
+        await pipe.run(Turn.start("and 43?", context=Context(messages=history)))
+    assert model.requests == []
 
 
 async def test_a_fail_closed_stream_reports_an_enforced_hook_failed_event() -> None:
