@@ -53,7 +53,7 @@ def build_request(runner: Runner, turn: Turn, extra: tuple[Message, ...] = ()) -
     if choice is not None:
         _check_choice(choice, [spec.name for spec in tools], runner.shaped_by)
     messages = render(turn) + extra
-    check_context(runner, messages, tools)
+    check_context(runner, messages, tools, turn=turn)
     return ModelRequest(messages, tools, options)
 
 
@@ -62,29 +62,61 @@ def check_context(
     messages: tuple[Message, ...],
     tools: tuple[ToolSpec, ...],
     step: tuple[Message, tuple[ToolResult, ...]] | None = None,
+    *,
+    turn: Turn | None = None,
 ) -> None:
     """Raise `ContextOverflow` when a request would not fit the budget's context.
 
     `step` is the model's message of a tool step and the results the step added: the
     error blames the results when the request would fit without them, since compacting the
     history (which runs before the turn) cannot make room for them; else the model's own
-    message, its text and call arguments, outgrew the budget.
+    message, its text and call arguments, outgrew the budget. `turn` is the turn a first
+    request renders: when its system prompt, its own message and the tool specs outgrow the
+    budget alone, the error says so, since no compaction or injection can make room.
     """
     budget = runner.plan.budget
     if budget is None:
         return
     count = runner.plan.count
-    tokens = message_tokens(messages, count) + _spec_tokens(tools, count)
+    spec_tokens = _spec_tokens(tools, count)
+    tokens = message_tokens(messages, count) + spec_tokens
     if tokens > budget.context_tokens:
         fix = "compact the history (compact=) or inject less"
         if step is not None:
             fix = _step_fix(step, tokens, budget.context_tokens, count)
+        elif turn is not None:
+            fix = _fixed_fix(turn, spec_tokens, budget.context_tokens, count) or fix
         raise ContextOverflow(
             f"the rendered request holds {tokens} tokens, over the budget's context_tokens"
             f" of {budget.context_tokens}: {fix}",
             tokens=tokens,
             limit=budget.context_tokens,
         )
+
+
+def _fixed_fix(turn: Turn, spec_tokens: int, limit: int, count: Callable[[str], int]) -> str:
+    # What no history view or smaller injection can shrink: the system prompt, the turn's
+    # own message and the tool specs. Empty when they fit and the rest is to blame.
+    system = turn.context.system
+    sizes = [
+        (
+            "the system prompt",
+            message_tokens((Message.system(system),), count) if system is not None else 0,
+        ),
+        ("the turn's own message", message_tokens((turn.user_message,), count)),
+        ("the tool specs", spec_tokens),
+    ]
+    if sum(size for _, size in sizes) <= limit:
+        return ""
+    parts = [f"{what} ({size})" for what, size in sizes if size]
+    held = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+    largest = max(sizes, key=lambda item: item[1])[0]
+    return (
+        f"{held} alone {'hold' if len(parts) > 1 else 'holds'}"
+        f" {sum(size for _, size in sizes)} of them, over it even without"
+        " any history or injection, so compacting the history or injecting less cannot make"
+        f" room — raise context_tokens, or shorten {largest}"
+    )
 
 
 def _step_fix(

@@ -301,6 +301,33 @@ async def test_context_check_counts_with_a_custom_tokenizer():
     assert info.value.tokens == 14
 
 
+async def test_a_system_prompt_over_the_budget_alone_is_named_not_blamed_on_the_history():
+    """Bug caught: a system prompt larger than context_tokens on its own was told to compact
+    the history or inject less, though the turn had neither and nothing could make room."""
+    # System "y" * 400 (100 + 4); user message "hi" (1 + 4): 109, over 50 with no history.
+    pipe = build(budget=Budget(50, 5), system="y" * 400, compact=lambda h, target, count: h)
+    with pytest.raises(ContextOverflow) as info:
+        await pipe.run(Turn.start("hi"))
+    message = str(info.value)
+    assert "the system prompt (104) and the turn's own message (5) alone hold 109" in message
+    assert message.endswith("raise context_tokens, or shorten the system prompt")
+
+
+async def test_a_message_over_the_budget_alone_is_named():
+    """Bug caught: a user message larger than context_tokens on its own was told to compact
+    the history or inject less, which cannot make room for it."""
+    pipe = build(budget=Budget(50, 5))
+    with pytest.raises(ContextOverflow, match=r"shorten the turn's own message$") as info:
+        await pipe.run(Turn.start("x" * 400))
+    assert "the turn's own message (104) alone holds 104 of them" in str(info.value)
+
+
+async def test_a_history_over_the_budget_is_still_told_to_compact():
+    pipe = build(budget=Budget(20, 5))
+    with pytest.raises(ContextOverflow, match=r"compact the history \(compact=\) or inject less$"):
+        await pipe.run(long_history_turn())
+
+
 async def test_a_context_overflow_after_a_tool_step_names_the_tool_results() -> None:
     """Bug caught: a tool step whose results outgrew context_tokens was told to compact the
     history or inject less, which cannot make room for them, and named no tool result."""
