@@ -85,7 +85,11 @@ def check_context(
         if step is not None:
             fix = _step_fix(step, tokens, budget.context_tokens, count)
         elif turn is not None:
-            fix = _fixed_fix(turn, spec_tokens, budget.context_tokens, count) or fix
+            fix = (
+                _fixed_fix(turn, spec_tokens, budget.context_tokens, count)
+                or _compact_fix(runner, turn, count)
+                or fix
+            )
         raise ContextOverflow(
             f"the rendered request holds {tokens} tokens, over the budget's context_tokens"
             f" of {budget.context_tokens}: {fix}",
@@ -116,6 +120,21 @@ def _fixed_fix(turn: Turn, spec_tokens: int, limit: int, count: Callable[[str], 
         f" {sum(size for _, size in sizes)} of them, over it even without"
         " any history or injection, so compacting the history or injecting less cannot make"
         f" room — raise context_tokens, or shorten {largest}"
+    )
+
+
+def _compact_fix(runner: Runner, turn: Turn, count: Callable[[str], int]) -> str:
+    # A compactor that left the history over its target is the one to fix, not a missing one.
+    budget, compact = runner.plan.budget, runner.plan.compact
+    if budget is None or compact is None:
+        return ""
+    history = message_tokens(turn.context.messages, count)
+    if history <= budget.history_target:
+        return ""
+    return (
+        f"the history sent holds {history} tokens, over the target of"
+        f" {budget.history_target} compact= {compact.name!r} was given — have it drop or"
+        " summarize more"
     )
 
 

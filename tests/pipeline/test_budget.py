@@ -328,6 +328,23 @@ async def test_a_history_over_the_budget_is_still_told_to_compact():
         await pipe.run(long_history_turn())
 
 
+async def test_a_compactor_leaving_the_history_over_its_target_is_named():
+    """Bug caught: a compact= that left the history over its target was told to compact the
+    history (compact=), naming neither the compactor nor how far over its target it was."""
+
+    def keep_all(history, target, tokenizer):
+        return history
+
+    pipe = build(budget=Budget(20, 5), compact=keep_all)
+    with pytest.raises(ContextOverflow) as info:
+        await pipe.run(long_history_turn())
+    assert str(info.value).endswith(
+        "the history sent holds 29 tokens, over the target of 15 compact="
+        " 'test_a_compactor_leaving_the_history_over_its_target_is_named.keep_all' was given"
+        " — have it drop or summarize more"
+    )
+
+
 async def test_a_context_overflow_after_a_tool_step_names_the_tool_results() -> None:
     """Bug caught: a tool step whose results outgrew context_tokens was told to compact the
     history or inject less, which cannot make room for them, and named no tool result."""
