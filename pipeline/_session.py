@@ -502,30 +502,63 @@ class Session:
             runner.finished(step, elapsed, "cont")
             self._scope = result.value
 
-    async def _end(self, reason: Reason) -> None:
+    async def _end(self, reason: Reason, drain_timeout: float) -> None:
         """Run every end hook, shielded from cancellation; failures become events.
 
         Shielded so that a cancelled session still cleans up, also from asyncio's own
         cancellation arriving while they run (raised once they have all run); a hook's own
-        ``timeout=`` bounds it (give one to any end hook that does I/O).
+        ``timeout=`` bounds it (give one to any end hook that does I/O). A KeyboardInterrupt
+        or SystemExit out of one is raised once the later ones have run, within
+        `drain_timeout` all told (`_end_hooks`).
         """
-        await to_the_end(lambda: self._end_hooks(reason))
+        await to_the_end(lambda: self._end_hooks(reason, drain_timeout))
 
-    async def _end_hooks(self, reason: Reason) -> None:
+    async def _end_hooks(self, reason: Reason, drain_timeout: float) -> None:
         runner = _runner(self._plan, self._events.append, "")
+        interrupt: BaseException | None = None
+        interrupted = ""  # the end hook that raised it
+        deadline = math.inf
         for step in self._plan.session_end:
-            called = await runner.timed(step, self.info, reason, failed=self._end_failed)
-            if called is None:
-                continue
-            result, elapsed = called
-            if inspect.iscoroutine(result):
-                # Its value is ignored, but a coroutine is work that never ran (an await
-                # forgotten): reported, and closed rather than left to warn.
-                expected = "once its work is done (its value is ignored)"
-                error = runner.wrong_return(step, result, expected, group=False)
-                self._end_failed(step, error, elapsed, None)
-                continue
-            runner.finished(step, elapsed, "ok")
+            with anyio.CancelScope(deadline=deadline) as bound:
+                try:
+                    await self._end_hook(runner, step, reason)
+                except (KeyboardInterrupt, SystemExit) as exc:
+                    # The later end hooks still run ("always"), told the same reason: the
+                    # session ended as it did, the interrupt came as it was cleaned up. They
+                    # get the drain timeout all told, so that the interrupt is not held back
+                    # by one that never returns.
+                    if interrupt is None:
+                        interrupt, interrupted = exc, step.label
+                        deadline = anyio.current_time() + drain_timeout
+                    else:
+                        interrupt.add_note(
+                            f"end hook {step.label} also raised {type(exc).__name__} as the"
+                            " session ended"
+                        )
+            if bound.cancelled_caught:
+                assert interrupt is not None
+                cut = (
+                    f"cut short: end hook {interrupted} raised {type(interrupt).__name__}, and"
+                    " the end hooks after it did not finish within the session's drain timeout"
+                    f" of {drain_timeout} s"
+                )
+                self._events.append(ev.HookFailed("", step.name, step.stage, cut, False))
+        if interrupt is not None:
+            raise interrupt
+
+    async def _end_hook(self, runner: Runner, step: Step, reason: Reason) -> None:
+        called = await runner.timed(step, self.info, reason, failed=self._end_failed)
+        if called is None:
+            return
+        result, elapsed = called
+        if inspect.iscoroutine(result):
+            # Its value is ignored, but a coroutine is work that never ran (an await
+            # forgotten): reported, and closed rather than left to warn.
+            expected = "once its work is done (its value is ignored)"
+            error = runner.wrong_return(step, result, expected, group=False)
+            self._end_failed(step, error, elapsed, None)
+            return
+        runner.finished(step, elapsed, "ok")
 
     def _end_failed(
         self, step: Step, exc: Exception, _elapsed: float, _records: list[HookRecord] | None
@@ -719,4 +752,4 @@ async def _session(
     finally:
         if session is not None:
             session._closed = True
-            await session._end(reason)
+            await session._end(reason, drain_timeout)

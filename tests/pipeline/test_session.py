@@ -2068,3 +2068,107 @@ async def test_an_interrupt_raised_while_handling_an_error_keeps_that_error_as_i
             await run()
         assert type(info.value.__context__) is KeyError
         assert not info.value.__suppress_context__
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+async def test_an_end_hooks_interrupt_runs_the_later_end_hooks_then_is_raised(interrupt):
+    """Bug caught: an end hook raising KeyboardInterrupt or SystemExit skipped the end hooks
+    after it, which are to run on every exit."""
+    trace: list[object] = []
+
+    def first(info: SessionInfo, reason: str):
+        trace.append(("first", reason))
+        raise interrupt
+
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        on_session_end=[hook(first, name="first"), end_recorder(trace, "second")],
+    )
+
+    with pytest.raises(interrupt):
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION) as session:
+            pass
+
+    assert trace == [
+        ("first", "closed"),
+        ("end", "closed", SessionInfo(CONVERSATION, Scope(), 0)),
+    ]
+    ends = [(type(e).__name__, e.hook) for e in session.events if type(e) is not ev.HookStarted]
+    assert ends == [("HookFailed", "first"), ("HookFinished", "second")]
+    [failed] = [event for event in session.events if isinstance(event, ev.HookFailed)]
+    assert failed.enforced
+    assert pairing_problems(session.events) == []
+
+
+async def test_end_hooks_after_an_end_hooks_interrupt_keep_the_bodys_reason_and_notes():
+    """Bug caught: after an end hook's interrupt, the later end hooks never ran, so neither
+    the reason they are told nor an interrupt of theirs (a note on the first) was kept."""
+    trace: list[object] = []
+
+    def leave(info: SessionInfo, reason: str):
+        raise SystemExit(4)
+
+    def interrupted(info: SessionInfo, reason: str):
+        trace.append(reason)
+        raise KeyboardInterrupt
+
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        on_session_end=[
+            hook(leave, name="leave"),
+            hook(interrupted, name="interrupted"),
+            end_recorder(trace),
+        ],
+    )
+
+    with pytest.raises(SystemExit) as info:
+        async with pipe.session(log=MemoryLog(), conversation_id=CONVERSATION):
+            raise Boom("body failed")
+
+    assert info.value.code == 4
+    assert type(info.value.__context__) is Boom
+    assert info.value.__notes__ == [
+        "end hook 'interrupted' (session_end, position 2) also raised KeyboardInterrupt as the"
+        " session ended"
+    ]
+    assert trace == ["error", ("end", "error", SessionInfo(CONVERSATION, Scope(), 0))]
+
+
+async def test_an_end_hook_blocking_after_an_end_hooks_interrupt_gets_the_drain_timeout(
+    autojump_clock,
+):
+    """Bug caught: the end hooks after one raising KeyboardInterrupt did not run at all;
+    run, one that never returns must not hold the interrupt past the drain timeout."""
+    trace: list[object] = []
+
+    def first(info: SessionInfo, reason: str):
+        raise KeyboardInterrupt
+
+    async def stuck(info: SessionInfo, reason: str):
+        trace.append("stuck started")
+        await anyio.Event().wait()
+
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        on_session_end=[hook(first, name="first"), hook(stuck, name="stuck"), end_recorder(trace)],
+    )
+    started = anyio.current_time()
+
+    with pytest.raises(KeyboardInterrupt):
+        async with pipe.session(
+            log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=3
+        ) as session:
+            pass
+
+    assert anyio.current_time() - started == 3.0
+    assert trace == ["stuck started", ("end", "closed", SessionInfo(CONVERSATION, Scope(), 0))]
+    failed = [event for event in session.events if isinstance(event, ev.HookFailed)]
+    assert [(event.hook, event.enforced) for event in failed] == [
+        ("first", True),
+        ("stuck", False),
+    ]
+    assert failed[1].error == (
+        "cut short: end hook 'first' (session_end, position 1) raised KeyboardInterrupt, and"
+        " the end hooks after it did not finish within the session's drain timeout of 3 s"
+    )
+    assert pairing_problems(session.events) == []
