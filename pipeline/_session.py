@@ -456,15 +456,24 @@ class Session:
                 self._idle.set()
 
     async def _drain(self, timeout: float) -> None:
-        """Wait up to `timeout` for background hooks; cancel and report what is left."""
-        with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(timeout):
-                await self._idle.wait()
-        if self._running:
-            self._abandon(
-                f"did not finish within the session's drain timeout of {timeout} s and was"
-                " cancelled; nothing of it was committed"
-            )
+        """Wait up to `timeout` for background hooks; cancel and report what is left.
+
+        A cancellation arriving meanwhile, asyncio's own (``Task.cancel``, ``asyncio.timeout``)
+        as a cancel scope's, is raised once the wait ends (`to_the_end`): the hooks still get
+        the drain timeout on either loop.
+        """
+        try:
+            await to_the_end(lambda: self._idle_within(timeout))
+        finally:
+            if self._running:
+                self._abandon(
+                    f"did not finish within the session's drain timeout of {timeout} s and"
+                    " was cancelled; nothing of it was committed"
+                )
+
+    async def _idle_within(self, timeout: float) -> None:
+        with anyio.move_on_after(timeout):
+            await self._idle.wait()
 
     def _abandon(self, why: str) -> None:
         """Cancel the background hooks still running; each reports itself with `why`."""

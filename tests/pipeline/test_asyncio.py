@@ -576,6 +576,58 @@ def test_a_background_hook_past_the_drain_timeout_is_cancelled_and_reported() ->
     assert elapsed < 2
 
 
+@pytest.mark.parametrize("how", ["asyncio.timeout", "task.cancel"])
+def test_asyncios_own_cancellation_during_the_drain_lets_background_hooks_finish(how: str) -> None:
+    """Bug caught: asyncio's own cancellation (`task.cancel()`, an `asyncio.timeout`) arriving
+    while a session drained its background hooks cut them short at once, where a cancel
+    scope's (trio's) lets them finish within the drain timeout."""
+    trace: list[str] = []
+
+    async def summary(turn: Turn):
+        await asyncio.sleep(0.2)
+        trace.append("summary finished")
+        return cont(turn.inject("[summary]"))
+
+    async def forever(turn: Turn):
+        await asyncio.sleep(10)
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=hello(),
+        post=[
+            hook(summary, name="summary", background=True, durable=True),
+            hook(forever, name="forever", background=True),
+        ],
+        on_session_end=[lambda info, reason: trace.append(reason)],
+    )
+    log = MemoryLog()
+    sessions: list[Session] = []
+
+    async def converse() -> None:
+        async with pipe.session(log=log, conversation_id=CONVERSATION, drain_timeout=1) as session:
+            sessions.append(session)
+            await session.send("hi")
+
+    async def main() -> None:
+        if how == "asyncio.timeout":
+            async with asyncio.timeout(0.05):
+                await converse()
+        task = asyncio.create_task(converse())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await task
+
+    with pytest.raises(TimeoutError if how == "asyncio.timeout" else asyncio.CancelledError):
+        asyncio.run(main())
+
+    assert trace == ["summary finished", "cancelled"]
+    entries = asyncio.run(log.entries(CONVERSATION))
+    assert [entry.turn_ref.endswith(":summary") for entry in entries] == [False, True]
+    [failed] = [e for e in sessions[0].events if isinstance(e, ev.HookFailed)]
+    assert failed.hook == "forever"
+    assert "drain timeout of 1 s" in failed.error
+
+
 @pytest.mark.parametrize("how", ["closed", "error", "cancelled"])
 def test_on_session_end_runs_with_the_reason(how: str) -> None:
     """Catches: end hooks skipped, or told the wrong reason, when an asyncio session ends by
