@@ -64,6 +64,7 @@ class Runner:
         "sizes",
         "stamper",
         "start",
+        "threads",
         "tools",
         "turn_ref",
     )
@@ -98,6 +99,9 @@ class Runner:
         # Which hook last narrowed active_tools or set tool_choice, for RequestError messages.
         self.shaped_by: dict[str, str] = {}
         self.now: Callable[[], float] = anyio.current_time
+        # Where a session keeps the scopes of its background hooks' worker threads, which its
+        # drain timeout abandons (`in_thread`); None: a cancellation waits for the thread.
+        self.threads: set[anyio.CancelScope] | None = None
 
     # -- calling ------------------------------------------------------------------------------
 
@@ -116,7 +120,7 @@ class Runner:
             if hook.is_async:
                 return await hook.fn(*args)
             if threaded:
-                (result,) = await anyio.to_thread.run_sync(_boxed, hook.fn, *args)
+                (result,) = await self.in_thread(hook.fn, *args)
                 # A cancellation that came while the thread ran is left pending (the thread
                 # could not be interrupted): the turn stops here, not at a later checkpoint
                 # it may never reach.
@@ -136,6 +140,24 @@ class Runner:
         if scope.cancel_called or anyio.current_time() >= scope.deadline:
             return TIMED_OUT
         return result
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> tuple[Any]:
+        """`fn(*args)`, boxed, in a worker thread that a cancellation of the caller waits for.
+
+        With `threads` set, the thread's scope is kept there while it runs: cancelling that
+        scope (a session's drain timeout) abandons the thread, as a hook's own timeout does,
+        and the caller's cancellation, which comes with it, is raised.
+        """
+        if self.threads is None:
+            return await anyio.to_thread.run_sync(_boxed, fn, *args)
+        with anyio.CancelScope(shield=True) as scope:
+            self.threads.add(scope)
+            try:
+                return await anyio.to_thread.run_sync(_boxed, fn, *args, abandon_on_cancel=True)
+            finally:
+                self.threads.discard(scope)
+        await anyio.lowlevel.checkpoint()  # the caller's cancellation, which came with it
+        raise RuntimeError("a worker thread was abandoned while its caller was not cancelled")
 
     async def timed(
         self,

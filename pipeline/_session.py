@@ -91,6 +91,8 @@ class Session:
         self._task_group = task_group
         self._lock = anyio.Lock()
         self._running = 0  # background hooks still running
+        # The worker threads of sync background hooks, abandoned at the drain timeout.
+        self._threads: set[anyio.CancelScope] = set()
         # A background hook's KeyboardInterrupt or SystemExit, raised when the block is left.
         self._interrupt: BaseException | None = None
         self._cut_short = "cut short: the session was cancelled; nothing of it was committed"
@@ -393,6 +395,7 @@ class Session:
         emit = _since(self._events, started)
         try:
             runner = _runner(self._plan, emit, turn.turn_ref)
+            runner.threads = self._threads
             fresh = await run_background(runner, step, turn, [])
             returned = True
             messages = injection_messages(fresh)
@@ -470,6 +473,10 @@ class Session:
                     f"did not finish within the session's drain timeout of {timeout} s and"
                     " was cancelled; nothing of it was committed"
                 )
+                # A thread cannot be interrupted: the timeout abandons it, as a hook's own
+                # does (it runs on; what it returns is dropped), not waited for past it.
+                for scope in self._threads:
+                    scope.cancel()
 
     async def _idle_within(self, timeout: float) -> None:
         with anyio.move_on_after(timeout):

@@ -6,12 +6,14 @@ hooks may never reach. These run on both loops in real time: the thread sleeps 0
 the caller's deadline passes after 0.1 s.
 """
 
+import threading
 import time
 
 import anyio
 import pytest
 
 from pipeline import Pipeline, cont, hook, parallel, tool
+from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
 from turns import Text, ToolCall, Turn
@@ -94,3 +96,34 @@ async def test_a_cancellation_during_the_drain_ends_the_session_cancelled(backgr
 
     assert scope.cancelled_caught
     assert reasons == ["cancelled"]
+
+
+async def test_the_drain_timeout_abandons_a_sync_background_hooks_thread() -> None:
+    """Bug caught: a session waited for a sync background hook's worker thread past its drain
+    timeout (until the thread returned), though the drain timeout had reported the hook cut."""
+    trace: list[str] = []
+    release, ended = threading.Event(), threading.Event()
+
+    def summary(turn: Turn):
+        trace.append("thread released" if release.wait(5) else "thread gave up waiting")
+        ended.set()
+        return cont(turn.inject("late"))
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[hook(summary, name="summary", background=True, durable=True)],
+        on_session_end=[lambda info, reason: trace.append(reason)],
+    )
+    log = MemoryLog()
+
+    async with pipe.session(log=log, conversation_id="c", drain_timeout=0.05) as session:
+        result = await session.send("hi")
+    trace.append("session returned")
+    release.set()
+    await anyio.to_thread.run_sync(ended.wait, 10)
+
+    assert trace == ["closed", "session returned", "thread released"]
+    [failed] = [event for event in session.events if isinstance(event, ev.HookFailed)]
+    assert (failed.turn_ref, failed.hook) == (result.turn.turn_ref, "summary")
+    assert "drain timeout of 0.05 s" in failed.error
+    assert [entry.turn_ref for entry in await log.entries("c")] == [result.turn.turn_ref]
