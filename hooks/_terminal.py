@@ -17,8 +17,14 @@ acts on none, and right-to-left text needs them; a line break ends what an overr
 reorders. `one_line` also escapes tab and Unicode's line separators, for what must stay one
 line (an error, a table's cell). `pipeline.events.timeline` escapes as `one_line` does.
 `json_text` writes JSON for programs, which may hold a lone surrogate only as an escape.
+
+A standard output whose encoding cannot carry a character (``PYTHONIOENCODING=ascii``, a
+Latin-1 terminal) shows it escaped as JSON writes it (``\\u2026``) once `escape_unencodable`
+set it so, where writing it failed the command: an escape both a reader and a JSON parser read.
 """
 
+import codecs
+import io
 import json
 import re
 from typing import Any
@@ -53,6 +59,27 @@ def one_line(text: str) -> str:
     if _BREAKING.search(text) is None:
         return text
     return _BREAKING.sub(_escape, text)
+
+
+def _json_escape(error: UnicodeError) -> tuple[str, int]:
+    """A codec error handler: each character the encoding cannot carry as its JSON escape,
+    UTF-16 code units (``\\u00e9``, ``\\ud83d\\ude00``), which JSON reads back, where
+    Python's ``backslashreplace`` writes ``\\xe9``, which JSON does not."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    units = error.object[error.start : error.end].encode("utf-16-be", "surrogatepass")
+    escaped = "".join(
+        f"\\u{int.from_bytes(units[i : i + 2], 'big'):04x}" for i in range(0, len(units), 2)
+    )
+    return escaped, error.end
+
+
+def escape_unencodable(stream: object) -> None:
+    """Set `stream` (standard output) to write what its encoding cannot carry escaped as
+    JSON escapes it, rather than fail: text and JSON alike stay readable, and JSON valid."""
+    if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+        codecs.register_error("turnplug.json_escape", _json_escape)
+        stream.reconfigure(errors="turnplug.json_escape")
 
 
 def json_text(value: Any, *, indent: int | None = None) -> str:

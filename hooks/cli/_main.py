@@ -17,7 +17,7 @@ import trio
 from pipeline import ConfigError, Pipeline
 from pipeline.logs import MAX_ID_BYTES
 
-from .._terminal import printable
+from .._terminal import escape_unencodable, printable
 from ..config import _load as _config
 from ._failed import failed, single
 
@@ -323,6 +323,9 @@ def _conversation_options(command: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``turnplug`` console script; returns the exit code."""
+    # Before anything is printed, help included: a terminal that is not UTF-8 would fail
+    # on the first character it cannot carry (the demo's first ellipsis, a reply's accent).
+    escape_unencodable(sys.stdout)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -130,6 +130,15 @@ def test_demo_commits_only_the_accepted_attempts_tool_exchange(demo_output: str)
     assert sum("[tool call] find_return" in line for line in committed) == 1
 
 
+def test_demo_on_a_terminal_that_is_not_utf8_shows_what_it_cannot_carry_escaped() -> None:
+    """Bug caught: on an ASCII standard output (PYTHONIOENCODING=ascii) the demo stopped at
+    the timeline's first ellipsis with a UnicodeEncodeError and exit 1."""
+    done = turnplug("demo", env=environment(PYTHONIOENCODING="ascii"))
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "of \\u2026" in done.stdout  # a truncated injection in the timeline
+    assert "outcome: completed" in done.stdout
+
+
 def test_demo_with_a_model_whose_key_is_missing_stays_offline() -> None:
     done = subprocess.run(
         [TURNPLUG, "demo", "--model", "openai:gpt-4o-mini"],

@@ -315,6 +315,17 @@ def test_run_json_is_the_result(shop: Path) -> None:
     assert result["committed"] == 2  # the user message (with the durable part) and the reply
 
 
+def test_run_on_a_terminal_that_is_not_utf8_prints_json_that_reads_back(tmp_path: Path) -> None:
+    """Bug caught: on an ASCII standard output `run --json` failed with a UnicodeEncodeError
+    after its turn completed (exit 1), where it could write the characters as JSON escapes."""
+    config = write_config(
+        tmp_path, '[model]\nprovider = "scripted"\nreplies = ["Caf\u00e9 \u2014 \U0001f600"]\n'
+    )
+    done = turnplug("run", config, "hi", "--json", env=environment(PYTHONIOENCODING="ascii"))
+    assert (done.returncode, done.stderr) == (0, "")
+    assert json.loads(done.stdout)["reply"] == "Caf\u00e9 \u2014 \U0001f600"
+
+
 def test_run_json_shows_a_synthetic_tool_calls_parts() -> None:
     root = Path(__file__).resolve().parents[2]
     done = turnplug("run", root / "examples" / "assistant.toml", "hi", "--json")
