@@ -74,7 +74,10 @@ def create_app(log_path: str | Path, pipe: Pipeline | None = None) -> Starlette:
 
     async def chat(request: Request) -> Response:
         conversation = request.path_params["conversation_id"]
-        body = await request.json()
+        try:
+            body = await request.json()
+        except ValueError:  # not JSON, or not UTF-8: the client's mistake, not a crash
+            body = None
         message = body.get("message") if isinstance(body, dict) else None
         if not isinstance(message, str) or not message:
             return JSONResponse({"error": 'send {"message": "some text"}'}, status_code=400)

@@ -298,6 +298,28 @@ def test_fastapi_streams_each_turn_and_commits_it(tmp_path: Path) -> None:
     ]
 
 
+def test_fastapi_refuses_a_body_that_is_not_json_with_400(tmp_path: Path) -> None:
+    """Bug caught: a body that is not JSON (``curl -d hello``) or not UTF-8 failed the request
+    with a 500 and a traceback on the server, where a missing message gets a 400 saying what
+    to send."""
+    example = _load("09_fastapi")
+
+    async def main():
+        running, task, url = await _serve(example.create_app(tmp_path / "chat.db"))
+        try:
+            async with httpx.AsyncClient(base_url=url) as client:
+                return [await client.post("/chat/c1", content=body) for body in (b"hello", b"\xff")]
+        finally:
+            running.should_exit = True
+            await task
+
+    for refused in asyncio.run(main()):
+        assert (refused.status_code, refused.json()) == (
+            400,
+            {"error": 'send {"message": "some text"}'},
+        )
+
+
 def test_fastapi_client_that_disconnects_mid_stream_commits_nothing(tmp_path: Path) -> None:
     """Catches: a browser closing the connection mid-turn leaving a partial turn in the log,
     the turn running on after the disconnect, or the server failing later requests."""
