@@ -136,7 +136,8 @@ def port_of(running: uvicorn.Server) -> int:
 
 
 async def read_turn(client: httpx.AsyncClient, conversation: str, message: str) -> dict:  # type: ignore[type-arg]
-    """Send one message; the streamed text and the final ``done`` event."""
+    """Send one message; the streamed text of the accepted attempt and the final ``done``
+    event."""
     text = ""
     done: dict = {}  # type: ignore[type-arg]
     async with client.stream("POST", f"/chat/{conversation}", json={"message": message}) as sent:
@@ -148,6 +149,8 @@ async def read_turn(client: httpx.AsyncClient, conversation: str, message: str) 
                 data = json.loads(line.removeprefix("data: "))
                 if event == "delta":
                     text += data
+                elif event == "retract":  # a guardrail rejected what streamed so far
+                    text = ""
                 elif event == "done":
                     done = data
     return {"streamed": text, **done}

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import trio
 
-from pipeline import Pipeline, SessionInfo, hook
+from pipeline import Pipeline, SessionInfo, cont, hook, regenerate
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import ToolCall, Turn
 
@@ -296,6 +296,35 @@ def test_fastapi_streams_each_turn_and_commits_it(tmp_path: Path) -> None:
         {"role": "user", "text": "bye"},
         {"role": "assistant", "text": "You said: bye"},
     ]
+
+
+def test_fastapi_client_clears_the_text_of_a_rejected_attempt(tmp_path: Path) -> None:
+    """Bug caught: the example's client ignored ``retract``, so a turn whose first attempt a
+    post hook rejected read as both attempts' text run together."""
+    example = _load("09_fastapi")
+
+    def once(turn: Turn):  # type: ignore[no-untyped-def]
+        return regenerate("Again.") if turn.reply.attempt == 1 else cont(turn)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["Rejected words.", "Accepted words."]),
+        post=[hook(once, name="once")],
+    )
+
+    async def main():
+        running, task, url = await _serve(example.create_app(tmp_path / "chat.db", pipe))
+        try:
+            async with httpx.AsyncClient(base_url=url) as client:
+                return await example.read_turn(client, "c1", "hello")
+        finally:
+            running.should_exit = True
+            await task
+
+    assert asyncio.run(main()) == {
+        "streamed": "Accepted words.",
+        "outcome": "completed",
+        "reply": "Accepted words.",
+    }
 
 
 def test_fastapi_refuses_a_body_that_is_not_json_with_400(tmp_path: Path) -> None:
