@@ -233,6 +233,8 @@ def _model(spec: ModelSpec | None) -> str:
     if isinstance(spec, ScriptedSpec):
         if spec.replies is None:
             return "scripted (offline): a fixed greeting for every call"
+        if len(spec.replies) == 1:  # not "1 replies, one per model call"
+            return "scripted (offline): 1 reply, for the first model call only"
         return f"scripted (offline): {len(spec.replies)} replies, one per model call"
     if isinstance(spec, PythonModelSpec):
         return f"python: the model {spec.ref.text} builds"

@@ -125,6 +125,22 @@ def test_check_shows_the_model_and_the_bounds(tmp_path: Path) -> None:
     assert "sk-test" not in text
 
 
+@pytest.mark.parametrize(
+    ("replies", "shown"),
+    [
+        ('["ok"]', "scripted (offline): 1 reply, for the first model call only"),
+        ('["ok", "again"]', "scripted (offline): 2 replies, one per model call"),
+    ],
+)
+def test_check_counts_a_scripted_model_s_replies_in_words(
+    tmp_path: Path, replies: str, shown: str
+) -> None:
+    """Bug caught: a scripted model of one reply was shown as "1 replies, one per model
+    call"."""
+    config = write_config(tmp_path, f'[model]\nprovider = "scripted"\nreplies = {replies}\n')
+    assert f"  model    {shown}" in _check(config)
+
+
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_check_hides_the_credentials_in_a_base_url(tmp_path: Path, provider: str) -> None:
     """Catches: check printing a model's base_url with the user and password written into it
