@@ -914,6 +914,13 @@ class Connection:
         from mcp.shared.exceptions import MCPError
 
         name = self.spec.name
+        if (problem := _invalid(exc)) is not None:
+            # The SDK's text is one paragraph per member of each union it tried: kilobytes
+            # the model would read instead of what was wrong.
+            return ToolFailure(
+                f"MCP server {name!r} answered the call of {own!r} with a result that is no"
+                f" valid tools/call result: {problem}"
+            )
         if isinstance(exc, MCPError):
             if self._session_lost:
                 # A 404 for the session: the server forgot it (it restarted, say), and the
@@ -1238,6 +1245,52 @@ def _place(place: Any) -> str:
         name = name.encode("utf-8", "backslashreplace").decode("utf-8")
         steps.append(f".{name}" if place is not None else name)
     return "".join(reversed(steps))
+
+
+_PROBLEM_MAX = 300
+
+
+def _invalid(exc: BaseException) -> str | None:
+    """What the SDK found wrong in a server's answer (a pydantic `ValidationError`): the
+    first error's place, message and input, and how many more there are, in at most
+    `_PROBLEM_MAX` characters; None for any other exception."""
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return None
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return _clipped(str(exc), _PROBLEM_MAX)
+    first = errors[0]
+    loc = first["loc"]
+    # A union's errors are placed under each member's class name (`content.0.TextContent.text`):
+    # when every member refused the value's `type`, that type is what was wrong.
+    members = next((i for i, step in enumerate(loc) if str(step)[:1].isupper()), None)
+    if members is not None and isinstance(first.get("input"), dict):
+        tried = {str(e["loc"][members]) for e in errors if e["loc"][:members] == loc[:members]}
+        refused = {
+            str(e["loc"][members])
+            for e in errors
+            if e["loc"][:members] == loc[:members]
+            and e["loc"][members + 1 :] == ("type",)
+            and e["type"] == "literal_error"
+        }
+        if refused == tried:
+            kind = first["input"].get("type")
+            first = {**first, "msg": f"its type {kind!r} is none that MCP defines here"}
+            errors = [first, *(e for e in errors if e["loc"][:members] != loc[:members])]
+            loc = loc[:members]
+    place = ".".join(str(step) for step in loc)
+    text = f"{place}: {first['msg']}" if place else first["msg"]
+    text += f" (got {_clipped(repr(first.get('input')), 80)})"
+    if len(errors) > 1:
+        text += f", and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''}"
+    return _clipped(text, _PROBLEM_MAX)
+
+
+def _clipped(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _size(count: int) -> str:

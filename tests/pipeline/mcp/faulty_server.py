@@ -25,6 +25,9 @@
 - ``surrogate``: written by hand as ``babbling``, lists ``cut`` (its description cut too), whose calls it
   answers with a text cut inside a surrogate pair, escaped as JSON allows (``"\\ud83d"``, as JavaScript's
   ``JSON.stringify`` writes it; the SDK's server cannot);
+- ``malformed``: written by hand as ``babbling``, lists ``notlist``, whose calls it answers
+  with a ``content`` that is a string, not a list, and ``video``, whose calls it answers
+  with a content block of a type MCP does not define;
 - ``mute``: the SDK's low-level server, listing ``mute``, whose calls it answers with an
   error result with no content, and ``refuse``, whose calls it refuses with a JSON-RPC error
   -32602 whose message is empty;
@@ -274,6 +277,23 @@ def surrogate() -> None:
         print(answer, flush=True)
 
 
+MALFORMED = {
+    "notlist": {"content": "hello", "isError": False},
+    "video": {"content": [{"type": "video", "url": "https://example.com/v.mp4"}]},
+}
+
+
+def malformed() -> None:
+    listed = [{"name": name, "inputSchema": {"type": "object"}} for name in MALFORMED]
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message.get("method") != "tools/call":
+            babbling_answer(message, listed)
+            continue
+        result = MALFORMED[message["params"]["name"]]
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+
+
 def sized(state: Path) -> None:
     schema = {"type": "object", "properties": {"size": {"type": "integer"}}}
     listed = [{"name": "sized", "inputSchema": schema}]
@@ -342,6 +362,8 @@ if __name__ == "__main__":
         notifying()
     elif mode == "surrogate":
         surrogate()
+    elif mode == "malformed":
+        malformed()
     elif mode == "mute":
         anyio.run(serve_stdio, mute_server())
     elif mode == "sized":

@@ -1061,6 +1061,32 @@ async def test_a_lone_surrogate_a_stdio_server_escapes_is_read_as_a_replacement_
     assert server_processes() == []
 
 
+async def test_a_result_the_sdk_finds_invalid_is_told_in_one_short_line():
+    """Bug caught: a result the SDK refused (``content`` not a list, a block of a type MCP
+    does not define) reached the model, the events and the audit as the SDK's whole pydantic
+    dump, 2.4-2.7 KB for one unknown block type, naming neither the tool nor the problem."""
+    model = ScriptedModel(
+        [[ToolCall("c1", "faulty_notlist", {}), ToolCall("c2", "faulty_video", {})], "done"]
+    )
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("malformed", timeout=10)])
+    result = await pipe.run(Turn.start("go"))
+
+    notlist, video = (m.parts[0] for m in result.reply.messages[1:3])
+    assert (notlist.error_class, notlist.content) == (
+        "tool_error",
+        "tool 'faulty_notlist' failed: MCP server 'faulty' answered the call of 'notlist' with a"
+        " result that is no valid tools/call result: content: Input should be a valid list"
+        " (got 'hello')",
+    )
+    assert (video.error_class, video.content) == (
+        "tool_error",
+        "tool 'faulty_video' failed: MCP server 'faulty' answered the call of 'video' with a"
+        " result that is no valid tools/call result: content.0: its type 'video' is none that"
+        " MCP defines here (got {'type': 'video', 'url': 'https://example.com/v.mp4'})",
+    )
+    assert server_processes() == []
+
+
 async def test_a_server_whose_message_was_too_large_sees_its_stdin_close_and_exits(tmp_path):
     """Bug caught: once a message passed max_message_bytes, the server's stdout was no longer
     read, so a server still writing it blocked on the full pipe, never saw its stdin close
