@@ -706,6 +706,11 @@ class Connection:
                     with suppress(ValueError):
                         message = jsonrpc_message_adapter.validate_json(repaired, by_name=False)
                         return SessionMessage(message)
+                resultless = _resultless(line)
+                if resultless is not None:
+                    # Handed over as a parse error, it would leave its request unanswered
+                    # until the timeout: it answers that request with the error instead.
+                    return SessionMessage(resultless)
                 return exc  # what the SDK hands the session: its message_handler keeps it
 
         async def writer() -> None:
@@ -929,6 +934,11 @@ class Connection:
                 return ToolFailure(
                     f"MCP server {name!r} no longer knows this connection's session (HTTP"
                     " 404: was it restarted?); it is connected again on the next turn"
+                )
+            if exc.error.data == _RESULTLESS:
+                return ToolFailure(
+                    f"MCP server {name!r} answered the call of {own!r} with {exc.error.message},"
+                    " where a tools/call result is an object"
                 )
             if self._oversized is not None:
                 self.fail(f"it sent a message over max_message_bytes during a call of {own!r}")
@@ -1189,6 +1199,36 @@ def _surrogates_replaced(line: bytes) -> bytes | None:
     # The reading joined every pair: a surrogate left in the text is alone.
     text = _SURROGATE.sub("\ufffd", json.dumps(value, ensure_ascii=False))
     return text.encode("utf-8")
+
+
+_RESULTLESS = "turnplug: a response with no result object"
+"""The data of the error `_resultless` makes, which tells it from a server's own."""
+
+
+def _resultless(line: bytes) -> Any:
+    """The JSON-RPC error that answers in its place a stdio server's response (`line`) whose
+    ``result`` is missing or no object (``"result": null``), which the SDK cannot parse nor
+    so much as match to its request; None when `line` is no such response."""
+    from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError
+
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or "method" in value or "error" in value:
+        return None
+    ident = value.get("id")
+    if isinstance(ident, bool) or not isinstance(ident, int | str):
+        return None
+    if "result" not in value:
+        what = "a response holding no result"
+    elif isinstance(value["result"], dict):
+        return None
+    else:
+        shown = _clipped(json.dumps(value["result"], ensure_ascii=False), 60)
+        what = f"a response whose result is {shown}"
+    error = ErrorData(code=INTERNAL_ERROR, message=what, data=_RESULTLESS)
+    return JSONRPCError(jsonrpc="2.0", id=ident, error=error)
 
 
 def _message_limit(spec: MCPToolset) -> int:

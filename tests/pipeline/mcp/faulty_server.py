@@ -27,7 +27,8 @@
   ``JSON.stringify`` writes it; the SDK's server cannot);
 - ``malformed``: written by hand as ``babbling``, lists ``notlist``, whose calls it answers
   with a ``content`` that is a string, not a list, and ``video``, whose calls it answers
-  with a content block of a type MCP does not define;
+  with a content block of a type MCP does not define, ``null``, whose calls it answers with
+  ``"result": null``, and ``none``, whose calls it answers with a response holding no result;
 - ``mute``: the SDK's low-level server, listing ``mute``, whose calls it answers with an
   error result with no content, and ``refuse``, whose calls it refuses with a JSON-RPC error
   -32602 whose message is empty;
@@ -280,6 +281,8 @@ def surrogate() -> None:
 MALFORMED = {
     "notlist": {"content": "hello", "isError": False},
     "video": {"content": [{"type": "video", "url": "https://example.com/v.mp4"}]},
+    "null": None,
+    "none": "(no result)",
 }
 
 
@@ -290,8 +293,14 @@ def malformed() -> None:
         if message.get("method") != "tools/call":
             babbling_answer(message, listed)
             continue
-        result = MALFORMED[message["params"]["name"]]
-        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+        answer = {
+            "jsonrpc": "2.0",
+            "id": message["id"],
+            "result": MALFORMED[message["params"]["name"]],
+        }
+        if answer["result"] == "(no result)":
+            del answer["result"]
+        print(json.dumps(answer), flush=True)
 
 
 def sized(state: Path) -> None:

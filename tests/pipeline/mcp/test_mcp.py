@@ -1087,6 +1087,29 @@ async def test_a_result_the_sdk_finds_invalid_is_told_in_one_short_line():
     assert server_processes() == []
 
 
+async def test_a_response_with_a_null_result_or_none_fails_its_call_at_once():
+    """Bug caught: a stdio server answering a call with ``"result": null`` (or no result at
+    all) left the call waiting out its whole timeout, then reported as no answer."""
+    model = ScriptedModel(
+        [[ToolCall("c1", "faulty_null", {}), ToolCall("c2", "faulty_none", {})], "done"]
+    )
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("malformed", timeout=60)])
+    result = await pipe.run(Turn.start("go"))
+
+    null, none = (m.parts[0] for m in result.reply.messages[1:3])
+    assert (null.error_class, null.content) == (
+        "tool_error",
+        "tool 'faulty_null' failed: MCP server 'faulty' answered the call of 'null' with a"
+        " response whose result is null, where a tools/call result is an object",
+    )
+    assert (none.error_class, none.content) == (
+        "tool_error",
+        "tool 'faulty_none' failed: MCP server 'faulty' answered the call of 'none' with a"
+        " response holding no result, where a tools/call result is an object",
+    )
+    assert server_processes() == []
+
+
 async def test_a_server_whose_message_was_too_large_sees_its_stdin_close_and_exits(tmp_path):
     """Bug caught: once a message passed max_message_bytes, the server's stdout was no longer
     read, so a server still writing it blocked on the full pipe, never saw its stdin close
