@@ -750,6 +750,15 @@ class Connection:
             why = f"could not be started: {exc_text(cause)}"
         elif (refused := self._http_refusal(cause)) is not None:
             why = f"failed during {stage}: {refused}"
+        elif (problem := _invalid(cause)) is not None:
+            # The SDK refuses the whole answer: no tool of a list it refused can be offered.
+            why = f"answered {stage} with what the MCP SDK refuses: {problem}"
+            if problem.split(":", 1)[0].endswith(".inputSchema"):
+                why += (
+                    ' — MCP requires an inputSchema of every tool ({"type": "object"} for'
+                    " one that takes no arguments): the server needs fixing (exclude cannot leave"
+                    " the tool out: the SDK refuses the whole list)"
+                )
         else:
             why = f"failed during {stage}: {exc_text(cause)}"
         errlog.flush()

@@ -13,6 +13,8 @@
   ``initialize`` and lists ``babble``, whose calls it answers with a log line on stdout;
 - ``duplicate``: written by hand as ``babbling``, lists two different tools both named
   ``echo`` and ``babble`` twice alike (the SDK's server cannot);
+- ``schemaless``: written by hand as ``babbling``, lists ``babble`` and ``bare``, which has
+  no ``inputSchema`` (MCP requires one; the SDK's server cannot leave it out);
 - ``paging``: written by hand as ``babbling``, answers every tools/list with the same
   ``nextCursor``, so that its pages never end;
 - ``changing``: offers ``alpha`` on its first start and ``beta`` on later ones (the starts
@@ -346,6 +348,13 @@ if __name__ == "__main__":
         chatty()
     elif mode == "babbling":
         babbling()
+    elif mode == "schemaless":
+        babbling(
+            [
+                {"name": "babble", "inputSchema": {"type": "object"}},
+                {"name": "bare", "description": "Takes nothing, says so by listing no schema."},
+            ]
+        )
     elif mode == "paging":
         babbling(cursor="page-2")
     elif mode == "duplicate":

@@ -21,7 +21,7 @@ from pipeline.testing import ScriptedModel
 from turns import ToolCall, Turn
 
 from ..support import warnings_of_an_interrupted_run
-from .servers import HttpServer, faulty_toolset, free_port, server_processes, time_toolset
+from .servers import FAULTY, HttpServer, faulty_toolset, free_port, server_processes, time_toolset
 
 # The SDK's HTTP transport cancels its GET stream without closing httpx2's async iterators;
 # trio warns when it collects them. The SDK's to fix, not ours.
@@ -354,6 +354,27 @@ async def test_a_tool_listed_twice_alike_or_left_out_does_not_fail_the_open():
 
     assert result.outcome == "completed"
     assert [spec.name for spec in model.requests[0].tools] == ["faulty_babble"]
+    assert server_processes() == []
+
+
+async def test_a_tool_listed_with_no_input_schema_fails_the_open_naming_it_and_the_rule():
+    """Bug caught: a server listing one tool with no inputSchema failed the open with the
+    SDK's pydantic dump, which neither said what MCP requires nor that `exclude` cannot
+    help (the SDK refuses the whole list)."""
+    pipe = Pipeline(
+        model=ScriptedModel([]), toolsets=[faulty_toolset("schemaless", exclude=["bare"])]
+    )
+    error = await opening_error(pipe)
+
+    assert error.toolset == "faulty"
+    assert str(error) == (
+        f"MCP server 'faulty' (`{sys.executable} {FAULTY} schemaless`) answered tools/list"
+        " with what the MCP SDK refuses: tools.1.inputSchema: Field required (got {'name':"
+        " 'bare', 'description': 'Takes nothing, says so by listing no schema.'}) — MCP"
+        ' requires an inputSchema of every tool ({"type": "object"} for one that takes no'
+        " arguments): the server needs fixing (exclude cannot leave the tool out: the SDK"
+        " refuses the whole list)"
+    )
     assert server_processes() == []
 
 
