@@ -613,6 +613,7 @@ class Connection:
 
         client = await stack.enter_async_context(
             httpx2.AsyncClient(
+                transport=_http_repairing(),
                 headers=dict(spec.headers or {}),
                 timeout=httpx2.Timeout(spec.timeout, read=max(spec.timeout, 300.0)),
                 event_hooks={"response": [answered]},
@@ -1238,6 +1239,94 @@ def _resultless(line: bytes) -> Any:
         what = f"a response whose result is {shown}"
     error = ErrorData(code=INTERNAL_ERROR, message=what, data=_RESULTLESS)
     return JSONRPCError(jsonrpc="2.0", id=ident, error=error)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""The escape of a surrogate in JSON: alone, the SDK's parser refuses the whole message."""
+
+
+def _http_repairing() -> Any:
+    """The httpx transport of an HTTP server's connection: the SDK's own, under a layer that
+    reads a lone surrogate a server's JSON escapes as U+FFFD, as the stdio reader does."""
+    import httpx2
+
+    class Repairing(httpx2.AsyncBaseTransport):
+        # A JSON body is read whole and mended; an event stream line by line, as it comes
+        # (the SDK's servers write each event's JSON on one `data:` line). A compressed body
+        # is left as it is.
+        def __init__(self) -> None:
+            self.inner = httpx2.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            response = await self.inner.handle_async_request(request)
+            kind = response.headers.get("content-type", "").lower()
+            if response.headers.get("content-encoding", "identity") != "identity":
+                return response
+            if kind.startswith("application/json"):
+                body = _mended(await response.aread())
+                headers = [(k, v) for k, v in response.headers.items() if k != "content-length"]
+                headers.append(("content-length", str(len(body))))
+                return httpx2.Response(
+                    response.status_code,
+                    headers=headers,
+                    content=body,
+                    extensions=response.extensions,
+                )
+            if kind.startswith("text/event-stream"):
+                stream = _mended_lines(response.stream)
+                return httpx2.Response(
+                    response.status_code,
+                    headers=response.headers,
+                    stream=stream,
+                    extensions=response.extensions,
+                )
+            return response
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    return Repairing()
+
+
+def _mended(text: bytes) -> bytes:
+    """`text` (a JSON message) with each lone surrogate it escapes as U+FFFD; as it was when
+    it escapes none, or is no JSON."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return text
+    return _surrogates_replaced(text) or text
+
+
+def _mended_lines(inner: Any) -> Any:
+    """The event stream `inner` with the lone surrogates of its ``data:`` lines mended."""
+    import httpx2
+
+    class Mended(httpx2.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            # A line's chunks are joined once, when its end arrives: joining each chunk to
+            # what came before would cost a long line (a large result) quadratic time.
+            pending: list[bytes] = []
+            async for chunk in inner:
+                end = chunk.rfind(b"\n") + 1
+                if not end:
+                    pending.append(chunk)
+                    continue
+                lines = b"".join([*pending, chunk[:end]])
+                pending = [chunk[end:]] if end < len(chunk) else []
+                yield b"".join(_mended_line(ln) for ln in lines.splitlines(keepends=True))
+            if pending:
+                yield _mended_line(b"".join(pending))
+
+        async def aclose(self) -> None:
+            await inner.aclose()
+
+    return Mended()
+
+
+def _mended_line(line: bytes) -> bytes:
+    if not line.startswith(b"data:") or not _SURROGATE_ESCAPE.search(line):
+        return line
+    body = line[5:].rstrip(b"\r\n")
+    return b"data: " + _mended(body.strip()) + line[5 + len(body) :]
 
 
 def _message_limit(spec: MCPToolset) -> int:

@@ -743,7 +743,8 @@ class RawMCP:
     """A hand-written streamable HTTP MCP server with one tool, `echo`, on 127.0.0.1, whose
     answers a test bends: `hang` names the methods it never answers (and ``"DELETE"`` for
     the session's end), `call_error` the JSON-RPC error a tools/call gets (with the code
-    `call_code`), `call_body` the body a tools/call gets instead (sent as JSON), `status` the
+    `call_code`), `call_body` the body a tools/call gets instead (sent as JSON), `call_result`
+    the result a tools/call gets instead (as an event stream when `sse`), `status` the
     HTTP status that answers a method instead, and a GET (the optional event stream) is answered 404, as by a server that
     routes POST alone."""
 
@@ -755,6 +756,8 @@ class RawMCP:
         call_code: int = -32602,
         status: dict[str, int] | None = None,
         call_body: bytes | None = None,
+        call_result: object = None,
+        sse: bool = False,
     ) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -797,6 +800,18 @@ class RawMCP:
                     self.send_header("content-length", str(len(call_body)))
                     self.end_headers()
                     self.wfile.write(call_body)
+                    return None
+                if method == "tools/call" and call_result is not None:
+                    answer = {"jsonrpc": "2.0", "id": message["id"], "result": call_result}
+                    if not sse:
+                        return self.answer(200, answer)
+                    data = f"event: message\ndata: {json.dumps(answer)}\n\n".encode()
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("mcp-session-id", "s-1")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
                     return None
                 result: object
                 if method == "initialize":
@@ -1129,6 +1144,27 @@ async def test_a_response_with_a_null_result_or_none_fails_its_call_at_once():
         " response holding no result, where a tools/call result is an object",
     )
     assert server_processes() == []
+
+
+@pytest.mark.parametrize("sse", [False, True], ids=["json", "event-stream"])
+@sdk_unclosed_streams
+async def test_a_lone_surrogate_an_http_server_escapes_is_read_as_a_replacement_character(
+    sse: bool,
+):
+    """Bug caught: an HTTP server's answer holding a string cut inside a surrogate pair
+    (``"\\ud83d"``) failed its call with the SDK's parse error, where a stdio server's is
+    read with U+FFFD in its place."""
+    cut = {"content": [{"type": "text", "text": "smile \ud83d, pair \ud83d\ude00"}]}
+    with RawMCP(call_result=cut, sse=sse) as server:
+        pipe = Pipeline(
+            model=ScriptedModel([[ToolCall("c1", "raw_echo", {})], "ok"]),
+            toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5, timeout=10)],
+        )
+        async with pipe:
+            result = await pipe.run(Turn.start("hi"))
+
+    answer = result.reply.messages[1].parts[0]
+    assert (answer.is_error, answer.content) == (False, "smile \ufffd, pair \U0001f600")
 
 
 async def test_a_server_whose_message_was_too_large_sees_its_stdin_close_and_exits(tmp_path):
