@@ -1,10 +1,11 @@
 """The ASGI application of `turnplug serve`: a pipeline behind the OpenAI Chat Completions API.
 
 Routes: ``POST /v1/chat/completions`` (one turn per request, streamed or not), ``GET
-/v1/models``, ``GET /healthz``, the live page at ``/`` and its feed of turn events at
-``GET /v1/turnplug/events``. Starlette (on AnyIO, so on trio and on asyncio) does the
-routing; the completion endpoint is a plain ASGI callable so that it decides its status
-only once it knows the turn's fate. What each outcome maps to is in ``docs/serve.md``.
+/v1/models`` and ``GET /v1/models/{id}``, ``GET /healthz``, the live page at ``/`` and its
+feed of turn events at ``GET /v1/turnplug/events``. Starlette (on AnyIO, so on trio and on
+asyncio) does the routing; the completion endpoint is a plain ASGI callable so that it
+decides its status only once it knows the turn's fate. What each outcome maps to is in
+``docs/serve.md``.
 """
 
 import base64
@@ -80,6 +81,8 @@ _Ended = ev.HookFinished | ev.HookFailed | ev.HookSkipped
 MIB = 1 << 20
 _logger = logging.getLogger("turnplug.serve")
 CONVERSATION_HEADER = "x-conversation-id"
+MODEL_PREFIX = "/v1/models/"
+"""Where one model is described (``GET /v1/models/{id}``)."""
 _REDACTED = "[REDACTED]"
 POLICY_HOOK = "client_tool_policy"
 """The post hook that judges tool calls returned to the client (see `Gateway._police`)."""
@@ -480,6 +483,7 @@ class Gateway:
             Route("/", self.page, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.model, methods=["GET"]),
             Route("/v1/turnplug/events", self.events, methods=["GET"]),
             Route("/v1/chat/completions", _Endpoint(self), methods=["POST"]),
         ]
@@ -606,7 +610,7 @@ class Gateway:
             )
             return
         routes = {"/", "/healthz", "/v1/models", "/v1/turnplug/events", "/v1/chat/completions"}
-        if path not in routes:
+        if path not in routes and not path.startswith(MODEL_PREFIX):
             await self.reply_error(
                 send, WireError(404, f"no route {scope['method']} {path}", code="not_found")
             )
@@ -658,19 +662,32 @@ class Gateway:
             )
         return JSONResponse({"status": "ok", "in_flight": self.in_flight, "closing": self.closing})
 
+    def _model_object(self) -> dict[str, Any]:
+        return {"id": self.settings.model, "object": "model", "created": 0, "owned_by": "turnplug"}
+
     async def models(self, request: Request) -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": self.settings.model,
-                        "object": "model",
-                        "created": 0,
-                        "owned_by": "turnplug",
-                    }
-                ],
-            }
+        return JSONResponse({"object": "list", "data": [self._model_object()]})
+
+    async def model(self, request: Request) -> Response:
+        """``GET /v1/models/{id}`` (the SDKs' ``models.retrieve``): the configured model, or
+        a 404 in the API's own shape for any other id."""
+        # The decoded path: an id the SDK sent with its slash escaped is read whole.
+        model = request.scope["path"][len(MODEL_PREFIX) :]
+        if model == self.settings.model:
+            return JSONResponse(self._model_object())
+        error = WireError(
+            404,
+            f"the model {model!r} does not exist on this gateway: it serves"
+            f" {self.settings.model!r} only (GET /v1/models lists it)",
+            param="model",
+            code="model_not_found",
+        )
+        # It quotes what was sent, as any 404 does: never read as anything but JSON.
+        return Response(
+            json_bytes(self.scrub(json.dumps(error.body(), ensure_ascii=False))),
+            status_code=404,
+            media_type="application/json",
+            headers={"x-content-type-options": "nosniff"},
         )
 
     async def page(self, request: Request) -> Response:

@@ -159,6 +159,21 @@ async def test_models_and_healthz() -> None:
     assert health.json()["status"] == "ok"
 
 
+async def test_the_sdk_retrieves_the_configured_model_and_is_told_no_other_exists() -> None:
+    """Bug caught: ``client.models.retrieve(...)`` (``GET /v1/models/{id}``) was a 404 for
+    the very model ``/v1/models`` lists, so a client checking its model before use gave up."""
+    slashed = "org/llama-3:8b"  # the SDK escapes the slash; the id is still read whole
+    async with served(texts(["x"]), model=slashed) as gw:
+        found = await gw.sdk().models.retrieve(slashed)
+        with pytest.raises(openai.NotFoundError) as missing:
+            await gw.sdk().models.retrieve("gpt-nope")
+    assert (found.id, found.object) == (slashed, "model")
+    error = openai_error(missing.value.response.content)
+    assert (error["param"], error["code"]) == ("model", "model_not_found")
+    assert "'gpt-nope'" in error["message"]
+    assert missing.value.response.headers["content-type"] == "application/json"
+
+
 # -- guardrails: held until accepted ---------------------------------------------------------
 
 
