@@ -9,6 +9,7 @@ decides its status only once it knows the turn's fate. What each outcome maps to
 """
 
 import base64
+import contextvars
 import hashlib
 import hmac
 import importlib.resources
@@ -81,6 +82,10 @@ _Ended = ev.HookFinished | ev.HookFailed | ev.HookSkipped
 MIB = 1 << 20
 _logger = logging.getLogger("turnplug.serve")
 CONVERSATION_HEADER = "x-conversation-id"
+REQUEST_ID_HEADER = b"x-request-id"
+_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "turnplug_serve_request_id", default=None
+)
 MODEL_PREFIX = "/v1/models/"
 """Where one model is described (``GET /v1/models/{id}``)."""
 _REDACTED = "[REDACTED]"
@@ -96,6 +101,16 @@ _SHUTTING_DOWN = (
     # A retry on a new connection reaches another gateway behind a load balancer.
     (b"connection", b"close"),
 )
+
+
+def request_id() -> str | None:
+    """The id of the gateway request being served here (its ``x-request-id``), or None.
+
+    Set for everything the request runs, its turn's hooks, model calls and background hooks
+    included (tasks and worker threads inherit it), so a log line can name the request it
+    was written for (`turnplug serve` does, see docs/serve.md, "Logging").
+    """
+    return _request_id.get()
 
 
 def scrub_secrets(text: str, secrets: tuple[str, ...]) -> str:
@@ -596,6 +611,18 @@ class Gateway:
         if scope["type"] != "http":
             await self.router(scope, receive, send)
             return
+        # Every response names its request, errors included, as the API's do: the SDKs
+        # show it (`_request_id`), and the gateway's log lines for the request carry it.
+        # A turn's `turn_ref` is the same id, so the page and the audit record match too.
+        named = f"req_{secrets.token_hex(16)}"
+        scope["turnplug.request_id"] = named
+        token = _request_id.set(named)
+        try:
+            await self._routed(scope, receive, _with_request_id(send, named))
+        finally:
+            _request_id.reset(token)
+
+    async def _routed(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         if path.startswith("/v1/") and not self._authorized(scope):
             await self.reply_error(
@@ -1252,6 +1279,18 @@ def _set(options: Any) -> dict[str, Any]:
     return given | ({"extra": options.extra} if options.extra else {})
 
 
+def _with_request_id(send: Send, named: str) -> Send:
+    """`send`, with an ``x-request-id`` header on the response's start."""
+    header = (REQUEST_ID_HEADER, named.encode())
+
+    async def wrapped(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        await send(message)
+
+    return wrapped
+
+
 def _json_405(send: Send, gateway: Gateway) -> Send:
     """`send`, with Starlette's plain-text 405 turned into an OpenAI-style JSON error."""
     replaced = False
@@ -1320,7 +1359,7 @@ class _Endpoint:
         except WireError as error:
             await gateway.reply_error(send, error)
             return
-        turn_ref = secrets.token_hex(16)
+        turn_ref: str = scope["turnplug.request_id"]
         gateway._flying.add(turn_ref)
         try:
             await self._answer(scope, receive, send, request, conversation, turn_ref)

@@ -37,7 +37,7 @@ from pipeline.logs import Log, PostgresLog, SQLiteLog
 
 from .._terminal import one_line, printable
 from ._failed import failed, single
-from ._gateway import MIB, Gateway, Settings, scrub_secrets
+from ._gateway import MIB, Gateway, Settings, request_id, scrub_secrets
 from ._logs import POSTGRES_SCHEMES
 
 DEFAULT_KEY_ENV = "TURNPLUG_GATEWAY_KEY"
@@ -479,6 +479,9 @@ def _exit_now(status: int) -> None:
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """How `turnplug serve` writes the library's warnings on stderr: time, level, logger, text."""
+REQUEST_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+"""`LOG_FORMAT` for a record written while a request was served: it names the request, by
+the id its response carried (``x-request-id``)."""
 
 
 @final
@@ -512,7 +515,10 @@ class _Scrubbed(logging.Formatter):
         return scrub_secrets(text, self.secrets)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return one_line(super().formatMessage(record))
+        named = request_id()
+        if named is None:
+            return one_line(super().formatMessage(record))
+        return one_line(REQUEST_LOG_FORMAT % {**record.__dict__, "request_id": named})
 
     def formatException(self, ei: Any) -> str:
         return printable(super().formatException(ei))

@@ -1,6 +1,7 @@
 """`turnplug serve`'s gateway, in process: served for real on loopback, spoken to with the
 official OpenAI SDK and, for malformed requests, raw httpx."""
 
+import io
 import json
 import logging
 import re
@@ -15,6 +16,7 @@ import openai
 import pytest
 
 from hooks import deny, pii, scrub_input
+from hooks.cli._serve import log_to_stderr
 from pipeline import Pipeline, block, cont, halt, hook, tool
 from pipeline.logs import SQLiteLog
 from pipeline.providers import OpenAIChat
@@ -1133,7 +1135,7 @@ async def test_the_feed_carries_a_turns_hooks_and_its_reply() -> None:
     assert (finished["hook"], finished["verdict"]) == ("note", "cont")
     assert feed[names.index("Injected")]["parts"][0]["text"] == "today is Monday"
     assert len({e["turn_ref"] for e in feed}) == 1
-    assert re.fullmatch(r"[0-9a-f]+", feed[0]["turn_ref"])
+    assert re.fullmatch(r"req_[0-9a-f]{32}", feed[0]["turn_ref"])  # the x-request-id
 
 
 @pytest.mark.parametrize("strategy", ["redact", "block"])
@@ -1324,6 +1326,51 @@ async def test_client_tool_calls_are_judged_with_every_hook_option() -> None:
     [call] = response.json()["choices"][0]["message"]["tool_calls"]
     assert (call["id"], call["function"]["name"]) == ("c1", "delete_all")
     assert json.loads(call["function"]["arguments"]) == {"limit": 10}
+
+
+async def test_every_response_carries_a_request_id_of_its_own_that_its_warning_names() -> None:
+    """Bug caught: no response carried an ``x-request-id`` (the SDK's ``_request_id`` was
+    None, streamed or not, error or not), and the gateway's warning lines named no request,
+    so a user's report could not be matched with them."""
+
+    def fails_on_boom(turn: Turn) -> Turn:
+        if turn.user_message.text == "boom":
+            raise RuntimeError("the check is down")
+        return cont(turn)
+
+    pipe = Pipeline(model=ScriptedModel(["ok", "ok"]), pre=[hook(fails_on_boom, name="check")])
+    written = io.StringIO()
+    library = logging.getLogger("turnplug")
+    before = (library.propagate, library.level)
+    handler = log_to_stderr((), stream=written)
+    try:
+        async with served(pipe) as gw, gw.http() as client, gw.http(key="wrong") as stranger:
+            reply = await gw.sdk().chat.completions.create(model="m", messages=user("hi"))
+            with pytest.raises(openai.InternalServerError) as failed:
+                await gw.sdk().chat.completions.create(model="m", messages=user("boom"))
+            body = {"model": "m", "messages": user("hi"), "stream": True}
+            async with client.stream("POST", "/v1/chat/completions", json=body) as streamed:
+                await streamed.aread()
+            others = [
+                await client.post("/v1/chat/completions", content=b"{"),
+                await stranger.get("/v1/models"),
+                await client.get("/v1/nowhere"),
+                await client.delete("/v1/models"),
+                await client.get("/healthz"),
+            ]
+    finally:
+        library.removeHandler(handler)
+        library.propagate, library.level = before
+    assert [r.status_code for r in (streamed, *others)] == [200, 400, 401, 404, 405, 200]
+    ids = [reply._request_id, failed.value.request_id]
+    ids += [r.headers.get("x-request-id") for r in (streamed, *others)]
+    assert all(re.fullmatch(r"req_[0-9a-f]{32}", named or "") for named in ids), ids
+    assert len(set(ids)) == len(ids)
+    # One line, naming the failed request (and as its turn, by the same id).
+    warned = [line for line in written.getvalue().splitlines() if "check" in line]
+    assert [
+        f" turnplug.serve [{ids[1]}]: turn {ids[1]} failed (HTTP 500)" in w for w in warned
+    ] == [True], warned
 
 
 # -- logging is the application's ------------------------------------------------------------

@@ -465,8 +465,8 @@ def test_the_upstream_key_appears_nowhere_a_client_can_see(tmp_path: Path) -> No
     everything = "\n".join(seen)
     assert "502" in everything  # the upstream (nothing listens on port 9) failed
     # The failures are on stderr too (retries, the 5xx answers), with the keys replaced.
-    assert "WARNING turnplug.providers: openai: request 1 failed" in seen[-1]
-    assert "WARNING turnplug.serve: turn " in seen[-1]
+    assert re.search(r"WARNING turnplug\.providers \[req_\w+\]: openai: request 1 failed", seen[-1])
+    assert re.search(r"WARNING turnplug\.serve \[req_\w+\]: turn ", seen[-1])
     assert UPSTREAM_KEY not in everything
     assert KEY not in everything
 
@@ -603,7 +603,8 @@ def test_sigterm_cancels_a_session_still_closing_at_the_drain_timeout(tmp_path: 
 # -- the library's warnings on the command's stderr ------------------------------------------
 
 LOG_LINE = re.compile(
-    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) (?P<logger>turnplug[.\w]*): (?P<text>.*)$"
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) (?P<logger>turnplug[.\w]*)"
+    r"(?: \[(?P<request>req_[0-9a-f]{32})\])?: (?P<text>.*)$"
 )
 
 
@@ -647,15 +648,17 @@ def write_failing_open_config(folder: Path, upstream: str, *, configure_root: bo
     return config
 
 
-def warnings_of_one_turn(tmp_path: Path, *, configure_root: bool) -> tuple[str, list[str]]:
+def warnings_of_one_turn(tmp_path: Path, *, configure_root: bool) -> tuple[Any, list[str]]:
     """Run the console script on the failing-open config, one turn whose first upstream
-    answer is a 503 (retried), through the official SDK; its reply and the lines on stderr."""
+    answer is a 503 (retried), through the official SDK; its reply (a ``ChatCompletion``)
+    and the lines on stderr."""
     import openai
 
     overloaded = wire.json_error(503, {"error": {"message": "overloaded"}})
     with serving_in_thread(overloaded, wire.stream(wire.openai_text(["fine"]))) as upstream:
         config = write_failing_open_config(tmp_path, upstream.url, configure_root=configure_root)
-        with gateway(config, env={"PYTHONPATH": str(tmp_path)}) as (process, url):
+        path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+        with gateway(config, env={"PYTHONPATH": path}) as (process, url):
             client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=30)
             with client:
                 reply = client.chat.completions.create(
@@ -665,9 +668,7 @@ def warnings_of_one_turn(tmp_path: Path, *, configure_root: bool) -> tuple[str, 
             assert process.wait(20) == 0
             assert process.stderr is not None
             said = process.stderr.read()
-    content = reply.choices[0].message.content
-    assert content is not None
-    return content, said.splitlines()
+    return reply, said.splitlines()
 
 
 def test_turnplug_serve_writes_the_librarys_warnings_on_stderr_without_the_keys(
@@ -677,7 +678,7 @@ def test_turnplug_serve_writes_the_librarys_warnings_on_stderr_without_the_keys(
     request) never reaching the command's stderr (the library's NullHandler was all there
     was), lines without time, level or logger, or a key quoted in them."""
     reply, lines = warnings_of_one_turn(tmp_path, configure_root=False)
-    assert reply == "fine"
+    assert reply.choices[0].message.content == "fine"
     logged = [m.groupdict() for line in lines if (m := LOG_LINE.match(line))]
     assert [(r["level"], r["logger"]) for r in logged] == [
         ("WARNING", "turnplug.pipeline"),
@@ -697,12 +698,26 @@ def test_a_root_logger_configured_by_a_hook_module_does_not_print_them_twice(
     """Catches: each warning printed twice (once by the command's handler, once by a root
     handler the application's own module configured), or unscrubbed by the root's."""
     reply, lines = warnings_of_one_turn(tmp_path, configure_root=True)
-    assert reply == "fine"
+    assert reply.choices[0].message.content == "fine"
     mentions = [line for line in lines if "turnplug.pipeline" in line]
     assert len(mentions) == 1, lines
     assert LOG_LINE.match(mentions[0])
     assert len([line for line in lines if "turnplug.providers" in line]) == 1, lines
     assert UPSTREAM_KEY not in "\n".join(lines)
+
+
+def test_a_requests_warnings_on_stderr_name_the_request_id_its_response_carried(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: responses carried no ``x-request-id`` (the SDK's ``_request_id`` was
+    None), so a user's bug report could not be matched with the gateway's warning lines."""
+    reply, lines = warnings_of_one_turn(tmp_path, configure_root=False)
+    assert re.fullmatch(r"req_[0-9a-f]{32}", reply._request_id or "")
+    logged = [m.groupdict() for line in lines if (m := LOG_LINE.match(line))]
+    assert [(r["logger"], r["request"]) for r in logged] == [
+        ("turnplug.pipeline", reply._request_id),
+        ("turnplug.providers", reply._request_id),
+    ]
 
 
 def stderr_of_one_answered_turn(tmp_path: Path, hook_options: str = "") -> str:
@@ -775,8 +790,10 @@ def test_a_warning_s_traceback_cannot_forge_a_warning_line(tmp_path: Path) -> No
     )
     said = stderr_of_one_answered_turn(tmp_path)
     lines = said.splitlines()
-    start = lines.index(next(line for line in lines if line.endswith("turnplug.hostile: hostile")))
-    assert LOG_LINE.match(lines[start])
+    start = next(i for i, line in enumerate(lines) if " turnplug.hostile " in line)
+    matched = LOG_LINE.match(lines[start])
+    assert matched is not None, lines[start]
+    assert matched["text"] == "hostile"
     assert "  | 2026-01-01 00:00:00,000 WARNING turnplug.serve: forged" in lines, said
     assert not [line for line in lines if line.startswith("2026-01-01")], said
 
@@ -979,7 +996,8 @@ def test_a_turn_cut_at_the_drain_timeout_is_logged_as_a_5xx(
     )
     assert code == 0, said
     assert_cut_short(answer)
-    assert re.search(r"WARNING turnplug\.serve: turn [0-9a-f]+ failed \(HTTP 503\)", said), said
+    logged = r"WARNING turnplug\.serve \[(req_[0-9a-f]+)\]: turn \1 failed \(HTTP 503\)"
+    assert re.search(logged, said), said
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
