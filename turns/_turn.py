@@ -1,5 +1,6 @@
 """The turn: one user message travelling through a pipeline, and its reply."""
 
+import math
 import os
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar, Token
@@ -31,6 +32,48 @@ def _injections(injections: Iterable["Injection"]) -> tuple["Injection", ...]:
     return tuple(injections)
 
 
+_STAGES = ("pre", "post")
+
+
+def _check_source(_instance: Any, _attribute: Any, source: Any) -> None:
+    if source is not None and not isinstance(source, str):
+        raise TypeError(
+            f"Injection.source must be the injecting hook's name (a str) or None, got"
+            f" {_shown(source)}"
+        )
+
+
+def _check_durable(_instance: Any, _attribute: Any, durable: Any) -> None:
+    # As a log reads it back: a bool (or 0 or 1). "yes" was committed as durable, and the
+    # audit record holding it could never be read again.
+    if not isinstance(durable, int) or durable not in (0, 1):
+        raise TypeError(f"Injection.durable must be a bool, got {_shown(durable)}")
+
+
+def _check_stage(_instance: Any, _attribute: Any, stage: Any) -> None:
+    # Any other stage rendered and committed as a pre-stage injection, and the audit record
+    # holding it could never be read again.
+    if stage is not None and stage not in _STAGES:
+        raise ValueError(
+            f"Injection.stage must be 'pre', 'post' or None (not stamped yet), got {_shown(stage)}"
+        )
+
+
+def _check_count(instance: Any, attribute: Any, count: Any) -> None:
+    # A number, as providers report it (a fractional count is kept, see serde), never a bool
+    # or a string: a sum of usages or a committed audit record would fail far from here.
+    if isinstance(count, bool) or not isinstance(count, int | float):
+        raise TypeError(
+            f"{type(instance).__name__}.{attribute.name} must be a token count (an int), got"
+            f" {_shown(count)}"
+        )
+    if not 0 <= count < math.inf:
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name} must be a token count of 0 or more,"
+            f" got {_shown(count)}"
+        )
+
+
 @final
 @attrs.frozen
 class Injection:
@@ -48,9 +91,9 @@ class Injection:
     """
 
     parts: tuple[Part, ...] = attrs.field(converter=_parts)
-    source: str | None = None
-    durable: bool = False
-    stage: Stage | None = None
+    source: str | None = attrs.field(default=None, validator=_check_source)
+    durable: bool = attrs.field(default=False, validator=_check_durable)
+    stage: Stage | None = attrs.field(default=None, validator=_check_stage)
 
 
 @final
@@ -58,8 +101,8 @@ class Injection:
 class Usage:
     """Token counts reported by the model."""
 
-    input_tokens: int = 0
-    output_tokens: int = 0
+    input_tokens: int = attrs.field(default=0, validator=_check_count)
+    output_tokens: int = attrs.field(default=0, validator=_check_count)
 
     def __add__(self, other: Self) -> Self:
         return type(self)(

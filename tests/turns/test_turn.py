@@ -25,6 +25,7 @@ from turns import (
     ToolResult,
     ToolSpec,
     Turn,
+    Usage,
 )
 
 TOOLS = ("search", "calculator", "weather", "calendar")
@@ -644,3 +645,64 @@ def test_a_reply_whose_message_is_not_a_message_is_refused_naming_the_field() ->
 
     with pytest.raises(TypeError, match=r"Reply\.message must be the final assistant Message"):
         attrs.evolve(reply, message="redacted")
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "says"),
+    [
+        (
+            {"stage": "middle"},
+            ValueError,
+            r"Injection\.stage must be 'pre', 'post' or None.*'middle'",
+        ),
+        ({"stage": "PRE"}, ValueError, r"Injection\.stage .*'PRE'"),
+        ({"durable": "yes"}, TypeError, r"Injection\.durable must be a bool, got str 'yes'"),
+        ({"durable": 2}, TypeError, r"Injection\.durable must be a bool, got int 2"),
+        ({"source": 3}, TypeError, r"Injection\.source must be .* got int 3"),
+    ],
+)
+def test_an_injection_with_a_stage_durability_or_source_of_no_kind_is_refused_naming_it(
+    changes: dict, error: type[Exception], says: str
+) -> None:
+    """Bug caught: `Injection(stage="middle")` (or a durable "yes") was accepted, rendered and
+    committed as a pre-stage injection, and the audit record holding it could not be read
+    back."""
+    with pytest.raises(error, match=says):
+        Injection((Text("x"),), **changes)
+    with pytest.raises(error, match=says):
+        attrs.evolve(Injection((Text("x"),), "notes", False, "pre"), **changes)
+
+
+def test_an_injection_of_each_stage_and_unstamped_is_accepted() -> None:
+    for stage in ("pre", "post", None):
+        assert Injection((Text("x"),), "notes", True, stage).stage == stage
+    assert Injection((Text("x"),), durable=1).durable == 1  # as a log may read it back
+
+
+@pytest.mark.parametrize(
+    ("counts", "error", "says"),
+    [
+        (("a",), TypeError, r"Usage\.input_tokens must be a token count \(an int\), got str 'a'"),
+        ((True, 1), TypeError, r"Usage\.input_tokens .* got bool True"),
+        ((1, None), TypeError, r"Usage\.output_tokens .* got NoneType None"),
+        (
+            (-1, 3),
+            ValueError,
+            r"Usage\.input_tokens must be a token count of 0 or more, got int -1",
+        ),
+        ((3, float("nan")), ValueError, r"Usage\.output_tokens .* got float nan"),
+        ((float("inf"), 3), ValueError, r"Usage\.input_tokens .* got float inf"),
+    ],
+)
+def test_a_usage_that_is_no_token_count_is_refused_naming_the_field(
+    counts: tuple, error: type[Exception], says: str
+) -> None:
+    """Bug caught: `Usage("a")`, `Usage(-1, 3)` or `Usage(True, 1)` was accepted, and failed far
+    away (adding usages, or reading back an audit record the log had stored)."""
+    with pytest.raises(error, match=says):
+        Usage(*counts)
+
+
+def test_a_usage_of_counts_adds_up() -> None:
+    assert Usage(1, 2) + Usage(3, 4) == Usage(4, 6)
+    assert Usage(12.5, 0).input_tokens == 12.5  # a fractional count round-trips (see serde)
