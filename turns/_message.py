@@ -5,7 +5,7 @@ from typing import Any, Literal, Self, TypeAlias, final
 
 import attrs
 
-from ._parts import EMPTY, Part, Text, ToolCall, ToolResult, part_problem
+from ._parts import EMPTY, Part, Text, ToolCall, ToolResult, meta_problem, part_problem
 
 Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset(("system", "user", "assistant", "tool"))
@@ -20,8 +20,10 @@ def _check_role(_instance: object, _attribute: object, role: str) -> None:
 
 
 def _check_meta(_instance: object, _attribute: object, meta: object) -> None:
-    if meta is not _NO_META and not isinstance(meta, Mapping):
-        raise TypeError(f"Message.meta must be a mapping, got {type(meta).__name__} {meta!r:.60}")
+    if meta is not _NO_META:
+        problem = meta_problem("Message.meta", meta)
+        if problem is not None:
+            raise TypeError(problem)
 
 
 def _as_parts(content: str | Part | Iterable[Part]) -> tuple[Part, ...]:

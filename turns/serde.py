@@ -235,6 +235,17 @@ def to_dict(obj: Any) -> Any:
         if type(obj) in _TAGS:
             return _converter.unstructure(obj, Part)
         return _converter.unstructure(obj)
+    except TypeError as exc:
+        # A key that unstructures to a list (a tuple key) makes a dict that cannot be built:
+        # Python says only "unhashable type: 'list'". Looked for only then.
+        found = _odd_key(obj, _name(type(obj)))
+        if found is None:
+            raise
+        path, key = found
+        raise TypeError(
+            f"cannot write a {_name(type(obj))}: {path} holds the key {_shown(key)}, and JSON"
+            " keys are strings — use string keys"
+        ) from exc
     except RecursionError:
         # Not a bug of the caller's program but of its data (a model's tool-call arguments
         # nested hundreds of levels deep): a ValueError naming the record, as for other data
@@ -334,6 +345,30 @@ def _str_keys(data: Any) -> bool:
         elif kind is list:
             extend(item)
     return True
+
+
+def _odd_key(value: Any, path: str) -> tuple[str, Any] | None:
+    """The path and key of the first mapping key in the record `value` that is no JSON
+    scalar (a tuple, a frozenset, a record), or None."""
+    if attrs.has(type(value)):
+        for field in attrs.fields(type(value)):
+            found = _odd_key(getattr(value, field.name), f"{path}.{field.name}")
+            if found is not None:
+                return found
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if key is not None and not isinstance(key, str | int | float):
+                return path, key
+            inner = f"{path}.{key}" if isinstance(key, str) and key.isidentifier() else None
+            found = _odd_key(item, inner or f"{path}[{key!r}]")
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _odd_key(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 def _not_json(value: Any, path: str) -> tuple[str, Any, str] | None:

@@ -726,6 +726,22 @@ async def test_a_hook_trimming_the_history_between_a_call_and_its_result_fails_n
     assert model.requests == []
 
 
+async def test_a_hook_injecting_a_meta_key_that_is_no_string_fails_naming_the_hook() -> None:
+    """Bug caught: a part injected with the meta key ``("source", 1)`` went to the model and
+    failed only at commit (a LogError naming no hook, after the model call), or in `to_dict`
+    as a bare "unhashable type: 'list'"."""
+
+    def recall(turn):
+        return cont(turn.inject(Text("likes tea", meta={("source", 1): "crm"})))
+
+    model = scripted()
+    pipe = Pipeline(model=model, pre=[hook(recall, name="recall")])
+
+    with pytest.raises(HookFailed, match=r"'recall' .*Text\.meta has the key tuple") as raised:
+        await pipe.run(Turn.start("hi"))
+    assert (raised.value.hook, model.requests) == ("recall", [])
+
+
 async def test_a_fail_closed_stream_reports_an_enforced_hook_failed_event() -> None:
     turn = Turn.start("hi")
     pipe = Pipeline(model=scripted(), pre=[raiser("load_profile", RuntimeError("down"))])

@@ -128,6 +128,41 @@ def test_a_meta_that_is_no_mapping_is_refused_where_it_is_built(build, says: str
         build()
 
 
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        (
+            lambda: Message.user("hi", meta={("a", "b"): 1}),
+            r"Message\.meta has the key tuple \('a', 'b'\): meta keys must be strings",
+        ),
+        (
+            lambda: Message.user([Text("hi", meta={"ok": 1, 7: 2})]),
+            r"Text\.meta has the key int 7: meta keys must be strings",
+        ),
+        (
+            lambda: Message.assistant([ToolCall("1", "f", {}, meta={None: "x"})]),
+            r"ToolCall\.meta has the key NoneType None",
+        ),
+    ],
+    ids=["message", "text", "tool-call"],
+)
+def test_a_meta_key_that_is_no_string_is_refused_where_it_is_built(build, says: str) -> None:
+    """Bug caught: a meta with a tuple key was accepted, and failed only when the turn was
+    committed (after the model call) or written, where `to_dict` said only "unhashable type:
+    'list'"."""
+    with pytest.raises(TypeError, match=says):
+        build()
+
+
+def test_a_meta_with_string_keys_of_a_str_subclass_is_accepted() -> None:
+    import enum
+
+    class Kind(enum.StrEnum):
+        NOTE = "note"
+
+    assert Message.user([Text("hi", meta={Kind.NOTE: 1})], meta={Kind.NOTE: 2}).meta == {"note": 2}
+
+
 def test_text_of_a_tool_message_is_empty() -> None:
     assert Message.tool(ToolResult("call-1", "42")).text == ""
 

@@ -526,6 +526,23 @@ def test_a_key_that_is_no_string_deep_in_a_value_is_named_with_its_path() -> Non
         to_json(call)
 
 
+@pytest.mark.parametrize("write", [to_dict, to_json])
+def test_a_tuple_key_deep_in_a_value_is_named_with_its_path(write: Any) -> None:
+    """Bug caught: `to_dict` and `to_json` of a record whose meta or arguments hold a tuple
+    key failed with a bare "unhashable type: 'list'", naming neither the record nor the key."""
+    message = Message.user("hi", meta={"routing": {("eu", 1): "a"}})
+    call = ToolCall("c1", "search", {"filters": [{("tag",): "a"}]})
+
+    with pytest.raises(
+        TypeError, match=r"cannot write a Message.*Message\.meta\.routing holds the key tuple"
+    ):
+        write(message)
+    with pytest.raises(
+        TypeError, match=r"ToolCall\.arguments\.filters\[0\] holds the key tuple \('tag',\)"
+    ):
+        write(call)
+
+
 def test_an_int_too_long_for_python_to_write_is_named_with_its_path() -> None:
     """Bug caught: `to_json` of a count of 5,000 digits failing with Python's bare "Exceeds
     the limit (4300 digits)", naming neither the record nor the field."""
