@@ -370,7 +370,20 @@ class Pipeline:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Close what ``async with pipe`` opened (also when the block is cancelled)."""
+        """Close what ``async with pipe`` opened (also when the block is cancelled).
+
+        Raises:
+            RuntimeError: No block is open (the pipeline was never entered, or exited more
+                often than entered); nothing is closed.
+        """
+        if not self._holds:
+            # Checked first: the toolsets' lifetime counts its own blocks, and an exit it
+            # took as one of them would close the connections under a block still open.
+            raise RuntimeError(
+                "exiting a pipeline that has no open `async with pipe:` block (never entered,"
+                " or exited more often than entered) — let `async with pipe:` enter and exit"
+                " it, once each"
+            )
         try:
             await self._lifetime.exit(exc)
         finally:

@@ -32,15 +32,19 @@ class OneUse(AbstractAsyncContextManager[T]):
 
     ``@asynccontextmanager`` objects can be entered once too, but a second entry fails with
     an AttributeError from inside contextlib that names nothing (a stream or a session kept
-    in a variable and entered per request, say).
+    in a variable and entered per request, say). Exiting one that is not open is refused
+    too: contextlib would run its setup (a session's start hooks, its task group) and fail
+    with "generator didn't stop", leaving that setup open.
     """
 
-    __slots__ = ("_manager", "_used", "_what")
+    __slots__ = ("_entered", "_exited", "_manager", "_used", "_what")
 
     def __init__(self, manager: AbstractAsyncContextManager[T], what: str) -> None:
         self._manager = manager
         self._what = what
         self._used = False
+        self._entered = False
+        self._exited = False
 
     async def __aenter__(self) -> T:
         if self._used:
@@ -49,7 +53,9 @@ class OneUse(AbstractAsyncContextManager[T]):
                 f" call {self._what} again for each block"
             )
         self._used = True
-        return await self._manager.__aenter__()
+        value = await self._manager.__aenter__()
+        self._entered = True
+        return value
 
     async def __aexit__(
         self,
@@ -57,6 +63,13 @@ class OneUse(AbstractAsyncContextManager[T]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        if not self._entered or self._exited:
+            raise RuntimeError(
+                f"exiting {self._what}, which "
+                + ("was exited already" if self._exited else "was never entered")
+                + " — let its `async with` block enter and exit it, once each"
+            )
+        self._exited = True
         return await self._manager.__aexit__(exc_type, exc, tb)
 
 

@@ -947,6 +947,29 @@ async def test_entering_one_pipe_session_twice_is_a_runtime_error_saying_what_to
     assert trace == ["start"]
 
 
+async def test_exiting_a_pipe_session_never_entered_or_twice_is_a_runtime_error_saying_which():
+    """Bug caught: `await pipe.session(...).__aexit__(...)` never entered ran the session's
+    setup (its start hooks, its task group) and failed with contextlib's "generator didn't
+    stop", leaving that setup open; a second exit said the same."""
+    trace = []
+    pipe = Pipeline(
+        model=ScriptedModel([]),
+        on_session_start=[lambda info: trace.append("start") or cont(info.scope)],
+        on_session_end=[lambda info, reason: trace.append(reason)],
+    )
+    opened = pipe.session(log=MemoryLog(), conversation_id="c")
+
+    with pytest.raises(RuntimeError, match=r"^exiting pipe\.session\(\.\.\.\), which was never"):
+        await opened.__aexit__(None, None, None)
+    assert trace == []
+    async with opened:
+        pass
+    with pytest.raises(RuntimeError, match=r"^exiting pipe\.session\(\.\.\.\), which was exited"):
+        await opened.__aexit__(None, None, None)
+
+    assert trace == ["start", "closed"]
+
+
 async def test_the_result_of_a_stream_left_early_says_the_block_was_left_not_to_iterate_on():
     """Catches: `events.result` read after leaving the block early telling the caller to
     iterate the events to the end, which the closed stream no longer allows."""

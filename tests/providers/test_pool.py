@@ -132,6 +132,31 @@ async def test_async_with_pipe_holds_the_model_and_closes_what_it_opened(
     assert (len(server.requests), server.connections, model.closed) == (6, 2, False)
 
 
+async def test_exiting_a_pipe_with_no_open_block_is_a_runtime_error_that_closes_nothing(
+    keep_alive_server: ProtocolServer,
+) -> None:
+    """Bug caught: `await pipe.__aexit__(...)` on a pipeline never entered, or exited once
+    more than entered, raised a bare IndexError ("pop from empty list")."""
+    server = keep_alive_server
+    server.repeat = OPENAI_REPLY
+    pipe = Pipeline(model=openai(server.url))
+    says = r"^exiting a pipeline that has no open `async with pipe:` block \(never entered"
+
+    with pytest.raises(RuntimeError, match=says):
+        await pipe.__aexit__(None, None, None)
+    async with pipe:
+        async with pipe:  # blocks nest
+            await pipe.run(Turn.start("inner"))
+        await pipe.run(Turn.start("outer"))  # the inner block's end closed nothing
+        assert server.connections == 1
+    with pytest.raises(RuntimeError, match=says):
+        await pipe.__aexit__(None, None, None)
+    await wait_closed(server)
+    async with pipe:
+        assert (await pipe.run(Turn.start("again"))).reply.text == "Hello!"
+    assert (len(server.requests), server.connections) == (3, 2)
+
+
 async def test_a_provider_the_caller_opened_outlives_the_sessions_inside(
     keep_alive_server: ProtocolServer,
 ) -> None:
