@@ -332,6 +332,8 @@ async def call_model(
             f"model {model!r} ended its stream without a ModelFinish: the response is truncated",
             provider=_model_name(model),
         )
+    if calls:
+        _check_call_ids(model, calls, request.messages, attempt, call_index)
     if seam is not None:
         try:
             tail = seam.flush()
@@ -351,6 +353,49 @@ async def call_model(
             ev.ModelFinished(runner.turn_ref, attempt, call_index, finish.reason, finish.usage)
         )
     return Message("assistant", parts), finish
+
+
+def _check_call_ids(
+    model: object,
+    calls: list[ToolCall],
+    messages: tuple[Message, ...],
+    attempt: int,
+    call_index: int,
+) -> None:
+    """Refuse a tool call whose id another call of this model call, or one of the messages
+    sent (the history, injections, the attempt's earlier steps), already has.
+
+    Its result would be committed under an id that names two calls: the log reads back, but
+    a provider that wants ids unique in a request (Anthropic) refuses every later request of
+    the conversation, a caller continuing from the results cannot answer both, and events
+    and audit entries keyed by the id mix the two up. The providers give such a call a fresh
+    id themselves; this catches another model's.
+    """
+    seen: dict[str, int] = {}
+    for index, call in enumerate(calls):
+        if call.id in seen:
+            raise ProviderProtocolError(
+                f"model {model!r} asked for two tool calls with the id {call.id!r} in model call"
+                f" {call_index} of attempt {attempt} (calls {seen[call.id] + 1} and"
+                f" {index + 1}): each tool call needs an id of its own, which its result"
+                " names — give every call a fresh id",
+                provider=_model_name(model),
+            )
+        seen[call.id] = index
+    for position, message in enumerate(messages):
+        if message.role != "assistant":
+            continue
+        for part in message.parts:
+            if type(part) is ToolCall and part.id in seen:
+                raise ProviderProtocolError(
+                    f"model {model!r} asked for a tool call with the id {part.id!r} in model"
+                    f" call {call_index} of attempt {attempt}, an id an earlier tool call of"
+                    f" the conversation already has (message {position} of the request):"
+                    " each tool call needs an id of its own, which its result names, and a"
+                    " provider such as Anthropic refuses a conversation that repeats one —"
+                    " give every call a fresh id",
+                    provider=_model_name(model),
+                )
 
 
 def open_seam(runner: Runner) -> Seam | None:

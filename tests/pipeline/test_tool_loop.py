@@ -1541,7 +1541,7 @@ async def test_a_final_answer_on_the_last_allowed_model_call_completes() -> None
 
 async def test_tool_choice_required_is_reset_after_the_first_tool_step() -> None:
     pipe, model = pipe_with(
-        [calls("a"), calls("b"), "done"], pre=[shaping("force", tool_choice="required")]
+        [calls("a"), [call("c2", "b")], "done"], pre=[shaping("force", tool_choice="required")]
     )
 
     await pipe.run(start())
@@ -1569,7 +1569,9 @@ async def test_a_forcing_tool_choice_in_extra_is_dropped_after_the_first_tool_st
     sent again on every model call after a tool step, forcing a tool call on each until
     max_steps, where the option's own tool_choice is dropped after the first tool step."""
     extra = {"tool_choice": choice, "seed": 7}
-    pipe, model = pipe_with([calls("a"), calls("b"), "done"], pre=[shaping("force", extra=extra)])
+    pipe, model = pipe_with(
+        [calls("a"), [call("c2", "b")], "done"], pre=[shaping("force", extra=extra)]
+    )
 
     await pipe.run(start())
 
@@ -1613,7 +1615,9 @@ async def test_a_forcing_tool_choice_in_extra_keeps_its_restrictions_after_a_too
     steps call any tool of the request, and Anthropic's any or tool lost its
     disable_parallel_tool_use. It is relaxed to the choice that forces nothing instead."""
     extra = {"tool_choice": choice, "seed": 7}
-    pipe, model = pipe_with([calls("a"), calls("b"), "done"], pre=[shaping("force", extra=extra)])
+    pipe, model = pipe_with(
+        [calls("a"), [call("c2", "b")], "done"], pre=[shaping("force", extra=extra)]
+    )
 
     await pipe.run(start())
 
@@ -2214,3 +2218,50 @@ async def test_the_interrupt_that_stopped_the_batch_wins_over_one_raised_as_it_s
         await run()
     assert info.value.code == 5
     assert any("c1" in note and "KeyboardInterrupt" in note for note in info.value.__notes__)
+
+
+@pytest.mark.parametrize(
+    ("first_turn", "second_turn", "says"),
+    [
+        pytest.param(
+            [[call("c1", "a"), call("c1", "b")], "done"],
+            None,
+            r"two tool calls with the id 'c1' in model call 1 of attempt 1 \(calls 1 and 2\)",
+            id="same-step",
+        ),
+        pytest.param(
+            [calls("a"), calls("b"), "done"],
+            None,
+            r"the id 'c1' in model call 2 of attempt 1, an id an earlier tool call of the",
+            id="later-step",
+        ),
+        pytest.param(
+            [calls("a"), "done"],
+            [calls("b"), "done"],
+            r"the id 'c1' in model call 1 of attempt 1, an id an earlier tool call of the",
+            id="later-turn",
+        ),
+    ],
+)
+async def test_a_tool_call_id_the_conversation_already_has_is_refused_naming_it(
+    tmp_path, first_turn, second_turn, says
+) -> None:
+    """Bug caught: a model repeating a tool call id (in one step, a later step or a later
+    turn) had it run and committed: the log read back, but Anthropic refuses every later
+    request of a conversation that repeats a tool_use id, so the conversation was broken for
+    good; the turn now fails at that model call and commits nothing."""
+    from pipeline import ProviderProtocolError
+
+    replies = first_turn + (second_turn or [])
+    model = ScriptedModel(replies)
+    pipe = Pipeline(model=model, tools=[lookup_tool()])
+    async with (
+        SQLiteLog(tmp_path / "chat.db") as log,
+        pipe.session(log=log, conversation_id="c") as session,
+    ):
+        if second_turn is not None:
+            await session.send("first")
+        committed = len((await log.load("c")).messages)
+        with pytest.raises(ProviderProtocolError, match=says):
+            await session.send("again")
+        assert len((await log.load("c")).messages) == committed

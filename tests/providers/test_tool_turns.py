@@ -441,3 +441,49 @@ async def test_calls_sharing_one_id_get_ids_of_their_own_everywhere(
     sent = {call_id: content for call_id, content, _ in sent_results(provider, body)}
     assert [sent[call_id] for call_id in ids] == [f"stat of {path}" for path in paths]
     assert len(sent_results(provider, body)) == len(paths)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_call_repeating_an_id_of_an_earlier_step_or_turn_gets_one_of_its_own(
+    server: ProtocolServer, provider: str
+) -> None:
+    """Bug caught: a server that gives every reply's call the id "call_0" (as some
+    OpenAI-compatible servers do) repeated an id of the conversation on the next step and
+    turn, which Anthropic refuses in every later request; the call is now given a fresh id,
+    and the committed log holds each id once."""
+
+    @tool
+    def stat_path(path: str) -> str:
+        """Describe a path.
+
+        Args:
+            path: The path.
+        """
+        return f"stat of {path}"
+
+    done = wire.openai_text(["Done."]) if provider == "openai" else wire.anthropic_text(["Done."])
+    server.script(
+        wire.stream(_calls_sharing_one_id(provider, ["a"])),
+        wire.stream(_calls_sharing_one_id(provider, ["b"])),
+        wire.stream(done),
+        wire.stream(_calls_sharing_one_id(provider, ["c"])),
+        wire.stream(done),
+    )
+    model: Any = (
+        OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
+        if provider == "openai"
+        else AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    )
+    log = MemoryLog()
+
+    async with Pipeline(model=model, tools=[stat_path]).session(
+        log=log, conversation_id="c"
+    ) as session:
+        assert (await session.send("stat a, then b")).reply.text == "Done."
+        assert (await session.send("stat c")).reply.text == "Done."
+
+    committed = (await log.load("c")).messages
+    ids = [part.id for m in committed for part in m.parts if isinstance(part, ToolCall)]
+    assert ids[0] == "call_0"
+    assert len(ids) == len(set(ids)) == 3
+    assert _sent_calls(provider, server.requests[4].body) == list(zip(ids, "abc", strict=True))
