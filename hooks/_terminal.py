@@ -19,14 +19,16 @@ line (an error, a table's cell). `pipeline.events.timeline` escapes as `one_line
 `json_text` writes JSON for programs, which may hold a lone surrogate only as an escape.
 
 A standard output whose encoding cannot carry a character (``PYTHONIOENCODING=ascii``, a
-Latin-1 terminal) shows it escaped as JSON writes it (``\\u2026``) once `escape_unencodable`
-set it so, where writing it failed the command: an escape both a reader and a JSON parser read.
+Latin-1 terminal) shows it escaped as JSON writes it (``\\u2026``) while `escaping_unencodable`
+holds it so, where writing it failed the command: an escape both a reader and a JSON parser read.
 """
 
 import codecs
+import contextlib
 import io
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 _OTHER_CONTROLS = "\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff"
@@ -74,12 +76,28 @@ def _json_escape(error: UnicodeError) -> tuple[str, int]:
     return escaped, error.end
 
 
-def escape_unencodable(stream: object) -> None:
-    """Set `stream` (standard output) to write what its encoding cannot carry escaped as
-    JSON escapes it, rather than fail: text and JSON alike stay readable, and JSON valid."""
-    if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
-        codecs.register_error("turnplug.json_escape", _json_escape)
-        stream.reconfigure(errors="turnplug.json_escape")
+_JSON_ESCAPE = "turnplug.json_escape"
+
+
+@contextlib.contextmanager
+def escaping_unencodable(stream: object) -> Iterator[None]:
+    """Within the block, `stream` (standard output) writes what its encoding cannot carry
+    escaped as JSON escapes it, rather than fail: text and JSON alike stay readable, and JSON
+    valid. Its own error handler is back when the block ends: `hooks.cli.main` runs in a
+    program of its own too, whose later output is that program's to encode."""
+    if not (isinstance(stream, io.TextIOWrapper) and stream.errors == "strict"):
+        yield
+        return
+    codecs.register_error(_JSON_ESCAPE, _json_escape)
+    stream.reconfigure(errors=_JSON_ESCAPE)
+    try:
+        yield
+    finally:
+        # Reconfiguring flushes first. A stream that cannot flush (closed, its reader gone)
+        # is left as it is: Python's own flush at exit then says so, as it did before.
+        if not stream.closed and stream.errors == _JSON_ESCAPE:
+            with contextlib.suppress(OSError, ValueError):
+                stream.reconfigure(errors="strict")
 
 
 def json_text(value: Any, *, indent: int | None = None) -> str:

@@ -17,7 +17,7 @@ import trio
 from pipeline import ConfigError, Pipeline
 from pipeline.logs import MAX_ID_BYTES
 
-from .._terminal import escape_unencodable, printable
+from .._terminal import escaping_unencodable, printable
 from ..config import _load as _config
 from ._failed import failed, single
 
@@ -325,7 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``turnplug`` console script; returns the exit code."""
     # Before anything is printed, help included: a terminal that is not UTF-8 would fail
     # on the first character it cannot carry (the demo's first ellipsis, a reply's accent).
-    escape_unencodable(sys.stdout)
+    # Only until the command ends: a program calling `main` keeps its standard output as it was.
+    with escaping_unencodable(sys.stdout):
+        return _command(argv)
+
+
+def _command(argv: Sequence[str] | None) -> int:
+    """Parse `argv` and run its command; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -1,13 +1,17 @@
-"""`turnplug run` and `turnplug chat`, driven as a new user would: a subprocess, real files."""
+"""`turnplug run` and `turnplug chat`, driven as a new user would: a subprocess, real files
+(and `hooks.cli.main` in process, as a program of its own calls it)."""
 
+import io
 import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from hooks.cli import main
 from tests.hooks.cli_support import TURNPLUG, environment, turnplug, write_config
 
 SHOP = """
@@ -324,6 +328,24 @@ def test_run_on_a_terminal_that_is_not_utf8_prints_json_that_reads_back(tmp_path
     done = turnplug("run", config, "hi", "--json", env=environment(PYTHONIOENCODING="ascii"))
     assert (done.returncode, done.stderr) == (0, "")
     assert json.loads(done.stdout)["reply"] == "Caf\u00e9 \u2014 \U0001f600"
+
+
+def test_run_in_process_leaves_the_callers_standard_output_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bug caught: `hooks.cli.main` left the calling program's standard output set to write
+    what it cannot carry as JSON escapes, so the program's own later `print("café")` on an
+    ASCII output wrote `caf\\u00e9` where it raised before."""
+    config = write_config(tmp_path, '[model]\nprovider = "scripted"\nreplies = ["Caf\u00e9"]\n')
+    written = io.BytesIO()
+    out = io.TextIOWrapper(written, encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["run", str(config), "hi"]) == 0
+    out.flush()
+    assert written.getvalue() == b"Caf\\u00e9\n"  # the command's output, escaped
+    assert out.errors == "strict"
+    with pytest.raises(UnicodeEncodeError):
+        print("Caf\u00e9", file=out)
 
 
 def test_run_json_shows_a_synthetic_tool_calls_parts() -> None:
