@@ -100,10 +100,28 @@ def escaping_unencodable(stream: object) -> Iterator[None]:
                 stream.reconfigure(errors="strict")
 
 
-def json_text(value: Any, *, indent: int | None = None) -> str:
+def encodes_utf8(stream: object) -> bool:
+    """Whether `stream` writes UTF-8 (one that names no encoding is taken to)."""
+    encoding = getattr(stream, "encoding", None)
+    if not isinstance(encoding, str):
+        return True
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return True
+
+
+def json_text(value: Any, *, indent: int | None = None, ascii_only: bool = False) -> str:
     """`value` as JSON, its text as written (JSON escapes the C0 controls), or with every
     non-ASCII character escaped when it holds a lone surrogate: UTF-8 cannot carry one,
-    and its escape (``\\ud800``) still reads back as it was."""
+    and its escape (``\\ud800``) still reads back as it was.
+
+    `ascii_only` escapes every non-ASCII character, for an output that is not UTF-8 (a
+    Latin-1 terminal): there the text as written would be bytes such as 0xE9, which a
+    program reading JSON as UTF-8 (``jq``, ``json.loads`` on the bytes) refuses, where
+    ASCII reads back the same in any of them."""
+    if ascii_only:
+        return json.dumps(value, indent=indent)
     text = json.dumps(value, ensure_ascii=False, indent=indent)
     if _LONE_SURROGATE.search(text) is None:
         return text

@@ -70,10 +70,16 @@ def _empty_file(where: str) -> bool:
 
 
 async def show_log(
-    write: Write, conversation_id: str | None, where: str, audit: bool, as_json: bool
+    write: Write,
+    conversation_id: str | None,
+    where: str,
+    audit: bool,
+    as_json: bool,
+    ascii_only: bool = False,
 ) -> None:
     """Write the conversation's committed turns (and their audit records, if asked), or
-    the log's conversations when `conversation_id` is None."""
+    the log's conversations when `conversation_id` is None. `ascii_only`: the JSON escapes
+    every non-ASCII character, for a `write` whose output is not UTF-8."""
     conversations: tuple[ConversationInfo, ...] = ()
     entries: tuple[LogEntry, ...] = ()
     if not _empty_file(where):
@@ -91,7 +97,7 @@ async def show_log(
         return
     if as_json:
         shown = _as_json(conversation_id, entries, audit)
-        write(json_text(shown, indent=2))
+        write(json_text(shown, indent=2, ascii_only=ascii_only))
         return
     for line in render(conversation_id, entries, audit=audit):
         write(printable(line, breaks=False))

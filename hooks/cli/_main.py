@@ -17,7 +17,7 @@ import trio
 from pipeline import ConfigError, Pipeline
 from pipeline.logs import MAX_ID_BYTES
 
-from .._terminal import escaping_unencodable, printable
+from .._terminal import encodes_utf8, escaping_unencodable, printable
 from ..config import _load as _config
 from ._failed import failed, single
 
@@ -140,7 +140,8 @@ def _schema(args: argparse.Namespace) -> int:
 def _log(args: argparse.Namespace) -> int:
     from ._logview import show_log
 
-    trio.run(show_log, print, args.conversation, args.log, args.audit, args.json)
+    ascii_only = not encodes_utf8(sys.stdout)
+    trio.run(show_log, print, args.conversation, args.log, args.audit, args.json, ascii_only)
     return 0
 
 

@@ -28,7 +28,7 @@ from pipeline.logs import Log
 from turns import Text, Usage
 from turns.serde import to_dict
 
-from .._terminal import json_text, one_line, printable
+from .._terminal import encodes_utf8, json_text, one_line, printable
 from ._timeline import plain, rejected_by
 
 
@@ -71,6 +71,7 @@ async def run_turn(
     """
     outcome: ev.Outcome | None = None  # the turn's, once it has finished
     result: TurnResult | None = None
+    ascii_only = not encodes_utf8(console.out)
     try:
         async with pipe.session(log=log, conversation_id=conversation) as session:
             if show_events:
@@ -82,7 +83,7 @@ async def run_turn(
                             case ev.TurnFinished():
                                 outcome = event.outcome
                         if as_json:
-                            console.write(json_text(event_json(event)))
+                            console.write(json_text(event_json(event), ascii_only=ascii_only))
                         elif line := ev.timeline((event,)):
                             console.write(line.rstrip("\n"))
                 result = events.result
@@ -90,7 +91,7 @@ async def run_turn(
                 result = await session.send(message)
         outcome = result.outcome
         if as_json:
-            console.write(json_text(result_json(result, conversation)))
+            console.write(json_text(result_json(result, conversation), ascii_only=ascii_only))
         else:
             if result.reply is not None:
                 console.write(printable(result.reply.text))

@@ -24,7 +24,7 @@ from pipeline.testing import ScriptedModel
 from turns import Message, Text, ToolCall, ToolResult
 
 from ..logs import Backend, close, read_only_files
-from .cli_support import turnplug
+from .cli_support import TURNPLUG, environment, turnplug, write_config
 
 CONVERSATION = "support-42"
 COMMIT_TIME = re.compile(r"committed (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC$")
@@ -156,6 +156,29 @@ def test_log_json_is_every_entry_as_entry_to_dict_writes_it(written, audit):
         ] * 2
         shown = tuple(entry_from_dict({**item, "audit": None}) for item in data["entries"])
         assert shown == tuple(LogEntry(e.turn_ref, e.messages) for e in entries)
+
+
+def test_log_json_on_an_output_that_is_not_utf8_is_ascii(tmp_path):
+    """Bug caught: on a Latin-1 standard output `log --json` wrote "é" as the byte 0xE9,
+    which a program reading JSON as UTF-8 (jq) refused."""
+    reply = "Caf\u00e9 \u2014 \U0001f600"
+    config = write_config(tmp_path, f'[model]\nprovider = "scripted"\nreplies = ["{reply}"]\n')
+    where = str(tmp_path / "chat.db")
+    assert turnplug("run", config, "hi", "--log", where, "--conversation", "c").returncode == 0
+
+    done = subprocess.run(
+        [TURNPLUG, "log", "c", "--log", where, "--json"],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+        env=environment(PYTHONIOENCODING="latin-1"),
+    )
+
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.stdout.isascii()
+    [entry] = json.loads(done.stdout)["entries"]  # read as UTF-8
+    assert entry["messages"][-1]["parts"][0]["text"] == reply
 
 
 def test_an_unknown_conversation_shows_as_empty(written):

@@ -330,6 +330,38 @@ def test_run_on_a_terminal_that_is_not_utf8_prints_json_that_reads_back(tmp_path
     assert json.loads(done.stdout)["reply"] == "Caf\u00e9 \u2014 \U0001f600"
 
 
+@pytest.mark.parametrize("encoding", ["latin-1", "cp1252"])
+@pytest.mark.parametrize("events", [False, True], ids=["result", "events"])
+def test_run_json_on_an_output_that_is_not_utf8_is_ascii(
+    tmp_path: Path, encoding: str, events: bool
+) -> None:
+    """Bug caught: on a Latin-1 or cp1252 standard output `run --json` wrote "é" as the byte
+    0xE9 beside escapes, which a program reading JSON as UTF-8 (jq) refused."""
+    reply = "Caf\u00e9 \u2014 \u20ac \U0001f600"
+    config = write_config(tmp_path, f'[model]\nprovider = "scripted"\nreplies = ["{reply}"]\n')
+    done = subprocess.run(
+        [TURNPLUG, "run", str(config), "hi", "--json", *(["--events"] * events)],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+        env=environment(PYTHONIOENCODING=encoding),
+    )
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.stdout.isascii()
+    lines = [json.loads(line) for line in done.stdout.splitlines()]  # read as UTF-8
+    if events:
+        assert [line["text"] for line in lines if line.get("event") == "TextDelta"] == [reply]
+    else:
+        assert lines[0]["reply"] == reply
+
+
+def test_run_json_on_a_utf8_output_writes_its_text_as_written(tmp_path: Path) -> None:
+    config = write_config(tmp_path, '[model]\nprovider = "scripted"\nreplies = ["Caf\u00e9"]\n')
+    done = turnplug("run", config, "hi", "--json", env=environment(PYTHONIOENCODING="utf-8"))
+    assert '"reply": "Caf\u00e9"' in done.stdout
+
+
 def test_run_in_process_leaves_the_callers_standard_output_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
