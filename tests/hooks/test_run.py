@@ -356,6 +356,30 @@ def test_run_json_on_an_output_that_is_not_utf8_is_ascii(
         assert lines[0]["reply"] == reply
 
 
+def test_a_hook_printing_what_an_ascii_output_cannot_carry_does_not_fail_the_turn(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "loud.py").write_text(
+        "import sys\n"
+        "from pipeline import cont\n"
+        "def loud(turn):\n"
+        "    print('hook: caf\\u00e9')\n"
+        "    print('hook: caf\\u00e9', file=sys.stderr)\n"
+        "    return cont(turn)\n"
+    )
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = ["ok"]\n'
+        '[[pre]]\nkind = "python"\nref = "loud:loud"\n',
+    )
+    done = turnplug("run", config, "hi", env=environment(PYTHONIOENCODING="ascii"))
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        "hook: caf\\u00e9\nok\n",  # standard output: JSON's escape
+        "hook: caf\\xe9\n",  # standard error: Python's
+    )
+
+
 def test_run_json_on_a_utf8_output_writes_its_text_as_written(tmp_path: Path) -> None:
     config = write_config(tmp_path, '[model]\nprovider = "scripted"\nreplies = ["Caf\u00e9"]\n')
     done = turnplug("run", config, "hi", "--json", env=environment(PYTHONIOENCODING="utf-8"))
