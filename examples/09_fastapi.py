@@ -76,8 +76,8 @@ def create_app(log_path: str | Path, pipe: Pipeline | None = None) -> Starlette:
         conversation = request.path_params["conversation_id"]
         try:
             body = await request.json()
-        except ValueError:  # not JSON, or not UTF-8: the client's mistake, not a crash
-            body = None
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep for the
+            body = None  # parser ("[" * 100000): the client's mistake, not a crash
         message = body.get("message") if isinstance(body, dict) else None
         if not isinstance(message, str) or not message:
             return JSONResponse({"error": 'send {"message": "some text"}'}, status_code=400)

@@ -349,6 +349,27 @@ def test_fastapi_refuses_a_body_that_is_not_json_with_400(tmp_path: Path) -> Non
         )
 
 
+def test_fastapi_refuses_a_body_nested_too_deep_to_parse_with_400(tmp_path: Path) -> None:
+    """Bug caught: a body nested deeper than the JSON parser recurses (``[`` 100000 times)
+    raised a RecursionError, not a ValueError, and failed with a 500 and a traceback."""
+    example = _load("09_fastapi")
+
+    async def main():
+        running, task, url = await _serve(example.create_app(tmp_path / "chat.db"))
+        try:
+            async with httpx.AsyncClient(base_url=url) as client:
+                return await client.post("/chat/c1", content=b"[" * 100_000 + b"]" * 100_000)
+        finally:
+            running.should_exit = True
+            await task
+
+    refused = asyncio.run(main())
+    assert (refused.status_code, refused.json()) == (
+        400,
+        {"error": 'send {"message": "some text"}'},
+    )
+
+
 def test_fastapi_client_that_disconnects_mid_stream_commits_nothing(tmp_path: Path) -> None:
     """Catches: a browser closing the connection mid-turn leaving a partial turn in the log,
     the turn running on after the disconnect, or the server failing later requests."""
