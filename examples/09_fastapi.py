@@ -3,7 +3,9 @@
 ``POST /chat/{conversation_id}`` with ``{"message": "..."}`` runs one turn of that
 conversation in a session over a `SQLiteLog` and streams it as server-sent events: ``delta``
 events carry the reply's text as it arrives, ``retract`` says a rejected attempt's text is to
-be cleared, and ``done`` carries the outcome and the committed reply. ``GET
+be cleared, and ``done`` carries the outcome and the committed reply, or ``error`` says the
+turn failed and what failed (a hook by name, the model, the log), never the exception's
+message, which may quote what the log does not hold; the server logs the traceback. ``GET
 /conversations/{conversation_id}`` returns what the log holds. A client that disconnects
 mid-turn cancels the turn: nothing of it is committed, and the server keeps serving.
 
@@ -23,6 +25,7 @@ the log holds, and stops.
 import asyncio
 import contextlib
 import json
+import logging
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -35,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from pipeline import LogConflict, Pipeline, cont, hook
+from pipeline import HookError, LogConflict, Pipeline, PipelineError, ProviderError, cont, hook
 from pipeline import events as ev
 from pipeline.logs import SQLiteLog
 from pipeline.testing import FunctionModel
@@ -60,6 +63,21 @@ def build_pipeline() -> Pipeline:
 
 def sse(event: str, data: object) -> str:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+def failure(error: PipelineError) -> str:
+    """What to tell the client of a turn that failed: what failed, never the error's message,
+    which may quote the conversation (what a hook raised, a provider's answer) where the log
+    holds nothing of the failed turn."""
+    if isinstance(error, LogConflict):
+        return "the conversation changed meanwhile; send again"
+    if isinstance(error, HookError):
+        what = f"hook {error.hook!r} ({error.stage}) failed"
+    elif isinstance(error, ProviderError):
+        what = "the model failed"
+    else:
+        what = f"the turn failed ({type(error).__name__})"
+    return f"{what}; nothing of the turn was committed"
 
 
 def create_app(log_path: str | Path, pipe: Pipeline | None = None) -> Starlette:
@@ -96,8 +114,10 @@ def create_app(log_path: str | Path, pipe: Pipeline | None = None) -> Starlette:
                         elif isinstance(event, ev.AttemptRejected):
                             yield sse("retract", event.attempt)
                 result = events.result
-            except LogConflict:
-                yield sse("error", "the conversation changed meanwhile; send again")
+            except PipelineError as error:
+                if not isinstance(error, LogConflict):
+                    logging.getLogger(__name__).exception("a turn of %r failed", conversation)
+                yield sse("error", failure(error))
                 return
             reply = result.reply.text if result.reply is not None else None
             yield sse("done", {"outcome": result.outcome, "reply": reply})
@@ -137,7 +157,7 @@ def port_of(running: uvicorn.Server) -> int:
 
 async def read_turn(client: httpx.AsyncClient, conversation: str, message: str) -> dict:  # type: ignore[type-arg]
     """Send one message; the streamed text of the accepted attempt and the final ``done``
-    event."""
+    event, or what failed under ``error``."""
     text = ""
     done: dict = {}  # type: ignore[type-arg]
     async with client.stream("POST", f"/chat/{conversation}", json={"message": message}) as sent:
@@ -153,6 +173,8 @@ async def read_turn(client: httpx.AsyncClient, conversation: str, message: str) 
                     text = ""
                 elif event == "done":
                     done = data
+                elif event == "error":  # the turn failed: nothing of it was committed
+                    done = {"error": data}
     return {"streamed": text, **done}
 
 
@@ -171,7 +193,8 @@ async def main() -> list[dict]:  # type: ignore[type-arg]
             running.should_exit = True
             await serving
     for turn in turns:
-        print(f"streamed: {turn['streamed'].strip()!r} -> reply: {turn['reply']!r}")
+        answer = f"error: {turn['error']}" if "error" in turn else f"reply: {turn['reply']!r}"
+        print(f"streamed: {turn['streamed'].strip()!r} -> {answer}")
     print("the log holds:")
     for message in logged:
         print(f"  {message['role']:<9} {message['text']}")

@@ -370,6 +370,47 @@ def test_fastapi_refuses_a_body_nested_too_deep_to_parse_with_400(tmp_path: Path
     )
 
 
+def test_fastapi_client_reads_what_failed_in_a_turn_that_failed(tmp_path: Path) -> None:
+    """Bug caught: a turn that failed other than by a conflict (a hook raising, the model
+    failing) broke off the event stream with no ``error`` event, so the client could not
+    tell its user what happened."""
+    example = _load("09_fastapi")
+
+    def audit(turn: Turn):  # type: ignore[no-untyped-def]
+        raise RuntimeError(f"audit store down while holding {turn.reply.text!r}")
+
+    async def broken(request):
+        yield "Half a rep"
+        raise RuntimeError("connection reset while sending 'my card is 4111'")
+
+    pipes = {
+        "hook": Pipeline(model=ScriptedModel(["Secret words."]), post=[hook(audit, name="audit")]),
+        "model": Pipeline(model=FunctionModel(broken)),
+    }
+
+    async def main(pipe):
+        running, task, url = await _serve(example.create_app(tmp_path / "chat.db", pipe))
+        try:
+            async with httpx.AsyncClient(base_url=url) as client:
+                turn = await example.read_turn(client, "c1", "my card is 4111")
+                return turn, (await client.get("/conversations/c1")).json()
+        finally:
+            running.should_exit = True
+            await task
+
+    assert asyncio.run(main(pipes["hook"])) == (
+        {
+            "streamed": "Secret words.",
+            "error": "hook 'audit' (post) failed; nothing of the turn was committed",
+        },
+        [],
+    )
+    assert asyncio.run(main(pipes["model"])) == (
+        {"streamed": "Half a rep", "error": "the model failed; nothing of the turn was committed"},
+        [],
+    )
+
+
 def test_fastapi_client_that_disconnects_mid_stream_commits_nothing(tmp_path: Path) -> None:
     """Catches: a browser closing the connection mid-turn leaving a partial turn in the log,
     the turn running on after the disconnect, or the server failing later requests."""
