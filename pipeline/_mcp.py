@@ -613,10 +613,9 @@ class Connection:
 
         client = await stack.enter_async_context(
             httpx2.AsyncClient(
-                transport=_http_repairing(),
                 headers=dict(spec.headers or {}),
                 timeout=httpx2.Timeout(spec.timeout, read=max(spec.timeout, 300.0)),
-                event_hooks={"response": [answered]},
+                event_hooks={"response": [answered, _repairing]},
             )
         )
         read, write = await stack.enter_async_context(
@@ -1245,63 +1244,36 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 """The escape of a surrogate in JSON: alone, the SDK's parser refuses the whole message."""
 
 
-def _http_repairing() -> Any:
-    """The httpx transport of an HTTP server's connection: the SDK's own, under a layer that
-    reads a lone surrogate a server's JSON escapes as U+FFFD, as the stdio reader does."""
+async def _repairing(response: Any) -> None:
+    """The response hook of an HTTP server's connection: a JSON body or an event stream is
+    read through `_Mending`, which reads a lone surrogate a server's JSON escapes as U+FFFD,
+    as the stdio reader does. A compressed body is left as it is.
+
+    A hook, not a transport of ours: the HTTP client reads the proxy environment
+    (``HTTP_PROXY``, ``NO_PROXY``...) only when it builds its own transports; and the
+    response stays the one the server sent, every header of it (each ``Set-Cookie``) kept.
+    """
+    if response.headers.get("content-encoding", "identity") != "identity":
+        return
+    kind = response.headers.get("content-type", "").lower()
+    if kind.startswith("application/json"):
+        response.stream = _mending(response.stream, lines=False)
+    elif kind.startswith("text/event-stream"):
+        response.stream = _mending(response.stream, lines=True)
+
+
+def _mending(inner: Any, *, lines: bool) -> Any:
+    """The body `inner` with its lone surrogates mended: read whole and mended once (a JSON
+    body), or line by line as it comes (an event stream: the SDK's servers write each
+    event's JSON on one ``data:`` line). A mended body's ``content-length`` is left as the
+    server sent it: the body is read to its end, never by that count."""
     import httpx2
 
-    class Repairing(httpx2.AsyncBaseTransport):
-        # A JSON body is read whole and mended; an event stream line by line, as it comes
-        # (the SDK's servers write each event's JSON on one `data:` line). A compressed body
-        # is left as it is.
-        def __init__(self) -> None:
-            self.inner = httpx2.AsyncHTTPTransport()
-
-        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-            response = await self.inner.handle_async_request(request)
-            kind = response.headers.get("content-type", "").lower()
-            if response.headers.get("content-encoding", "identity") != "identity":
-                return response
-            if kind.startswith("application/json"):
-                body = _mended(await response.aread())
-                headers = [(k, v) for k, v in response.headers.items() if k != "content-length"]
-                headers.append(("content-length", str(len(body))))
-                return httpx2.Response(
-                    response.status_code,
-                    headers=headers,
-                    content=body,
-                    extensions=response.extensions,
-                )
-            if kind.startswith("text/event-stream"):
-                stream = _mended_lines(response.stream)
-                return httpx2.Response(
-                    response.status_code,
-                    headers=response.headers,
-                    stream=stream,
-                    extensions=response.extensions,
-                )
-            return response
-
-        async def aclose(self) -> None:
-            await self.inner.aclose()
-
-    return Repairing()
-
-
-def _mended(text: bytes) -> bytes:
-    """`text` (a JSON message) with each lone surrogate it escapes as U+FFFD; as it was when
-    it escapes none, or is no JSON."""
-    if not _SURROGATE_ESCAPE.search(text):
-        return text
-    return _surrogates_replaced(text) or text
-
-
-def _mended_lines(inner: Any) -> Any:
-    """The event stream `inner` with the lone surrogates of its ``data:`` lines mended."""
-    import httpx2
-
-    class Mended(httpx2.AsyncByteStream):
+    class Mending(httpx2.AsyncByteStream):
         async def __aiter__(self) -> AsyncIterator[bytes]:
+            if not lines:
+                yield _mended(b"".join([chunk async for chunk in inner]))
+                return
             # A line's chunks are joined once, when its end arrives: joining each chunk to
             # what came before would cost a long line (a large result) quadratic time.
             pending: list[bytes] = []
@@ -1310,16 +1282,29 @@ def _mended_lines(inner: Any) -> Any:
                 if not end:
                     pending.append(chunk)
                     continue
-                lines = b"".join([*pending, chunk[:end]])
+                joined = b"".join([*pending, chunk[:end]])
                 pending = [chunk[end:]] if end < len(chunk) else []
-                yield b"".join(_mended_line(ln) for ln in lines.splitlines(keepends=True))
+                yield b"".join(_mended_line(ln) for ln in joined.splitlines(keepends=True))
             if pending:
                 yield _mended_line(b"".join(pending))
+
+        @property
+        def elapsed(self) -> Any:
+            # The client's own stream times the response; `Response.elapsed` asks its stream.
+            return getattr(inner, "elapsed", None)
 
         async def aclose(self) -> None:
             await inner.aclose()
 
-    return Mended()
+    return Mending()
+
+
+def _mended(text: bytes) -> bytes:
+    """`text` (a JSON message) with each lone surrogate it escapes as U+FFFD; as it was when
+    it escapes none, or is no JSON."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return text
+    return _surrogates_replaced(text) or text
 
 
 def _mended_line(line: bytes) -> bytes:

@@ -746,7 +746,9 @@ class RawMCP:
     `call_code`), `call_body` the body a tools/call gets instead (sent as JSON), `call_result`
     the result a tools/call gets instead (as an event stream when `sse`), `status` the
     HTTP status that answers a method instead, and a GET (the optional event stream) is answered 404, as by a server that
-    routes POST alone."""
+    routes POST alone. `set_cookies` are sent with the answer to initialize, one
+    ``Set-Cookie`` header each; `targets` and `cookies` record each POST's request target
+    (an absolute URI when it came through a proxy) and ``Cookie`` header."""
 
     def __init__(
         self,
@@ -758,11 +760,14 @@ class RawMCP:
         call_body: bytes | None = None,
         call_result: object = None,
         sse: bool = False,
+        set_cookies: tuple[str, ...] = (),
     ) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.initialized = 0
+        self.targets: list[str] = []
+        self.cookies: list[str | None] = []
         self.release = threading.Event()
         server = self
 
@@ -770,17 +775,23 @@ class RawMCP:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def answer(self, status: int, body: object = None) -> None:
+            def answer(
+                self, status: int, body: object = None, cookies: tuple[str, ...] = ()
+            ) -> None:
                 data = json.dumps(body).encode() if body is not None else b""
                 self.send_response(status)
                 if body is not None:
                     self.send_header("content-type", "application/json")
                 self.send_header("mcp-session-id", "s-1")
+                for cookie in cookies:
+                    self.send_header("set-cookie", cookie)
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
             def do_POST(self) -> None:
+                server.targets.append(self.path)
+                server.cookies.append(self.headers.get("cookie"))
                 message = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 method = message.get("method")
                 if "id" not in message:
@@ -826,7 +837,9 @@ class RawMCP:
                 else:
                     error = {"code": call_code, "message": call_error or "no"}
                     return self.answer(200, {"jsonrpc": "2.0", "id": message["id"], "error": error})
-                return self.answer(200, {"jsonrpc": "2.0", "id": message["id"], "result": result})
+                answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+                cookies = set_cookies if method == "initialize" else ()
+                return self.answer(200, answer, cookies)
 
             def do_GET(self) -> None:
                 self.send_response(404)
@@ -1165,6 +1178,47 @@ async def test_a_lone_surrogate_an_http_server_escapes_is_read_as_a_replacement_
 
     answer = result.reply.messages[1].parts[0]
     assert (answer.is_error, answer.content) == (False, "smile \ufffd, pair \U0001f600")
+
+
+@sdk_unclosed_streams
+async def test_an_http_server_is_reached_through_the_proxy_the_environment_names(monkeypatch):
+    """Bug caught: the HTTP client was given a transport of ours, so it ignored HTTP_PROXY
+    (and ALL_PROXY, NO_PROXY): a server only a proxy reaches could not be reached."""
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    # The server is its own forward proxy: it answers a request for an absolute URI.
+    with RawMCP() as proxy:
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.http.server_port}")
+        pipe = Pipeline(
+            model=ScriptedModel([[ToolCall("c1", "raw_echo", {})], "ok"]),
+            toolsets=[mcp_toolset("raw", url="http://mcp.invalid/mcp", connect_timeout=5)],
+        )
+        async with pipe:
+            result = await pipe.run(Turn.start("hi"))
+
+    assert result.reply.messages[1].parts[0].content == (
+        "tool 'raw_echo' failed: MCP server 'raw' refused the call: no"
+    )
+    # initialize, its notification, tools/list, tools/call: all through the proxy
+    assert proxy.targets == ["http://mcp.invalid/mcp"] * 4
+
+
+@sdk_unclosed_streams
+async def test_every_cookie_an_http_server_sets_is_sent_back():
+    """Bug caught: each JSON response was rebuilt from its headers joined by name, so of
+    several Set-Cookie headers (a load balancer's sticky session) none was kept."""
+    cookies = ("AWSALB=abc; Expires=Tue, 01 Dec 2037 00:00:00 GMT; Path=/", "LB=def; Path=/")
+    with RawMCP(set_cookies=cookies) as server:
+        pipe = Pipeline(
+            model=ScriptedModel([[ToolCall("c1", "raw_echo", {})], "ok"]),
+            toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5)],
+        )
+        async with pipe:
+            await pipe.run(Turn.start("hi"))
+
+    # initialize, then its notification, tools/list and tools/call with both cookies
+    sent = [sorted(c.split("; ")) if c else c for c in server.cookies]
+    assert sent == [None, *[["AWSALB=abc", "LB=def"]] * 3]
 
 
 async def test_a_server_whose_message_was_too_large_sees_its_stdin_close_and_exits(tmp_path):
