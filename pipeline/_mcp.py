@@ -930,7 +930,14 @@ class Connection:
         name = self.spec.name
         if (problem := _invalid(exc)) is not None:
             # The SDK's text is one paragraph per member of each union it tried: kilobytes
-            # the model would read instead of what was wrong.
+            # the model would read instead of what was wrong. It is logged, whole, for the
+            # server's author.
+            logger.debug(
+                "%s: the MCP SDK refused the result of a call of %r: %s",
+                self.label,
+                own,
+                " ".join(exc_text(exc).split()),
+            )
             return ToolFailure(
                 f"MCP server {name!r} answered the call of {own!r} with a result that is no"
                 f" valid tools/call result: {problem}"
@@ -1388,7 +1395,14 @@ _PROBLEM_MAX = 300
 def _invalid(exc: BaseException) -> str | None:
     """What the SDK found wrong in a server's answer (a pydantic `ValidationError`): the
     first error's place, message and input, and how many more there are, in at most
-    `_PROBLEM_MAX` characters; None for any other exception."""
+    `_PROBLEM_MAX` characters; None for any other exception.
+
+    A union's errors (a content block's) are placed under each member's class name
+    (``content.0.TextContent.text``), one for every member it tried: the errors told are
+    those of the members whose ``type`` the value has (an image block's, for an image with
+    no ``data``), placed without the class names; when every member refused the value's
+    ``type``, that type is what was wrong.
+    """
     from pydantic import ValidationError
 
     if not isinstance(exc, ValidationError):
@@ -1397,30 +1411,51 @@ def _invalid(exc: BaseException) -> str | None:
     if not errors:
         return _clipped(str(exc), _PROBLEM_MAX)
     first = errors[0]
-    loc = first["loc"]
-    # A union's errors are placed under each member's class name (`content.0.TextContent.text`):
-    # when every member refused the value's `type`, that type is what was wrong.
-    members = next((i for i, step in enumerate(loc) if str(step)[:1].isupper()), None)
-    if members is not None and isinstance(first.get("input"), dict):
-        tried = {str(e["loc"][members]) for e in errors if e["loc"][:members] == loc[:members]}
+    loc = tuple(first["loc"])
+    members = next((i for i, step in enumerate(loc) if _member(step)), None)
+    if members is not None:
+        union = loc[:members]
+        here = [e for e in errors if tuple(e["loc"][:members]) == union]
+        elsewhere = [e for e in errors if tuple(e["loc"][:members]) != union]
         refused = {
-            str(e["loc"][members])
-            for e in errors
-            if e["loc"][:members] == loc[:members]
-            and e["loc"][members + 1 :] == ("type",)
-            and e["type"] == "literal_error"
+            e["loc"][members]
+            for e in here
+            if tuple(e["loc"][members + 1 :]) == ("type",) and e["type"] == "literal_error"
         }
-        if refused == tried:
-            kind = first["input"].get("type")
-            first = {**first, "msg": f"its type {kind!r} is none that MCP defines here"}
-            errors = [first, *(e for e in errors if e["loc"][:members] != loc[:members])]
-            loc = loc[:members]
-    place = ".".join(str(step) for step in loc)
+        matched = [e for e in here if len(e["loc"]) > members and e["loc"][members] not in refused]
+        if matched:
+            first = matched[0]
+            errors = [*matched, *elsewhere]
+        elif refused:
+            # The block itself is the input of a field's error one step in (a missing one's).
+            kind = next(e["input"] for e in here if e["type"] == "literal_error")
+            block = next(
+                (
+                    e["input"]
+                    for e in here
+                    if len(e["loc"]) == members + 2 and isinstance(e["input"], dict)
+                ),
+                kind,
+            )
+            first = {
+                **first,
+                "loc": union,
+                "msg": f"its type {kind!r} is none that MCP defines here",
+                "input": block,
+            }
+            errors = [first, *elsewhere]
+    place = ".".join(str(step) for step in first["loc"] if not _member(step))
     text = f"{place}: {first['msg']}" if place else first["msg"]
     text += f" (got {_clipped(repr(first.get('input')), 80)})"
     if len(errors) > 1:
         text += f", and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''}"
     return _clipped(text, _PROBLEM_MAX)
+
+
+def _member(step: Any) -> bool:
+    """Whether a step of an error's place is a union member's class name (``TextContent``):
+    the SDK's fields and MCP's names all begin in lower case."""
+    return isinstance(step, str) and step[:1].isupper()
 
 
 def _clipped(text: str, limit: int) -> str:

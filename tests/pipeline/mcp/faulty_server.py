@@ -30,7 +30,9 @@
 - ``malformed``: written by hand as ``babbling``, lists ``notlist``, whose calls it answers
   with a ``content`` that is a string, not a list, and ``video``, whose calls it answers
   with a content block of a type MCP does not define, ``null``, whose calls it answers with
-  ``"result": null``, and ``none``, whose calls it answers with a response holding no result;
+  ``"result": null``, ``none``, whose calls it answers with a response holding no result,
+  ``nodata``, whose calls it answers with an image block with no data, and ``textnum``,
+  whose calls it answers with a second text block whose text is a number;
 - ``mute``: the SDK's low-level server, listing ``mute``, whose calls it answers with an
   error result with no content, and ``refuse``, whose calls it refuses with a JSON-RPC error
   -32602 whose message is empty;
@@ -285,6 +287,8 @@ MALFORMED = {
     "video": {"content": [{"type": "video", "url": "https://example.com/v.mp4"}]},
     "null": None,
     "none": "(no result)",
+    "nodata": {"content": [{"type": "image", "mimeType": "image/png"}]},
+    "textnum": {"content": [{"type": "text", "text": "ok"}, {"type": "text", "text": 5}]},
 }
 
 

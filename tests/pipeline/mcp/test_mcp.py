@@ -1136,6 +1136,44 @@ async def test_a_result_the_sdk_finds_invalid_is_told_in_one_short_line():
     assert server_processes() == []
 
 
+async def test_an_invalid_block_is_told_by_its_own_types_problem_and_the_sdk_error_logged(
+    caplog,
+):
+    """Bug caught: the short line named the first error of the first type the SDK tried (an
+    image block with no data told as ``content.0.TextContent.text: Field required``), not
+    one of the block's own type, and the SDK's full error was kept nowhere."""
+    caplog.set_level(logging.DEBUG, logger="turnplug.mcp")
+    model = ScriptedModel(
+        [[ToolCall("c1", "faulty_nodata", {}), ToolCall("c2", "faulty_textnum", {})], "done"]
+    )
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("malformed", timeout=10)])
+    result = await pipe.run(Turn.start("go"))
+
+    nodata, textnum = (m.parts[0].content for m in result.reply.messages[1:3])
+    assert nodata == (
+        "tool 'faulty_nodata' failed: MCP server 'faulty' answered the call of 'nodata' with a"
+        " result that is no valid tools/call result: content.0.data: Field required (got"
+        " {'type': 'image', 'mimeType': 'image/png'})"
+    )
+    assert textnum == (
+        "tool 'faulty_textnum' failed: MCP server 'faulty' answered the call of 'textnum' with"
+        " a result that is no valid tools/call result: content.1.text: Input should be a valid"
+        " string (got 5)"
+    )
+    logged = sorted(
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "turnplug.mcp" and "refused the result" in r.getMessage()
+    )
+    label = f"MCP server 'faulty' (`{sys.executable} {FAULTY} malformed`)"
+    assert [line.split(": ValidationError: ")[0] for line in logged] == [
+        f"{label}: the MCP SDK refused the result of a call of 'nodata'",
+        f"{label}: the MCP SDK refused the result of a call of 'textnum'",
+    ]
+    assert all("ImageContent.data Field required" in line for line in logged)
+    assert server_processes() == []
+
+
 async def test_a_response_with_a_null_result_or_none_fails_its_call_at_once():
     """Bug caught: a stdio server answering a call with ``"result": null`` (or no result at
     all) left the call waiting out its whole timeout, then reported as no answer."""
