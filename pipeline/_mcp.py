@@ -706,7 +706,9 @@ class Connection:
                     with suppress(ValueError):
                         message = jsonrpc_message_adapter.validate_json(repaired, by_name=False)
                         return SessionMessage(message)
-                resultless = _resultless(line)
+                # The repaired line: what it quotes of the result reaches the model, which a
+                # lone surrogate would fail to encode.
+                resultless = _resultless(repaired or line)
                 if resultless is not None:
                     # Handed over as a parse error, it would leave its request unanswered
                     # until the timeout: it answers that request with the error instead.

@@ -31,8 +31,9 @@
   with a ``content`` that is a string, not a list, and ``video``, whose calls it answers
   with a content block of a type MCP does not define, ``null``, whose calls it answers with
   ``"result": null``, ``none``, whose calls it answers with a response holding no result,
-  ``nodata``, whose calls it answers with an image block with no data, and ``textnum``,
-  whose calls it answers with a second text block whose text is a number;
+  ``nodata``, whose calls it answers with an image block with no data, ``textnum``, whose
+  calls it answers with a second text block whose text is a number, and ``cutstring``,
+  whose calls it answers with a result that is a string cut inside a surrogate pair;
 - ``mute``: the SDK's low-level server, listing ``mute``, whose calls it answers with an
   error result with no content, and ``refuse``, whose calls it refuses with a JSON-RPC error
   -32602 whose message is empty;
@@ -289,6 +290,7 @@ MALFORMED = {
     "none": "(no result)",
     "nodata": {"content": [{"type": "image", "mimeType": "image/png"}]},
     "textnum": {"content": [{"type": "text", "text": "ok"}, {"type": "text", "text": 5}]},
+    "cutstring": "cut \ud83d",
 }
 
 

@@ -1197,6 +1197,20 @@ async def test_a_response_with_a_null_result_or_none_fails_its_call_at_once():
     assert server_processes() == []
 
 
+async def test_a_result_that_is_a_cut_string_is_quoted_with_a_replacement_character():
+    """Bug caught: a stdio server's non-object result holding a lone surrogate was quoted
+    from the line as it came, so the call's message held text UTF-8 cannot encode."""
+    model = ScriptedModel([[ToolCall("c1", "faulty_cutstring", {})], "done"])
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("malformed", timeout=10)])
+    result = await pipe.run(Turn.start("go"))
+
+    assert result.reply.messages[1].parts[0].content == (
+        "tool 'faulty_cutstring' failed: MCP server 'faulty' answered the call of 'cutstring'"
+        ' with a response whose result is "cut \ufffd", where a tools/call result is an object'
+    )
+    assert server_processes() == []
+
+
 @pytest.mark.parametrize("sse", [False, True], ids=["json", "event-stream"])
 @sdk_unclosed_streams
 async def test_a_lone_surrogate_an_http_server_escapes_is_read_as_a_replacement_character(
