@@ -972,6 +972,13 @@ class Connection:
                     f"MCP server {name!r} closed the connection during the call (did it"
                     " crash?); it is connected again on the next turn"
                 )
+            if exc.error.message.startswith(_SDK_UNREAD):
+                # The SDK's message quotes its pydantic error whole (about 1 KB); that is
+                # logged at DEBUG (`SDKRecords`), and the server refused nothing.
+                return ToolFailure(
+                    f"MCP server {name!r} answered the call of {own!r} with what the MCP SDK"
+                    f" cannot read as a JSON-RPC response: {_unread(exc.error.message)}"
+                )
             refused = (
                 self._http_refusal(exc)
                 or (exc.error.message if exc.error.message.strip() else None)
@@ -1490,6 +1497,27 @@ def _leaf(exc: BaseException) -> BaseException:
 # The messages of the errors the SDK itself gives a call whose connection closed (or whose
 # HTTP response stream broke), with the code CONNECTION_CLOSED.
 _SDK_CLOSED = ("Connection closed", "SSE stream ")
+
+
+# The messages of the errors the SDK's HTTP transport gives a call whose answer (a JSON body,
+# an event's data) it could not parse, followed by the parser's whole error.
+_SDK_UNREAD = ("Failed to parse JSON response", "Failed to parse SSE message")
+_INVALID_JSON = re.compile(r"Invalid JSON: ([^\[\n]*)")
+_INPUT_VALUE = re.compile(r"input_value=(.*?), input_type=", re.DOTALL)
+
+
+def _unread(message: str) -> str:
+    """The SDK's message for an answer it could not parse (`_SDK_UNREAD`), short: what it
+    says, and the JSON's fault or the value it read (a JSON-RPC response whose result is
+    null, say), where it quotes pydantic's error whole."""
+    said = next(prefix for prefix in _SDK_UNREAD if message.startswith(prefix))
+    if (bad := _INVALID_JSON.search(message)) is not None:
+        detail = f"invalid JSON: {bad.group(1).strip()}"
+    elif (value := _INPUT_VALUE.search(message)) is not None:
+        detail = f"got {_clipped(value.group(1), 120)}"
+    else:
+        return _clipped(said, _PROBLEM_MAX)
+    return _clipped(f"{said} ({detail})", _PROBLEM_MAX)
 
 
 def _closed(exc: BaseException) -> bool:

@@ -743,7 +743,8 @@ class RawMCP:
     """A hand-written streamable HTTP MCP server with one tool, `echo`, on 127.0.0.1, whose
     answers a test bends: `hang` names the methods it never answers (and ``"DELETE"`` for
     the session's end), `call_error` the JSON-RPC error a tools/call gets (with the code
-    `call_code`), `call_body` the body a tools/call gets instead (sent as JSON), `call_result`
+    `call_code`), `call_body` the body a tools/call gets instead (sent as JSON, or as an
+    event's data when `sse`), `call_result`
     the result a tools/call gets instead (as an event stream when `sse`), `status` the
     HTTP status that answers a method instead, and a GET (the optional event stream) is answered 404, as by a server that
     routes POST alone. `set_cookies` are sent with the answer to initialize, one
@@ -803,6 +804,16 @@ class RawMCP:
                     # An HTTP refusal whose body is no JSON-RPC error (a proxy's, say).
                     assert status is not None
                     return self.answer(status[method], {"detail": "invalid token"})
+                if method == "tools/call" and call_body is not None and sse:
+                    # A body that is no JSON-RPC message, as an event's data.
+                    data = b"event: message\ndata: " + call_body + b"\n\n"
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("mcp-session-id", "s-1")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return None
                 if method == "tools/call" and call_body is not None:
                     # A body that is no JSON-RPC message, sent as JSON.
                     self.send_response(200)
@@ -1320,6 +1331,48 @@ async def test_a_server_whose_message_was_too_large_sees_its_stdin_close_and_exi
     # Written by the server after its stdin ended: a server killed first writes nothing.
     assert (state.read_text() if state.exists() else "") == "stdin closed\n"
     assert server_processes() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "sse", "told"),
+    [
+        (
+            b'{"jsonrpc": "2.0", "id": 9, "result": null}',
+            False,
+            "Failed to parse JSON response (got {'jsonrpc': '2.0', 'id': 9, 'result': None})",
+        ),
+        (
+            b"<html>bad gateway</html>",
+            False,
+            "Failed to parse JSON response (invalid JSON: expected value at line 1 column 1)",
+        ),
+        (
+            b'{"jsonrpc": "2.0", "id": 9, "result": null}',
+            True,
+            "Failed to parse SSE message (got {'jsonrpc': '2.0', 'id': 9, 'result': None})",
+        ),
+    ],
+    ids=["null-result", "no-json", "event-stream"],
+)
+@sdk_unclosed_streams
+async def test_an_http_answer_the_sdk_cannot_parse_is_told_short_and_not_as_a_refusal(
+    body: bytes, sse: bool, told: str
+):
+    """Bug caught: an HTTP server's answer the SDK could not parse (``"result": null``, a
+    body that is no JSON) reached the model as ``refused the call: Failed to parse JSON
+    response:`` and about 1 KB of the SDK's pydantic error."""
+    with RawMCP(call_body=body, sse=sse) as server:
+        pipe = Pipeline(
+            model=ScriptedModel([[ToolCall("c1", "raw_echo", {})], "ok"]),
+            toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5, timeout=5)],
+        )
+        async with pipe:
+            result = await pipe.run(Turn.start("hi"))
+
+    assert result.reply.messages[1].parts[0].content == (
+        "tool 'raw_echo' failed: MCP server 'raw' answered the call of 'echo' with what the"
+        f" MCP SDK cannot read as a JSON-RPC response: {told}"
+    )
 
 
 @sdk_unclosed_streams
