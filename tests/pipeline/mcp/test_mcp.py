@@ -745,7 +745,8 @@ class RawMCP:
     the session's end), `call_error` the JSON-RPC error a tools/call gets (with the code
     `call_code`), `call_body` the body a tools/call gets instead (sent as JSON, or as an
     event's data when `sse`), `call_result`
-    the result a tools/call gets instead (as an event stream when `sse`), `status` the
+    the result a tools/call gets instead (as an event stream when `sse`, streamed in pieces
+    of `chunk` bytes with no content-length when `chunk` is given), `status` the
     HTTP status that answers a method instead, and a GET (the optional event stream) is answered 404, as by a server that
     routes POST alone. `set_cookies` are sent with the answer to initialize, one
     ``Set-Cookie`` header each; `targets` and `cookies` record each POST's request target
@@ -762,6 +763,7 @@ class RawMCP:
         call_result: object = None,
         sse: bool = False,
         set_cookies: tuple[str, ...] = (),
+        chunk: int | None = None,
     ) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -831,9 +833,19 @@ class RawMCP:
                     self.send_response(200)
                     self.send_header("content-type", "text/event-stream")
                     self.send_header("mcp-session-id", "s-1")
-                    self.send_header("content-length", str(len(data)))
+                    if chunk is None:
+                        self.send_header("content-length", str(len(data)))
+                        self.end_headers()
+                        self.wfile.write(data)
+                        return None
+                    self.send_header("transfer-encoding", "chunked")
                     self.end_headers()
-                    self.wfile.write(data)
+                    for start in range(0, len(data), chunk):
+                        piece = data[start : start + chunk]
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                        self.wfile.flush()
+                        time.sleep(0.002)  # pacing, so the client reads the pieces apart
+                    self.wfile.write(b"0\r\n\r\n")
                     return None
                 result: object
                 if method == "initialize":
@@ -1222,16 +1234,21 @@ async def test_a_result_that_is_a_cut_string_is_quoted_with_a_replacement_charac
     assert server_processes() == []
 
 
-@pytest.mark.parametrize("sse", [False, True], ids=["json", "event-stream"])
+@pytest.mark.parametrize(
+    ("sse", "chunk"),
+    [(False, None), (True, None), (True, 5)],
+    ids=["json", "event-stream", "event-stream-in-5-byte-pieces"],
+)
 @sdk_unclosed_streams
 async def test_a_lone_surrogate_an_http_server_escapes_is_read_as_a_replacement_character(
-    sse: bool,
+    sse: bool, chunk: int | None
 ):
     """Bug caught: an HTTP server's answer holding a string cut inside a surrogate pair
     (``"\\ud83d"``) failed its call with the SDK's parse error, where a stdio server's is
-    read with U+FFFD in its place."""
+    read with U+FFFD in its place. Streamed in 5-byte pieces, the escapes arrive cut apart,
+    and so does the line that holds them."""
     cut = {"content": [{"type": "text", "text": "smile \ud83d, pair \ud83d\ude00"}]}
-    with RawMCP(call_result=cut, sse=sse) as server:
+    with RawMCP(call_result=cut, sse=sse, chunk=chunk) as server:
         pipe = Pipeline(
             model=ScriptedModel([[ToolCall("c1", "raw_echo", {})], "ok"]),
             toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5, timeout=10)],
