@@ -187,6 +187,7 @@ class Drive(Runner):
         if tools:
             turn = _with_tools(turn, tuple(tools.values()))
         self.tools = turn.context.tool_names
+        self.given = turn.context.messages
         if plan.compact is not None:
             turn = await self.compact(turn, plan.compact)
         return turn
@@ -203,7 +204,7 @@ class Drive(Runner):
         result, elapsed = called
         try:
             messages = check_history(step, result)
-            split = split_exchange(step, turn, messages)
+            split = split_exchange(step, self.given, turn.user_message, messages)
             if split is not None:
                 raise split
         except HookReturnError as error:
@@ -430,7 +431,7 @@ class Drive(Runner):
         try:
             if type(result) is Cont and type(result.value) is Turn:
                 verdict, outcome = "cont", result.value
-                _check_unchanged(step, turn, outcome)
+                _check_unchanged(step, turn, outcome, self.given)
                 if post and outcome.reply is not turn.reply:
                     outcome = _checked_reply(step, turn, outcome)
             elif type(result) is Halt:
@@ -730,8 +731,9 @@ def _check_fields(step: Step, before: Turn, after: Turn) -> None:
         )
 
 
-def _check_unchanged(step: Step, before: Turn, after: Turn) -> None:
-    """A hook may not re-correlate the turn, change its tools, or widen the active ones."""
+def _check_unchanged(step: Step, before: Turn, after: Turn, given: tuple[Message, ...]) -> None:
+    """A hook may not re-correlate the turn, change its tools, or widen the active ones, nor
+    part a tool call from its result in a history it replaced (`given`: the turn's own)."""
     _check_fields(step, before, after)
     if after.turn_ref != before.turn_ref:
         raise HookReturnError(
@@ -742,7 +744,7 @@ def _check_unchanged(step: Step, before: Turn, after: Turn) -> None:
             stage=step.stage,
         )
     if after.context.messages is not before.context.messages:
-        split = split_exchange(step, before, after.context.messages)
+        split = split_exchange(step, given, before.user_message, after.context.messages)
         if split is not None:
             raise split
     if after.context.tools != before.context.tools:

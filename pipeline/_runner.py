@@ -51,6 +51,7 @@ class Runner:
         "attempts",
         "calls",
         "emit",
+        "given",
         "injected_tokens",
         "known",
         "known_of",
@@ -96,6 +97,9 @@ class Runner:
         self.stamper = Stamper()
         self.turn_ref = ""
         self.tools: tuple[str, ...] = ()
+        # The history the turn began with, before any view (``compact=``, pre hooks): a call
+        # already split from its result there is not a view's fault (`split_exchange`).
+        self.given: tuple[Message, ...] = ()
         # Which hook last narrowed active_tools or set tool_choice, for RequestError messages.
         self.shaped_by: dict[str, str] = {}
         self.now: Callable[[], float] = anyio.current_time
@@ -742,57 +746,83 @@ def check_history(step: Step, messages: object) -> tuple[Message, ...]:
 
 
 def split_exchange(
-    step: Step, before: Turn, messages: tuple[Message, ...]
+    step: Step, given: tuple[Message, ...], last: Message, messages: tuple[Message, ...]
 ) -> HookReturnError | None:
     """The error for a history view `step` made (``compact=``, a pre hook replacing the
     history) that parts a tool call from its result, or None.
 
     Every provider refuses a tool result that answers no call right before it, and a call
     whose result does not follow: sent, the turn would fail as the provider's 400, naming no
-    hook. A history that was so already (built by hand) is not the view's fault.
+    hook. Only calls the view broke are its fault: one already broken in `given`, the history
+    the turn began with (a log cut to its last messages starts with a result whose call is
+    gone), is sent as it is, and does not hide another the view breaks. `last` is the turn's
+    own message, which the view cannot drop.
     """
-    problem = history_problem(messages, before.user_message)
-    if problem is None or history_problem(before.context.messages, before.user_message):
+    broken = broken_calls(messages, last)
+    if not broken:
         return None
+    if given is not messages:
+        for call_id in broken_calls(given, last):
+            broken.pop(call_id, None)
+    if not broken:
+        return None
+    call_id, (kind, index) = next(iter(broken.items()))
+    fix = (
+        "keep or drop an assistant message with tool calls together with the tool messages"
+        " that answer them"
+    )
+    if kind == "call":
+        calls = [other for other, where in broken.items() if where == (kind, index)]
+        problem = f"the tool calls {calls} of the assistant message at index {index} get no result"
+    else:
+        turns = index == len(messages)
+        holder = "the turn's own" if turns else f"the {messages[index].role}"
+        at = "" if turns else f" at index {index}"
+        problem = (
+            f"{holder} message{at} holds a result for call {call_id!r}, which no assistant"
+            " message right before it made"
+        )
     who = step.label if step.stage == "compact" else f"hook {step.label}"
     return HookReturnError(
-        f"{who} returned a history in which {problem}: no provider accepts it — keep or"
-        " drop an assistant message with tool calls together with the tool messages that"
-        " answer them",
+        f"{who} returned a history in which {problem}: no provider accepts it — {fix}",
         hook=step.name,
         stage=step.stage,
     )
 
 
-def history_problem(messages: Sequence[Message], last: Message) -> str | None:
-    """What keeps `messages` (then `last`, the turn's own message) from pairing each tool
-    call with the results in the tool messages right after it, or None."""
-    waiting: dict[str, None] = {}  # the calls of the last assistant message not answered yet
-    asked = 0
+def broken_calls(messages: Sequence[Message], last: Message) -> dict[str, tuple[str, int]]:
+    """The tool calls `messages` (then `last`, the turn's own message) do not pair with their
+    results, in the order met: each id with ``("result", index)`` for a result at `index`
+    that no assistant message right before it asked for, or ``("call", index)`` for a call
+    of the assistant message at `index` whose result does not follow.
+
+    The results that answer an assistant message's calls are in the tool messages right
+    after it, or in a user message there: both adapters send a user message's results as
+    the provider wants them (Anthropic's API carries results in a user message), so a
+    history in that shape pairs up too. A user message with more than results ends the
+    exchange.
+    """
+    broken: dict[str, tuple[str, int]] = {}
+    waiting: dict[str, int] = {}  # the calls of the last assistant message not answered yet
     for index, message in enumerate((*messages, last)):
-        if message.role == "tool":
+        role = message.role
+        if role == "tool" or role == "user":
+            only_results = True
             for part in message.parts:
-                if type(part) is ToolResult and part.call_id not in waiting:
-                    where = (
-                        "the turn's tool message"
-                        if index == len(messages)
-                        else f"the tool message at index {index}"
-                    )
-                    return (
-                        f"{where} holds a result for call {part.call_id!r}, which no"
-                        " assistant message right before it made"
-                    )
                 if type(part) is ToolResult:
-                    del waiting[part.call_id]
-            continue
-        if waiting:
-            break
-        if message.role == "assistant":
-            waiting = {part.id: None for part in message.parts if type(part) is ToolCall}
-            asked = index
-    if waiting:
-        return (
-            f"the tool calls {list(waiting)} of the assistant message at index {asked} get no"
-            " result"
+                    if waiting.pop(part.call_id, None) is None:
+                        broken.setdefault(part.call_id, ("result", index))
+                else:
+                    only_results = False
+            if role == "tool" or (only_results and message.parts):
+                continue
+        for call_id, asked in waiting.items():
+            broken.setdefault(call_id, ("call", asked))
+        waiting = (
+            {part.id: index for part in message.parts if type(part) is ToolCall}
+            if role == "assistant"
+            else {}
         )
-    return None
+    for call_id, asked in waiting.items():
+        broken.setdefault(call_id, ("call", asked))
+    return broken

@@ -539,6 +539,41 @@ async def test_compact_that_parts_a_tool_call_from_its_result_fails_naming_it(ke
     assert (info.value.stage, model.requests) == ("compact", [])
 
 
+WINDOWED = (Message.tool(ToolResult("c0", "stale")), *EXCHANGE)
+"""A log cut to its last messages: it starts with a result whose call was cut off."""
+
+RESULTS_IN_A_USER_MESSAGE = (
+    Message.user("where is order 41?"),
+    Message.assistant([ToolCall("c0", "lookup", {"order": "41"})]),
+    Message("user", (ToolResult("c0", "shipped"),)),
+    *EXCHANGE,
+)
+"""Anthropic's shape: the results of a call sit in the user message after it."""
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        pytest.param(WINDOWED, id="windowed"),
+        pytest.param(RESULTS_IN_A_USER_MESSAGE, id="results-in-a-user-message"),
+    ],
+)
+async def test_compact_splitting_an_exchange_of_a_history_split_or_shaped_elsewhere_fails(given):
+    """Bug caught: a history that began with a stray result, or carried results in a user
+    message, turned the check off, so a compact= dropping call c1 but keeping its result was
+    sent as a request every provider refuses."""
+
+    def drop_call(history, target, tokenizer):
+        return tuple(m for m in history if EXCHANGE[1] != m)
+
+    model = ScriptedModel(["ok"])
+    pipe = build(budget=Budget(1000, 100), compact=drop_call, model=model)
+    turn = Turn.start("and order 43?", context=Context(messages=given))
+    with pytest.raises(HookReturnError, match=r"drop_call' \(compact.*result for call 'c1'"):
+        await pipe.run(turn)
+    assert model.requests == []
+
+
 async def test_compact_keeping_whole_exchanges_and_a_broken_history_it_was_given_pass():
     """A compactor is blamed only for a split it made: one it was handed is let through."""
     model = ScriptedModel(["ok", "ok"])
