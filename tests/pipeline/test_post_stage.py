@@ -29,7 +29,7 @@ from pipeline import (
 from pipeline import events as ev
 from pipeline.logs import MemoryLog, SQLiteLog
 from pipeline.testing import FunctionModel, ScriptedModel
-from turns import Context, Injection, Message, Text, ToolCall, Turn
+from turns import Context, Injection, Message, Text, ToolCall, ToolResult, Turn
 
 from .support import collect as streamed
 from .support import (
@@ -503,6 +503,23 @@ async def test_a_post_halt_with_a_user_message_reply_is_a_hook_return_error() ->
 
     with pytest.raises(HookReturnError, match=r"'sloppy' \(post, position 1\)"):
         await pipe.run(start())
+
+
+async def test_a_post_hook_replacing_the_history_of_a_turn_continuing_from_results_completes():
+    """Bug caught: a post hook that emptied the history of a turn continuing from tool
+    results failed the completed turn, after the model was paid, as a split no provider
+    accepts, though a post hook's history is never sent."""
+
+    async def forget(turn):
+        return cont(attrs.evolve(turn, context=attrs.evolve(turn.context, messages=())))
+
+    history = (Message.user("5?"), Message.assistant([ToolCall("c5", "lookup", {})]))
+    own = Message("tool", (ToolResult("c5", "shipped"),))
+    pipe = Pipeline(model=ScriptedModel(["ok"]), post=[hook(forget, name="forget")])
+
+    result = await pipe.run(Turn.start(own, context=Context(messages=history)))
+
+    assert (result.outcome, result.reply.text) == ("completed", "ok")
 
 
 # -- failures -------------------------------------------------------------------------------
