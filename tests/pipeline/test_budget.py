@@ -575,13 +575,20 @@ async def test_compact_splitting_an_exchange_of_a_history_split_or_shaped_elsewh
 
 
 async def test_compact_keeping_whole_exchanges_and_a_broken_history_it_was_given_pass():
-    """A compactor is blamed only for a split it made: one it was handed is let through."""
+    """A compactor is blamed only for a split it made: a stray result it was handed and keeps
+    is let through. Bug caught: its compactor dropped the stray result, so a check refusing
+    every split, handed or made, passed it."""
+
+    def drop_first_question(history, target, tokenizer):
+        first = next(i for i, m in enumerate(history) if m.role == "user")
+        return history[:first] + history[first + 1 :]
+
     model = ScriptedModel(["ok", "ok"])
-    pipe = build(budget=Budget(1000, 100), compact=lambda h, target, count: h[1:], model=model)
+    pipe = build(budget=Budget(1000, 100), compact=drop_first_question, model=model)
     await pipe.run(Turn.start("next", context=Context(messages=EXCHANGE)))
-    given = (Message.tool(ToolResult("c0", "stale")), *EXCHANGE)
-    await pipe.run(Turn.start("next", context=Context(messages=given)))
+    await pipe.run(Turn.start("next", context=Context(messages=WINDOWED)))
     assert [len(request.messages) for request in model.requests] == [4, 5]
+    assert model.requests[1].messages[0] == WINDOWED[0]
 
 
 # -- the tokenizer ------------------------------------------------------------------------------
