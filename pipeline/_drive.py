@@ -211,6 +211,7 @@ class Drive(Runner):
             self.fail(step, error, elapsed)
             return turn
         self.finished(step, elapsed, "cont")
+        self.compacted = messages
         return attrs.evolve(turn, context=attrs.evolve(turn.context, messages=messages))
 
     # -- stages 1-3: pre hooks, parallel groups, the injection budget ------------------------
@@ -472,6 +473,8 @@ class Drive(Runner):
             self.note_shaping(step, turn, outcome)
         if outcome.injections is not turn.injections:
             outcome = self.stamp(step, turn, outcome, made)
+        if not post and outcome.context.messages is not turn.context.messages:
+            self.viewed_by = step.label
         return outcome
 
     def note_shaping(self, step: Step, before: Turn, after: Turn) -> None:

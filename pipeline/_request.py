@@ -124,17 +124,36 @@ def _fixed_fix(turn: Turn, spec_tokens: int, limit: int, count: Callable[[str], 
 
 
 def _compact_fix(runner: Runner, turn: Turn, count: Callable[[str], int]) -> str:
-    # A compactor that left the history over its target is the one to fix, not a missing one.
+    # A history over the target of compact=: the compactor's own output is its fault; a
+    # history a pre hook replaced after it, or one it failed to compact, is not.
     budget, compact = runner.plan.budget, runner.plan.compact
     if budget is None or compact is None:
         return ""
-    history = message_tokens(turn.context.messages, count)
-    if history <= budget.history_target:
+    history = turn.context.messages
+    tokens = message_tokens(history, count)
+    if tokens <= budget.history_target:
         return ""
+    target = f"the target of {budget.history_target} given to compact= {compact.name!r}"
+    compacted, viewed_by = runner.compacted, runner.viewed_by
+    if compacted is None:
+        fix = (
+            f"the history sent holds {tokens} tokens, over {target}: the compactor failed"
+            " this turn and, failing open (on_error='skip'), left the history as it was given"
+        )
+        if viewed_by is not None:
+            fix += f" to the pre hooks (hook {viewed_by} replaced it)"
+        return f"{fix} — the warning it logged says why"
+    if history is compacted or history == compacted:
+        return (
+            f"the history sent holds {tokens} tokens, over {target} — have it drop or"
+            " summarize more"
+        )
+    left = message_tokens(compacted, count)
+    by = f"hook {viewed_by}" if viewed_by is not None else "a pre hook"
     return (
-        f"the history sent holds {history} tokens, over the target of"
-        f" {budget.history_target} compact= {compact.name!r} was given — have it drop or"
-        " summarize more"
+        f"the history sent holds {tokens} tokens, over {target}, which returned {left};"
+        f" {by} replaced the history after it — have that hook keep the history within the"
+        " target"
     )
 
 

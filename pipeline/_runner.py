@@ -50,6 +50,7 @@ class Runner:
     __slots__ = (
         "attempts",
         "calls",
+        "compacted",
         "emit",
         "given",
         "injected_tokens",
@@ -68,6 +69,7 @@ class Runner:
         "threads",
         "tools",
         "turn_ref",
+        "viewed_by",
     )
 
     def __init__(self, plan: Plan, emit: Emit | None) -> None:
@@ -100,6 +102,10 @@ class Runner:
         # The history the turn began with, before any view (``compact=``, pre hooks): a call
         # already split from its result there is not a view's fault (`split_exchange`).
         self.given: tuple[Message, ...] = ()
+        # The history ``compact=`` returned (None: it failed open, or there is none), and the
+        # last pre hook that replaced the history after it: who a ContextOverflow blames.
+        self.compacted: tuple[Message, ...] | None = None
+        self.viewed_by: str | None = None
         # Which hook last narrowed active_tools or set tool_choice, for RequestError messages.
         self.shaped_by: dict[str, str] = {}
         self.now: Callable[[], float] = anyio.current_time

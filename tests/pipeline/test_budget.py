@@ -4,6 +4,7 @@ import inspect
 import math
 
 import anyio
+import attrs
 import hypothesis.strategies as st
 import pytest
 import trio
@@ -339,10 +340,47 @@ async def test_a_compactor_leaving_the_history_over_its_target_is_named():
     with pytest.raises(ContextOverflow) as info:
         await pipe.run(long_history_turn())
     assert str(info.value).endswith(
-        "the history sent holds 29 tokens, over the target of 15 compact="
-        " 'test_a_compactor_leaving_the_history_over_its_target_is_named.keep_all' was given"
-        " — have it drop or summarize more"
+        "the history sent holds 29 tokens, over the target of 15 given to compact="
+        " 'test_a_compactor_leaving_the_history_over_its_target_is_named.keep_all' — have it"
+        " drop or summarize more"
     )
+
+
+async def test_a_history_a_pre_hook_put_back_after_the_compactor_names_the_hook():
+    """Bug caught: a pre hook that widened the history again after compact= met its target
+    was not named, and the compactor was told to drop or summarize more."""
+    given = tuple(Message.user("x" * 100) for _ in range(3))  # 29 tokens each
+
+    def keep_last(history, target, tokenizer):
+        return history[-1:]
+
+    async def recall(turn):
+        view = attrs.evolve(turn.context, messages=given + turn.context.messages)
+        return cont(attrs.evolve(turn, context=view))
+
+    pipe = build(hook(recall, name="recall"), budget=Budget(100, 5), compact=keep_last)
+    with pytest.raises(ContextOverflow) as info:
+        await pipe.run(Turn.start("hi", context=Context(messages=given)))
+    message = str(info.value)
+    assert "the history sent holds 116 tokens, over the target of 95" in message
+    assert "which returned 29; hook 'recall' (pre, position 1) replaced the history" in message
+    assert "drop or summarize more" not in message
+
+
+async def test_a_compactor_that_failed_open_is_said_to_have_failed():
+    """Bug caught: a compact= with on_error="skip" that raised was told to drop or summarize
+    more, as if the uncompacted history sent were its own."""
+
+    def failing(history, target, tokenizer):
+        raise RuntimeError("summarizer down")
+
+    pipe = build(budget=Budget(20, 5), compact=hook(failing, on_error="skip"))
+    with pytest.raises(ContextOverflow) as info:
+        await pipe.run(long_history_turn())
+    message = str(info.value)
+    assert "the compactor failed this turn and, failing open (on_error='skip')" in message
+    assert "over the target of 15 given to compact= 'test_a_compactor_that_failed" in message
+    assert "drop or summarize more" not in message
 
 
 async def test_a_context_overflow_after_a_tool_step_names_the_tool_results() -> None:
