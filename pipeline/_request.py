@@ -53,7 +53,7 @@ def build_request(runner: Runner, turn: Turn, extra: tuple[Message, ...] = ()) -
     if choice is not None:
         _check_choice(choice, [spec.name for spec in tools], runner.shaped_by)
     messages = render(turn) + extra
-    check_context(runner, messages, tools, turn=turn)
+    check_context(runner, messages, tools, turn=turn, extra=extra)
     return ModelRequest(messages, tools, options)
 
 
@@ -64,15 +64,20 @@ def check_context(
     step: tuple[Message, tuple[ToolResult, ...]] | None = None,
     *,
     turn: Turn | None = None,
+    extra: tuple[Message, ...] = (),
 ) -> None:
     """Raise `ContextOverflow` when a request would not fit the budget's context.
 
     `step` is the model's message of a tool step and the results the step added: the
     error blames the results when the request would fit without them, since compacting the
     history (which runs before the turn) cannot make room for them; else the model's own
-    message, its text and call arguments, outgrew the budget. `turn` is the turn a first
-    request renders: when its system prompt, its own message and the tool specs outgrow the
-    budget alone, the error says so, since no compaction or injection can make room.
+    message, its text and call arguments, outgrew the budget. `turn` is the turn the request
+    renders, for an attempt's first request: the error names what went over — the system
+    prompt, the turn's own message and the tool specs when they outgrow the budget alone
+    (no compaction or injection can make room); `extra`, the rejected replies and feedback a
+    regeneration sends, when the request fits without them; the history against the target
+    of ``compact=`` (or, within it, the parts the target leaves out); else the history and
+    the injections.
     """
     budget = runner.plan.budget
     if budget is None:
@@ -85,9 +90,12 @@ def check_context(
         if step is not None:
             fix = _step_fix(step, tokens, budget.context_tokens, count)
         elif turn is not None:
+            sizes = _fixed_sizes(turn, spec_tokens, count)
             fix = (
-                _fixed_fix(turn, spec_tokens, budget.context_tokens, count)
+                _fixed_fix(sizes, budget.context_tokens)
+                or _regeneration_fix(runner, extra, tokens, budget.context_tokens, count)
                 or _compact_fix(runner, turn, count)
+                or _target_fix(runner, turn, sizes, tokens, count)
                 or fix
             )
         raise ContextOverflow(
@@ -98,11 +106,13 @@ def check_context(
         )
 
 
-def _fixed_fix(turn: Turn, spec_tokens: int, limit: int, count: Callable[[str], int]) -> str:
+def _fixed_sizes(
+    turn: Turn, spec_tokens: int, count: Callable[[str], int]
+) -> list[tuple[str, int]]:
     # What no history view or smaller injection can shrink: the system prompt, the turn's
-    # own message and the tool specs. Empty when they fit and the rest is to blame.
+    # own message and the tool specs, with their tokens.
     system = turn.context.system
-    sizes = [
+    return [
         (
             "the system prompt",
             message_tokens((Message.system(system),), count) if system is not None else 0,
@@ -110,16 +120,51 @@ def _fixed_fix(turn: Turn, spec_tokens: int, limit: int, count: Callable[[str], 
         ("the turn's own message", message_tokens((turn.user_message,), count)),
         ("the tool specs", spec_tokens),
     ]
-    if sum(size for _, size in sizes) <= limit:
-        return ""
+
+
+def _listed(sizes: list[tuple[str, int]]) -> str:
+    """``a (1), b (2) and c (3)``, leaving out what holds nothing."""
     parts = [f"{what} ({size})" for what, size in sizes if size]
-    held = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+
+
+def _shorten(sizes: list[tuple[str, int]]) -> str:
+    """Shorten the largest of `sizes`: the tool specs can be narrowed for the turn instead."""
     largest = max(sizes, key=lambda item: item[1])[0]
+    if largest == "the tool specs":
+        return "shorten the tool specs (or narrow them for the turn with active_tools=)"
+    return f"shorten {largest}"
+
+
+def _fixed_fix(sizes: list[tuple[str, int]], limit: int) -> str:
+    # Empty when the fixed parts fit and the rest is to blame.
+    fixed = sum(size for _, size in sizes)
+    if fixed <= limit:
+        return ""
+    many = sum(1 for _, size in sizes if size) > 1
     return (
-        f"{held} alone {'hold' if len(parts) > 1 else 'holds'}"
-        f" {sum(size for _, size in sizes)} of them, over it even without"
-        " any history or injection, so compacting the history or injecting less cannot make"
-        f" room — raise context_tokens, or shorten {largest}"
+        f"{_listed(sizes)} alone {'hold' if many else 'holds'} {fixed} of them, over it even"
+        " without any history or injection, so compacting the history or injecting less"
+        f" cannot make room — raise context_tokens, or {_shorten(sizes)}"
+    )
+
+
+def _regeneration_fix(
+    runner: Runner, extra: tuple[Message, ...], tokens: int, limit: int, count: Callable[[str], int]
+) -> str:
+    # A regeneration's request: what it adds (the rejected replies and their feedback) is to
+    # blame when the request fits without it; no compaction or injection can make room.
+    if not extra:
+        return ""
+    added = message_tokens(extra, count)
+    if tokens - added > limit:
+        return ""
+    hooks = list(dict.fromkeys(rejection.hook for rejection in runner.rejections))
+    by = f" of hook {hooks[0]!r}" if len(hooks) == 1 else f" of hooks {hooks}" if hooks else ""
+    return (
+        f"the rejected replies and the feedback{by} this regeneration shows the model again"
+        f" hold {added} of them, and the request fits without them — give shorter feedback,"
+        " allow fewer regenerations (max_regenerations=), or raise context_tokens"
     )
 
 
@@ -154,6 +199,32 @@ def _compact_fix(runner: Runner, turn: Turn, count: Callable[[str], int]) -> str
         f"the history sent holds {tokens} tokens, over {target}, which returned {left};"
         f" {by} replaced the history after it — have that hook keep the history within the"
         " target"
+    )
+
+
+def _target_fix(
+    runner: Runner,
+    turn: Turn,
+    sizes: list[tuple[str, int]],
+    tokens: int,
+    count: Callable[[str], int],
+) -> str:
+    # A history within the target of compact= that still does not fit: the target counts
+    # the history alone, not the system prompt, the turn's own message or the tool specs.
+    budget, compact = runner.plan.budget, runner.plan.compact
+    if budget is None or compact is None:
+        return ""
+    history = message_tokens(turn.context.messages, count)
+    fixed = sum(size for _, size in sizes)
+    rest = tokens - history - fixed
+    room = budget.context_tokens - fixed - budget.injection_reserve
+    keep = f", or have the compactor keep the history within {room} tokens" if room > 0 else ""
+    return (
+        f"the history sent holds {history} tokens, within the target of"
+        f" {budget.history_target} given to compact= {compact.name!r}, but that target counts"
+        f" the history alone: {_listed(sizes)} add {fixed}"
+        + (f" and the injections {rest}" if rest > 0 else "")
+        + f" — raise context_tokens, {_shorten(sizes)}{keep}"
     )
 
 

@@ -25,6 +25,7 @@ from pipeline import (
     hook,
     message_tokens,
     parallel,
+    regenerate,
     tool,
 )
 from pipeline import events as ev
@@ -259,6 +260,10 @@ async def test_injection_reserve_is_counted_with_a_custom_tokenizer():
 # -- ContextOverflow ---------------------------------------------------------------------------
 
 
+HISTORY_OF_3 = tuple(Message.user("x" * 100) for _ in range(3))
+"""Three messages of 29 tokens each."""
+
+
 def long_history_turn():
     # History: 100 characters (25 tokens + 4); user message "hi" (1 token + 4): 34 in all.
     return Turn.start("hi", context=Context(messages=(Message.user("x" * 100),)))
@@ -381,6 +386,50 @@ async def test_a_compactor_that_failed_open_is_said_to_have_failed():
     assert "the compactor failed this turn and, failing open (on_error='skip')" in message
     assert "over the target of 15 given to compact= 'test_a_compactor_that_failed" in message
     assert "drop or summarize more" not in message
+
+
+async def test_a_history_within_the_compact_target_says_what_the_target_leaves_out():
+    """Bug caught: a request over context_tokens with the history within the target of
+    compact= was told to compact the history or inject less, though the system prompt the
+    target does not count was what went over."""
+
+    def keep_last(history, target, tokenizer):
+        return history[-1:]
+
+    # System "s" * 280 (70 + 4), own message "hi" (1 + 4), history kept 29: 108 over 100.
+    pipe = build(budget=Budget(100, 5), system="s" * 280, compact=keep_last)
+    with pytest.raises(ContextOverflow) as info:
+        await pipe.run(Turn.start("hi", context=Context(messages=HISTORY_OF_3)))
+    message = str(info.value)
+    assert "the history sent holds 29 tokens, within the target of 95" in message
+    assert "the system prompt (74) and the turn's own message (5) add 79" in message
+    assert "shorten the system prompt" in message
+    assert "compact the history (compact=) or inject less" not in message
+
+
+async def test_a_regeneration_over_the_budget_names_the_rejected_reply_and_feedback():
+    """Bug caught: a regeneration whose rejected reply and feedback pushed the request over
+    context_tokens blamed the compactor or the injections, which cannot make room for them."""
+    judged = []
+
+    async def judge(turn):
+        judged.append(turn.reply.text)
+        return regenerate("too long, " + "please shorten " * 10) if len(judged) == 1 else cont(turn)
+
+    for reserve in (5, 15):  # the history within its target of 35; over its target of 25
+        judged.clear()
+        model = ScriptedModel(["y" * 40, "ok"])
+        pipe = Pipeline(
+            model=model,
+            post=[hook(judge, name="judge")],
+            budget=Budget(40, reserve),
+            compact=lambda h, target, count: h,
+        )
+        with pytest.raises(ContextOverflow) as info:
+            await pipe.run(long_history_turn())
+        message = str(info.value)
+        assert "the feedback of hook 'judge' this regeneration shows" in message
+        assert "compact" not in message
 
 
 async def test_a_context_overflow_after_a_tool_step_names_the_tool_results() -> None:
