@@ -788,6 +788,12 @@ def split_exchange(
             f"{holder} message{at} holds a result for call {call_id!r}, which no assistant"
             " message right before it made"
         )
+        if turns:
+            # The turn's own message cannot be dropped with it: the call must stay.
+            fix = (
+                "keep the last assistant message with its tool calls, which the turn's own"
+                " message answers"
+            )
     who = step.label if step.stage == "compact" else f"hook {step.label}"
     return HookReturnError(
         f"{who} returned a history in which {problem}: no provider accepts it — {fix}",

@@ -626,6 +626,42 @@ async def test_compact_that_parts_a_tool_call_from_its_result_fails_naming_it(ke
     assert (info.value.stage, model.requests) == ("compact", [])
 
 
+async def test_compact_dropping_the_call_the_turns_own_message_answers_says_to_keep_it():
+    """Bug caught: a compact= that dropped the call the turn's own tool message answers was
+    told to keep or drop the exchange together, though the turn's message cannot be dropped."""
+
+    def summarize(history, target, tokenizer):
+        return (Message.user("summary: the user asked about order 5"),)
+
+    history = (Message.user("5?"), Message.assistant([ToolCall("c5", "lookup", {})]))
+    own = Message("tool", (ToolResult("c5", "shipped"),))
+    pipe = build(budget=Budget(1000, 10), compact=summarize)
+    with pytest.raises(HookReturnError) as info:
+        await pipe.run(Turn.start(own, context=Context(messages=history)))
+    message = str(info.value)
+    assert "the turn's own message holds a result for call 'c5'" in message
+    assert message.endswith(
+        "keep the last assistant message with its tool calls, which the turn's own message answers"
+    )
+
+
+async def test_tool_specs_over_the_budget_alone_point_to_active_tools():
+    """Bug caught: tool specs over context_tokens on their own were only told to be
+    shortened, though active_tools= narrows them for the turn."""
+
+    def lookup(order: str) -> str:
+        """Look an order up."""
+        return order
+
+    lookup.__doc__ = "Look an order up. " * 100
+    pipe = build(budget=Budget(100, 5), tools=[tool(lookup)])
+    with pytest.raises(ContextOverflow) as info:
+        await pipe.run(Turn.start("hi"))
+    assert str(info.value).endswith(
+        "shorten the tool specs (or narrow them for the turn with active_tools=)"
+    )
+
+
 WINDOWED = (Message.tool(ToolResult("c0", "stale")), *EXCHANGE)
 """A log cut to its last messages: it starts with a result whose call was cut off."""
 
