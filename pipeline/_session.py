@@ -461,26 +461,27 @@ class Session:
     async def _drain(self, timeout: float) -> None:
         """Wait up to `timeout` for background hooks; cancel and report what is left.
 
-        A cancellation arriving meanwhile, asyncio's own (``Task.cancel``, ``asyncio.timeout``)
-        as a cancel scope's, is raised once the wait ends (`to_the_end`): the hooks still get
-        the drain timeout on either loop.
+        A cancellation arriving meanwhile, whatever delivers it (a cancel scope, asyncio's own
+        ``Task.cancel`` or ``asyncio.timeout``, asyncio.run's Ctrl-C), ends the wait at once
+        and cancels the hooks still running, as a cancel scope's reaches them anyway: they
+        sit inside it.
         """
         try:
-            await to_the_end(lambda: self._idle_within(timeout))
-        finally:
-            if self._running:
-                self._abandon(
-                    f"did not finish within the session's drain timeout of {timeout} s and"
-                    " was cancelled; nothing of it was committed"
-                )
-                # A thread cannot be interrupted: the timeout abandons it, as a hook's own
-                # does (it runs on; what it returns is dropped), not waited for past it.
-                for scope in self._threads:
-                    scope.cancel()
-
-    async def _idle_within(self, timeout: float) -> None:
-        with anyio.move_on_after(timeout):
-            await self._idle.wait()
+            with anyio.move_on_after(timeout):
+                await self._idle.wait()
+        except BaseException:
+            if self._running and self._interrupt is None:
+                self._abandon(self._cut_short)
+            raise
+        if self._running:
+            self._abandon(
+                f"did not finish within the session's drain timeout of {timeout} s and was"
+                " cancelled; nothing of it was committed"
+            )
+            # A thread cannot be interrupted: the timeout abandons it, as a hook's own
+            # does (it runs on; what it returns is dropped), not waited for past it.
+            for scope in self._threads:
+                scope.cancel()
 
     def _abandon(self, why: str) -> None:
         """Cancel the background hooks still running; each reports itself with `why`."""
@@ -746,8 +747,8 @@ async def _session(
                         task_group.cancel_scope.cancel()
                     else:
                         await session._drain(drain_timeout)
-                        # A cancellation that arrived during the drain (which is shielded)
-                        # ends the session cancelled, whatever the task group's exit delivers.
+                        # A cancellation that arrived as the drain ended ends the session
+                        # cancelled, whatever the task group's exit delivers.
                         await anyio.lowlevel.checkpoint_if_cancelled()
         except BaseException:
             # The block cancelled by a background hook's interrupt (or the caller's scope
