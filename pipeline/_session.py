@@ -469,9 +469,16 @@ class Session:
         try:
             with anyio.move_on_after(timeout):
                 await self._idle.wait()
-        except BaseException:
+        except BaseException as exc:
             if self._running and self._interrupt is None:
-                self._abandon(self._cut_short)
+                why = self._cut_short  # the session was cancelled
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    # Trio's Ctrl-C (asyncio's is a cancellation of the session's task).
+                    why = (
+                        f"cut short: the session was interrupted ({type(exc).__name__}) while"
+                        " it drained its background hooks; nothing of it was committed"
+                    )
+                self._abandon(why)
             raise
         if self._running:
             self._abandon(
