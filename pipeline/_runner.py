@@ -160,6 +160,10 @@ class Runner:
         """
         if self.threads is None:
             return await anyio.to_thread.run_sync(_boxed, fn, *args)
+        # A caller cancelled before its thread starts (a hook whose task first ran after the
+        # drain timeout had abandoned the threads it found) starts none: the shield below
+        # would hold off that cancellation, and the session would wait for the thread.
+        await anyio.lowlevel.checkpoint_if_cancelled()
         with anyio.CancelScope(shield=True) as scope:
             self.threads.add(scope)
             try:

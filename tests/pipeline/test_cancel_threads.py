@@ -127,3 +127,29 @@ async def test_the_drain_timeout_abandons_a_sync_background_hooks_thread() -> No
     assert (failed.turn_ref, failed.hook) == (result.turn.turn_ref, "summary")
     assert "drain timeout of 0.05 s" in failed.error
     assert [entry.turn_ref for entry in await log.entries("c")] == [result.turn.turn_ref]
+
+
+async def test_a_background_hook_not_started_at_the_drain_timeout_starts_no_thread() -> None:
+    """Bug caught: a background hook whose task first ran after the drain timeout had fired
+    (drain_timeout=0, three hooks) started its worker thread anyway, in a shield the timeout
+    had not reached, and the session waited for that thread to return."""
+    trace: list[str] = []
+    release = threading.Event()
+
+    def summary(turn: Turn):
+        trace.append("thread released" if release.wait(5) else "thread gave up waiting")
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[hook(summary, name=f"summary{i}", background=True) for i in range(3)],
+    )
+
+    async with pipe.session(log=MemoryLog(), conversation_id="c", drain_timeout=0) as session:
+        await session.send("hi")
+    trace.append("session returned")
+    release.set()
+
+    assert trace[0] == "session returned"
+    failed = [event.hook for event in session.events if isinstance(event, ev.HookFailed)]
+    assert sorted(failed) == ["summary0", "summary1", "summary2"]
