@@ -479,6 +479,10 @@ class Session:
                         " it drained its background hooks; nothing of it was committed"
                     )
                 self._abandon(why)
+            # Their threads too, as at the timeout: a cancellation once the body returned
+            # (the gateway's drain timeout, say) is not held back by a thread.
+            for scope in self._threads:
+                scope.cancel()
             raise
         if self._running:
             self._abandon(

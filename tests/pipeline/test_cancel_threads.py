@@ -12,7 +12,7 @@ import time
 import anyio
 import pytest
 
-from pipeline import Pipeline, cont, hook, parallel, tool
+from pipeline import Pipeline, Session, cont, hook, parallel, tool
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
@@ -153,3 +153,42 @@ async def test_a_background_hook_not_started_at_the_drain_timeout_starts_no_thre
     assert trace[0] == "session returned"
     failed = [event.hook for event in session.events if isinstance(event, ev.HookFailed)]
     assert sorted(failed) == ["summary0", "summary1", "summary2"]
+
+
+async def test_a_cancellation_during_the_drain_abandons_a_sync_background_hooks_thread() -> None:
+    """Bug caught: a session cancelled while it drained (as `turnplug serve` cancels one still
+    closing at its --drain-timeout) waited for a sync background hook's worker thread to
+    return, up to the session's own drain timeout, though the hook was reported cut."""
+    trace: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    def summary(turn: Turn):
+        started.set()
+        trace.append("thread released" if release.wait(5) else "thread gave up waiting")
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]), post=[hook(summary, name="summary", background=True)]
+    )
+
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+
+            async def converse() -> None:
+                async with pipe.session(
+                    log=MemoryLog(), conversation_id="c", drain_timeout=30
+                ) as session:
+                    sessions.append(session)
+                    await session.send("hi")
+
+            sessions: list[Session] = []
+            group.start_soon(converse)
+            await anyio.to_thread.run_sync(started.wait, 10)
+            scope.cancel()
+    trace.append("session returned")
+    release.set()
+
+    assert scope.cancelled_caught
+    assert trace[0] == "session returned"
+    [failed] = [event for event in sessions[0].events if isinstance(event, ev.HookFailed)]
+    assert failed.error == "cut short: the session was cancelled; nothing of it was committed"
