@@ -757,7 +757,13 @@ async def _session(
                     if reason == "cancelled":
                         task_group.cancel_scope.cancel()
                     else:
-                        await session._drain(drain_timeout)
+                        try:
+                            await session._drain(drain_timeout)
+                        except (KeyboardInterrupt, SystemExit):
+                            # Trio's Ctrl-C during the drain ends the session as asyncio's
+                            # does (a cancellation of its task): its end hooks are told so.
+                            reason = "cancelled"
+                            raise
                         # A cancellation that arrived as the drain ended ends the session
                         # cancelled, whatever the task group's exit delivers.
                         await anyio.lowlevel.checkpoint_if_cancelled()

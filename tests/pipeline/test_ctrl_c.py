@@ -105,3 +105,13 @@ def test_ctrl_c_during_the_drain_says_the_session_was_interrupted(
         "asyncio": "the session was cancelled",
     }[loop]
     assert failed == f"HookFailed: slow cut short: {why}; nothing of it was committed"
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_ctrl_c_during_the_drain_tells_end_hooks_cancelled(tmp_path: Path, loop: str) -> None:
+    """Bug caught: under trio, a Ctrl-C while a session drained told its end hooks "closed",
+    where asyncio's (a cancellation of the task) told them "cancelled"."""
+    lines = ctrl_c_while_draining(tmp_path, loop)
+
+    assert [line for line in lines if line.startswith("end hook:")] == ["end hook: cancelled"]
+    assert "KeyboardInterrupt" in lines
