@@ -33,6 +33,8 @@ OPTIONAL_IMPORTS = {
     "mcp_types": {"pipeline/_mcp.py"},
     "httpx2": {"pipeline/_mcp.py"},
     "jsonschema": {"pipeline/_mcp.py"},
+    # The SDK's own validation error, read to tell a server what its answer lacked.
+    "pydantic": {"pipeline/_mcp.py"},
     "opentelemetry": {"pipeline/otel.py"},
     # The tiktoken extra: tiktoken_tokenizer imports it when called.
     "tiktoken": {"pipeline/_budget.py"},
