@@ -439,6 +439,11 @@ class Connection:
         # The KeyboardInterrupt or SystemExit that ended the connection, raised by its awaiters.
         self.interrupt: BaseException | None = None
         self._group: anyio.abc.TaskGroup | None = None
+        # The context of the toolbox's opener (made with it), where the keeper task starts:
+        # a turn that reconnects the server would otherwise lend it its own context vars for
+        # good (`turnplug serve`'s request id, naming that request in the connection's later
+        # warnings).
+        self._context = contextvars.copy_context()
 
     @property
     def label(self) -> str:
@@ -462,7 +467,7 @@ class Connection:
         self._garbage = None
         self._oversized = None
         self._group = group
-        group.start_soon(self._keep, ready, failure, self._starting)
+        self._context.run(group.start_soon, self._keep, ready, failure, self._starting)
         await ready.wait()
         if self.interrupt is not None:
             raise self.interrupt

@@ -5,6 +5,9 @@ import io
 import json
 import logging
 import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from pipeline.logs import SQLiteLog
 from pipeline.providers import OpenAIChat
 from pipeline.testing import FunctionModel, ScriptedModel
 from tests.logs import Rendezvous
+from tests.pipeline.mcp.servers import faulty_toolset
 from tests.providers.server import json_error, openai_text, running, stream
 from turns import Context, Message, Text, ToolCall, Turn
 
@@ -1328,6 +1332,21 @@ async def test_client_tool_calls_are_judged_with_every_hook_option() -> None:
     assert json.loads(call["function"]["arguments"]) == {"limit": 10}
 
 
+@contextmanager
+def command_log() -> Iterator[io.StringIO]:
+    """What the ``turnplug`` loggers write, as `turnplug serve` writes it on stderr, for the
+    time of the block."""
+    written = io.StringIO()
+    library = logging.getLogger("turnplug")
+    before = (library.propagate, library.level)
+    handler = log_to_stderr((), stream=written)
+    try:
+        yield written
+    finally:
+        library.removeHandler(handler)
+        library.propagate, library.level = before
+
+
 async def test_every_response_carries_a_request_id_of_its_own_that_its_warning_names() -> None:
     """Bug caught: no response carried an ``x-request-id`` (the SDK's ``_request_id`` was
     None, streamed or not, error or not), and the gateway's warning lines named no request,
@@ -1339,11 +1358,7 @@ async def test_every_response_carries_a_request_id_of_its_own_that_its_warning_n
         return cont(turn)
 
     pipe = Pipeline(model=ScriptedModel(["ok", "ok"]), pre=[hook(fails_on_boom, name="check")])
-    written = io.StringIO()
-    library = logging.getLogger("turnplug")
-    before = (library.propagate, library.level)
-    handler = log_to_stderr((), stream=written)
-    try:
+    with command_log() as written:
         async with served(pipe) as gw, gw.http() as client, gw.http(key="wrong") as stranger:
             reply = await gw.sdk().chat.completions.create(model="m", messages=user("hi"))
             with pytest.raises(openai.InternalServerError) as failed:
@@ -1358,9 +1373,6 @@ async def test_every_response_carries_a_request_id_of_its_own_that_its_warning_n
                 await client.delete("/v1/models"),
                 await client.get("/healthz"),
             ]
-    finally:
-        library.removeHandler(handler)
-        library.propagate, library.level = before
     assert [r.status_code for r in (streamed, *others)] == [200, 400, 401, 404, 405, 200]
     ids = [reply._request_id, failed.value.request_id]
     ids += [r.headers.get("x-request-id") for r in (streamed, *others)]
@@ -1371,6 +1383,93 @@ async def test_every_response_carries_a_request_id_of_its_own_that_its_warning_n
     assert [
         f" turnplug.serve [{ids[1]}]: turn {ids[1]} failed (HTTP 500)" in w for w in warned
     ] == [True], warned
+
+
+async def test_the_hook_warnings_of_overlapping_requests_name_each_its_own_request(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: a warning of a sync hook in its worker thread, or of a background hook
+    after the answer, named no request, or the other request in flight."""
+    said = logging.getLogger("turnplug.tests.overlap")
+    both_in_flight = threading.Barrier(2, timeout=10)
+    both_answered = anyio.Event()
+
+    def checks(turn: Turn) -> Any:  # with a timeout: in a worker thread
+        both_in_flight.wait()
+        said.warning("the check of %s", turn.user_message.text)
+        return cont(turn)
+
+    async def summarize(turn: Turn) -> Any:
+        await both_answered.wait()
+        said.warning("the summary of %s", turn.user_message.text)
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["a", "b"]),
+        pre=[hook(checks, name="checks", timeout=10)],
+        post=[hook(summarize, name="summarize", background=True)],
+    )
+    ids: dict[str, str] = {}
+    with command_log() as written:
+        async with SQLiteLog(tmp_path / "log.db") as log, served(pipe, log=log) as gw:
+
+            async def ask(text: str) -> None:
+                raw = await gw.sdk().chat.completions.with_raw_response.create(
+                    model="m", messages=user(text), extra_headers={"X-Conversation-Id": text}
+                )
+                ids[text] = raw.headers["x-request-id"]
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(ask, "one")
+                group.start_soon(ask, "two")
+            both_answered.set()
+            assert await gw.gateway.drain(10)
+    lines = [line for line in written.getvalue().splitlines() if "turnplug.tests" in line]
+    named = sorted((line.rsplit(" ", 1)[1], line.split(" ")[4]) for line in lines)
+    assert named == [
+        ("one", f"[{ids['one']}]:"),
+        ("one", f"[{ids['one']}]:"),
+        ("two", f"[{ids['two']}]:"),
+        ("two", f"[{ids['two']}]:"),
+    ], lines
+    assert sorted(line.split(": ", 1)[1] for line in lines) == [
+        "the check of one",
+        "the check of two",
+        "the summary of one",
+        "the summary of two",
+    ]
+
+
+async def test_a_warning_of_a_server_a_request_reconnected_names_no_request(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: an MCP server reconnected while a request ran kept that request's id in
+    its connection's tasks, so a later warning of the connection (a notification the SDK
+    could not read, during another request) named the request that had reconnected it."""
+    pipe = Pipeline(
+        model=ScriptedModel(
+            [
+                [ToolCall("c1", "faulty_note", {})],
+                "tool lost",
+                "reconnected",
+                [ToolCall("c2", "faulty_note", {})],
+                "noted",
+            ]
+        ),
+        toolsets=[faulty_toolset("notifying", str(tmp_path / "starts"), timeout=10)],
+    )
+    ids = []
+    with command_log() as written:
+        async with pipe, served(pipe) as gw:  # held for the server's life, as the command does
+            for text in ("the server exits", "it is reconnected", "it notifies"):
+                raw = await gw.sdk().chat.completions.with_raw_response.create(
+                    model="m", messages=user(text)
+                )
+                ids.append(raw.headers["x-request-id"])
+    assert (tmp_path / "starts").read_text() == "2"
+    [line] = [line for line in written.getvalue().splitlines() if "the MCP SDK logged" in line]
+    assert " WARNING turnplug.mcp: MCP server 'faulty' (`" in line, line
+    assert not any(named in line for named in ids)
 
 
 # -- logging is the application's ------------------------------------------------------------

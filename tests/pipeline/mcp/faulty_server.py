@@ -21,9 +21,10 @@
   are counted in STATE_FILE);
 - ``colliding``: offers ``a.b`` and ``a_b``, one name once sanitized;
 - ``badref``: offers ``refd``, whose listed input schema has a ``$ref`` that points nowhere;
-- ``notifying``: written by hand as ``babbling``, lists ``note``, whose calls it answers
-  with a ``notifications/message`` that is no valid one (its level is ``loud``), then with
-  the text ``noted``;
+- ``notifying [STATE_FILE]``: written by hand as ``babbling``, lists ``note``, whose calls it
+  answers with a ``notifications/message`` that is no valid one (its level is ``loud``), then
+  with the text ``noted``; with STATE_FILE (counting its starts), its first start exits in
+  its first call instead;
 - ``surrogate``: written by hand as ``babbling``, lists ``cut`` (its description cut too), whose calls it
   answers with a text cut inside a surrogate pair, escaped as JSON allows (``"\\ud83d"``, as JavaScript's
   ``JSON.stringify`` writes it; the SDK's server cannot);
@@ -257,13 +258,20 @@ def babbling_answer(
     print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
 
 
-def notifying() -> None:
+def notifying(state: Path | None) -> None:
+    first = False
+    if state is not None:
+        starts = int(state.read_text()) + 1 if state.exists() else 1
+        state.write_text(str(starts))
+        first = starts == 1
     listed = [{"name": "note", "inputSchema": {"type": "object"}}]
     for line in sys.stdin:
         message = json.loads(line)
         if message.get("method") != "tools/call":
             babbling_answer(message, listed)
             continue
+        if first:
+            raise SystemExit(3)
         params = {"level": "loud", "data": "a log line"}
         print(json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": params}))
         result = {"content": [{"type": "text", "text": "noted"}], "isError": False}
@@ -383,7 +391,7 @@ if __name__ == "__main__":
     elif mode == "badref":
         badref_server().run()
     elif mode == "notifying":
-        notifying()
+        notifying(Path(sys.argv[2]) if len(sys.argv) > 2 else None)
     elif mode == "surrogate":
         surrogate()
     elif mode == "malformed":
