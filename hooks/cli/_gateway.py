@@ -618,11 +618,13 @@ class Gateway:
         scope["turnplug.request_id"] = named
         token = _request_id.set(named)
         try:
-            await self._routed(scope, receive, _with_request_id(send, named))
+            await self._routed(scope, receive, send, (REQUEST_ID_HEADER, named.encode()))
         finally:
             _request_id.reset(token)
 
-    async def _routed(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _routed(
+        self, scope: Scope, receive: Receive, send: Send, header: tuple[bytes, bytes]
+    ) -> None:
         path = scope["path"]
         if path.startswith("/v1/") and not self._authorized(scope):
             await self.reply_error(
@@ -633,16 +635,20 @@ class Gateway:
                     " key the gateway was started with",
                     code="invalid_api_key",
                 ),
-                headers=[(b"www-authenticate", b"Bearer")],
+                headers=[(b"www-authenticate", b"Bearer"), header],
             )
             return
         routes = {"/", "/healthz", "/v1/models", "/v1/turnplug/events", "/v1/chat/completions"}
         if path not in routes and not path.startswith(MODEL_PREFIX):
             await self.reply_error(
-                send, WireError(404, f"no route {scope['method']} {path}", code="not_found")
+                send,
+                WireError(404, f"no route {scope['method']} {path}", code="not_found"),
+                headers=[header],
             )
             return
-        await self.router(scope, receive, _json_405(send, self))
+        # The one layer every response's messages pass (a stream's chunks too): it adds the
+        # request id to the response's start, so no other layer is needed for it.
+        await self.router(scope, receive, _json_405(send, self, header))
 
     def _authorized(self, scope: Scope) -> bool:
         key = self.settings.api_key
@@ -1279,31 +1285,24 @@ def _set(options: Any) -> dict[str, Any]:
     return given | ({"extra": options.extra} if options.extra else {})
 
 
-def _with_request_id(send: Send, named: str) -> Send:
-    """`send`, with an ``x-request-id`` header on the response's start."""
-    header = (REQUEST_ID_HEADER, named.encode())
-
-    async def wrapped(message: MutableMapping[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", ()), header]}
-        await send(message)
-
-    return wrapped
-
-
-def _json_405(send: Send, gateway: Gateway) -> Send:
-    """`send`, with Starlette's plain-text 405 turned into an OpenAI-style JSON error."""
+def _json_405(send: Send, gateway: Gateway, header: tuple[bytes, bytes]) -> Send:
+    """`send`, with `header` (the ``x-request-id``) added to the response's start, and
+    Starlette's plain-text 405 turned into an OpenAI-style JSON error."""
     replaced = False
 
     async def wrapped(message: MutableMapping[str, Any]) -> None:
         nonlocal replaced
-        if message["type"] == "http.response.start" and message["status"] == 405:
-            replaced = True
-            await gateway.reply_error(
-                send, WireError(405, "method not allowed on this route", code="method_not_allowed")
-            )
-            return
-        if replaced:
+        if message["type"] == "http.response.start":
+            if message["status"] == 405:
+                replaced = True
+                await gateway.reply_error(
+                    send,
+                    WireError(405, "method not allowed on this route", code="method_not_allowed"),
+                    headers=[header],
+                )
+                return
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        elif replaced:
             return
         await send(message)
 
