@@ -57,6 +57,8 @@ def browse(url: str, key: str, send: Any, shot: Path) -> dict[str, Any]:
                 "text": page.inner_text("main"),
                 "hooks": page.locator(".turn li.hook b").all_inner_texts(),
                 "outcome": page.inner_text(".turn .outcome"),
+                "ref": page.inner_text(".turn h2 .ref"),
+                "ref_title": page.get_attribute(".turn h2 .ref", "title"),
                 "violations": page.evaluate("window.violations"),
             }
         finally:
@@ -68,7 +70,9 @@ def browse(url: str, key: str, send: Any, shot: Path) -> dict[str, Any]:
     reason="Debian's chromium is not installed (.ci/run installs it; under CI this fails)",
 )
 async def test_a_turn_sent_with_the_sdk_appears_on_the_page(tmp_path: Path) -> None:
-    """Catches: a page that stays empty, or hides the hooks and the rejection of a turn."""
+    """Catches: a page that stays empty, or hides the hooks and the rejection of a turn; or
+    heads the turn with too little of its request id to find it by (``req_`` and 8 hex
+    digits, and the whole id nowhere)."""
 
     def add_date(turn: Any) -> Any:
         return cont(turn.inject("Today is Monday."))
@@ -78,17 +82,22 @@ async def test_a_turn_sent_with_the_sdk_appears_on_the_page(tmp_path: Path) -> N
         pre=[hook(add_date, name="add_date")],
         post=[deny(r"(?i)internal use only", feedback="Do not reveal internal material.")],
     )
+    replies = []
     async with served(pipe) as gw:
         client = gw.sdk()
 
         def send() -> None:
-            anyio.from_thread.run(
-                lambda: client.chat.completions.create(model="m", messages=user("the plan?"))
+            replies.append(
+                anyio.from_thread.run(
+                    lambda: client.chat.completions.create(model="m", messages=user("the plan?"))
+                )
             )
 
         shot = tmp_path / "page.png"
         seen = await anyio.to_thread.run_sync(browse, gw.url, "gw-test-key-5c1d0e", send, shot)
     assert seen["outcome"] == "completed"
+    # Enough of the request id to find the turn in the gateway's log lines, all of it on hover.
+    assert (seen["ref"], seen["ref_title"]) == (replies[0]._request_id[:16], replies[0]._request_id)
     assert seen["violations"] == []  # the page's own script and style all ran
     assert "add_date" in seen["hooks"]
     assert "deny" in " ".join(seen["hooks"]) or any(
