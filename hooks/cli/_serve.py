@@ -518,7 +518,11 @@ class _Scrubbed(logging.Formatter):
         named = request_id()
         if named is None:
             return one_line(super().formatMessage(record))
-        return one_line(REQUEST_LOG_FORMAT % {**record.__dict__, "request_id": named})
+        # A gateway's line names its turn by the same id (the records say it for whoever
+        # else handles them): said once here, before the message.
+        message = record.message.replace(f"turn {named}", "the turn")
+        fields = {**record.__dict__, "request_id": named, "message": message}
+        return one_line(REQUEST_LOG_FORMAT % fields)
 
     def formatException(self, ei: Any) -> str:
         return printable(super().formatException(ei))

@@ -466,7 +466,7 @@ def test_the_upstream_key_appears_nowhere_a_client_can_see(tmp_path: Path) -> No
     assert "502" in everything  # the upstream (nothing listens on port 9) failed
     # The failures are on stderr too (retries, the 5xx answers), with the keys replaced.
     assert re.search(r"WARNING turnplug\.providers \[req_\w+\]: openai: request 1 failed", seen[-1])
-    assert re.search(r"WARNING turnplug\.serve \[req_\w+\]: turn ", seen[-1])
+    assert re.search(r"WARNING turnplug\.serve \[req_\w+\]: the turn ", seen[-1])
     assert UPSTREAM_KEY not in everything
     assert KEY not in everything
 
@@ -996,7 +996,7 @@ def test_a_turn_cut_at_the_drain_timeout_is_logged_as_a_5xx(
     )
     assert code == 0, said
     assert_cut_short(answer)
-    logged = r"WARNING turnplug\.serve \[(req_[0-9a-f]+)\]: turn \1 failed \(HTTP 503\)"
+    logged = r"WARNING turnplug\.serve \[req_[0-9a-f]+\]: the turn failed \(HTTP 503\)"
     assert re.search(logged, said), said
 
 
@@ -1111,7 +1111,7 @@ def test_a_sync_background_hook_past_the_drain_timeout_is_abandoned_and_the_turn
     assert code == 0, said
     assert isinstance(answer, httpx.Response), said
     assert answer.status_code == 200, said
-    assert "background hook 'bg' of turn" in said
+    assert "background hook 'bg' of the turn" in said
     assert "was still running when the gateway stopped" in said
     assert "Traceback" not in said, said
 
