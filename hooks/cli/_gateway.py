@@ -639,7 +639,8 @@ class Gateway:
             )
             return
         routes = {"/", "/healthz", "/v1/models", "/v1/turnplug/events", "/v1/chat/completions"}
-        if path not in routes and not path.startswith(MODEL_PREFIX):
+        # `/v1/models/` names no model: an unknown route, as the API answers it.
+        if path not in routes and not (path.startswith(MODEL_PREFIX) and path != MODEL_PREFIX):
             await self.reply_error(
                 send,
                 WireError(404, f"no route {scope['method']} {path}", code="not_found"),

@@ -180,6 +180,17 @@ async def test_the_sdk_retrieves_the_configured_model_and_is_told_no_other_exist
     assert missing.value.response.headers["content-type"] == "application/json"
 
 
+async def test_models_with_an_empty_id_is_an_unknown_route() -> None:
+    """Bug caught: ``GET /v1/models/`` was a 404 ``model_not_found`` for the model ``''``,
+    where it names no model: an unknown route, ``not_found``, as the API answers it."""
+    async with served(texts(["x"])) as gw, gw.http() as client:
+        empty = await client.get("/v1/models/")
+    assert empty.status_code == 404
+    error = openai_error(empty.content)
+    assert (error["code"], error["param"]) == ("not_found", None)
+    assert error["message"] == "no route GET /v1/models/"
+
+
 # -- guardrails: held until accepted ---------------------------------------------------------
 
 
