@@ -46,6 +46,7 @@ import attrs
 
 from ._describe import exc_text
 from ._errors import ConfigError, ToolsetError
+from ._jsontext import escapes_lone_surrogate
 from ._tools import Tool, ToolFailure, schema_tool
 from ._toolsets import Toolset, _names, check_toolset_name, select, toolset_tool_name
 
@@ -1261,22 +1262,6 @@ def _resultless(line: bytes) -> Any:
     return JSONRPCError(jsonrpc="2.0", id=ident, error=error)
 
 
-_LONE_ESCAPE = re.compile(
-    rb"\\u[dD](?:"
-    # a high surrogate that no low one follows
-    rb"[89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
-    # a low surrogate that no high one precedes (whose backslash no backslash precedes: one
-    # that does may be escaped itself, and the low one is then taken for alone)
-    rb"|(?<!(?<!\\)\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD])[c-fC-F][0-9a-fA-F]{2}"
-    rb")"
-)
-"""The escape of a lone surrogate in JSON, which makes the SDK's parser refuse the whole
-message. A pair (each emoji Python's ``json.dumps`` writes) is no match: a body holding pairs
-alone is handed on untouched, not read and written again (33 MB of them blocked the loop
-about 2 s). Text that only looks like an escape (``"\\\\ud83d"``, an escaped backslash) may
-match: that body is read and written again, and is unchanged in meaning."""
-
-
 async def _repairing(response: Any) -> None:
     """The response hook of an HTTP server's connection: a JSON body or an event stream is
     read through `_Mending`, which reads a lone surrogate a server's JSON escapes as U+FFFD,
@@ -1335,13 +1320,13 @@ def _mending(inner: Any, *, lines: bool) -> Any:
 def _mended(text: bytes) -> bytes:
     """`text` (a JSON message) with each lone surrogate it escapes as U+FFFD; as it was when
     it escapes none, or is no JSON."""
-    if not _LONE_ESCAPE.search(text):
+    if not escapes_lone_surrogate(text):
         return text
     return _surrogates_replaced(text) or text
 
 
 def _mended_line(line: bytes) -> bytes:
-    if not line.startswith(b"data:") or not _LONE_ESCAPE.search(line):
+    if not line.startswith(b"data:") or not escapes_lone_surrogate(line):
         return line
     body = line[5:].rstrip(b"\r\n")
     return b"data: " + _mended(body.strip()) + line[5 + len(body) :]

@@ -27,6 +27,7 @@ PIPELINE_LAYERS: dict[str, tuple[str, ...]] = {
         "pipeline._errors",
         "pipeline._excgroups",
         "pipeline._hooks",
+        "pipeline._jsontext",
         "pipeline._loop",
         "pipeline._model",
         "pipeline._result",

@@ -16,7 +16,7 @@ from typing import Any, Literal, final
 
 import attrs
 
-from pipeline.providers import decode_arguments
+from pipeline.providers import decode_arguments, escapes_lone_surrogate
 from turns import (
     Context,
     Message,
@@ -30,8 +30,6 @@ from turns import (
 )
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-# A JSON escape of a UTF-16 surrogate: the only way a lone one gets into a parsed body.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _encode_string = json.encoder.encode_basestring
 # Words of Python's ValueError for an integer past `sys.get_int_max_str_digits`: besides a
@@ -231,7 +229,7 @@ def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
             None,
             "invalid_json",
         )
-    if _SURROGATE_ESCAPE.search(body):
+    if escapes_lone_surrogate(body):
         _check_unicode(data)
     if non_finite:
         # Anywhere in the body (a client tool's schema, tool_choice, a forwarded parameter):

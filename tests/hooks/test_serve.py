@@ -672,6 +672,20 @@ async def test_a_lone_surrogate_is_400_and_the_feed_goes_on() -> None:
         assert [e["event"] for e in seen][-2:] == ["TurnFinished", "GatewayMessage"]
 
 
+async def test_escaped_surrogate_pairs_reach_the_model_as_the_characters_they_are() -> None:
+    """Catches: a request whose escapes are valid pairs (each emoji json.dumps writes) taken
+    for one holding a lone surrogate, refused or its text changed, once `turnplug serve`
+    tells a lone surrogate's escape from a pair's."""
+    text = "smile \U0001f600, wave \U0001f44b, " * 200
+    body = json.dumps({"model": "m", "messages": user(text)})
+    assert "\\ud83d\\ude00" in body
+    model = ScriptedModel(["fine"])
+    async with served(Pipeline(model=model)) as gw, gw.http() as client:
+        response = await client.post("/v1/chat/completions", content=body)
+    assert response.status_code == 200
+    assert model.requests[0].messages[-1].text == text
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_reply_holding_a_lone_surrogate_reaches_the_client_and_the_page(
     stream: bool,
