@@ -229,7 +229,7 @@ def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
             None,
             "invalid_json",
         )
-    if escapes_lone_surrogate(body):
+    if _may_hold_lone_surrogate(body):
         _check_unicode(data)
     if non_finite:
         # Anywhere in the body (a client tool's schema, tool_choice, a forwarded parameter):
@@ -421,6 +421,20 @@ def _unanswered(calls: Mapping[str, str], asked: str, where: str) -> WireError:
         " (with an error message as the content for a call that was not run)",
         f"{where}.role",
     )
+
+
+_SURROGATE_UTF8 = re.compile(rb"\xed[\xa0-\xbf]")
+"""The first two bytes of a surrogate's UTF-8 form: no UTF-8, but JSON's reader of bytes
+takes it (it decodes with ``surrogatepass``, as `json.loads` does)."""
+
+
+def _may_hold_lone_surrogate(body: bytes) -> bool:
+    """Whether `body` may hold a lone surrogate, which `_check_unicode` then finds and names:
+    escaped in UTF-8 (``"\\ud800"``), as its UTF-8 form, or anyhow in a body sent as UTF-16
+    or UTF-32 (rare: its escapes are no ASCII bytes, and it is looked through whole)."""
+    if json.detect_encoding(body) not in ("utf-8", "utf-8-sig"):
+        return True
+    return escapes_lone_surrogate(body) or _SURROGATE_UTF8.search(body) is not None
 
 
 def _check_unicode(data: dict[str, Any]) -> None:

@@ -672,6 +672,34 @@ async def test_a_lone_surrogate_is_400_and_the_feed_goes_on() -> None:
         assert [e["event"] for e in seen][-2:] == ["TurnFinished", "GatewayMessage"]
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        # A surrogate's UTF-8 form: no UTF-8, but JSON's reader of bytes takes it.
+        json.dumps({"model": "m", "messages": user("hi \ud800 there")}, ensure_ascii=False).encode(
+            "utf-8", "surrogatepass"
+        ),
+        # The same beside a valid pair's escape, which once had the body looked through.
+        json.dumps({"model": "m", "messages": user("\U0001f600 hi \ud800")}, ensure_ascii=False)
+        .replace("\U0001f600", "\\ud83d\\ude00")
+        .encode("utf-8", "surrogatepass"),
+        # The escape, in a body sent as UTF-16 (which JSON's reader of bytes detects).
+        json.dumps({"model": "m", "messages": user("hi \ud800 there")}).encode("utf-16"),
+    ],
+    ids=["utf8-bytes", "utf8-bytes-beside-a-pair", "utf16-escape"],
+)
+async def test_a_lone_surrogate_not_escaped_in_utf8_is_400(body: bytes) -> None:
+    """Bug caught: a lone surrogate sent as its UTF-8 form, or escaped in a UTF-16 body, was
+    let through, as the lone surrogate check looked only for UTF-8 escapes."""
+    model = ScriptedModel(["fine"])
+    async with served(Pipeline(model=model)) as gw, gw.http() as client:
+        response = await client.post("/v1/chat/completions", content=body)
+    assert response.status_code == 400, response.text
+    error = openai_error(response.content)
+    assert (error["param"], error["code"]) == ("messages[0].content", "invalid_value")
+    assert model.requests == []
+
+
 async def test_escaped_surrogate_pairs_reach_the_model_as_the_characters_they_are() -> None:
     """Catches: a request whose escapes are valid pairs (each emoji json.dumps writes) taken
     for one holding a lone surrogate, refused or its text changed, once `turnplug serve`
