@@ -296,6 +296,13 @@ def parse_request(body: bytes, upstream: "Upstream" = "openai") -> ChatRequest:
     if stream_options is not None:
         if not isinstance(stream_options, dict):
             raise _bad("'stream_options' must be an object", "stream_options", "invalid_type")
+        if not stream:
+            # OpenAI's own 400, in its words: the options would be silently ignored.
+            raise _bad(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled —"
+                " send 'stream': true with it, or leave it out",
+                "stream_options",
+            )
         include_usage = _optional(stream_options, "include_usage", bool, False, "stream_options.")
     tools = _tools(data.get("tools"))
     options = _options(data)

@@ -632,6 +632,21 @@ async def test_a_field_of_the_wrong_json_type_is_named_in_jsons_words(
     assert openai_error(response.content)["message"] == said
 
 
+@pytest.mark.parametrize("stream", [{}, {"stream": False}])
+async def test_stream_options_without_a_stream_is_400_naming_it(stream: dict[str, Any]) -> None:
+    """Bug caught: ``stream_options`` sent without ``"stream": true`` was accepted and
+    ignored, where OpenAI answers a 400 naming the parameter."""
+    body = {"model": "m", "messages": user("q"), "stream_options": {"include_usage": True}}
+    model = ScriptedModel(["fine"])
+    async with served(Pipeline(model=model)) as gw, gw.http() as client:
+        response = await client.post("/v1/chat/completions", json=body | stream)
+    assert response.status_code == 400
+    error = openai_error(response.content)
+    assert (error["type"], error["param"]) == ("invalid_request_error", "stream_options")
+    assert "only allowed when 'stream' is enabled" in error["message"]
+    assert model.requests == []
+
+
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 async def test_a_refused_token_limit_names_the_field_sent(field: str) -> None:
     """Catches: ``max_completion_tokens: 0`` refused naming ``max_tokens``, a field the
