@@ -1,4 +1,5 @@
-"""What an exception that ended a command means on stderr, and the exit status it gives.
+"""What an exception that ended a command means on stderr, and the exit status it gives;
+and standard output sent nowhere once its reader went away.
 
 Shared by ``turnplug``'s entry point and by ``serve``, which says it before exiting without
 waiting for the worker threads it abandoned; a module of its own, so that neither imports
@@ -6,8 +7,10 @@ the other.
 """
 
 import argparse
+import os
 import sys
 import traceback
+from typing import TextIO
 
 from pipeline import ConfigError, LogError, PipelineError
 
@@ -36,8 +39,6 @@ def failed(args: argparse.Namespace, exc: BaseException) -> int | None:
         return 2 if fix else 1
     if isinstance(exc, BrokenPipeError):
         # The reader went away (`turnplug demo | head`): stop quietly, as other tools do.
-        from ._run import discard
-
         discard(sys.stdout)
         return 0
     if isinstance(exc, Exception):
@@ -81,3 +82,25 @@ def single(error: BaseException) -> BaseException:
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]
     return error
+
+
+def discard(out: TextIO) -> None:
+    """Send whatever is still written to `out` nowhere: its reader went away (``| head``),
+    and Python's flush at exit would fail on it again, and say so."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, out.fileno())
+    os.close(devnull)
+
+
+def flush_or_discard(out: TextIO | None) -> None:
+    """Flush `out` (standard output) as a command ends, help and version included: when its
+    reader went away (``turnplug check CONFIG | head -0``), what is left goes nowhere and the
+    command's exit status stands, as for ``run``. Left to Python's flush at exit, output held
+    in the buffer of a pipe would fail there, printing "Exception ignored ...
+    BrokenPipeError" and exiting 120."""
+    if out is None or out.closed:
+        return
+    try:
+        out.flush()
+    except BrokenPipeError:
+        discard(out)

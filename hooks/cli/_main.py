@@ -19,7 +19,7 @@ from pipeline.logs import MAX_ID_BYTES
 
 from .._terminal import encodes_utf8, escaping_unencodable, printable
 from ..config import _load as _config
-from ._failed import failed, single
+from ._failed import failed, flush_or_discard, single
 
 DEFAULT_CONVERSATION = "default"
 
@@ -328,7 +328,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # on the first character it cannot carry (the demo's first ellipsis, a reply's accent).
     # Only until the command ends: a program calling `main` keeps its standard output as it was.
     with escaping_unencodable(sys.stdout):
-        return _command(argv)
+        try:
+            return _command(argv)
+        finally:
+            # Also as the parser exits (--help, --version): its output is still buffered.
+            flush_or_discard(sys.stdout)
 
 
 def _command(argv: Sequence[str] | None) -> int:

@@ -13,7 +13,6 @@ cancellation — go to standard error, so that piping the answers somewhere stay
 """
 
 import contextlib
-import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -29,6 +28,7 @@ from turns import Text, Usage
 from turns.serde import to_dict
 
 from .._terminal import encodes_utf8, json_text, one_line, printable
+from ._failed import discard
 from ._timeline import plain, rejected_by
 
 
@@ -111,14 +111,6 @@ async def run_turn(
             with contextlib.suppress(OSError):
                 explain(result, console)
     return 0 if outcome == "completed" else 1
-
-
-def discard(out: TextIO) -> None:
-    """Send whatever is still written to `out` nowhere: its reader went away (``| head``),
-    and Python's flush at exit would fail on it again, and say so."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, out.fileno())
-    os.close(devnull)
 
 
 def explain(result: TurnResult, console: Console) -> None:

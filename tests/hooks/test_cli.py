@@ -396,6 +396,51 @@ def test_demo_whose_reader_goes_away_exits_quietly() -> None:
     assert (errors, code) == ("", 0)
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "{config}"],
+        ["log", "--log", "{log}"],
+        ["log", "--log", "{log}", "c1"],
+        ["schema"],
+        ["--help"],
+        ["--version"],
+        ["check", "--help"],
+        ["serve", "--help"],
+        ["run", "{config}", "hi"],
+    ],
+    ids=lambda args: " ".join(args).replace("{", "").replace("}", ""),
+)
+def test_a_command_whose_reader_is_gone_exits_0_quietly(tmp_path: Path, args: list[str]) -> None:
+    """Bug caught: `turnplug check CONFIG | head -0` (and --help, log, --version), output
+    buffered to a pipe whose reader had gone, exited 120 with Python's "Exception ignored
+    ... BrokenPipeError" at exit, where run ended quietly with 0."""
+    config = tmp_path / "c.toml"
+    config.write_text('system = "x"\n')
+    log = tmp_path / "c.db"
+    env = {k: v for k, v in environment().items() if k != "PYTHONUNBUFFERED"}
+    made = turnplug("run", config, "hi", "--log", log, "--conversation", "c1", env=env)
+    assert made.returncode == 0, made.stderr
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [TURNPLUG, *(arg.format(config=config, log=log) for arg in args)],
+            stdin=subprocess.DEVNULL,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+            env=env,
+        )
+    finally:
+        os.close(write)
+    assert "BrokenPipeError" not in done.stderr
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 # Loaded by the interpreter at start-up (PYTHONPATH): it holds the import of `pipeline` open
 # until interrupted, so that Ctrl-C surely arrives while the library is loading.
 SLOW_IMPORT = """
