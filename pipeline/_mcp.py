@@ -1293,15 +1293,35 @@ def _mending(inner: Any, *, lines: bool) -> Any:
                 yield _mended(b"".join([chunk async for chunk in inner]))
                 return
             # A line's chunks are joined once, when its end arrives: joining each chunk to
-            # what came before would cost a long line (a large result) quadratic time.
+            # what came before would cost a long line (a large result) quadratic time. A
+            # line longer than `_LINE_BOUND` is handed on as it comes, unmended: the SDK
+            # refuses its event at once, where holding it until its end held as much as the
+            # server sent (a 200 MB line took 844 MB before the SDK saw a byte of it).
             pending: list[bytes] = []
+            held = 0
+            passing = False
             async for chunk in inner:
-                end = chunk.rfind(b"\n") + 1
+                end = chunk.find(b"\n") + 1 if passing else chunk.rfind(b"\n") + 1
+                if passing:
+                    if not end:
+                        yield chunk
+                        continue
+                    passing = False
+                    yield chunk[:end]
+                    chunk = chunk[end:]
+                    if not chunk:
+                        continue
+                    end = chunk.rfind(b"\n") + 1
                 if not end:
                     pending.append(chunk)
+                    held += len(chunk)
+                    if held > _LINE_BOUND:
+                        yield b"".join(pending)
+                        pending, held, passing = [], 0, True
                     continue
                 joined = b"".join([*pending, chunk[:end]])
                 pending = [chunk[end:]] if end < len(chunk) else []
+                held = len(chunk) - end
                 yield b"".join(_mended_line(ln) for ln in joined.splitlines(keepends=True))
             if pending:
                 yield _mended_line(b"".join(pending))
@@ -1315,6 +1335,12 @@ def _mending(inner: Any, *, lines: bool) -> Any:
             await inner.aclose()
 
     return Mending()
+
+
+_LINE_BOUND = 4 * 1024 * 1024
+"""The longest event-stream line mended, in bytes: four times the largest event the SDK
+reads (1 MiB), a margin for a line that mending makes shorter (an escape such as
+``\\u00e9`` is read as the two bytes of its character)."""
 
 
 def _mended(text: bytes) -> bytes:

@@ -764,6 +764,7 @@ class RawMCP:
         sse: bool = False,
         set_cookies: tuple[str, ...] = (),
         chunk: int | None = None,
+        endless: int = 0,
     ) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -825,6 +826,8 @@ class RawMCP:
                     self.end_headers()
                     self.wfile.write(call_body)
                     return None
+                if method == "tools/call" and endless:
+                    return self.endless_line()
                 if method == "tools/call" and call_result is not None:
                     answer = {"jsonrpc": "2.0", "id": message["id"], "result": call_result}
                     if not sse:
@@ -863,6 +866,25 @@ class RawMCP:
                 answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
                 cookies = set_cookies if method == "initialize" else ()
                 return self.answer(200, answer, cookies)
+
+            def endless_line(self) -> None:
+                # An event whose data line runs `endless` MiB before its end, in chunks of
+                # one MiB object sent again and again: the server itself holds little.
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("mcp-session-id", "s-1")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                piece = b"a" * (1 << 20)
+                try:
+                    self.wfile.write(b"6\r\ndata: \r\n")
+                    for _ in range(endless):
+                        self.wfile.write(b"%x\r\n" % len(piece))
+                        self.wfile.write(piece)
+                        self.wfile.write(b"\r\n")
+                    self.wfile.write(b"2\r\n\n\n\r\n0\r\n\r\n")
+                except OSError:
+                    pass  # the client stopped reading
 
             def do_GET(self) -> None:
                 self.send_response(404)
@@ -1299,6 +1321,37 @@ async def test_every_cookie_an_http_server_sets_is_sent_back():
     # initialize, then its notification, tools/list and tools/call with both cookies
     sent = [sorted(c.split("; ")) if c else c for c in server.cookies]
     assert sent == [None, *[["AWSALB=abc", "LB=def"]] * 3]
+
+
+@sdk_unclosed_streams
+async def test_an_event_line_over_the_sdks_limit_is_refused_without_being_held_whole():
+    """Bug caught: the event stream's mending held every chunk of a ``data:`` line until its
+    end, so a server's endless line took as much memory as it sent (a 200 MB line 844 MB)
+    before the SDK refused the event at its 1 MiB limit."""
+    import tracemalloc
+
+    with RawMCP(endless=48) as server:
+        pipe = Pipeline(
+            model=ScriptedModel([[ToolCall("c1", "raw_echo", {})], "ok"]),
+            toolsets=[mcp_toolset("raw", url=server.url, connect_timeout=5, timeout=30)],
+        )
+        async with pipe:
+            tracemalloc.start()
+            try:
+                result = await pipe.run(Turn.start("hi"))
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+
+    # The SDK's refusal ("SSE stream failed: Server-sent event exceeded the 1048576 byte
+    # limit.") ends its stream: the call is told the connection closed.
+    assert result.reply.messages[1].parts[0].content == (
+        "tool 'raw_echo' failed: MCP server 'raw' closed the connection during the call (did"
+        " it crash?); it is connected again on the next turn"
+    )
+    # The 48 MiB line took some 250 MB; now the mending holds at most 4 MiB of it, which the
+    # SDK decodes and measures a few times over before it refuses the event (about 18 MB).
+    assert peak < 24 * 1024 * 1024
 
 
 PAIRS = json.dumps({"t": [f"row {i} \U0001f600" for i in range(500)]})
