@@ -28,6 +28,7 @@ import contextlib
 import io
 import json
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,25 +80,46 @@ def _json_escape(error: UnicodeError) -> tuple[str, int]:
 _JSON_ESCAPE = "turnplug.json_escape"
 
 
+# The streams `escaping_unencodable` set to escape, each with how many blocks hold it so:
+# `hooks.cli.main` may run on several threads at once, and the first to end would otherwise
+# set the stream back while the others still write to it.
+_ESCAPING: dict[io.TextIOWrapper, int] = {}
+_ESCAPING_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def escaping_unencodable(stream: object) -> Iterator[None]:
     """Within the block, `stream` (standard output) writes what its encoding cannot carry
     escaped as JSON escapes it, rather than fail: text and JSON alike stay readable, and JSON
-    valid. Its own error handler is back when the block ends: `hooks.cli.main` runs in a
-    program of its own too, whose later output is that program's to encode."""
-    if not (isinstance(stream, io.TextIOWrapper) and stream.errors == "strict"):
+    valid. Its own error handler is back when the last block holding it ends (blocks on
+    several threads may hold it at once): `hooks.cli.main` runs in a program of its own too,
+    whose later output is that program's to encode."""
+    if not isinstance(stream, io.TextIOWrapper):
         yield
         return
-    codecs.register_error(_JSON_ESCAPE, _json_escape)
-    stream.reconfigure(errors=_JSON_ESCAPE)
+    with _ESCAPING_LOCK:
+        held = stream in _ESCAPING or stream.errors == "strict"
+        if held and stream not in _ESCAPING:
+            codecs.register_error(_JSON_ESCAPE, _json_escape)
+            stream.reconfigure(errors=_JSON_ESCAPE)
+        if held:
+            _ESCAPING[stream] = _ESCAPING.get(stream, 0) + 1
+    if not held:
+        yield
+        return
     try:
         yield
     finally:
-        # Reconfiguring flushes first. A stream that cannot flush (closed, its reader gone)
-        # is left as it is: Python's own flush at exit then says so, as it did before.
-        if not stream.closed and stream.errors == _JSON_ESCAPE:
-            with contextlib.suppress(OSError, ValueError):
-                stream.reconfigure(errors="strict")
+        with _ESCAPING_LOCK:
+            _ESCAPING[stream] -= 1
+            if not _ESCAPING[stream]:
+                del _ESCAPING[stream]
+                # Reconfiguring flushes first. A stream that cannot flush (closed, its
+                # reader gone) is left as it is: Python's own flush at exit then says so, as
+                # it did before.
+                if not stream.closed and stream.errors == _JSON_ESCAPE:
+                    with contextlib.suppress(OSError, ValueError):
+                        stream.reconfigure(errors="strict")
 
 
 def encodes_utf8(stream: object) -> bool:

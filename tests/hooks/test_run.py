@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -402,6 +403,62 @@ def test_run_in_process_leaves_the_callers_standard_output_as_it_was(
     assert out.errors == "strict"
     with pytest.raises(UnicodeEncodeError):
         print("Caf\u00e9", file=out)
+
+
+def test_two_in_process_commands_at_once_escape_until_the_last_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bug caught: of two `hooks.cli.main` calls running at once on two threads, the first
+    to end set standard output back to strict while the other still ran, whose reply then
+    failed to print on an ASCII output."""
+    (tmp_path / "paced_hooks.py").write_text(
+        "import threading\n"
+        "from pipeline import cont\n"
+        "entered = {'a': threading.Event(), 'b': threading.Event()}\n"
+        "release = {'a': threading.Event(), 'b': threading.Event()}\n"
+        "def paced(turn):\n"
+        "    name = turn.user_message.text\n"
+        "    entered[name].set()\n"
+        "    release[name].wait(30)\n"
+        "    return cont(turn)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import paced_hooks  # type: ignore[import-not-found]
+
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = ["Caf\u00e9"]\n'
+        '[[pre]]\nkind = "python"\nref = "paced_hooks:paced"\n',
+    )
+    written = io.BytesIO()
+    out = io.TextIOWrapper(written, encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", out)
+    codes: dict[str, object] = {}
+
+    def run(name: str) -> None:
+        try:
+            codes[name] = main(["run", str(config), name])
+        except Exception as exc:
+            codes[name] = exc
+
+    threads = {name: threading.Thread(target=run, args=(name,)) for name in ("a", "b")}
+    try:
+        # a enters first and ends first, while b runs on.
+        threads["a"].start()
+        assert paced_hooks.entered["a"].wait(30)
+        threads["b"].start()
+        assert paced_hooks.entered["b"].wait(30)
+        paced_hooks.release["a"].set()
+        threads["a"].join(30)
+    finally:
+        paced_hooks.release["a"].set()
+        paced_hooks.release["b"].set()
+        for thread in threads.values():
+            thread.join(30)
+
+    out.flush()
+    assert (codes, written.getvalue()) == ({"a": 0, "b": 0}, b"Caf\\u00e9\n" * 2)
+    assert out.errors == "strict"
 
 
 def test_run_json_shows_a_synthetic_tool_calls_parts() -> None:
