@@ -116,9 +116,10 @@ def escaping_unencodable(stream: object) -> Iterator[None]:
                 del _ESCAPING[stream]
                 # Reconfiguring flushes first. A stream that cannot flush (closed, its
                 # reader gone) is left as it is: Python's own flush at exit then says so, as
-                # it did before.
-                if not stream.closed and stream.errors == _JSON_ESCAPE:
-                    with contextlib.suppress(OSError, ValueError):
+                # it did before. One detached from its buffer (a hook that wrapped the
+                # buffer anew) cannot even say whether it is closed.
+                with contextlib.suppress(OSError, ValueError):
+                    if not stream.closed and stream.errors == _JSON_ESCAPE:
                         stream.reconfigure(errors="strict")
 
 

@@ -461,6 +461,32 @@ def test_two_in_process_commands_at_once_escape_until_the_last_ends(
     assert out.errors == "strict"
 
 
+def test_a_hook_that_detaches_standard_output_fails_the_command_not_main(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bug caught: when a command's hook detached standard output from its buffer,
+    `hooks.cli.main` raised ValueError from its own cleanup (asking the detached stream
+    whether it was closed) instead of returning the command's exit code."""
+    (tmp_path / "detach_hooks.py").write_text(
+        "import sys\n"
+        "from pipeline import cont\n"
+        "def detach(turn):\n"
+        "    sys.stdout.detach()\n"
+        "    return cont(turn)\n"
+    )
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = ["Caf\u00e9"]\n'
+        '[[pre]]\nkind = "python"\nref = "detach_hooks:detach"\n',
+    )
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO(), encoding="ascii"))
+    assert main(["run", str(config), "hi"]) == 1
+    assert capsys.readouterr().err == (
+        "turnplug: error: ValueError: underlying buffer has been detached (run with --debug"
+        " for the traceback)\n"
+    )
+
+
 def test_run_json_shows_a_synthetic_tool_calls_parts() -> None:
     root = Path(__file__).resolve().parents[2]
     done = turnplug("run", root / "examples" / "assistant.toml", "hi", "--json")
