@@ -1419,62 +1419,83 @@ _PROBLEM_MAX = 300
 
 def _invalid(exc: BaseException) -> str | None:
     """What the SDK found wrong in a server's answer (a pydantic `ValidationError`): the
-    first error's place, message and input, and how many more there are, in at most
+    first problem's place, message and input, and how many more there are, in at most
     `_PROBLEM_MAX` characters; None for any other exception.
 
     A union's errors (a content block's) are placed under each member's class name
-    (``content.0.TextContent.text``), one for every member it tried: the errors told are
-    those of the members whose ``type`` the value has (an image block's, for an image with
-    no ``data``), placed without the class names; when every member refused the value's
-    ``type``, that type is what was wrong.
+    (``content.0.TextContent.text``), one for every member it tried: a block's problems are
+    told by `_problems`, placed without the class names.
     """
     from pydantic import ValidationError
 
     if not isinstance(exc, ValidationError):
         return None
-    errors = exc.errors(include_url=False)
-    if not errors:
+    problems = _problems(exc.errors(include_url=False))
+    if not problems:
         return _clipped(str(exc), _PROBLEM_MAX)
-    first = errors[0]
-    loc = tuple(first["loc"])
-    members = next((i for i, step in enumerate(loc) if _member(step)), None)
-    if members is not None:
-        union = loc[:members]
-        here = [e for e in errors if tuple(e["loc"][:members]) == union]
-        elsewhere = [e for e in errors if tuple(e["loc"][:members]) != union]
-        refused = {
-            e["loc"][members]
-            for e in here
-            if tuple(e["loc"][members + 1 :]) == ("type",) and e["type"] == "literal_error"
-        }
-        matched = [e for e in here if len(e["loc"]) > members and e["loc"][members] not in refused]
-        if matched:
-            first = matched[0]
-            errors = [*matched, *elsewhere]
-        elif refused:
-            # The block itself is the input of a field's error one step in (a missing one's).
-            kind = next(e["input"] for e in here if e["type"] == "literal_error")
-            block = next(
-                (
-                    e["input"]
-                    for e in here
-                    if len(e["loc"]) == members + 2 and isinstance(e["input"], dict)
-                ),
-                kind,
-            )
-            first = {
-                **first,
-                "loc": union,
-                "msg": f"its type {kind!r} is none that MCP defines here",
-                "input": block,
-            }
-            errors = [first, *elsewhere]
+    first = problems[0]
     place = ".".join(str(step) for step in first["loc"] if not _member(step))
     text = f"{place}: {first['msg']}" if place else first["msg"]
     text += f" (got {_clipped(repr(first.get('input')), 80)})"
-    if len(errors) > 1:
-        text += f", and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''}"
+    if len(problems) > 1:
+        text += f", and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''}"
     return _clipped(text, _PROBLEM_MAX)
+
+
+def _problems(errors: Iterable[Any]) -> list[Any]:
+    """A pydantic error's errors as the problems they are: each error outside a union, and
+    each value a union refused (a content block) told by `_refused`, where pydantic gives
+    that value one error for every member it tried, each of its members' problems."""
+    told: dict[Any, list[Any]] = {}
+    for n, error in enumerate(errors):
+        loc = tuple(error["loc"])
+        members = next((i for i, step in enumerate(loc) if _member(step)), None)
+        key = (n,) if members is None else (loc[:members], members)
+        told.setdefault(key, []).append(error)
+    problems: list[Any] = []
+    for key, here in told.items():
+        problems += here if len(key) == 1 else _refused(here, key[1])
+    return problems
+
+
+def _refused(here: list[Any], members: int) -> list[Any]:
+    """The problems of a value a union refused, given its errors (`here`), each under the
+    class name of a member it tried (at `members` in its place): those of the members whose
+    ``type`` the value has (an image block's, for an image with no ``data``), themselves
+    told by `_problems` (a member may hold a union); one when every member refused its
+    ``type`` (that type is what was wrong), or the value is no object at all."""
+    union = tuple(here[0]["loc"][:members])
+    if all(len(e["loc"]) == members + 1 for e in here):
+        if all(e["type"] == "model_type" for e in here):
+            # pydantic's message names each member's class ("instance of TextContent").
+            return [{**here[0], "loc": union, "msg": "Input should be an object"}]
+        return [{**here[0], "loc": union}]
+    refused = {
+        e["loc"][members]
+        for e in here
+        if tuple(e["loc"][members + 1 :]) == ("type",) and e["type"] == "literal_error"
+    }
+    matched = [e for e in here if len(e["loc"]) > members and e["loc"][members] not in refused]
+    if matched:
+        return _problems(
+            {**e, "loc": (*e["loc"][:members], *e["loc"][members + 1 :])} for e in matched
+        )
+    if not refused:
+        return [here[0]]
+    # The block itself is the input of a field's error one step in (a missing one's).
+    kind = next(e["input"] for e in here if e["type"] == "literal_error")
+    block = next(
+        (e["input"] for e in here if len(e["loc"]) == members + 2 and isinstance(e["input"], dict)),
+        kind,
+    )
+    return [
+        {
+            **here[0],
+            "loc": union,
+            "msg": f"its type {kind!r} is none that MCP defines here",
+            "input": block,
+        }
+    ]
 
 
 def _member(step: Any) -> bool:

@@ -33,8 +33,11 @@
   with a content block of a type MCP does not define, ``null``, whose calls it answers with
   ``"result": null``, ``none``, whose calls it answers with a response holding no result,
   ``nodata``, whose calls it answers with an image block with no data, ``textnum``, whose
-  calls it answers with a second text block whose text is a number, and ``cutstring``,
-  whose calls it answers with a result that is a string cut inside a surrogate pair;
+  calls it answers with a second text block whose text is a number, ``cutstring``,
+  whose calls it answers with a result that is a string cut inside a surrogate pair,
+  ``twoimages`` and ``twonope``, whose calls it answers with two image blocks with no data
+  and two blocks of a type MCP does not define, and ``notblock``, whose calls it answers
+  with a content block that is a string;
 - ``mute``: the SDK's low-level server, listing ``mute``, whose calls it answers with an
   error result with no content, and ``refuse``, whose calls it refuses with a JSON-RPC error
   -32602 whose message is empty;
@@ -299,6 +302,9 @@ MALFORMED = {
     "nodata": {"content": [{"type": "image", "mimeType": "image/png"}]},
     "textnum": {"content": [{"type": "text", "text": "ok"}, {"type": "text", "text": 5}]},
     "cutstring": "cut \ud83d",
+    "twoimages": {"content": [{"type": "image", "mimeType": "image/png"}] * 2},
+    "twonope": {"content": [{"type": "nope"}] * 2},
+    "notblock": {"content": ["hi"]},
 }
 
 

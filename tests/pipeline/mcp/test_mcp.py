@@ -1219,6 +1219,26 @@ async def test_an_invalid_block_is_told_by_its_own_types_problem_and_the_sdk_err
     assert server_processes() == []
 
 
+async def test_an_invalid_result_counts_one_problem_a_bad_block_and_names_no_class():
+    """Bug caught: the "and N more problems" of the short line counted every union member's
+    refusal of the other bad blocks ("and 10 more" for two images with no data), and a block
+    that is no object was told as no "instance of TextContent", a class of the SDK's."""
+    names = ("twoimages", "twonope", "notblock")
+    model = ScriptedModel([[ToolCall(f"c{n}", f"faulty_{n}", {}) for n in names], "done"])
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("malformed", timeout=10)])
+    result = await pipe.run(Turn.start("go"))
+
+    told = [m.parts[0].content.split("tools/call result: ")[1] for m in result.reply.messages[1:4]]
+    assert told == [
+        "content.0.data: Field required (got {'type': 'image', 'mimeType': 'image/png'}), and 1"
+        " more problem",
+        "content.0: its type 'nope' is none that MCP defines here (got {'type': 'nope'}), and 1"
+        " more problem",
+        "content.0: Input should be an object (got 'hi')",
+    ]
+    assert server_processes() == []
+
+
 async def test_a_response_with_a_null_result_or_none_fails_its_call_at_once():
     """Bug caught: a stdio server answering a call with ``"result": null`` (or no result at
     all) left the call waiting out its whole timeout, then reported as no answer."""
