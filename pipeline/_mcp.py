@@ -938,14 +938,15 @@ class Connection:
         name = self.spec.name
         if (problem := _invalid(exc)) is not None:
             # The SDK's text is one paragraph per member of each union it tried: kilobytes
-            # the model would read instead of what was wrong. It is logged, whole, for the
-            # server's author.
-            logger.debug(
-                "%s: the MCP SDK refused the result of a call of %r: %s",
-                self.label,
-                own,
-                " ".join(exc_text(exc).split()),
-            )
+            # the model would read instead of what was wrong. It is logged for the server's
+            # author, when anyone listens, and clipped: 10,000 bad blocks made it 23 MB.
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "%s: the MCP SDK refused the result of a call of %r: %s",
+                    self.label,
+                    own,
+                    _clipped(exc_text(exc), _DEBUG_MAX),
+                )
             return ToolFailure(
                 f"MCP server {name!r} answered the call of {own!r} with a result that is no"
                 f" valid tools/call result: {problem}"
@@ -1415,6 +1416,7 @@ def _place(place: Any) -> str:
 
 
 _PROBLEM_MAX = 300
+_DEBUG_MAX = 64 * 1024
 
 
 def _invalid(exc: BaseException) -> str | None:

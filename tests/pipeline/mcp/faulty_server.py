@@ -36,8 +36,9 @@
   calls it answers with a second text block whose text is a number, ``cutstring``,
   whose calls it answers with a result that is a string cut inside a surrogate pair,
   ``twoimages`` and ``twonope``, whose calls it answers with two image blocks with no data
-  and two blocks of a type MCP does not define, and ``notblock``, whose calls it answers
-  with a content block that is a string;
+  and two blocks of a type MCP does not define, ``notblock``, whose calls it answers
+  with a content block that is a string, and ``manynope``, whose calls it answers with
+  2,000 blocks of a type MCP does not define;
 - ``mute``: the SDK's low-level server, listing ``mute``, whose calls it answers with an
   error result with no content, and ``refuse``, whose calls it refuses with a JSON-RPC error
   -32602 whose message is empty;
@@ -305,6 +306,7 @@ MALFORMED = {
     "twoimages": {"content": [{"type": "image", "mimeType": "image/png"}] * 2},
     "twonope": {"content": [{"type": "nope"}] * 2},
     "notblock": {"content": ["hi"]},
+    "manynope": {"content": [{"type": "nope", "text": "x"}] * 2000},
 }
 
 

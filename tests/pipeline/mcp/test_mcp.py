@@ -1239,6 +1239,26 @@ async def test_an_invalid_result_counts_one_problem_a_bad_block_and_names_no_cla
     assert server_processes() == []
 
 
+async def test_the_sdks_error_for_an_invalid_result_is_logged_clipped(caplog):
+    """Bug caught: the DEBUG line quoting the SDK's error whole had no bound (23 MB for
+    10,000 bad blocks), and was built even with DEBUG off."""
+    caplog.set_level(logging.DEBUG, logger="turnplug.mcp")
+    model = ScriptedModel([[ToolCall("c1", "faulty_manynope", {})], "done"])
+    pipe = Pipeline(model=model, toolsets=[faulty_toolset("malformed", timeout=10)])
+    await pipe.run(Turn.start("go"))
+
+    (logged,) = (
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "turnplug.mcp" and "refused the result" in r.getMessage()
+    )
+    said = logged.split(": the MCP SDK refused the result of a call of 'manynope': ")[1]
+    assert said.startswith("ValidationError: 24000 validation errors for CallToolResult")
+    assert said.endswith("...")
+    assert len(said) == 64 * 1024
+    assert server_processes() == []
+
+
 async def test_a_response_with_a_null_result_or_none_fails_its_call_at_once():
     """Bug caught: a stdio server answering a call with ``"result": null`` (or no result at
     all) left the call waiting out its whole timeout, then reported as no answer."""
