@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TextIO, final
@@ -121,10 +122,21 @@ class MCPToolset(Toolset):
 
     @property
     def where(self) -> str:
-        """How the server is reached, for messages (no secrets: no env, no headers)."""
+        """How the server is reached, for messages (no secrets: no env, no headers, and of
+        the url neither its user and password nor its query, which may hold a key:
+        ``https://host/mcp?...``)."""
         if self.command is not None:
             return "`" + " ".join([self.command, *self.args]) + "`"
-        return str(self.url)
+        return _shown_url(str(self.url))
+
+
+def _shown_url(url: str) -> str:
+    """`url` without what may be a secret: its userinfo (``user:password@``) and its query
+    (``?api_key=...``, shown as ``?...``); its fragment, which a server never sees, too."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    query = "?..." if parts.query else ""
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", "")) + query
 
 
 def _strings(value: Any, what: str, owner: str) -> Mapping[str, str] | None:

@@ -462,6 +462,23 @@ async def test_an_http_server_nobody_listens_on_fails_the_open_naming_it():
     assert f"MCP server 'tickets' ({url}) could not be reached: ConnectError" in str(error)
 
 
+async def test_a_servers_url_is_named_without_its_password_and_query():
+    """Bug caught: messages named an HTTP server by its whole url, so the password of its
+    userinfo and a key in its query reached the errors, the events and the logs."""
+    port = free_port()
+    url = f"http://user:pa55word@127.0.0.1:{port}/mcp?api_key=SECRET123"
+    pipe = Pipeline(
+        model=ScriptedModel(["hi"]),
+        toolsets=[mcp_toolset("tickets", url=url, connect_timeout=5)],
+    )
+    error = await opening_error(pipe)
+
+    told = str(error)
+    assert f"MCP server 'tickets' (http://127.0.0.1:{port}/mcp?...) could not be reached" in told
+    assert "pa55word" not in told
+    assert "SECRET123" not in told
+
+
 @sdk_unclosed_streams
 async def test_a_header_value_with_a_trailing_newline_is_sent_without_it(http_server):
     """Bug caught: a token read from a secret file, with its trailing newline, failed the
