@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TextIO, final
 
@@ -1277,7 +1277,7 @@ def _resultless(line: bytes) -> Any:
 
 async def _repairing(response: Any) -> None:
     """The response hook of an HTTP server's connection: a JSON body or an event stream is
-    read through `_Mending`, which reads a lone surrogate a server's JSON escapes as U+FFFD,
+    read through `_mending`, which reads a lone surrogate a server's JSON escapes as U+FFFD,
     as the stdio reader does. A compressed body is left as it is.
 
     A hook, not a transport of ours: the HTTP client reads the proxy environment
@@ -1302,42 +1302,49 @@ def _mending(inner: Any, *, lines: bool) -> Any:
 
     class Mending(httpx2.AsyncByteStream):
         async def __aiter__(self) -> AsyncIterator[bytes]:
-            if not lines:
-                yield _mended(b"".join([chunk async for chunk in inner]))
-                return
-            # A line's chunks are joined once, when its end arrives: joining each chunk to
-            # what came before would cost a long line (a large result) quadratic time. A
-            # line longer than `_LINE_BOUND` is handed on as it comes, unmended: the SDK
-            # refuses its event at once, where holding it until its end held as much as the
-            # server sent (a 200 MB line took 844 MB before the SDK saw a byte of it).
-            pending: list[bytes] = []
-            held = 0
-            passing = False
-            async for chunk in inner:
-                end = chunk.find(b"\n") + 1 if passing else chunk.rfind(b"\n") + 1
-                if passing:
+            # Its iterator is closed here, as httpx2 closes those it walks: left to the
+            # garbage collector, trio warns it was collected unfinished.
+            chunks = inner.__aiter__()
+            try:
+                if not lines:
+                    yield _mended(b"".join([chunk async for chunk in chunks]))
+                    return
+                # A line's chunks are joined once, when its end arrives: joining each chunk to
+                # what came before would cost a long line (a large result) quadratic time. A
+                # line longer than `_LINE_BOUND` is handed on as it comes, unmended: the SDK
+                # refuses its event at once, where holding it until its end held as much as the
+                # server sent (a 200 MB line took 844 MB before the SDK saw a byte of it).
+                pending: list[bytes] = []
+                held = 0
+                passing = False
+                async for chunk in chunks:
+                    end = chunk.find(b"\n") + 1 if passing else chunk.rfind(b"\n") + 1
+                    if passing:
+                        if not end:
+                            yield chunk
+                            continue
+                        passing = False
+                        yield chunk[:end]
+                        chunk = chunk[end:]
+                        if not chunk:
+                            continue
+                        end = chunk.rfind(b"\n") + 1
                     if not end:
-                        yield chunk
+                        pending.append(chunk)
+                        held += len(chunk)
+                        if held > _LINE_BOUND:
+                            yield b"".join(pending)
+                            pending, held, passing = [], 0, True
                         continue
-                    passing = False
-                    yield chunk[:end]
-                    chunk = chunk[end:]
-                    if not chunk:
-                        continue
-                    end = chunk.rfind(b"\n") + 1
-                if not end:
-                    pending.append(chunk)
-                    held += len(chunk)
-                    if held > _LINE_BOUND:
-                        yield b"".join(pending)
-                        pending, held, passing = [], 0, True
-                    continue
-                joined = b"".join([*pending, chunk[:end]])
-                pending = [chunk[end:]] if end < len(chunk) else []
-                held = len(chunk) - end
-                yield b"".join(_mended_line(ln) for ln in joined.splitlines(keepends=True))
-            if pending:
-                yield _mended_line(b"".join(pending))
+                    joined = b"".join([*pending, chunk[:end]])
+                    pending = [chunk[end:]] if end < len(chunk) else []
+                    held = len(chunk) - end
+                    yield b"".join(_mended_line(ln) for ln in joined.splitlines(keepends=True))
+                if pending:
+                    yield _mended_line(b"".join(pending))
+            finally:
+                if isinstance(chunks, AsyncGenerator):
+                    await chunks.aclose()
 
         @property
         def elapsed(self) -> Any:
