@@ -97,10 +97,15 @@ def flush_or_discard(out: TextIO | None) -> None:
     reader went away (``turnplug check CONFIG | head -0``), what is left goes nowhere and the
     command's exit status stands, as for ``run``. Left to Python's flush at exit, output held
     in the buffer of a pipe would fail there, printing "Exception ignored ...
-    BrokenPipeError" and exiting 120."""
-    if out is None or out.closed:
+    BrokenPipeError" and exiting 120. A stream a hook closed or detached is left as it is:
+    the command's own error already says what went wrong."""
+    if out is None:
         return
     try:
+        if out.closed:
+            return
         out.flush()
     except BrokenPipeError:
         discard(out)
+    except ValueError:
+        pass
