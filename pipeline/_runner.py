@@ -768,10 +768,11 @@ def split_exchange(
     gone), is sent as it is, and does not hide another the view breaks. `last` is the turn's
     own message, which the view cannot drop.
     """
-    broken = broken_calls(messages, last)
-    if not broken:
+    if messages is given:
+        # The history as the turn began: whatever is broken in it is its own.
         return None
-    if given is not messages:
+    broken = broken_calls(messages, last)
+    if broken:
         for call_id in broken_calls(given, last):
             broken.pop(call_id, None)
     if not broken:

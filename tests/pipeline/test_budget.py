@@ -714,6 +714,20 @@ async def test_compact_keeping_whole_exchanges_and_a_broken_history_it_was_given
     assert model.requests[1].messages[0] == WINDOWED[0]
 
 
+async def test_compact_returning_a_split_history_as_it_was_given_passes():
+    """Bug caught: a compactor returning the very history it was handed (the common "already
+    under target" branch) on a log cut to its last messages was refused as having split it,
+    though every broken call in it was the history's own."""
+
+    def unchanged(history, target, tokenizer):
+        return history
+
+    model = ScriptedModel(["ok"])
+    pipe = build(budget=Budget(1000, 100), compact=unchanged, model=model)
+    await pipe.run(Turn.start("next", context=Context(messages=WINDOWED)))
+    assert model.requests[0].messages[: len(WINDOWED)] == WINDOWED
+
+
 # -- the tokenizer ------------------------------------------------------------------------------
 
 
