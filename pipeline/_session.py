@@ -764,9 +764,12 @@ async def _session(
                             # does (a cancellation of its task): its end hooks are told so.
                             reason = "cancelled"
                             raise
-                        # A cancellation that arrived as the drain ended ends the session
-                        # cancelled, whatever the task group's exit delivers.
-                        await anyio.lowlevel.checkpoint_if_cancelled()
+                        if reason == "closed":
+                            # A cancellation that arrived as the drain ended ends the session
+                            # cancelled, whatever the task group's exit delivers. After the
+                            # body raised, the drain timeout's own cancellation would replace
+                            # the body's exception here, and the task group absorb it.
+                            await anyio.lowlevel.checkpoint_if_cancelled()
         except BaseException:
             # The block cancelled by a background hook's interrupt (or the caller's scope
             # cancelled at that moment): the interrupt wins, never lost to the cancellation.

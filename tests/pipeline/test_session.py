@@ -2172,3 +2172,42 @@ async def test_an_end_hook_blocking_after_an_end_hooks_interrupt_gets_the_drain_
         " the end hooks after it did not finish within the session's drain timeout of 3 s"
     )
     assert pairing_problems(session.events) == []
+
+
+@pytest.mark.parametrize("raised", [ValueError, KeyboardInterrupt])
+async def test_the_bodys_exception_is_raised_when_the_drain_timeout_cuts_a_background_hook(
+    raised: type[BaseException],
+):
+    """Bug caught: when the body raised and a background hook outlived the drain timeout, the
+    timeout's cancellation replaced the body's exception and the task group absorbed it: the
+    `async with` returned normally, a ValueError or a KeyboardInterrupt lost."""
+    trace: list[object] = []
+
+    async def forever(turn: Turn):
+        await anyio.sleep(math.inf)
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[hook(forever, name="forever", background=True)],
+        on_session_end=[end_recorder(trace)],
+    )
+    sessions: list[Session] = []
+
+    async def converse() -> None:
+        async with pipe.session(
+            log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=0.05
+        ) as session:
+            sessions.append(session)
+            await session.send("hi")
+            raise raised("boom")
+
+    with pytest.raises(raised):
+        await converse()
+
+    [session] = sessions
+    assert len(trace) == 1
+    if raised is ValueError:
+        assert trace == [("end", "error", SessionInfo(CONVERSATION, Scope(), 1))]
+    failed = [event for event in session.events if isinstance(event, ev.HookFailed)]
+    assert [event.hook for event in failed] == ["forever"]
