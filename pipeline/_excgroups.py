@@ -98,6 +98,18 @@ def only_cancelled(exc: BaseException) -> bool:
     return is_cancellation(exc)
 
 
+def interrupt_in(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or SystemExit `exc` is, or the first one of a group holding
+    nothing else but cancellations (a caller's own task group around it); else None."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        real = [leaf for leaf in _leaves(exc) if not is_cancellation(leaf)]
+        if real and all(isinstance(leaf, KeyboardInterrupt | SystemExit) for leaf in real):
+            return real[0]
+    return None
+
+
 def _leaves(group: BaseExceptionGroup[BaseException]) -> Sequence[BaseException]:
     leaves: list[BaseException] = []
     for exc in group.exceptions:

@@ -20,7 +20,7 @@ from ._commit import injection_messages
 from ._describe import describe, exc_text
 from ._drive import Drive, OpenTools, TurnHost
 from ._errors import ConfigError, HookReturnError, LogConflict, LogError
-from ._excgroups import only_cancelled, own_error, raise_single, reraise
+from ._excgroups import interrupt_in, only_cancelled, own_error, raise_single, reraise
 from ._hooks import is_async_callable
 from ._loop import current_loop, is_cancellation, spurious_cancellation, to_the_end
 from ._plan import Plan, Step
@@ -743,10 +743,15 @@ async def _session(
                 session = Session(plan, log, conversation_id, scope, context, task_group)
                 session._open_tools = open_tools
                 await session._start()
+                interrupt: BaseException | None = None
                 try:
                     yield session
                 except BaseException as exc:
-                    reason = "cancelled" if only_cancelled(exc) else "error"
+                    # Ctrl-C ending the body (trio's KeyboardInterrupt, or a SystemExit) ends
+                    # the session as asyncio's does (a cancellation of its task).
+                    interrupt = interrupt_in(exc)
+                    cancelled = interrupt is not None or only_cancelled(exc)
+                    reason = "cancelled" if cancelled else "error"
                     raise
                 else:
                     reason = "closed"
@@ -754,7 +759,16 @@ async def _session(
                     # From here on no turn commits: one still running in a task outside the
                     # block would otherwise commit after the end hooks ran.
                     session._closed = True
-                    if reason == "cancelled":
+                    if interrupt is not None:
+                        # Not held back by the drain timeout, nor by a thread: the program
+                        # is stopping, as when the interrupt comes during the drain.
+                        session._abandon(
+                            f"cut short: the session was interrupted"
+                            f" ({type(interrupt).__name__}); nothing of it was committed"
+                        )
+                        for thread in session._threads:
+                            thread.cancel()
+                    elif reason == "cancelled":
                         task_group.cancel_scope.cancel()
                     else:
                         try:

@@ -6,6 +6,7 @@ hooks may never reach. These run on both loops in real time: the thread sleeps 0
 the caller's deadline passes after 0.1 s.
 """
 
+import math
 import threading
 import time
 
@@ -192,3 +193,42 @@ async def test_a_cancellation_during_the_drain_abandons_a_sync_background_hooks_
     assert trace[0] == "session returned"
     [failed] = [event for event in sessions[0].events if isinstance(event, ev.HookFailed)]
     assert failed.error == "cut short: the session was cancelled; nothing of it was committed"
+
+
+async def test_an_interrupt_ending_the_body_abandons_a_sync_background_hooks_thread() -> None:
+    """Bug caught: a session whose body raised KeyboardInterrupt (trio's Ctrl-C) waited for a
+    sync background hook's worker thread to return, and up to its drain timeout for the hook
+    (for ever with math.inf), where a cancellation arriving during the drain abandons it."""
+    trace: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    def summary(turn: Turn):
+        started.set()
+        trace.append("thread released" if release.wait(5) else "thread gave up waiting")
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]), post=[hook(summary, name="summary", background=True)]
+    )
+
+    sessions: list[Session] = []
+
+    async def converse() -> None:
+        async with pipe.session(
+            log=MemoryLog(), conversation_id="c", drain_timeout=math.inf
+        ) as session:
+            sessions.append(session)
+            await session.send("hi")
+            await anyio.to_thread.run_sync(started.wait, 10)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        await converse()
+    trace.append("session returned")
+    release.set()
+
+    assert trace[0] == "session returned"
+    [failed] = [event for event in sessions[0].events if isinstance(event, ev.HookFailed)]
+    assert failed.error == (
+        "cut short: the session was interrupted (KeyboardInterrupt); nothing of it was committed"
+    )

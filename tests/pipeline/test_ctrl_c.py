@@ -61,10 +61,17 @@ for event in sessions[0].events:
 
 def ctrl_c_while_draining(tmp_path: Path, loop: str) -> list[str]:
     """What a session draining a background hook that never ends prints when Ctrl-C comes."""
-    script = tmp_path / "draining.py"
-    script.write_text(DRAINING)
+    # Once the body has returned and the session waits for the hook, not as it returns
+    # (a Ctrl-C that stops the body is another matter).
+    return ctrl_c(tmp_path, DRAINING, [loop], "draining\n")
+
+
+def ctrl_c(tmp_path: Path, source: str, args: list[str], ready: str) -> list[str]:
+    """What the script `source` prints when Ctrl-C comes a moment after it printed `ready`."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
     child = subprocess.Popen(
-        [sys.executable, str(script), loop],
+        [sys.executable, str(script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -76,10 +83,8 @@ def ctrl_c_while_draining(tmp_path: Path, loop: str) -> list[str]:
     )
     assert child.stdout is not None
     try:
-        assert child.stdout.readline() == "draining\n"
-        # Once the body has returned and the session waits for the hook, not as it returns
-        # (a Ctrl-C that stops the body is another matter).
-        time.sleep(0.3)
+        assert child.stdout.readline() == ready
+        time.sleep(0.3)  # into the await that follows
         child.send_signal(signal.SIGINT)  # what Ctrl-C sends
         out, _ = child.communicate(timeout=60)
     finally:
@@ -115,3 +120,85 @@ def test_ctrl_c_during_the_drain_tells_end_hooks_cancelled(tmp_path: Path, loop:
 
     assert [line for line in lines if line.startswith("end hook:")] == ["end hook: cancelled"]
     assert "KeyboardInterrupt" in lines
+
+
+INTERRUPTED = """
+import math, sys
+import anyio
+from pipeline import Pipeline, cont, hook
+from pipeline import events as ev
+from pipeline.logs import MemoryLog
+from pipeline.testing import ScriptedModel
+
+loop, when = sys.argv[1:]
+
+async def slow(turn):
+    await anyio.sleep(math.inf)
+    return cont(turn)
+
+pre_calls = []
+
+async def stuck(turn):
+    pre_calls.append(turn)
+    if len(pre_calls) == 2:  # the second turn never gets past its pre hook
+        print("in the turn", flush=True)
+        await anyio.sleep(math.inf)
+    return cont(turn)
+
+log = MemoryLog()
+pipe = Pipeline(
+    model=ScriptedModel(["ok", "never"]),
+    pre=[hook(stuck, name="stuck")],
+    post=[hook(slow, name="slow", background=True)],
+    on_session_end=[lambda info, reason: print("end hook:", reason, flush=True)],
+)
+sessions = []
+
+async def main():
+    async with pipe.session(log=log, conversation_id="c", drain_timeout=math.inf) as session:
+        sessions.append(session)
+        await session.send("hi")
+        if when == "mid-turn":
+            await session.send("again")
+        else:
+            print("between turns", flush=True)
+            await anyio.sleep(math.inf)
+
+try:
+    if loop == "asyncio":
+        import asyncio
+        asyncio.run(main())
+    else:
+        import trio
+        trio.run(main)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+for event in sessions[0].events:
+    if isinstance(event, ev.HookFailed):
+        print("HookFailed:", event.hook, event.error, flush=True)
+print("committed:", len(anyio.run(log.entries, "c")), flush=True)
+"""
+
+
+@pytest.mark.parametrize("when", ["mid-turn", "between turns"])
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_ctrl_c_in_the_body_cuts_background_hooks_and_tells_end_hooks_cancelled(
+    tmp_path: Path, loop: str, when: str
+) -> None:
+    """Bug caught: under trio, a Ctrl-C while a session's body ran told its end hooks "error"
+    and waited out the drain timeout for its background hooks (for ever with math.inf), where
+    asyncio's (a cancellation of the task) cut them at once and told the end hooks
+    "cancelled"."""
+    ready = "in the turn\n" if when == "mid-turn" else "between turns\n"
+    lines = ctrl_c(tmp_path, INTERRUPTED, [loop, when], ready)
+
+    assert [line for line in lines if line.startswith("end hook:")] == ["end hook: cancelled"]
+    assert "KeyboardInterrupt" in lines
+    why = {
+        "trio": "the session was interrupted (KeyboardInterrupt)",
+        "asyncio": "the session was cancelled",
+    }[loop]
+    assert [line for line in lines if line.startswith("HookFailed:")] == [
+        f"HookFailed: slow cut short: {why}; nothing of it was committed"
+    ]
+    assert lines[-1] == "committed: 1"  # the first turn; nothing of the second

@@ -1988,6 +1988,47 @@ def test_a_keyboard_interrupt_out_of_a_background_hook_leaves_the_session_block(
     assert ran == ["sibling", "sibling"]
 
 
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+async def test_an_interrupt_ending_the_body_cuts_background_hooks_at_once(interrupt) -> None:
+    """Bug caught: a KeyboardInterrupt or SystemExit raised by a session's body (trio's Ctrl-C
+    between turns) told the end hooks "error" and waited out the drain timeout for the
+    background hooks, where a cancellation (asyncio's Ctrl-C) cut them at once."""
+    trace: list[object] = []
+
+    async def summary(turn):
+        await anyio.sleep(5)  # the drain would wait for it: math.inf below
+        trace.append("summary finished")
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[hook(summary, name="summary", background=True)],
+        on_session_end=[end_recorder(trace)],
+    )
+    log = MemoryLog()
+
+    sessions: list[Session] = []
+
+    async def converse() -> None:
+        async with pipe.session(
+            log=log, conversation_id=CONVERSATION, drain_timeout=math.inf
+        ) as session:
+            sessions.append(session)
+            await session.send("hi")
+            raise interrupt
+
+    with pytest.raises(interrupt):
+        await converse()
+
+    assert [entry[:2] for entry in trace] == [("end", "cancelled")]
+    [failed] = [event for event in sessions[0].events if isinstance(event, ev.HookFailed)]
+    assert failed.error == (
+        f"cut short: the session was interrupted ({interrupt.__name__}); nothing of it was"
+        " committed"
+    )
+    assert len(await log.entries(CONVERSATION)) == 1  # the turn, not the hook's output
+
+
 async def test_a_system_exit_out_of_a_background_hook_is_not_lost_to_the_callers_cancellation():
     """Bug caught: a session's background hook cancelling the caller's scope (as a deadline
     passing at that instant would) and raising SystemExit: the interrupt was lost to the
