@@ -202,52 +202,55 @@ async def chat(
                 if prompt:
                     console.write(prompt, end="")
 
-    with anyio.open_signal_receiver(signal.SIGINT) as signals:
-        async with (
-            pipe.session(log=log, conversation_id=conversation) as session,
-            anyio.create_task_group() as tasks,
-        ):
-            tasks.start_soon(watch, signals)
-            while True:
-                if prompt:
-                    console.write(prompt, end="")
-                try:
-                    line = await read_line()
-                except UnicodeDecodeError as exc:
-                    console.note(
-                        f"turnplug: error: a line that is not valid {exc.encoding} ({exc.reason}"
-                        f" at byte {exc.start}): nothing was sent — check the terminal's encoding"
-                    )
-                    continue
-                if not line:
+    # The session outside the signal receiver: once the conversation ends (Ctrl-D), the
+    # receiver is closed before the session drains its background hooks, so that Ctrl-C
+    # then interrupts the command, as it would any other, instead of being swallowed.
+    async with pipe.session(log=log, conversation_id=conversation) as session:
+        with anyio.open_signal_receiver(signal.SIGINT) as signals:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(watch, signals)
+                while True:
                     if prompt:
-                        console.write("")
-                    break
-                message = line.strip()
-                if not message:
-                    continue
-                with anyio.CancelScope() as scope:
-                    turn.append(scope)
+                        console.write(prompt, end="")
                     try:
-                        await _chat_turn(session, message, console)
-                    except PipelineError as exc:
-                        console.write("")
-                        console.note(f"turnplug: error: {type(exc).__name__}: {one_line(str(exc))}")
-                        if isinstance(exc, ProviderError) and exc.provider == "scripted":
-                            # Its replies are spent: every later message would fail alike.
+                        line = await read_line()
+                    except UnicodeDecodeError as exc:
+                        console.note(
+                            f"turnplug: error: a line that is not valid {exc.encoding} ({exc.reason}"
+                            f" at byte {exc.start}): nothing was sent — check the terminal's encoding"
+                        )
+                        continue
+                    if not line:
+                        if prompt:
+                            console.write("")
+                        break
+                    message = line.strip()
+                    if not message:
+                        continue
+                    with anyio.CancelScope() as scope:
+                        turn.append(scope)
+                        try:
+                            await _chat_turn(session, message, console)
+                        except PipelineError as exc:
+                            console.write("")
                             console.note(
-                                "(the scripted model has no more replies: the conversation"
-                                " ends — give it more replies, or configure a real model)"
+                                f"turnplug: error: {type(exc).__name__}: {one_line(str(exc))}"
                             )
-                            code = 1
-                    finally:
-                        turn.clear()
-                if code:
-                    break
-                if scope.cancelled_caught:
-                    console.write("")
-                    console.note("(turn cancelled: nothing was committed)")
-            tasks.cancel_scope.cancel()
+                            if isinstance(exc, ProviderError) and exc.provider == "scripted":
+                                # Its replies are spent: every later message would fail alike.
+                                console.note(
+                                    "(the scripted model has no more replies: the conversation"
+                                    " ends — give it more replies, or configure a real model)"
+                                )
+                                code = 1
+                        finally:
+                            turn.clear()
+                    if code:
+                        break
+                    if scope.cancelled_caught:
+                        console.write("")
+                        console.note("(turn cancelled: nothing was committed)")
+                tasks.cancel_scope.cancel()
     return code
 
 

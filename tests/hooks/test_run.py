@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -932,6 +933,87 @@ def test_ctrl_c_between_turns_does_not_end_the_chat(tmp_path: Path) -> None:
         chat.stdout.close()
     assert rest.splitlines() == ["history=2", "second answer"]
     assert code == 0
+
+
+LINGERING = """
+    [model]
+    provider = "scripted"
+    replies = ["the answer"]
+
+    [[post]]
+    kind = "python"
+    ref = "lingering:summary"
+    background = true
+
+    [[on_session_end]]
+    kind = "python"
+    ref = "lingering:farewell"
+"""
+LINGERING_HOOKS = """
+import math
+import sys
+
+import anyio
+
+from pipeline import cont
+
+
+async def summary(turn):
+    print("summary started", file=sys.stderr, flush=True)
+    await anyio.sleep(math.inf)
+    return cont(turn)
+
+
+def farewell(info, reason):
+    print("end hook:", reason, file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.parametrize("presses", [1, 3])
+def test_ctrl_c_after_ctrl_d_interrupts_the_closing_chat(tmp_path: Path, presses: int) -> None:
+    """Bug caught: once Ctrl-D ended the conversation, chat's SIGINT receiver stayed open
+    while the session drained its background hooks, so Ctrl-C did nothing until the drain
+    timeout had passed and the end hooks had been told "closed"."""
+    config = write_config(tmp_path, LINGERING)
+    (tmp_path / "lingering.py").write_text(LINGERING_HOOKS)
+    chat = subprocess.Popen(
+        [TURNPLUG, "chat", str(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=environment(),
+        # As a terminal starts it: a runner that started the tests in the background (SIGINT
+        # ignored) must not pass that on.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert chat.stdin is not None
+    assert chat.stdout is not None
+    assert chat.stderr is not None
+    try:
+        chat.stdin.write("hi\n")
+        chat.stdin.flush()
+        assert chat.stdout.readline() == "the answer\n"
+        assert chat.stderr.readline() == "summary started\n"
+        chat.stdin.close()  # Ctrl-D: the session drains the hook, which never ends
+        time.sleep(0.3)  # into the drain
+        code = None
+        for _ in range(120):  # Ctrl-C, `presses` times at once, until the command stops
+            for _ in range(presses):
+                chat.send_signal(signal.SIGINT)
+            try:
+                code = chat.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        out, err = chat.stdout.read(), chat.stderr.read()
+    finally:
+        chat.kill()
+        chat.stdout.close()
+        chat.stderr.close()
+    # Interrupted, not killed by the signal (-2), and quietly: no traceback.
+    assert (code, out, err) == (130, "", "end hook: cancelled\n")
 
 
 # -- what a terminal would act on -------------------------------------------------------------
