@@ -3,6 +3,8 @@
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
+
 from turns import (
     Message,
     Part,
@@ -423,7 +425,7 @@ async def call_model(
             provider=_model_name(model),
         )
     if calls:
-        _check_call_ids(model, calls, request.messages, attempt, call_index)
+        calls = _own_ids(calls, request.messages)
     if seam is not None:
         try:
             tail = seam.flush()
@@ -445,47 +447,41 @@ async def call_model(
     return Message("assistant", parts), finish
 
 
-def _check_call_ids(
-    model: object,
-    calls: list[ToolCall],
-    messages: tuple[Message, ...],
-    attempt: int,
-    call_index: int,
-) -> None:
-    """Refuse a tool call whose id another call of this model call, or one of the messages
-    sent (the history, injections, the attempt's earlier steps), already has.
+def _own_ids(calls: list[ToolCall], messages: tuple[Message, ...]) -> list[ToolCall]:
+    """`calls`, each with an id no other call has: a call repeating the id of an earlier call
+    of the reply, or of a call `messages` hold (the history, injections, the attempt's
+    earlier steps, a rejected attempt shown again), gets its id with the first free suffix
+    ``_2``, ``_3``, ... instead.
 
-    Its result would be committed under an id that names two calls: the log reads back, but
-    a provider that wants ids unique in a request (Anthropic) refuses every later request of
-    the conversation, a caller continuing from the results cannot answer both, and events
-    and audit entries keyed by the id mix the two up. The providers give such a call a fresh
-    id themselves; this catches another model's.
+    Kept, the id would name two calls: each tool result would answer both, a provider that
+    wants ids unique in a request (Anthropic) would refuse every later request of the
+    conversation, and events and audit entries keyed by the id would mix them up. An id of
+    another type than str is left for the message to refuse, naming it.
     """
-    seen: dict[str, int] = {}
-    for index, call in enumerate(calls):
-        if call.id in seen:
-            raise ProviderProtocolError(
-                f"model {model!r} asked for two tool calls with the id {call.id!r} in model call"
-                f" {call_index} of attempt {attempt} (calls {seen[call.id] + 1} and"
-                f" {index + 1}): each tool call needs an id of its own, which its result"
-                " names — give every call a fresh id",
-                provider=_model_name(model),
-            )
-        seen[call.id] = index
-    for position, message in enumerate(messages):
-        if message.role != "assistant":
-            continue
-        for part in message.parts:
-            if type(part) is ToolCall and part.id in seen:
-                raise ProviderProtocolError(
-                    f"model {model!r} asked for a tool call with the id {part.id!r} in model"
-                    f" call {call_index} of attempt {attempt}, an id an earlier tool call of"
-                    f" the conversation already has (message {position} of the request):"
-                    " each tool call needs an id of its own, which its result names, and a"
-                    " provider such as Anthropic refuses a conversation that repeats one —"
-                    " give every call a fresh id",
-                    provider=_model_name(model),
-                )
+    # Collected once per model call, and only for a reply with calls: a long history is
+    # scanned once per tool step, never once per call.
+    taken = {
+        part.id
+        for message in messages
+        if message.role == "assistant"
+        for part in message.parts
+        if type(part) is ToolCall
+    }
+    # A new id must not take the id a later call of the reply arrives with either.
+    reserved = {call.id for call in calls if type(call.id) is str}
+    owned: list[ToolCall] = []
+    for call in calls:
+        call_id = call.id
+        if type(call_id) is str and call_id in taken:
+            number = 2
+            while (fresh := f"{call_id}_{number}") in taken or fresh in reserved:
+                number += 1
+            call = attrs.evolve(call, id=fresh)
+            call_id = fresh
+        if type(call_id) is str:
+            taken.add(call_id)
+        owned.append(call)
+    return owned
 
 
 def open_seam(runner: Runner) -> Seam | None:

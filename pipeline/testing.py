@@ -171,6 +171,11 @@ def _item_tokens(item: ScriptItem) -> int:
 class ScriptedModel:
     """A model that plays `replies` in order, one per call.
 
+    A script may repeat a tool call (``[call], [call]`` with the same `ToolCall`): a call
+    whose id the request's messages or an earlier call of the reply already have runs under
+    that id with the first free suffix (``c1_2``), which the events, the hooks, the audit,
+    the log and the next request all hold.
+
     Attributes:
         replies: The script.
         requests: Every `ModelRequest` it was sent, in order.

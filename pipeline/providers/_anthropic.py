@@ -1,7 +1,7 @@
 """Anthropic Messages: the request body, the stream parser, and the provider."""
 
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, final
 
@@ -16,7 +16,6 @@ from ._convert import (
     HIGH_HALVES,
     INVALID_ARGUMENTS,
     REFUSED_KEYS,
-    call_ids,
     check_extra,
     decode_arguments,
     decode_json,
@@ -280,9 +279,7 @@ class AnthropicStreamParser:
     later figures replace earlier ones.
     """
 
-    def __init__(
-        self, provider: str = "anthropic", request_id: str | None = None, taken: Iterable[str] = ()
-    ) -> None:
+    def __init__(self, provider: str = "anthropic", request_id: str | None = None) -> None:
         self.provider = provider
         self.request_id = request_id
         self._blocks: dict[int, _Block] = {}
@@ -294,10 +291,7 @@ class AnthropicStreamParser:
         self._held = ""  # the first half of a character split across deltas
         self._said_something = False
         self._done = False
-        # The ids of the calls emitted so far, and of those the request's messages hold
-        # (`taken`): a server that gives every reply's first call ``call_0`` would otherwise
-        # repeat an id of the conversation, which the runtime refuses.
-        self._ids: set[str] = set(taken)
+        self._ids: set[str] = set()  # the ids of the calls emitted so far
 
     @property
     def done(self) -> bool:
@@ -555,12 +549,11 @@ class AnthropicMessages(PooledProvider):
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
         """Stream the model's answer to `request` (see `pipeline.Model`)."""
-        taken = call_ids(request.messages)
         body = build_body(self.model, request, max_tokens=self.max_tokens)
         return open_model_stream(
             self._endpoint(),
             body,
-            lambda request_id: AnthropicStreamParser(self.provider, request_id, taken),
+            lambda request_id: AnthropicStreamParser(self.provider, request_id),
             self._pool,
             self._owner(),
         )

@@ -3,12 +3,12 @@
 import json
 import math
 import secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
-from turns import Message, RequestOptions, ToolCall
+from turns import RequestOptions
 
 from .._errors import ProviderProtocolError, RequestError
 
@@ -143,17 +143,6 @@ def rejoin_halves(held: str, text: str) -> tuple[str, str]:
 def synthesize_id() -> str:
     """An id for a tool call the server sent without one (old llama.cpp, old Ollama)."""
     return f"call_{secrets.token_hex(8)}"
-
-
-def call_ids(messages: Iterable[Message]) -> frozenset[str]:
-    """The ids of the tool calls `messages` hold: a call of the reply must not repeat one."""
-    return frozenset(
-        part.id
-        for message in messages
-        if message.role == "assistant"
-        for part in message.parts
-        if type(part) is ToolCall
-    )
 
 
 def own_id(call_id: str, taken: set[str]) -> str:

@@ -6,7 +6,7 @@ repeated or missing, usage in its own chunk or in the finish chunk, error payloa
 """
 
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, final
 from urllib.parse import urlsplit
@@ -22,7 +22,6 @@ from ._convert import (
     HIGH_HALVES,
     INVALID_ARGUMENTS,
     REFUSED_KEYS,
-    call_ids,
     check_extra,
     decode_arguments,
     load_json,
@@ -233,17 +232,12 @@ class OpenAIStreamParser:
     call open at its index begins a new call there.
     """
 
-    def __init__(
-        self, provider: str = "openai", request_id: str | None = None, taken: Iterable[str] = ()
-    ) -> None:
+    def __init__(self, provider: str = "openai", request_id: str | None = None) -> None:
         self.provider = provider
         self.request_id = request_id
         self._calls: list[_Call] = []  # in the order the server began them
         self._open: dict[int, _Call] = {}  # the call each index's fragments continue
-        # The ids of the calls emitted so far, and of those the request's messages hold
-        # (`taken`): a server that gives every reply's first call ``call_0`` would otherwise
-        # repeat an id of the conversation, which the runtime refuses.
-        self._ids: set[str] = set(taken)
+        self._ids: set[str] = set()  # the ids of the calls emitted so far
         self._finish: str | None = None
         self._usage = Usage()
         self._said_something = False
@@ -478,12 +472,11 @@ class OpenAIChat(PooledProvider):
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
         """Stream the model's answer to `request` (see `pipeline.Model`)."""
-        taken = call_ids(request.messages)
         body = build_body(self.model, request, max_tokens_field=self._tokens_field)
         return open_model_stream(
             self._endpoint(),
             body,
-            lambda request_id: OpenAIStreamParser(self.provider, request_id, taken),
+            lambda request_id: OpenAIStreamParser(self.provider, request_id),
             self._pool,
             self._owner(),
         )

@@ -1,6 +1,7 @@
 """The tool loop: batches of tool calls, before/after tool hooks, bounds, events and the audit."""
 
 import asyncio
+import contextlib
 import gc
 import re
 import threading
@@ -16,6 +17,8 @@ from pipeline import (
     ConfigError,
     HookFailed,
     HookReturnError,
+    ModelFinish,
+    ModelToolCall,
     Pipeline,
     RequestError,
     StepLimitExceeded,
@@ -33,7 +36,7 @@ from pipeline import (
 from pipeline import events as ev
 from pipeline.logs import MemoryLog, SQLiteLog
 from pipeline.testing import FunctionModel, ScriptedModel
-from turns import Context, Message, Scope, ToolCall, ToolResult, ToolSpec, Turn
+from turns import Context, Message, Scope, ToolCall, ToolResult, ToolSpec, Turn, Usage
 
 from .support import collect, collect_into, live_tasks, pairing_problems, run_on
 
@@ -1541,7 +1544,7 @@ async def test_a_final_answer_on_the_last_allowed_model_call_completes() -> None
 
 async def test_tool_choice_required_is_reset_after_the_first_tool_step() -> None:
     pipe, model = pipe_with(
-        [calls("a"), [call("c2", "b")], "done"], pre=[shaping("force", tool_choice="required")]
+        [calls("a"), calls("b"), "done"], pre=[shaping("force", tool_choice="required")]
     )
 
     await pipe.run(start())
@@ -1569,9 +1572,7 @@ async def test_a_forcing_tool_choice_in_extra_is_dropped_after_the_first_tool_st
     sent again on every model call after a tool step, forcing a tool call on each until
     max_steps, where the option's own tool_choice is dropped after the first tool step."""
     extra = {"tool_choice": choice, "seed": 7}
-    pipe, model = pipe_with(
-        [calls("a"), [call("c2", "b")], "done"], pre=[shaping("force", extra=extra)]
-    )
+    pipe, model = pipe_with([calls("a"), calls("b"), "done"], pre=[shaping("force", extra=extra)])
 
     await pipe.run(start())
 
@@ -1615,9 +1616,7 @@ async def test_a_forcing_tool_choice_in_extra_keeps_its_restrictions_after_a_too
     steps call any tool of the request, and Anthropic's any or tool lost its
     disable_parallel_tool_use. It is relaxed to the choice that forces nothing instead."""
     extra = {"tool_choice": choice, "seed": 7}
-    pipe, model = pipe_with(
-        [calls("a"), [call("c2", "b")], "done"], pre=[shaping("force", extra=extra)]
-    )
+    pipe, model = pipe_with([calls("a"), calls("b"), "done"], pre=[shaping("force", extra=extra)])
 
     await pipe.run(start())
 
@@ -2220,48 +2219,101 @@ async def test_the_interrupt_that_stopped_the_batch_wins_over_one_raised_as_it_s
     assert any("c1" in note and "KeyboardInterrupt" in note for note in info.value.__notes__)
 
 
-@pytest.mark.parametrize(
-    ("first_turn", "second_turn", "says"),
-    [
-        pytest.param(
-            [[call("c1", "a"), call("c1", "b")], "done"],
-            None,
-            r"two tool calls with the id 'c1' in model call 1 of attempt 1 \(calls 1 and 2\)",
-            id="same-step",
-        ),
-        pytest.param(
-            [calls("a"), calls("b"), "done"],
-            None,
-            r"the id 'c1' in model call 2 of attempt 1, an id an earlier tool call of the",
-            id="later-step",
-        ),
-        pytest.param(
-            [calls("a"), "done"],
-            [calls("b"), "done"],
-            r"the id 'c1' in model call 1 of attempt 1, an id an earlier tool call of the",
-            id="later-turn",
-        ),
-    ],
-)
-async def test_a_tool_call_id_the_conversation_already_has_is_refused_naming_it(
-    tmp_path, first_turn, second_turn, says
-) -> None:
-    """Bug caught: a model repeating a tool call id (in one step, a later step or a later
-    turn) had it run and committed: the log read back, but Anthropic refuses every later
-    request of a conversation that repeats a tool_use id, so the conversation was broken for
-    good; the turn now fails at that model call and commits nothing."""
-    from pipeline import ProviderProtocolError
+async def test_a_repeated_tool_call_id_gets_a_fresh_one_every_consumer_sees(tmp_path) -> None:
+    """Bug caught: a model repeating a tool call id (in one reply, a later step or a later
+    turn, as a script playing ``[call], [call]`` does) failed the turn with a
+    ProviderProtocolError; the call now gets the id with a suffix, and the events, the tool
+    hooks, the audit, the log read back and the next request all hold that one."""
+    hooked: list[tuple[str, str]] = []
 
-    replies = first_turn + (second_turn or [])
-    model = ScriptedModel(replies)
-    pipe = Pipeline(model=model, tools=[lookup_tool()])
+    def note(call: ToolCall, result: ToolResult, turn: Turn):
+        hooked.append((call.id, result.call_id))
+        return cont(result)
+
+    model = ScriptedModel(
+        [
+            calls("a"),
+            "done",
+            # c1_2 is this reply's own: the second c1 must not take it.
+            [call("c1", "b"), call("c1", "c"), call("c1_2", "d")],
+            calls("e"),
+            "done",
+        ]
+    )
+    pipe = Pipeline(model=model, tools=[lookup_tool()], after_tool=[note])
     async with (
         SQLiteLog(tmp_path / "chat.db") as log,
         pipe.session(log=log, conversation_id="c") as session,
     ):
-        if second_turn is not None:
-            await session.send("first")
-        committed = len((await log.load("c")).messages)
-        with pytest.raises(ProviderProtocolError, match=says):
-            await session.send("again")
-        assert len((await log.load("c")).messages) == committed
+        await session.send("first")
+        async with session.stream("again") as stream:
+            seen = [event async for event in stream]
+        result = stream.result
+        messages = (await log.load("c")).messages
+        entries = await log.entries("c")
+
+    ids = ["c1_3", "c1_4", "c1_2", "c1_5"]
+    cities = dict(zip(ids, "bcde", strict=True))
+    assert [e.call.id for e in seen if isinstance(e, ev.ToolCallRequested)] == ids
+    assert {e.call.id: e.result.call_id for e in seen if isinstance(e, ev.ToolFinished)} == {
+        i: i for i in ids
+    }
+    assert sorted(hooked[1:]) == sorted((i, i) for i in ids)
+    assert [(r.requested.id, r.call.id, r.result.call_id) for r in result.audit.tools] == [
+        (i, i, i) for i in ids
+    ]
+    [_, second] = entries
+    assert second.audit is not None
+    assert second.audit.tools == result.audit.tools
+    logged = [p for m in messages for p in m.parts if isinstance(p, ToolCall | ToolResult)]
+    assert [(type(p).__name__, getattr(p, "id", None) or p.call_id) for p in logged] == [
+        ("ToolCall", "c1"),
+        ("ToolResult", "c1"),
+        *[("ToolCall", i) for i in ids[:3]],
+        *[("ToolResult", i) for i in ids[:3]],
+        ("ToolCall", "c1_5"),
+        ("ToolResult", "c1_5"),
+    ]
+    sent = {
+        p.id: p.arguments["city"]
+        for m in model.requests[-1].messages
+        for p in m.parts
+        if isinstance(p, ToolCall)
+    }
+    assert sent == {"c1": "a", **cities}
+
+
+async def test_a_regenerated_attempt_repeating_the_rejected_one_s_call_id_completes() -> None:
+    """Bug caught: a guardrail retry whose call repeated the id of the rejected attempt's call
+    (shown to the model again) failed the turn; it now runs under a fresh id, the one
+    committed."""
+    pipe, _ = pipe_with(
+        [calls("a"), "bad", calls("a"), "good"],
+        post=[reject_text("bad")],
+        max_regenerations=1,
+    )
+
+    result = await pipe.run(start())
+
+    assert result.reply.text == "good"
+    committed = [p.id for m in result.log_messages for p in m.parts if isinstance(p, ToolCall)]
+    assert committed == ["c1_2"]
+
+
+async def test_a_tool_call_id_of_another_type_than_str_is_refused_naming_it() -> None:
+    """Bug caught: a model's ToolCall with a list for its id failed with "unhashable type:
+    'list'" from the id check, where the message's own check names the field and the type."""
+
+    class Model:
+        @contextlib.asynccontextmanager
+        async def stream(self, request):
+            async def events():
+                yield ModelToolCall(ToolCall(["x"], "lookup", {"city": "a"}))  # type: ignore[arg-type]
+                yield ModelFinish("tool_calls", Usage())
+
+            yield events()
+
+    pipe = Pipeline(model=Model(), tools=[lookup_tool()])
+
+    with pytest.raises(TypeError, match=r"ToolCall.id and .name must be str, got list \['x'\]"):
+        await pipe.run(start())

@@ -10,9 +10,10 @@ import math
 import re
 from typing import Any
 
+import attrs
 import pytest
 
-from pipeline import TOOL_HOOKS, Pipeline, block, cont, tool
+from pipeline import TOOL_HOOKS, ModelRequest, Pipeline, block, cont, tool
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.providers import AnthropicMessages, OpenAIChat
@@ -449,8 +450,8 @@ async def test_a_call_repeating_an_id_of_an_earlier_step_or_turn_gets_one_of_its
 ) -> None:
     """Bug caught: a server that gives every reply's call the id "call_0" (as some
     OpenAI-compatible servers do) repeated an id of the conversation on the next step and
-    turn, which Anthropic refuses in every later request; the call is now given a fresh id,
-    and the committed log holds each id once."""
+    turn, which Anthropic refuses in every later request; the call is now given the id with
+    a suffix, and the committed log and the next request hold each id once."""
 
     @tool
     def stat_path(path: str) -> str:
@@ -484,6 +485,56 @@ async def test_a_call_repeating_an_id_of_an_earlier_step_or_turn_gets_one_of_its
 
     committed = (await log.load("c")).messages
     ids = [part.id for m in committed for part in m.parts if isinstance(part, ToolCall)]
-    assert ids[0] == "call_0"
-    assert len(ids) == len(set(ids)) == 3
+    assert ids == ["call_0", "call_0_2", "call_0_3"]
     assert _sent_calls(provider, server.requests[4].body) == list(zip(ids, "abc", strict=True))
+
+
+class _Window:
+    """A model wrapper that sends the provider only the last three messages."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def stream(self, request: ModelRequest) -> Any:
+        return self.inner.stream(attrs.evolve(request, messages=request.messages[-3:]))
+
+
+async def test_a_wrapper_sending_fewer_messages_gets_the_same_fresh_ids(
+    server: ProtocolServer,
+) -> None:
+    """Bug caught: a model wrapper trimming the request (a sliding window) around OpenAIChat
+    failed the second turn: the provider renamed a repeated "call_0" against the messages it
+    was sent, the runtime refused it against the whole request; the runtime now gives the
+    fresh id itself, against the whole request."""
+
+    @tool
+    def stat_path(path: str) -> str:
+        """Describe a path.
+
+        Args:
+            path: The path.
+        """
+        return f"stat of {path}"
+
+    done = wire.stream(wire.openai_text(["Done."]))
+    server.script(
+        wire.stream(_calls_sharing_one_id("openai", ["a"])),
+        done,
+        wire.stream(_calls_sharing_one_id("openai", ["b"])),
+        done,
+    )
+    model = _Window(OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY))
+    log = MemoryLog()
+
+    async with Pipeline(model=model, tools=[stat_path]).session(
+        log=log, conversation_id="c"
+    ) as session:
+        assert (await session.send("stat a")).reply.text == "Done."
+        assert (await session.send("stat b")).reply.text == "Done."
+
+    committed = (await log.load("c")).messages
+    assert [part.id for m in committed for part in m.parts if isinstance(part, ToolCall)] == [
+        "call_0",
+        "call_0_2",
+    ]
+    assert _sent_calls("openai", server.requests[3].body) == [("call_0_2", "b")]
