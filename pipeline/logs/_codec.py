@@ -96,12 +96,31 @@ def audit_from_dict(data: Any) -> AuditRecord:
     rest = dict(data)
     hooks = rest.pop("hooks", [])
     halt = rest.pop("halt", None)
+    attempts = rest.get("attempts")
+    if isinstance(attempts, list):
+        rest["attempts"] = [_known_usage(attempt) for attempt in attempts]
     audit = serde.from_dict(AuditRecord, rest)
     return attrs.evolve(
         audit,
         hooks=tuple(_hook_from_dict(item, f"AuditRecord.hooks[{i}]") for i, item in _items(hooks)),
         halt=_halt_from_dict(halt) if halt is not None else None,
     )
+
+
+def _known_usage(attempt: Any) -> Any:
+    # A record committed before `Usage` refused a negative count may hold one (a server's
+    # -1 for "unknown", passed through): read as 0, what a provider now makes of it, so the
+    # conversation's entries (and a session refusing a held turn_ref) still read back.
+    usage = attempt.get("usage") if isinstance(attempt, Mapping) else None
+    if not isinstance(usage, Mapping) or not any(
+        type(count) in (int, float) and count < 0 for count in usage.values()
+    ):
+        return attempt
+    counts = {
+        key: 0 if type(count) in (int, float) and count < 0 else count
+        for key, count in usage.items()
+    }
+    return {**attempt, "usage": counts}
 
 
 def entry_to_dict(entry: LogEntry) -> dict[str, Any]:

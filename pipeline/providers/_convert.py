@@ -221,11 +221,12 @@ def protocol_error(provider: str, request_id: str | None, message: str) -> Provi
 
 def tokens(value: Any) -> int:
     """A token count from a usage report; a malformed one is a `TypeError`/`ValueError`,
-    which the stream turns into a protocol error."""
+    which the stream turns into a protocol error. A negative count (a server's -1 for a
+    figure it does not know) is 0: a paid reply is not failed over its usage report."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise TypeError(f"a token count must be a number, got {value!r}")
     try:
-        return int(value)
+        return max(int(value), 0)
     except OverflowError:  # Infinity, which Python's JSON decoder accepts, or 1e400
         raise ValueError(f"a token count must be finite, got {value!r}") from None
 

@@ -812,3 +812,36 @@ async def test_a_read_only_log_refuses_a_commit_naming_the_turn(tmp_path):
     assert "'t2'" in str(excinfo.value)
     async with SQLiteLog(path) as log:
         assert [entry.turn_ref for entry in await log.entries("c")] == ["t1"]
+
+
+async def test_an_audit_record_holding_a_negative_token_count_still_reads_back(tmp_path):
+    """Bug caught: an audit record committed before Usage refused a negative count (a
+    server's -1, passed through) made entries() a LogError, and with it every later turn
+    sent with a turn_ref on that conversation; the count now reads back as 0, while
+    Usage(-1, 2) built by code is still refused."""
+    from pipeline import Pipeline
+    from pipeline.testing import ScriptedModel
+    from turns import Usage
+
+    path = tmp_path / "log.db"
+    async with (
+        SQLiteLog(path) as log,
+        Pipeline(model=ScriptedModel(["hi"])).session(log=log, conversation_id="c") as session,
+    ):
+        await session.send("hello", turn_ref="t1")
+    with raw(path) as db:  # as an earlier version wrote it
+        db.execute(
+            "UPDATE turnplug_turns"
+            " SET audit = json_set(audit, '$.attempts[0].usage.input_tokens', -1)"
+        )
+
+    async with (
+        SQLiteLog(path) as log,
+        Pipeline(model=ScriptedModel(["ok"])).session(log=log, conversation_id="c") as session,
+    ):
+        [entry] = await log.entries("c")
+        assert entry.audit is not None
+        assert entry.audit.attempts[0].usage.input_tokens == 0
+        assert (await session.send("next", turn_ref="t2")).reply.text == "ok"
+    with pytest.raises(ValueError, match=r"Usage\.input_tokens must be a token count of 0 or more"):
+        Usage(-1, 2)

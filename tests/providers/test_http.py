@@ -1234,3 +1234,22 @@ async def test_tool_call_arguments_json_cannot_encode_are_a_request_error_naming
     with pytest.raises(RequestError, match=re.escape(where)):
         await collect(provider(server), ModelRequest(messages))
     assert server.requests == []
+
+
+@pytest.mark.parametrize("provider", [openai, anthropic])
+async def test_a_negative_token_count_is_read_as_unknown_and_the_reply_completes(
+    server: ProtocolServer, provider: Any
+) -> None:
+    """Bug caught: a server reporting a token count of -1 (unknown) failed the paid reply
+    with a ProviderError from Usage; the count is read as 0 and the turn completes."""
+    stream = (
+        wire.openai_text(["ok"], usage=(-1, 2))
+        if provider is openai
+        else wire.anthropic_text(["ok"], input_tokens=12, output_tokens=-1)
+    )
+    server.script(wire.stream(stream))
+
+    result = await Pipeline(model=provider(server)).run(Turn.start("hi"))
+
+    assert result.reply.text == "ok"
+    assert result.reply.usage == (Usage(0, 2) if provider is openai else Usage(12, 0))
