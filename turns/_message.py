@@ -21,7 +21,7 @@ def _check_role(_instance: object, _attribute: object, role: str) -> None:
 
 def _check_meta(_instance: object, _attribute: object, meta: object) -> None:
     if meta is not _NO_META:
-        problem = meta_problem("Message.meta", meta)
+        problem = meta_problem("Message", meta)
         if problem is not None:
             raise TypeError(problem)
 

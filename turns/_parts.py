@@ -140,24 +140,31 @@ def part_problem(part: object) -> str | None:
         )
     meta: object = part.meta
     if meta is not EMPTY:
-        return meta_problem(f"{type(part).__name__}.meta", meta)
+        return meta_problem(type(part).__name__, meta)
     return None
 
 
-def meta_problem(field: str, meta: object) -> str | None:
-    """What makes `meta` no opaque mapping (no mapping, or a key that is no string at its top
-    level), or None.
+def meta_problem(owner: str, meta: object) -> str | None:
+    """What makes `meta`, the ``meta`` of an `owner` (``"Message"``, ``"Text"``, ...), no
+    opaque mapping (no mapping, or a key that is no string at its top level), or None.
 
     A log stores meta as a JSON object: a key of another kind (a tuple) could never be
     committed or written, and would fail only then, far from the code that put it there.
     Keys deeper in it are checked where it is written, as a walk costs too much here.
     """
-    if not isinstance(meta, Mapping):
-        return f"{field} must be a mapping, got {_shown(meta)}"
+    if type(meta) is dict:
+        # The common case, checked first: a dict whose keys are all plain strings.
+        for key in meta:
+            if type(key) is not str:
+                break
+        else:
+            return None
+    elif not isinstance(meta, Mapping):
+        return f"{owner}.meta must be a mapping, got {_shown(meta)}"
     for key in meta:
         if not isinstance(key, str):
             return (
-                f"{field} has the key {_shown(key)}: meta keys must be strings, as a log stores"
+                f"{owner}.meta has the key {_shown(key)}: meta keys must be strings, as a log stores"
                 " meta as a JSON object — use string keys"
             )
     return None

@@ -62,6 +62,8 @@ def _check_stage(_instance: Any, _attribute: Any, stage: Any) -> None:
 def _check_count(instance: Any, attribute: Any, count: Any) -> None:
     # A number, as providers report it (a fractional count is kept, see serde), never a bool
     # or a string: a sum of usages or a committed audit record would fail far from here.
+    if type(count) is int and count >= 0:  # the common case, checked first
+        return
     if isinstance(count, bool) or not isinstance(count, int | float):
         raise TypeError(
             f"{type(instance).__name__}.{attribute.name} must be a token count (an int), got"
