@@ -468,17 +468,17 @@ def _own_ids(calls: list[ToolCall], messages: tuple[Message, ...]) -> list[ToolC
         if type(part) is ToolCall
     }
     # A new id must not take the id a later call of the reply arrives with either.
-    reserved = {call.id for call in calls if type(call.id) is str}
+    reserved = {call.id for call in calls if isinstance(call.id, str)}
     owned: list[ToolCall] = []
     for call in calls:
         call_id = call.id
-        if type(call_id) is str and call_id in taken:
+        if isinstance(call_id, str) and call_id in taken:
             number = 2
             while (fresh := f"{call_id}_{number}") in taken or fresh in reserved:
                 number += 1
             call = attrs.evolve(call, id=fresh)
             call_id = fresh
-        if type(call_id) is str:
+        if isinstance(call_id, str):
             taken.add(call_id)
         owned.append(call)
     return owned

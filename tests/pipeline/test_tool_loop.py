@@ -2300,6 +2300,25 @@ async def test_a_regenerated_attempt_repeating_the_rejected_one_s_call_id_comple
     assert committed == ["c1_2"]
 
 
+async def test_a_repeated_id_of_a_str_subclass_gets_a_fresh_one() -> None:
+    """Bug caught: a call whose id is a str subclass (which a Message accepts) repeating an id
+    of the conversation kept it, so the log held two calls c1, which Anthropic refuses on
+    every later request."""
+
+    class Name(str):
+        pass
+
+    model = ScriptedModel([calls("a"), "done", [call(Name("c1"), "b")], "done"])
+    pipe = Pipeline(model=model, tools=[lookup_tool()])
+    log = MemoryLog()
+    async with pipe.session(log=log, conversation_id="c") as session:
+        await session.send("first")
+        await session.send("again")
+    messages = (await log.load("c")).messages
+    ids = [part.id for message in messages for part in message.parts if type(part) is ToolCall]
+    assert ids == ["c1", "c1_2"]
+
+
 async def test_a_tool_call_id_of_another_type_than_str_is_refused_naming_it() -> None:
     """Bug caught: a model's ToolCall with a list for its id failed with "unhashable type:
     'list'" from the id check, where the message's own check names the field and the type."""
