@@ -92,7 +92,8 @@ class ToolRecord:
     Attributes:
         attempt: The attempt, from 1.
         step: The model call within the attempt that asked for it, from 1.
-        requested: The call as the model wrote it.
+        requested: The call as the model wrote it, but for an id repeating another call's,
+            which the runtime gave a suffix (``c1_2``) before anything saw the call.
         call: The call as it ran (or as the hook that blocked it saw it), after every
             before-tool rewrite.
         result: What the model read: the effective result, after every after-tool rewrite;
