@@ -99,14 +99,14 @@ def only_cancelled(exc: BaseException) -> bool:
 
 
 def interrupt_in(exc: BaseException) -> BaseException | None:
-    """The KeyboardInterrupt or SystemExit `exc` is, or the first one of a group holding
-    nothing else but cancellations (a caller's own task group around it); else None."""
+    """The KeyboardInterrupt or SystemExit `exc` is, or the first one a group holds (beside
+    cancellations or other failures: the program is stopping either way); else None."""
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return exc
     if isinstance(exc, BaseExceptionGroup):
-        real = [leaf for leaf in _leaves(exc) if not is_cancellation(leaf)]
-        if real and all(isinstance(leaf, KeyboardInterrupt | SystemExit) for leaf in real):
-            return real[0]
+        for leaf in _leaves(exc):
+            if isinstance(leaf, KeyboardInterrupt | SystemExit):
+                return leaf
     return None
 
 
