@@ -21,6 +21,8 @@ line (an error, a table's cell). `pipeline.events.timeline` escapes as `one_line
 A standard output whose encoding cannot carry a character (``PYTHONIOENCODING=ascii``, a
 Latin-1 terminal) shows it escaped as JSON writes it (``\\u2026``) while `escaping_unencodable`
 holds it so, where writing it failed the command: an escape both a reader and a JSON parser read.
+One that writes with ``surrogateescape`` (the C locale without UTF-8 mode) does so too, and
+still writes a lone surrogate in U+DC80..U+DCFF as the byte it stands for.
 """
 
 import codecs
@@ -77,13 +79,33 @@ def _json_escape(error: UnicodeError) -> tuple[str, int]:
     return escaped, error.end
 
 
+def _json_escape_keeping_bytes(error: UnicodeError) -> tuple[str | bytes, int]:
+    """`_json_escape` for an output that writes with ``surrogateescape``: a lone surrogate
+    in U+DC80..U+DCFF is the byte it was decoded from (a file name, an argument in a
+    locale's encoding) and is written as that byte, as ``surrogateescape`` writes it."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    text, start = error.object, error.start
+    end = start
+    while end < error.end and "\udc80" <= text[end] <= "\udcff":
+        end += 1
+    if end > start:
+        return bytes(ord(c) - 0xDC00 for c in text[start:end]), end
+    while end < error.end and not "\udc80" <= text[end] <= "\udcff":
+        end += 1
+    return _json_escape(UnicodeEncodeError(error.encoding, text, start, end, error.reason))
+
+
 _JSON_ESCAPE = "turnplug.json_escape"
+_JSON_ESCAPE_KEEPING_BYTES = "turnplug.json_escape_keeping_bytes"
+# The handlers that fail, each with the one `escaping_unencodable` sets in its place.
+_TAKEN_OVER = {"strict": _JSON_ESCAPE, "surrogateescape": _JSON_ESCAPE_KEEPING_BYTES}
 
 
-# The streams `escaping_unencodable` set to escape, each with how many blocks hold it so:
-# `hooks.cli.main` may run on several threads at once, and the first to end would otherwise
-# set the stream back while the others still write to it.
-_ESCAPING: dict[io.TextIOWrapper, int] = {}
+# The streams `escaping_unencodable` set to escape, each with how many blocks hold it so
+# and the error handler it had: `hooks.cli.main` may run on several threads at once, and
+# the first to end would otherwise set the stream back while the others still write to it.
+_ESCAPING: dict[io.TextIOWrapper, tuple[int, str]] = {}
 _ESCAPING_LOCK = threading.Lock()
 
 
@@ -98,12 +120,16 @@ def escaping_unencodable(stream: object) -> Iterator[None]:
         yield
         return
     with _ESCAPING_LOCK:
-        held = stream in _ESCAPING or stream.errors == "strict"
+        own = str(stream.errors)
+        held = stream in _ESCAPING or own in _TAKEN_OVER
         if held and stream not in _ESCAPING:
             codecs.register_error(_JSON_ESCAPE, _json_escape)
-            stream.reconfigure(errors=_JSON_ESCAPE)
+            codecs.register_error(_JSON_ESCAPE_KEEPING_BYTES, _json_escape_keeping_bytes)
+            _ESCAPING[stream] = (0, own)
+            stream.reconfigure(errors=_TAKEN_OVER[own])
         if held:
-            _ESCAPING[stream] = _ESCAPING.get(stream, 0) + 1
+            count, own = _ESCAPING[stream]
+            _ESCAPING[stream] = (count + 1, own)
     if not held:
         yield
         return
@@ -111,16 +137,18 @@ def escaping_unencodable(stream: object) -> Iterator[None]:
         yield
     finally:
         with _ESCAPING_LOCK:
-            _ESCAPING[stream] -= 1
-            if not _ESCAPING[stream]:
+            count, own = _ESCAPING[stream]
+            if count > 1:
+                _ESCAPING[stream] = (count - 1, own)
+            else:
                 del _ESCAPING[stream]
                 # Reconfiguring flushes first. A stream that cannot flush (closed, its
                 # reader gone) is left as it is: Python's own flush at exit then says so, as
                 # it did before. One detached from its buffer (a hook that wrapped the
                 # buffer anew) cannot even say whether it is closed.
                 with contextlib.suppress(OSError, ValueError):
-                    if not stream.closed and stream.errors == _JSON_ESCAPE:
-                        stream.reconfigure(errors="strict")
+                    if not stream.closed and stream.errors == _TAKEN_OVER[own]:
+                        stream.reconfigure(errors=own)
 
 
 def encodes_utf8(stream: object) -> bool:

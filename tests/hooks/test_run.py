@@ -382,6 +382,35 @@ def test_a_hook_printing_what_an_ascii_output_cannot_carry_does_not_fail_the_tur
     )
 
 
+def test_the_c_locale_output_writes_json_escapes_and_keeps_escaped_bytes(tmp_path: Path) -> None:
+    """Bug caught: under the C locale without UTF-8 mode standard output is ASCII with
+    surrogateescape, which was left as it was, so `run` failed after its turn writing "é"."""
+    (tmp_path / "bytes.py").write_text(
+        "from pipeline import cont\n"
+        "def name(turn):\n"
+        "    print('hook: caf\\u00e9 ' + 'r\\udce9sum\\udce9')\n"  # b'r\xe9sum\xe9', decoded
+        "    return cont(turn)\n"
+    )
+    config = write_config(
+        tmp_path,
+        '[model]\nprovider = "scripted"\nreplies = ["Caf\u00e9 \U0001f600"]\n'
+        '[[pre]]\nkind = "python"\nref = "bytes:name"\n',
+    )
+    env = environment(LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    env.pop("PYTHONIOENCODING", None)
+    done = subprocess.run(
+        [TURNPLUG, "run", str(config), "hi"],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert (done.returncode, done.stderr) == (0, b"")
+    # JSON's escapes for what ASCII cannot carry; the surrogates as the bytes they were.
+    assert done.stdout == b"hook: caf\\u00e9 r\xe9sum\xe9\nCaf\\u00e9 \\ud83d\\ude00\n"
+
+
 def test_run_json_on_a_utf8_output_writes_its_text_as_written(tmp_path: Path) -> None:
     config = write_config(tmp_path, '[model]\nprovider = "scripted"\nreplies = ["Caf\u00e9"]\n')
     done = turnplug("run", config, "hi", "--json", env=environment(PYTHONIOENCODING="utf-8"))
