@@ -88,6 +88,11 @@ def _hidden(values: Mapping[str, str] | None) -> str:
     return "None" if values is None else "{" + ", ".join(f"{k!r}: '***'" for k in values) + "}"
 
 
+def _url_repr(url: object) -> str:
+    # A url may hold a password or a key: a repr shows it as messages do.
+    return repr(_shown_url(url) if isinstance(url, str) else url)
+
+
 @final
 @attrs.frozen
 class MCPToolset(Toolset):
@@ -110,7 +115,7 @@ class MCPToolset(Toolset):
     args: tuple[str, ...] = attrs.field(default=(), kw_only=True)
     env: Mapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=_hidden)
     cwd: str | None = attrs.field(default=None, kw_only=True)
-    url: str | None = attrs.field(default=None, kw_only=True)
+    url: str | None = attrs.field(default=None, kw_only=True, repr=_url_repr)
     headers: Mapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=_hidden)
     timeout: float = attrs.field(default=DEFAULT_TIMEOUT, kw_only=True)
     connect_timeout: float = attrs.field(default=DEFAULT_CONNECT_TIMEOUT, kw_only=True)
@@ -132,11 +137,23 @@ class MCPToolset(Toolset):
 
 def _shown_url(url: str) -> str:
     """`url` without what may be a secret: its userinfo (``user:password@``) and its query
-    (``?api_key=...``, shown as ``?...``); its fragment, which a server never sees, too."""
-    parts = urllib.parse.urlsplit(url)
+    (``?api_key=...``, shown as ``?...``); its fragment, which a server never sees, too.
+    A url with no scheme (``user:pass@host/mcp``, refused for it) is read as one whose host
+    comes first, not as the scheme ``user`` and a path; one that does not parse
+    (``http://[::1/mcp``) is cut by hand, as a message about it must still be told."""
+    schemeless = "://" not in url
+    try:
+        parts = urllib.parse.urlsplit("//" + url if schemeless else url)
+    except ValueError:
+        head, question, _ = url.partition("#")[0].partition("?")
+        scheme, sep, rest = head.rpartition("://")
+        authority, slash, path = rest.partition("/")
+        query = "?..." if question else ""
+        return scheme + sep + authority.rpartition("@")[2] + slash + path + query
     host = parts.netloc.rpartition("@")[2]
     query = "?..." if parts.query else ""
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", "")) + query
+    shown = urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", "")) + query
+    return shown.removeprefix("//") if schemeless else shown
 
 
 def _strings(value: Any, what: str, owner: str) -> Mapping[str, str] | None:
@@ -267,7 +284,9 @@ def mcp_toolset(
     args = tuple(args)  # read once: a generator would be empty the second time
     if url is not None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ConfigError(f"{owner}: url must start with http:// or https://, got {url!r}")
+            raise ConfigError(
+                f"{owner}: url must start with http:// or https://, got {_url_repr(url)}"
+            )
         if args or env is not None or cwd is not None or max_message_bytes is not None:
             raise ConfigError(
                 f"{owner}: args, env, cwd and max_message_bytes are for a command, not a url"

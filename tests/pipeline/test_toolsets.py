@@ -278,3 +278,27 @@ def test_mcp_toolset_repr_hides_header_and_env_values():
     )
     assert "s3cret" not in repr(made)
     assert "Authorization" in repr(made)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://user:s3cret@host/mcp?api_key=K3Y",
+        "ftp://user:s3cret@host/mcp?api_key=K3Y",
+        "user:s3cret@host/mcp?api_key=K3Y",
+        "http://user:s3cret@[host/mcp?api_key=K3Y",
+    ],
+    ids=["repr", "bad scheme", "no scheme", "unparsable"],
+)
+def test_mcp_toolset_shows_its_url_without_userinfo_or_query(url):
+    """Bug caught: the toolset's repr and the error refusing its url's scheme quoted the url
+    whole, password and key included, where every other message shows it without them."""
+    try:
+        shown = repr(mcp_toolset("s", url=url))
+    except ConfigError as caught:
+        shown = str(caught)
+        assert "url must start with http:// or https://" in shown
+    assert "host" in shown
+    assert "/mcp?..." in shown
+    assert "s3cret" not in shown
+    assert "K3Y" not in shown
