@@ -66,13 +66,13 @@ def _check_count(instance: Any, attribute: Any, count: Any) -> None:
         return
     if isinstance(count, bool) or not isinstance(count, int | float):
         raise TypeError(
-            f"{type(instance).__name__}.{attribute.name} must be a token count (an int), got"
-            f" {_shown(count)}"
+            f"{type(instance).__name__}.{attribute.name} must be a number of tokens (an int"
+            f" or float, 0 or more), got {_shown(count)}"
         )
     if not 0 <= count < math.inf:
         raise ValueError(
-            f"{type(instance).__name__}.{attribute.name} must be a token count of 0 or more,"
-            f" got {_shown(count)}"
+            f"{type(instance).__name__}.{attribute.name} must be a number of tokens of 0 or"
+            f" more (finite), got {_shown(count)}"
         )
 
 

@@ -455,9 +455,9 @@ def _check_unicode(data: dict[str, Any]) -> None:
             if not _encodable(value):
                 where = _path(place)
                 raise _bad(
-                    f"'{where}' holds a lone UTF-16 surrogate escape (such as \\ud800), which"
-                    " is not a character — send valid Unicode text (a surrogate only as half of"
-                    " a pair)",
+                    f"'{where}' holds a lone surrogate (an escape such as \\ud800, or its bytes"
+                    " in the body's encoding), which is not a character — send valid Unicode"
+                    " text (a surrogate only as half of a pair)",
                     where,
                 )
         elif isinstance(value, dict):
@@ -465,8 +465,9 @@ def _check_unicode(data: dict[str, Any]) -> None:
                 if not _encodable(key):
                     where = _path(place)
                     raise _bad(
-                        f"a key of '{where or 'the request body'}' holds a lone UTF-16"
-                        " surrogate escape (such as \\ud800) — send valid Unicode text",
+                        f"a key of '{where or 'the request body'}' holds a lone surrogate (an"
+                        " escape such as \\ud800, or its bytes in the body's encoding) — send"
+                        " valid Unicode text",
                         where or None,
                     )
 

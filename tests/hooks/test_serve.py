@@ -712,6 +712,9 @@ async def test_a_lone_surrogate_not_escaped_in_utf8_is_400(body: bytes) -> None:
     assert response.status_code == 400, response.text
     error = openai_error(response.content)
     assert (error["param"], error["code"]) == ("messages[0].content", "invalid_value")
+    # No escape need be in the body: the message names the bytes too.
+    said = "holds a lone surrogate (an escape such as \\ud800, or its bytes in the body's"
+    assert said in error["message"]
     assert model.requests == []
 
 

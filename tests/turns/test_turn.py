@@ -682,13 +682,18 @@ def test_an_injection_of_each_stage_and_unstamped_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("counts", "error", "says"),
     [
-        (("a",), TypeError, r"Usage\.input_tokens must be a token count \(an int\), got str 'a'"),
+        (
+            ("a",),
+            TypeError,
+            r"Usage\.input_tokens must be a number of tokens \(an int or float, 0 or more\),"
+            r" got str 'a'",
+        ),
         ((True, 1), TypeError, r"Usage\.input_tokens .* got bool True"),
         ((1, None), TypeError, r"Usage\.output_tokens .* got NoneType None"),
         (
             (-1, 3),
             ValueError,
-            r"Usage\.input_tokens must be a token count of 0 or more, got int -1",
+            r"Usage\.input_tokens must be a number of tokens of 0 or more \(finite\), got int -1",
         ),
         ((3, float("nan")), ValueError, r"Usage\.output_tokens .* got float nan"),
         ((float("inf"), 3), ValueError, r"Usage\.input_tokens .* got float inf"),
