@@ -1260,7 +1260,9 @@ def _surrogates_replaced(line: bytes) -> bytes | None:
     except (ValueError, RecursionError):
         return None
     # The reading joined every pair: a surrogate left in the text is alone.
-    text = _SURROGATE.sub("\ufffd", json.dumps(value, ensure_ascii=False))
+    # Compact, as servers write it: spaces after every comma would grow a line near the SDK's
+    # 1 MiB event limit past it.
+    text = _SURROGATE.sub("\ufffd", json.dumps(value, ensure_ascii=False, separators=(",", ":")))
     return text.encode("utf-8")
 
 
@@ -1379,7 +1381,8 @@ def _mending(inner: Any, *, lines: bool) -> Any:
 _LINE_BOUND = 4 * 1024 * 1024
 """The longest event-stream line mended, in bytes: four times the largest event the SDK
 reads (1 MiB), a margin for a line that mending makes shorter (an escape such as
-``\\u00e9`` is read as the two bytes of its character)."""
+``\\u00e9`` is read as the two bytes of its character); a longer line is handed on as it is,
+even one its escapes would have shrunk under the SDK's limit."""
 
 
 def _mended(text: bytes) -> bytes:

@@ -1445,6 +1445,18 @@ def test_only_a_lone_surrogate_escape_has_an_http_body_read_and_written_again(
         assert json.loads(mended) == {"t": read}
 
 
+def test_a_compact_body_mended_is_no_longer_than_it_was():
+    """Bug caught: a mended body was written with a space after every comma and colon, so a
+    compact event of 0.86 MiB holding a lone surrogate grew past the SDK's 1 MiB limit and
+    the call failed as a connection the server closed."""
+    from pipeline._mcp import _mended
+
+    data = b'{"t":"cut \\ud83d","v":[' + b",".join([b"0"] * 1000) + b"]}"
+    mended = _mended(data)
+    assert json.loads(mended)["t"] == "cut \ufffd"
+    assert len(mended) <= len(data)
+
+
 async def test_a_server_whose_message_was_too_large_sees_its_stdin_close_and_exits(tmp_path):
     """Bug caught: once a message passed max_message_bytes, the server's stdout was no longer
     read, so a server still writing it blocked on the full pipe, never saw its stdin close
