@@ -1261,7 +1261,7 @@ async def test_an_invalid_result_counts_one_problem_a_bad_block_and_names_no_cla
 
 async def test_the_sdks_error_for_an_invalid_result_is_logged_clipped(caplog):
     """Bug caught: the DEBUG line quoting the SDK's error whole had no bound (23 MB for
-    10,000 bad blocks), and was built even with DEBUG off."""
+    10,000 bad blocks). (That it is not built with DEBUG off is a cost no test can see.)"""
     caplog.set_level(logging.DEBUG, logger="turnplug.mcp")
     model = ScriptedModel([[ToolCall("c1", "faulty_manynope", {})], "done"])
     pipe = Pipeline(model=model, toolsets=[faulty_toolset("malformed", timeout=10)])
