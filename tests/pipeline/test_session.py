@@ -3,6 +3,7 @@
 import asyncio
 import inspect
 import math
+from typing import NoReturn
 
 import anyio
 import anyio.lowlevel
@@ -2215,37 +2216,39 @@ async def test_an_end_hook_blocking_after_an_end_hooks_interrupt_gets_the_drain_
     assert pairing_problems(session.events) == []
 
 
+async def _forever(turn: Turn):
+    await anyio.sleep(math.inf)
+    return cont(turn)
+
+
+async def _raise_in_a_session(trace: list[object], raised: BaseException, drain: float) -> NoReturn:
+    """Send one turn in a session whose background hook never ends, then raise `raised` in
+    its body; `trace` gets the session, then what its end hooks were told."""
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[hook(_forever, name="forever", background=True)],
+        on_session_end=[end_recorder(trace)],
+    )
+    async with pipe.session(
+        log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=drain
+    ) as session:
+        trace.append(session)
+        await session.send("hi")
+        raise raised
+
+
 async def test_the_bodys_exception_is_raised_when_the_drain_timeout_cuts_a_background_hook():
     """Bug caught: when the body raised and a background hook outlived the drain timeout, the
     timeout's cancellation replaced the body's exception and the task group absorbed it: the
     `async with` returned normally, the ValueError lost."""
-    raised = ValueError
     trace: list[object] = []
 
-    async def forever(turn: Turn):
-        await anyio.sleep(math.inf)
-        return cont(turn)
+    with pytest.raises(ValueError, match="boom"):
+        await _raise_in_a_session(trace, ValueError("boom"), drain=0.05)
 
-    pipe = Pipeline(
-        model=ScriptedModel(["ok"]),
-        post=[hook(forever, name="forever", background=True)],
-        on_session_end=[end_recorder(trace)],
-    )
-    sessions: list[Session] = []
-
-    async def converse() -> None:
-        async with pipe.session(
-            log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=0.05
-        ) as session:
-            sessions.append(session)
-            await session.send("hi")
-            raise raised("boom")
-
-    with pytest.raises(raised):
-        await converse()
-
-    [session] = sessions
-    assert trace == [("end", "error", SessionInfo(CONVERSATION, Scope(), 1))]
+    [session, *ends] = trace
+    assert ends == [("end", "error", SessionInfo(CONVERSATION, Scope(), 1))]
+    assert isinstance(session, Session)
     failed = [event for event in session.events if isinstance(event, ev.HookFailed)]
     assert [event.hook for event in failed] == ["forever"]
 
@@ -2255,27 +2258,11 @@ async def test_a_body_group_holding_an_interrupt_beside_an_error_cuts_background
     for an error, so the session waited out the drain timeout (for ever with math.inf) before
     the interrupt reached the caller, where a lone KeyboardInterrupt cuts the hooks at once."""
     trace: list[object] = []
-
-    async def forever(turn: Turn):
-        await anyio.sleep(math.inf)
-        return cont(turn)
-
-    pipe = Pipeline(
-        model=ScriptedModel(["ok"]),
-        post=[hook(forever, name="forever", background=True)],
-        on_session_end=[end_recorder(trace)],
-    )
-
-    async def converse() -> None:
-        async with pipe.session(
-            log=MemoryLog(), conversation_id=CONVERSATION, drain_timeout=math.inf
-        ) as session:
-            await session.send("hi")
-            raise BaseExceptionGroup("body", [KeyboardInterrupt(), ValueError("boom")])
+    group = BaseExceptionGroup("body", [KeyboardInterrupt(), ValueError("boom")])
 
     # The bound only ends a session that waits for ever (as before the fix) with a failure.
     with pytest.raises(BaseExceptionGroup) as raised, anyio.fail_after(30):
-        await converse()
+        await _raise_in_a_session(trace, group, drain=math.inf)
 
     assert [type(exc) for exc in raised.value.exceptions] == [KeyboardInterrupt, ValueError]
-    assert trace == [("end", "cancelled", SessionInfo(CONVERSATION, Scope(), 1))]
+    assert trace[1:] == [("end", "cancelled", SessionInfo(CONVERSATION, Scope(), 1))]
