@@ -16,7 +16,7 @@ from typing import Any, Literal, final
 
 import attrs
 
-from pipeline.providers import decode_arguments, escapes_lone_surrogate
+from pipeline.providers import decode_arguments
 from turns import (
     Context,
     Message,
@@ -430,6 +430,9 @@ def _unanswered(calls: Mapping[str, str], asked: str, where: str) -> WireError:
     )
 
 
+# A JSON escape of a UTF-16 surrogate, a pair's half too: a cheap gate before the walk, which
+# costs less than telling a lone escape from a pair's by pattern on a body of many emoji.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE_UTF8 = re.compile(rb"\xed[\xa0-\xbf]")
 """The first two bytes of a surrogate's UTF-8 form: no UTF-8, but JSON's reader of bytes
 takes it (it decodes with ``surrogatepass``, as `json.loads` does)."""
@@ -441,7 +444,7 @@ def _may_hold_lone_surrogate(body: bytes) -> bool:
     or UTF-32 (rare: its escapes are no ASCII bytes, and it is looked through whole)."""
     if json.detect_encoding(body) not in ("utf-8", "utf-8-sig"):
         return True
-    return escapes_lone_surrogate(body) or _SURROGATE_UTF8.search(body) is not None
+    return _SURROGATE_ESCAPE.search(body) is not None or _SURROGATE_UTF8.search(body) is not None
 
 
 def _check_unicode(data: dict[str, Any]) -> None:

@@ -7,7 +7,6 @@ maps httpx's exceptions to the `ProviderError` tree). `model_from_string` builds
 ``"provider:model"`` string. Decisions the design leaves open are in ``docs/providers.md``.
 """
 
-from .._jsontext import escapes_lone_surrogate
 from ._anthropic import AnthropicMessages
 from ._convert import decode_arguments
 from ._http import hide_userinfo
@@ -18,14 +17,12 @@ __all__ = [
     "AnthropicMessages",
     "OpenAIChat",
     "decode_arguments",
-    "escapes_lone_surrogate",
     "hide_userinfo",
     "model_from_string",
 ]
 
 for _name in __all__:
     _obj = globals()[_name]
-    # A helper the MCP client shares is defined below the providers, in `pipeline._jsontext`.
-    if getattr(_obj, "__module__", "").startswith(("pipeline.providers._", "pipeline._")):
+    if getattr(_obj, "__module__", "").startswith("pipeline.providers._"):
         _obj.__module__ = __name__
 del _name, _obj

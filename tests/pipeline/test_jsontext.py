@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pipeline.providers import escapes_lone_surrogate
+from pipeline._jsontext import escapes_lone_surrogate
 
 PAIRS = json.dumps({"t": [f"row {i} \U0001f600" for i in range(500)]})
 
