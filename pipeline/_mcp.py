@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TextIO, final
@@ -50,6 +49,7 @@ from ._errors import ConfigError, ToolsetError
 from ._jsontext import escapes_lone_surrogate
 from ._tools import Tool, ToolFailure, schema_tool
 from ._toolsets import Toolset, _names, check_toolset_name, select, toolset_tool_name
+from ._urls import shown_url
 
 if TYPE_CHECKING:
     from mcp.client.session import ClientSession
@@ -136,24 +136,12 @@ class MCPToolset(Toolset):
 
 
 def _shown_url(url: str) -> str:
-    """`url` without what may be a secret: its userinfo (``user:password@``) and its query
-    (``?api_key=...``, shown as ``?...``); its fragment, which a server never sees, too.
-    A url with no scheme (``user:pass@host/mcp``, refused for it) is read as one whose host
-    comes first, not as the scheme ``user`` and a path; one that does not parse
-    (``http://[::1/mcp``) is cut by hand, as a message about it must still be told."""
-    schemeless = "://" not in url
-    try:
-        parts = urllib.parse.urlsplit("//" + url if schemeless else url)
-    except ValueError:
-        head, question, _ = url.partition("#")[0].partition("?")
-        scheme, sep, rest = head.rpartition("://")
-        authority, slash, path = rest.partition("/")
-        query = "?..." if question else ""
-        return scheme + sep + authority.rpartition("@")[2] + slash + path + query
-    host = parts.netloc.rpartition("@")[2]
-    query = "?..." if parts.query else ""
-    shown = urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", "")) + query
-    return shown.removeprefix("//") if schemeless else shown
+    """`url` without what may be a secret, as the providers cut a ``base_url``
+    (`shown_url`): its userinfo (``user:password@``, up to the url's last ``@``, a raw
+    ``/``, ``?`` or ``#`` in a password included) dropped, and its query or fragment shown as
+    ``?...`` (``#...``). Never raises: a url that does not parse (``http://[::1/mcp``) must
+    still be named in the message about it."""
+    return shown_url(url, mark="")
 
 
 def _strings(value: Any, what: str, owner: str) -> Mapping[str, str] | None:

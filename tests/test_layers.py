@@ -33,6 +33,7 @@ PIPELINE_LAYERS: dict[str, tuple[str, ...]] = {
         "pipeline._result",
         "pipeline._seam",
         "pipeline._signals",
+        "pipeline._urls",
         "pipeline.events",
     ),
     "tools": ("pipeline._tools", "pipeline._toolsets", "pipeline._mcp"),

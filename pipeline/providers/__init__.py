@@ -7,9 +7,9 @@ maps httpx's exceptions to the `ProviderError` tree). `model_from_string` builds
 ``"provider:model"`` string. Decisions the design leaves open are in ``docs/providers.md``.
 """
 
+from .._urls import hide_userinfo
 from ._anthropic import AnthropicMessages
 from ._convert import decode_arguments
-from ._http import hide_userinfo
 from ._openai import OpenAIChat
 from ._strings import model_from_string
 
@@ -23,6 +23,8 @@ __all__ = [
 
 for _name in __all__:
     _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("pipeline.providers._"):
+    # `hide_userinfo` is defined below the providers, in `pipeline._urls`, which the MCP
+    # client shares.
+    if getattr(_obj, "__module__", "").startswith(("pipeline.providers._", "pipeline._")):
         _obj.__module__ = __name__
 del _name, _obj

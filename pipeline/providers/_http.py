@@ -48,6 +48,7 @@ from .._errors import (
     RequestError,
 )
 from .._model import ModelEvent
+from .._urls import hide_userinfo, shown_url
 from ._convert import decode_json, quoted
 from ._encoding import (
     ACCEPT_ENCODING,
@@ -396,39 +397,12 @@ def strip_slash(base_url: str) -> str:
                 " dropped with its fragment — give it without them"
             )
     if problem is not None:
-        shown = refused_url(base_url) if isinstance(base_url, str) else base_url
+        shown = shown_url(base_url) if isinstance(base_url, str) else base_url
         raise ValueError(
             f"base_url {shown!r} is not a URL requests can go to ({problem}) — e.g."
             " 'https://api.openai.com/v1' or 'http://localhost:11434/v1'"
         )
     return base_url.rstrip("/")
-
-
-def refused_url(url: str) -> str:
-    """A refused base URL as its error shows it: credentials hidden (`hide_userinfo`), then
-    cut after the first ``?`` or ``#``, as a query may hold a key. A ``?`` or ``#`` before
-    the last ``@`` is a password's character or a query holding an ``@``; which, the URL
-    cannot tell, so nothing after the ``@`` is shown either."""
-    shown = hide_userinfo(url)
-    if re.search("[?#]", url[: max(url.rfind("@"), 0)]):
-        return shown[: shown.rindex("***@") + 4] + "..."
-    found = re.search("[?#]", shown)
-    return shown if found is None else shown[: found.end()] + "..."
-
-
-# Up to the URL's last "@", not only the authority's (which ends at the first "/", "?" or
-# "#"): a password may hold one of those unescaped, and what httpx then reads as a host, a
-# path or a query is the password's rest. Hiding more than httpx would send beats showing it.
-_USERINFO = re.compile(r"^([^/]*//)?[\s\S]*@")
-
-
-def hide_userinfo(url: str) -> str:
-    """`url` with the credentials it may carry (``https://user:secret@host``, which httpx
-    sends as Basic auth) replaced by ``***``: for reprs, messages and anything else that shows
-    a base URL (``turnplug check`` does), as the providers show it. Everything between the
-    scheme's ``//`` and the URL's last ``@`` counts as credentials, a raw ``/``, ``?`` or
-    ``#`` in a password included."""
-    return _USERINFO.sub(r"\1***@", url)
 
 
 def shown_base_url(base_url: str) -> str:

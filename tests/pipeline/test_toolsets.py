@@ -302,3 +302,19 @@ def test_mcp_toolset_shows_its_url_without_userinfo_or_query(url):
     assert "/mcp?..." in shown
     assert "s3cret" not in shown
     assert "K3Y" not in shown
+
+
+@pytest.mark.parametrize("char", ["/", "?", "#"])
+@pytest.mark.parametrize("scheme", ["http", "ftp"], ids=["repr", "bad scheme"])
+def test_mcp_toolset_hides_a_password_holding_a_raw_slash_question_mark_or_hash(char, scheme):
+    """Bug caught: a password holding a raw ``/``, ``?`` or ``#`` was shown (``pa/s3cret``
+    whole, ``pa?s3cret`` as ``pa?...``), the userinfo taken to end at that character rather
+    than at the url's last ``@`` as the providers hide it."""
+    url = f"{scheme}://user:pa{char}s3cret@host/mcp"
+    try:
+        shown = repr(mcp_toolset("s", url=url))
+    except ConfigError as caught:
+        shown = str(caught)
+        assert "url must start with http:// or https://" in shown
+    assert "user" not in shown
+    assert "s3cret" not in shown
