@@ -66,9 +66,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The largest message a stdio server may send (a line of JSON-RPC), in bytes."""
 
 _STDERR_TAIL = 800
-# The label of the connection whose task runs: set in its keeper (inherited by the SDK's
-# tasks) and around a call.
-_CONNECTION: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+# The label and the url (None for a stdio server) of the connection whose task runs: set in
+# its keeper (inherited by the SDK's tasks) and around a call.
+_CONNECTION: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
     "turnplug_mcp_connection", default=None
 )
 # What the SDK's HTTP transport makes of a refusal (an HTTP error status) whose body holds no
@@ -546,7 +546,7 @@ class Connection:
 
         `starting` is cancelled when the connection is closed before it is ready.
         """
-        _CONNECTION.set(self.label)
+        _CONNECTION.set((self.label, self.spec.url))
         with starting:
             await self._hold(ready, failure)
 
@@ -923,7 +923,7 @@ class Connection:
         # exception's, kept past this block, would hold this frame in a reference cycle.
         failure: ToolFailure | None = None
         # The SDK handles a request in its sender's context: what it logs there is diverted.
-        token = _CONNECTION.set(self.label)
+        token = _CONNECTION.set((self.label, self.spec.url))
         try:
             with anyio.move_on_after(self.spec.timeout) as scope:
                 result = await session.call_tool(own, arguments)
@@ -1048,7 +1048,7 @@ async def _list_tools(session: "ClientSession") -> list[Any]:
 class SDKRecords(logging.Filter):
     """The filter on the SDK's loggers that sends what they log in an MCP connection's tasks
     (and in its calls) to ``turnplug.mcp``, one line with the exception's text and no
-    traceback: a warning as a warning (a notification it could not read, a process it left
+    traceback, the server's url in it shown as messages show it (`_shown_url`): a warning as a warning (a notification it could not read, a process it left
     running: nothing else says so), anything else at DEBUG (an error repeats what the call's
     or the open's own error already says). Records logged elsewhere (an application using
     the SDK itself) pass untouched.
@@ -1064,12 +1064,17 @@ class SDKRecords(logging.Filter):
     _lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        label = _CONNECTION.get()
-        if label is None:
+        connection = _CONNECTION.get()
+        if connection is None:
             return True
+        label, url = connection
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             text = f"{text}: {exc_text(record.exc_info[1])}"
+        if url:
+            # The SDK quotes the url as given ("Connecting to StreamableHTTP endpoint: ..."),
+            # its password and its query's key with it.
+            text = text.replace(url, _shown_url(url))
         level = logging.WARNING if record.levelno == logging.WARNING else logging.DEBUG
         logger.log(
             level,

@@ -482,6 +482,26 @@ async def test_a_servers_url_is_named_without_its_password_and_query():
     assert "SECRET123" not in told
 
 
+async def test_a_servers_url_the_sdk_logs_is_relayed_without_its_password_and_query(caplog):
+    """Bug caught: the SDK's DEBUG line relayed to turnplug.mcp ("Connecting to
+    StreamableHTTP endpoint: <url>") quoted the url whole, password and query's key included."""
+    caplog.set_level(logging.DEBUG)  # the SDK's DEBUG records too, which turnplug relays
+    port = free_port()
+    url = f"http://user:pa55word@127.0.0.1:{port}/mcp?api_key=SECRET123"
+    pipe = Pipeline(
+        model=ScriptedModel(["hi"]),
+        toolsets=[mcp_toolset("tickets", url=url, connect_timeout=5)],
+    )
+    await opening_error(pipe)
+
+    relayed = [r.getMessage() for r in caplog.records if r.name == "turnplug.mcp"]
+    assert any(
+        f"Connecting to StreamableHTTP endpoint: http://127.0.0.1:{port}/mcp?..." in line
+        for line in relayed
+    ), relayed
+    assert [line for line in relayed if "pa55word" in line or "SECRET123" in line] == []
+
+
 @sdk_unclosed_streams
 async def test_a_header_value_with_a_trailing_newline_is_sent_without_it(http_server):
     """Bug caught: a token read from a secret file, with its trailing newline, failed the
