@@ -472,6 +472,26 @@ class Pipeline:
         )
         return OneUse(self._held(opened), "pipe.session(...)")
 
+    def _sharing(self, **changes: Any) -> "Pipeline":
+        """A copy with `changes` to its hooks or options whose turns use what this pipeline's
+        ``async with pipe`` holds open: its MCP connections (the model is the same object, so
+        its pool is held already). A copy made by ``attrs.evolve`` has a lifetime of its own
+        that no block entered, so each of its turns would start every MCP server anew; the
+        gateway derives its pipelines from the one its command holds this way instead.
+
+        Raises:
+            ValueError: `changes` name the tools or toolsets, which the connections serve.
+        """
+        tooling = sorted({"tools", "toolsets"} & changes.keys())
+        if tooling:
+            raise ValueError(
+                f"a pipeline sharing another's MCP connections keeps its tools; got changes"
+                f" to {tooling} — use attrs.evolve for a pipeline of its own"
+            )
+        copy = attrs.evolve(self, **changes)
+        object.__setattr__(copy, "_lifetime", self._lifetime)  # frozen: set once, here
+        return copy
+
     def _open_tools(self, toolbox: Toolbox | None = None) -> OpenTools | None:
         """How a turn finds its MCP toolsets' tools: the toolbox of its session or of
         ``async with pipe``, else connections opened for the turn alone. None without MCP."""

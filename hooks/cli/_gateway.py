@@ -444,8 +444,10 @@ class Gateway:
             # Tool calls returned to the client are judged by the before-tool hooks in the
             # last post hook, so a refusal stops the turn before anything is committed.
             police = hook(self._police, name=POLICY_HOOK)
-            pipe = attrs.evolve(pipe, post=(*pipe.post, police))
-        self.pipe = attrs.evolve(pipe, hold_until_accepted=True) if self.holds else pipe
+            pipe = pipe._sharing(post=(*pipe.post, police))
+        # Derived by `_sharing`, not `attrs.evolve`: each derived pipeline's turns use the MCP
+        # connections of the command's `async with pipe`, not servers started per request.
+        self.pipe = pipe._sharing(hold_until_accepted=True) if self.holds else pipe
         # Accepted turns of stateless requests whose background hooks are still running.
         # Only a stateless turn runs its background hooks before it is answered, so only its
         # pipeline keeps the accepted turn; a conversation's audit record never names the hook.
@@ -458,7 +460,7 @@ class Gateway:
         if self._background:
             keep = hook(self._keep_accepted, name=ACCEPTED_HOOK)
             post = tuple(_abandonable(entry, settings.turn_timeout) for entry in self.pipe.post)
-            self._stateless_pipe = attrs.evolve(self.pipe, post=(*post, keep))
+            self._stateless_pipe = self.pipe._sharing(post=(*post, keep))
         # The background hooks the drain timeout cut, which may still run (a sync hook's
         # worker thread cannot be stopped): "background hook 'bg' of turn tp_1".
         self.abandoned: list[str] = []

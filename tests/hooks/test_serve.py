@@ -1545,6 +1545,41 @@ async def test_a_warning_of_a_server_a_request_reconnected_names_no_request(
     assert not any(named in line for named in ids)
 
 
+async def _allow(call: ToolCall, turn: Turn) -> Any:
+    return cont(call)
+
+
+async def _audit(turn: Turn) -> Any:
+    return cont(turn)
+
+
+@pytest.mark.parametrize(
+    "hooks",
+    [
+        {"post": [hook(_audit, name="audit", background=True)]},
+        {"before_tool": [hook(_allow, name="allow")]},  # judges the client's tool calls
+    ],
+    ids=["background", "before_tool"],
+)
+async def test_requests_use_the_mcp_servers_the_held_pipeline_started(
+    tmp_path: Path, hooks: dict[str, Any]
+) -> None:
+    """Bug caught: with a background hook, or a before_tool hook and no tools of its own, the
+    gateway ran turns through copies of the pipeline that the command's `async with pipe`
+    never held, so every request started its MCP servers anew."""
+    starts = tmp_path / "starts"
+    pipe = Pipeline(
+        model=ScriptedModel(["a", "b", "c"]),
+        toolsets=[faulty_toolset("babbling", env={"FAULTY_STARTS": str(starts)}, timeout=10)],
+        **hooks,
+    )
+    async with pipe, served(pipe) as gw:  # held for the server's life, as the command does
+        for text in ("one", "two", "three"):
+            reply = await gw.sdk().chat.completions.create(model="m", messages=user(text))
+            assert reply.choices[0].message.content is not None
+    assert len(starts.read_text().split()) == 1
+
+
 # -- logging is the application's ------------------------------------------------------------
 
 
