@@ -1,8 +1,8 @@
 """What a JSON text's bytes hold, seen without reading the JSON.
 
-Shared by the MCP client, which mends a server's message that escapes a lone surrogate, and
-by ``turnplug serve``, which refuses a request body that does: both look at the bytes first,
-so that the commonest body, one without such an escape, is not walked or written again.
+For the MCP client, which mends a server's message that escapes a lone surrogate: it looks
+at the bytes first, so that the commonest message, one without such an escape (emoji pairs
+included), is not read and written again.
 """
 
 import re

@@ -91,7 +91,8 @@ class Session:
         self._task_group = task_group
         self._lock = anyio.Lock()
         self._running = 0  # background hooks still running
-        # The worker threads of sync background hooks, abandoned at the drain timeout.
+        # The worker threads of sync background hooks, abandoned when the hooks are cut (the
+        # drain timeout, a cancellation during the drain, an interrupt ending the body).
         self._threads: set[anyio.CancelScope] = set()
         # A background hook's KeyboardInterrupt or SystemExit, raised when the block is left.
         self._interrupt: BaseException | None = None
