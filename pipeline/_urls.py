@@ -35,9 +35,7 @@ def shown_url(url: str, mark: str = "***@") -> str:
     ``#`` before the last ``@`` is a password's character or a query holding an ``@``;
     which, the URL cannot tell, so nothing after the ``@`` is shown either."""
     if _CUT.search(url[: max(url.rfind("@"), 0)]):
-        found = _USERINFO.match(url)
-        assert found is not None  # the URL holds an "@", which the pattern always reaches
-        return (found[1] or "") + mark + "..."
+        return _hidden(url[: url.rfind("@") + 1], mark) + "..."
     shown = _hidden(url, mark)
     cut = _CUT.search(shown)
     return shown if cut is None else shown[: cut.end()] + "..."
