@@ -46,6 +46,7 @@ import attrs
 
 from ._describe import exc_text
 from ._errors import ConfigError, ToolsetError
+from ._excgroups import interrupt_in
 from ._jsontext import escapes_lone_surrogate
 from ._tools import Tool, ToolFailure, schema_tool
 from ._toolsets import Toolset, _names, check_toolset_name, select, toolset_tool_name
@@ -90,7 +91,7 @@ def _hidden(values: Mapping[str, str] | None) -> str:
 
 def _url_repr(url: object) -> str:
     # A url may hold a password or a key: a repr shows it as messages do.
-    return repr(_shown_url(url) if isinstance(url, str) else url)
+    return repr(shown_url(url, mark="") if isinstance(url, str) else url)
 
 
 @final
@@ -132,16 +133,7 @@ class MCPToolset(Toolset):
         ``https://host/mcp?...``)."""
         if self.command is not None:
             return "`" + " ".join([self.command, *self.args]) + "`"
-        return _shown_url(str(self.url))
-
-
-def _shown_url(url: str) -> str:
-    """`url` without what may be a secret, as the providers cut a ``base_url``
-    (`shown_url`): its userinfo (``user:password@``, up to the url's last ``@``, a raw
-    ``/``, ``?`` or ``#`` in a password included) dropped, and its query or fragment shown as
-    ``?...`` (``#...``). Never raises: a url that does not parse (``http://[::1/mcp``) must
-    still be named in the message about it."""
-    return shown_url(url, mark="")
+        return shown_url(str(self.url), mark="")
 
 
 def _strings(value: Any, what: str, owner: str) -> Mapping[str, str] | None:
@@ -602,7 +594,7 @@ class Connection:
         except BaseException as exc:
             # A KeyboardInterrupt or SystemExit here or in a task of the SDK's (carried out of
             # its task groups in a group): kept for the awaiters, never out of this task.
-            interrupt = _interrupt_of(exc)
+            interrupt = interrupt_in(exc)
             if interrupt is None:
                 raise
             self._interrupted(interrupt)
@@ -1048,7 +1040,7 @@ async def _list_tools(session: "ClientSession") -> list[Any]:
 class SDKRecords(logging.Filter):
     """The filter on the SDK's loggers that sends what they log in an MCP connection's tasks
     (and in its calls) to ``turnplug.mcp``, one line with the exception's text and no
-    traceback, the server's url in it shown as messages show it (`_shown_url`): a warning as a warning (a notification it could not read, a process it left
+    traceback, the server's url in it shown as messages show it (`shown_url`): a warning as a warning (a notification it could not read, a process it left
     running: nothing else says so), anything else at DEBUG (an error repeats what the call's
     or the open's own error already says). Records logged elsewhere (an application using
     the SDK itself) pass untouched.
@@ -1074,7 +1066,7 @@ class SDKRecords(logging.Filter):
         if url:
             # The SDK quotes the url as given ("Connecting to StreamableHTTP endpoint: ..."),
             # its password and its query's key with it.
-            text = text.replace(url, _shown_url(url))
+            text = text.replace(url, shown_url(url, mark=""))
         level = logging.WARNING if record.levelno == logging.WARNING else logging.DEBUG
         logger.log(
             level,
@@ -1390,7 +1382,8 @@ def _mended_line(line: bytes) -> bytes:
     if not line.startswith(b"data:") or not escapes_lone_surrogate(line):
         return line
     body = line[5:].rstrip(b"\r\n")
-    return b"data: " + _mended(body.strip()) + line[5 + len(body) :]
+    data = body.strip()
+    return b"data: " + (_surrogates_replaced(data) or data) + line[5 + len(body) :]
 
 
 def _message_limit(spec: MCPToolset) -> int:
@@ -1511,13 +1504,11 @@ def _refused(here: list[Any], members: int) -> list[Any]:
         for e in here
         if tuple(e["loc"][members + 1 :]) == ("type",) and e["type"] == "literal_error"
     }
-    matched = [e for e in here if len(e["loc"]) > members and e["loc"][members] not in refused]
+    matched = [e for e in here if e["loc"][members] not in refused]
     if matched:
         return _problems(
             {**e, "loc": (*e["loc"][:members], *e["loc"][members + 1 :])} for e in matched
         )
-    if not refused:
-        return [here[0]]
     # The block itself is the input of a field's error one step in (a missing one's).
     kind = next(e["input"] for e in here if e["type"] == "literal_error")
     block = next(
@@ -1547,18 +1538,6 @@ def _clipped(text: str, limit: int) -> str:
 
 def _size(count: int) -> str:
     return f"{count} bytes" if count < 1024 * 1024 else f"{count / 1024 / 1024:.1f} MiB"
-
-
-def _interrupt_of(exc: BaseException) -> BaseException | None:
-    """The KeyboardInterrupt or SystemExit that `exc` is, or carries in a task group's group."""
-    if isinstance(exc, KeyboardInterrupt | SystemExit):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _interrupt_of(inner)
-            if found is not None:
-                return found
-    return None
 
 
 def _leaf(exc: BaseException) -> BaseException:
