@@ -843,5 +843,7 @@ async def test_an_audit_record_holding_a_negative_token_count_still_reads_back(t
         assert entry.audit is not None
         assert entry.audit.attempts[0].usage.input_tokens == 0
         assert (await session.send("next", turn_ref="t2")).reply.text == "ok"
-    with pytest.raises(ValueError, match=r"Usage\.input_tokens must be a token count of 0 or more"):
+    with pytest.raises(
+        ValueError, match=r"Usage\.input_tokens must be a number of tokens of 0 or more"
+    ):
         Usage(-1, 2)
