@@ -6,6 +6,7 @@ their results are injected in declaration order, whatever order they finish in.
 Run it: ``python examples/03_parallel_retrieval.py``
 """
 
+import anyio
 import trio
 
 from pipeline import ModelRequest, Pipeline, TurnResult, parallel
@@ -13,18 +14,19 @@ from pipeline.testing import FunctionModel
 from turns import Text, Turn
 
 
+# The lookups await AnyIO, not trio or asyncio, so they run on whichever loop runs the turn.
 async def search_docs(turn: Turn) -> list[Text]:
-    await trio.sleep(0.030)
+    await anyio.sleep(0.030)
     return [Text("[docs] Refunds take 14 days.")]
 
 
 async def search_tickets(turn: Turn) -> list[Text]:
-    await trio.sleep(0.050)
+    await anyio.sleep(0.050)
     return [Text("[tickets] Ada asked about a refund last week.")]
 
 
 async def load_profile(turn: Turn) -> list[Text]:
-    await trio.sleep(0.020)
+    await anyio.sleep(0.020)
     return [Text("[profile] Ada, premium plan.")]
 
 
@@ -41,9 +43,9 @@ PIPE = Pipeline(
 
 
 async def main() -> TurnResult:
-    started = trio.current_time()
+    started = anyio.current_time()
     result = await PIPE.run(Turn.start("How long do refunds take?"))
-    elapsed = trio.current_time() - started
+    elapsed = anyio.current_time() - started
     for injection in result.turn.injections:
         text = " ".join(part.text for part in injection.parts if isinstance(part, Text))
         print(f"{injection.source:<15} {text}")
@@ -54,4 +56,4 @@ async def main() -> TurnResult:
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    trio.run(main)  # or asyncio.run(main()): the example runs on either loop

@@ -38,4 +38,4 @@ async def main() -> tuple[list[str], TurnResult]:
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    trio.run(main)  # or asyncio.run(main()): the example runs on either loop

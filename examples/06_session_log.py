@@ -63,4 +63,4 @@ async def main() -> tuple[Message, ...]:
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    trio.run(main)  # or asyncio.run(main()): the example runs on either loop

@@ -125,4 +125,4 @@ async def main() -> TurnResult:
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    trio.run(main)  # or asyncio.run(main()): the example runs on either loop

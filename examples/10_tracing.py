@@ -66,4 +66,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    trio.run(main)  # or asyncio.run(main()): the example runs on either loop

@@ -73,4 +73,4 @@ async def main() -> list[TurnResult]:
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    trio.run(main)  # or asyncio.run(main()): the example runs on either loop

@@ -87,13 +87,10 @@ async def test_halt_stops_before_the_model() -> None:
     assert len(example.MODEL.requests) == 1
 
 
-async def test_parallel_retrieval_takes_the_slowest_member_in_declaration_order(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    example = _load("03_parallel_retrieval")
-    started = anyio.current_time()
-    result = await example.main()
-    assert anyio.current_time() - started == pytest.approx(0.050)
+async def test_parallel_retrieval_injects_in_declaration_order() -> None:
+    """Catches: the lookups merged in the order they finish (20, 30, 50 ms), or the example
+    awaiting trio itself, so that it failed under asyncio."""
+    result = await _load("03_parallel_retrieval").main()
     assert [i.source for i in result.turn.injections] == [
         "search_docs",
         "search_tickets",
@@ -102,7 +99,15 @@ async def test_parallel_retrieval_takes_the_slowest_member_in_declaration_order(
     assert result.reply.text == "I was given 3 pieces of context."
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
+async def test_parallel_retrieval_takes_as_long_as_the_slowest_member(
+    autojump_clock: trio.testing.MockClock,  # virtual time, so trio alone
+) -> None:
+    """Catches: the group running its members one after another (100 ms, not 50)."""
+    started = anyio.current_time()
+    await _load("03_parallel_retrieval").main()
+    assert anyio.current_time() - started == pytest.approx(0.050)
+
+
 async def test_openai_compatible_runs_a_turn_against_a_local_server(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
