@@ -58,6 +58,18 @@ def pipeline_for(model: Any) -> Pipeline:
 QUESTION = "How big are README.md and secrets.env?"
 
 
+def client(provider: str, server: ProtocolServer) -> Any:
+    """The provider's client ("openai" or "anthropic"), talking to `server`."""
+    if provider == "openai":
+        return OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
+    return AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+
+
+def text_reply(provider: str, text: str) -> tuple[bytes, ...]:
+    """A reply of plain `text`, in the provider's event stream."""
+    return wire.openai_text([text]) if provider == "openai" else wire.anthropic_text([text])
+
+
 def openai(server: ProtocolServer) -> OpenAIChat:
     server.script(
         wire.stream(
@@ -71,7 +83,7 @@ def openai(server: ProtocolServer) -> OpenAIChat:
         ),
         wire.stream(wire.openai_text(["README.md is 5 KB."])),
     )
-    return OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
+    return client("openai", server)
 
 
 def anthropic(server: ProtocolServer) -> AnthropicMessages:
@@ -87,7 +99,7 @@ def anthropic(server: ProtocolServer) -> AnthropicMessages:
         ),
         wire.stream(wire.anthropic_text(["README.md is 5 KB."])),
     )
-    return AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    return client("anthropic", server)
 
 
 def sent_results(provider: str, body: dict[str, Any]) -> list[tuple[str, str, bool]]:
@@ -247,15 +259,9 @@ async def test_a_number_past_a_floats_range_in_the_arguments_is_invalid(
         ran.append(x)
         return "scaled"
 
-    second = (
-        wire.openai_text(["Sorry."]) if provider == "openai" else wire.anthropic_text(["Sorry."])
-    )
+    second = text_reply(provider, "Sorry.")
     server.script(wire.stream(_number_past_range_stream(provider, number)), wire.stream(second))
-    model: Any = (
-        OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
-        if provider == "openai"
-        else AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
-    )
+    model = client(provider, server)
 
     result = await Pipeline(model=model, tools=[scale]).run(Turn.start("scale it"))
 
@@ -315,13 +321,9 @@ async def test_nan_and_infinity_in_a_call_of_the_history_are_sent_as_strings(
         Message.tool(ToolResult("call_1", "scaled to inf")),
         Message.assistant("Done."),
     )
-    reply = wire.openai_text(["ok"]) if provider == "openai" else wire.anthropic_text(["ok"])
+    reply = text_reply(provider, "ok")
     server.script(wire.stream(reply))
-    model: Any = (
-        OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
-        if provider == "openai"
-        else AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
-    )
+    model = client(provider, server)
 
     turn = Turn.start("again", context=Context(messages=history))
     result = await Pipeline(model=model).run(turn)
@@ -334,6 +336,16 @@ async def test_nan_and_infinity_in_a_call_of_the_history_are_sent_as_strings(
         else sent["content"][0]["input"]
     )
     assert arguments == {"x": "Infinity", "more": ["NaN", "-Infinity"], "n": 2}
+
+
+@tool
+def stat_path(path: str) -> str:
+    """Describe a path.
+
+    Args:
+        path: The path.
+    """
+    return f"stat of {path}"
 
 
 def _calls_sharing_one_id(provider: str, paths: list[str]) -> tuple[bytes, ...]:
@@ -381,15 +393,6 @@ async def test_calls_sharing_one_id_get_ids_of_their_own_everywhere(
     events, the log and the next request."""
     paths = ["README.md", "secrets.env", "setup.py"]
 
-    @tool
-    def stat_path(path: str) -> str:
-        """Describe a path.
-
-        Args:
-            path: The path.
-        """
-        return f"stat of {path}"
-
     before_saw: list[str] = []
     after_saw: list[tuple[str, str]] = []
 
@@ -401,13 +404,9 @@ async def test_calls_sharing_one_id_get_ids_of_their_own_everywhere(
         after_saw.append((call.id, result.call_id))
         return cont(result)
 
-    second = wire.openai_text(["Done."]) if provider == "openai" else wire.anthropic_text(["Done."])
+    second = text_reply(provider, "Done.")
     server.script(wire.stream(_calls_sharing_one_id(provider, paths)), wire.stream(second))
-    model: Any = (
-        OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
-        if provider == "openai"
-        else AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
-    )
+    model = client(provider, server)
     pipe = Pipeline(
         model=model, tools=[stat_path], before_tool=[note_before], after_tool=[note_after]
     )
@@ -453,16 +452,7 @@ async def test_a_call_repeating_an_id_of_an_earlier_step_or_turn_gets_one_of_its
     turn, which Anthropic refuses in every later request; the call is now given the id with
     a suffix, and the committed log and the next request hold each id once."""
 
-    @tool
-    def stat_path(path: str) -> str:
-        """Describe a path.
-
-        Args:
-            path: The path.
-        """
-        return f"stat of {path}"
-
-    done = wire.openai_text(["Done."]) if provider == "openai" else wire.anthropic_text(["Done."])
+    done = text_reply(provider, "Done.")
     server.script(
         wire.stream(_calls_sharing_one_id(provider, ["a"])),
         wire.stream(_calls_sharing_one_id(provider, ["b"])),
@@ -470,11 +460,7 @@ async def test_a_call_repeating_an_id_of_an_earlier_step_or_turn_gets_one_of_its
         wire.stream(_calls_sharing_one_id(provider, ["c"])),
         wire.stream(done),
     )
-    model: Any = (
-        OpenAIChat("gpt-test", base_url=f"{server.url}/v1", api_key=KEY)
-        if provider == "openai"
-        else AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
-    )
+    model = client(provider, server)
     log = MemoryLog()
 
     async with Pipeline(model=model, tools=[stat_path]).session(
@@ -506,15 +492,6 @@ async def test_a_wrapper_sending_fewer_messages_gets_the_same_fresh_ids(
     failed the second turn: the provider renamed a repeated "call_0" against the messages it
     was sent, the runtime refused it against the whole request; the runtime now gives the
     fresh id itself, against the whole request."""
-
-    @tool
-    def stat_path(path: str) -> str:
-        """Describe a path.
-
-        Args:
-            path: The path.
-        """
-        return f"stat of {path}"
 
     done = wire.stream(wire.openai_text(["Done."]))
     server.script(
