@@ -13,7 +13,7 @@ import time
 import anyio
 import pytest
 
-from pipeline import Pipeline, Session, cont, hook, parallel, tool
+from pipeline import Cont, Pipeline, Session, cont, hook, parallel, tool
 from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
@@ -99,17 +99,28 @@ async def test_a_cancellation_during_the_drain_ends_the_session_cancelled(backgr
     assert reasons == ["cancelled"]
 
 
+class HeldThread:
+    """A sync background hook whose worker thread waits until `release` is set (5 s at most)
+    and notes in `trace` which came first; what it would add comes too late to commit."""
+
+    def __init__(self, trace: list[str]) -> None:
+        self.trace = trace
+        self.started = threading.Event()  # the thread is running
+        self.release = threading.Event()  # the test lets it return
+        self.ended = threading.Event()  # it has returned
+
+    def __call__(self, turn: Turn) -> Cont[Turn]:
+        self.started.set()
+        self.trace.append("thread released" if self.release.wait(5) else "thread gave up waiting")
+        self.ended.set()
+        return cont(turn.inject("late"))
+
+
 async def test_the_drain_timeout_abandons_a_sync_background_hooks_thread() -> None:
     """Bug caught: a session waited for a sync background hook's worker thread past its drain
     timeout (until the thread returned), though the drain timeout had reported the hook cut."""
     trace: list[str] = []
-    release, ended = threading.Event(), threading.Event()
-
-    def summary(turn: Turn):
-        trace.append("thread released" if release.wait(5) else "thread gave up waiting")
-        ended.set()
-        return cont(turn.inject("late"))
-
+    summary = HeldThread(trace)
     pipe = Pipeline(
         model=ScriptedModel(["ok"]),
         post=[hook(summary, name="summary", background=True, durable=True)],
@@ -120,8 +131,8 @@ async def test_the_drain_timeout_abandons_a_sync_background_hooks_thread() -> No
     async with pipe.session(log=log, conversation_id="c", drain_timeout=0.05) as session:
         result = await session.send("hi")
     trace.append("session returned")
-    release.set()
-    await anyio.to_thread.run_sync(ended.wait, 10)
+    summary.release.set()
+    await anyio.to_thread.run_sync(summary.ended.wait, 10)
 
     assert trace == ["closed", "session returned", "thread released"]
     [failed] = [event for event in session.events if isinstance(event, ev.HookFailed)]
@@ -135,12 +146,7 @@ async def test_a_background_hook_not_started_at_the_drain_timeout_starts_no_thre
     (drain_timeout=0, three hooks) started its worker thread anyway, in a shield the timeout
     had not reached, and the session waited for that thread to return."""
     trace: list[str] = []
-    release = threading.Event()
-
-    def summary(turn: Turn):
-        trace.append("thread released" if release.wait(5) else "thread gave up waiting")
-        return cont(turn)
-
+    summary = HeldThread(trace)
     pipe = Pipeline(
         model=ScriptedModel(["ok"]),
         post=[hook(summary, name=f"summary{i}", background=True) for i in range(3)],
@@ -149,7 +155,7 @@ async def test_a_background_hook_not_started_at_the_drain_timeout_starts_no_thre
     async with pipe.session(log=MemoryLog(), conversation_id="c", drain_timeout=0) as session:
         await session.send("hi")
     trace.append("session returned")
-    release.set()
+    summary.release.set()
 
     assert trace[0] == "session returned"
     failed = [event.hook for event in session.events if isinstance(event, ev.HookFailed)]
@@ -161,13 +167,7 @@ async def test_a_cancellation_during_the_drain_abandons_a_sync_background_hooks_
     closing at its --drain-timeout) waited for a sync background hook's worker thread to
     return, up to the session's own drain timeout, though the hook was reported cut."""
     trace: list[str] = []
-    started, release = threading.Event(), threading.Event()
-
-    def summary(turn: Turn):
-        started.set()
-        trace.append("thread released" if release.wait(5) else "thread gave up waiting")
-        return cont(turn)
-
+    summary = HeldThread(trace)
     pipe = Pipeline(
         model=ScriptedModel(["ok"]), post=[hook(summary, name="summary", background=True)]
     )
@@ -184,10 +184,10 @@ async def test_a_cancellation_during_the_drain_abandons_a_sync_background_hooks_
 
             sessions: list[Session] = []
             group.start_soon(converse)
-            await anyio.to_thread.run_sync(started.wait, 10)
+            await anyio.to_thread.run_sync(summary.started.wait, 10)
             scope.cancel()
     trace.append("session returned")
-    release.set()
+    summary.release.set()
 
     assert scope.cancelled_caught
     assert trace[0] == "session returned"
@@ -200,13 +200,7 @@ async def test_an_interrupt_ending_the_body_abandons_a_sync_background_hooks_thr
     sync background hook's worker thread to return, and up to its drain timeout for the hook
     (for ever with math.inf), where a cancellation arriving during the drain abandons it."""
     trace: list[str] = []
-    started, release = threading.Event(), threading.Event()
-
-    def summary(turn: Turn):
-        started.set()
-        trace.append("thread released" if release.wait(5) else "thread gave up waiting")
-        return cont(turn)
-
+    summary = HeldThread(trace)
     pipe = Pipeline(
         model=ScriptedModel(["ok"]), post=[hook(summary, name="summary", background=True)]
     )
@@ -219,13 +213,13 @@ async def test_an_interrupt_ending_the_body_abandons_a_sync_background_hooks_thr
         ) as session:
             sessions.append(session)
             await session.send("hi")
-            await anyio.to_thread.run_sync(started.wait, 10)
+            await anyio.to_thread.run_sync(summary.started.wait, 10)
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         await converse()
     trace.append("session returned")
-    release.set()
+    summary.release.set()
 
     assert trace[0] == "session returned"
     [failed] = [event for event in sessions[0].events if isinstance(event, ev.HookFailed)]
