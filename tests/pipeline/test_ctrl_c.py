@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGINT")
 
-DRAINING = """
+# The scripts' shared parts. Each runs `main` on the loop named by its first argument, with
+# a background hook `slow` that never ends, then prints what the session reported.
+SLOW_HOOK = """
 import math, sys
 import anyio
 from pipeline import Pipeline, cont, hook
@@ -25,10 +27,31 @@ from pipeline import events as ev
 from pipeline.logs import MemoryLog
 from pipeline.testing import ScriptedModel
 
+loop = sys.argv[1]
+
 async def slow(turn):
     await anyio.sleep(math.inf)
     return cont(turn)
+"""
 
+RUN_ON_THE_LOOP = """
+try:
+    if loop == "asyncio":
+        import asyncio
+        asyncio.run(main())
+    else:
+        import trio
+        trio.run(main)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+for event in sessions[0].events:
+    if isinstance(event, ev.HookFailed):
+        print("HookFailed:", event.hook, event.error, flush=True)
+"""
+
+DRAINING = (
+    SLOW_HOOK
+    + """
 pipe = Pipeline(
     model=ScriptedModel(["ok"]),
     post=[hook(slow, name="slow", background=True)],
@@ -43,20 +66,9 @@ async def main():
         sessions.append(session)
         await session.send("hi")
         print("draining", flush=True)
-
-try:
-    if sys.argv[1] == "asyncio":
-        import asyncio
-        asyncio.run(main())
-    else:
-        import trio
-        trio.run(main)
-except KeyboardInterrupt:
-    print("KeyboardInterrupt", flush=True)
-for event in sessions[0].events:
-    if isinstance(event, ev.HookFailed):
-        print("HookFailed:", event.hook, event.error, flush=True)
 """
+    + RUN_ON_THE_LOOP
+)
 
 
 def ctrl_c_while_draining(tmp_path: Path, loop: str) -> list[str]:
@@ -122,19 +134,10 @@ def test_ctrl_c_during_the_drain_tells_end_hooks_cancelled(tmp_path: Path, loop:
     assert "KeyboardInterrupt" in lines
 
 
-INTERRUPTED = """
-import math, sys
-import anyio
-from pipeline import Pipeline, cont, hook
-from pipeline import events as ev
-from pipeline.logs import MemoryLog
-from pipeline.testing import ScriptedModel
-
-loop, when = sys.argv[1:]
-
-async def slow(turn):
-    await anyio.sleep(math.inf)
-    return cont(turn)
+INTERRUPTED = (
+    SLOW_HOOK
+    + """
+when = sys.argv[2]
 
 pre_calls = []
 
@@ -163,21 +166,11 @@ async def main():
         else:
             print("between turns", flush=True)
             await anyio.sleep(math.inf)
-
-try:
-    if loop == "asyncio":
-        import asyncio
-        asyncio.run(main())
-    else:
-        import trio
-        trio.run(main)
-except KeyboardInterrupt:
-    print("KeyboardInterrupt", flush=True)
-for event in sessions[0].events:
-    if isinstance(event, ev.HookFailed):
-        print("HookFailed:", event.hook, event.error, flush=True)
-print("committed:", len(anyio.run(log.entries, "c")), flush=True)
 """
+    + RUN_ON_THE_LOOP
+    + """print("committed:", len(anyio.run(log.entries, "c")), flush=True)
+"""
+)
 
 
 @pytest.mark.parametrize("when", ["mid-turn", "between turns"])
