@@ -5,8 +5,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-import trio
 
 from tests.hooks.cli_support import TURNPLUG, environment, turnplug
 
@@ -181,17 +181,14 @@ async def demo_against(server: Any) -> "subprocess.CompletedProcess[bytes]":
     """`turnplug demo --model openai:local-model` against `server`, with a key."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     env |= {"OPENAI_API_KEY": "sk-local-test", "OPENAI_BASE_URL": f"{server.url}/v1"}
-    return await trio.run_process(
+    return await anyio.run_process(
         [TURNPLUG, "demo", "--model", "openai:local-model"],
-        capture_stdout=True,
-        capture_stderr=True,
         stdin=subprocess.DEVNULL,
         env=env,
         check=False,
     )
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_demo_with_a_model_and_its_key_talks_to_that_provider() -> None:
     # A real OpenAI-compatible server on loopback plays two attempts: the first leaks an
     # internal reference (the guardrail rejects it), the second an address split in two.
@@ -214,7 +211,6 @@ async def test_demo_with_a_model_and_its_key_talks_to_that_provider() -> None:
     assert "sk-local-test" not in out + done.stderr.decode()
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_demo_shows_a_model_s_escape_sequences_escaped() -> None:
     """Bug caught: the demo printed what a real model wrote as is (its rejected attempt, the
     messages and the reply), escape sequences and carriage returns included, for the
@@ -232,7 +228,6 @@ async def test_demo_shows_a_model_s_escape_sequences_escaped() -> None:
     assert not {"\x1b", "\x07", "\x9b", "\r"} & set(out)
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_demo_whose_model_exhausts_the_regenerations_exits_1() -> None:
     """Catches: `turnplug demo --model ...` exiting 0 when the provider's every attempt was
     rejected (outcome "exhausted"), where every other command exits 1 for a turn that did not
@@ -255,7 +250,6 @@ replacement = "[EMAIL]"
 """
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 @pytest.mark.parametrize("command", ["run", "chat"])
 async def test_run_and_chat_with_a_model_talk_to_it_instead_of_the_configs(
     tmp_path: Path, command: str
@@ -273,11 +267,10 @@ async def test_run_and_chat_with_a_model_talk_to_it_instead_of_the_configs(
         env |= {"OPENAI_API_KEY": "sk-local-test", "OPENAI_BASE_URL": f"{server.url}/v1"}
         argv = [TURNPLUG, command, str(config)]
         argv += ["hi"] if command == "run" else []
-        done = await trio.run_process(
+        done = await anyio.run_process(
             [*argv, "--model", "openai:local-model"],
-            capture_stdout=True,
-            capture_stderr=True,
-            stdin=b"hi\n" if command == "chat" else subprocess.DEVNULL,
+            input=b"hi\n" if command == "chat" else None,
+            stdin=None if command == "chat" else subprocess.DEVNULL,
             env=env,
             check=False,
         )

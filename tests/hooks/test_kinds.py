@@ -167,7 +167,6 @@ async def test_the_tokenizer_counts_injections() -> None:
 # -- real providers, over a loopback socket ---------------------------------------------------
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_an_openai_model_sends_its_name_defaults_and_key() -> None:
     async with wire.running(wire.stream(wire.openai_text(["Hi."]))) as server:
         pipe = pipeline_from_dict(
@@ -194,7 +193,6 @@ async def test_an_openai_model_sends_its_name_defaults_and_key() -> None:
     assert "sk-local" not in repr(pipe)
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_a_turn_that_shapes_its_request_wins_over_the_model_defaults() -> None:
     async with wire.running(wire.stream(wire.openai_text(["Hi."]))) as server:
         pipe = pipeline_from_dict(
@@ -225,7 +223,6 @@ def hot_by_extra(turn: Turn) -> Any:
     return cont(turn.with_request(extra={"temperature": 0.9}))
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_a_model_with_defaults_is_still_held_and_named_as_its_provider() -> None:
     """Bug: ``temperature`` or ``max_tokens`` in ``[model]`` wrapped the provider in a model
     that had no ``hold()``, so a session (and the CLI, and ``serve``) opened a connection per
@@ -258,7 +255,6 @@ async def test_a_model_with_defaults_is_still_held_and_named_as_its_provider() -
     assert [(e.model, e.provider) for e in called] == [("local-model", "openai")]
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 @pytest.mark.parametrize(
     ("pre", "sent"),
     [
@@ -327,7 +323,6 @@ async def test_a_model_whose_effective_options_raises_fails_as_the_model() -> No
         await collect(pipe, Turn.start("q"))
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_an_openai_base_url_defaults_to_the_environment() -> None:
     async with wire.running(wire.stream(wire.openai_text(["Hi."]))) as server:
         pipe = pipeline_from_dict(
@@ -338,7 +333,6 @@ async def test_an_openai_base_url_defaults_to_the_environment() -> None:
     assert [r.path for r in server.requests] == ["/v1/chat/completions"]
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_an_anthropic_model_sends_its_name_limits_and_key() -> None:
     async with wire.running(wire.stream(wire.anthropic_text(["Hi."]))) as server:
         pipe = pipeline_from_dict(
@@ -455,7 +449,6 @@ async def test_a_judge_asks_its_own_model_and_rejects_with_its_reason() -> None:
     assert result.reply.text == "Ask the shop."
 
 
-@pytest.mark.trio_only  # the loopback provider server (tests/providers) runs on trio
 async def test_a_judge_model_is_declared_like_the_model_table() -> None:
     # The same keys as [model]: here an OpenAI-compatible server, over a loopback socket.
     async with wire.running(wire.stream(wire.openai_text(["PASS"]))) as server:
