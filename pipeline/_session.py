@@ -447,6 +447,10 @@ class Session:
                     f"cut short: background hook {step.name!r} raised {type(exc).__name__},"
                     " which stopped the session; nothing of it was committed"
                 )
+                # The program is stopping, as at an interrupt ending the body: not held
+                # back by another background hook's thread either.
+                for scope in self._threads:
+                    scope.cancel()
             else:
                 # One raised later (as it was cut short, say) rides along, as a parallel
                 # group's does (`stopping_interrupt`).

@@ -226,3 +226,54 @@ async def test_an_interrupt_ending_the_body_abandons_a_sync_background_hooks_thr
     assert failed.error == (
         "cut short: the session was interrupted (KeyboardInterrupt); nothing of it was committed"
     )
+
+
+async def test_a_background_hooks_interrupt_abandons_a_sibling_hooks_thread() -> None:
+    """Bug caught: a background hook raising SystemExit stopped the session but left it
+    waiting for another sync background hook's worker thread to return, where an interrupt
+    ending the body abandons that thread at once."""
+    trace: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    async def exiting(turn: Turn):
+        await anyio.to_thread.run_sync(started.wait, 10)
+        raise SystemExit(3)
+
+    def summary(turn: Turn):
+        started.set()
+        trace.append("thread released" if release.wait(5) else "thread gave up waiting")
+        return cont(turn)
+
+    pipe = Pipeline(
+        model=ScriptedModel(["ok"]),
+        post=[
+            hook(exiting, name="exiting", background=True),
+            hook(summary, name="summary", background=True),
+        ],
+    )
+
+    sessions: list[Session] = []
+
+    async def converse() -> None:
+        async with pipe.session(
+            log=MemoryLog(), conversation_id="c", drain_timeout=math.inf
+        ) as session:
+            sessions.append(session)
+            await session.send("hi")
+            await anyio.sleep(math.inf)
+
+    with pytest.raises(SystemExit):
+        await converse()
+    trace.append("session returned")
+    release.set()
+
+    assert trace[0] == "session returned"
+    failed = [event for event in sessions[0].events if isinstance(event, ev.HookFailed)]
+    assert [(event.hook, event.error) for event in failed] == [
+        ("exiting", "SystemExit: 3"),
+        (
+            "summary",
+            "cut short: background hook 'exiting' raised SystemExit, which stopped the"
+            " session; nothing of it was committed",
+        ),
+    ]
