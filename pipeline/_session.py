@@ -91,8 +91,8 @@ class Session:
         self._task_group = task_group
         self._lock = anyio.Lock()
         self._running = 0  # background hooks still running
-        # The worker threads of sync background hooks, abandoned when the hooks are cut (the
-        # drain timeout, a cancellation during the drain, an interrupt ending the body).
+        # The worker threads of sync background hooks, abandoned when the hooks are cut
+        # (`_cut`: the drain timeout, a cancellation during the drain, an interrupt).
         self._threads: set[anyio.CancelScope] = set()
         # A background hook's KeyboardInterrupt or SystemExit, raised when the block is left.
         self._interrupt: BaseException | None = None
@@ -443,14 +443,11 @@ class Session:
             # The session stops: its turn and other background hooks are cancelled.
             if self._interrupt is None:
                 self._interrupt = exc
-                self._abandon(
+                # The program is stopping, as at an interrupt ending the body.
+                self._cut(
                     f"cut short: background hook {step.name!r} raised {type(exc).__name__},"
                     " which stopped the session; nothing of it was committed"
                 )
-                # The program is stopping, as at an interrupt ending the body: not held
-                # back by another background hook's thread either.
-                for scope in self._threads:
-                    scope.cancel()
             else:
                 # One raised later (as it was cut short, say) rides along, as a parallel
                 # group's does (`stopping_interrupt`).
@@ -475,6 +472,7 @@ class Session:
             with anyio.move_on_after(timeout):
                 await self._idle.wait()
         except BaseException as exc:
+            # A background hook's interrupt has cut them already, with its own reason.
             if self._running and self._interrupt is None:
                 why = self._cut_short  # the session was cancelled
                 if isinstance(exc, KeyboardInterrupt | SystemExit):
@@ -483,26 +481,27 @@ class Session:
                         f"cut short: the session was interrupted ({type(exc).__name__}) while"
                         " it drained its background hooks; nothing of it was committed"
                     )
-                self._abandon(why)
-            # Their threads too, as at the timeout: a cancellation once the body returned
-            # (the gateway's drain timeout, say) is not held back by a thread.
-            for scope in self._threads:
-                scope.cancel()
+                # Threads too, as at the timeout: a cancellation once the body returned
+                # (the gateway's drain timeout, say) is not held back by a thread.
+                self._cut(why)
             raise
         if self._running:
-            self._abandon(
+            self._cut(
                 f"did not finish within the session's drain timeout of {timeout} s and was"
                 " cancelled; nothing of it was committed"
             )
-            # A thread cannot be interrupted: the timeout abandons it, as a hook's own
-            # does (it runs on; what it returns is dropped), not waited for past it.
-            for scope in self._threads:
-                scope.cancel()
 
-    def _abandon(self, why: str) -> None:
-        """Cancel the background hooks still running; each reports itself with `why`."""
+    def _cut(self, why: str) -> None:
+        """Cancel the background hooks still running, each reporting `why`, and abandon their
+        worker threads.
+
+        A thread cannot be interrupted: abandoned, as at a hook's own timeout, it runs on and
+        what it returns is dropped; the session does not wait for it.
+        """
         self._cut_short = why
         self._task_group.cancel_scope.cancel()
+        for scope in self._threads:
+            scope.cancel()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -767,12 +766,10 @@ async def _session(
                     if interrupt is not None:
                         # Not held back by the drain timeout, nor by a thread: the program
                         # is stopping, as when the interrupt comes during the drain.
-                        session._abandon(
+                        session._cut(
                             f"cut short: the session was interrupted"
                             f" ({type(interrupt).__name__}); nothing of it was committed"
                         )
-                        for thread in session._threads:
-                            thread.cancel()
                     elif reason == "cancelled":
                         task_group.cancel_scope.cancel()
                     else:
