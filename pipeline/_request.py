@@ -96,8 +96,7 @@ def check_context(
             fix = (
                 _fixed_fix(sizes, budget.context_tokens)
                 or _regeneration_fix(runner, extra, tokens, budget.context_tokens, count)
-                or _compact_fix(runner, turn, count)
-                or _target_fix(runner, turn, sizes, tokens, count)
+                or _history_fix(runner, turn, sizes, tokens, count)
                 or fix
             )
         raise ContextOverflow(
@@ -170,21 +169,38 @@ def _regeneration_fix(
     )
 
 
-def _compact_fix(runner: Runner, turn: Turn, count: Callable[[str], int]) -> str:
-    # A history over the target of compact=: the compactor's own output is its fault; a
-    # history a pre hook replaced after it, or one it failed to compact, is not.
+def _history_fix(
+    runner: Runner,
+    turn: Turn,
+    sizes: list[tuple[str, int]],
+    tokens: int,
+    count: Callable[[str], int],
+) -> str:
+    # The history against the target of compact=. Over it, the compactor's own output is its
+    # fault; a history a pre hook replaced after it, or one it failed to compact, is not.
+    # Within it, the history still does not fit: the target counts the history alone, not
+    # the system prompt, the turn's own message or the tool specs.
     budget, compact = runner.plan.budget, runner.plan.compact
     if budget is None or compact is None:
         return ""
     history = turn.context.messages
-    tokens = message_tokens(history, count)
-    if tokens <= budget.history_target:
-        return ""
+    held = message_tokens(history, count)
     target = f"the target of {budget.history_target} given to compact= {compact.name!r}"
+    if held <= budget.history_target:
+        fixed = sum(size for _, size in sizes)
+        rest = tokens - held - fixed
+        room = budget.context_tokens - fixed - budget.injection_reserve
+        keep = f", or have the compactor keep the history within {room} tokens" if room > 0 else ""
+        return (
+            f"the history sent holds {held} tokens, within {target}, but that target counts"
+            f" the history alone: {_listed(sizes)} add {fixed}"
+            + (f" and the injections {rest}" if rest > 0 else "")
+            + f" — raise context_tokens, {_shorten(sizes)}{keep}"
+        )
     compacted, viewed_by = runner.compacted, runner.viewed_by
     if compacted is None:
         fix = (
-            f"the history sent holds {tokens} tokens, over {target}: the compactor failed"
+            f"the history sent holds {held} tokens, over {target}: the compactor failed"
             " this turn and, failing open (on_error='skip'), left the history as it was given"
         )
         if viewed_by is not None:
@@ -192,41 +208,14 @@ def _compact_fix(runner: Runner, turn: Turn, count: Callable[[str], int]) -> str
         return f"{fix} — the warning it logged says why"
     if history is compacted or history == compacted:
         return (
-            f"the history sent holds {tokens} tokens, over {target} — have it drop or"
-            " summarize more"
+            f"the history sent holds {held} tokens, over {target} — have it drop or summarize more"
         )
     left = message_tokens(compacted, count)
     by = f"hook {viewed_by}" if viewed_by is not None else "a pre hook"
     return (
-        f"the history sent holds {tokens} tokens, over {target}, which returned {left};"
+        f"the history sent holds {held} tokens, over {target}, which returned {left};"
         f" {by} replaced the history after it — have that hook keep the history within the"
         " target"
-    )
-
-
-def _target_fix(
-    runner: Runner,
-    turn: Turn,
-    sizes: list[tuple[str, int]],
-    tokens: int,
-    count: Callable[[str], int],
-) -> str:
-    # A history within the target of compact= that still does not fit: the target counts
-    # the history alone, not the system prompt, the turn's own message or the tool specs.
-    budget, compact = runner.plan.budget, runner.plan.compact
-    if budget is None or compact is None:
-        return ""
-    history = message_tokens(turn.context.messages, count)
-    fixed = sum(size for _, size in sizes)
-    rest = tokens - history - fixed
-    room = budget.context_tokens - fixed - budget.injection_reserve
-    keep = f", or have the compactor keep the history within {room} tokens" if room > 0 else ""
-    return (
-        f"the history sent holds {history} tokens, within the target of"
-        f" {budget.history_target} given to compact= {compact.name!r}, but that target counts"
-        f" the history alone: {_listed(sizes)} add {fixed}"
-        + (f" and the injections {rest}" if rest > 0 else "")
-        + f" — raise context_tokens, {_shorten(sizes)}{keep}"
     )
 
 
