@@ -41,7 +41,7 @@ from ._parallel import run_group
 from ._plan import Group, Plan, PreStep, Step
 from ._request import build_request
 from ._result import TurnResult
-from ._runner import RUNNING, Emit, Runner, check_history, raised_by, split_exchange
+from ._runner import RUNNING, Emit, Runner, check_exchange, check_history, raised_by
 from ._signals import Cont, Halt, Regenerate
 from ._toolloop import answer
 from ._tools import CURRENT_TOOLS, Tool
@@ -204,9 +204,7 @@ class Drive(Runner):
         result, elapsed = called
         try:
             messages = check_history(step, result)
-            split = split_exchange(step, self.given, turn.user_message, messages)
-            if split is not None:
-                raise split
+            check_exchange(step, self.given, turn.user_message, messages)
         except HookReturnError as error:
             self.fail(step, error, elapsed)
             return turn
@@ -748,9 +746,7 @@ def _check_unchanged(step: Step, before: Turn, after: Turn, given: tuple[Message
         )
     if step.stage != "post" and after.context.messages is not before.context.messages:
         # (A post hook's history is never sent: the request went out before it ran.)
-        split = split_exchange(step, given, before.user_message, after.context.messages)
-        if split is not None:
-            raise split
+        check_exchange(step, given, before.user_message, after.context.messages)
     if after.context.tools != before.context.tools:
         raise HookReturnError(
             f"hook {step.label} changed the context's tools from"

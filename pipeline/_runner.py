@@ -100,7 +100,7 @@ class Runner:
         self.turn_ref = ""
         self.tools: tuple[str, ...] = ()
         # The history the turn began with, before any view (``compact=``, pre hooks): a call
-        # already split from its result there is not a view's fault (`split_exchange`).
+        # already split from its result there is not a view's fault (`check_exchange`).
         self.given: tuple[Message, ...] = ()
         # The history ``compact=`` returned (None: it failed open, or there is none), and the
         # last pre hook that replaced the history after it: who a ContextOverflow blames.
@@ -755,11 +755,11 @@ def check_history(step: Step, messages: object) -> tuple[Message, ...]:
     return tuple(messages)
 
 
-def split_exchange(
+def check_exchange(
     step: Step, given: tuple[Message, ...], last: Message, messages: tuple[Message, ...]
-) -> HookReturnError | None:
-    """The error for a history view `step` made (``compact=``, a pre hook replacing the
-    history) that parts a tool call from its result, or None.
+) -> None:
+    """Raise `HookReturnError` for a history view `step` made (``compact=``, a pre hook
+    replacing the history) that parts a tool call from its result.
 
     Every provider refuses a tool result that answers no call right before it, and a call
     whose result does not follow: sent, the turn would fail as the provider's 400, naming no
@@ -770,13 +770,13 @@ def split_exchange(
     """
     if messages is given:
         # The history as the turn began: whatever is broken in it is its own.
-        return None
+        return
     broken = broken_calls(messages, last)
     if broken:
         for call_id in broken_calls(given, last):
             broken.pop(call_id, None)
     if not broken:
-        return None
+        return
     call_id, (kind, index) = next(iter(broken.items()))
     fix = (
         "keep or drop an assistant message with tool calls together with the tool messages"
@@ -800,7 +800,7 @@ def split_exchange(
                 " message answers"
             )
     who = step.label if step.stage == "compact" else f"hook {step.label}"
-    return HookReturnError(
+    raise HookReturnError(
         f"{who} returned a history in which {problem}: no provider accepts it — {fix}",
         hook=step.name,
         stage=step.stage,
