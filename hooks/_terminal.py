@@ -98,6 +98,9 @@ def _json_escape_keeping_bytes(error: UnicodeError) -> tuple[str | bytes, int]:
 
 _JSON_ESCAPE = "turnplug.json_escape"
 _JSON_ESCAPE_KEEPING_BYTES = "turnplug.json_escape_keeping_bytes"
+# Registered once, for the process: a codec looks its error handler up by name at each write.
+codecs.register_error(_JSON_ESCAPE, _json_escape)
+codecs.register_error(_JSON_ESCAPE_KEEPING_BYTES, _json_escape_keeping_bytes)
 # The handlers that fail, each with the one `escaping_unencodable` sets in its place.
 _TAKEN_OVER = {"strict": _JSON_ESCAPE, "surrogateescape": _JSON_ESCAPE_KEEPING_BYTES}
 
@@ -120,15 +123,11 @@ def escaping_unencodable(stream: object) -> Iterator[None]:
         yield
         return
     with _ESCAPING_LOCK:
-        own = str(stream.errors)
-        held = stream in _ESCAPING or own in _TAKEN_OVER
-        if held and stream not in _ESCAPING:
-            codecs.register_error(_JSON_ESCAPE, _json_escape)
-            codecs.register_error(_JSON_ESCAPE_KEEPING_BYTES, _json_escape_keeping_bytes)
-            _ESCAPING[stream] = (0, own)
-            stream.reconfigure(errors=_TAKEN_OVER[own])
+        count, own = _ESCAPING.get(stream, (0, str(stream.errors)))
+        held = own in _TAKEN_OVER
         if held:
-            count, own = _ESCAPING[stream]
+            if not count:
+                stream.reconfigure(errors=_TAKEN_OVER[own])
             _ESCAPING[stream] = (count + 1, own)
     if not held:
         yield
