@@ -3,6 +3,7 @@ hooks and post-stage guardrails."""
 
 import difflib
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping
 from typing import ClassVar, Literal, TypeAlias, final
@@ -23,6 +24,7 @@ from turns import Turn
 
 from .._guardrails import deny, guardrail, judge, max_length
 from .._inject import retrieve
+from .._redact import matches_empty
 from .._tool_call import inject_tool_call
 from ._entry import Env, HookEntry, doc, exactly_one, raise_all, required_with, within
 from ._models import ModelSpec
@@ -163,7 +165,13 @@ class Ttl:
         """The time to live, in seconds."""
         unit = exactly_one(self)
         value: float = getattr(self, unit)
-        return value * {"seconds": 1, "minutes": 60, "hours": 3600}[unit]
+        total = value * {"seconds": 1, "minutes": 60, "hours": 3600}[unit]
+        if not math.isfinite(total):
+            raise Invalid(
+                f"expected a number of {unit} whose seconds a float can hold, got {value:g}",
+                key=unit,
+            )
+        return total
 
 
 @final
@@ -330,7 +338,7 @@ def _deny_problems(patterns: tuple[re.Pattern[str], ...]) -> Iterator[Invalid]:
     if not patterns:
         yield Invalid("deny needs at least one pattern", key="deny")
     for index, pattern in enumerate(patterns):
-        if pattern.search("") is not None:
+        if matches_empty(pattern):
             yield Invalid(
                 f"{json.dumps(pattern.pattern)} matches the empty string, so it would reject"
                 " every reply — require at least one character",

@@ -164,7 +164,11 @@ def check_positive(value: Any) -> int:
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of more digits than a float holds (TOML reads any)
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _positive(unit: str) -> Callable[[Any], float]:

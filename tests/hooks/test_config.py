@@ -863,6 +863,36 @@ def test_every_deny_pattern_that_matches_the_empty_string_is_named() -> None:
     assert '"a*" matches the empty string' in problems[0][1]
 
 
+def test_a_pattern_that_matches_only_an_empty_string_between_characters_is_named() -> None:
+    """Bug caught: a deny or scrub pattern that matches no empty text but an empty place in
+    one (a word boundary, a lookbehind) passed the loader's check and was refused by the
+    hook's own, at the entry with a position counted from 1, not at the pattern's path."""
+    deny = {"kind": "guardrail", "deny": ["ok", r"\b"], "feedback": "No."}
+    ((path, message),) = _post_problems(deny)
+    assert path == "post[1].deny[1]"
+    assert "matches the empty string" in message
+    scrub = {"kind": "scrub", "patterns": ["ok", r"(?<=a)x*"]}
+    assert [where for where, _ in _problems({"pre": [scrub], "after_tool": [scrub]})] == [
+        "pre[0].patterns[1]",
+        "after_tool[0].patterns[1]",
+    ]
+
+
+def test_an_integer_too_large_for_a_float_is_a_problem_saying_what_was_expected() -> None:
+    """Bug caught: an integer of more digits than a float holds (TOML and JSON read any) as a
+    number of seconds or a temperature was reported as Python's OverflowError, not as the
+    number the key expects."""
+    huge = 10**400
+    data = {
+        "model": {"provider": "openai", "name": "m", "api_key_env": "", "temperature": huge},
+        "pre": [{"kind": "static", "text": "x", "timeout": huge}],
+    }
+    problems = dict(_problems(data))
+    assert "expected a number between 0 and 2, got 1000" in problems["model.temperature"]
+    assert "expected a positive number of seconds, got 1000" in problems["pre[0].timeout"]
+    assert "Overflow" not in "".join(problems.values())
+
+
 def test_a_deny_guardrail_needs_a_pattern() -> None:
     problems = _post_problems({"kind": "guardrail", "deny": [], "feedback": "No."})
     assert problems == [("post[1].deny", "deny needs at least one pattern")]
@@ -1156,6 +1186,17 @@ def test_tool_call_options_are_checked(changes: dict[str, Any], path: str, expec
     ((where, message),) = _problems(_tools(pre=[entry | changes]))
     assert where == path
     assert expected in message
+
+
+def test_a_refresh_too_long_to_count_in_seconds_is_a_problem_of_its_unit() -> None:
+    """Bug caught: hours or minutes whose seconds overflow a float (1e306 hours) were
+    reported at the entry's arguments, as inject_tool_call's refusal of an infinite ttl."""
+    entry = {"kind": "tool_call", "tool": "get_preferences", "arguments": {"user": "a"}}
+    ((where, message),) = _problems(
+        _tools(pre=[entry | {"refresh": {"kind": "ttl", "hours": 1e306}}])
+    )
+    assert where == "pre[0].refresh.hours"
+    assert "seconds a float can hold, got 1e+306" in message
 
 
 def test_an_unknown_refresh_kind_is_not_sent_to_another_list() -> None:
