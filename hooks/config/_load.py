@@ -45,7 +45,7 @@ from ._entry import Env
 from ._file import STAGE_LISTS, TAGGED, Config
 from ._hooks import MemberEntry
 from ._schema import schema_of
-from ._types import CHECKS, FOLDER, Invalid, Ref, ToolRef, shown
+from ._types import CHECKS, FAILED, FOLDER, Invalid, Ref, ToolRef, shown
 
 _Problem = tuple[str, str]
 """The path of a value (``pre[2].ref``; ``""`` for the whole file) and what is wrong."""
@@ -437,14 +437,16 @@ def _build(
     env: Env,
     data: Mapping[str, Any],
     model: Model | None = None,
-) -> tuple[dict[str, Any], list[_Problem]]:
-    """Build every entry; the keyword arguments of `Pipeline` and the problems met.
+) -> tuple[dict[str, Any], list[_Problem], list[BaseException]]:
+    """Build every entry; the keyword arguments of `Pipeline`, the problems met and what
+    the config's own code raised under them (`_causes`).
 
     The tools are built first: entries that name a tool (``tool_call``, a tool hook's
     ``match``) are checked against them. With `model`, the config's model is not built (its
     API key is not needed): `model` answers instead.
     """
     problems: list[_Problem] = []
+    causes: list[BaseException] = []
 
     def attempt(path: str, build: Callable[[Env], Any]) -> Any:
         try:
@@ -452,6 +454,7 @@ def _build(
         except* Invalid as group:
             for exc in _leaves(group):
                 problems.append((_join(path, exc.key) if exc.key else path, str(exc)))
+            causes.extend(_causes(group))
         except* ConfigError as group:
             problems.extend((path, str(exc)) for exc in _leaves(group))
         return None
@@ -552,7 +555,18 @@ def _build(
                 " injection_reserve = ... }",
             )
         )
-    return built, problems
+    return built, problems, causes
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """What the config's own code raised (a module failing to import, a factory), under
+    the problems in `exc`: the cause of the `ConfigError`, whose traceback (``--debug``)
+    shows where in that code it happened."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _causes(inner)
+    elif isinstance(exc, Invalid) and exc.__cause__ is not None:
+        yield exc.__cause__
 
 
 def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[Any]:
@@ -647,10 +661,13 @@ def _resolve(
             source=source,
             problems=(("", f"expected a table of settings at the top level, got {shown(data)}"),),
         )
+    token = FAILED.set({})
     try:
         return _resolve_checked(data, source, environ, offline, model, folder)
     except RecursionError:
         raise _too_deep(source) from None
+    finally:
+        FAILED.reset(token)
 
 
 def _resolve_checked(
@@ -667,11 +684,13 @@ def _resolve_checked(
         config = _converter.structure(data, Config)
     except Exception as exc:
         problems.extend(_problems(exc, ""))
+        causes = list(_causes(exc))
         config, positions, dropped = _salvage(data)
     else:
-        dropped = []
+        causes, dropped = [], []
     env = Env(os.environ if environ is None else environ, offline=offline, folder=folder)
-    built, more = _build(config, positions, env, data, model)
+    built, more, raised = _build(config, positions, env, data, model)
+    causes.extend(raised)
     problems.extend(problem for problem in more if not _related(problem[0], dropped))
     if not problems:
         if "model" not in built:
@@ -690,7 +709,14 @@ def _resolve_checked(
         else:
             return _Loaded(source, config, pipeline)
     problems.sort(key=lambda problem: _order(data, problem[0]))
-    raise _error(source, problems)
+    error = _error(source, problems)
+    # One module failing to import is named by each ref to it, with one cause.
+    distinct = list({id(cause): cause for cause in causes}.values())
+    if len(distinct) == 1:
+        raise error from distinct[0]
+    if distinct:
+        raise error from BaseExceptionGroup("what the config's own code raised", distinct)
+    raise error
 
 
 def _error(source: str, problems: list[_Problem]) -> ConfigError:

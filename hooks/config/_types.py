@@ -397,7 +397,28 @@ FOLDER: ContextVar[str | None] = ContextVar("FOLDER", default=None)
 """The directory of the config file being loaded, whose modules its refs name first."""
 
 
+FAILED: ContextVar[dict[str, Invalid] | None] = ContextVar("FAILED", default=None)
+"""The modules whose import failed while the current config loads, and the problem said:
+such a module is imported once per load, however many refs name it (Python keeps no failed
+module, and would run its code, side effects included, again for each)."""
+
+
 def _import(module_name: str) -> Any:
+    failed = FAILED.get()
+    if failed is not None and module_name in failed:
+        known = failed[module_name]
+        raise Invalid(str(known)) from known.__cause__
+    try:
+        return _import_now(module_name)
+    except Invalid as exc:
+        if failed is not None:
+            failed[module_name] = exc
+        raise
+
+
+def _import_now(module_name: str) -> Any:
+    """The module, imported; `Invalid` saying why not, caused by what its own code raised
+    (its traceback, which ``--debug`` shows)."""
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -406,9 +427,9 @@ def _import(module_name: str) -> Any:
                 f"cannot import {module_name!r}: no such module — check the spelling; a module"
                 " next to the config file, or installed in this environment, is found"
             ) from None
-        raise Invalid(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+        raise Invalid(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:  # the module's own code failed: say how, keep going
-        raise Invalid(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+        raise Invalid(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
     except SystemExit as exc:
         # A module that exits when imported (a script's `sys.exit()` run at the top level)
         # would end the loading process silently. Ctrl-C (KeyboardInterrupt) still stops it.
@@ -416,7 +437,7 @@ def _import(module_name: str) -> Any:
             f"importing {module_name!r} called sys.exit({exc.code!r}) — a module a config"
             " names must not exit when imported; guard its script part with"
             ' `if __name__ == "__main__":`'
-        ) from None
+        ) from exc
     _check_beside(module_name)
     return module
 

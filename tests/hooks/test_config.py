@@ -3,6 +3,7 @@
 import json
 import pickle
 import re
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -325,6 +326,52 @@ def test_a_module_that_fails_to_import_says_how(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_pipeline(tmp_path / "c.toml")
     assert "RuntimeError: boom at import" in str(caught.value)
+
+
+def test_the_traceback_of_what_a_referenced_module_raised_is_kept(tmp_path: Path) -> None:
+    """Bug caught: the exception a module raised as it was imported (or a transformer
+    factory as it was called) was dropped, so `turnplug --debug` showed the loader's
+    traceback and not the line of the user's code that failed."""
+    (tmp_path / "fails_deep_inside.py").write_text(
+        "def helper_that_fails():\n    raise RuntimeError('deep')\n\nhelper_that_fails()\n"
+    )
+    (tmp_path / "raising_factory.py").write_text(
+        "def factory():\n    raise LookupError('no transformer today')\n"
+    )
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[[pre]]\nkind = "python"\nref = "fails_deep_inside:fn"\n'
+        '[[transformers]]\nkind = "python"\nref = "raising_factory:factory"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    shown = "".join(traceback.format_exception(caught.value))
+    assert "in helper_that_fails" in shown
+    assert "raise RuntimeError('deep')" in shown
+    assert "raise LookupError('no transformer today')" in shown
+
+
+def test_a_module_that_fails_to_import_is_imported_once_per_load(tmp_path: Path) -> None:
+    """Bug caught: Python keeps no module that failed to import, so each ref naming it (and
+    the loader's second look at a file with a mistake) ran its code again, side effects
+    included: four times for two refs."""
+    runs = tmp_path / "runs.txt"
+    (tmp_path / "fails_with_a_side_effect.py").write_text(
+        f"with open({str(runs)!r}, 'a') as f:\n    f.write('ran\\n')\nraise RuntimeError('no')\n"
+    )
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[[pre]]\nkind = "python"\nref = "fails_with_a_side_effect:one"\n'
+        '[[pre]]\nkind = "python"\nref = "fails_with_a_side_effect:two"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    assert [where for where, _ in caught.value.problems] == ["pre[0].ref", "pre[1].ref"]
+    assert all("RuntimeError: no" in message for _, message in caught.value.problems)
+    assert runs.read_text() == "ran\n"
+    with pytest.raises(ConfigError):
+        load_pipeline(path)  # another load imports it anew: it may have been fixed
+    assert runs.read_text() == "ran\nran\n"
 
 
 def test_a_missing_attribute_is_named() -> None:
