@@ -27,13 +27,16 @@ def failed(args: argparse.Namespace, exc: BaseException) -> int | None:
     if isinstance(exc, KeyboardInterrupt):
         return 130
     if isinstance(exc, PipelineError):
-        if args.debug:
-            return None
-        # A config error is one line per problem already; any other error is one line.
-        text = str(exc) if isinstance(exc, ConfigError) and exc.problems else one_line(str(exc))
         # A bad config, or a log that cannot be opened, is the caller's to fix (2), said in
         # full; a turn that failed did not complete (1), and its cause is in the traceback.
         fix = isinstance(exc, ConfigError | LogError)
+        if args.debug:
+            # The traceback, and the status the error gives without --debug (Python's own
+            # exit on an uncaught exception, 1, would pass a bad config off as a turn's failure).
+            traceback.print_exception(exc)
+            return 2 if fix else 1
+        # A config error is one line per problem already; any other error is one line.
+        text = str(exc) if isinstance(exc, ConfigError) and exc.problems else one_line(str(exc))
         hint = "" if fix else " (run with --debug for the traceback)"
         print(f"turnplug: error: {type(exc).__name__}: {text}{hint}", file=sys.stderr)
         return 2 if fix else 1

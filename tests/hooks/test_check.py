@@ -561,7 +561,7 @@ def test_a_config_with_ten_errors_reports_all_ten(tmp_path: Path) -> None:
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     done = turnplug("check", tmp_path / "absent.toml", "--debug")
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert "Traceback" in done.stderr
     assert "ConfigError" in done.stderr
 
@@ -602,3 +602,19 @@ def test_check_of_a_directory_says_it_is_a_directory(tmp_path: Path) -> None:
     done = turnplug("check", tmp_path)
     assert done.returncode == 2
     assert f"{tmp_path}: is a directory, not a config file" in done.stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_with_debug_a_config_error_shows_its_traceback_and_still_exits_2(
+    tmp_path: Path, where: str
+) -> None:
+    """Bug caught: --debug re-raised a config error for Python to print, which exits 1, the
+    status of a turn that failed, where the same config without --debug exits 2."""
+    (tmp_path / "broken_on_import.py").write_text("raise RuntimeError('broken here')\n")
+    config = write_config(tmp_path, '[[pre]]\nkind = "python"\nref = "broken_on_import:f"\n')
+    args = ["--debug", "check", config] if where == "before" else ["check", config, "--debug"]
+    done = turnplug(*args)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" in done.stderr
+    assert "raise RuntimeError('broken here')" in done.stderr
+    assert done.stderr.rstrip().splitlines()[-1].endswith("RuntimeError: broken here")
