@@ -35,7 +35,8 @@ OPTIONAL_IMPORTS = {
     "jsonschema": {"pipeline/_mcp.py"},
     # The SDK's own validation error, read to tell a server what its answer lacked.
     "pydantic": {"pipeline/_mcp.py"},
-    "opentelemetry": {"pipeline/otel.py"},
+    # pipeline.otel; the gateway reads a request's trace context (`turnplug serve --otel`).
+    "opentelemetry": {"pipeline/otel.py", "hooks/cli/_gateway.py"},
     # The tiktoken extra: tiktoken_tokenizer imports it when called.
     "tiktoken": {"pipeline/_budget.py"},
 }

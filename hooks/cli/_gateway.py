@@ -18,6 +18,7 @@ import logging
 import math
 import re
 import secrets
+import sys
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ from starlette.routing import Route
 
 from pipeline import (
     BudgetError,
+    ConfigError,
     Cont,
     Halt,
     Hook,
@@ -134,6 +136,11 @@ class Settings:
         secrets: Values that must never leave the gateway (the upstream key, the gateway
             key): scrubbed from every error and page event as a last line of defence.
         recent: How many page events are kept for a page that opens later.
+        otel: Each request's turn joins its client's trace: the trace context of the
+            request's headers (W3C ``traceparent``, read with OpenTelemetry's global
+            propagator) is the current context where the turn is set up, so the turn's span
+            (`pipeline.otel`, which whoever serves the gateway instruments) is its child.
+            Needs OpenTelemetry (``turnplug[otel]``).
     """
 
     model: str
@@ -143,6 +150,7 @@ class Settings:
     turn_timeout: float = 300.0
     secrets: tuple[str, ...] = ()
     recent: int = 500
+    otel: bool = False
 
 
 # -- the page's feed --------------------------------------------------------------------------
@@ -1363,9 +1371,14 @@ class _Endpoint:
             return
         turn_ref: str = scope["turnplug.request_id"]
         gateway._flying.add(turn_ref)
+        # In the request's own task, before its turn is set up: a stateless turn starts
+        # here, a conversation's session task starts with a copy of this context.
+        token = _join_client_trace(scope) if gateway.settings.otel else None
         try:
             await self._answer(scope, receive, send, request, conversation, turn_ref)
         finally:
+            if token is not None:
+                _leave_client_trace(token)
             gateway._turn_ended(turn_ref)
 
     async def _answer(
@@ -1608,6 +1621,66 @@ async def _start_stream(send: Send) -> None:
 
 async def _frame(send: Send, data: bytes, more: bool = True) -> None:
     await send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+def _join_client_trace(scope: Scope) -> Any:
+    """Make the trace context of the request's headers (``traceparent``, ``tracestate``, or
+    whatever the global propagator reads) the current one; the token to leave it with.
+
+    Without such headers, the context has no span: the turn starts a trace of its own. When
+    a span is current already (an ASGI instrumentation's server span, itself a child of the
+    client's), it is left as it is: the turn is its child.
+    """
+    from opentelemetry import context, propagate, trace
+
+    if trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: dict[str, list[str]] = {}
+    for name, value in scope["headers"]:
+        carrier.setdefault(name.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+    return context.attach(propagate.extract(carrier))
+
+
+def _leave_client_trace(token: Any) -> None:
+    from opentelemetry import context
+
+    context.detach(token)
+
+
+def instrument_turns() -> tuple[Callable[[], None], bool]:
+    """Trace every turn with the global tracer provider (`pipeline.otel`), for ``turnplug
+    serve --otel``: the function that stops it, and whether a provider is set already (one
+    that is not yet traces nothing until it is).
+
+    Raises:
+        ConfigError: OpenTelemetry is not installed.
+    """
+    try:
+        from opentelemetry import trace
+
+        from pipeline import otel
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("opentelemetry"):
+            raise
+        raise ConfigError(
+            "--otel traces turns with OpenTelemetry, which is not installed: install the"
+            " extra with pip install 'turnplug[otel]' (and, to export the traces,"
+            " opentelemetry-distro with an exporter, to run under opentelemetry-instrument)"
+        ) from None
+    otel.instrument()
+    return otel.uninstrument, not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def flush_traces(seconds: float) -> None:
+    """Send what the global tracer provider still holds (a batch span processor's pending
+    spans), for an exit that skips the handlers registered with `atexit`, where the SDK's
+    provider flushes itself; nothing when OpenTelemetry is not loaded."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return
+    flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if callable(flush):
+        flush(int(seconds * 1000))
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:

@@ -37,7 +37,15 @@ from pipeline.logs import Log, PostgresLog, SQLiteLog
 
 from .._terminal import one_line, printable
 from ._failed import failed, single
-from ._gateway import MIB, Gateway, Settings, request_id, scrub_secrets
+from ._gateway import (
+    MIB,
+    Gateway,
+    Settings,
+    flush_traces,
+    instrument_turns,
+    request_id,
+    scrub_secrets,
+)
 from ._logs import POSTGRES_SCHEMES
 
 DEFAULT_KEY_ENV = "TURNPLUG_GATEWAY_KEY"
@@ -56,6 +64,7 @@ class Options:
     turn_timeout: float = 300.0
     drain_timeout: float = 30.0
     loop: Literal["asyncio", "trio"] = "asyncio"
+    otel: bool = False
 
 
 LOOPS = ("asyncio", "trio")
@@ -215,6 +224,7 @@ async def serve(
                 max_body=options.max_body,
                 turn_timeout=options.turn_timeout,
                 secrets=secrets,
+                otel=options.otel,
             ),
         )
         sock, address = listen(options.host, options.port)
@@ -358,7 +368,17 @@ def run(args: Any, loaded: Any) -> int:
         turn_timeout=args.turn_timeout,
         drain_timeout=args.drain_timeout,
         loop=args.loop,
+        otel=args.otel,
     )
+    uninstrument = None
+    if args.otel:
+        uninstrument, provided = instrument_turns()
+        if not provided:
+            _say(
+                "turnplug serve: note: --otel: no OpenTelemetry tracer provider is set, so no"
+                " turn is traced (run under opentelemetry-instrument, or set one in a hook"
+                " module); see docs/observability.md"
+            )
     tune_gc()
     timers: list[threading.Timer] = []
 
@@ -392,6 +412,8 @@ def run(args: Any, loaded: Any) -> int:
         # Serving ended: a command embedded in a program of its own must not end it later.
         for timer in timers:
             timer.cancel()
+        if uninstrument is not None:
+            uninstrument()
     left = _abandoned_threads()
     if left:
         _leave_threads(0, left)
@@ -467,7 +489,11 @@ def _exit_after(seconds: float, left: Callable[[], str]) -> threading.Timer:
 def _exit_now(status: int) -> None:
     """End the process at once with `status`, what was written on stdout and stderr and
     through the logging handlers flushed first (`os._exit` flushes nothing, and skips the
-    handlers registered with `atexit`: an exporter's pending spans are not sent)."""
+    handlers registered with `atexit`, where the tracer provider sends its pending spans:
+    they are sent here, for up to `FLUSH_SECONDS`)."""
+    # The spans of the turns answered, which a batch span processor may still hold.
+    with contextlib.suppress(Exception):
+        flush_traces(FLUSH_SECONDS)
     streams = [*logging.getLogger().handlers, *logging.getLogger("turnplug").handlers]
     for stream in (*streams, sys.stdout, sys.stderr):
         # One that cannot flush (closed, or None without a console): exiting matters more.
@@ -475,6 +501,10 @@ def _exit_now(status: int) -> None:
             if stream is not None:
                 stream.flush()
     os._exit(status)
+
+
+FLUSH_SECONDS = 2.0
+"""How long an exit that skips `atexit` gives the tracer provider to send its spans."""
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -683,5 +713,12 @@ def add_parser(
         default=DEFAULT_LOOP,
         help=f"the event loop to serve on (default: {DEFAULT_LOOP}, the faster here; trio"
         " runs the same gateway)",
+    )
+    serve.add_argument(
+        "--otel",
+        action="store_true",
+        help="trace each turn with OpenTelemetry's global tracer provider (run under"
+        " opentelemetry-instrument, with OTEL_* variables), as a child of the client's trace"
+        " when the request carries a W3C traceparent header; needs turnplug[otel]",
     )
     serve.set_defaults(handler=handler)

@@ -1,0 +1,386 @@
+"""`turnplug serve --otel`: each request's turn traced with the real OpenTelemetry SDK, as a
+child of the client's trace (its W3C ``traceparent``), the gateway served for real on
+loopback and spoken to with the official OpenAI SDK."""
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from pipeline import Pipeline, cont
+from pipeline.logs import SQLiteLog
+from pipeline.testing import FunctionModel, ScriptedModel
+from turns import Turn
+
+from .serve_support import KEY, served, user
+
+SCRIPT = Path(sys.executable).parent / "turnplug"
+
+
+def client_span() -> tuple[int, int, str]:
+    """A client's trace id, span id, and the ``traceparent`` header naming them (sampled)."""
+    trace_id = int.from_bytes(secrets.token_bytes(16), "big") or 1
+    span_id = int.from_bytes(secrets.token_bytes(8), "big") or 1
+    return trace_id, span_id, f"00-{trace_id:032x}-{span_id:016x}-01"
+
+
+async def checked(turn: Turn) -> Any:
+    return cont(turn)
+
+
+async def broken(turn: Turn) -> Any:
+    raise ValueError("the store is down")
+
+
+def pipeline(replies: list[Any]) -> Pipeline:
+    return Pipeline(model=ScriptedModel(replies), pre=[checked])
+
+
+def tree(spans: tuple[ReadableSpan, ...]) -> list[object]:
+    """The spans as nested [name, [children]] in start order, from those whose parent is not
+    among them (the client's span, or none)."""
+    ids = {span.context.span_id for span in spans}
+    by_parent: dict[int | None, list[ReadableSpan]] = {}
+    for span in spans:
+        parent = span.parent.span_id if span.parent else None
+        by_parent.setdefault(parent if parent in ids else None, []).append(span)
+
+    def children(span: ReadableSpan | None) -> list[object]:
+        kids = by_parent.get(span.context.span_id if span else None, [])
+        kids = sorted(kids, key=lambda s: (s.start_time or 0, s.name))
+        return [[kid.name, children(kid)] if children(kid) else kid.name for kid in kids]
+
+    return children(None)
+
+
+def in_client_trace(spans: tuple[ReadableSpan, ...], trace_id: int, span_id: int) -> None:
+    """Every span is in the client's trace, and the turn is the child of the client's span."""
+    assert {span.context.trace_id for span in spans} == {trace_id}
+    (turn,) = [span for span in spans if span.name == "turn"]
+    assert turn.parent is not None
+    assert turn.parent.span_id == span_id
+    assert turn.parent.is_remote
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_stateless_turn_is_a_child_of_the_clients_trace(
+    spans: InMemorySpanExporter, streamed: bool
+) -> None:
+    """Bug caught: the gateway ignored the client's ``traceparent``: each turn was a trace
+    of its own, out of the client's."""
+    trace_id, span_id, header = client_span()
+    async with served(pipeline([["Hel", "lo"]]), otel=True) as gw:
+        request: dict[str, Any] = {
+            "model": "m",
+            "messages": user("hi"),
+            "extra_headers": {"traceparent": header},
+        }
+        if streamed:
+            chunks = await gw.sdk_stream(**request)
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            named = None
+        else:
+            reply = await gw.sdk().chat.completions.create(**request)
+            assert reply.choices[0].message.content == "Hello"
+            named = reply._request_id
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [["turn", ["checked", "chat ScriptedModel"]]]
+    in_client_trace(finished, trace_id, span_id)
+    (turn,) = [span for span in finished if span.name == "turn"]
+    assert turn.attributes is not None
+    assert turn.attributes["turnplug.turn.outcome"] == "completed"
+    if named is not None:
+        # The response's x-request-id is the turn's turn_ref.
+        assert turn.attributes["turnplug.turn_ref"] == named
+    # Content capture is off unless asked for.
+    assert "gen_ai.output.messages" not in turn.attributes
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_conversation_turn_is_a_child_of_the_clients_trace(
+    spans: InMemorySpanExporter, streamed: bool, tmp_path: Path
+) -> None:
+    """Bug caught: a conversation turn, run in a session task of the gateway's rather than
+    the request's, lost the request's trace context (a trace of its own)."""
+    trace_id, span_id, header = client_span()
+    async with (
+        SQLiteLog(tmp_path / "log.db") as log,
+        served(pipeline(["one", "two"]), log=log, otel=True) as gw,
+    ):
+        for text in ("hi", "again"):
+            request: dict[str, Any] = {
+                "model": "m",
+                "messages": user(text),
+                "extra_headers": {"traceparent": header, "X-Conversation-Id": "c1"},
+            }
+            if streamed:
+                await gw.sdk_stream(**request)
+            else:
+                await gw.sdk().chat.completions.create(**request)
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [["turn", ["checked", "chat ScriptedModel"]]] * 2
+    assert {span.context.trace_id for span in finished} == {trace_id}
+    turns = [span for span in finished if span.name == "turn"]
+    for turn in turns:
+        assert turn.parent is not None
+        assert turn.parent.span_id == span_id
+        assert turn.attributes is not None
+        assert turn.attributes["gen_ai.conversation.id"] == "c1"
+
+
+async def test_without_traceparent_each_turn_is_a_trace_of_its_own(
+    spans: InMemorySpanExporter,
+) -> None:
+    """Bug caught: a request without ``traceparent`` put in the trace of a request sent
+    before it on the same connection (a trace context left attached after its request)."""
+    trace_id, _, header = client_span()
+    async with served(pipeline(["one", "two", "three"]), otel=True) as gw:
+        client = gw.sdk()  # one connection, kept alive
+        await client.chat.completions.create(
+            model="m", messages=user("hi"), extra_headers={"traceparent": header}
+        )
+        for text in ("again", "and again"):
+            await client.chat.completions.create(model="m", messages=user(text))
+    turns = sorted(
+        (span for span in spans.get_finished_spans() if span.name == "turn"),
+        key=lambda span: span.start_time or 0,
+    )
+    assert len(turns) == 3
+    assert turns[0].context.trace_id == trace_id
+    assert [turn.parent for turn in turns[1:]] == [None, None]
+    assert len({turn.context.trace_id for turn in turns}) == 3
+
+
+async def test_a_failed_turn_is_an_error_span_in_the_clients_trace(
+    spans: InMemorySpanExporter,
+) -> None:
+    """Bug caught: a turn answered 500 traced out of the client's trace, or not as an
+    error."""
+    trace_id, span_id, header = client_span()
+    pipe = Pipeline(model=ScriptedModel(["never"]), pre=[broken])
+    async with served(pipe, otel=True) as gw:
+        with pytest.raises(openai.InternalServerError):
+            await gw.sdk().chat.completions.create(
+                model="m", messages=user("hi"), extra_headers={"traceparent": header}
+            )
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [["turn", ["broken"]]]
+    in_client_trace(finished, trace_id, span_id)
+    (turn,) = [span for span in finished if span.name == "turn"]
+    assert turn.status.status_code is StatusCode.ERROR
+    assert turn.attributes is not None
+    assert turn.attributes["error.type"] == "HookFailed"
+
+
+async def test_a_client_hanging_up_mid_stream_ends_its_turns_spans(
+    spans: InMemorySpanExporter,
+) -> None:
+    """Bug caught: the spans of a turn whose client hung up mid-stream never ended (never
+    exported), or ended out of the client's trace."""
+    sent = anyio.Event()
+
+    async def stalls(request: Any) -> Any:
+        yield "first words "
+        sent.set()
+        await anyio.sleep_forever()
+
+    trace_id, span_id, header = client_span()
+
+    def hang_up(base: str) -> None:
+        # The SDK's sync client, in a worker thread (see `Served.sdk_stream`).
+        client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=30)
+        request: dict[str, Any] = {"model": "m", "messages": user("hi")}
+        with (
+            client,
+            client.chat.completions.create(
+                stream=True, extra_headers={"traceparent": header}, **request
+            ) as stream,
+        ):
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    return  # the client hangs up, mid-stream
+
+    async with served(Pipeline(model=FunctionModel(stalls)), otel=True) as gw:
+        with anyio.fail_after(10):
+            await anyio.to_thread.run_sync(hang_up, gw.base)
+            await sent.wait()
+            await gw.gateway.turns_finished()
+    finished = spans.get_finished_spans()
+    assert tree(finished) == [["turn", ["chat FunctionModel"]]]
+    in_client_trace(finished, trace_id, span_id)
+    (turn,) = [span for span in finished if span.name == "turn"]
+    assert turn.attributes is not None
+    assert turn.attributes["turnplug.turn.outcome"] == "cancelled"
+
+
+def write_config(folder: Path) -> Path:
+    config = folder / "gateway.toml"
+    config.write_text("")  # the offline scripted model
+    return config
+
+
+def test_otel_without_opentelemetry_is_a_usage_error_naming_the_extra(tmp_path: Path) -> None:
+    """Bug caught: ``--otel`` without OpenTelemetry installed failing with a bare
+    ModuleNotFoundError traceback, or serving untraced without a word."""
+    hidden = textwrap.dedent(
+        """
+        import sys
+        sys.modules["opentelemetry"] = None  # as if it were not installed
+        from hooks.cli._main import main
+        sys.exit(main(sys.argv[1:]))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hidden, "serve", str(write_config(tmp_path)), "--otel"],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"TURNPLUG_GATEWAY_KEY": KEY},
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "turnplug[otel]" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@contextmanager
+def instrumented(config: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``opentelemetry-instrument turnplug serve CONFIG --otel``, spans printed on stdout by
+    the console exporter (batched, as the distro sets every exporter up); its URL."""
+    environ = os.environ | {
+        "TURNPLUG_GATEWAY_KEY": KEY,
+        "OTEL_SERVICE_NAME": "gateway-under-test",
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+    }
+    command = [
+        str(Path(sys.executable).parent / "opentelemetry-instrument"),
+        str(SCRIPT),
+        "serve",
+        str(config),
+        "--port",
+        "0",
+        "--otel",
+        *extra,
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ
+    )
+    try:
+        assert process.stderr is not None
+        url = None
+        lines = []
+        deadline = time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:
+            line = process.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = re.search(r"listening on (http://\S+)", line)
+            url = found.group(1) if found else None
+        assert url is not None, "".join(lines)
+        assert "no OpenTelemetry tracer provider" not in "".join(lines)
+        yield process, url
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def exported_turn(out: str, trace_id: int) -> str:
+    """The console exporter's ``turn`` span of trace `trace_id`, as it printed it."""
+    for found in re.finditer(r'\{\s*"name": "turn",.*?\n\}', out, re.DOTALL):
+        if f'"trace_id": "0x{trace_id:032x}"' in found.group():
+            return found.group()
+    raise AssertionError(f"no turn span of trace {trace_id:032x} in:\n{out}")
+
+
+def sdk_call(url: str, text: str, header: str) -> Any:
+    with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+        return client.chat.completions.create(
+            model="m", messages=user(text), extra_headers={"traceparent": header}
+        )
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_under_opentelemetry_instrument_the_turn_joins_the_clients_trace(
+    tmp_path: Path, loop: str
+) -> None:
+    """Bug caught: ``opentelemetry-instrument turnplug serve --otel`` exporting no turn span
+    (the global provider not used, or its batched spans not flushed when SIGTERM stops the
+    gateway), or one out of the client's trace."""
+    trace_id, span_id, header = client_span()
+    with instrumented(write_config(tmp_path), "--loop", loop) as (process, url):
+        reply = sdk_call(url, "hi", header)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    turn = exported_turn(out, trace_id)
+    assert f'"parent_id": "0x{span_id:016x}"' in turn
+    assert f'"turnplug.turn_ref": "{reply._request_id}"' in turn
+    assert '"service.name": "gateway-under-test"' in turn
+
+
+def test_spans_are_sent_when_the_command_leaves_an_abandoned_worker_thread(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: a gateway that exits without waiting for a sync hook's abandoned worker
+    thread (``os._exit``, which skips the tracer provider's own flush at exit) lost the
+    spans of the turns it had answered, still in the batch span processor."""
+    mark = tmp_path / "started"
+    (tmp_path / "stuck_hooks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import time
+            from pipeline import cont
+
+            def bg(turn):
+                if turn.user_message.text == "stuck":
+                    open({str(mark)!r}, "w").close()
+                    time.sleep(60)
+                return cont(turn)
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[post]]\nkind = "python"\nref = "stuck_hooks:bg"\nbackground = true\n')
+    trace_id, span_id, header = client_span()
+    # asyncio: its worker threads are the ones the interpreter would wait for.
+    with instrumented(config, "--drain-timeout", "1", "--loop", "asyncio") as (process, url):
+        sdk_call(url, "hi", header)
+        stuck = threading.Thread(
+            target=lambda: httpx.post(
+                url + "/v1/chat/completions",
+                json={"model": "m", "messages": user("stuck")},
+                headers={"authorization": f"Bearer {KEY}"},
+                timeout=30,
+            )
+        )
+        stuck.start()
+        deadline = time.monotonic() + 10
+        while not mark.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+        stuck.join(30)
+    assert process.returncode == 0, err
+    assert "not waiting for 1 worker threads" in err, err
+    assert f'"parent_id": "0x{span_id:016x}"' in exported_turn(out, trace_id)
