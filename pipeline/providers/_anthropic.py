@@ -1,8 +1,8 @@
 """Anthropic Messages: the request body, the stream parser, and the provider."""
 
 import json
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, final
 
 import attrs
@@ -79,7 +79,11 @@ STOP_REASONS: Mapping[str, str] = {
     "refusal": "content_filter",
 }
 """Anthropic's ``stop_reason`` in the vocabulary of `ModelFinish` (OpenAI's); other values
-(``pause_turn``, future ones) pass through unchanged."""
+(``pause_turn``, which `AnthropicMessages` continues, future ones) pass through unchanged."""
+
+PAUSE_CONTINUATIONS = 5
+"""How many times one model call sends a response that stopped with ``pause_turn`` (a server
+tool's long turn, paused) back to be continued before it ends with that stop reason."""
 
 _CHOICES: Mapping[str, dict[str, Any]] = {
     "auto": {"type": "auto"},
@@ -268,6 +272,7 @@ class _Block:
     start: dict[str, Any]
     pieces: list[str] = attrs.Factory(list)
     signature: str = ""
+    citations: list[Any] = attrs.Factory(list)
 
 
 @final
@@ -292,11 +297,23 @@ class AnthropicStreamParser:
         self._said_something = False
         self._done = False
         self._ids: set[str] = set()  # the ids of the calls emitted so far
+        self._content: dict[int, dict[str, Any]] = {}
 
     @property
     def done(self) -> bool:
         """Whether ``message_stop`` has been seen."""
         return self._done
+
+    @property
+    def content(self) -> list[dict[str, Any]]:
+        """The response's finished content blocks as the API sends them back: server-tool
+        blocks, text with its citations, thinking with its signature, in index order."""
+        return [self._content[index] for index in sorted(self._content)]
+
+    @property
+    def called(self) -> bool:
+        """Whether the response called a client tool."""
+        return bool(self._ids)
 
     def feed(self, event: ServerSentEvent) -> list[ModelEvent]:
         """The model events of one SSE event."""
@@ -406,8 +423,13 @@ class AnthropicStreamParser:
         kind = delta.get("type")
         if kind == "text_delta":
             text = delta.get("text")
-            return self._text(text) if isinstance(text, str) and text else []
-        if kind == "input_json_delta":
+            if not isinstance(text, str) or not text:
+                return []
+            block.pieces.append(text)
+            return self._text(text)
+        if kind == "citations_delta":
+            block.citations.append(delta.get("citation"))
+        elif kind == "input_json_delta":
             block.pieces.append(str(delta.get("partial_json") or ""))
         elif kind == "thinking_delta":
             block.pieces.append(str(delta.get("thinking") or ""))
@@ -419,6 +441,7 @@ class AnthropicStreamParser:
         block = self._blocks.pop(index, None) if isinstance(index, int) else None
         if block is None:
             return []
+        self._content[index] = _wire_block(block)
         if block.kind == "thinking":
             thinking = str(block.start.get("thinking") or "") + "".join(block.pieces)
             signature = block.signature or str(block.start.get("signature") or "")
@@ -463,6 +486,36 @@ class AnthropicStreamParser:
             self.request_id,
             f"{self.provider} reported an error mid-stream: {quoted(said)}",
         )
+
+
+def _wire_block(block: _Block) -> dict[str, Any]:
+    """A finished content block as it is sent back: its start with what its deltas added."""
+    wire = dict(block.start)
+    streamed = "".join(block.pieces)
+    if block.kind == "text":
+        wire["text"] = str(block.start.get("text") or "") + streamed
+        if block.citations:
+            wire["citations"] = [*(block.start.get("citations") or ()), *block.citations]
+    elif block.kind == "thinking":
+        wire["thinking"] = str(block.start.get("thinking") or "") + streamed
+        wire["signature"] = block.signature or str(block.start.get("signature") or "")
+    elif streamed.strip():  # a tool's input (server tools stream theirs as a client's)
+        wire["input"] = decode_arguments(streamed)[0]
+    return wire
+
+
+def continued_body(body: Mapping[str, Any], content: list[dict[str, Any]]) -> dict[str, Any]:
+    """`body` sending `content`, a paused response's blocks, back as it came: the end of the
+    assistant message the model continues (``pause_turn``)."""
+    if not content:
+        return dict(body)  # nothing to send back: the API refuses an empty message
+    messages = list(body["messages"])
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant" and set(last) == {"role", "content"}:
+        messages[-1] = {"role": "assistant", "content": [*last["content"], *content]}
+    else:
+        messages.append({"role": "assistant", "content": content})
+    return {**body, "messages": messages}
 
 
 def _is_stop(event: ServerSentEvent) -> bool:
@@ -548,15 +601,50 @@ class AnthropicMessages(PooledProvider):
     def stream(
         self, request: ModelRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
-        """Stream the model's answer to `request` (see `pipeline.Model`)."""
-        body = build_body(self.model, request, max_tokens=self.max_tokens)
-        return open_model_stream(
-            self._endpoint(),
-            body,
-            lambda request_id: AnthropicStreamParser(self.provider, request_id),
-            self._pool,
-            self._owner(),
-        )
+        """Stream the model's answer to `request` (see `pipeline.Model`).
+
+        A response that stops with ``pause_turn`` is sent back as it came, to be continued,
+        up to `PAUSE_CONTINUATIONS` times: the events of every response make one answer,
+        with the usage of all of them.
+        """
+        return self._stream(build_body(self.model, request, max_tokens=self.max_tokens))
+
+    @asynccontextmanager
+    async def _stream(self, body: dict[str, Any]) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+        events = self._continued(body)
+        try:
+            yield events
+        finally:
+            await events.aclose()
+
+    async def _continued(self, body: dict[str, Any]) -> AsyncGenerator[ModelEvent, None]:
+        usage = Usage()
+        parsers: list[AnthropicStreamParser] = []  # one per response
+
+        def parser(request_id: str | None) -> AnthropicStreamParser:
+            parsers.append(AnthropicStreamParser(self.provider, request_id))
+            return parsers[-1]
+
+        for continuation in range(PAUSE_CONTINUATIONS + 1):
+            finish = ModelFinish()
+            async with open_model_stream(
+                self._endpoint(), body, parser, self._pool, self._owner()
+            ) as events:
+                async for event in events:
+                    if isinstance(event, ModelFinish):
+                        finish = event
+                    else:
+                        yield event
+            usage += finish.usage
+            parsed = parsers[-1]
+            if (
+                finish.reason != "pause_turn"
+                or parsed.called
+                or continuation == PAUSE_CONTINUATIONS
+            ):
+                yield ModelFinish(finish.reason, usage)
+                return
+            body = continued_body(body, parsed.content)
 
     def _endpoint(self) -> Endpoint:
         return endpoint_for(

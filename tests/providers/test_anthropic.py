@@ -15,7 +15,7 @@ from pipeline import (
     RequestError,
 )
 from pipeline.providers import AnthropicMessages
-from pipeline.providers._anthropic import AnthropicStreamParser, build_body
+from pipeline.providers._anthropic import PAUSE_CONTINUATIONS, AnthropicStreamParser, build_body
 from pipeline.providers._sse import ServerSentEvent
 from turns import (
     Context,
@@ -624,3 +624,118 @@ async def test_a_blank_user_message_after_tool_results_is_left_out(
         "role": "user",
         "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "5120"}],
     }
+
+
+# --- Server tools and pause_turn ----------------------------------------------------------------
+
+SEARCH = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
+RESULTS = {
+    "type": "web_search_tool_result",
+    "tool_use_id": "srvtoolu_1",
+    "content": [
+        {
+            "type": "web_search_result",
+            "title": "Forecast",
+            "url": "https://weather.example",
+            "encrypted_content": "EqgfCioI",
+            "page_age": None,
+        }
+    ],
+}
+CITATION = {
+    "type": "web_search_result_location",
+    "cited_text": "Sunny all day.",
+    "url": "https://weather.example",
+    "title": "Forecast",
+    "encrypted_index": "Eo8BCioI",
+}
+
+
+def block(index: int, start: dict[str, Any], *deltas: dict[str, Any]) -> tuple[bytes, ...]:
+    """One content block on the wire: its start, its deltas, its stop."""
+    return (
+        wire.sse(
+            {"type": "content_block_start", "index": index, "content_block": start},
+            "content_block_start",
+        ),
+        *(
+            wire.sse(
+                {"type": "content_block_delta", "index": index, "delta": delta},
+                "content_block_delta",
+            )
+            for delta in deltas
+        ),
+        wire.sse({"type": "content_block_stop", "index": index}, "content_block_stop"),
+    )
+
+
+def paused_search() -> tuple[bytes, ...]:
+    """A response that cites, runs a web search and pauses before its answer."""
+    return (
+        wire.anthropic_start(),
+        *block(
+            0,
+            {"type": "text", "text": "", "citations": []},
+            {"type": "citations_delta", "citation": CITATION},
+            {"type": "text_delta", "text": "Earlier: sunny. "},
+        ),
+        *block(
+            1,
+            SEARCH,
+            {"type": "input_json_delta", "partial_json": ""},
+            {"type": "input_json_delta", "partial_json": '{"query": "wea'},
+            {"type": "input_json_delta", "partial_json": 'ther"}'},
+        ),
+        *block(2, RESULTS),
+        *wire.anthropic_end("pause_turn"),
+    )
+
+
+SENT_BACK = [
+    {"type": "text", "text": "Earlier: sunny. ", "citations": [CITATION]},
+    {**SEARCH, "input": {"query": "weather"}},
+    RESULTS,
+]
+"""`paused_search`'s content as the API wants it back."""
+
+
+async def test_a_paused_turn_is_continued_with_its_server_tool_blocks_sent_back(
+    server: ProtocolServer,
+) -> None:
+    """Bug caught: a response stopping with pause_turn (a server tool's long turn) ended the
+    turn with the half answer written before the search, and the search and its results
+    were dropped, where the API continues the turn when the response is sent back as it came."""
+    server.script(wire.stream(paused_search()), wire.stream(wire.anthropic_text(["Sunny today."])))
+    pipe = Pipeline(model=AnthropicMessages("claude-test", base_url=server.url, api_key=KEY))
+    reply = (await pipe.run(Turn.start("Weather?"))).reply
+    assert reply is not None
+    assert (reply.message.text, reply.finish_reason, reply.usage) == (
+        "Earlier: sunny. Sunny today.",
+        "stop",
+        Usage(24, 6),
+    )
+    assert server.requests[1].body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+        {"role": "assistant", "content": SENT_BACK},
+    ]
+
+
+async def test_a_turn_that_keeps_pausing_ends_with_pause_turn_after_the_bound(
+    server: ProtocolServer,
+) -> None:
+    """Bug caught: a pause_turn ended the turn after the first response, where the model
+    asks for its response back to go on; the continuations are bounded, each sending back
+    everything the turn said so far."""
+    rounds = PAUSE_CONTINUATIONS + 1
+    server.script(*(wire.stream(paused_search()) for _ in range(rounds)))
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    events = await collect(model)
+    assert len(server.requests) == rounds
+    assert server.requests[-1].body["messages"][-1] == {
+        "role": "assistant",
+        "content": SENT_BACK * (rounds - 1),
+    }
+    assert events[-1] == ModelFinish("pause_turn", Usage(12 * rounds, 3 * rounds))
+    assert (
+        "".join(e.text for e in events if isinstance(e, ModelText)) == "Earlier: sunny. " * rounds
+    )
