@@ -34,6 +34,7 @@ from .server import ProtocolServer
 from .support import KEY, collect
 
 SPEC = ToolSpec("stat_file", "Size of a file.", {"type": "object", "properties": {}})
+SEARCH_SPEC = ToolSpec("web_search", "Search the web.", {"type": "object", "properties": {}})
 THINKING = {"type": "thinking", "thinking": "Look it up.", "signature": "sig=="}
 
 
@@ -739,3 +740,22 @@ async def test_a_turn_that_keeps_pausing_ends_with_pause_turn_after_the_bound(
     assert (
         "".join(e.text for e in events if isinstance(e, ModelText)) == "Earlier: sunny. " * rounds
     )
+
+
+async def test_a_server_tool_block_is_never_a_client_call(server: ProtocolServer) -> None:
+    """Bug caught (guard): a server tool's block (web_search, run at Anthropic) read as a
+    call of the client tool of the same name, which would run it a second time here."""
+    server.script(
+        wire.stream(
+            (
+                wire.anthropic_start(),
+                *block(0, SEARCH, {"type": "input_json_delta", "partial_json": '{"query": "x"}'}),
+                *block(1, RESULTS),
+                *wire.anthropic_text_block(2, ["Sunny."]),
+                *wire.anthropic_end("end_turn"),
+            )
+        )
+    )
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    events = await collect(model, ModelRequest((Message.user("Weather?"),), (SEARCH_SPEC,)))
+    assert events == [ModelText("Sunny."), ModelFinish("stop", Usage(12, 3))]

@@ -588,3 +588,26 @@ def test_a_token_count_that_is_not_a_number_is_a_protocol_error_over_the_socket(
     # error (see test_http); here: the parser does not guess a number.
     with pytest.raises(TypeError):
         parse(chunk(None, usage={"prompt_tokens": {"n": 1}, "completion_tokens": 1}))
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        {"reasoning_content": "Let me think."},
+        {"reasoning": "Let me think."},
+        {"reasoning": "Let me think.", "reasoning_details": [{"type": "reasoning.text"}]},
+    ],
+    ids=["reasoning_content", "reasoning", "reasoning_details"],
+)
+def test_reasoning_beside_the_answer_is_not_its_text(delta: dict[str, Any]) -> None:
+    """Bug caught (guard of the reading above): a server's reasoning field (vLLM, DeepSeek,
+    Ollama, OpenRouter) shown as the answer's text, and sent back in the next request."""
+    url = {"url": "https://a.example", "title": "A", "start_index": 0, "end_index": 3}
+    events = parse(
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": None, **delta}),
+        chunk({"content": "Yes.", "annotations": [{"type": "url_citation", "url_citation": url}]}),
+        chunk({}, "stop"),
+        "[DONE]",
+    )
+    assert events == [ModelText("Yes."), ModelFinish("stop", Usage())]
