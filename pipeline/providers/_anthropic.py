@@ -297,7 +297,7 @@ class AnthropicStreamParser:
         self._said_something = False
         self._done = False
         self._ids: set[str] = set()  # the ids of the calls emitted so far
-        self._content: dict[int, dict[str, Any]] = {}
+        self._finished: dict[int, _Block] = {}  # built as sent back only when asked
 
     @property
     def done(self) -> bool:
@@ -308,7 +308,7 @@ class AnthropicStreamParser:
     def content(self) -> list[dict[str, Any]]:
         """The response's finished content blocks as the API sends them back: server-tool
         blocks, text with its citations, thinking with its signature, in index order."""
-        return [self._content[index] for index in sorted(self._content)]
+        return [_wire_block(self._finished[index]) for index in sorted(self._finished)]
 
     @property
     def called(self) -> bool:
@@ -441,7 +441,7 @@ class AnthropicStreamParser:
         block = self._blocks.pop(index, None) if isinstance(index, int) else None
         if block is None:
             return []
-        self._content[index] = _wire_block(block)
+        self._finished[index] = block
         if block.kind == "thinking":
             thinking = str(block.start.get("thinking") or "") + "".join(block.pieces)
             signature = block.signature or str(block.start.get("signature") or "")
