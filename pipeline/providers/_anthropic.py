@@ -2,7 +2,7 @@
 
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, final
 
 import attrs
@@ -10,7 +10,7 @@ import httpx
 
 from turns import Message, RequestOptions, Text, ToolCall, ToolResult, Usage
 
-from .._errors import RequestError
+from .._errors import ProviderError, RequestError
 from .._model import ModelEvent, ModelFinish, ModelRequest, ModelText, ModelToolCall
 from ._convert import (
     HIGH_HALVES,
@@ -40,6 +40,7 @@ from ._http import (
     check_retries,
     check_timeout,
     endpoint_for,
+    not_json,
     open_model_stream,
     shown_base_url,
     strip_slash,
@@ -66,7 +67,9 @@ _INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_
 
 THINKING_KEY = "anthropic_thinking"
 """`ToolCall.meta` key holding the thinking blocks (signatures included) that preceded the
-call. Anthropic requires them back, unchanged, in the assistant message that made the call."""
+call, after the thinking and server-tool blocks of the paused responses (``pause_turn``) the
+calling one continued. Anthropic requires them back, unchanged, in the assistant message
+that made the call; they go first in it."""
 
 API_VERSION = "2023-06-01"
 
@@ -264,15 +267,34 @@ def _tool_result(result: ToolResult) -> dict[str, Any]:
     return block
 
 
+_JOINED_EVERY = 256
+"""How many delta strings a block holds before joining them into one."""
+
+
 @attrs.define
 class _Block:
     """A content block being assembled."""
 
     kind: str
     start: dict[str, Any]
-    pieces: list[str] = attrs.Factory(list)
     signature: str = ""
-    citations: list[Any] = attrs.Factory(list)
+    citations: list[dict[str, Any]] = attrs.Factory(list)
+    # What the deltas streamed, joined every `_JOINED_EVERY` pieces: a long answer's delta
+    # strings, kept one by one, would take a dozen times the memory of its text.
+    _joined: list[str] = attrs.Factory(list)
+    _pieces: list[str] = attrs.Factory(list)
+
+    def add(self, piece: str) -> None:
+        """Keep `piece`, the next of the streamed text."""
+        self._pieces.append(piece)
+        if len(self._pieces) == _JOINED_EVERY:
+            self._joined.append("".join(self._pieces))
+            self._pieces.clear()
+
+    @property
+    def streamed(self) -> str:
+        """All the deltas streamed, joined."""
+        return "".join((*self._joined, *self._pieces))
 
 
 @final
@@ -284,11 +306,18 @@ class AnthropicStreamParser:
     later figures replace earlier ones.
     """
 
-    def __init__(self, provider: str = "anthropic", request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        provider: str = "anthropic",
+        request_id: str | None = None,
+        earlier: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """`earlier`: the blocks of the paused responses this one continues that the first
+        client call's `THINKING_KEY` carries (thinking and server-tool blocks)."""
         self.provider = provider
         self.request_id = request_id
         self._blocks: dict[int, _Block] = {}
-        self._thinking: list[dict[str, Any]] = []
+        self._thinking: list[dict[str, Any]] = list(earlier or ())
         self._stop: str | None = None
         self._input = 0
         self._inputs: dict[str, int] = {}
@@ -425,14 +454,16 @@ class AnthropicStreamParser:
             text = delta.get("text")
             if not isinstance(text, str) or not text:
                 return []
-            block.pieces.append(text)
+            block.add(text)
             return self._text(text)
         if kind == "citations_delta":
-            block.citations.append(delta.get("citation"))
+            citation = delta.get("citation")
+            if isinstance(citation, dict):  # sent back, a null would be refused
+                block.citations.append(citation)
         elif kind == "input_json_delta":
-            block.pieces.append(str(delta.get("partial_json") or ""))
+            block.add(str(delta.get("partial_json") or ""))
         elif kind == "thinking_delta":
-            block.pieces.append(str(delta.get("thinking") or ""))
+            block.add(str(delta.get("thinking") or ""))
         elif kind == "signature_delta":
             block.signature += str(delta.get("signature") or "")
         return []
@@ -443,7 +474,7 @@ class AnthropicStreamParser:
             return []
         self._finished[index] = block
         if block.kind == "thinking":
-            thinking = str(block.start.get("thinking") or "") + "".join(block.pieces)
+            thinking = str(block.start.get("thinking") or "") + block.streamed
             signature = block.signature or str(block.start.get("signature") or "")
             self._thinking.append(
                 {"type": "thinking", "thinking": thinking, "signature": signature}
@@ -451,7 +482,7 @@ class AnthropicStreamParser:
         elif block.kind == "redacted_thinking":
             self._thinking.append({"type": "redacted_thinking", "data": block.start.get("data")})
         elif block.kind == "tool_use":
-            raw = "".join(block.pieces)
+            raw = block.streamed
             if not raw.strip() and isinstance(block.start.get("input"), dict):
                 # A server that sends the input whole, perhaps followed by an empty
                 # input_json_delta: nothing streamed, so the start's input stands, checked
@@ -491,7 +522,7 @@ class AnthropicStreamParser:
 def _wire_block(block: _Block) -> dict[str, Any]:
     """A finished content block as it is sent back: its start with what its deltas added."""
     wire = dict(block.start)
-    streamed = "".join(block.pieces)
+    streamed = block.streamed
     if block.kind == "text":
         wire["text"] = str(block.start.get("text") or "") + streamed
         if block.citations:
@@ -605,36 +636,67 @@ class AnthropicMessages(PooledProvider):
 
         A response that stops with ``pause_turn`` is sent back as it came, to be continued,
         up to `PAUSE_CONTINUATIONS` times: the events of every response make one answer,
-        with the usage of all of them.
+        with the usage of all of them. A continuation that fails raises what a first
+        request would, its message ending "on continuation N of a pause_turn response".
         """
         return self._stream(build_body(self.model, request, max_tokens=self.max_tokens))
 
     @asynccontextmanager
     async def _stream(self, body: dict[str, Any]) -> AsyncIterator[AsyncIterator[ModelEvent]]:
-        events = self._continued(body)
-        try:
-            yield events
-        finally:
-            await events.aclose()
+        # The first request is sent on entering, as every provider's is (a 401 raises there);
+        # the continuations as the events of the response before run out.
+        async with AsyncExitStack() as first:
+            parsers: list[AnthropicStreamParser] = []
+            opened = await first.enter_async_context(self._open(body, parsers, []))
+            events = self._continued(body, first, opened, parsers)
+            try:
+                yield events
+            finally:
+                await events.aclose()
 
-    async def _continued(self, body: dict[str, Any]) -> AsyncGenerator[ModelEvent, None]:
-        usage = Usage()
-        parsers: list[AnthropicStreamParser] = []  # one per response
-
+    def _open(
+        self,
+        body: dict[str, Any],
+        parsers: list[AnthropicStreamParser],
+        earlier: list[dict[str, Any]],
+    ) -> AbstractAsyncContextManager[AsyncIterator[ModelEvent]]:
         def parser(request_id: str | None) -> AnthropicStreamParser:
-            parsers.append(AnthropicStreamParser(self.provider, request_id))
+            parsers.append(AnthropicStreamParser(self.provider, request_id, earlier))
             return parsers[-1]
 
+        return open_model_stream(self._endpoint(), body, parser, self._pool, self._owner())
+
+    async def _continued(
+        self,
+        body: dict[str, Any],
+        response: AsyncExitStack,
+        events: AsyncIterator[ModelEvent],
+        parsers: list[AnthropicStreamParser],
+    ) -> AsyncGenerator[ModelEvent, None]:
+        """The events of the response `response` holds open, then of its continuations."""
+        usage = Usage()
+        earlier: list[dict[str, Any]] = []  # the paused responses' blocks a call carries
         for continuation in range(PAUSE_CONTINUATIONS + 1):
             finish = ModelFinish()
-            async with open_model_stream(
-                self._endpoint(), body, parser, self._pool, self._owner()
-            ) as events:
-                async for event in events:
-                    if isinstance(event, ModelFinish):
-                        finish = event
-                    else:
-                        yield event
+            try:
+                async with response:  # closed once read, before the next is sent
+                    if continuation:
+                        events = await response.enter_async_context(
+                            self._open(body, parsers, earlier)
+                        )
+                    async for event in events:
+                        if isinstance(event, ModelFinish):
+                            finish = event
+                        else:
+                            yield event
+            except ProviderError as error:
+                if continuation:
+                    error.args = (
+                        f"{error.args[0]} — on continuation {continuation} of a pause_turn"
+                        " response",
+                        *error.args[1:],
+                    )
+                raise
             usage += finish.usage
             parsed = parsers[-1]
             if (
@@ -644,7 +706,17 @@ class AnthropicMessages(PooledProvider):
             ):
                 yield ModelFinish(finish.reason, usage)
                 return
-            body = continued_body(body, parsed.content)
+            content = parsed.content
+            if unsendable := not_json(content, "content"):
+                raise protocol_error(
+                    self.provider,
+                    parsed.request_id,
+                    f"{self.provider} paused a response (pause_turn) that cannot be sent back"
+                    f" to be continued: its {unsendable}, which JSON has no form for",
+                )
+            earlier += [block for block in content if block.get("type") != "text"]
+            body = continued_body(body, content)
+            response = AsyncExitStack()
 
     def _endpoint(self) -> Endpoint:
         return endpoint_for(

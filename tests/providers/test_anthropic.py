@@ -1,6 +1,7 @@
 """Anthropic Messages: the pure core on recorded payloads, then over a real socket."""
 
 import json
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -11,8 +12,11 @@ from pipeline import (
     ModelText,
     ModelToolCall,
     Pipeline,
+    ProviderError,
     ProviderProtocolError,
+    ProviderStatusError,
     RequestError,
+    tool,
 )
 from pipeline.providers import AnthropicMessages
 from pipeline.providers._anthropic import PAUSE_CONTINUATIONS, AnthropicStreamParser, build_body
@@ -31,7 +35,7 @@ from turns import (
 
 from . import server as wire
 from .server import ProtocolServer
-from .support import KEY, collect
+from .support import KEY, collect, hi
 
 SPEC = ToolSpec("stat_file", "Size of a file.", {"type": "object", "properties": {}})
 SEARCH_SPEC = ToolSpec("web_search", "Search the web.", {"type": "object", "properties": {}})
@@ -759,3 +763,262 @@ async def test_a_server_tool_block_is_never_a_client_call(server: ProtocolServer
     model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
     events = await collect(model, ModelRequest((Message.user("Weather?"),), (SEARCH_SPEC,)))
     assert events == [ModelText("Sunny."), ModelFinish("stop", Usage(12, 3))]
+
+
+THOUGHT = {"type": "thinking", "thinking": "Search, then stat.", "signature": "sig=="}
+
+
+def paused_thinking() -> tuple[bytes, ...]:
+    """A response that thinks (text and signature streamed), searches and pauses."""
+    return (
+        wire.anthropic_start(),
+        *block(
+            0,
+            {"type": "thinking", "thinking": "", "signature": ""},
+            {"type": "thinking_delta", "thinking": "Search, "},
+            {"type": "thinking_delta", "thinking": "then stat."},
+            {"type": "signature_delta", "signature": "sig=="},
+        ),
+        *block(1, SEARCH, {"type": "input_json_delta", "partial_json": '{"query": "weather"}'}),
+        *block(2, RESULTS),
+        *wire.anthropic_end("pause_turn"),
+    )
+
+
+def calls_stat_file() -> tuple[bytes, ...]:
+    """A response that calls the client tool ``stat_file``."""
+    return (
+        wire.anthropic_start(),
+        *wire.anthropic_tool_block(0, "toolu_1", "stat_file", ["{}"]),
+        *wire.anthropic_end("tool_use"),
+    )
+
+
+@tool
+def stat_file() -> str:
+    """Size of a file."""
+    return "5120"
+
+
+async def test_a_client_call_after_a_pause_goes_back_with_the_paused_thinking(
+    server: ProtocolServer,
+) -> None:
+    """Bug caught: the thinking and server-tool blocks of a paused response were lost when
+    its continuation called a client tool, so the tool loop's next request sent the calling
+    assistant message without the thinking before the call, which the API refuses."""
+    server.script(
+        wire.stream(paused_thinking()),
+        wire.stream(calls_stat_file()),
+        wire.stream(wire.anthropic_text(["5 KiB."])),
+    )
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    reply = (await Pipeline(model=model, tools=[stat_file]).run(Turn.start("Size?"))).reply
+    assert reply is not None
+    assert reply.message.text == "5 KiB."
+    paused_blocks = [THOUGHT, {**SEARCH, "input": {"query": "weather"}}, RESULTS]
+    # The continuation sends the thinking back with its text and its signature ...
+    assert server.requests[1].body["messages"][-1] == {
+        "role": "assistant",
+        "content": paused_blocks,
+    }
+    # ... and so does the request after the call, first in the message that made it.
+    assert server.requests[2].body["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": [
+                *paused_blocks,
+                {"type": "tool_use", "id": "toolu_1", "name": "stat_file", "input": {}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "5120"}],
+        },
+    ]
+
+
+def paused_calling() -> tuple[bytes, ...]:
+    """A paused response that called the client tool ``stat_file`` as well."""
+    return (
+        wire.anthropic_start(),
+        *wire.anthropic_tool_block(0, "toolu_1", "stat_file", ["{}"]),
+        *block(1, SEARCH),
+        *block(2, RESULTS),
+        *wire.anthropic_end("pause_turn"),
+    )
+
+
+async def test_a_paused_response_that_called_a_client_tool_is_not_continued(
+    server: ProtocolServer,
+) -> None:
+    """Bug caught: a paused response that called a client tool was sent back to be
+    continued, where the call needs its result first: the reply must end with pause_turn
+    and the call, for the caller to run when the pipeline has no tools."""
+    server.script(wire.stream(paused_calling()))
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    reply = (await Pipeline(model=model).run(Turn.start("Size?"))).reply
+    assert reply is not None
+    assert reply.finish_reason == "pause_turn"
+    assert [(c.id, c.name) for c in reply.message.parts if isinstance(c, ToolCall)] == [
+        ("toolu_1", "stat_file")
+    ]
+    assert len(server.requests) == 1
+
+
+async def test_a_paused_response_calling_a_tool_of_the_pipeline_gets_its_result(
+    server: ProtocolServer,
+) -> None:
+    """Bug caught: a paused response that called a client tool was sent back to be
+    continued instead of the tool loop sending the call's result."""
+    server.script(wire.stream(paused_calling()), wire.stream(wire.anthropic_text(["5 KiB."])))
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    reply = (await Pipeline(model=model, tools=[stat_file]).run(Turn.start("Size?"))).reply
+    assert reply is not None
+    assert (reply.message.text, reply.finish_reason) == ("5 KiB.", "stop")
+    assert server.requests[1].body["messages"][-1] == {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "5120"}],
+    }
+
+
+async def test_a_paused_response_with_no_blocks_is_continued_without_an_empty_message(
+    server: ProtocolServer,
+) -> None:
+    """Bug caught: a paused response with no content blocks was sent back as an assistant
+    message with empty content, which the API refuses."""
+    empty = (wire.anthropic_start(), *wire.anthropic_end("pause_turn"))
+    server.script(wire.stream(empty), wire.stream(wire.anthropic_text(["Sunny."])))
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    events = await collect(model)
+    assert events[-1] == ModelFinish("stop", Usage(24, 6))
+    assert server.requests[1].body["messages"] == server.requests[0].body["messages"]
+
+
+BAD_BLOCK = {"type": "error", "error": {"type": "invalid_request_error", "message": "bad block"}}
+SLOW_DOWN = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+
+
+@pytest.mark.parametrize(
+    ("failures", "error"),
+    [
+        ((wire.json_error(400, BAD_BLOCK),), "HTTP 400"),
+        ((wire.json_error(429, SLOW_DOWN, [("retry-after-ms", "1")]),) * 2, "after 2 attempts"),
+        ((wire.json_error(529, OVERLOADED, [("retry-after-ms", "1")]),) * 2, "HTTP 529"),
+        (
+            (wire.stream(wire.anthropic_text(["Sun"])[:4], complete=False, reset=True),),
+            "anthropic",
+        ),
+    ],
+    ids=["400", "429-after-retries", "529-after-retries", "reset-mid-stream"],
+)
+async def test_a_failed_continuation_says_it_was_one(
+    server: ProtocolServer, failures: tuple[wire.Reply, ...], error: str
+) -> None:
+    """Bug caught: a continuation request that failed raised the error of a first request,
+    with no word that the turn's answer had already begun and paused."""
+    server.script(wire.stream(paused_search()), *failures)
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY, max_retries=1)
+    events: list[Any] = []
+
+    async def read() -> None:
+        async with model.stream(hi()) as stream:
+            async for event in stream:
+                events.append(event)
+
+    with pytest.raises(ProviderError) as raised:
+        await read()
+    assert events[0] == ModelText("Earlier: sunny. ")  # what the paused response said
+    message = str(raised.value)
+    assert error in message
+    assert message.endswith("— on continuation 1 of a pause_turn response")
+
+
+async def test_a_rejected_key_raises_on_entering_the_stream(server: ProtocolServer) -> None:
+    """Bug caught: the request was sent on the first step of the events, not on entering
+    `model.stream(...)`, so a 401 surfaced later than with the other providers."""
+    denied = {"type": "error", "error": {"type": "authentication_error", "message": "bad key"}}
+    server.script(wire.json_error(401, denied))
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    with pytest.raises(ProviderStatusError, match="HTTP 401"):
+        async with model.stream(hi()):
+            pass
+
+
+async def test_a_paused_block_json_cannot_hold_is_the_providers_fault(
+    server: ProtocolServer,
+) -> None:
+    """Bug caught: a paused response holding 1e400 (read as inf) failed its continuation
+    with a RequestError blaming the caller's options, tool specs and arguments."""
+    results = wire.sse(
+        {"type": "content_block_start", "index": 1, "content_block": RESULTS},
+        "content_block_start",
+    ).replace(b'"content": [', b'"score": 1e400, "content": [')
+    paused = (
+        wire.anthropic_start(),
+        *block(0, SEARCH),
+        results,
+        wire.sse({"type": "content_block_stop", "index": 1}, "content_block_stop"),
+        *wire.anthropic_end("pause_turn"),
+    )
+    server.script(wire.stream(paused))
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    with pytest.raises(ProviderProtocolError, match=r"pause_turn.*content\[1\]\.score is inf"):
+        await collect(model)
+    assert len(server.requests) == 1
+
+
+async def test_a_citations_delta_without_a_citation_is_not_sent_back(
+    server: ProtocolServer,
+) -> None:
+    """Bug caught: a citations_delta with no citation went back in the paused text block as
+    a null citation, which the API refuses."""
+    paused = (
+        wire.anthropic_start(),
+        *block(
+            0,
+            {"type": "text", "text": ""},
+            {"type": "citations_delta"},
+            {"type": "citations_delta", "citation": CITATION},
+            {"type": "text_delta", "text": "Hm."},
+        ),
+        *wire.anthropic_end("pause_turn"),
+    )
+    server.script(wire.stream(paused), wire.stream(wire.anthropic_text(["Sunny."])))
+    model = AnthropicMessages("claude-test", base_url=server.url, api_key=KEY)
+    await collect(model)
+    assert server.requests[1].body["messages"][-1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Hm.", "citations": [CITATION]}],
+    }
+
+
+def test_a_long_answer_keeps_about_its_texts_size() -> None:
+    """Bug caught: the parser kept every text delta's string of an answer that never
+    paused, a dozen times the memory of the text itself."""
+    parser = AnthropicStreamParser()
+
+    def feed(name: str, **payload: Any) -> None:
+        parser.feed(ServerSentEvent(event=name, data=json.dumps({"type": name, **payload})))
+
+    feed("message_start", message={"usage": {"input_tokens": 1, "output_tokens": 1}})
+    feed("content_block_start", index=0, content_block={"type": "text", "text": ""})
+    delta = json.dumps(
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": "word "},
+        }
+    )
+    deltas = [ServerSentEvent(event="content_block_delta", data=delta) for _ in range(40_000)]
+    tracemalloc.start()
+    try:
+        for event in deltas:
+            parser.feed(event)
+        feed("content_block_stop", index=0)
+        feed("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 9})
+        feed("message_stop")
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert kept < 3 * len("word ") * len(deltas)  # the text is 200 kB
