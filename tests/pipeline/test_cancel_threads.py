@@ -228,21 +228,20 @@ async def test_an_interrupt_ending_the_body_abandons_a_sync_background_hooks_thr
     )
 
 
-async def test_a_background_hooks_interrupt_abandons_a_sibling_hooks_thread() -> None:
+@pytest.mark.parametrize("body", ["body still running", "body returned"])
+async def test_a_background_hooks_interrupt_abandons_a_sibling_hooks_thread(body: str) -> None:
     """Bug caught: a background hook raising SystemExit stopped the session but left it
     waiting for another sync background hook's worker thread to return, where an interrupt
-    ending the body abandons that thread at once."""
+    ending the body abandons that thread at once; whether the body still ran or the session
+    drained its background hooks when the hook raised."""
     trace: list[str] = []
-    started, release = threading.Event(), threading.Event()
+    summary = HeldThread(trace)
+    may_raise = anyio.Event()  # set by the body, before it sleeps or as it returns
 
     async def exiting(turn: Turn):
-        await anyio.to_thread.run_sync(started.wait, 10)
+        await anyio.to_thread.run_sync(summary.started.wait, 10)
+        await may_raise.wait()
         raise SystemExit(3)
-
-    def summary(turn: Turn):
-        started.set()
-        trace.append("thread released" if release.wait(5) else "thread gave up waiting")
-        return cont(turn)
 
     pipe = Pipeline(
         model=ScriptedModel(["ok"]),
@@ -260,12 +259,15 @@ async def test_a_background_hooks_interrupt_abandons_a_sibling_hooks_thread() ->
         ) as session:
             sessions.append(session)
             await session.send("hi")
-            await anyio.sleep(math.inf)
+            may_raise.set()
+            if body == "body still running":
+                await anyio.sleep(math.inf)
+            # Nothing waits between here and the drain: the hook raises as the session drains.
 
     with pytest.raises(SystemExit):
         await converse()
     trace.append("session returned")
-    release.set()
+    summary.release.set()
 
     assert trace[0] == "session returned"
     failed = [event for event in sessions[0].events if isinstance(event, ev.HookFailed)]
