@@ -32,7 +32,15 @@ from turns import Turn
 
 from .._terminal import one_line
 from ..config._file import Config
-from ..config._hooks import Guardrail, Judge, MaxLength, ParallelGroup, Retrieve, ToolCallEntry
+from ..config._hooks import (
+    Guardrail,
+    Judge,
+    MaxLength,
+    ParallelGroup,
+    Retrieve,
+    RunningSummary,
+    ToolCallEntry,
+)
 from ..config._models import (
     AnthropicSpec,
     ModelSpec,
@@ -194,6 +202,9 @@ def _details(entry: Any) -> Iterator[str]:
             yield f"at most {chars} characters"
         case Judge(model=model):
             yield f"judged by {_model(model)}"
+        case RunningSummary(every=every, model=model):
+            yield f"every {every} turns"
+            yield "summarized by " + ("the turn's model" if model is None else _model(model))
         case Retrieve(k=k):
             yield f"k {k}"
         case ToolCallEntry(tool=name, frequency=frequency, refresh=refresh):

@@ -14,6 +14,7 @@ import attrs
 
 from pipeline import (
     Hook,
+    Model,
     Tool,
     hook,
     toolset_tool_name,
@@ -48,6 +49,8 @@ class Env:
             a missing API key or variable is not a problem.
         folder: The config file's directory, against which relative paths in it resolve;
             None for a config given as data (they resolve against the working directory).
+        model: The turn's model (the config's, the one replacing it, or the offline scripted
+            one), for entries that use it by default.
     """
 
     environ: Mapping[str, str]
@@ -57,6 +60,7 @@ class Env:
     local: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     offline: bool = False
     folder: str | None = None
+    model: Model | None = None
 
     def known(self, name: str) -> bool:
         """Whether a tool of this name is declared, or may be one of an MCP toolset's."""

@@ -25,6 +25,7 @@ from turns import Turn
 from .._guardrails import deny, guardrail, judge, max_length
 from .._inject import retrieve
 from .._redact import matches_empty
+from .._summary import running_summary
 from .._tool_call import inject_tool_call
 from ._entry import Env, HookEntry, doc, exactly_one, raise_all, required_with, within
 from ._models import ModelSpec
@@ -385,5 +386,48 @@ class Judge(HookEntry):
         return self.wrap(judge(model, self.instruction, feedback=self.feedback))
 
 
-PostEntry: TypeAlias = PythonPost | Guardrail | MaxLength | Judge
+@final
+@attrs.frozen(kw_only=True)
+class RunningSummary(HookEntry):
+    """A running summary written into the log every few turns (`hooks.running_summary`).
+
+    A durable background post hook: it runs after the turn is committed, and its summary
+    joins the log.
+    """
+
+    KIND: ClassVar[str] = "running_summary"
+    every: Positive = attrs.field(
+        default=Positive(10), metadata=doc("Summarize after every this many turns.")
+    )
+    model: ModelSpec | None = attrs.field(
+        default=None,
+        metadata=doc(
+            "The summarizing model: a table of the same keys as [model]; by default the turn's"
+            " model."
+        ),
+    )
+
+    def build(self, env: Env) -> Hook:
+        problems: list[Invalid] = []
+        if self.durable is False:
+            problems.append(
+                Invalid(
+                    "a running summary is written into the conversation log, which a"
+                    " transient one (durable = false) never joins, so no later turn would"
+                    " read it — remove durable = false",
+                    key="durable",
+                )
+            )
+        model = env.model
+        if self.model is not None:
+            try:
+                model = self.model.build(env)
+            except Invalid as exc:
+                problems.append(within("model", exc))
+        raise_all(problems)
+        assert model is not None  # the loader gives every build the turn's model
+        return self.wrap(running_summary(model, every=self.every))
+
+
+PostEntry: TypeAlias = PythonPost | Guardrail | MaxLength | Judge | RunningSummary
 """The kinds the ``post`` list accepts."""

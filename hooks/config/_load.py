@@ -469,6 +469,19 @@ def _build(
         return list(zip(where, built[stage], strict=True))
 
     built: dict[str, Any] = {}
+    # The turn's model first: entries that use it by default (a running summary) get it.
+    if model is not None:
+        built["model"] = model
+    elif config.model is not None:
+        built["model"] = attempt("model", config.model.build)
+    else:
+        built["model"] = model_from_string("scripted")
+    # A model that failed is reported at `model`; the scripted one stands in for it, so
+    # that what uses it is still checked (the pipeline is not built).
+    turn_model = built["model"]
+    env = attrs.evolve(
+        env, model=model_from_string("scripted") if turn_model is None else turn_model
+    )
     tools = [(index, made) for index, made in build_list("tools") if made is not None]
     named_toolsets = [(index, made) for index, made in build_list("toolsets") if made is not None]
     toolsets = [made for _, made in named_toolsets]
@@ -526,10 +539,6 @@ def _build(
             ' errors — give one another name with its `name` key (name = "...")',
         )
     )
-    if model is not None:
-        built["model"] = model
-    elif config.model is not None:
-        built["model"] = attempt("model", config.model.build)
     if config.budget is not None:
         built["budget"] = attempt("budget", config.budget.build)
     for key in ("tokenizer", "compact"):
@@ -693,8 +702,6 @@ def _resolve_checked(
     causes.extend(raised)
     problems.extend(problem for problem in more if not _related(problem[0], dropped))
     if not problems:
-        if "model" not in built:
-            built["model"] = model_from_string("scripted")
         try:
             pipeline = Pipeline(
                 system=config.system,

@@ -101,10 +101,14 @@ class _Writer:
         if origin in _VALUES:
             return dict(_VALUES[origin])
         if isinstance(kind, type) and issubclass(kind, Ref):
+            ref = {"type": "string", "pattern": _REF}
+            if not kind.CATALOGUE:
+                return ref | {"description": f"'module:attribute' of {kind.SHAPE}"}
+            names = sorted(kind.CATALOGUE)
             return {
-                "type": "string",
-                "pattern": _REF,
-                "description": f"'module:attribute' of {kind.SHAPE}",
+                "anyOf": [{"enum": names}, ref],
+                "description": f"one of {', '.join(names)} (the catalogue's), or"
+                f" 'module:attribute' of {kind.SHAPE}",
             }
         if origin is Literal:
             return {"enum": list(get_args(kind))}

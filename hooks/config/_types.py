@@ -14,7 +14,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar, NewType, final
@@ -22,6 +22,7 @@ from typing import Any, ClassVar, NewType, final
 import attrs
 
 from .._pii import KINDS as PII_KINDS
+from .._summary import drop_oldest, running_summary
 
 
 class Invalid(ValueError):
@@ -322,6 +323,9 @@ class Ref:
     PLAIN: ClassVar[bool] = False
     """Whether it is called without being awaited (a factory, a tokenizer): ``async def``
     would give a coroutine in place of what it makes."""
+    CATALOGUE: ClassVar[Mapping[str, Callable[[], Callable[..., Any]]]] = {}
+    """Names the config may write in place of a reference, each with what makes the
+    function it names (the `hooks` catalogue's, with their defaults)."""
 
     text: str
     target: Callable[..., Any] = attrs.field(eq=False, repr=False)
@@ -331,6 +335,8 @@ class Ref:
         """Import what `value` names and check it can be called with `ARGUMENTS`."""
         text = check_str(value)
         module_name, colon, attribute = text.partition(":")
+        if cls.CATALOGUE and not colon:
+            return cls._catalogued(text)
         if not (colon and _DOTTED.fullmatch(module_name) and _DOTTED.fullmatch(attribute)):
             raise Invalid(
                 f"{json.dumps(text)} is not a reference: expected 'module:attribute', e.g."
@@ -354,6 +360,9 @@ class Ref:
                 f"{json.dumps(text)} is {type(target).__name__} {_clip(repr(target))}, not"
                 f" callable: expected {cls.SHAPE}"
             )
+        factory = next((each for each in _FACTORIES if each is target), None)
+        if factory is not None:
+            raise Invalid(_factory_named(text, factory))
         if cls.PLAIN and inspect.iscoroutinefunction(target):
             raise Invalid(
                 f"{json.dumps(text)} is an async function, but is called without being awaited"
@@ -363,6 +372,38 @@ class Ref:
         if cls.ARGUMENTS is not None:
             _check_arguments(text, target, cls.ARGUMENTS, cls.SHAPE)
         return cls(text, target)
+
+    @classmethod
+    def _catalogued(cls, text: str) -> "Ref":
+        """The function a catalogue name stands for, made now."""
+        if text in cls.CATALOGUE:
+            return cls(text, cls.CATALOGUE[text]())
+        names = sorted(cls.CATALOGUE)
+        close = difflib.get_close_matches(text, names, n=1)
+        hint = f"did you mean {json.dumps(close[0])}? " if close else ""
+        choices = ", ".join(json.dumps(name) for name in names)
+        raise Invalid(
+            f"{json.dumps(text)} is neither a name of the catalogue nor a reference — {hint}"
+            f"expected one of {choices}, or 'module:attribute' of {cls.SHAPE}"
+        )
+
+
+_FACTORIES: dict[Callable[..., Any], tuple[str, str]] = {
+    drop_oldest: ("a compactor", 'compact = "drop_oldest"'),
+    running_summary: ("a post hook", 'a [[post]] entry of kind = "running_summary"'),
+}
+"""The catalogue's factories a config declares by name, what each makes and how the config
+writes it: a ref naming one names the factory, not what it makes."""
+
+
+def _factory_named(text: str, factory: Callable[..., Any]) -> str:
+    what, written = _FACTORIES[factory]
+    name = getattr(factory, "__name__", "")
+    return (
+        f"{json.dumps(text)} names the factory hooks.{name}, which makes {what} rather than"
+        f" being one: write {written} to use the catalogue's, or call {name}(...) in a module"
+        " of yours and name what it returns"
+    )
 
 
 def _names(owner: object, part: str, *, last: bool) -> list[str]:
@@ -491,8 +532,20 @@ def _check_arguments(
             taking += f" ({', '.join(arguments)})"
         raise Invalid(
             f"{json.dumps(text)} has the signature {signature}, but is called with {taking}:"
-            f" expected {shape}"
+            f" expected {shape}{_factory_hint(signature, count)}"
         ) from None
+
+
+def _factory_hint(signature: inspect.Signature, count: int) -> str:
+    """A hint for a function that takes nothing where arguments are given: a factory (it
+    makes the function rather than being one), named in place of what it makes."""
+    try:
+        signature.bind()
+    except TypeError:
+        return ""
+    if not count:
+        return ""
+    return " — if it is a factory, call it in a module of yours and name what it returns"
 
 
 @final
@@ -546,10 +599,14 @@ class TokenizerRef(Ref):
 
 @final
 class CompactRef(Ref):
-    """A history compactor: ``fn(history, target_tokens, tokenizer) -> history``."""
+    """A history compactor: ``fn(history, target_tokens, tokenizer) -> history``, or the
+    catalogue's, by name (``"drop_oldest"``)."""
 
     ARGUMENTS = ("history", "target_tokens", "tokenizer")
     SHAPE = "a compactor fn(history, target_tokens, tokenizer) returning the history"
+    CATALOGUE: ClassVar[Mapping[str, Callable[[], Callable[..., Any]]]] = {
+        "drop_oldest": drop_oldest
+    }
 
 
 @final

@@ -584,6 +584,93 @@ def test_compact_with_an_invalid_budget_is_reported_once_at_the_budget() -> None
     assert [path for path, _ in problems if not path.startswith("budget")] == []
 
 
+def make_compactor() -> Any:
+    """A factory of compactors, named where a compactor is expected."""
+    return support.keep_history
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "expected"),
+    [
+        ({"compact": "hooks:drop_oldest"}, "compact", 'write compact = "drop_oldest"'),
+        (
+            {"post": [{"kind": "python", "ref": "hooks:running_summary"}]},
+            "post[0].ref",
+            'kind = "running_summary"',
+        ),
+    ],
+    ids=["drop_oldest", "running_summary"],
+)
+def test_a_ref_naming_a_catalogue_factory_says_how_to_declare_it(
+    data: dict[str, Any], path: str, expected: str
+) -> None:
+    """Bug caught: a ref naming the catalogue's factory failed as a bare signature mismatch
+    (`drop_oldest`) or loaded and failed every turn (`running_summary(turn)`), never saying
+    to call it or declare the catalogue's entry."""
+    ((where, message),) = _problems(
+        {**data, "budget": {"context_tokens": 9, "injection_reserve": 1}}
+    )
+    assert where == path
+    assert "names the factory hooks." in message
+    assert expected in message
+    assert "call " in message
+
+
+def test_a_compactor_factory_named_as_the_compactor_is_told_to_be_called() -> None:
+    """Bug caught: a compactor factory named in `compact` failed with a signature mismatch
+    that did not say it makes the compactor rather than being one."""
+    ((path, message),) = _problems(
+        {
+            "compact": "tests.hooks.test_config:make_compactor",
+            "budget": {"context_tokens": 9, "injection_reserve": 1},
+        }
+    )
+    assert path == "compact"
+    assert "if it is a factory, call it in a module of yours" in message
+
+
+def test_an_unknown_catalogue_compactor_suggests_the_closest_name() -> None:
+    """Bug caught: `compact = "drop_olde"` was refused as not a reference, without naming
+    the catalogue's compactors."""
+    ((path, message),) = _problems(
+        {"compact": "drop_olde", "budget": {"context_tokens": 9, "injection_reserve": 1}}
+    )
+    assert path == "compact"
+    assert 'did you mean "drop_oldest"?' in message
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"every": 0}, [("post[0].every", "expected a whole number >= 1, got 0 (integer)")]),
+        ({"every": "3"}, [("post[0].every", 'expected a whole number >= 1, got "3" (string)')]),
+        ({"every": True}, [("post[0].every", "expected a whole number >= 1, got true (boolean)")]),
+        ({"evry": 3}, [("post[0].evry", 'unknown key (did you mean "every"?)')]),
+        ({"durable": False}, [("post[0].durable", "remove durable = false")]),
+        ({"background": True}, [("post[0].background", "unknown key")]),
+        ({"model": "scripted"}, [("post[0].model", "expected a table with a provider")]),
+        (
+            {"every": -1, "model": {"provider": "openai", "name": "m", "temperature": 3}},
+            [
+                ("post[0].every", "expected a whole number >= 1"),
+                ("post[0].model.temperature", "expected a number between 0 and 2"),
+                ("post[0].model.api_key_env", "OPENAI_API_KEY is not set"),
+            ],
+        ),
+    ],
+    ids=["zero", "string", "boolean", "misspelt", "transient", "background", "model", "several"],
+)
+def test_a_running_summary_entry_reports_each_mistake_at_its_path(
+    entry: dict[str, Any], expected: list[tuple[str, str]]
+) -> None:
+    """Bug caught: a config could not declare a running summary; its mistakes (a wrong
+    `every`, a transient one, a bad model) had no entry to be reported at."""
+    problems = _problems({"post": [{"kind": "running_summary", **entry}]}, environ={})
+    assert [path for path, _ in problems] == [path for path, _ in expected]
+    for (_, message), (_, wanted) in zip(problems, expected, strict=True):
+        assert wanted in message
+
+
 SHARED = support.Upper()
 
 

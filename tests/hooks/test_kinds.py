@@ -1,5 +1,6 @@
 """The kinds of config entries: what each one builds does what its kind says, in a turn."""
 
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -10,12 +11,12 @@ from hooks.config import pipeline_from_dict
 from hooks.config._models import Shaped
 from pipeline import ConfigError, Pipeline, ProviderError, StepLimitExceeded, cont
 from pipeline import events as ev
-from pipeline.logs import MemoryLog
+from pipeline.logs import MemoryLog, SQLiteLog
 from pipeline.testing import ScriptedModel
 from tests.hooks import config_support as support
 from tests.hooks.config_support import ref
 from tests.providers import server as wire
-from turns import ToolCall, Turn
+from turns import Context, Message, ToolCall, Turn
 
 from ..pipeline.support import collect
 
@@ -473,6 +474,94 @@ async def test_a_judge_model_is_declared_like_the_model_table() -> None:
     assert (request.body["model"], request.body["temperature"]) == ("judge-model", 0)
     assert request.headers["authorization"] == "Bearer sk-judge"
     assert "Be polite." in request.body["messages"][0]["content"]
+
+
+# -- the running summary and the compactor of the catalogue -----------------------------------
+
+SUMMARY = "Summary of the conversation so far:\n"
+
+
+async def _logged(pipe: Pipeline, path: Path, messages: list[str]) -> list[str]:
+    """The texts of the log, an SQLite file, after a session sends `messages`."""
+    async with SQLiteLog(path) as log, pipe.session(log=log, conversation_id="ada") as session:
+        for text in messages:
+            await session.send(text)
+    async with SQLiteLog(path) as log:
+        return [message.text for message in (await log.load("ada")).messages]
+
+
+async def test_a_running_summary_is_written_into_the_log_after_every_n_turns(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: a config could not declare the catalogue's running summary (no post
+    kind built `hooks.running_summary`)."""
+    pipe = _post(
+        {
+            "kind": "running_summary",
+            "every": 3,
+            "model": {"provider": "scripted", "replies": ["Ada asked about refunds (14 days)."]},
+        },
+        replies=["Hi Ada.", "14 days.", "You're welcome.", "Bye."],
+    )
+    texts = await _logged(
+        pipe, tmp_path / "chats.db", ["I'm Ada.", "Refunds take 14 days?", "Thanks!", "Bye!"]
+    )
+    # Written once, after the third turn (before or after the fourth, which does not wait
+    # for it); the summarizing model is the entry's own.
+    summaries = [text for text in texts if text.startswith(SUMMARY)]
+    assert summaries == [SUMMARY + "Ada asked about refunds (14 days)."]
+    assert [text for text in texts if text not in summaries] == [
+        "I'm Ada.",
+        "Hi Ada.",
+        "Refunds take 14 days?",
+        "14 days.",
+        "Thanks!",
+        "You're welcome.",
+        "Bye!",
+        "Bye.",
+    ]
+    assert texts.index(summaries[0]) > texts.index("You're welcome.")
+
+
+async def test_a_running_summary_without_a_model_asks_the_turns_model(tmp_path: Path) -> None:
+    """Bug caught: a config could not declare a running summary made by the turn's own
+    model (the `[model]` table)."""
+    pipe = _post(
+        {"kind": "running_summary", "every": 2},
+        replies=["Hi Ada.", "14 days.", "Ada asked about refunds."],
+    )
+    texts = await _logged(pipe, tmp_path / "chats.db", ["I'm Ada.", "Refunds?"])
+    assert texts == [
+        "I'm Ada.",
+        "Hi Ada.",
+        "Refunds?",
+        "14 days.",
+        SUMMARY + "Ada asked about refunds.",
+    ]
+
+
+async def test_compact_drop_oldest_drops_the_oldest_turns_the_model_is_sent() -> None:
+    """Bug caught: a config could not declare the catalogue's compactor (`compact =
+    "hooks:drop_oldest"` names its factory, and no name stood for the compactor)."""
+    pipe = pipeline_from_dict(
+        {
+            "model": {"provider": "scripted", "replies": ["ok"]},
+            "budget": {"context_tokens": 60, "injection_reserve": 20},
+            "compact": "drop_oldest",
+        }
+    )
+    history = [Message.system("Be brief.")]
+    for n in range(1, 6):
+        history += [Message.user(f"question {n}"), Message.assistant(f"answer {n}")]
+    await pipe.run(Turn.start("question 6", context=Context(messages=history)))
+    assert [m.text for m in pipe.model.requests[0].messages] == [
+        "Be brief.",
+        "question 4",
+        "answer 4",
+        "question 5",
+        "answer 5",
+        "question 6",
+    ]
 
 
 # -- transformers: pii and citations ----------------------------------------------------------

@@ -56,6 +56,17 @@ def test_every_provider_is_described(validator: Any, model: dict[str, Any]) -> N
     assert _errors(validator, {"model": model}) == []
 
 
+def test_the_catalogues_summary_and_compactor_are_described(validator: Any) -> None:
+    """Bug caught: the schema refused `compact = "drop_oldest"` and a running_summary
+    entry, which the loader takes, and took what the loader refuses of them."""
+    summary = {"kind": "running_summary", "every": 3, "model": {"provider": "scripted"}}
+    assert _errors(validator, {"compact": "drop_oldest", "post": [summary]}) == []
+    assert _errors(validator, {"compact": "my_hooks:compact"}) == []
+    assert _errors(validator, {"compact": "drop_olde"}) != []
+    assert _errors(validator, {"post": [{**summary, "every": 0}]}) != []
+    assert _errors(validator, {"pre": [{"kind": "running_summary"}]}) != []
+
+
 def test_kinds_are_refused_outside_their_lists(validator: Any) -> None:
     assert _errors(validator, {"post": [{"kind": "static", "text": "x"}]}) != []
     assert _errors(validator, {"pre": [{"kind": "redact", "patterns": ["x"]}]}) != []
