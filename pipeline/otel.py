@@ -27,9 +27,18 @@ from typing import Any, final
 
 import attrs
 import trio
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
+except ImportError as exc:
+    # The extra's package is missing: say which install brings it, not only its module.
+    raise ModuleNotFoundError(
+        f"pipeline.otel needs opentelemetry-api, which is not installed ({exc}) —"
+        " pip install 'turnplug[otel]'",
+        name=exc.name,
+    ) from exc
 
 from turns import Message, Part, Reply, Text, ToolCall, ToolResult, Turn
 

@@ -843,6 +843,21 @@ def test_importing_pipeline_does_not_import_opentelemetry() -> None:
     assert done.stdout.strip() == "False"
 
 
+def test_without_opentelemetry_importing_otel_names_the_extra_to_install() -> None:
+    """Bug caught: without the otel extra, importing pipeline.otel failed with a bare "No module named 'opentelemetry'" that named no install to fix it."""
+    code = (
+        "import sys\n"
+        "sys.modules['opentelemetry'] = None  # as if it were not installed\n"
+        "try:\n"
+        "    import pipeline.otel\n"
+        "except ImportError as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.startswith("ModuleNotFoundError pipeline.otel needs opentelemetry-api")
+    assert "pip install 'turnplug[otel]'" in done.stdout
+
+
 # -- content capture records only what survived the turn ---------------------------------------
 
 
