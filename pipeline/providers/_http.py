@@ -27,6 +27,7 @@ import os
 import random
 import re
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -711,14 +712,32 @@ class _Lane:
 
 
 @final
+class _LoopPool:
+    """A pool's lanes on one event loop, and how many holds of that loop keep them open."""
+
+    __slots__ = ("endpoint", "holds", "lanes", "token")
+
+    def __init__(self, endpoint: Endpoint, token: anyio.lowlevel.EventLoopToken) -> None:
+        self.endpoint = endpoint
+        self.token = token
+        self.lanes: list[_Lane] = []
+        self.holds = 0
+
+
+@final
 class Pool:
     """A provider's connections and their lifetime.
 
-    Held (`hold`), the pool keeps its connections open for later calls, on the event loop of
-    the first hold. Holds nest and overlap (a user's ``async with model``, a pipeline's, each
-    session's); the connections close when the last hold ends, and a later hold opens new
-    ones. `close` ends the pool for good: any later call is a `ProviderError`. A pool opened
-    on one event loop refuses to serve another (its sockets belong to the first), with an
+    Held (`hold`), the pool keeps its connections open for later calls. Holds nest and
+    overlap (a user's ``async with model``, a pipeline's, each session's); the connections
+    close when the last hold ends, and a later hold opens new ones. `close` ends the pool for
+    good: any later call is a `ProviderError`.
+
+    Connections belong to the event loop that opened them, so each loop's holds keep
+    connections of their own: one pipeline may serve successive ``asyncio.run`` calls, or
+    several threads each running a loop at once. The owner's ``async with model``
+    (`acquire` with ``own=True``) opens the provider on its loop alone: a call or hold on
+    another loop while it is open is refused (its sockets belong to the first), with an
     error rather than a hang.
 
     The connections are spread over httpx clients, *lanes*, of at most `LANE_CALLS`
@@ -730,14 +749,14 @@ class Pool:
     just became idle.
     """
 
-    __slots__ = ("_closed", "_endpoint", "_holds", "_lanes", "_loop", "_loop_name")
+    __slots__ = ("_closed", "_guard", "_loops", "_owned")
 
     def __init__(self) -> None:
-        self._lanes: list[_Lane] = []
-        self._endpoint: Endpoint | None = None
-        self._loop: anyio.lowlevel.EventLoopToken | None = None
-        self._loop_name = ""
-        self._holds = 0
+        # Each loop's entry is used by its own thread alone; the guard keeps the table and
+        # the owner's loop consistent when threads' loops take or end holds at once.
+        self._loops: dict[anyio.lowlevel.EventLoopToken, _LoopPool] = {}
+        self._owned: anyio.lowlevel.EventLoopToken | None = None
+        self._guard = threading.Lock()
         self._closed = False
 
     @property
@@ -745,40 +764,65 @@ class Pool:
         """Whether `close` was called."""
         return self._closed
 
-    def acquire(self, endpoint: Endpoint, owner: str) -> None:
-        """Take a hold: open the pool if it is not open. Pair it with `release`."""
-        self._check(endpoint.provider, owner)
-        if self._endpoint is None:
-            self._endpoint = endpoint
-            self._loop = anyio.lowlevel.current_token()
-            self._loop_name = _loop_name(self._loop)
-        self._holds += 1
+    def acquire(self, endpoint: Endpoint, owner: str, *, own: bool = False) -> None:
+        """Take a hold on this loop: open its connections if they are not open. Pair it with
+        `release`, or with `close` for the owner's (``own=True``)."""
+        here = anyio.lowlevel.current_token()
+        with self._guard:
+            self._check(endpoint.provider, owner, here)
+            pool = self._loops.get(here)
+            if pool is None:
+                pool = self._loops[here] = _LoopPool(endpoint, here)
+            pool.holds += 1
+            if own:
+                self._owned = here
 
     async def release(self) -> None:
-        """End a hold; the last one closes the pool's connections."""
-        self._holds = max(self._holds - 1, 0)
-        if self._holds == 0:
-            await self._shut()
+        """End a hold of this loop; its last one closes the loop's connections."""
+        here = anyio.lowlevel.current_token()
+        with self._guard:
+            pool = self._loops.get(here)
+            if pool is None:
+                return
+            pool.holds -= 1
+            if pool.holds > 0:
+                return
+            del self._loops[here]
+        await self._shut(pool)
 
     async def close(self) -> None:
-        """Close the pool's connections, whatever holds remain, and refuse every later call."""
-        self._closed = True
-        self._holds = 0
-        await self._shut()
+        """Close the pool's connections, whatever holds remain, and refuse every later call.
+
+        Another loop's connections cannot be closed from this one: its holds close them as
+        they end (the owner's open on another loop has no hold left to do so, and they are
+        dropped, as they would be at that loop's end)."""
+        here = anyio.lowlevel.current_token()
+        with self._guard:
+            self._closed = True
+            pool = self._loops.pop(here, None)
+            owned, self._owned = self._owned, None
+            if owned is not None and owned != here and owned in self._loops:
+                self._loops[owned].holds -= 1
+                if self._loops[owned].holds <= 0:
+                    del self._loops[owned]
+        if pool is not None:
+            await self._shut(pool)
 
     def take(self, endpoint: Endpoint, owner: str) -> _Lane | None:
-        """The lane for one call (give it back with `give_back`), or ``None`` when unheld
-        (a client per call)."""
-        self._check(endpoint.provider, owner)
-        if self._endpoint is None:
+        """The lane for one call (give it back with `give_back`), or ``None`` when this loop
+        holds none (a client per call)."""
+        here = anyio.lowlevel.current_token()
+        self._check(endpoint.provider, owner, here)
+        pool = self._loops.get(here)
+        if pool is None:
             return None
-        for lane in self._lanes:
+        for lane in pool.lanes:
             # An injected transport pools (or not) by itself: one lane.
             if lane.calls < LANE_CALLS or endpoint.transport is not None:
                 break
         else:
-            lane = _Lane(_new_client(self._endpoint))
-            self._lanes.append(lane)
+            lane = _Lane(_new_client(pool.endpoint))
+            pool.lanes.append(lane)
         lane.calls += 1
         return lane
 
@@ -787,20 +831,14 @@ class Pool:
         """A call that `take` gave `lane` is over."""
         lane.calls -= 1
 
-    async def _shut(self) -> None:
-        lanes, endpoint = self._lanes, self._endpoint
-        self._lanes, self._endpoint = [], None
-        if endpoint is None or anyio.lowlevel.current_token() != self._loop:
-            # Its sockets belong to a loop that is not running here: closing them from this
-            # one could hang. They are dropped, as they would be at that loop's end (and a
-            # call still running there is not cut by this close).
-            return
-        for lane in lanes:
+    @staticmethod
+    async def _shut(pool: _LoopPool) -> None:
+        for lane in pool.lanes:
             lane.shut = True
-        for lane in lanes:
-            await _close_client(lane.client, endpoint)
+        for lane in pool.lanes:
+            await _close_client(lane.client, pool.endpoint)
 
-    def _check(self, provider: str, owner: str) -> None:
+    def _check(self, provider: str, owner: str, here: anyio.lowlevel.EventLoopToken) -> None:
         if self._closed:
             raise ProviderError(
                 f"{owner} is closed (aclose() was called, or its `async with` block ended):"
@@ -808,12 +846,13 @@ class Pool:
                 " as you use it",
                 provider=provider,
             )
-        if self._endpoint is not None and (here := anyio.lowlevel.current_token()) != self._loop:
+        if (owned := self._owned) is not None and owned != here:
             raise ProviderError(
-                f"{owner} was opened on another event loop ({self._loop_name}) and is used on"
-                f" this one ({_loop_name(here)}): its connections belong to the loop that opened"
-                " them — open the provider (`async with model`) inside the loop that uses it,"
-                " e.g. inside the function given to asyncio.run or trio.run",
+                f"{owner} was opened on another event loop ({_loop_name(owned)}) and is used"
+                f" on this one ({_loop_name(here)}): its connections belong to the loop that"
+                " opened them — open the provider (`async with model`) inside the loop that"
+                " uses it, e.g. inside the function given to asyncio.run or trio.run, or let"
+                " the pipeline or session hold it (they do so on each loop)",
                 provider=provider,
             )
 
@@ -1306,7 +1345,7 @@ class PooledProvider:
         return self._pool.closed
 
     async def __aenter__(self) -> Self:
-        self._pool.acquire(self._endpoint(), self._owner())
+        self._pool.acquire(self._endpoint(), self._owner(), own=True)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

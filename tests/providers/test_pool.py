@@ -6,6 +6,7 @@ accepts. The tests that must hold on both event loops run one body under
 """
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -312,6 +313,45 @@ def test_a_provider_opened_on_trio_and_used_on_asyncio_is_an_error() -> None:
         asyncio.run(use())
     asyncio.run(model.aclose())
     assert model.closed
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+def test_one_pipeline_serves_sessions_on_two_threads_loops_at_once(name: str) -> None:
+    """Bug caught: a module-level pipeline used by two threads at once, each running its own
+    `asyncio.run` (a thread-pool worker, async code called from sync views), failed the second
+    thread's session, and any bare turn of it, with "opened on another event loop" while the
+    first thread's session held the model; each loop now holds connections of its own."""
+    make, reply = PROVIDERS[name]
+    both_in = threading.Barrier(2)
+    outcomes: dict[int, object] = {}
+
+    async def worker(pipe: Pipeline) -> list[str]:
+        async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+            first = await session.send("one")
+            await anyio.to_thread.run_sync(both_in.wait, 10)  # both sessions hold the model
+            bare = await pipe.run(Turn.start("bare"))
+            second = await session.send("two")
+        return [r.reply.text if r.reply else "" for r in (first, bare, second)]
+
+    def thread(number: int, pipe: Pipeline) -> None:
+        try:
+            outcomes[number] = asyncio.run(worker(pipe))
+        except BaseException as exc:  # reported below, not lost in the thread
+            both_in.abort()
+            outcomes[number] = exc
+
+    with serving_in_thread(repeat=reply) as server:
+        pipe = Pipeline(model=make(server.url))
+        threads = [threading.Thread(target=thread, args=(n, pipe)) for n in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+
+    assert outcomes == {1: ["Hello!"] * 3, 2: ["Hello!"] * 3}
+    assert len(server.requests) == 6
+    # Each loop's turns, the bare one too, shared one connection of that loop.
+    assert server.connections == 2
 
 
 def test_finish_events_still_arrive_through_a_pooled_connection() -> None:
