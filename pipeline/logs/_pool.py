@@ -219,6 +219,10 @@ class Connections(Generic[C]):
         self._loop: Loop | None = (
             "trio" if running == "trio" else "asyncio" if running == "asyncio" else None
         )
+        # The asyncio loop using the locks: another may take them over once it has stopped
+        # (successive asyncio.run calls), never while it runs (another thread's loop).
+        self._asyncio_loop: Callable[[], asyncio.AbstractEventLoop | None] = lambda: None
+        self._handover = threading.Lock()
 
     def check_loop(self) -> None:
         """Refuse a loop that is not trio or asyncio, or not of the kind that used the log first.
@@ -237,6 +241,17 @@ class Connections(Generic[C]):
                 " the loop that uses it (`async with ... as log:` in the function given to"
                 " trio.run or asyncio.run, or in a web app's lifespan)"
             )
+        if loop == "asyncio" and self._asyncio_loop() is not (here := asyncio.get_running_loop()):
+            with self._handover:
+                using = self._asyncio_loop()
+                if using is not None and using is not here and using.is_running():
+                    raise RuntimeError(
+                        f"{self._name} is used by another event loop, still running (another"
+                        " thread's): its locks wake only the loop that waits on them — open a"
+                        " log for each thread's loop, inside the loop that uses it (`async with"
+                        " ... as log:` in the function given to asyncio.run)"
+                    )
+                self._asyncio_loop = weakref.ref(here)
 
     async def run(self, work: Callable[[C], T], *, held: bool = False) -> T:
         """`work(connection)` in a worker thread; driver errors become `LogError`.

@@ -1169,3 +1169,57 @@ def test_an_asyncio_timeout_around_a_turn_cancels_it() -> None:
     assert trace == ["model cancelled"]
     assert elapsed < 2
     assert left == set()
+
+
+# -- one log, two threads' loops --------------------------------------------------------------
+
+
+def test_a_sqlite_log_used_by_another_threads_running_loop_is_refused_not_hung(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bug caught: one SQLiteLog used at once by two threads, each running its own
+    `asyncio.run`, hung the second thread's commit (its wake-up came from the other loop's
+    thread, which never woke its loop), where a log used by two kinds of loop was already a
+    clear RuntimeError; once the first loop has ended, the next one may use the log."""
+    writes = GatedWrites(monkeypatch)
+    log = SQLiteLog(tmp_path / "log.db")
+    seen: dict[str, object] = {}
+
+    async def first() -> None:
+        await log.append("a", "t1", exchange("q", "a"))  # the first loop to use the log
+
+    async def writing() -> None:
+        await log.append("a", "t2", exchange("q2", "a2"))  # held until the gate opens
+
+    def other_thread() -> None:
+        async def commit() -> None:
+            async with asyncio.timeout(5):
+                await log.append("b", "t1", exchange("q", "b"))
+
+        try:
+            asyncio.run(commit())
+            seen["other"] = "committed"
+        except BaseException as exc:
+            seen["other"] = exc
+
+    async def main() -> None:
+        await first()
+        task = asyncio.create_task(writing())
+        await writes.wait_entered()
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        await asyncio.sleep(0.2)  # the other thread's commit waits for this one's
+        writes.gate.release()
+        writes.gate.release()  # and its own transaction, if it gets one
+        await task
+        await asyncio.to_thread(thread.join, 10)
+
+    writes.gate.release()  # the first commit's transaction
+    asyncio.run(main())
+    entries = asyncio.run(log.entries("a"))  # the first loop ended: another may use the log
+    asyncio.run(log.aclose())
+
+    error = seen["other"]
+    assert isinstance(error, RuntimeError), error
+    assert f"{log!r} is used by another event loop, still running" in str(error)
+    assert [e.turn_ref for e in entries] == ["t1", "t2"]
