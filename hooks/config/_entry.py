@@ -89,8 +89,13 @@ def raise_all(problems: list[Invalid]) -> None:
 
 
 def within(key: str, exc: Invalid) -> Invalid:
-    """`exc`, found in the value of `key`, as a problem of the entry holding that value."""
-    return Invalid(str(exc), key=f"{key}.{exc.key}" if exc.key else key)
+    """`exc`, found in the value of `key`, as a problem of the entry holding that value.
+
+    It keeps `exc`'s cause (what the user's code raised), which ``--debug`` shows.
+    """
+    problem = Invalid(str(exc), key=f"{key}.{exc.key}" if exc.key else key)
+    problem.__cause__ = exc.__cause__
+    return problem
 
 
 def required_with(entry: Any) -> list[Invalid]:

@@ -382,7 +382,7 @@ class Judge(HookEntry):
         try:
             model = self.model.build(env)
         except Invalid as exc:
-            raise within("model", exc) from None
+            raise within("model", exc) from exc.__cause__
         return self.wrap(judge(model, self.instruction, feedback=self.feedback))
 
 

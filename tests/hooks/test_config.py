@@ -330,18 +330,25 @@ def test_a_module_that_fails_to_import_says_how(tmp_path: Path) -> None:
 
 def test_the_traceback_of_what_a_referenced_module_raised_is_kept(tmp_path: Path) -> None:
     """Bug caught: the exception a module raised as it was imported (or a transformer
-    factory as it was called) was dropped, so `turnplug --debug` showed the loader's
-    traceback and not the line of the user's code that failed."""
+    factory, or a judge's or a running summary's model factory, as it was called) was
+    dropped, so `turnplug --debug` showed the loader's traceback and not the line of the
+    user's code that failed."""
     (tmp_path / "fails_deep_inside.py").write_text(
         "def helper_that_fails():\n    raise RuntimeError('deep')\n\nhelper_that_fails()\n"
     )
     (tmp_path / "raising_factory.py").write_text(
-        "def factory():\n    raise LookupError('no transformer today')\n"
+        "def factory():\n    raise LookupError('no transformer today')\n\n"
+        "def judge_model():\n    raise KeyError('no judge today')\n\n"
+        "def summary_model():\n    raise OSError('no summary today')\n"
     )
     path = tmp_path / "c.toml"
     path.write_text(
         '[[pre]]\nkind = "python"\nref = "fails_deep_inside:fn"\n'
         '[[transformers]]\nkind = "python"\nref = "raising_factory:factory"\n'
+        '[[post]]\nkind = "judge"\ninstruction = "Polite?"\n'
+        'model = { provider = "python", ref = "raising_factory:judge_model" }\n'
+        '[[post]]\nkind = "running_summary"\n'
+        'model = { provider = "python", ref = "raising_factory:summary_model" }\n'
     )
     with pytest.raises(ConfigError) as caught:
         load_pipeline(path)
@@ -349,6 +356,8 @@ def test_the_traceback_of_what_a_referenced_module_raised_is_kept(tmp_path: Path
     assert "in helper_that_fails" in shown
     assert "raise RuntimeError('deep')" in shown
     assert "raise LookupError('no transformer today')" in shown
+    assert "raise KeyError('no judge today')" in shown
+    assert "raise OSError('no summary today')" in shown
 
 
 def test_a_module_that_fails_to_import_is_imported_once_per_load(tmp_path: Path) -> None:
