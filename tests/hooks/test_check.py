@@ -653,5 +653,10 @@ def test_with_debug_a_config_error_shows_its_traceback_and_still_exits_2(
     done = turnplug(*args)
     assert done.returncode == 2, done.stderr
     assert "Traceback" in done.stderr
-    assert "raise RuntimeError('broken here')" in done.stderr
-    assert done.stderr.rstrip().splitlines()[-1].endswith("RuntimeError: broken here")
+    lines = done.stderr.splitlines()
+    # The module's own traceback, as the cause, then the config error's: the error's last
+    # line names the RuntimeError too, so only lines the cause alone prints tell it is kept.
+    assert "    raise RuntimeError('broken here')" in lines
+    assert "RuntimeError: broken here" in lines
+    assert "The above exception was the direct cause of the following exception:" in lines
+    assert lines[-1].startswith("pipeline.ConfigError: "), lines[-1]
