@@ -34,6 +34,7 @@ from ._types import (
     Invalid,
     Positive,
     TokenizerRef,
+    shown,
 )
 
 # -- the whole file ---------------------------------------------------------------------------
@@ -53,7 +54,7 @@ class BudgetSpec:
         if self.injection_reserve >= self.context_tokens:
             raise Invalid(
                 f"must be smaller than context_tokens ({self.context_tokens}), got"
-                f" {self.injection_reserve}: the history needs room too",
+                f" {shown(self.injection_reserve)}: the history needs room too",
                 key="injection_reserve",
             )
         return Budget(self.context_tokens, self.injection_reserve)

@@ -16,6 +16,7 @@ import attrs
 
 from .._pii import KINDS as PII_KINDS
 from ._types import (
+    WHOLE_MOST,
     Arguments,
     Count,
     Hours,
@@ -39,8 +40,8 @@ _VALUES: dict[Any, dict[str, Any]] = {
     str: {"type": "string"},
     bool: {"type": "boolean"},
     Text: {"type": "string", "pattern": r"\S"},
-    Count: {"type": "integer", "minimum": 0},
-    Positive: {"type": "integer", "minimum": 1},
+    Count: {"type": "integer", "minimum": 0, "maximum": WHOLE_MOST},
+    Positive: {"type": "integer", "minimum": 1, "maximum": WHOLE_MOST},
     Seconds: {"type": "number", "exclusiveMinimum": 0},
     Minutes: {"type": "number", "exclusiveMinimum": 0},
     Hours: {"type": "number", "exclusiveMinimum": 0},

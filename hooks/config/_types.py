@@ -39,9 +39,16 @@ class Invalid(ValueError):
 
 
 def shown(value: object) -> str:
-    """`value` as a user wrote it, with its type as TOML and JSON name it."""
+    """`value` as a user wrote it, with its type as TOML and JSON name it.
+
+    An integer too long to show (TOML and JSON read any; Python will not write one of more
+    than 4300 digits) is shown by its number of digits.
+    """
     if value is None:
         return "null"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**57:
+        sign = "a negative" if value < 0 else "an"
+        return f"{sign} integer of {_digits(abs(value))} digits"
     try:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
@@ -49,6 +56,14 @@ def shown(value: object) -> str:
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{text} ({type_name(value)})"
+
+
+def _digits(number: int) -> int:
+    """How many digits `number` (> 0) has, without writing it out."""
+    digits = int(math.log10(number)) + 1  # a float's log may be one off near a power of 10
+    if number < 10 ** (digits - 1):
+        return digits - 1
+    return digits + 1 if number >= 10**digits else digits
 
 
 def type_name(value: object) -> str:
@@ -148,9 +163,16 @@ def check_bool(value: Any) -> bool:
     return value
 
 
+WHOLE_MOST = 2**63 - 1
+"""The largest whole number a config takes: what a 64-bit signed integer holds, the most a
+provider takes as ``max_tokens``; no other count or limit is meaningful past it."""
+
+
 def _whole(value: Any, least: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise Invalid(f"expected {what}, got {shown(value)}")
+    if value > WHOLE_MOST:
+        raise Invalid(f"expected {what} and at most 2**63 - 1 ({WHOLE_MOST}), got {shown(value)}")
     return value
 
 

@@ -1031,9 +1031,61 @@ def test_an_integer_too_large_for_a_float_is_a_problem_saying_what_was_expected(
         "pre": [{"kind": "static", "text": "x", "timeout": huge}],
     }
     problems = dict(_problems(data))
-    assert "expected a number between 0 and 2, got 1000" in problems["model.temperature"]
-    assert "expected a positive number of seconds, got 1000" in problems["pre[0].timeout"]
+    assert "expected a number between 0 and 2, got an integer" in problems["model.temperature"]
+    assert "expected a positive number of seconds, got an integer" in problems["pre[0].timeout"]
     assert "Overflow" not in "".join(problems.values())
+
+
+def test_an_integer_past_pythons_digit_limit_is_shown_by_its_number_of_digits() -> None:
+    """Bug caught: an integer of more than 4300 digits (which pipeline_from_dict takes) was
+    shown as Python's "Exceeds the limit (4300 digits)" ValueError, not as what was given."""
+    data = {
+        "model": {"provider": "openai", "name": "m", "api_key_env": "", "temperature": 10**5000},
+        "pre": [{"kind": "static", "text": "x", "timeout": -(10**5000)}],
+    }
+    assert dict(_problems(data)) == {
+        "model.temperature": "expected a number between 0 and 2, got an integer of 5001 digits",
+        "pre[0].timeout": (
+            "expected a positive number of seconds, got a negative integer of 5001 digits"
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        ({"max_steps": 2**63}, "max_steps"),
+        ({"tool_concurrency": 2**63}, "tool_concurrency"),
+        ({"max_regenerations": 2**63}, "max_regenerations"),
+        ({"post": [{"kind": "max_length", "chars": 2**63}]}, "post[0].chars"),
+        ({"budget": {"context_tokens": 10**400, "injection_reserve": 10}}, "budget.context_tokens"),
+        (
+            {"budget": {"context_tokens": 100, "injection_reserve": 10**5000}},
+            "budget.injection_reserve",
+        ),
+        (
+            {"model": {"provider": "openai", "name": "m", "api_key_env": "", "max_tokens": 2**63}},
+            "model.max_tokens",
+        ),
+        (
+            {"transformers": [{"kind": "redact", "patterns": ["x"], "max_match": 2**63}]},
+            "transformers[0].max_match",
+        ),
+    ],
+)
+def test_a_whole_number_past_a_64_bit_integer_is_a_problem_at_its_key(
+    data: dict[str, Any], path: str
+) -> None:
+    """Bug caught: a whole-number key took any integer TOML or JSON reads (10**400 as
+    max_tokens, sent to a provider mid-turn), and an injection_reserve of 5001 digits
+    escaped pipeline_from_dict as a bare ValueError."""
+    ((where, message),) = _problems(data)
+    assert where == path
+    assert "and at most 2**63 - 1 (9223372036854775807), got " in message
+
+
+def test_the_largest_whole_number_is_taken() -> None:
+    assert pipeline_from_dict({"max_steps": 2**63 - 1}).max_steps == 2**63 - 1
 
 
 def test_a_deny_guardrail_needs_a_pattern() -> None:

@@ -67,6 +67,13 @@ def test_the_catalogues_summary_and_compactor_are_described(validator: Any) -> N
     assert _errors(validator, {"pre": [{"kind": "running_summary"}]}) != []
 
 
+def test_a_whole_number_past_a_64_bit_integer_is_refused(validator: Any) -> None:
+    """Bug caught: the schema took any integer where loading refuses one past 2**63 - 1."""
+    assert _errors(validator, {"max_steps": 2**63 - 1, "max_regenerations": 0}) == []
+    assert _errors(validator, {"max_steps": 2**63}) != []
+    assert _errors(validator, {"max_regenerations": 2**63}) != []
+
+
 def test_kinds_are_refused_outside_their_lists(validator: Any) -> None:
     assert _errors(validator, {"post": [{"kind": "static", "text": "x"}]}) != []
     assert _errors(validator, {"pre": [{"kind": "redact", "patterns": ["x"]}]}) != []
