@@ -460,49 +460,64 @@ FOLDER: ContextVar[str | None] = ContextVar("FOLDER", default=None)
 """The directory of the config file being loaded, whose modules its refs name first."""
 
 
-FAILED: ContextVar[dict[str, Invalid] | None] = ContextVar("FAILED", default=None)
-"""The modules whose import failed while the current config loads, and the problem said:
-such a module is imported once per load, however many refs name it (Python keeps no failed
-module, and would run its code, side effects included, again for each)."""
+FAILED: ContextVar[dict[str, BaseException] | None] = ContextVar("FAILED", default=None)
+"""The modules whose import failed while the current config loads, and what each raised:
+such a module is imported once per load, however many refs name it or a module inside it
+(Python keeps no failed module, and would run its code, side effects included, again for
+each)."""
 
 
 def _import(module_name: str) -> Any:
     failed = FAILED.get()
-    if failed is not None and module_name in failed:
-        known = failed[module_name]
-        raise Invalid(str(known)) from known.__cause__
-    try:
-        return _import_now(module_name)
-    except Invalid as exc:
-        if failed is not None:
-            failed[module_name] = exc
-        raise
-
-
-def _import_now(module_name: str) -> Any:
-    """The module, imported; `Invalid` saying why not, caused by what its own code raised
-    (its traceback, which ``--debug`` shows)."""
+    if failed is not None:
+        for name in _enclosing(module_name):
+            if name in failed:
+                problem = _import_failed(module_name, failed[name])
+                raise problem from problem.__cause__
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
-            raise Invalid(
-                f"cannot import {module_name!r}: no such module — check the spelling; a module"
-                " next to the config file, or installed in this environment, is found"
-            ) from None
-        raise Invalid(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    except Exception as exc:  # the module's own code failed: say how, keep going
-        raise Invalid(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
-    except SystemExit as exc:
+    except (Exception, SystemExit) as exc:  # Ctrl-C (KeyboardInterrupt) still stops it
+        if failed is not None:
+            failed[_failing(module_name)] = exc
+        problem = _import_failed(module_name, exc)
+        raise problem from problem.__cause__
+    _check_beside(module_name)
+    return module
+
+
+def _enclosing(module_name: str) -> list[str]:
+    """`module_name` and the packages it is in, outermost first: importing it imports each."""
+    parts = module_name.split(".")
+    return [".".join(parts[: count + 1]) for count in range(len(parts))]
+
+
+def _failing(module_name: str) -> str:
+    """Which of `module_name` and its packages failed to import: the outermost Python did not
+    keep (it keeps a package whose own code ran through, and drops one that failed)."""
+    return next((name for name in _enclosing(module_name) if name not in sys.modules), module_name)
+
+
+def _import_failed(module_name: str, exc: BaseException) -> Invalid:
+    """The problem of `module_name` failing to import with `exc`; caused by what its own code
+    raised (its traceback, which ``--debug`` shows)."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if missing is not None and (module_name + ".").startswith(missing + "."):
+        return Invalid(
+            f"cannot import {module_name!r}: no such module — check the spelling; a module"
+            " next to the config file, or installed in this environment, is found"
+        )
+    if isinstance(exc, SystemExit):
         # A module that exits when imported (a script's `sys.exit()` run at the top level)
-        # would end the loading process silently. Ctrl-C (KeyboardInterrupt) still stops it.
-        raise Invalid(
+        # would end the loading process silently.
+        problem = Invalid(
             f"importing {module_name!r} called sys.exit({exc.code!r}) — a module a config"
             " names must not exit when imported; guard its script part with"
             ' `if __name__ == "__main__":`'
-        ) from exc
-    _check_beside(module_name)
-    return module
+        )
+    else:  # the module's own code failed: say how, keep going
+        problem = Invalid(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}")
+    problem.__cause__ = exc
+    return problem
 
 
 def _check_beside(module_name: str) -> None:

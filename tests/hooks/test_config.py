@@ -383,6 +383,41 @@ def test_a_module_that_fails_to_import_is_imported_once_per_load(tmp_path: Path)
     assert runs.read_text() == "ran\nran\n"
 
 
+def test_a_package_that_fails_to_import_is_imported_once_per_load_by_its_modules(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: a failing package's `__init__` named through `pkg.sub:g` and `pkg:f` ran
+    once per name, as the load remembered the name a ref gave, not the module that failed."""
+    runs = tmp_path / "runs.txt"
+    package = tmp_path / "once_failing_package"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        f"with open({str(runs)!r}, 'a') as f:\n    f.write('ran\\n')\nraise RuntimeError('no')\n"
+    )
+    (package / "sub.py").write_text("def g(turn): ...\n")
+    working = tmp_path / "once_working_package"
+    working.mkdir()
+    (working / "__init__.py").write_text(
+        "from pipeline import cont\n\ndef f(turn):\n    return cont(turn)\n"
+    )
+    (working / "broken_sub.py").write_text("raise LookupError('sub')\n")
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[[pre]]\nkind = "python"\nref = "once_failing_package.sub:g"\n'
+        '[[pre]]\nkind = "python"\nref = "once_failing_package:f"\n'
+        '[[pre]]\nkind = "python"\nref = "once_working_package.broken_sub:g"\n'
+        '[[pre]]\nkind = "python"\nref = "once_working_package:f"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    assert caught.value.problems == (
+        ("pre[0].ref", "importing 'once_failing_package.sub' failed: RuntimeError: no"),
+        ("pre[1].ref", "importing 'once_failing_package' failed: RuntimeError: no"),
+        ("pre[2].ref", "importing 'once_working_package.broken_sub' failed: LookupError: sub"),
+    )
+    assert runs.read_text() == "ran\n"
+
+
 def test_a_missing_attribute_is_named() -> None:
     message = _message({"pre": [{"kind": "python", "ref": ref("nothing_here")}]})
     assert "nothing_here" in message
