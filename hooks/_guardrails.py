@@ -15,7 +15,7 @@ from pipeline import ConfigError, Cont, Hook, Model, Regenerate, cont, hook, reg
 from turns import Turn
 
 from ._ask import ask, check_callable, check_model, check_text, name_of
-from ._redact import matches_empty
+from ._redact import zero_width
 
 Check: TypeAlias = Callable[[str], bool | str | Awaitable[bool | str]]
 """``check(text) -> bool | str``, sync or async: True accepts, False or feedback rejects."""
@@ -82,8 +82,9 @@ def deny(*patterns: str | re.Pattern[str], feedback: str) -> Hook:
         feedback: What the model is told when one is found.
 
     Raises:
-        ConfigError: No pattern, a pattern that does not compile or matches any text (it
-            matches the empty string), or `feedback` that is not text.
+        ConfigError: No pattern, a pattern that does not compile or can match zero
+            characters (the empty string, or an empty place such as ``(?=password)``), or
+            `feedback` that is not text.
     """
     if not patterns:
         raise ConfigError("deny() needs at least one pattern, e.g. deny(r'(?i)internal only', ...)")
@@ -103,11 +104,8 @@ def deny(*patterns: str | re.Pattern[str], feedback: str) -> Hook:
                 f"deny pattern {index}: expected a string or compiled text regex, got"
                 f" {type(pattern).__name__} {pattern!r}"
             )
-        if matches_empty(regex):
-            raise ConfigError(
-                f"deny pattern {index} {regex.pattern!r} matches the empty string, so it would"
-                " reject every reply — require at least one character"
-            )
+        if (why := zero_width(regex, deny=True)) is not None:
+            raise ConfigError(f"deny pattern {index} {regex.pattern!r} {why}")
         compiled.append(regex)
     check_text("deny", "feedback", feedback, optional=False)
 

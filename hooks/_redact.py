@@ -48,8 +48,36 @@ sre_parse: Any = importlib.import_module("re._parser")
 
 
 def matches_empty(regex: "re.Pattern[str]") -> bool:
-    """Whether `regex` can match the empty string (it would redact between characters)."""
+    """Whether `regex` can match zero characters: the empty string, or an empty place in a
+    text (``(?=password)``, ``(?<=key=)\\w*``)."""
     return bool(sre_parse.parse(regex.pattern, regex.flags).getwidth()[0] == 0)
+
+
+# Texts a pattern that can match zero characters is tried on, to tell whether it matches in
+# every text (``x*``, ``$``) or only in some (``(?=password)``, ``(?m)^$``, ``\\b``).
+_PROBES = ("", "a", "ab\n cd", "key=password")
+
+
+def zero_width(regex: "re.Pattern[str]", *, deny: bool) -> str | None:
+    """Why `regex` is refused as a deny pattern (`deny`) or a redaction's, or None when it
+    cannot match zero characters. What it would do is said only when the probes show it:
+    a deny pattern found in every text rejects every reply; a redaction's matching at every
+    place redacts between every character."""
+    if not matches_empty(regex):
+        return None
+    if deny:
+        everywhere = all(regex.search(text) for text in _PROBES)
+        consequence = "reject every reply"
+    else:
+        everywhere = all(
+            regex.match(text, place) for text in _PROBES for place in range(len(text) + 1)
+        )
+        consequence = "redact between every character"
+    return (
+        "can match zero characters (an empty place in the text)"
+        + (f", so it would {consequence}" if everywhere else "")
+        + " — require at least one character"
+    )
 
 
 _CATEGORIES = {
@@ -1278,7 +1306,7 @@ def redact(
     decided, not the whole reply.
 
     Raises:
-        ConfigError: A pattern does not compile, can match the empty string, or an option is
+        ConfigError: A pattern does not compile, can match zero characters, or an option is
             out of range: a replacement or validator that cannot take a match, a name that
             is not text.
     """
@@ -1315,11 +1343,8 @@ def redact(
                 f"redact pattern {index}: expected a string or compiled regex, got"
                 f" {type(pattern).__name__} {pattern!r}"
             )
-        if matches_empty(regex):
-            raise ConfigError(
-                f"redact pattern {index} {regex.pattern!r} matches the empty string, so it"
-                " would redact between every character — require at least one character"
-            )
+        if (why := zero_width(regex, deny=False)) is not None:
+            raise ConfigError(f"redact pattern {index} {regex.pattern!r} {why}")
         compiled.append(regex)
     if not compiled:
         raise ConfigError(

@@ -24,7 +24,7 @@ from turns import Turn
 
 from .._guardrails import deny, guardrail, judge, max_length
 from .._inject import retrieve
-from .._redact import matches_empty
+from .._redact import zero_width
 from .._summary import running_summary
 from .._tool_call import inject_tool_call
 from ._entry import Env, HookEntry, doc, exactly_one, raise_all, required_with, within
@@ -339,12 +339,8 @@ def _deny_problems(patterns: tuple[re.Pattern[str], ...]) -> Iterator[Invalid]:
     if not patterns:
         yield Invalid("deny needs at least one pattern", key="deny")
     for index, pattern in enumerate(patterns):
-        if matches_empty(pattern):
-            yield Invalid(
-                f"{json.dumps(pattern.pattern)} matches the empty string, so it would reject"
-                " every reply — require at least one character",
-                key=f"deny[{index}]",
-            )
+        if (why := zero_width(pattern, deny=True)) is not None:
+            yield Invalid(f"{json.dumps(pattern.pattern)} {why}", key=f"deny[{index}]")
 
 
 @final

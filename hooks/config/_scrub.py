@@ -11,7 +11,7 @@ from pipeline import Hook
 
 from .._pii import KINDS as PII_KINDS
 from .._pii import pii
-from .._redact import Redact, matches_empty, redact
+from .._redact import Redact, redact, zero_width
 from .._scrub import scrub_input, scrub_tool_results
 from ._entry import Env, HookEntry, doc, exactly_one, raise_all
 from ._tools import AfterTool, match_option
@@ -57,14 +57,8 @@ class _ScrubKeys(HookEntry):
         if self.patterns is not None and not self.patterns:
             problems.append(Invalid("give at least one pattern", key="patterns"))
         for index, pattern in enumerate(self.patterns or ()):
-            if matches_empty(pattern):
-                problems.append(
-                    Invalid(
-                        f"{pattern.pattern!r} matches the empty string — require at least one"
-                        " character",
-                        key=f"patterns[{index}]",
-                    )
-                )
+            if (why := zero_width(pattern, deny=False)) is not None:
+                problems.append(Invalid(f"{pattern.pattern!r} {why}", key=f"patterns[{index}]"))
         raise_all(problems)
         if self.pii is not None:
             return pii(self.pii, replacement=self.replacement)

@@ -16,7 +16,7 @@ from pipeline import (
 from .._citations import citations
 from .._pii import KINDS as PII_KINDS
 from .._pii import pii
-from .._redact import matches_empty, redact
+from .._redact import redact, zero_width
 from ._entry import Env, doc, raise_all
 from ._types import (
     FactoryRef,
@@ -133,13 +133,9 @@ class RedactEntry:
         if not self.patterns:
             problems.append(Invalid("redact needs at least one pattern", key="patterns"))
         for index, pattern in enumerate(self.patterns):
-            if matches_empty(pattern):
+            if (why := zero_width(pattern, deny=False)) is not None:
                 problems.append(
-                    Invalid(
-                        f"{json.dumps(pattern.pattern)} matches the empty string, so it would"
-                        " redact between every character — require at least one character",
-                        key=f"patterns[{index}]",
-                    )
+                    Invalid(f"{json.dumps(pattern.pattern)} {why}", key=f"patterns[{index}]")
                 )
         raise_all(problems)
         return redact(

@@ -1031,14 +1031,18 @@ def test_every_redact_pattern_that_matches_the_empty_string_is_named() -> None:
         "transformers[0].patterns[1]",
         "transformers[0].patterns[2]",
     ]
-    assert all("matches the empty string" in message for _, message in problems)
+    assert all("can match zero characters" in message for _, message in problems)
+    assert "so it would redact between every character" in problems[0][1]
 
 
 def test_every_deny_pattern_that_matches_the_empty_string_is_named() -> None:
     entry = {"kind": "guardrail", "deny": ["ok", "a*", "(x|)"], "feedback": "No."}
     problems = _post_problems(entry)
     assert [path for path, _ in problems] == ["post[1].deny[1]", "post[1].deny[2]"]
-    assert '"a*" matches the empty string' in problems[0][1]
+    assert (
+        '"a*" can match zero characters (an empty place in the text), so it would reject every'
+        in (problems[0][1])
+    )
 
 
 def test_a_pattern_that_matches_only_an_empty_string_between_characters_is_named() -> None:
@@ -1048,12 +1052,36 @@ def test_a_pattern_that_matches_only_an_empty_string_between_characters_is_named
     deny = {"kind": "guardrail", "deny": ["ok", r"\b"], "feedback": "No."}
     ((path, message),) = _post_problems(deny)
     assert path == "post[1].deny[1]"
-    assert "matches the empty string" in message
+    assert "can match zero characters" in message
     scrub = {"kind": "scrub", "patterns": ["ok", r"(?<=a)x*"]}
     assert [where for where, _ in _problems({"pre": [scrub], "after_tool": [scrub]})] == [
         "pre[0].patterns[1]",
         "after_tool[0].patterns[1]",
     ]
+
+
+@pytest.mark.parametrize("pattern", [r"(?=password)", r"(?<=key=)\w*"])
+def test_a_pattern_matching_only_an_empty_place_is_not_said_to_match_every_text(
+    pattern: str,
+) -> None:
+    """Bug caught: a deny or scrub pattern matching an empty place in some text only was
+    refused as one that "matches the empty string, so it would reject every reply"."""
+    deny = {"post": [{"kind": "guardrail", "deny": [pattern], "feedback": "No."}]}
+    scrub = {"pre": [{"kind": "scrub", "patterns": [pattern]}]}
+    why = "can match zero characters (an empty place in the text) — require at least one character"
+    assert _problems(deny) == (("post[0].deny[0]", f"{json.dumps(pattern)} {why}"),)
+    assert _problems(scrub) == (("pre[0].patterns[0]", f"{pattern!r} {why}"),)
+
+
+def test_a_scrub_pattern_matching_at_every_place_says_it_would_redact_between_characters() -> None:
+    """Bug caught: a scrub pattern matching the empty string was refused without saying
+    what it would do, where a redact transformer's said it would redact between every
+    character."""
+    ((path, message),) = _problems({"pre": [{"kind": "scrub", "patterns": ["x*"]}]})
+    assert path == "pre[0].patterns[0]"
+    assert message.endswith(
+        ", so it would redact between every character — require at least one character"
+    )
 
 
 def test_an_integer_too_large_for_a_float_is_a_problem_saying_what_was_expected() -> None:

@@ -535,6 +535,20 @@ def test_zero_width_patterns_are_refused(pattern):
         redact(pattern)
 
 
+@pytest.mark.parametrize(
+    ("pattern", "everywhere"), [(r"\b", False), ("(?=x)", False), ("x?", True)]
+)
+def test_only_a_pattern_matching_at_every_place_is_said_to_redact_between_characters(
+    pattern, everywhere
+):
+    """Bug caught: a pattern matching an empty place in some text only (a word boundary, a
+    lookahead) was refused as one that "matches the empty string, so it would redact between
+    every character"."""
+    with pytest.raises(ConfigError, match="can match zero characters") as info:
+        redact(pattern)
+    assert ("redact between every character" in str(info.value)) is everywhere
+
+
 def test_a_compiled_bytes_pattern_is_refused_by_name():
     with pytest.raises(ConfigError) as info:
         redact([PHONE, re.compile(b"secret")])  # type: ignore[arg-type]
