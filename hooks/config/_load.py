@@ -48,6 +48,8 @@ from ._schema import schema_of
 from ._types import CHECKS, FAILED, FOLDER, Invalid, Ref, ToolRef, shown
 
 _Problem = tuple[str, str]
+_Cause = tuple[str, BaseException]
+"""What the config's own code raised, with the path of the problem it caused."""
 """The path of a value (``pre[2].ref``; ``""`` for the whole file) and what is wrong."""
 
 
@@ -437,7 +439,7 @@ def _build(
     env: Env,
     data: Mapping[str, Any],
     model: Model | None = None,
-) -> tuple[dict[str, Any], list[_Problem], list[BaseException]]:
+) -> tuple[dict[str, Any], list[_Problem], list[_Cause]]:
     """Build every entry; the keyword arguments of `Pipeline`, the problems met and what
     the config's own code raised under them (`_causes`).
 
@@ -446,15 +448,17 @@ def _build(
     API key is not needed): `model` answers instead.
     """
     problems: list[_Problem] = []
-    causes: list[BaseException] = []
+    causes: list[_Cause] = []
 
     def attempt(path: str, build: Callable[[Env], Any]) -> Any:
         try:
             return build(env)
         except* Invalid as group:
             for exc in _leaves(group):
-                problems.append((_join(path, exc.key) if exc.key else path, str(exc)))
-            causes.extend(_causes(group))
+                where = _join(path, exc.key) if exc.key else path
+                problems.append((where, str(exc)))
+                if exc.__cause__ is not None:
+                    causes.append((where, exc.__cause__))
         except* ConfigError as group:
             problems.extend((path, str(exc)) for exc in _leaves(group))
         return None
@@ -567,15 +571,39 @@ def _build(
     return built, problems, causes
 
 
-def _causes(exc: BaseException) -> Iterator[BaseException]:
+def _causes(exc: BaseException, path: str) -> Iterator[_Cause]:
     """What the config's own code raised (a module failing to import, a factory), under
-    the problems in `exc`: the cause of the `ConfigError`, whose traceback (``--debug``)
-    shows where in that code it happened."""
-    if isinstance(exc, BaseExceptionGroup):
+    the problems in a structuring failure, with the path of each: the cause of the
+    `ConfigError`, whose traceback (``--debug``) shows where in that code it happened."""
+    if isinstance(exc, ClassValidationError):
+        noted, others = exc.group_exceptions()
+        for error, note in noted:
+            yield from _causes(error, _join(path, _key_of(exc.cl, note.name)))
+        for error in others:
+            yield from _causes(error, path)
+    elif isinstance(exc, IterableValidationError):
+        for error, inote in exc.group_exceptions()[0]:
+            yield from _causes(error, _join(path, inote.index))
+    elif isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            yield from _causes(inner)
+            yield from _causes(inner, path)
     elif isinstance(exc, Invalid) and exc.__cause__ is not None:
-        yield exc.__cause__
+        yield (_join(path, exc.key) if exc.key else path), exc.__cause__
+
+
+def _noted(data: Any, causes: list[_Cause]) -> list[BaseException]:
+    """Each distinct cause once, in file order, with a note naming the path of each problem
+    it caused: several are shown as one group, whose members would otherwise say nothing of
+    where in the file they belong. (One module failing to import is named by each ref to it,
+    with one cause.)"""
+    distinct: dict[int, BaseException] = {}
+    noted: set[tuple[str, int]] = set()
+    for path, cause in sorted(causes, key=lambda pair: _order(data, pair[0])):
+        distinct.setdefault(id(cause), cause)
+        if (path, id(cause)) not in noted:
+            noted.add((path, id(cause)))
+            cause.add_note(f"the problem at {path}")
+    return list(distinct.values())
 
 
 def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[Any]:
@@ -693,7 +721,7 @@ def _resolve_checked(
         config = _converter.structure(data, Config)
     except Exception as exc:
         problems.extend(_problems(exc, ""))
-        causes = list(_causes(exc))
+        causes = list(_causes(exc, ""))
         config, positions, dropped = _salvage(data)
     else:
         causes, dropped = [], []
@@ -717,8 +745,7 @@ def _resolve_checked(
             return _Loaded(source, config, pipeline)
     problems.sort(key=lambda problem: _order(data, problem[0]))
     error = _error(source, problems)
-    # One module failing to import is named by each ref to it, with one cause.
-    distinct = list({id(cause): cause for cause in causes}.values())
+    distinct = _noted(data, causes)
     if len(distinct) == 1:
         raise error from distinct[0]
     if distinct:

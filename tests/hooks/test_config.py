@@ -360,6 +360,30 @@ def test_the_traceback_of_what_a_referenced_module_raised_is_kept(tmp_path: Path
     assert "raise OSError('no summary today')" in shown
 
 
+def test_several_causes_are_noted_with_their_problems_paths_in_file_order(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: what several refs' code raised was the ConfigError's cause as a group of
+    unlabelled exceptions, in the order the loader met them, so --debug did not say which
+    traceback belonged to which problem."""
+    (tmp_path / "noted_factory.py").write_text("def factory():\n    raise LookupError('f')\n")
+    (tmp_path / "noted_broken.py").write_text("raise RuntimeError('b')\n")
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[[transformers]]\nkind = "python"\nref = "noted_factory:factory"\n'
+        '[[pre]]\nkind = "python"\nref = "noted_broken:f"\n'
+        '[[post]]\nkind = "python"\nref = "noted_broken:g"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    group = caught.value.__cause__
+    assert isinstance(group, BaseExceptionGroup)
+    assert [(type(exc).__name__, exc.__notes__) for exc in group.exceptions] == [
+        ("LookupError", ["the problem at transformers[0].ref"]),
+        ("RuntimeError", ["the problem at pre[0].ref", "the problem at post[0].ref"]),
+    ]
+
+
 def test_a_module_that_fails_to_import_is_imported_once_per_load(tmp_path: Path) -> None:
     """Bug caught: Python keeps no module that failed to import, so each ref naming it (and
     the loader's second look at a file with a mistake) ran its code again, side effects
