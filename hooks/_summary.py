@@ -48,6 +48,10 @@ turns it folded in with a fingerprint of that run (which tells the last turn fro
 one repeating it word for word; markers without them are still read).
 """
 
+_NEEDS_LOG = "_turnplug_needs_log"
+"""The attribute marking a hook function that does nothing useful without a conversation
+log (`needs_log`)."""
+
 DROPPED_TURNS = "dropped_turns"
 """The message `meta` key where `drop_oldest` notes how many uncovered turns it dropped.
 
@@ -142,7 +146,16 @@ def running_summary(model: Model, *, every: int = 10) -> Hook:
         }
         return cont(turn.inject(Text(_HEADING + summary, meta={RUNNING_SUMMARY: marker})))
 
+    setattr(run, _NEEDS_LOG, True)
     return hook(run, name="running_summary", durable=True, background=True)
+
+
+def needs_log(entry: object) -> bool:
+    """Whether `entry` is a hook that only works in a conversation with a log: a running
+    summary, whose output only later turns read from the log. A stateless turn (no log,
+    the caller keeps the history) would wait for its model call, then throw the summary
+    away, and re-summarize the caller's whole history every `every` turns."""
+    return isinstance(entry, Hook) and getattr(entry.fn, _NEEDS_LOG, False) is True
 
 
 def drop_oldest(

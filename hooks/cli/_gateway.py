@@ -59,6 +59,7 @@ from pipeline.providers import AnthropicMessages
 from turns import Context, Message, Reply, RequestOptions, ToolCall, ToolResult, Turn
 from turns.serde import to_dict
 
+from .._summary import needs_log
 from ..config._models import unwrapped
 from ._timeline import plain, rejected_by
 from ._wire import (
@@ -461,13 +462,18 @@ class Gateway:
         # pipeline keeps the accepted turn; a conversation's audit record never names the hook.
         self._accepted: dict[str, Turn] = {}
         self._stateless_pipe = self.pipe
+        # A stateless turn has no log: a hook whose output only later turns read from one
+        # (a running summary) would make the answer wait for work thrown away.
+        stateless_post = tuple(entry for entry in self.pipe.post if not needs_log(entry))
+        if len(stateless_post) < len(self.pipe.post):
+            self._stateless_pipe = self.pipe._sharing(post=stateless_post)
         # The background hooks' names, which a stateless turn cut at its timeout reports.
         self._background = [
-            entry.name for entry in self.pipe.post if isinstance(entry, Hook) and entry.background
+            entry.name for entry in stateless_post if isinstance(entry, Hook) and entry.background
         ]
         if self._background:
             keep = hook(self._keep_accepted, name=ACCEPTED_HOOK)
-            post = tuple(_abandonable(entry, settings.turn_timeout) for entry in self.pipe.post)
+            post = tuple(_abandonable(entry, settings.turn_timeout) for entry in stateless_post)
             self._stateless_pipe = self.pipe._sharing(post=(*post, keep))
         # The background hooks the drain timeout cut, which may still run (a sync hook's
         # worker thread cannot be stopped): "background hook 'bg' of turn tp_1".

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from hooks import deny, pii, scrub_input
+from hooks import deny, pii, running_summary, scrub_input
 from hooks.cli._serve import log_to_stderr
 from pipeline import Pipeline, block, cont, halt, hook, tool
 from pipeline.logs import SQLiteLog
@@ -1001,6 +1001,33 @@ async def test_background_hooks_output_is_committed_in_a_conversation(tmp_path: 
     ]
     committed = [e for e in feed if e["event"] == "Committed"]
     assert len(committed) == 4  # each turn, then each background hook's output
+
+
+async def test_a_running_summary_runs_in_conversations_only(tmp_path: Path) -> None:
+    """Bug caught: a stateless request ran a running summary before its answer was sent,
+    a model call whose summary no log kept, re-summarizing the client's whole history."""
+    summarizer = ScriptedModel(["S1", "S2"])
+    pipe = Pipeline(model=ScriptedModel(["a1", "a2"]), post=[running_summary(summarizer, every=1)])
+    history = [
+        {"role": role, "content": f"{role} {n}"} for n in range(5) for role in ("user", "assistant")
+    ]
+    async with SQLiteLog(tmp_path / "log.db") as log:
+        async with served(pipe, log=log) as gw:
+            stateless = await gw.sdk().chat.completions.create(
+                model="m", messages=[*history, *user("q")]
+            )
+            assert summarizer.requests == []
+            await gw.sdk().chat.completions.create(
+                model="m", messages=user("q2"), extra_headers={"X-Conversation-Id": "c"}
+            )
+        stored = await log.load("c")
+    assert stateless.choices[0].message.content == "a1"
+    assert len(summarizer.requests) == 1
+    assert [m.text for m in stored.messages] == [
+        "q2",
+        "a2",
+        "Summary of the conversation so far:\nS1",
+    ]
 
 
 async def test_a_race_with_background_hooks_commits_one_turn_and_its_output(
