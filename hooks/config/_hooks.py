@@ -392,6 +392,9 @@ class RunningSummary(HookEntry):
     """
 
     KIND: ClassVar[str] = "running_summary"
+    FIXED: ClassVar[Mapping[str, bool]] = {"durable": True, "shadow": False}
+    """Common keys this kind takes at one value only (or left out): the schema refuses the
+    other value, as `build` does."""
     every: Positive = attrs.field(
         default=Positive(10), metadata=doc("Summarize after every this many turns.")
     )
@@ -412,6 +415,15 @@ class RunningSummary(HookEntry):
                     " transient one (durable = false) never joins, so no later turn would"
                     " read it — remove durable = false",
                     key="durable",
+                )
+            )
+        if self.shadow:
+            problems.append(
+                Invalid(
+                    "nothing a shadow hook (shadow = true) injects is committed, so the"
+                    " summary would never join the log while its model is still called —"
+                    " remove shadow = true",
+                    key="shadow",
                 )
             )
         model = env.model

@@ -43,7 +43,7 @@ from pipeline.providers import model_from_string
 from .._terminal import one_line
 from ._entry import Env
 from ._file import STAGE_LISTS, TAGGED, Config
-from ._hooks import MemberEntry
+from ._hooks import MemberEntry, RunningSummary
 from ._schema import schema_of
 from ._types import CHECKS, FAILED, FOLDER, Invalid, Ref, ToolRef, shown
 
@@ -531,6 +531,7 @@ def _build(
     for stage in STAGE_LISTS:
         if stage not in ("tools", "toolsets"):
             build_list(stage)
+    problems.extend(_second_summaries(positions.get("post", range(len(config.post))), config.post))
     problems.extend(
         _same_names(
             "transformers",
@@ -628,6 +629,23 @@ def _same_names(stage: str, built: Iterable[tuple[int, Any]], why: str) -> Itera
             )
         else:
             names[name] = index
+
+
+def _second_summaries(where: Iterable[int], entries: Iterable[Any]) -> Iterator[_Problem]:
+    """A problem at each running summary after the first: each would fold the same turns
+    into a summary of its own, so the log would get two of each (and two model calls)."""
+    first: int | None = None
+    for index, entry in zip(where, entries, strict=True):
+        if not isinstance(entry, RunningSummary):
+            continue
+        if first is None:
+            first = index
+            continue
+        yield (
+            f"post[{index}]",
+            f"a second running_summary (the first is post[{first}]): both would summarize"
+            " the same turns, writing two summaries of them into the log — keep one entry",
+        )
 
 
 def _colliding_tools(

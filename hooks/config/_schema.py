@@ -9,7 +9,7 @@ that a regex compiles, that an API key is set — is left to the loader.
 import re
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, get_args, get_origin
 
 import attrs
@@ -138,9 +138,12 @@ class _Writer:
             properties[tag] = {"const": getattr(cls, tag.upper())}
             required.append(tag)
         hints = typing.get_type_hints(cls)
+        fixed: Mapping[str, Any] = getattr(cls, "FIXED", {})
         for field in attrs.fields(cls):
             key = field.metadata.get("key", field.name)
             schema = self.value(hints[field.name])
+            if key in fixed:  # null stands for the key left out
+                schema = {"enum": [fixed[key], None]}
             if "doc" in field.metadata:
                 schema["description"] = field.metadata["doc"]
             if "min_items" in field.metadata:

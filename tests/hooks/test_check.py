@@ -317,7 +317,27 @@ def test_check_shows_what_each_new_kind_runs(tmp_path: Path) -> None:
     assert "sk-j" not in done.stdout
 
 
-def test_check_shows_the_catalogues_summary_and_compactor(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("entry", "row"),
+    [
+        (
+            "every = 5",
+            "post[0] running_summary running_summary durable no timeout on_error halt"
+            " every 5 turns, summarized by the turn's model, background",
+        ),
+        (
+            'name = "cheap_summary"\n'
+            'model = { provider = "openai", name = "gpt-4o-mini", api_key_env = "SUMMARY_KEY" }',
+            "post[0] cheap_summary running_summary durable no timeout on_error halt every 10"
+            " turns, summarized by openai gpt-4o-mini, at https://api.openai.com/v1, key from"
+            " SUMMARY_KEY, background",
+        ),
+    ],
+    ids=["turn_model", "own_model"],
+)
+def test_check_shows_the_catalogues_summary_and_compactor(
+    tmp_path: Path, entry: str, row: str
+) -> None:
     """Bug caught: a config could not declare the catalogue's running summary or its
     compactor, so `check` had neither to show."""
     config = write_config(
@@ -328,29 +348,16 @@ def test_check_shows_the_catalogues_summary_and_compactor(tmp_path: Path) -> Non
 
         [[post]]
         kind = "running_summary"
-        every = 5
-
-        [[post]]
-        kind = "running_summary"
-        name = "cheap_summary"
-        model = { provider = "openai", name = "gpt-4o-mini", api_key_env = "SUMMARY_KEY" }
-        """,
+        """
+        + entry,
     )
     done = turnplug("check", config, env=environment(SUMMARY_KEY="sk-s"))
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()
     assert "  compact  drop_oldest" in lines
     after = next(i for i, line in enumerate(lines) if "background post hooks" in line)
-    assert [line.split()[0] for line in lines[after + 1 : after + 3]] == ["post[0]", "post[1]"]
-    assert " ".join(_row(lines, "post[0]")) == (
-        "post[0] running_summary running_summary durable no timeout on_error halt"
-        " every 5 turns, summarized by the turn's model, background"
-    )
-    assert " ".join(_row(lines, "post[1]")) == (
-        "post[1] cheap_summary running_summary durable no timeout on_error halt every 10"
-        " turns, summarized by openai gpt-4o-mini, at https://api.openai.com/v1, key from"
-        " SUMMARY_KEY, background"
-    )
+    assert lines[after + 1].split()[0] == "post[0]"
+    assert " ".join(_row(lines, "post[0]")) == row
     assert "sk-s" not in done.stdout
 
 

@@ -739,6 +739,27 @@ def test_a_running_summary_entry_reports_each_mistake_at_its_path(
         assert wanted in message
 
 
+def test_a_shadow_running_summary_is_refused_at_shadow() -> None:
+    """Bug caught: `shadow = true` on a running summary loaded, and its model was called
+    every `every` turns for a summary that was never written."""
+    ((path, message),) = _problems(
+        {"post": [{"kind": "running_summary", "every": 3, "shadow": True}]}
+    )
+    assert path == "post[0].shadow"
+    assert "remove shadow = true" in message
+
+
+def test_a_second_running_summary_is_refused_at_its_path() -> None:
+    """Bug caught: two running_summary entries both ran, writing two summaries of the same
+    turns into the log."""
+    summary = {"kind": "running_summary", "every": 2}
+    ((path, message),) = _problems(
+        {"post": [summary, {"kind": "max_length", "chars": 9}, {**summary, "name": "other"}]}
+    )
+    assert path == "post[2]"
+    assert "second running_summary (the first is post[0])" in message
+
+
 SHARED = support.Upper()
 
 

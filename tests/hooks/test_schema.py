@@ -74,6 +74,19 @@ def test_a_whole_number_past_a_64_bit_integer_is_refused(validator: Any) -> None
     assert _errors(validator, {"max_regenerations": 2**63}) != []
 
 
+@pytest.mark.parametrize("key", ["durable", "shadow"])
+def test_a_running_summary_takes_durable_and_shadow_only_as_it_runs(
+    validator: Any, key: str
+) -> None:
+    """Bug caught: the schema took `durable = false` and `shadow = true` on a running
+    summary, which the loader refuses."""
+    summary = {"kind": "running_summary", key: key == "durable"}
+    assert _errors(validator, {"post": [summary]}) == []
+    assert _errors(validator, {"post": [{**summary, key: key != "durable"}]}) != []
+    judge = {"kind": "judge", "model": {"provider": "scripted"}, "instruction": "x"}
+    assert _errors(validator, {"post": [{**judge, key: key != "durable"}]}) == []
+
+
 def test_kinds_are_refused_outside_their_lists(validator: Any) -> None:
     assert _errors(validator, {"post": [{"kind": "static", "text": "x"}]}) != []
     assert _errors(validator, {"pre": [{"kind": "redact", "patterns": ["x"]}]}) != []
