@@ -348,6 +348,9 @@ class Ref:
     CATALOGUE: ClassVar[Mapping[str, Callable[[], Callable[..., Any]]]] = {}
     """Names the config may write in place of a reference, each with what makes the
     function it names (the `hooks` catalogue's, with their defaults)."""
+    MADE_BY: ClassVar[tuple[Callable[..., Any], ...]] = ()
+    """The catalogue's factories (`_FACTORIES`) whose product this ref takes: a ref naming
+    one is told to call it; one naming another factory, what it makes and where that goes."""
 
     text: str
     target: Callable[..., Any] = attrs.field(eq=False, repr=False)
@@ -384,7 +387,7 @@ class Ref:
             )
         factory = next((each for each in _FACTORIES if each is target), None)
         if factory is not None:
-            raise Invalid(_factory_named(text, factory))
+            raise Invalid(_factory_named(text, factory, cls))
         if cls.PLAIN and inspect.iscoroutinefunction(target):
             raise Invalid(
                 f"{json.dumps(text)} is an async function, but is called without being awaited"
@@ -401,26 +404,50 @@ class Ref:
         if text in cls.CATALOGUE:
             return cls(text, cls.CATALOGUE[text]())
         names = sorted(cls.CATALOGUE)
-        close = difflib.get_close_matches(text, names, n=1)
-        hint = f"did you mean {json.dumps(close[0])}? " if close else ""
         choices = ", ".join(json.dumps(name) for name in names)
+        expected = f"expected one of {choices}, or 'module:attribute' of {cls.SHAPE}"
+        declared = next((f for f in _FACTORIES if getattr(f, "__name__", "") == text), None)
+        if declared is not None:  # the catalogue's, declared elsewhere: running_summary
+            _what, written, kind = _FACTORIES[declared]
+            raise Invalid(
+                f"{json.dumps(text)} is {kind}: write {written} to use it — here, {expected}"
+            )
+        close = difflib.get_close_matches(text, names, n=1)
+        if close:
+            hint = f"did you mean {json.dumps(close[0])}? "
+        else:  # a reference's own example; a module path written with dots only, put right
+            expected += ", e.g. 'mypkg.hooks:search_docs'"
+            module, dot, attribute = text.rpartition(".")
+            dotted = dot and _DOTTED.fullmatch(text)
+            hint = f"did you mean {json.dumps(f'{module}:{attribute}')}? " if dotted else ""
         raise Invalid(
             f"{json.dumps(text)} is neither a name of the catalogue nor a reference — {hint}"
-            f"expected one of {choices}, or 'module:attribute' of {cls.SHAPE}"
+            f"{expected}"
         )
 
 
-_FACTORIES: dict[Callable[..., Any], tuple[str, str]] = {
-    drop_oldest: ("a compactor", 'compact = "drop_oldest"'),
-    running_summary: ("a post hook", 'a [[post]] entry of kind = "running_summary"'),
+_FACTORIES: dict[Callable[..., Any], tuple[str, str, str]] = {
+    drop_oldest: ("a compactor", 'compact = "drop_oldest"', "a compact name"),
+    running_summary: (
+        "a post hook",
+        'a [[post]] entry of kind = "running_summary"',
+        "a post kind",
+    ),
 }
-"""The catalogue's factories a config declares by name, what each makes and how the config
-writes it: a ref naming one names the factory, not what it makes."""
+"""The catalogue's factories a config declares by name: what each makes, how the config
+writes it and what its name is there. A ref naming one names the factory, not what it
+makes."""
 
 
-def _factory_named(text: str, factory: Callable[..., Any]) -> str:
-    what, written = _FACTORIES[factory]
+def _factory_named(text: str, factory: Callable[..., Any], expected: type["Ref"]) -> str:
+    what, written, _kind = _FACTORIES[factory]
     name = getattr(factory, "__name__", "")
+    if factory not in expected.MADE_BY:  # e.g. the compactor's factory as a model factory
+        return (
+            f"{json.dumps(text)} names the factory hooks.{name}, which makes {what} — expected"
+            f" {expected.SHAPE}; the catalogue's {what.removeprefix('a ')} is declared as"
+            f" {written}"
+        )
     return (
         f"{json.dumps(text)} names the factory hooks.{name}, which makes {what} rather than"
         f" being one: write {written} to use the catalogue's, or call {name}(...) in a module"
@@ -591,6 +618,7 @@ class HookRef(Ref):
 
     ARGUMENTS = ("turn",)
     SHAPE = "a hook fn(turn) returning a signal (or, in a parallel group, a list of parts)"
+    MADE_BY = (running_summary,)
 
 
 @final
@@ -641,6 +669,7 @@ class CompactRef(Ref):
 
     ARGUMENTS = ("history", "target_tokens", "tokenizer")
     SHAPE = "a compactor fn(history, target_tokens, tokenizer) returning the history"
+    MADE_BY = (drop_oldest,)
     CATALOGUE: ClassVar[Mapping[str, Callable[[], Callable[..., Any]]]] = {
         "drop_oldest": drop_oldest
     }

@@ -707,6 +707,60 @@ def test_an_unknown_catalogue_compactor_suggests_the_closest_name() -> None:
     assert 'did you mean "drop_oldest"?' in message
 
 
+def test_a_dotted_compact_reference_is_told_where_the_colon_goes() -> None:
+    """Bug caught: `compact = "my_hooks.compact"` lost the reference's example and was
+    not told to write "my_hooks:compact"."""
+    ((path, message),) = _problems(
+        {"compact": "my_hooks.compact", "budget": {"context_tokens": 9, "injection_reserve": 1}}
+    )
+    assert path == "compact"
+    assert 'did you mean "my_hooks:compact"?' in message
+    assert "e.g. 'mypkg.hooks:search_docs'" in message
+
+
+def test_a_post_kind_named_as_compact_is_told_it_is_a_post_kind() -> None:
+    """Bug caught: `compact = "running_summary"` was told only that it is no name of the
+    catalogue, not that it is a post kind declared as a [[post]] entry."""
+    ((path, message),) = _problems(
+        {"compact": "running_summary", "budget": {"context_tokens": 9, "injection_reserve": 1}}
+    )
+    assert path == "compact"
+    assert message.startswith('"running_summary" is a post kind: write a [[post]] entry')
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "expected"),
+    [
+        (
+            {"model": {"provider": "python", "ref": "hooks:drop_oldest"}},
+            "model.ref",
+            "makes a compactor — expected a model factory",
+        ),
+        (
+            {"tokenizer": "hooks:drop_oldest"},
+            "tokenizer",
+            "makes a compactor — expected a tokenizer",
+        ),
+        (
+            {"tools": [{"kind": "python", "ref": "hooks:running_summary"}]},
+            "tools[0].ref",
+            "makes a post hook — expected a typed function",
+        ),
+    ],
+    ids=["model", "tokenizer", "tool"],
+)
+def test_a_catalogue_factory_where_something_else_is_expected_says_what_is(
+    data: dict[str, Any], path: str, expected: str
+) -> None:
+    """Bug caught: `hooks:drop_oldest` as a model or tokenizer was told it "makes a
+    compactor rather than being one", as if a compactor were expected there."""
+    ((where, message),) = _problems(data)
+    assert where == path
+    assert expected in message
+    assert "rather than being one" not in message
+    assert "is declared as" in message
+
+
 @pytest.mark.parametrize(
     ("entry", "expected"),
     [
