@@ -60,6 +60,11 @@ def set_tracing(factory: TracerFactory | None) -> None:
         _tracing.append(factory)
 
 
+def tracing() -> TracerFactory | None:
+    """The factory `set_tracing` installed, if any."""
+    return _tracing[0] if _tracing else None
+
+
 _set_at = ev.Event.at.__set__  # type: ignore[attr-defined]
 
 

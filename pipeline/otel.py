@@ -45,12 +45,12 @@ from turns import Message, Part, Reply, Text, ToolCall, ToolResult, Turn
 from . import events as ev
 from ._errors import ConfigError, ProviderError, ProviderProtocolError
 from ._hooks import Chain, Hook, Parallel
-from ._observe import TOOL_CALL, set_tracing
+from ._observe import TOOL_CALL, set_tracing, tracing
 from ._plan import Plan
 from ._toolloop import TOOL_HOOKS
 from ._tools import HOOK_BLOCKED
 
-__all__ = ["CAPTURE_CONTENT_ENV", "instrument", "uninstrument"]
+__all__ = ["CAPTURE_CONTENT_ENV", "instrument", "instrumented", "uninstrument"]
 
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 """The environment variable that turns content capture on (``true``) when `instrument` is
@@ -109,6 +109,15 @@ def instrument(
 def uninstrument() -> None:
     """Stop tracing turns (turns already running finish their traces)."""
     set_tracing(None)
+
+
+def instrumented() -> bool:
+    """Whether turns are traced: `instrument` was called, and `uninstrument` not since.
+
+    For code that instruments on someone's behalf (``turnplug serve --otel``) and must not
+    replace what the application set up itself (its own provider, content capture).
+    """
+    return tracing() is not None
 
 
 _TURN_ATTRIBUTES = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "turnplug"}

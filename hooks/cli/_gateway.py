@@ -9,6 +9,7 @@ decides its status only once it knows the turn's fate. What each outcome maps to
 """
 
 import base64
+import contextlib
 import contextvars
 import hashlib
 import hmac
@@ -16,9 +17,11 @@ import importlib.resources
 import json
 import logging
 import math
+import os
 import re
 import secrets
 import sys
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from contextlib import asynccontextmanager
@@ -139,7 +142,7 @@ class Settings:
         recent: How many page events are kept for a page that opens later.
         otel: Each request's turn joins its client's trace: the trace context of the
             request's headers (W3C ``traceparent``, read with OpenTelemetry's global
-            propagator) is the current context where the turn is set up, so the turn's span
+            propagator; never ``baggage``) is the current context where the turn is set up, so the turn's span
             (`pipeline.otel`, which whoever serves the gateway instruments) is its child.
             Needs OpenTelemetry (``turnplug[otel]``).
     """
@@ -487,6 +490,9 @@ class Gateway:
         self._secrets = tuple(s for s in settings.secrets if s)
         self.feed = Feed(settings.recent, self.scrub)
         self._flying: set[str] = set()  # the turns whose requests are in flight, by turn_ref
+        if settings.otel:
+            client_propagator()  # one that cannot load is refused here, not per request
+        self._trace_failed = False  # a request's trace context could not be read (said once)
         # The turns that raised an interrupt and are answered 503 for it (`_stop_for`): they
         # are not what a drain waits for (`finishing`).
         self._raised: set[str] = set()
@@ -614,6 +620,40 @@ class Gateway:
         if not self._flying:
             self._quiet.set()
             self._quiet = anyio.Event()
+
+    def _join_client_trace(self, scope: Scope) -> Any:
+        """Make the trace context of the request's headers (``traceparent``,
+        ``tracestate``, or whatever the global propagator reads, never ``baggage``) the
+        current one; the token to leave it with, or None.
+
+        Without such headers, the context has no span: the turn starts a trace of its own.
+        When a span is current already (an ASGI instrumentation's server span, or one an
+        application serves the gateway in), it is left as it is: the turn is its child, and
+        the headers are not read. A propagator that fails leaves the request untraced by
+        the client's trace, said once: tracing never fails a turn.
+        """
+        try:
+            from opentelemetry import context, propagate, trace
+
+            if trace.get_current_span().get_span_context().is_valid:
+                return None
+            carrier: dict[str, list[str]] = {}
+            for name, value in scope["headers"]:
+                if name.lower() not in UNTRUSTED_HEADERS:
+                    key = name.decode("latin-1").lower()
+                    carrier.setdefault(key, []).append(value.decode("latin-1"))
+            return context.attach(propagate.extract(carrier))
+        except Exception as exc:
+            if not self._trace_failed:
+                self._trace_failed = True
+                _logger.warning(
+                    "--otel: could not read the request's trace context (%s: %s): its turn"
+                    " is a trace of its own, out of the client's (said once: so is every"
+                    " later request whose context cannot be read)",
+                    type(exc).__name__,
+                    exc,
+                )
+            return None
 
     def scrub(self, text: str) -> str:
         return scrub_secrets(text, self._secrets)
@@ -1376,10 +1416,12 @@ class _Endpoint:
             await gateway.reply_error(send, error)
             return
         turn_ref: str = scope["turnplug.request_id"]
-        gateway._flying.add(turn_ref)
         # In the request's own task, before its turn is set up: a stateless turn starts
-        # here, a conversation's session task starts with a copy of this context.
-        token = _join_client_trace(scope) if gateway.settings.otel else None
+        # here, a conversation's session task starts with a copy of this context. Before
+        # the turn counts as in flight, so nothing between the two can leave a turn the
+        # drain would wait for.
+        token = gateway._join_client_trace(scope) if gateway.settings.otel else None
+        gateway._flying.add(turn_ref)
         try:
             await self._answer(scope, receive, send, request, conversation, turn_ref)
         finally:
@@ -1629,37 +1671,21 @@ async def _frame(send: Send, data: bytes, more: bool = True) -> None:
     await send({"type": "http.response.body", "body": data, "more_body": more})
 
 
-def _join_client_trace(scope: Scope) -> Any:
-    """Make the trace context of the request's headers (``traceparent``, ``tracestate``, or
-    whatever the global propagator reads) the current one; the token to leave it with.
-
-    Without such headers, the context has no span: the turn starts a trace of its own. When
-    a span is current already (an ASGI instrumentation's server span, itself a child of the
-    client's), it is left as it is: the turn is its child.
-    """
-    from opentelemetry import context, propagate, trace
-
-    if trace.get_current_span().get_span_context().is_valid:
-        return None
-    carrier: dict[str, list[str]] = {}
-    for name, value in scope["headers"]:
-        carrier.setdefault(name.decode("latin-1").lower(), []).append(value.decode("latin-1"))
-    return context.attach(propagate.extract(carrier))
-
-
 def _leave_client_trace(token: Any) -> None:
     from opentelemetry import context
 
     context.detach(token)
 
 
-def instrument_turns() -> tuple[Callable[[], None], bool]:
+def instrument_turns() -> tuple[Callable[[], None] | None, bool]:
     """Trace every turn with the global tracer provider (`pipeline.otel`), for ``turnplug
     serve --otel``: the function that stops it, and whether a provider is set already (one
-    that is not yet traces nothing until it is).
+    that is not yet traces nothing until it is). Turns traced already (a hook module called
+    `pipeline.otel.instrument` itself, with its own provider or content capture) stay as
+    they are: no function, and nothing to say about the provider.
 
     Raises:
-        ConfigError: OpenTelemetry is not installed.
+        ConfigError: OpenTelemetry is not installed, or its propagators do not load.
     """
     try:
         from opentelemetry import trace
@@ -1673,8 +1699,38 @@ def instrument_turns() -> tuple[Callable[[], None], bool]:
             " extra with pip install 'turnplug[otel]' (and, to export the traces,"
             " opentelemetry-distro with an exporter, to run under opentelemetry-instrument)"
         ) from None
+    client_propagator()
+    if otel.instrumented():
+        # A hook module instrumented with a provider or content capture of its own: kept.
+        return None, True
     otel.instrument()
     return otel.uninstrument, not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def client_propagator() -> Any:
+    """The propagator that reads a request's trace context: OpenTelemetry's global one
+    (``OTEL_PROPAGATORS``, or one an application set), loaded now so that one that cannot
+    load fails where the gateway is set up rather than on every request.
+
+    Raises:
+        ConfigError: ``OTEL_PROPAGATORS`` names a propagator that does not load.
+    """
+    try:
+        from opentelemetry import propagate
+    except Exception as exc:  # ValueError for a propagator not installed, or its own
+        raise ConfigError(
+            f"--otel reads a request's trace context with the propagators OTEL_PROPAGATORS"
+            f" names ({os.environ.get('OTEL_PROPAGATORS', '')!r}), which do not load:"
+            f" {type(exc).__name__}: {exc} — install the package of each one, or unset"
+            " OTEL_PROPAGATORS for the W3C traceparent"
+        ) from None
+    return propagate.get_global_textmap()
+
+
+UNTRUSTED_HEADERS = frozenset((b"baggage",))
+"""The headers never passed to the propagator: a client's W3C baggage would become the
+context of the hooks (and go on to every upstream an instrumented HTTP client calls), and a
+malformed one makes OpenTelemetry log a warning per entry."""
 
 
 def flush_traces(seconds: float) -> None:
@@ -1685,8 +1741,19 @@ def flush_traces(seconds: float) -> None:
     if trace is None:
         return
     flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-    if callable(flush):
-        flush(int(seconds * 1000))
+    if not callable(flush):
+        return
+
+    def send() -> None:
+        with contextlib.suppress(Exception):
+            flush(int(seconds * 1000))
+
+    # The SDK's batch span processor does not keep to the timeout (it exports in the
+    # calling thread, after waiting for an export already running): an exporter that never
+    # answers would keep the process from exiting. A daemon thread is left behind instead.
+    sender = threading.Thread(target=send, name="turnplug trace flush", daemon=True)
+    sender.start()
+    sender.join(seconds)
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:

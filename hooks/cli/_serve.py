@@ -490,17 +490,20 @@ def _exit_now(status: int) -> None:
     """End the process at once with `status`, what was written on stdout and stderr and
     through the logging handlers flushed first (`os._exit` flushes nothing, and skips the
     handlers registered with `atexit`, where the tracer provider sends its pending spans:
-    they are sent here, for up to `FLUSH_SECONDS`)."""
-    # The spans of the turns answered, which a batch span processor may still hold.
-    with contextlib.suppress(Exception):
-        flush_traces(FLUSH_SECONDS)
-    streams = [*logging.getLogger().handlers, *logging.getLogger("turnplug").handlers]
-    for stream in (*streams, sys.stdout, sys.stderr):
-        # One that cannot flush (closed, or None without a console): exiting matters more.
+    they are sent here, for up to `FLUSH_SECONDS`, and left if the exporter takes longer)."""
+    try:
+        # The spans of the turns answered, which a batch span processor may still hold.
         with contextlib.suppress(Exception):
-            if stream is not None:
-                stream.flush()
-    os._exit(status)
+            flush_traces(FLUSH_SECONDS)
+        streams = [*logging.getLogger().handlers, *logging.getLogger("turnplug").handlers]
+        for stream in (*streams, sys.stdout, sys.stderr):
+            # One that cannot flush (closed, or None without a console): exiting matters more.
+            with contextlib.suppress(Exception):
+                if stream is not None:
+                    stream.flush()
+    finally:
+        # Even when a Ctrl-C lands while the spans are sent: this exit must happen.
+        os._exit(status)
 
 
 FLUSH_SECONDS = 2.0

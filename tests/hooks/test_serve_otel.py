@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import httpx
@@ -24,12 +24,13 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from hooks.cli._gateway import Gateway, Settings
 from pipeline import Pipeline, cont
 from pipeline.logs import SQLiteLog
 from pipeline.testing import FunctionModel, ScriptedModel
 from turns import Turn
 
-from .serve_support import KEY, served, user
+from .serve_support import KEY, MODEL, served, user
 
 SCRIPT = Path(sys.executable).parent / "turnplug"
 
@@ -148,16 +149,26 @@ async def test_a_conversation_turn_is_a_child_of_the_clients_trace(
 async def test_without_traceparent_each_turn_is_a_trace_of_its_own(
     spans: InMemorySpanExporter,
 ) -> None:
-    """Bug caught: a request without ``traceparent`` put in the trace of a request sent
-    before it on the same connection (a trace context left attached after its request)."""
+    """Bug caught: a request without ``traceparent`` put in the trace of a request served
+    before it in the same task (a trace context left attached after its request)."""
     trace_id, _, header = client_span()
-    async with served(pipeline(["one", "two", "three"]), otel=True) as gw:
-        client = gw.sdk()  # one connection, kept alive
-        await client.chat.completions.create(
-            model="m", messages=user("hi"), extra_headers={"traceparent": header}
-        )
-        for text in ("again", "and again"):
-            await client.chat.completions.create(model="m", messages=user(text))
+    gateway = Gateway(
+        pipeline(["one", "two", "three"]), Settings(model=MODEL, api_key=KEY, otel=True)
+    )
+    # httpx's ASGI transport calls the app in this task: each request is served in the
+    # same context, where one left attached would be the next one's.
+    transport = httpx.ASGITransport(app=gateway.app)
+    async with (
+        gateway.running(),
+        httpx.AsyncClient(transport=transport, base_url="http://gateway") as client,
+    ):
+        for text, headers in (("hi", {"traceparent": header}), ("again", {}), ("more", {})):
+            answer = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": user(text)},
+                headers={"authorization": f"Bearer {KEY}", **headers},
+            )
+            assert answer.status_code == 200, answer.text
     turns = sorted(
         (span for span in spans.get_finished_spans() if span.name == "turn"),
         key=lambda span: span.start_time or 0,
@@ -263,25 +274,30 @@ def test_otel_without_opentelemetry_is_a_usage_error_naming_the_extra(tmp_path: 
 def instrumented(config: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``opentelemetry-instrument turnplug serve CONFIG --otel``, spans printed on stdout by
     the console exporter (batched, as the distro sets every exporter up); its URL."""
-    environ = os.environ | {
-        "TURNPLUG_GATEWAY_KEY": KEY,
+    environ = {
         "OTEL_SERVICE_NAME": "gateway-under-test",
         "OTEL_TRACES_EXPORTER": "console",
         "OTEL_METRICS_EXPORTER": "none",
         "OTEL_LOGS_EXPORTER": "none",
     }
-    command = [
-        str(Path(sys.executable).parent / "opentelemetry-instrument"),
-        str(SCRIPT),
-        "serve",
-        str(config),
-        "--port",
-        "0",
-        "--otel",
-        *extra,
-    ]
+    auto = str(Path(sys.executable).parent / "opentelemetry-instrument")
+    with serving([auto, str(SCRIPT)], config, *extra, environ=environ) as (process, url, said):
+        assert "no OpenTelemetry tracer provider" not in said
+        yield process, url
+
+
+@contextmanager
+def serving(
+    command: list[str], config: Path, *extra: str, environ: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], str, str]]:
+    """``COMMAND serve CONFIG --port 0 --otel EXTRA...`` started: the process, its URL and
+    what it said on stderr until it listened."""
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ
+        [*command, "serve", str(config), "--port", "0", "--otel", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"TURNPLUG_GATEWAY_KEY": KEY} | (environ or {}),
     )
     try:
         assert process.stderr is not None
@@ -296,8 +312,7 @@ def instrumented(config: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[s
             found = re.search(r"listening on (http://\S+)", line)
             url = found.group(1) if found else None
         assert url is not None, "".join(lines)
-        assert "no OpenTelemetry tracer provider" not in "".join(lines)
-        yield process, url
+        yield process, url, "".join(lines)
     finally:
         if process.poll() is None:
             process.kill()
@@ -384,3 +399,231 @@ def test_spans_are_sent_when_the_command_leaves_an_abandoned_worker_thread(
     assert process.returncode == 0, err
     assert "not waiting for 1 worker threads" in err, err
     assert f'"parent_id": "0x{span_id:016x}"' in exported_turn(out, trace_id)
+
+
+HANGING_EXPORTER = """
+import time
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+class Hanging(SpanExporter):
+    # A collector that takes the connection and never answers.
+    def export(self, spans):
+        time.sleep(3600)
+        return SpanExportResult.SUCCESS
+
+provider = TracerProvider()
+provider.add_span_processor(BatchSpanProcessor(Hanging()))
+trace.set_tracer_provider(provider)
+"""
+
+
+def test_an_exporter_that_never_answers_does_not_keep_the_command_from_exiting(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: the spans sent before an exit that does not wait for an abandoned worker
+    thread were sent by the SDK's force_flush, which ignores its timeout, so an exporter that
+    never answered kept the command from ever exiting."""
+    mark = tmp_path / "started"
+    (tmp_path / "hanging_hooks.py").write_text(
+        HANGING_EXPORTER
+        + textwrap.dedent(
+            f"""
+            from pipeline import cont
+
+            def bg(turn):
+                if turn.user_message.text == "stuck":
+                    open({str(mark)!r}, "w").close()
+                    time.sleep(60)
+                return cont(turn)
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[post]]\nkind = "python"\nref = "hanging_hooks:bg"\nbackground = true\n')
+    # asyncio: its worker threads are the ones the interpreter would wait for.
+    with serving([str(SCRIPT)], config, "--drain-timeout", "1", "--loop", "asyncio") as (
+        process,
+        url,
+        _,
+    ):
+        sdk_call(url, "hi", client_span()[2])  # a span the batch processor holds
+        threading.Thread(
+            target=lambda: httpx.post(
+                url + "/v1/chat/completions",
+                json={"model": "m", "messages": user("stuck")},
+                headers={"authorization": f"Bearer {KEY}"},
+                timeout=60,
+            ),
+            daemon=True,
+        ).start()
+        deadline = time.monotonic() + 10
+        while not mark.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        try:
+            _, err = process.communicate(timeout=30)  # about 4 s: drain, threads, flush
+        except subprocess.TimeoutExpired:
+            pytest.fail("the command never exited: the flush waited for the exporter")
+    assert process.returncode == 0, err
+    assert "not waiting for 1 worker threads" in err, err
+
+
+def test_propagators_that_do_not_load_are_a_usage_error_at_start(tmp_path: Path) -> None:
+    """Bug caught: ``OTEL_PROPAGATORS`` naming a propagator not installed served every
+    request a bare 500 (the propagators loaded on the first request), with nothing said."""
+    try:
+        done = subprocess.run(
+            [str(SCRIPT), "serve", str(write_config(tmp_path)), "--port", "0", "--otel"],
+            capture_output=True,
+            text=True,
+            env=os.environ | {"TURNPLUG_GATEWAY_KEY": KEY, "OTEL_PROPAGATORS": "nosuchformat"},
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the command served, with propagators that cannot load")
+    assert done.returncode == 2, done.stderr
+    assert "OTEL_PROPAGATORS" in done.stderr
+    assert "nosuchformat" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+class Raising:
+    """A propagator whose extract fails (a bug of its own, or of the headers it reads)."""
+
+    fields: ClassVar[set[str]] = set()
+
+    def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
+        raise RuntimeError("propagator bug")
+
+    def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+        pass
+
+
+@pytest.fixture
+def raising_propagator() -> Iterator[None]:
+    from opentelemetry import propagate
+
+    kept = propagate.get_global_textmap()
+    propagate.set_global_textmap(Raising())  # type: ignore[arg-type]
+    yield
+    propagate.set_global_textmap(kept)
+
+
+async def test_a_propagator_that_fails_serves_the_request_and_says_so_once(
+    spans: InMemorySpanExporter, raising_propagator: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bug caught: a propagator whose extract raised failed every request with a bare 500,
+    said nothing, and left a turn counted in flight that the drain waited for."""
+    _, _, header = client_span()
+    async with served(pipeline(["one", "two"]), otel=True) as gw:
+        for text in ("hi", "again"):
+            reply = await gw.sdk().chat.completions.create(
+                model="m", messages=user(text), extra_headers={"traceparent": header}
+            )
+            assert reply.choices[0].message.content in ("one", "two")
+        with anyio.fail_after(10):  # no turn left counted in flight
+            await gw.gateway.turns_finished()
+    turns = [span for span in spans.get_finished_spans() if span.name == "turn"]
+    assert [turn.parent for turn in turns] == [None, None]  # traces of their own
+    said = [r.getMessage() for r in caplog.records if r.name == "turnplug.serve"]
+    assert len(said) == 1, said
+    assert "propagator bug" in said[0]
+    assert "trace context" in said[0]
+
+
+async def test_a_clients_baggage_is_not_taken(
+    spans: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bug caught: a client's ``baggage`` header became the hooks' current baggage (sent on
+    by any instrumented HTTP client to the upstreams), and a malformed one made
+    OpenTelemetry log a warning per entry."""
+    from opentelemetry import baggage
+
+    seen: list[dict[str, object]] = []
+
+    async def peek(turn: Turn) -> Any:
+        seen.append(dict(baggage.get_all()))
+        return cont(turn)
+
+    trace_id, span_id, header = client_span()
+    pipe = Pipeline(model=ScriptedModel(["one", "two"]), pre=[peek])
+    async with served(pipe, otel=True) as gw:
+        for sent in ("user=alice,tenant=other", ",".join(["noequals"] * 50)):
+            await gw.sdk().chat.completions.create(
+                model="m",
+                messages=user("hi"),
+                extra_headers={"traceparent": header, "baggage": sent},
+            )
+    assert seen == [{}, {}]
+    for turn in [span for span in spans.get_finished_spans() if span.name == "turn"]:
+        assert turn.parent is not None
+        assert (turn.context.trace_id, turn.parent.span_id) == (trace_id, span_id)
+    assert [r for r in caplog.records if r.name.startswith("opentelemetry")] == []
+
+
+async def test_a_span_already_current_is_kept(spans: InMemorySpanExporter) -> None:
+    """Bug caught: the client's ``traceparent`` replacing the span current where the gateway
+    serves (an application's, an ASGI instrumentation's server span), which cut the turn out
+    of it."""
+    from opentelemetry import trace
+
+    app_trace, app_span, _ = client_span()
+    _, _, header = client_span()
+    current = trace.NonRecordingSpan(
+        trace.SpanContext(app_trace, app_span, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
+    )
+    with trace.use_span(current):
+        async with served(pipeline(["one"]), otel=True) as gw:
+            await gw.sdk().chat.completions.create(
+                model="m", messages=user("hi"), extra_headers={"traceparent": header}
+            )
+    (turn,) = [span for span in spans.get_finished_spans() if span.name == "turn"]
+    assert turn.parent is not None
+    assert (turn.context.trace_id, turn.parent.span_id) == (app_trace, app_span)
+
+
+def test_without_a_tracer_provider_the_command_says_no_turn_is_traced(tmp_path: Path) -> None:
+    """Bug caught: ``--otel`` with no tracer provider set (not under
+    opentelemetry-instrument, none set by a hook module) serving untraced without a word."""
+    with serving([str(SCRIPT)], write_config(tmp_path)) as (process, _, said):
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    assert "--otel: no OpenTelemetry tracer provider is set, so no turn is traced" in said
+
+
+def test_a_hook_modules_own_instrumentation_is_kept(tmp_path: Path) -> None:
+    """Bug caught: ``--otel`` replaced the instrumentation a hook module set up itself
+    (``otel.instrument(tracer_provider=..., capture_content=True)``) with the global
+    provider's, which had none: no turn traced, and a note saying so."""
+    (tmp_path / "own_hooks.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+            from pipeline import cont, otel
+
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stdout)))
+            otel.instrument(tracer_provider=provider, capture_content=True)
+
+            def pre(turn):
+                return cont(turn)
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[pre]]\nkind = "python"\nref = "own_hooks:pre"\n')
+    trace_id, span_id, header = client_span()
+    with serving([str(SCRIPT)], config) as (process, url, said):
+        sdk_call(url, "hi", header)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "no OpenTelemetry tracer provider" not in said
+    turn = exported_turn(out, trace_id)
+    assert f'"parent_id": "0x{span_id:016x}"' in turn  # the client's trace, joined
+    assert "gen_ai.output.messages" in turn  # the hook module's content capture
