@@ -102,7 +102,9 @@ def create_app(log_path: str | Path, pipe: Pipeline | None = None) -> Starlette:
 
         async def stream() -> AsyncIterator[str]:
             # A client that disconnects cancels this generator: the turn is cancelled inside
-            # the session, and a cancelled turn commits nothing.
+            # the session, and a cancelled turn commits nothing. (One that Starlette drops
+            # unclosed is closed later by the loop: see "Streams inside async generators" in
+            # docs/concurrency.md.)
             try:
                 async with (
                     pipeline.session(log=log, conversation_id=conversation) as session,

@@ -1,5 +1,6 @@
 """Sessions: one conversation, its log, its lifecycle hooks and its background work."""
 
+import asyncio
 import inspect
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -10,6 +11,8 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import attrs
+import sniffio
+import trio
 
 from turns import Context, Message, RequestOptions, Scope, ToolSpec, Turn
 
@@ -89,7 +92,7 @@ class Session:
         # lost): the log alone knows, so the next commit or turn reloads.
         self._unsure = False
         self._task_group = task_group
-        self._lock = anyio.Lock()
+        self._lock = _TurnLock()
         self._running = 0  # background hooks still running
         # The worker threads of sync background hooks, abandoned when the hooks are cut
         # (`_cut`: the drain timeout, a cancellation during the drain, an interrupt).
@@ -198,8 +201,8 @@ class Session:
 
     def _check_open(self, method: str) -> None:
         self._check_closed(method)
-        owner = self._lock.statistics().owner
-        if owner is not None and owner == anyio.get_current_task():
+        owner = self._lock.owner
+        if owner is not None and owner is _current_task():
             raise RuntimeError(
                 f"session {self._conversation_id!r} runs one turn at a time: this task is"
                 f" still inside a turn of it (a session.stream block); {method} after it ends"
@@ -676,6 +679,40 @@ def _since(events: list[ev.Event], started: float) -> Emit:
         events.append(event)
 
     return emit
+
+
+def _current_task() -> object:
+    if sniffio.current_async_library() == "trio":
+        return trio.lowlevel.current_task()
+    return asyncio.current_task()
+
+
+@final
+class _TurnLock:
+    """The lock that runs a session's turns (and commits) one at a time, which any task may
+    release.
+
+    A lock (AnyIO's, the loop's) is released by the task that acquired it. A `session.stream`
+    block inside an async generator that was never closed is left later by the loop's
+    finaliser, in a task of its own (see `TurnEvents._abandoned`): held until then by a task
+    that may have ended, the lock would never be released, and every later turn of the
+    session would wait for ever. The acquiring task is kept for `_check_open`, which refuses
+    a turn its owner starts inside its own.
+    """
+
+    __slots__ = ("_slot", "owner")
+
+    def __init__(self) -> None:
+        self._slot = anyio.Semaphore(1)
+        self.owner: object = None
+
+    async def __aenter__(self) -> None:
+        await self._slot.acquire()
+        self.owner = _current_task()
+
+    async def __aexit__(self, *_: object) -> None:
+        self.owner = None
+        self._slot.release()
 
 
 def _runner(plan: Plan, emit: Emit, turn_ref: str) -> Runner:

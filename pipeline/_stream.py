@@ -4,11 +4,13 @@
 and never waits for the consumer, except a session's turn before its commit (`caught_up`).
 """
 
+import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import NoReturn, TypeVar, final
+from typing import Any, NoReturn, TypeVar, final
 
 import anyio
 import anyio.lowlevel
@@ -24,6 +26,7 @@ from ._result import TurnResult
 
 T = TypeVar("T")
 _Scope = trio.CancelScope | anyio.CancelScope
+log = logging.getLogger("turnplug.pipeline")
 
 
 @final
@@ -91,30 +94,39 @@ async def stream_turn(
     loop = current_loop("a streamed turn (Pipeline.stream, session.stream)")
     drive = make_drive()
     events._lot, events._taken = new_lot(loop), new_lot(loop)
-    group = trio.open_nursery() if loop == "trio" else anyio.create_task_group()
+    group = _Held(trio.open_nursery() if loop == "trio" else anyio.create_task_group())
+    entered = _current_task(loop)
     error: BaseException | None = None
     try:
         async with group as tasks:
-            tasks.start_soon(events._drive, drive, turn, tasks.cancel_scope)
+            tasks.start_soon(events._drive, drive, turn, tasks.cancel_scope, loop == "trio")
             try:
                 yield events
             finally:
-                # A consumer that read to the end finds the drive finished: nothing is left
-                # to cancel, and a cancel is not free (AnyIO's asyncio scope writes the
-                # current task's repr into its cancel reason). One that leaves early, or is
-                # cancelled or fails, cancels the turn still running.
-                if not events._done:
-                    tasks.cancel_scope.cancel()
                 events._left = True
+                if _current_task(loop) is not entered:
+                    # Left by another task (`_abandoned`): its task group is not exited there.
+                    group.abandoned = True
+                    await events._abandoned()
+                elif not events._done:
+                    # A consumer that read to the end finds the drive finished: nothing is
+                    # left to cancel, and a cancel is not free (AnyIO's asyncio scope writes
+                    # the current task's repr into its cancel reason). One that leaves early,
+                    # or is cancelled or fails, cancels the turn still running.
+                    tasks.cancel_scope.cancel()
     except BaseException as exc:
         # The block cancelled by the turn's interrupt (or the caller's scope cancelled at
         # that moment): the interrupt wins, never lost to the cancellation. One the
         # consumer's iteration raised is delivered: what the block does with it (carries
         # on, raises an error of its own) stands, as after `pipe.run`.
+        if group.abandoned:
+            raise
         if events._interrupt is None or events._delivered:
             if not isinstance(exc, BaseExceptionGroup):
                 raise
             error = own_error(exc)
+    if group.abandoned:
+        return
     if events._interrupt is not None and not events._delivered:
         # The task group absorbs the cancellation it made, and the block's with it.
         raise events._interrupt
@@ -127,6 +139,54 @@ async def stream_turn(
     if events._error is not None and not events._raised:
         events._raised = True
         raise events._error
+
+
+def _current_task(loop: str) -> object:
+    return trio.lowlevel.current_task() if loop == "trio" else asyncio.current_task()
+
+
+@final
+class _Held(AbstractAsyncContextManager[Any]):
+    """A stream's task group (a trio nursery, an AnyIO task group), not exited when abandoned.
+
+    A stream left by a task other than the one that entered it (`TurnEvents._abandoned`)
+    cannot exit its task group there: trio and AnyIO refuse to exit a cancel scope in another
+    task (trio's own state is corrupted by the attempt), and the entering task would keep
+    the scope as its current one all the same.
+    """
+
+    __slots__ = ("_group", "abandoned")
+
+    def __init__(self, group: AbstractAsyncContextManager[Any]) -> None:
+        self._group = group
+        self.abandoned = False
+
+    async def __aenter__(self) -> Any:
+        return await self._group.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self.abandoned:
+            return None
+        return await self._group.__aexit__(exc_type, exc, tb)
+
+
+_ABANDONED = (
+    "a streamed turn (pipe.stream or session.stream) was left by a task other than the one"
+    " that entered it: an async generator yielding from inside its `async with` block was"
+    " not closed where it was used (the consumer broke out of its loop, or a web framework"
+    " dropped a response body whose client left), and the event loop closed it later from a"
+    " task of its own. The turn was cancelled and nothing of it was committed. Close such a"
+    " generator where it is used: `async with contextlib.aclosing(gen()) as events:`."
+)
+
+
+def _gone() -> None:
+    """What `TurnEvents._stop` is once the stream is abandoned before its drive started."""
 
 
 _STOPPED = (
@@ -158,6 +218,7 @@ class TurnEvents:
         "_raised",
         "_relay",
         "_result",
+        "_stop",
         "_stopped_at_end",
         "_taken",
         "_waiting",
@@ -189,6 +250,8 @@ class TurnEvents:
         # The stream block was left (`result` can no longer be reached by iterating unless
         # the turn finished before, its events buffered).
         self._left = False
+        # Cancels the drive alone (`_abandoned`); None until the drive starts.
+        self._stop: Callable[[], object] | None = None
 
     @property
     def result(self) -> TurnResult:
@@ -279,7 +342,50 @@ class TurnEvents:
             reraise(self._error)
         raise StopAsyncIteration
 
-    async def _drive(self, drive: Drive, turn: Turn, tasks: _Scope) -> None:
+    async def _abandoned(self) -> None:
+        """The stream was left by a task other than the one that entered it.
+
+        An async generator yielding from inside the stream's block, not closed by its
+        consumer, is closed by the loop's finaliser in a task of its own (asyncio's
+        async-generator hooks, trio's system task). The turn is cancelled (the drive alone:
+        its task group's scope may still be the entering task's, which is alive when the
+        consumer merely broke out of its loop) and awaited, so that a session's next turn
+        never starts beside it; the session's lock is then released by the block around.
+        """
+        log.warning(_ABANDONED)
+        stop, self._stop = self._stop, _gone  # a drive not started yet returns at once
+        if stop is not None:
+            stop()
+        while not self._done:
+            await self._lot.park()
+
+    def _left_elsewhere(self) -> bool:
+        return self._stop is _gone
+
+    async def _drive(self, drive: Drive, turn: Turn, tasks: _Scope, trio_loop: bool) -> None:
+        if self._stop is _gone:  # abandoned before it started
+            self._done = True
+            self._lot.unpark_all()
+            return
+        if trio_loop:
+            with trio.CancelScope() as own:
+                self._stop = own.cancel
+                await self._run(drive, turn, tasks)
+            return
+        # asyncio: the task's own cancellation, which costs nothing until it is used.
+        task = asyncio.current_task()
+        assert task is not None
+        self._stop = task.cancel
+        try:
+            await self._run(drive, turn, tasks)
+        except asyncio.CancelledError:
+            if not self._left_elsewhere():
+                raise
+            # `_abandoned`'s, and the task ends quietly: an AnyIO task group would take a
+            # child's cancellation for a failure and cancel its scope, the entering task's.
+            task.uncancel()
+
+    async def _run(self, drive: Drive, turn: Turn, tasks: _Scope) -> None:
         try:
             try:
                 self._result = await drive.run(turn)
