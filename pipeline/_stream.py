@@ -8,7 +8,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar, final
 
@@ -367,43 +367,48 @@ class TurnEvents:
             self._done = True
             self._lot.unpark_all()
             return
+        # What `_abandoned` cancels: on trio a scope of the drive's own; on asyncio its task's
+        # own cancellation, which costs nothing until it is used. (One coroutine: each more
+        # would cost at every resumption of the turn.)
+        own: trio.CancelScope | nullcontext[None] = _NO_SCOPE
+        task = None
         if trio_loop:
-            with trio.CancelScope() as own:
-                self._stop = own.cancel
-                await self._run(drive, turn, tasks)
-            return
-        # asyncio: the task's own cancellation, which costs nothing until it is used.
-        task = asyncio.current_task()
-        assert task is not None
-        self._stop = task.cancel
+            own = trio.CancelScope()
+            self._stop = own.cancel
+        else:
+            task = asyncio.current_task()
+            assert task is not None
+            self._stop = task.cancel
         try:
-            await self._run(drive, turn, tasks)
+            with own:
+                try:
+                    try:
+                        self._result = await drive.run(turn)
+                    except BaseExceptionGroup as group:
+                        raise_single(group)
+                except Exception as exc:  # delivered to the consumer through the iteration
+                    self._error = exc
+                except (KeyboardInterrupt, SystemExit) as exc:
+                    # Raised to the consumer, as if it had run the turn itself: by its
+                    # waiting `__anext__`, or, when it is elsewhere in its block, by the
+                    # block, which is cancelled (as trio's nursery would). Out of the task,
+                    # asyncio would stop its loop and report the task ("Task exception was
+                    # never retrieved").
+                    self._interrupt = exc
+                    if not self._waiting:
+                        tasks.cancel()
+                finally:
+                    self._done = True
+                    self._lot.unpark_all()
         except asyncio.CancelledError:
-            if not self._left_elsewhere():
+            if task is None or not self._left_elsewhere():
                 raise
             # `_abandoned`'s, and the task ends quietly: an AnyIO task group would take a
             # child's cancellation for a failure and cancel its scope, the entering task's.
             task.uncancel()
 
-    async def _run(self, drive: Drive, turn: Turn, tasks: _Scope) -> None:
-        try:
-            try:
-                self._result = await drive.run(turn)
-            except BaseExceptionGroup as group:
-                raise_single(group)
-        except Exception as exc:  # delivered to the consumer through the iteration
-            self._error = exc
-        except (KeyboardInterrupt, SystemExit) as exc:
-            # Raised to the consumer, as if it had run the turn itself: by its waiting
-            # `__anext__`, or, when it is elsewhere in its block, by the block, which is
-            # cancelled (as trio's nursery would). Out of the task, asyncio would stop its
-            # loop and report the task ("Task exception was never retrieved").
-            self._interrupt = exc
-            if not self._waiting:
-                tasks.cancel()
-        finally:
-            self._done = True
-            self._lot.unpark_all()
+
+_NO_SCOPE: nullcontext[None] = nullcontext()
 
 
 class _NotStarted:
