@@ -1,10 +1,11 @@
 """A stream inside an async generator that its consumer never closed (`TurnEvents._abandoned`).
 
 The generator is closed later by the event loop's finaliser, in a task of its own, so the
-stream's block is left by a task other than the one that entered it. These run under asyncio
-alone (`asyncio.run`): its finaliser is where the pattern lives (Starlette's
-`StreamingResponse`), and under trio the task that entered the stream is always told of the
-misnesting by trio itself (see "Streams inside async generators" in docs/concurrency.md).
+stream's block is left by a task other than the one that entered it. Most of these run under
+asyncio alone (`asyncio.run`), whose finaliser is where the pattern lives (a web framework's
+response body); under trio the task that entered the stream is always told of the misnesting by
+trio itself, and the trio test checks what turnplug still owes there (see "Streams inside async
+generators" in docs/concurrency.md).
 """
 
 import asyncio
@@ -16,6 +17,8 @@ from typing import Any
 
 import anyio
 import pytest
+import trio
+import trio.lowlevel
 
 from pipeline import Pipeline, Session
 from pipeline import events as ev
@@ -179,3 +182,60 @@ def test_a_pipe_stream_left_in_an_unclosed_generator_is_cancelled_quietly(
     assert errors == []
     assert ended == ["cancelled"]
     assert any(ACLOSING in message for message in warned(caplog))
+
+
+# -- trio ------------------------------------------------------------------------------------
+
+
+def leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaves(inner)]
+    return [error]
+
+
+@pytest.mark.trio_only  # trio's finaliser (a system task) and its own report of the misnesting
+async def test_on_trio_a_stream_left_in_an_unclosed_generator_frees_the_session(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: on trio, the finaliser's close of a generator over session.stream exited
+    the stream's nursery from trio's system task, which crashed the whole run with
+    TrioInternalError (the session's next turn never ran)."""
+
+    async def model(request: Any) -> AsyncIterator[str]:
+        said = request.messages[-1].parts[-1].text
+        yield f"You said: {said}"
+        if said == "hi":
+            await trio.sleep_forever()
+
+    pipe = Pipeline(model=FunctionModel(model))
+    replies: list[str] = []
+
+    async def break_out(session: Session) -> None:
+        async for _ in deltas(session, "hi"):
+            break  # the generator is dropped here, never closed
+        for _ in range(10):
+            gc.collect()
+            await trio.lowlevel.checkpoint()
+
+    entries: list[Any] = []
+
+    async def consumer() -> None:
+        async with SQLiteLog(tmp_path / "chat.db") as log:
+            try:
+                async with pipe.session(log=log, conversation_id="c1") as session:
+                    # Trio's finaliser warns of the generator (its own advice: aclosing).
+                    with pytest.warns(ResourceWarning, match="aclosing"):
+                        await break_out(session)
+                    with trio.fail_after(10):
+                        replies.append((await session.send("again")).reply.text)
+            finally:
+                entries.extend(await log.entries("c1"))
+
+    with pytest.raises(BaseException) as info:  # noqa: PT011 (trio's report, whatever its type)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consumer)
+
+    assert replies == ["You said: again"]
+    assert [[m.text for m in e.messages] for e in entries] == [["again", "You said: again"]]
+    # Trio tells the task that entered the stream, which is still inside its nursery.
+    assert any("misnesting" in str(e) or "corrupted" in str(e) for e in leaves(info.value))
