@@ -42,7 +42,8 @@ def shown(value: object) -> str:
     """`value` as a user wrote it, with its type as TOML and JSON name it.
 
     An integer too long to show (TOML and JSON read any; Python will not write one of more
-    than 4300 digits) is shown by its number of digits.
+    than 4300 digits) is shown by its number of digits; a list or table holding one, by its
+    type alone.
     """
     if value is None:
         return "null"
@@ -52,7 +53,10 @@ def shown(value: object) -> str:
     try:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
-        text = repr(value)
+        try:
+            text = repr(value)
+        except ValueError:  # it holds an integer past the digit limit
+            return f"a {type_name(value)} too long to show"
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{text} ({type_name(value)})"

@@ -1204,13 +1204,33 @@ def test_an_integer_past_pythons_digit_limit_is_shown_by_its_number_of_digits() 
     data = {
         "model": {"provider": "openai", "name": "m", "api_key_env": "", "temperature": 10**5000},
         "pre": [{"kind": "static", "text": "x", "timeout": -(10**5000)}],
+        "post": [
+            {"kind": "max_length", "chars": 10**400 - 1, "feedback": "Shorter."},
+            {"kind": "max_length", "chars": 10**400, "feedback": "Shorter."},
+        ],
     }
-    assert dict(_problems(data)) == {
+    problems = dict(_problems(data))
+    assert problems.pop("post[0].chars").endswith("got an integer of 400 digits")
+    assert problems.pop("post[1].chars").endswith("got an integer of 401 digits")
+    assert problems == {
         "model.temperature": "expected a number between 0 and 2, got an integer of 5001 digits",
         "pre[0].timeout": (
             "expected a positive number of seconds, got a negative integer of 5001 digits"
         ),
     }
+
+
+def test_a_list_or_table_holding_an_integer_past_the_digit_limit_is_named_by_its_type() -> None:
+    """Bug caught: a list or table holding an integer of more than 4300 digits was shown as
+    Python's "Exceeds the limit (4300 digits)" ValueError, not as what was given."""
+    data = {
+        "max_steps": [10**5000],
+        "model": {"provider": "openai", "name": {"x": 10**5000}, "api_key_env": ""},
+    }
+    problems = dict(_problems(data))
+    assert problems["max_steps"].endswith("got a list too long to show")
+    assert problems["model.name"].endswith("got a table too long to show")
+    assert "Exceeds" not in "".join(problems.values())
 
 
 @pytest.mark.parametrize(
