@@ -48,9 +48,9 @@ from ._schema import schema_of
 from ._types import CHECKS, FAILED, FOLDER, Invalid, Ref, ToolRef, shown
 
 _Problem = tuple[str, str]
+"""The path of a value (``pre[2].ref``; ``""`` for the whole file) and what is wrong."""
 _Cause = tuple[str, BaseException]
 """What the config's own code raised, with the path of the problem it caused."""
-"""The path of a value (``pre[2].ref``; ``""`` for the whole file) and what is wrong."""
 
 
 def _members(union: Any) -> tuple[type, ...]:
@@ -596,14 +596,14 @@ def _noted(data: Any, causes: list[_Cause]) -> list[BaseException]:
     """Each distinct cause once, in file order, with a note naming the path of each problem
     it caused: several are shown as one group, whose members would otherwise say nothing of
     where in the file they belong. (One module failing to import is named by each ref to it,
-    with one cause.)"""
+    with one cause. An exception the config's code keeps and raises again in a later load
+    already has its note.)"""
     distinct: dict[int, BaseException] = {}
-    noted: set[tuple[str, int]] = set()
     for path, cause in sorted(causes, key=lambda pair: _order(data, pair[0])):
         distinct.setdefault(id(cause), cause)
-        if (path, id(cause)) not in noted:
-            noted.add((path, id(cause)))
-            cause.add_note(f"the problem at {path}")
+        note = f"the problem at {path}"
+        if note not in getattr(cause, "__notes__", ()):
+            cause.add_note(note)
     return list(distinct.values())
 
 

@@ -384,6 +384,22 @@ def test_several_causes_are_noted_with_their_problems_paths_in_file_order(
     ]
 
 
+def test_an_exception_raised_again_in_a_later_load_is_noted_once(tmp_path: Path) -> None:
+    """Bug caught: an exception a factory kept and raised in each load gathered one more
+    identical note naming its problem's path per load."""
+    (tmp_path / "kept_error_factory.py").write_text(
+        "ERROR = LookupError('no transformer')\n\ndef factory():\n    raise ERROR\n"
+    )
+    path = tmp_path / "c.toml"
+    path.write_text('[[transformers]]\nkind = "python"\nref = "kept_error_factory:factory"\n')
+    for _ in range(2):
+        with pytest.raises(ConfigError) as caught:
+            load_pipeline(path)
+    cause = caught.value.__cause__
+    assert cause is not None
+    assert cause.__notes__ == ["the problem at transformers[0].ref"]
+
+
 def test_a_module_that_fails_to_import_is_imported_once_per_load(tmp_path: Path) -> None:
     """Bug caught: Python keeps no module that failed to import, so each ref naming it (and
     the loader's second look at a file with a mistake) ran its code again, side effects
