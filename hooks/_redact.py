@@ -54,25 +54,27 @@ def matches_empty(regex: "re.Pattern[str]") -> bool:
 
 
 # Texts a pattern that can match zero characters is tried on, to tell whether it matches in
-# every text (``x*``, ``$``) or only in some (``(?=password)``, ``(?m)^$``, ``\\b``).
+# (almost) every text (``x*``, ``$``) or only in some (``(?=password)``, ``(?m)^$``, ``\\b``).
+# Four texts cannot show it matches in every one (``^(?!zzz)``), so what it would do is hedged.
 _PROBES = ("", "a", "ab\n cd", "key=password")
 
 
 def zero_width(regex: "re.Pattern[str]", *, deny: bool) -> str | None:
     """Why `regex` is refused as a deny pattern (`deny`) or a redaction's, or None when it
     cannot match zero characters. What it would do is said only when the probes show it:
-    a deny pattern found in every text rejects every reply; a redaction's matching at every
-    place redacts between every character."""
+    a deny pattern found in each probe would reject almost any reply; a redaction's matching
+    at each place of each probe (but the empty one, which has nothing to redact) would redact
+    between almost every character."""
     if not matches_empty(regex):
         return None
     if deny:
         everywhere = all(regex.search(text) for text in _PROBES)
-        consequence = "reject every reply"
+        consequence = "reject almost any reply"
     else:
         everywhere = all(
-            regex.match(text, place) for text in _PROBES for place in range(len(text) + 1)
+            regex.match(text, place) for text in _PROBES if text for place in range(len(text) + 1)
         )
-        consequence = "redact between every character"
+        consequence = "redact between almost every character"
     return (
         "can match zero characters (an empty place in the text)"
         + (f", so it would {consequence}" if everywhere else "")

@@ -197,6 +197,14 @@ def test_deny_refuses_a_zero_width_pattern_by_name(pattern):
     assert repr(pattern) in str(info.value)
 
 
+def test_a_deny_pattern_found_in_each_text_tried_is_said_to_reject_almost_any_reply():
+    """Bug caught: a pattern found in each of the few texts it was tried on, but not in all
+    (``^(?!zzz)`` misses a reply starting "zzz"), was said to reject every reply."""
+    with pytest.raises(ConfigError, match="would reject almost any reply") as info:
+        deny(r"^(?!zzz)", feedback="No.")
+    assert "every reply" not in str(info.value)
+
+
 @pytest.mark.parametrize("feedback", ["", "  ", None, 7])
 def test_deny_needs_feedback_text(feedback):
     with pytest.raises(ConfigError, match=r"deny\(feedback="):

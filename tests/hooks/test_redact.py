@@ -536,7 +536,7 @@ def test_zero_width_patterns_are_refused(pattern):
 
 
 @pytest.mark.parametrize(
-    ("pattern", "everywhere"), [(r"\b", False), ("(?=x)", False), ("x?", True)]
+    ("pattern", "everywhere"), [(r"\b", False), ("(?=x)", False), ("$", False), ("x?", True)]
 )
 def test_only_a_pattern_matching_at_every_place_is_said_to_redact_between_characters(
     pattern, everywhere
@@ -546,7 +546,15 @@ def test_only_a_pattern_matching_at_every_place_is_said_to_redact_between_charac
     every character"."""
     with pytest.raises(ConfigError, match="can match zero characters") as info:
         redact(pattern)
-    assert ("redact between every character" in str(info.value)) is everywhere
+    assert ("redact between almost every character" in str(info.value)) is everywhere
+
+
+def test_a_pattern_matching_at_every_place_of_any_text_but_the_empty_one_is_said_so():
+    """Bug caught: a pattern matching at every place of a text but not in an empty text
+    (``\\B|\\b``: Python's ``\\B`` matches no empty text) was not said to redact between
+    characters, the empty text, with nothing to redact, being one of the texts tried."""
+    with pytest.raises(ConfigError, match="redact between almost every character"):
+        redact(r"\B|\b")
 
 
 def test_a_compiled_bytes_pattern_is_refused_by_name():
