@@ -39,6 +39,7 @@ from ._types import (
     Invalid,
     Minutes,
     Positive,
+    PostRef,
     SearchRef,
     Seconds,
     StartRef,
@@ -66,7 +67,7 @@ class PythonPost(HookEntry):
     """A post hook of your own: ``fn(turn)`` with ``turn.reply`` set."""
 
     KIND: ClassVar[str] = "python"
-    ref: HookRef = attrs.field(metadata=doc("The function, as 'module:attribute'."))
+    ref: PostRef = attrs.field(metadata=doc("The function, as 'module:attribute'."))
     background: bool = attrs.field(
         default=False,
         metadata=doc("Run after the turn is committed, without delaying it."),

@@ -367,9 +367,11 @@ class Ref:
         if cls.CATALOGUE and not colon:
             return cls._catalogued(text)
         if not (colon and _DOTTED.fullmatch(module_name) and _DOTTED.fullmatch(attribute)):
+            declared = "" if colon else _declared(text)  # ref = "running_summary"
             raise Invalid(
-                f"{json.dumps(text)} is not a reference: expected 'module:attribute', e.g."
-                " 'mypkg.hooks:search_docs'"
+                f"{json.dumps(text)} is not a reference"
+                + (f"; it {declared} — here, expected" if declared else ": expected")
+                + " 'module:attribute', e.g. 'mypkg.hooks:search_docs'"
             )
         target: Any = _import(module_name)
         parts = attribute.split(".")
@@ -410,20 +412,17 @@ class Ref:
         names = sorted(cls.CATALOGUE)
         choices = ", ".join(json.dumps(name) for name in names)
         expected = f"expected one of {choices}, or 'module:attribute' of {cls.SHAPE}"
-        declared = next((f for f in _FACTORIES if getattr(f, "__name__", "") == text), None)
-        if declared is not None:  # the catalogue's, declared elsewhere: running_summary
-            _what, written, kind = _FACTORIES[declared]
-            raise Invalid(
-                f"{json.dumps(text)} is {kind}: write {written} to use it — here, {expected}"
-            )
+        if declared := _declared(text):  # the catalogue's, declared elsewhere: running_summary
+            raise Invalid(f"{json.dumps(text)} {declared} — here, {expected}")
+        # A module path written with dots only, put right (but hooks.drop_oldest, the
+        # catalogue's own factory), then the closest name of the catalogue.
+        module, dot, attribute = text.rpartition(".")
+        dotted = dot and module != "hooks" and _DOTTED.fullmatch(text)
         close = difflib.get_close_matches(text, names, n=1)
-        if close:
-            hint = f"did you mean {json.dumps(close[0])}? "
-        else:  # a reference's own example; a module path written with dots only, put right
+        guesses = [f"{module}:{attribute}"] * bool(dotted) + close
+        if not close:  # a reference's own example
             expected += ", e.g. 'mypkg.hooks:search_docs'"
-            module, dot, attribute = text.rpartition(".")
-            dotted = dot and _DOTTED.fullmatch(text)
-            hint = f"did you mean {json.dumps(f'{module}:{attribute}')}? " if dotted else ""
+        hint = f"did you mean {' or '.join(map(json.dumps, guesses))}? " if guesses else ""
         raise Invalid(
             f"{json.dumps(text)} is neither a name of the catalogue nor a reference — {hint}"
             f"{expected}"
@@ -441,6 +440,15 @@ _FACTORIES: dict[Callable[..., Any], tuple[str, str, str]] = {
 """The catalogue's factories a config declares by name: what each makes, how the config
 writes it and what its name is there. A ref naming one names the factory, not what it
 makes."""
+
+
+def _declared(text: str) -> str:
+    """What a config writes to use the catalogue's factory named `text`, as said after the
+    name (``is a post kind: write ...``), or ``""`` when `text` names none."""
+    for factory, (_what, written, kind) in _FACTORIES.items():
+        if getattr(factory, "__name__", "") == text:
+            return f"is {kind}: write {written} to use it"
+    return ""
 
 
 def _factory_named(text: str, factory: Callable[..., Any], expected: type["Ref"]) -> str:
@@ -618,10 +626,18 @@ def _factory_hint(signature: inspect.Signature, count: int) -> str:
 
 @final
 class HookRef(Ref):
-    """A pre or post hook, or a parallel-group member: ``fn(turn)``."""
+    """A pre hook or a parallel-group member: ``fn(turn)``."""
 
     ARGUMENTS = ("turn",)
-    SHAPE = "a hook fn(turn) returning a signal (or, in a parallel group, a list of parts)"
+    SHAPE = "a pre hook fn(turn) returning a signal (or, in a parallel group, a list of parts)"
+
+
+@final
+class PostRef(Ref):
+    """A post hook: ``fn(turn)``, or what the catalogue's `running_summary` makes."""
+
+    ARGUMENTS = ("turn",)
+    SHAPE = "a post hook fn(turn) returning a signal"
     MADE_BY = (running_summary,)
 
 

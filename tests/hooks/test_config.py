@@ -734,6 +734,24 @@ def test_a_dotted_compact_reference_is_told_where_the_colon_goes() -> None:
     assert "e.g. 'mypkg.hooks:search_docs'" in message
 
 
+@pytest.mark.parametrize(
+    ("text", "guess"),
+    [
+        ("my.drop_oldest", '"my:drop_oldest" or "drop_oldest"'),
+        ("hooks.drop_oldest", '"drop_oldest"'),
+    ],
+)
+def test_a_dotted_compact_reference_close_to_a_catalogue_name_is_told_both(
+    text: str, guess: str
+) -> None:
+    """Bug caught: `compact = "my.drop_oldest"` was told only to write the catalogue's
+    "drop_oldest", not "my:drop_oldest", its own module's function it more likely means."""
+    ((_path, message),) = _problems(
+        {"compact": text, "budget": {"context_tokens": 9, "injection_reserve": 1}}
+    )
+    assert f"did you mean {guess}?" in message
+
+
 def test_a_post_kind_named_as_compact_is_told_it_is_a_post_kind() -> None:
     """Bug caught: `compact = "running_summary"` was told only that it is no name of the
     catalogue, not that it is a post kind declared as a [[post]] entry."""
@@ -775,6 +793,31 @@ def test_a_catalogue_factory_where_something_else_is_expected_says_what_is(
     assert expected in message
     assert "rather than being one" not in message
     assert "is declared as" in message
+
+
+def test_a_pre_entry_naming_the_running_summary_factory_is_told_it_makes_a_post_hook() -> None:
+    """Bug caught: `pre[0].ref = "hooks:running_summary"` was told the factory "makes a post
+    hook rather than being one" and to call it and name what it returns, which a pre entry
+    does not take either."""
+    ((path, message),) = _problems({"pre": [{"kind": "python", "ref": "hooks:running_summary"}]})
+    assert path == "pre[0].ref"
+    assert "which makes a post hook — expected a pre hook fn(turn)" in message
+    assert 'declared as a [[post]] entry of kind = "running_summary"' in message
+    assert "rather than being one" not in message
+
+
+@pytest.mark.parametrize("stage", ["pre", "post"])
+def test_a_python_ref_naming_a_post_kind_without_a_colon_is_told_it_is_a_post_kind(
+    stage: str,
+) -> None:
+    """Bug caught: `ref = "running_summary"` in a python entry was told only that it is not
+    a reference, where `compact = "running_summary"` was told it is a post kind."""
+    ((path, message),) = _problems({stage: [{"kind": "python", "ref": "running_summary"}]})
+    assert path == f"{stage}[0].ref"
+    assert message.startswith(
+        '"running_summary" is not a reference; it is a post kind: write a [[post]] entry of'
+        " kind = \"running_summary\" to use it — here, expected 'module:attribute'"
+    )
 
 
 @pytest.mark.parametrize(
