@@ -14,7 +14,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar, NewType, final
@@ -501,9 +501,9 @@ FOLDER: ContextVar[str | None] = ContextVar("FOLDER", default=None)
 
 FAILED: ContextVar[dict[str, BaseException] | None] = ContextVar("FAILED", default=None)
 """The modules whose import failed while the current config loads, and what each raised:
-such a module is imported once per load, however many refs name it or a module inside it
-(Python keeps no failed module, and would run its code, side effects included, again for
-each)."""
+such a module is imported once per load, however many refs name it, a module inside it or
+a module importing it (Python keeps no failed module, and would run its code, side effects
+included, again for each)."""
 
 
 def _import(module_name: str) -> Any:
@@ -518,6 +518,8 @@ def _import(module_name: str) -> Any:
     except (Exception, SystemExit) as exc:  # Ctrl-C (KeyboardInterrupt) still stops it
         if failed is not None:
             failed[_failing(module_name)] = exc
+            for name in _failed_inside(exc):  # a module it imports, failing in turn
+                failed.setdefault(name, exc)
         problem = _import_failed(module_name, exc)
         raise problem from problem.__cause__
     _check_beside(module_name)
@@ -534,6 +536,18 @@ def _failing(module_name: str) -> str:
     """Which of `module_name` and its packages failed to import: the outermost Python did not
     keep (it keeps a package whose own code ran through, and drops one that failed)."""
     return next((name for name in _enclosing(module_name) if name not in sys.modules), module_name)
+
+
+def _failed_inside(exc: BaseException) -> Iterator[str]:
+    """The modules whose top-level code `exc` came up through: each failed to import (Python
+    kept none), the innermost where it was raised."""
+    trace = exc.__traceback__
+    while trace is not None:
+        frame = trace.tb_frame
+        name = frame.f_globals.get("__name__")
+        if frame.f_code.co_name == "<module>" and isinstance(name, str) and name not in sys.modules:
+            yield name
+        trace = trace.tb_next
 
 
 def _import_failed(module_name: str, exc: BaseException) -> Invalid:

@@ -423,6 +423,30 @@ def test_a_module_that_fails_to_import_is_imported_once_per_load(tmp_path: Path)
     assert runs.read_text() == "ran\nran\n"
 
 
+def test_a_module_that_fails_to_import_is_imported_once_per_load_by_a_module_importing_it(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: a failing module imported by the module one ref names, and named by
+    another ref, ran again for the second ref, the load remembering only the module named."""
+    runs = tmp_path / "runs.txt"
+    (tmp_path / "indirectly_failing.py").write_text(
+        f"with open({str(runs)!r}, 'a') as f:\n    f.write('ran\\n')\nraise RuntimeError('no')\n"
+    )
+    (tmp_path / "imports_the_failing.py").write_text(
+        "import indirectly_failing\n\ndef f(turn): ...\n"
+    )
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[[pre]]\nkind = "python"\nref = "imports_the_failing:f"\n'
+        '[[pre]]\nkind = "python"\nref = "indirectly_failing:g"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline(path)
+    assert [where for where, _ in caught.value.problems] == ["pre[0].ref", "pre[1].ref"]
+    assert all("RuntimeError: no" in message for _, message in caught.value.problems)
+    assert runs.read_text() == "ran\n"
+
+
 def test_a_package_that_fails_to_import_is_imported_once_per_load_by_its_modules(
     tmp_path: Path,
 ) -> None:
