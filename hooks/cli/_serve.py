@@ -469,6 +469,7 @@ def _exit_after(seconds: float, left: Callable[[], str]) -> threading.Timer:
     """
 
     def stop() -> None:
+        _claim_exit()  # the timer firing while the command exits already says nothing
         # Whatever saying it raises (a stderr whose reader went away), the process ends.
         try:
             _say(
@@ -490,7 +491,12 @@ def _exit_now(status: int) -> None:
     """End the process at once with `status`, what was written on stdout and stderr and
     through the logging handlers flushed first (`os._exit` flushes nothing, and skips the
     handlers registered with `atexit`, where the tracer provider sends its pending spans:
-    they are sent here, for up to `FLUSH_SECONDS`, and left if the exporter takes longer)."""
+    they are sent here, for up to `FLUSH_SECONDS`, and left if the exporter takes longer).
+
+    Only one thread exits: another calling it meanwhile (the hard stop's timer firing while
+    the spans are sent) waits for that exit.
+    """
+    _claim_exit()
     try:
         # The spans of the turns answered, which a batch span processor may still hold.
         with contextlib.suppress(Exception):
@@ -504,6 +510,16 @@ def _exit_now(status: int) -> None:
     finally:
         # Even when a Ctrl-C lands while the spans are sent: this exit must happen.
         os._exit(status)
+
+
+_EXITING = threading.RLock()
+"""Held by the thread that ends the process (`_claim_exit`), and never released."""
+
+
+def _claim_exit() -> None:
+    """Make this thread the one that ends the process; in any other thread, wait for that
+    end (never return): a second exit would say and flush everything again."""
+    _EXITING.acquire()
 
 
 FLUSH_SECONDS = 2.0

@@ -2,6 +2,7 @@
 child of the client's trace (its W3C ``traceparent``), the gateway served for real on
 loopback and spoken to with the official OpenAI SDK."""
 
+import contextlib
 import os
 import re
 import secrets
@@ -469,6 +470,56 @@ def test_an_exporter_that_never_answers_does_not_keep_the_command_from_exiting(
             pytest.fail("the command never exited: the flush waited for the exporter")
     assert process.returncode == 0, err
     assert "not waiting for 1 worker threads" in err, err
+
+
+def test_the_hard_stop_says_what_is_left_once_while_spans_are_sent(tmp_path: Path) -> None:
+    """Bug caught: on asyncio, the server's hard stop waited up to 2 s for the spans to be
+    sent, the hard stop's timer fired meanwhile, and the command said what was left, and
+    sent the spans, a second time."""
+    mark = tmp_path / "started"
+    (tmp_path / "shielded_hooks.py").write_text(
+        HANGING_EXPORTER
+        + textwrap.dedent(
+            f"""
+            import anyio
+            from pipeline import cont
+
+            trace.get_tracer("test").start_span("pending").end()  # what the flush waits on
+
+            async def bg(turn):
+                open({str(mark)!r}, "w").close()
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(60)
+                return cont(turn)
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[post]]\nkind = "python"\nref = "shielded_hooks:bg"\nbackground = true\n')
+    with serving([str(SCRIPT)], config, "--drain-timeout", "1", "--loop", "asyncio") as (
+        process,
+        url,
+        _,
+    ):
+
+        def send() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # the process ends, unanswered
+                httpx.post(
+                    url + "/v1/chat/completions",
+                    json={"model": "m", "messages": user("hi")},
+                    headers={"authorization": f"Bearer {KEY}"},
+                    timeout=60,
+                )
+
+        threading.Thread(target=send, daemon=True).start()
+        deadline = time.monotonic() + 10
+        while not mark.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 1, err
+    assert err.count("still running past the drain timeout") == 1, err
 
 
 def test_propagators_that_do_not_load_are_a_usage_error_at_start(tmp_path: Path) -> None:
