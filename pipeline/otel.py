@@ -104,20 +104,32 @@ def instrument(
         return _TurnTrace(tracer, span, _table(plan), capture)
 
     set_tracing(start)
+    _given[:] = [tracer_provider]
 
 
 def uninstrument() -> None:
     """Stop tracing turns (turns already running finish their traces)."""
     set_tracing(None)
+    _given.clear()
 
 
-def instrumented() -> bool:
-    """Whether turns are traced: `instrument` was called, and `uninstrument` not since.
+def instrumented() -> TracerProvider | None:
+    """The tracer provider turns go to, when `instrument` was called and `uninstrument` not
+    since; None otherwise.
 
-    For code that instruments on someone's behalf (``turnplug serve --otel``) and must not
-    replace what the application set up itself (its own provider, content capture).
+    It is the one `instrument` was given, or else the global one as it is now: a
+    ``ProxyTracerProvider`` while none is set (or a ``NoOpTracerProvider``) traces nothing.
+    For code that instruments on someone's behalf (``turnplug serve --otel``): it must not
+    replace what the application set up itself (its own provider, content capture), and it
+    flushes this provider where it exits without the provider's own flush at exit.
     """
-    return tracing() is not None
+    if tracing() is None or not _given:
+        return None
+    return _given[0] if _given[0] is not None else trace.get_tracer_provider()
+
+
+_given: list[TracerProvider | None] = []
+"""What the `instrument` in force was given as its tracer provider (none: the global one)."""
 
 
 _TURN_ATTRIBUTES = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "turnplug"}

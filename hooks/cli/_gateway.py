@@ -22,6 +22,7 @@ import re
 import secrets
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from contextlib import asynccontextmanager
@@ -1679,10 +1680,10 @@ def _leave_client_trace(token: Any) -> None:
 
 def instrument_turns() -> tuple[Callable[[], None] | None, bool]:
     """Trace every turn with the global tracer provider (`pipeline.otel`), for ``turnplug
-    serve --otel``: the function that stops it, and whether a provider is set already (one
-    that is not yet traces nothing until it is). Turns traced already (a hook module called
-    `pipeline.otel.instrument` itself, with its own provider or content capture) stay as
-    they are: no function, and nothing to say about the provider.
+    serve --otel``: the function that stops it, and whether the provider turns go to is set
+    already (one that is not yet traces nothing until it is). Turns instrumented already (a
+    hook module called `pipeline.otel.instrument` itself, with its own provider or content
+    capture) stay as they are: no function to stop them.
 
     Raises:
         ConfigError: OpenTelemetry is not installed, or its propagators do not load.
@@ -1700,11 +1701,14 @@ def instrument_turns() -> tuple[Callable[[], None] | None, bool]:
             " opentelemetry-distro with an exporter, to run under opentelemetry-instrument)"
         ) from None
     client_propagator()
-    if otel.instrumented():
-        # A hook module instrumented with a provider or content capture of its own: kept.
-        return None, True
-    otel.instrument()
-    return otel.uninstrument, not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    stop: Callable[[], None] | None = None
+    if otel.instrumented() is None:
+        otel.instrument()
+        stop = otel.uninstrument
+    # else a hook module instrumented turns itself (a provider or content capture of its
+    # own, or the global provider): kept, and its provider is the one that must be set.
+    provider = otel.instrumented()
+    return stop, not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
 def client_propagator() -> Any:
@@ -1734,26 +1738,35 @@ malformed one makes OpenTelemetry log a warning per entry."""
 
 
 def flush_traces(seconds: float) -> None:
-    """Send what the global tracer provider still holds (a batch span processor's pending
-    spans), for an exit that skips the handlers registered with `atexit`, where the SDK's
-    provider flushes itself; nothing when OpenTelemetry is not loaded."""
+    """Send what the tracer providers still hold (a batch span processor's pending spans):
+    the one turns go to (`pipeline.otel.instrumented`) and the global one (other
+    instrumentations' spans), for an exit that skips the handlers registered with `atexit`,
+    where the SDK's provider flushes itself; nothing when OpenTelemetry is not loaded."""
     trace = sys.modules.get("opentelemetry.trace")
     if trace is None:
         return
-    flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-    if not callable(flush):
+    otel = sys.modules.get("pipeline.otel")
+    providers = [otel.instrumented() if otel is not None else None, trace.get_tracer_provider()]
+    flushes = []
+    for provider in dict.fromkeys(p for p in providers if p is not None):
+        flush = getattr(provider, "force_flush", None)
+        if callable(flush):
+            flushes.append(flush)
+    if not flushes:
         return
+    end = time.monotonic() + seconds
 
     def send() -> None:
-        with contextlib.suppress(Exception):
-            flush(int(seconds * 1000))
+        for flush in flushes:
+            with contextlib.suppress(Exception):
+                flush(max(0, int((end - time.monotonic()) * 1000)))
 
     # The SDK's batch span processor does not keep to the timeout (it exports in the
     # calling thread, after waiting for an export already running): an exporter that never
     # answers would keep the process from exiting. A daemon thread is left behind instead.
     sender = threading.Thread(target=send, name="turnplug trace flush", daemon=True)
     sender.start()
-    sender.join(seconds)
+    sender.join(max(0.0, end - time.monotonic()))
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:

@@ -402,6 +402,65 @@ def test_spans_are_sent_when_the_command_leaves_an_abandoned_worker_thread(
     assert f'"parent_id": "0x{span_id:016x}"' in exported_turn(out, trace_id)
 
 
+def test_spans_of_a_hook_modules_own_provider_are_sent_at_an_exit_skipping_atexit(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: an exit that does not wait for an abandoned worker thread flushed only the
+    global tracer provider, so the turns of a hook module that instrumented them with a
+    batched provider of its own lost their spans."""
+    mark = tmp_path / "started"
+    (tmp_path / "own_hooks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            import time
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+            from pipeline import cont, otel
+
+            provider = TracerProvider()
+            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stdout)))
+            otel.instrument(tracer_provider=provider)
+
+            def bg(turn):
+                if turn.user_message.text == "stuck":
+                    open({str(mark)!r}, "w").close()
+                    time.sleep(60)
+                return cont(turn)
+            """
+        )
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[post]]\nkind = "python"\nref = "own_hooks:bg"\nbackground = true\n')
+    trace_id, span_id, header = client_span()
+    # asyncio: its worker threads are the ones the interpreter would wait for.
+    with serving([str(SCRIPT)], config, "--drain-timeout", "1", "--loop", "asyncio") as (
+        process,
+        url,
+        _,
+    ):
+        sdk_call(url, "hi", header)
+        stuck = threading.Thread(
+            target=lambda: httpx.post(
+                url + "/v1/chat/completions",
+                json={"model": "m", "messages": user("stuck")},
+                headers={"authorization": f"Bearer {KEY}"},
+                timeout=30,
+            )
+        )
+        stuck.start()
+        deadline = time.monotonic() + 10
+        while not mark.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+        stuck.join(30)
+    assert process.returncode == 0, err
+    assert "not waiting for 1 worker threads" in err, err
+    assert f'"parent_id": "0x{span_id:016x}"' in exported_turn(out, trace_id)
+
+
 HANGING_EXPORTER = """
 import time
 from opentelemetry import trace
@@ -640,6 +699,21 @@ def test_without_a_tracer_provider_the_command_says_no_turn_is_traced(tmp_path: 
     """Bug caught: ``--otel`` with no tracer provider set (not under
     opentelemetry-instrument, none set by a hook module) serving untraced without a word."""
     with serving([str(SCRIPT)], write_config(tmp_path)) as (process, _, said):
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    assert "--otel: no OpenTelemetry tracer provider is set, so no turn is traced" in said
+
+
+def test_a_hook_module_instrumenting_with_no_provider_set_gets_the_note(tmp_path: Path) -> None:
+    """Bug caught: a hook module that called ``otel.instrument()`` (the global provider) with
+    no provider set made ``--otel`` skip its note, though no turn was traced."""
+    (tmp_path / "plain_hooks.py").write_text(
+        "from pipeline import cont, otel\notel.instrument()\n\n\n"
+        "def pre(turn):\n    return cont(turn)\n"
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text('[[pre]]\nkind = "python"\nref = "plain_hooks:pre"\n')
+    with serving([str(SCRIPT)], config) as (process, _, said):
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=60)
     assert "--otel: no OpenTelemetry tracer provider is set, so no turn is traced" in said

@@ -812,6 +812,24 @@ async def test_uninstrument_stops_tracing(spans) -> None:
     assert spans.get_finished_spans() == ()
 
 
+def test_instrumented_is_the_provider_turns_go_to() -> None:
+    """Bug caught: ``instrumented()`` said only that ``instrument()`` had been called, so
+    code instrumenting on an application's behalf could neither flush the provider a hook
+    module gave it nor tell that turns went to no provider at all."""
+    from opentelemetry import trace
+
+    own = TracerProvider()
+    assert otel.instrumented() is None
+    otel.instrument(tracer_provider=own)
+    try:
+        assert otel.instrumented() is own
+        otel.instrument()  # the global provider, as it is when asked
+        assert otel.instrumented() is trace.get_tracer_provider()
+    finally:
+        otel.uninstrument()
+    assert otel.instrumented() is None
+
+
 async def test_a_no_op_provider_builds_no_trace() -> None:
     """Catches: the instrumented path failing with the API's no-op provider."""
     otel.instrument(tracer_provider=NoOpTracerProvider())
