@@ -492,7 +492,8 @@ class Gateway:
         self.feed = Feed(settings.recent, self.scrub)
         self._flying: set[str] = set()  # the turns whose requests are in flight, by turn_ref
         if settings.otel:
-            client_propagator()  # one that cannot load is refused here, not per request
+            # One that cannot load is refused here, not per request.
+            client_propagator("Settings.otel")
         self._trace_failed = False  # a request's trace context could not be read (said once)
         # The turns that raised an interrupt and are answered 503 for it (`_stop_for`): they
         # are not what a drain waits for (`finishing`).
@@ -1700,7 +1701,7 @@ def instrument_turns() -> tuple[Callable[[], None] | None, bool]:
             " extra with pip install 'turnplug[otel]' (and, to export the traces,"
             " opentelemetry-distro with an exporter, to run under opentelemetry-instrument)"
         ) from None
-    client_propagator()
+    client_propagator("--otel")
     stop: Callable[[], None] | None = None
     if otel.instrumented() is None:
         otel.instrument()
@@ -1711,24 +1712,45 @@ def instrument_turns() -> tuple[Callable[[], None] | None, bool]:
     return stop, not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
-def client_propagator() -> Any:
+def client_propagator(option: str) -> Any:
     """The propagator that reads a request's trace context: OpenTelemetry's global one
     (``OTEL_PROPAGATORS``, or one an application set), loaded now so that one that cannot
-    load fails where the gateway is set up rather than on every request.
+    load fails where the gateway is set up rather than on every request; `option` is what
+    asked for it, as the error names it (``--otel``, ``Settings.otel``).
 
     Raises:
-        ConfigError: ``OTEL_PROPAGATORS`` names a propagator that does not load.
+        ConfigError: OpenTelemetry is not installed, or ``OTEL_PROPAGATORS`` names a
+            propagator that does not load.
     """
+    try:
+        # The API alone: what it cannot import is its own or its dependencies', which the
+        # extra installs.
+        import opentelemetry.context  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"{option} reads a request's trace context with OpenTelemetry, which is not"
+            f" installed ({exc}): install the extra with pip install 'turnplug[otel]'"
+        ) from None
+    # The propagators load with the module, and OpenTelemetry logs the traceback of one
+    # that fails: the error below says it, once.
+    said = logging.getLogger("opentelemetry.propagate")
+    said.addFilter(_nothing)
     try:
         from opentelemetry import propagate
     except Exception as exc:  # ValueError for a propagator not installed, or its own
         raise ConfigError(
-            f"--otel reads a request's trace context with the propagators OTEL_PROPAGATORS"
+            f"{option} reads a request's trace context with the propagators OTEL_PROPAGATORS"
             f" names ({os.environ.get('OTEL_PROPAGATORS', '')!r}), which do not load:"
             f" {type(exc).__name__}: {exc} — install the package of each one, or unset"
             " OTEL_PROPAGATORS for the W3C traceparent"
         ) from None
+    finally:
+        said.removeFilter(_nothing)
     return propagate.get_global_textmap()
+
+
+def _nothing(record: logging.LogRecord) -> bool:
+    return False
 
 
 UNTRUSTED_HEADERS = frozenset((b"baggage",))

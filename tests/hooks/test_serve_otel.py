@@ -600,6 +600,63 @@ def test_propagators_that_do_not_load_are_a_usage_error_at_start(tmp_path: Path)
     assert "Traceback" not in done.stderr
 
 
+def test_a_propagator_failing_when_built_is_said_once_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: an installed propagator that raised when built (a vendor's, missing its
+    setting) made OpenTelemetry print its traceback on stderr before the usage error."""
+    (tmp_path / "vendorprop.py").write_text(
+        "class Prop:\n    def __init__(self):\n        raise RuntimeError('needs VENDOR_KEY')\n"
+    )
+    info = tmp_path / "vendorprop-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vendorprop\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[opentelemetry_propagator]\nvendor = vendorprop:Prop\n")
+    done = subprocess.run(
+        [str(SCRIPT), "serve", str(write_config(tmp_path)), "--port", "0", "--otel"],
+        capture_output=True,
+        text=True,
+        env=os.environ
+        | {
+            "TURNPLUG_GATEWAY_KEY": KEY,
+            "OTEL_PROPAGATORS": "tracecontext,vendor",
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        },
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("needs VENDOR_KEY") == 1, done.stderr
+    assert "OTEL_PROPAGATORS" in done.stderr
+
+
+def test_settings_otel_without_opentelemetry_names_the_extra() -> None:
+    """Bug caught: ``Gateway(Settings(otel=True))`` without OpenTelemetry installed blamed
+    ``OTEL_PROPAGATORS`` and the ``--otel`` option the library has not, not the missing
+    extra."""
+    hidden = textwrap.dedent(
+        """
+        import sys
+        sys.modules["opentelemetry"] = None  # as if it were not installed
+        from hooks.cli._gateway import Gateway, Settings
+        from pipeline import ConfigError, Pipeline
+        from pipeline.testing import ScriptedModel
+        try:
+            Gateway(Pipeline(model=ScriptedModel(["x"])), Settings(model="m", api_key=None, otel=True))
+        except ConfigError as exc:
+            print(exc)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hidden], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "turnplug[otel]" in done.stdout
+    assert "Settings.otel" in done.stdout
+    assert "--otel" not in done.stdout
+    assert "OTEL_PROPAGATORS" not in done.stdout
+
+
 class Raising:
     """A propagator whose extract fails (a bug of its own, or of the headers it reads)."""
 
