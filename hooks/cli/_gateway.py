@@ -143,9 +143,9 @@ class Settings:
         recent: How many page events are kept for a page that opens later.
         otel: Each request's turn joins its client's trace: the trace context of the
             request's headers (W3C ``traceparent``, read with OpenTelemetry's global
-            propagator; never ``baggage``) is the current context where the turn is set up, so the turn's span
-            (`pipeline.otel`, which whoever serves the gateway instruments) is its child.
-            Needs OpenTelemetry (``turnplug[otel]``).
+            propagator; never the client's baggage) is the current context where the turn
+            is set up, so the turn's span (`pipeline.otel`, which whoever serves the gateway
+            instruments) is its child. Needs OpenTelemetry (``turnplug[otel]``).
     """
 
     model: str
@@ -625,8 +625,10 @@ class Gateway:
 
     def _join_client_trace(self, scope: Scope) -> Any:
         """Make the trace context of the request's headers (``traceparent``,
-        ``tracestate``, or whatever the global propagator reads, never ``baggage``) the
-        current one; the token to leave it with, or None.
+        ``tracestate``, or whatever the global propagator reads) the current one; the token
+        to leave it with, or None. Whatever baggage a propagator read from the headers is
+        dropped: the hooks see the baggage current where the request is served, never the
+        client's.
 
         Without such headers, the context has no span: the turn starts a trace of its own.
         When a span is current already (an ASGI instrumentation's server span, or one an
@@ -635,16 +637,21 @@ class Gateway:
         the client's trace, said once: tracing never fails a turn.
         """
         try:
-            from opentelemetry import context, propagate, trace
+            from opentelemetry import baggage, context, propagate, trace
 
             if trace.get_current_span().get_span_context().is_valid:
                 return None
             carrier: dict[str, list[str]] = {}
             for name, value in scope["headers"]:
-                if name.lower() not in UNTRUSTED_HEADERS:
+                if name.lower() not in UNREAD_HEADERS:
                     key = name.decode("latin-1").lower()
                     carrier.setdefault(key, []).append(value.decode("latin-1"))
-            return context.attach(propagate.extract(carrier))
+            # Any format's baggage (W3C, Jaeger's uberctx-*, OpenTracing's ot-baggage-*)
+            # would be the hooks' context, sent on by every instrumented HTTP client.
+            joined = baggage.clear(propagate.extract(carrier))
+            for key, kept in baggage.get_all().items():
+                joined = baggage.set_baggage(key, kept, joined)
+            return context.attach(joined)
         except Exception as exc:
             if not self._trace_failed:
                 self._trace_failed = True
@@ -1753,10 +1760,10 @@ def _nothing(record: logging.LogRecord) -> bool:
     return False
 
 
-UNTRUSTED_HEADERS = frozenset((b"baggage",))
-"""The headers never passed to the propagator: a client's W3C baggage would become the
-context of the hooks (and go on to every upstream an instrumented HTTP client calls), and a
-malformed one makes OpenTelemetry log a warning per entry."""
+UNREAD_HEADERS = frozenset((b"baggage",))
+"""The headers never passed to the propagator: the client's W3C baggage, which would be
+dropped anyway (`Gateway._join_client_trace`), and a malformed one of which makes
+OpenTelemetry log a warning per entry."""
 
 
 def flush_traces(seconds: float) -> None:

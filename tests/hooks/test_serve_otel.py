@@ -731,6 +731,93 @@ async def test_a_clients_baggage_is_not_taken(
     assert [r for r in caplog.records if r.name.startswith("opentelemetry")] == []
 
 
+class JaegerBaggage:
+    """A propagator reading baggage from ``uberctx-*`` headers, as Jaeger's does."""
+
+    fields: ClassVar[set[str]] = set()
+
+    def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
+        from opentelemetry import baggage
+        from opentelemetry.propagators.textmap import default_getter
+
+        for key in default_getter.keys(carrier):
+            if key.startswith("uberctx-"):
+                value = default_getter.get(carrier, key)
+                context = baggage.set_baggage(key[len("uberctx-") :], value[0], context)
+        return context
+
+    def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+        pass
+
+
+@pytest.fixture
+def jaeger_baggage() -> Iterator[None]:
+    from opentelemetry import propagate
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    kept = propagate.get_global_textmap()
+    both = [TraceContextTextMapPropagator(), JaegerBaggage()]
+    propagate.set_global_textmap(CompositePropagator(both))  # type: ignore[list-item]
+    yield
+    propagate.set_global_textmap(kept)
+
+
+async def test_a_clients_baggage_in_any_format_is_not_taken(
+    spans: InMemorySpanExporter, jaeger_baggage: None
+) -> None:
+    """Bug caught: only the W3C ``baggage`` header was kept from the propagator, so a
+    propagator reading baggage from headers of its own (Jaeger's ``uberctx-*``) made the
+    client's key-value pairs the hooks' baggage."""
+    from opentelemetry import baggage
+
+    seen: list[dict[str, object]] = []
+
+    async def peek(turn: Turn) -> Any:
+        seen.append(dict(baggage.get_all()))
+        return cont(turn)
+
+    trace_id, span_id, header = client_span()
+    pipe = Pipeline(model=ScriptedModel(["one"]), pre=[peek])
+    async with served(pipe, otel=True) as gw:
+        await gw.sdk().chat.completions.create(
+            model="m",
+            messages=user("hi"),
+            extra_headers={"traceparent": header, "uberctx-tenant": "other"},
+        )
+    assert seen == [{}]
+    (turn,) = [span for span in spans.get_finished_spans() if span.name == "turn"]
+    assert turn.parent is not None
+    assert (turn.context.trace_id, turn.parent.span_id) == (trace_id, span_id)
+
+
+async def test_the_baggage_current_where_the_gateway_serves_is_kept(
+    spans: InMemorySpanExporter,
+) -> None:
+    """Bug caught: the context read from a request's headers replaced the baggage of the
+    application serving the gateway, which its hooks no longer saw."""
+    from opentelemetry import baggage, context
+
+    seen: list[dict[str, object]] = []
+
+    async def peek(turn: Turn) -> Any:
+        seen.append(dict(baggage.get_all()))
+        return cont(turn)
+
+    pipe = Pipeline(model=ScriptedModel(["one"]), pre=[peek])
+    token = context.attach(baggage.set_baggage("deployment", "eu-1"))
+    try:
+        async with served(pipe, otel=True) as gw:
+            await gw.sdk().chat.completions.create(
+                model="m",
+                messages=user("hi"),
+                extra_headers={"traceparent": client_span()[2], "baggage": "deployment=other"},
+            )
+    finally:
+        context.detach(token)
+    assert seen == [{"deployment": "eu-1"}]
+
+
 async def test_a_span_already_current_is_kept(spans: InMemorySpanExporter) -> None:
     """Bug caught: the client's ``traceparent`` replacing the span current where the gateway
     serves (an application's, an ASGI instrumentation's server span), which cut the turn out
