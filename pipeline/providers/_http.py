@@ -17,6 +17,8 @@ a session or the CLI) every call goes through one `httpx.AsyncClient`, so connec
 kept alive and reused; unheld, each call opens a client of its own and closes it.
 """
 
+import asyncio
+import contextlib
 import datetime
 import email.utils
 import functools
@@ -26,6 +28,7 @@ import math
 import os
 import random
 import re
+import socket
 import ssl
 import threading
 import time
@@ -37,6 +40,8 @@ import anyio
 import anyio.lowlevel
 import attrs
 import httpx
+import trio
+import trio.socket
 
 from .._errors import (
     ConfigError,
@@ -695,6 +700,48 @@ def _loop_name(token: anyio.lowlevel.EventLoopToken) -> str:
     return type(token.native_token).__module__.partition(".")[0]
 
 
+def _finished(token: anyio.lowlevel.EventLoopToken) -> bool:
+    """Whether the loop behind `token` has ended: it will never run a task again."""
+    native = token.native_token
+    if isinstance(native, asyncio.AbstractEventLoop):
+        return native.is_closed()
+    if not isinstance(native, trio.lowlevel.TrioToken):
+        return False
+    try:
+        native.run_sync_soon(_nothing)  # the one way to ask a trio run whether it is over
+    except trio.RunFinishedError:
+        return True
+    return False
+
+
+def _nothing() -> None:
+    pass
+
+
+def _shut_sockets(client: httpx.AsyncClient) -> None:
+    """Shut down the sockets of `client`'s connections, whose loop has ended.
+
+    Awaiting the client's close is no longer possible. Shutting the socket down is what can
+    be done synchronously: the server sees the connection closed. A trio socket's descriptor
+    is closed too; an asyncio transport closes its own when it is collected, as every
+    transport left open by a closed loop does (with a ResourceWarning), since closing it
+    needs its loop. httpx and httpcore keep their connections in private attributes: whatever
+    is not found where expected is left to the garbage collector.
+    """
+    pool = getattr(getattr(client, "_transport", None), "_pool", None)
+    for connection in getattr(pool, "connections", ()):
+        stream = getattr(getattr(connection, "_connection", None), "_network_stream", None)
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None:
+            continue
+        with contextlib.suppress(OSError):  # the peer closed it already
+            sock.shutdown(socket.SHUT_RDWR)
+        if isinstance(sock, trio.socket.SocketType):
+            # trio's own close() needs its run; the descriptor, detached, does not.
+            with contextlib.suppress(OSError):
+                os.close(sock.detach())
+
+
 LANE_CALLS = 16
 """Concurrent calls one pooled httpx client carries; more go to the pool's next client."""
 
@@ -738,7 +785,8 @@ class Pool:
     several threads each running a loop at once. The owner's ``async with model``
     (`acquire` with ``own=True``) opens the provider on its loop alone: a call or hold on
     another loop while it is open is refused (its sockets belong to the first), with an
-    error rather than a hang.
+    error rather than a hang, and so is that open while another loop holds the pool. A loop
+    that ended with a hold still taken has its connections shut down by the next `acquire`.
 
     The connections are spread over httpx clients, *lanes*, of at most `LANE_CALLS`
     concurrent calls each: a call takes the first lane with room, and a new lane is opened
@@ -769,7 +817,17 @@ class Pool:
         `release`, or with `close` for the owner's (``own=True``)."""
         here = anyio.lowlevel.current_token()
         with self._guard:
+            self._drop_finished(here)
             self._check(endpoint.provider, owner, here)
+            if own and (other := next((t for t in self._loops if t != here), None)):
+                raise ProviderError(
+                    f"{owner} is held on another event loop ({_loop_name(other)}), by a"
+                    " pipeline or session running there, and `async with model` would open it"
+                    f" on this one ({_loop_name(here)}) alone: the other loop's calls would be"
+                    " refused — give this loop a provider of its own, or let the pipeline or"
+                    " session hold the model (they do so on each loop)",
+                    provider=endpoint.provider,
+                )
             pool = self._loops.get(here)
             if pool is None:
                 pool = self._loops[here] = _LoopPool(endpoint, here)
@@ -830,6 +888,23 @@ class Pool:
     def give_back(lane: _Lane) -> None:
         """A call that `take` gave `lane` is over."""
         lane.calls -= 1
+
+    def _drop_finished(self, here: anyio.lowlevel.EventLoopToken) -> None:
+        """Forget the connections of loops that ended with a hold still taken.
+
+        A loop stopped and closed with a session still open (a worker thread's loop at
+        shutdown) never releases its hold: its entry would keep its clients and their sockets
+        for the pool's life. Its sockets cannot be awaited any more, so they are shut down
+        here, without awaiting, and the objects go with the entry.
+        """
+        for token in [t for t in self._loops if t != here and _finished(t)]:
+            # An owner's open stays: the provider was opened on that loop and never closed,
+            # so other loops are still refused (`_check`).
+            pool = self._loops.pop(token)
+            for lane in pool.lanes:
+                lane.shut = True
+                if pool.endpoint.transport is None:  # an injected one is its caller's
+                    _shut_sockets(lane.client)
 
     @staticmethod
     async def _shut(pool: _LoopPool) -> None:

@@ -6,7 +6,11 @@ accepts. The tests that must hold on both event loops run one body under
 """
 
 import asyncio
+import contextlib
+import gc
 import threading
+import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -315,6 +319,15 @@ def test_a_provider_opened_on_trio_and_used_on_asyncio_is_an_error() -> None:
     assert model.closed
 
 
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Until `condition` holds (a counter of the server's thread, or of another loop's)."""
+    for _ in range(500):
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"still not {what}")
+
+
 @pytest.mark.parametrize("name", PROVIDERS)
 def test_one_pipeline_serves_sessions_on_two_threads_loops_at_once(name: str) -> None:
     """Bug caught: a module-level pipeline used by two threads at once, each running its own
@@ -352,6 +365,134 @@ def test_one_pipeline_serves_sessions_on_two_threads_loops_at_once(name: str) ->
     assert len(server.requests) == 6
     # Each loop's turns, the bare one too, shared one connection of that loop.
     assert server.connections == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_async_with_model_is_refused_while_another_loop_holds_it(backend: str) -> None:
+    """Bug caught: `async with model` on one thread's loop was accepted while another
+    thread's session held the model on its own loop, and that session's next turn then failed
+    with "opened on another event loop"; now the late open is the one refused."""
+    holding, tried = threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+
+    with serving_in_thread(repeat=OPENAI_REPLY) as server:
+        model = openai(server.url)
+        pipe = Pipeline(model=model)
+
+        async def session_on_b() -> None:
+            async with pipe.session(log=MemoryLog(), conversation_id="b") as session:
+                await session.send("one")
+                holding.set()
+                await anyio.to_thread.run_sync(tried.wait, 10)
+                second = await session.send("two")
+            outcomes["b"] = second.reply.text if second.reply else ""
+
+        def thread_b() -> None:
+            try:
+                anyio.run(session_on_b, backend=backend)
+            except BaseException as exc:  # reported below, not lost in the thread
+                outcomes["b"] = exc
+            finally:
+                holding.set()
+
+        async def open_on_a() -> None:
+            try:
+                async with model:
+                    outcomes["a"] = "opened"
+            except ProviderError as exc:
+                outcomes["a"] = exc
+
+        b = threading.Thread(target=thread_b)
+        b.start()
+        assert holding.wait(10)
+        try:
+            anyio.run(open_on_a, backend=backend)
+        finally:
+            tried.set()
+            b.join(30)
+
+    refused = outcomes.pop("a")
+    assert outcomes == {"b": "Hello!"}
+    assert isinstance(refused, ProviderError), refused
+    assert f"is held on another event loop ({backend})" in str(refused)
+    assert f"on this one ({backend}) alone" in str(refused)
+    assert not model.closed
+
+
+def test_loops_closed_with_a_session_open_leave_no_connections_behind() -> None:
+    """Bug caught: each asyncio loop stopped and closed with a session still open (a worker
+    thread's loop at shutdown) kept its entry, clients and open sockets in the pool for the
+    pipeline's life, one more per loop; the next loop to hold the model now shuts them down."""
+    left: list[asyncio.Task[None]] = []  # the abandoned sessions' tasks, dropped at the end
+
+    def loop_closed_in_a_session(pipe: Pipeline) -> None:
+        loop = asyncio.new_event_loop()
+        sent = loop.create_future()
+
+        async def job() -> None:
+            async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
+                await session.send("hi")
+                sent.set_result(None)
+                await asyncio.Event().wait()  # still in the session when the loop ends
+
+        left.append(loop.create_task(job()))
+        loop.run_until_complete(sent)
+        loop.close()  # stopped, not cancelled: the session's end never runs
+
+    async def session(pipe: Pipeline) -> str:
+        async with pipe.session(log=MemoryLog(), conversation_id="c") as held:
+            return (await held.send("hi")).reply.text  # type: ignore[union-attr]
+
+    # A transport its closed loop left open closes its socket when collected, with a
+    # ResourceWarning that asyncio gives for every such transport.
+    with warnings.catch_warnings(), serving_in_thread(repeat=OPENAI_REPLY) as server:
+        warnings.simplefilter("ignore", ResourceWarning)
+        model = openai(server.url)
+        pipe = Pipeline(model=model)
+        for _ in range(4):
+            loop_closed_in_a_session(pipe)
+            # Only the latest loop's connection is still open, and only its entry is kept.
+            wait_until(lambda: server.open_connections == 1, "shut down")
+            assert len(model._pool._loops) == 1
+        said = asyncio.run(session(pipe))
+        wait_until(lambda: server.open_connections == 0, "shut down")
+        for task in left:  # what the closed loops left goes now, not in a later test
+            with contextlib.suppress(RuntimeError):  # its session's end finds no loop
+                task.get_coro().close()
+        left.clear()
+        gc.collect()
+
+    assert said == "Hello!"
+    assert (len(server.requests), server.connections) == (5, 5)
+    assert model._pool._loops == {}
+
+
+def test_a_trio_run_that_ended_holding_the_pool_leaves_no_connections_behind() -> None:
+    """Bug caught: a trio run that ended with the pool still held on it kept its entry and
+    open sockets for the provider's life; the next run to hold the pool shuts them down. (A
+    session's hold always ends with its run under trio, so the hold is taken on the pool.)"""
+    with serving_in_thread(repeat=OPENAI_REPLY) as server:
+        model = openai(server.url)
+
+        async def abandon() -> None:
+            model._pool.acquire(model._endpoint(), "the test")  # never released
+            await collect(model)
+
+        async def held() -> str:
+            async with model.hold():
+                return texts(await collect(model))
+
+        for _ in range(3):
+            trio.run(abandon)
+            wait_until(lambda: server.open_connections == 1, "shut down")
+            assert len(model._pool._loops) == 1
+        said = trio.run(held)
+        wait_until(lambda: server.open_connections == 0, "shut down")
+
+    assert said == "Hello!"
+    assert (len(server.requests), server.connections) == (4, 4)
+    assert model._pool._loops == {}
+    gc.collect()  # the dropped sockets were closed: collecting them warns of none
 
 
 def test_finish_events_still_arrive_through_a_pooled_connection() -> None:
