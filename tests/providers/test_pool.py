@@ -333,38 +333,53 @@ def test_one_pipeline_serves_sessions_on_two_threads_loops_at_once(name: str) ->
     """Bug caught: a module-level pipeline used by two threads at once, each running its own
     `asyncio.run` (a thread-pool worker, async code called from sync views), failed the second
     thread's session, and any bare turn of it, with "opened on another event loop" while the
-    first thread's session held the model; each loop now holds connections of its own."""
+    first thread's session held the model; each loop now holds connections of its own, closed
+    when that loop's last hold ends, whatever the other loop still holds."""
     make, reply = PROVIDERS[name]
     both_in = threading.Barrier(2)
+    first_out = threading.Event()
     outcomes: dict[int, object] = {}
 
-    async def worker(pipe: Pipeline) -> list[str]:
+    async def worker(number: int, pipe: Pipeline, server: ProtocolServer) -> list[str]:
         async with pipe.session(log=MemoryLog(), conversation_id="c") as session:
             first = await session.send("one")
             await anyio.to_thread.run_sync(both_in.wait, 10)  # both sessions hold the model
             bare = await pipe.run(Turn.start("bare"))
             second = await session.send("two")
+            if number == 2:  # still holding while the first loop's hold ends
+                await anyio.to_thread.run_sync(first_out.wait, 10)
+        if number == 1:
+            try:  # its connection is closed, the other loop's is still open
+                await anyio.to_thread.run_sync(
+                    wait_until, lambda: server.open_connections == 1, "closed"
+                )
+            finally:
+                first_out.set()
         return [r.reply.text if r.reply else "" for r in (first, bare, second)]
 
-    def thread(number: int, pipe: Pipeline) -> None:
+    def thread(number: int, pipe: Pipeline, server: ProtocolServer) -> None:
         try:
-            outcomes[number] = asyncio.run(worker(pipe))
+            outcomes[number] = asyncio.run(worker(number, pipe, server))
         except BaseException as exc:  # reported below, not lost in the thread
             both_in.abort()
+            first_out.set()
             outcomes[number] = exc
 
     with serving_in_thread(repeat=reply) as server:
-        pipe = Pipeline(model=make(server.url))
-        threads = [threading.Thread(target=thread, args=(n, pipe)) for n in (1, 2)]
+        model = make(server.url)
+        pipe = Pipeline(model=model)
+        threads = [threading.Thread(target=thread, args=(n, pipe, server)) for n in (1, 2)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(30)
+        wait_until(lambda: server.open_connections == 0, "closed")
 
     assert outcomes == {1: ["Hello!"] * 3, 2: ["Hello!"] * 3}
     assert len(server.requests) == 6
     # Each loop's turns, the bare one too, shared one connection of that loop.
     assert server.connections == 2
+    assert model._pool._loops == {}  # nothing of either loop is kept
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
