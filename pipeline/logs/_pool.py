@@ -167,6 +167,10 @@ async def _in_pool_thread(executor: ThreadPoolExecutor, fn: Callable[..., T], *a
     return future.result()
 
 
+def _nothing() -> None:
+    pass
+
+
 @final
 class Connections(Generic[C]):
     """At most `size` connections, opened on demand and reused.
@@ -219,9 +223,11 @@ class Connections(Generic[C]):
         self._loop: Loop | None = (
             "trio" if running == "trio" else "asyncio" if running == "asyncio" else None
         )
-        # The asyncio loop using the locks: another may take them over once it has stopped
-        # (successive asyncio.run calls), never while it runs (another thread's loop).
+        # The loop using the locks (an asyncio loop, or a trio run by its token): another may
+        # take them over once it has stopped (successive asyncio.run or trio.run calls), never
+        # while it runs (another thread's loop).
         self._asyncio_loop: Callable[[], asyncio.AbstractEventLoop | None] = lambda: None
+        self._trio_run: trio.lowlevel.TrioToken | None = None
         self._handover = threading.Lock()
 
     def check_loop(self) -> None:
@@ -245,13 +251,28 @@ class Connections(Generic[C]):
             with self._handover:
                 using = self._asyncio_loop()
                 if using is not None and using is not here and using.is_running():
-                    raise RuntimeError(
-                        f"{self._name} is used by another event loop, still running (another"
-                        " thread's): its locks wake only the loop that waits on them — open a"
-                        " log for each thread's loop, inside the loop that uses it (`async with"
-                        " ... as log:` in the function given to asyncio.run)"
-                    )
+                    raise self._in_use()
                 self._asyncio_loop = weakref.ref(here)
+        elif loop == "trio" and self._trio_run is not (run := trio.lowlevel.current_trio_token()):
+            with self._handover:
+                if (using_run := self._trio_run) is not None and using_run is not run:
+                    try:  # the one way to ask a trio run whether it is over
+                        using_run.run_sync_soon(_nothing)
+                    except trio.RunFinishedError:
+                        pass
+                    else:
+                        raise self._in_use()
+                self._trio_run = run
+
+    def _in_use(self) -> RuntimeError:
+        # Under trio the second run would trip an assertion inside trio, or hang; under asyncio
+        # it would hang.
+        return RuntimeError(
+            f"{self._name} is used by another event loop, still running (another thread's):"
+            " its locks wake only the loop that waits on them — open a log for each thread's"
+            " loop, inside the loop that uses it (`async with ... as log:` in the function"
+            " given to trio.run or asyncio.run)"
+        )
 
     async def run(self, work: Callable[[C], T], *, held: bool = False) -> T:
         """`work(connection)` in a worker thread; driver errors become `LogError`.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import trio
 
 from pipeline import LogConflict, LogError
 from pipeline.logs import MAX_ID_BYTES, SQLiteLog, _sqlite
@@ -603,6 +604,41 @@ def test_a_log_used_under_the_other_kind_of_loop_is_refused_naming_both(
     entries = anyio.run(log.entries, "c", backend=first)
     assert [entry.turn_ref for entry in entries] == ["t1"]
     anyio.run(log.aclose, backend=first)
+
+
+def test_a_log_used_by_another_threads_running_trio_run_is_refused_not_broken(tmp_path):
+    """Bug caught: one SQLiteLog used at once by two threads, each running its own
+    `trio.run`, failed one thread's calls with a bare AssertionError from inside trio and hung
+    the other's (each run's locks woken from the other's thread), where asyncio loops were
+    already refused; once the first run has ended, the next one may use the log."""
+    log = SQLiteLog(tmp_path / "log.db")
+    seen: dict[str, object] = {}
+
+    def other_thread() -> None:
+        async def commit() -> None:
+            with trio.fail_after(5):
+                await log.append("b", "t1", exchange("q", "b"))
+
+        try:
+            trio.run(commit)
+            seen["other"] = "committed"
+        except BaseException as exc:
+            seen["other"] = exc
+
+    async def main() -> None:
+        await log.append("a", "t1", exchange("q", "a"))  # the first run to use the log
+        await trio.to_thread.run_sync(other_thread)  # this run is still going meanwhile
+        await log.append("a", "t2", exchange("q2", "a2"))
+
+    trio.run(main)
+    entries = trio.run(log.entries, "a")  # the first run ended: another may use the log
+    trio.run(log.aclose)
+
+    error = seen["other"]
+    assert isinstance(error, RuntimeError), error
+    assert f"{log!r} is used by another event loop, still running" in str(error)
+    assert "trio.run or asyncio.run" in str(error)
+    assert [e.turn_ref for e in entries] == ["t1", "t2"]
 
 
 async def test_a_call_waiting_when_the_log_closes_is_refused_and_no_thread_is_left(
