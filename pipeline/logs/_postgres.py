@@ -696,6 +696,16 @@ def _unpassable(dsn: str) -> str | None:
     nul = dsn.find("\x00")
     if nul >= 0:
         return f"it holds a NUL character at position {nul}"
+    if dsn.startswith(("postgresql://", "postgres://")):
+        # A URL cannot hold whitespace (RFC 3986); libpq before 18 read it into the value
+        # (a password with a space worked there and failed under libpq 18): refused whatever
+        # libpq the driver brings, so the same DSN means the same thing everywhere.
+        for position, character in enumerate(dsn):
+            if character.isspace():
+                return (
+                    f"the URL holds whitespace at position {position}:"
+                    " percent-encode it (a space is %20)"
+                )
     if not dsn.isascii():
         for position, character in enumerate(dsn):
             if "\ud800" <= character <= "\udfff":
