@@ -25,7 +25,7 @@ from ._stream import OneUse, TurnEvents, stream_turn
 from ._tooljudge import ToolVerdict, judge_call
 from ._tools import Tool, tool
 from ._toolsets import (
-    Lifetime,
+    Lifetimes,
     Toolbox,
     Toolset,
     check_toolsets,
@@ -271,7 +271,7 @@ class Pipeline:
         eq=False,
         default=attrs.Factory(lambda self: remote_toolsets(self.toolsets), takes_self=True),
     )
-    _lifetime: Lifetime = attrs.field(init=False, repr=False, eq=False, factory=Lifetime)
+    _lifetime: Lifetimes = attrs.field(init=False, repr=False, eq=False, factory=Lifetimes)
     _holds: list[AbstractAsyncContextManager[object]] = attrs.field(
         init=False, repr=False, eq=False, factory=list
     )

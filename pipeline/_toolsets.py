@@ -19,12 +19,14 @@ cancellation or a group in its place.
 import hashlib
 import logging
 import re
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from typing import Any, Protocol, final
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import attrs
 
 from ._errors import ConfigError, ToolsetError
@@ -156,7 +158,7 @@ class ToolOwner(Protocol):
     @property
     def _tool_map(self) -> Mapping[str, Tool]: ...
     @property
-    def _lifetime(self) -> "Lifetime": ...
+    def _lifetime(self) -> "Lifetimes": ...
     def _check_needed_tools(self, tools: Mapping[str, Tool] | None = None) -> None: ...
 
 
@@ -454,6 +456,76 @@ async def turn_tools(pipe: ToolOwner, toolbox: Toolbox | None) -> AsyncIterator[
 
 
 @final
+class Lifetimes:
+    """Each event loop's `Lifetime`: what ``async with pipe`` opened on that loop.
+
+    A connection is kept by tasks of the loop that opened it, and only that loop can use or
+    close it. So each loop's blocks connect servers of their own, as each loop's holds of a
+    provider keep connections of their own: one pipeline serves successive ``asyncio.run``
+    calls, and several threads each running a loop at once. A loop's entry is dropped once
+    it holds nothing, so finished loops leave nothing behind.
+    """
+
+    def __init__(self) -> None:
+        # Each loop's entry is used by its own thread alone; the guard keeps the table whole
+        # when threads' loops add or drop theirs at once.
+        self._loops: dict[object, Lifetime] = {}
+        self._guard = threading.Lock()
+
+    def _found(self) -> "tuple[object, Lifetime | None]":
+        loop = anyio.lowlevel.current_token().native_token
+        with self._guard:
+            return loop, self._loops.get(loop)
+
+    def _made(self) -> "tuple[object, Lifetime]":
+        loop = anyio.lowlevel.current_token().native_token
+        with self._guard:
+            life = self._loops.get(loop)
+            if life is None:
+                life = self._loops[loop] = Lifetime()
+            return loop, life
+
+    def _drop_idle(self, loop: object, life: "Lifetime") -> None:
+        with self._guard:
+            if life.idle and self._loops.get(loop) is life:
+                del self._loops[loop]
+
+    @property
+    def toolbox(self) -> Toolbox | None:
+        """The toolbox this loop's ``async with pipe`` opened, if any."""
+        life = self._found()[1]
+        return None if life is None else life.toolbox
+
+    async def enter(self, pipe: ToolOwner) -> None:
+        if not remote_toolsets(pipe.toolsets):
+            return
+        loop, life = self._made()
+        try:
+            await life.enter(pipe)
+        finally:
+            self._drop_idle(loop, life)
+
+    async def exit(self, exc: BaseException | None) -> None:
+        loop, life = self._found()
+        if life is None:
+            return  # no block of this loop opened anything (a pipeline without MCP toolsets)
+        try:
+            await life.exit(exc)
+        finally:
+            self._drop_idle(loop, life)
+
+    @contextmanager
+    def borrowed(self) -> Iterator[Toolbox | None]:
+        """This loop's open toolbox, in use until the block ends (see `Lifetime.borrowed`)."""
+        life = self._found()[1]
+        if life is None:
+            yield None
+            return
+        with life.borrowed() as box:
+            yield box
+
+
+@final
 class Lifetime:
     """What ``async with pipe`` opened: the toolbox, kept while the outermost block runs.
 
@@ -480,6 +552,19 @@ class Lifetime:
         self._opened = anyio.Event()
         self._closing = False
         self._closed = anyio.Event()
+        self._waiting = 0  # tasks waiting in `enter` for the owner to connect or close
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is open, being opened or waited for: the lifetime holds nothing."""
+        return self._owner is None and self._stack is None and not self._waiting
+
+    async def _wait(self, event: anyio.Event) -> None:
+        self._waiting += 1
+        try:
+            await event.wait()
+        finally:
+            self._waiting -= 1
 
     async def enter(self, pipe: ToolOwner) -> None:
         if not remote_toolsets(pipe.toolsets):
@@ -490,11 +575,11 @@ class Lifetime:
                 self._depth += 1
                 return
             if self._closing:
-                await self._closed.wait()  # the owner is closing: open them anew after
+                await self._wait(self._closed)  # the owner is closing: open them anew after
                 continue
             if self._stack is not None:
                 return  # another task's block: its turns use the open connections
-            await self._opened.wait()  # the owner is connecting; if that fails, try again
+            await self._wait(self._opened)  # the owner is connecting; if that fails, try again
         self._owner, self._depth, self._opened = task, 1, anyio.Event()
         self._closing, self._closed = False, anyio.Event()
         stack = AsyncExitStack()

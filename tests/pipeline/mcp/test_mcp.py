@@ -3,6 +3,7 @@
 Every test ends by checking the process table: no server process outlives its owner.
 """
 
+import asyncio
 import json
 import logging
 import sys
@@ -14,10 +15,19 @@ import anyio
 import psutil
 import pytest
 
-from pipeline import ConfigError, Pipeline, ToolsetError, cont, hook, mcp_toolset, toolset
+from pipeline import (
+    ConfigError,
+    ModelRequest,
+    Pipeline,
+    ToolsetError,
+    cont,
+    hook,
+    mcp_toolset,
+    toolset,
+)
 from pipeline._mcp import SDKRecords
 from pipeline.logs import MemoryLog
-from pipeline.testing import ScriptedModel
+from pipeline.testing import FunctionModel, ScriptedModel
 from turns import ToolCall, Turn
 
 from ..support import warnings_of_an_interrupted_run
@@ -1647,3 +1657,65 @@ def test_installing_sdkrecords_from_threads_at_once_puts_one_filter_on_each_logg
         for each, filters in zip(loggers, saved[2], strict=True):
             each.filters[:] = filters
     assert all(count == {1} for count in counts)
+
+
+def echo_once(request: ModelRequest) -> object:
+    """A model that calls ``faulty_echo`` and then answers: turns of any number of threads."""
+    if request.messages[-1].role == "tool":
+        return "ok"
+    return [ToolCall("c1", "faulty_echo", {"text": "hi"})]
+
+
+def test_each_threads_loop_keeps_connections_of_its_own_in_its_block():
+    """Bug caught: a thread's loop entering `async with pipe` while another thread's block was
+    open used that loop's MCP connections, and its tool calls failed (or hung)."""
+    pipe = Pipeline(model=FunctionModel(echo_once), toolsets=[faulty_toolset("tools")])
+    both_inside = threading.Barrier(2, timeout=60)
+    answers: dict[str, object] = {}
+
+    async def turn_in_block() -> object:
+        async with pipe:
+            await anyio.to_thread.run_sync(both_inside.wait)
+            result = await pipe.run(Turn.start("go"))
+            await anyio.to_thread.run_sync(both_inside.wait)
+        answer = result.reply.messages[1].parts[0]
+        return (answer.content, answer.is_error)
+
+    def worker(backend: str) -> None:
+        try:
+            answers[backend] = anyio.run(turn_in_block, backend=backend)
+        except BaseException as exc:
+            answers[backend] = exc
+
+    threads = [threading.Thread(target=worker, args=(b,)) for b in ("asyncio", "trio")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert answers == {"asyncio": ("echo: hi", False), "trio": ("echo: hi", False)}
+    assert server_processes() == []
+
+
+def test_a_turn_on_another_loop_connects_for_itself_while_a_paused_loops_block_is_open():
+    """Bug caught: a turn on one loop, outside any block, borrowed the connections that a
+    paused loop's `async with pipe` held (a fixture's loop, say), and its call timed out."""
+    pipe = Pipeline(model=FunctionModel(echo_once), toolsets=[faulty_toolset("tools", timeout=5)])
+    fixture_loop = asyncio.new_event_loop()
+    opened, done = fixture_loop.create_future(), asyncio.Event()
+
+    async def hold_open() -> None:
+        async with pipe:
+            opened.set_result(None)
+            await done.wait()
+
+    holder = fixture_loop.create_task(hold_open())
+    try:
+        fixture_loop.run_until_complete(opened)
+        result = asyncio.run(pipe.run(Turn.start("go")))
+    finally:
+        done.set()
+        fixture_loop.run_until_complete(holder)
+        fixture_loop.close()
+    answer = result.reply.messages[1].parts[0]
+    assert (answer.content, answer.is_error) == ("echo: hi", False)
+    assert server_processes() == []
