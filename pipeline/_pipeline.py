@@ -374,7 +374,9 @@ class Pipeline:
 
         Raises:
             RuntimeError: No block is open (the pipeline was never entered, or exited more
-                often than entered); nothing is closed.
+                often than entered), or the task exiting it entered no block while another
+                task's block holds MCP connections, which only that task can close; nothing
+                is closed.
         """
         if not self._holds:
             # Checked first: the toolsets' lifetime counts its own blocks, and an exit it
@@ -384,6 +386,7 @@ class Pipeline:
                 " or exited more often than entered) — let `async with pipe:` enter and exit"
                 " it, once each"
             )
+        self._lifetime.check_exit()
         try:
             await self._lifetime.exit(exc)
         finally:

@@ -505,6 +505,12 @@ class Lifetimes:
         finally:
             self._drop_idle(loop, life)
 
+    def check_exit(self) -> None:
+        """Refuse an exit that this loop's `Lifetime` refuses (see `Lifetime.check_exit`)."""
+        life = self._found()[1]
+        if life is not None:
+            life.check_exit()
+
     async def exit(self, exc: BaseException | None) -> None:
         loop, life = self._found()
         if life is None:
@@ -553,11 +559,15 @@ class Lifetime:
         self._closing = False
         self._closed = anyio.Event()
         self._waiting = 0  # tasks waiting in `enter` for the owner to connect or close
+        # Blocks of other tasks than the owner, by task: they exit without closing anything.
+        self._guests: dict[object, int] = {}
 
     @property
     def idle(self) -> bool:
         """Nothing is open, being opened or waited for: the lifetime holds nothing."""
-        return self._owner is None and self._stack is None and not self._waiting
+        return (
+            self._owner is None and self._stack is None and not self._waiting and not self._guests
+        )
 
     async def _wait(self, event: anyio.Event) -> None:
         self._waiting += 1
@@ -578,7 +588,9 @@ class Lifetime:
                 await self._wait(self._closed)  # the owner is closing: open them anew after
                 continue
             if self._stack is not None:
-                return  # another task's block: its turns use the open connections
+                # Another task's block: its turns use the open connections.
+                self._guests[task] = self._guests.get(task, 0) + 1
+                return
             await self._wait(self._opened)  # the owner is connecting; if that fails, try again
         self._owner, self._depth, self._opened = task, 1, anyio.Event()
         self._closing, self._closed = False, anyio.Event()
@@ -592,10 +604,27 @@ class Lifetime:
         finally:
             self._opened.set()
 
+    def check_exit(self) -> None:
+        """Refuse the exit of a task that entered no block: only the owner can close the
+        connections (its task group keeps them), and ignoring its exit would leave them
+        open, their servers running, for as long as the loop runs."""
+        task = anyio.get_current_task().id
+        if self._stack is not None and task != self._owner and task not in self._guests:
+            raise RuntimeError(
+                "exiting a pipeline's `async with pipe:` block in another task than the one"
+                " that entered it: its MCP servers' connections are kept by the entering"
+                " task's task group, which only that task can close — enter and exit the"
+                " pipeline in one task (one `async with pipe:` block, or an AsyncExitStack"
+                " that one task enters and closes)"
+            )
+
     async def exit(self, exc: BaseException | None) -> None:
         task = anyio.get_current_task().id
         if self._stack is None or task != self._owner:
-            return  # another task's block, or a pipeline without MCP toolsets
+            guest = self._guests.pop(task, 0)
+            if guest > 1:
+                self._guests[task] = guest - 1
+            return  # another task's block (the owner closes), or a pipeline without MCP
         self._depth -= 1
         if self._depth:
             return

@@ -1719,3 +1719,29 @@ def test_a_turn_on_another_loop_connects_for_itself_while_a_paused_loops_block_i
     answer = result.reply.messages[1].parts[0]
     assert (answer.content, answer.is_error) == ("echo: hi", False)
     assert server_processes() == []
+
+
+def test_exiting_the_block_in_another_task_than_the_one_that_entered_it_is_an_error():
+    """Bug caught: `async with pipe` exited by a task that did not enter it (a fixture's
+    teardown run as a task of its own, say) closed nothing, silently, and the MCP server of
+    the block that entered it kept running."""
+    pipe = Pipeline(model=ScriptedModel([]), toolsets=[faulty_toolset("tools")])
+    loop = asyncio.new_event_loop()
+    opened, done = loop.create_future(), asyncio.Event()
+
+    async def hold_open() -> None:
+        async with pipe:
+            opened.set_result(None)
+            await done.wait()
+
+    holder = loop.create_task(hold_open())
+    try:
+        loop.run_until_complete(opened)
+        with pytest.raises(RuntimeError, match="in another task than the one that entered it"):
+            loop.run_until_complete(pipe.__aexit__(None, None, None))
+        assert len(server_processes()) == 1  # refused: nothing was closed
+    finally:
+        done.set()
+        loop.run_until_complete(holder)  # the block that entered it closes it
+        loop.close()
+    assert server_processes() == []
