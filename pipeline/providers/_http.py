@@ -786,7 +786,8 @@ class Pool:
     (`acquire` with ``own=True``) opens the provider on its loop alone: a call or hold on
     another loop while it is open is refused (its sockets belong to the first), with an
     error rather than a hang, and so is that open while another loop holds the pool. A loop
-    that ended with a hold still taken has its connections shut down by the next `acquire`.
+    that ended with a hold still taken has its connections shut down by the next loop's first
+    hold.
 
     The connections are spread over httpx clients, *lanes*, of at most `LANE_CALLS`
     concurrent calls each: a call takes the first lane with room, and a new lane is opened
@@ -817,7 +818,11 @@ class Pool:
         `release`, or with `close` for the owner's (``own=True``)."""
         here = anyio.lowlevel.current_token()
         with self._guard:
-            self._drop_finished(here)
+            if own or here not in self._loops:
+                # Asking another thread's trio run whether it has ended wakes it: only a
+                # loop's first hold asks (so the next loop to arrive drops what ended ones
+                # left), and the owner's open, which another loop's entry would refuse.
+                self._drop_finished(here)
             self._check(endpoint.provider, owner, here)
             if own and (other := next((t for t in self._loops if t != here), None)):
                 raise ProviderError(

@@ -21,7 +21,7 @@ import trio
 
 from pipeline import ModelFinish, ModelText, Pipeline, ProviderError
 from pipeline.logs import MemoryLog
-from pipeline.providers import AnthropicMessages, OpenAIChat
+from pipeline.providers import AnthropicMessages, OpenAIChat, _http
 from turns import Turn
 
 from . import server as wire
@@ -508,6 +508,51 @@ def test_a_trio_run_that_ended_holding_the_pool_leaves_no_connections_behind() -
     assert (len(server.requests), server.connections) == (4, 4)
     assert model._pool._loops == {}
     gc.collect()  # the dropped sockets were closed: collecting them warns of none
+
+
+def test_holds_nested_in_a_held_loop_wake_no_other_threads_trio_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bug caught: every hold of the pool (each session inside a held pipeline) asked each
+    other thread's live trio run whether it had ended, waking it: a cost per hold that grew
+    with the threads; only a loop's first hold asks now."""
+    asked = 0
+
+    def counted() -> None:  # runs in the other run's thread, once per question it is asked
+        nonlocal asked
+        asked += 1
+
+    monkeypatch.setattr(_http, "_nothing", counted)
+    model = openai("http://127.0.0.1:9")  # no call is made: holds open no connection
+    holding, stop = threading.Event(), threading.Event()
+    tokens: list[trio.lowlevel.TrioToken] = []
+
+    async def other_thread() -> None:
+        async with model.hold():
+            tokens.append(trio.lowlevel.current_trio_token())
+            holding.set()
+            await trio.to_thread.run_sync(stop.wait)
+
+    async def here() -> int:
+        async with model.hold():  # this loop's first hold: asks once
+            for _ in range(20):
+                async with model.hold():
+                    pass
+        # Callbacks run in order: once this one has, every question asked before it was.
+        answered = threading.Event()
+        tokens[0].run_sync_soon(answered.set)
+        await trio.to_thread.run_sync(answered.wait)
+        return asked
+
+    thread = threading.Thread(target=trio.run, args=(other_thread,))
+    thread.start()
+    try:
+        assert holding.wait(5)
+        assert trio.run(here) == 1
+    finally:
+        stop.set()
+        thread.join()
+    assert model._pool._loops == {}
 
 
 def test_finish_events_still_arrive_through_a_pooled_connection() -> None:
