@@ -725,21 +725,36 @@ def _shut_sockets(client: httpx.AsyncClient) -> None:
     be done synchronously: the server sees the connection closed. A trio socket's descriptor
     is closed too; an asyncio transport closes its own when it is collected, as every
     transport left open by a closed loop does (with a ResourceWarning), since closing it
-    needs its loop. httpx and httpcore keep their connections in private attributes: whatever
-    is not found where expected is left to the garbage collector.
+    needs its loop. httpx and httpcore keep their connections in private attributes: the
+    client's transport, and the proxies' that the environment (``HTTP_PROXY``...) mounts,
+    each wrap a pool whose connections wrap, through a proxy's forwarding or tunnel, the one
+    holding the socket. Whatever is not found where expected is left to the garbage
+    collector: nothing here may fail.
     """
-    pool = getattr(getattr(client, "_transport", None), "_pool", None)
-    for connection in getattr(pool, "connections", ()):
-        stream = getattr(getattr(connection, "_connection", None), "_network_stream", None)
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if sock is None:
-            continue
-        with contextlib.suppress(OSError):  # the peer closed it already
-            sock.shutdown(socket.SHUT_RDWR)
-        if isinstance(sock, trio.socket.SocketType):
-            # trio's own close() needs its run; the descriptor, detached, does not.
-            with contextlib.suppress(OSError):
-                os.close(sock.detach())
+    with contextlib.suppress(Exception):
+        mounted = list(getattr(client, "_mounts", {}).values())
+        for transport in [getattr(client, "_transport", None), *mounted]:
+            pool = getattr(transport, "_pool", None)
+            for connection in list(getattr(pool, "connections", ())):
+                _shut_socket(connection)
+
+
+def _shut_socket(connection: object) -> None:
+    """Shut down the socket of one httpcore connection, if it has one open."""
+    for _ in range(4):  # a pool's connection, a proxy's, the HTTP/1.1 or /2 one within
+        if connection is None or hasattr(connection, "_network_stream"):
+            break
+        connection = getattr(connection, "_connection", None)
+    stream = getattr(connection, "_network_stream", None)
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):  # the peer closed it already
+        sock.shutdown(socket.SHUT_RDWR)
+    if isinstance(sock, trio.socket.SocketType):
+        # trio's own close() needs its run; the descriptor, detached, does not.
+        with contextlib.suppress(OSError):
+            os.close(sock.detach())
 
 
 LANE_CALLS = 16

@@ -510,6 +510,41 @@ def test_a_trio_run_that_ended_holding_the_pool_leaves_no_connections_behind() -
     gc.collect()  # the dropped sockets were closed: collecting them warns of none
 
 
+def test_a_trio_run_that_ended_holding_the_pool_leaves_no_proxied_connections_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bug caught: with a proxy in the environment (HTTP_PROXY), the connections of a trio run
+    that ended holding the pool were left open: only the client's direct transport was
+    looked in, not the proxy's that httpx mounts. The server is the forward proxy here: it
+    answers the requests sent to it for the provider's URL."""
+    for name in ("ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with serving_in_thread(repeat=OPENAI_REPLY) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        model = OpenAIChat("gpt-test", base_url="http://api.example.invalid/v1", api_key=KEY)
+
+        async def abandon() -> None:
+            model._pool.acquire(model._endpoint(), "the test")  # never released
+            await collect(model)
+
+        async def held() -> str:
+            async with model.hold():
+                return texts(await collect(model))
+
+        for _ in range(3):
+            trio.run(abandon)
+            wait_until(lambda: proxy.open_connections == 1, "shut down")
+        said = trio.run(held)
+        wait_until(lambda: proxy.open_connections == 0, "shut down")
+
+    assert said == "Hello!"
+    assert {request.path for request in proxy.requests} == {
+        "http://api.example.invalid/v1/chat/completions"
+    }
+    assert (len(proxy.requests), proxy.connections) == (4, 4)
+    gc.collect()  # the dropped sockets were closed: collecting them warns of none
+
+
 def test_holds_nested_in_a_held_loop_wake_no_other_threads_trio_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
