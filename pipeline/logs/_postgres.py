@@ -696,15 +696,22 @@ def _unpassable(dsn: str) -> str | None:
     nul = dsn.find("\x00")
     if nul >= 0:
         return f"it holds a NUL character at position {nul}"
-    if dsn.startswith(("postgresql://", "postgres://")):
+    if dsn.strip().startswith(("postgresql://", "postgres://")):
         # A URL cannot hold whitespace (RFC 3986); libpq before 18 read it into the value
         # (a password with a space worked there and failed under libpq 18): refused whatever
-        # libpq the driver brings, so the same DSN means the same thing everywhere.
+        # libpq the driver brings, so the same DSN means the same thing everywhere. At its
+        # ends it is no part of the URL: said apart, as percent-encoding it would be wrong.
+        ends = [end for end, at in (("start", 0), ("end", -1)) if dsn[at].isspace()]
+        if ends:
+            return (
+                f"the URL has whitespace at its {' and '.join(ends)}, a newline from a file or"
+                " an environment variable perhaps: remove it"
+            )
         for position, character in enumerate(dsn):
             if character.isspace():
                 return (
                     f"the URL holds whitespace at position {position}:"
-                    " percent-encode it (a space is %20)"
+                    " percent-encode it, a space as %20"
                 )
     if not dsn.isascii():
         for position, character in enumerate(dsn):

@@ -87,6 +87,30 @@ def test_a_malformed_dsn_is_a_config_error_that_does_not_echo_it(dsn):
 
 
 @pytest.mark.parametrize(
+    ("dsn", "said"),
+    [
+        ("postgresql://ada:s3cret-pw@db/chats\n", "whitespace at its end, a newline from a file"),
+        ("\tpostgres://ada:s3cret-pw@db/chats", "whitespace at its start, a newline from a file"),
+        (" postgresql://ada:s3cret-pw@db/chats\r\n", "whitespace at its start and end, a newline"),
+        ("postgresql://ada:s3cret pw@db/chats", "whitespace at position 23: percent-encode it"),
+    ],
+)
+def test_whitespace_around_a_url_is_to_be_removed_and_inside_it_percent_encoded(dsn, said):
+    """Bug caught: a URL ending in a newline (read from a file or an environment variable)
+    was told to percent-encode it, which would put the newline in the database's name,
+    instead of removing it."""
+    with pytest.raises(ConfigError) as excinfo:
+        PostgresLog(dsn)
+
+    message = str(excinfo.value)
+    assert said in message
+    assert ("remove it" in message) == ("position" not in message)
+    assert "s3cret" not in message
+    # One pair of parentheses, around what is wrong, none nested inside it.
+    assert (message.count("("), message.count(")")) == (2, 2)  # PostgresLog(dsn) and (...)
+
+
+@pytest.mark.parametrize(
     ("args", "kwargs", "culprit"),
     [
         (("",), {}, "dsn"),
