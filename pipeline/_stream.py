@@ -14,6 +14,7 @@ from typing import Any, NoReturn, TypeVar, final
 
 import anyio
 import anyio.lowlevel
+import sniffio
 import trio
 
 from turns import Turn
@@ -21,7 +22,7 @@ from turns import Turn
 from . import events as ev
 from ._drive import Drive
 from ._excgroups import own_error, raise_single, reraise
-from ._loop import Lot, current_loop, new_lot
+from ._loop import Lot, current_loop, new_lot, shielded
 from ._result import TurnResult
 
 T = TypeVar("T")
@@ -177,12 +178,43 @@ class _Held(AbstractAsyncContextManager[Any]):
 
 _ABANDONED = (
     "a streamed turn (pipe.stream or session.stream) was left by a task other than the one"
-    " that entered it: an async generator yielding from inside its `async with` block was"
-    " not closed where it was used (the consumer broke out of its loop, or a web framework"
-    " dropped a response body whose client left), and the event loop closed it later from a"
-    " task of its own. The turn was cancelled and nothing of it was committed. Close such a"
-    " generator where it is used: `async with contextlib.aclosing(gen()) as events:`."
+    " that entered it, before the turn ended: an async generator yielding from inside its"
+    " `async with` block was not closed where it was used (the consumer broke out of its"
+    " loop, or a web framework dropped a response body whose client left), and the event"
+    " loop closed it later from a task of its own. {outcome} Close such a generator where it"
+    " is used: `async with contextlib.aclosing(gen()) as events:`."
 )
+_CANCELLED = (
+    "The turn was cancelled: nothing of it was committed, unless the cancellation came while"
+    " a session's commit of it was being written (then only the log knows whether it was,"
+    " and the session reloads the conversation before its next turn)."
+)
+_FINISHED_ANYWAY = (
+    "The turn was cancelled, but it finished first: its result, and a session's commit of"
+    " it, stand."
+)
+_LEFT_AFTER_END = (
+    "a streamed turn (pipe.stream or session.stream) was left by a task other than the one"
+    " that entered it, after the turn ended (its result, and a session's commit of it,"
+    " stand): an async generator over it was closed from another task (the event loop's"
+    " finaliser, or asyncio.wait_for, which before Python 3.12 runs each step in a task of"
+    " its own)"
+)
+
+
+async def _consumer_gone() -> None:
+    """Stop a turn before its commit once its stream was abandoned (`TurnEvents._abandoned`).
+
+    Trio's cancellation of the drive (its own scope) stays in force, and comes at the next
+    checkpoint. asyncio's (`Task.cancel`) is delivered once: a turn that absorbed it (a model
+    that retries, asyncio.wait_for's race before Python 3.12) runs on, and would wait for
+    ever for its gone consumer to catch up. It is cancelled again here.
+    """
+    if sniffio.current_async_library() == "asyncio":
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+    await anyio.lowlevel.checkpoint()
 
 
 def _gone() -> None:
@@ -305,7 +337,10 @@ class TurnEvents:
 
     async def _caught_up(self) -> None:
         """Wait until the consumer has taken every event emitted so far."""
-        while self._buffer:
+        while self._buffer or self._stop is _gone:
+            if self._stop is _gone:  # the consumer is gone (`_abandoned`)
+                await _consumer_gone()
+                continue
             self._behind = True
             await self._taken.park()
 
@@ -350,20 +385,36 @@ class TurnEvents:
         async-generator hooks, trio's system task). The turn is cancelled (the drive alone:
         its task group's scope may still be the entering task's, which is alive when the
         consumer merely broke out of its loop) and awaited, so that a session's next turn
-        never starts beside it; the session's lock is then released by the block around.
+        never starts beside it (the wait is shielded: what closes the generator cannot cut
+        it short); the session's lock is then released by the block around. A turn that had
+        ended is left as it is, its result (and a session's commit) standing.
         """
-        log.warning(_ABANDONED)
         stop, self._stop = self._stop, _gone  # a drive not started yet returns at once
-        if stop is not None:
-            stop()
-        while not self._done:
-            await self._lot.park()
+        if self._done:
+            log.debug(_LEFT_AFTER_END)
+            return
+        try:
+            if stop is not None:
+                stop()
+            self._taken.unpark_all()  # a drive waiting in `_caught_up` is stopped there
+            # Trio's finaliser closes the generator inside a cancelled scope (no async work
+            # there): the wait is shielded from it. On both loops the drive ends, at its next
+            # checkpoint, or at `_caught_up` if it absorbed asyncio's cancellation.
+            with shielded():
+                while not self._done:
+                    await self._lot.park()
+        finally:
+            outcome = _FINISHED_ANYWAY if self._result is not None else _CANCELLED
+            log.warning(_ABANDONED.format(outcome=outcome))
 
     def _left_elsewhere(self) -> bool:
         return self._stop is _gone
 
     async def _drive(self, drive: Drive, turn: Turn, tasks: _Scope, trio_loop: bool) -> None:
-        if self._stop is _gone:  # abandoned before it started
+        if self._stop is _gone:
+            # Abandoned before it started: on trio, a task that closes the generator (one
+            # handed over by the task that entered it) can run before this one in the same
+            # batch, which trio shuffles.
             self._done = True
             self._lot.unpark_all()
             return
@@ -405,7 +456,6 @@ class TurnEvents:
                 raise
             # `_abandoned`'s, and the task ends quietly: an AnyIO task group would take a
             # child's cancellation for a failure and cancel its scope, the entering task's.
-            task.uncancel()
 
 
 _NO_SCOPE: nullcontext[None] = nullcontext()
