@@ -205,7 +205,9 @@ class Session:
         if owner is not None and owner is _current_task():
             raise RuntimeError(
                 f"session {self._conversation_id!r} runs one turn at a time: this task is"
-                f" still inside a turn of it (a session.stream block); {method} after it ends"
+                f" still inside a turn of it (a session.stream block, or an async generator"
+                f" over one that was not closed: close it with contextlib.aclosing); {method}"
+                " after it ends"
             )
 
     def _check_closed(self, method: str) -> None:
@@ -703,7 +705,7 @@ class _TurnLock:
     __slots__ = ("_slot", "owner")
 
     def __init__(self) -> None:
-        self._slot = anyio.Semaphore(1)
+        self._slot = anyio.Semaphore(1, max_value=1)  # a second release is an error
         self.owner: object = None
 
     async def __aenter__(self) -> None:

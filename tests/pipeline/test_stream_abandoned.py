@@ -482,3 +482,35 @@ async def test_on_trio_the_next_turn_of_a_session_waits_for_its_abandoned_turn_t
     assert replies == ["You said: again"]
     assert order == ["hi starts", "hi ended", "again starts"]
     assert any("misnesting" in str(e) or "corrupted" in str(e) for e in leaves(info.value))
+
+
+def test_a_send_after_breaking_out_of_a_generator_over_a_stream_says_to_close_it(
+    tmp_path: Path,
+) -> None:
+    """Bug caught: a send in the task that broke out of an unclosed generator over
+    session.stream was refused as made "inside a session.stream block", which the code
+    had left, without a word of the generator to close."""
+    model, _ = first_then_forever()
+    pipe = Pipeline(model=model)
+
+    async def main() -> str:
+        async with (
+            SQLiteLog(tmp_path / "chat.db") as log,
+            pipe.session(log=log, conversation_id="c1") as session,
+        ):
+
+            async def consumer() -> str:
+                async for _ in deltas(session, "hi"):
+                    break  # dropped unclosed; the loop's finaliser has not run yet
+                with pytest.raises(RuntimeError) as info:
+                    await session.send("again")
+                return str(info.value)
+
+            message = await asyncio.create_task(consumer())
+            await finalised()
+        return message
+
+    message = asyncio.run(main())
+
+    assert "async generator" in message
+    assert ACLOSING in message
