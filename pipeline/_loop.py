@@ -1,8 +1,9 @@
 """Which event loop runs a turn, and the few primitives that cost too much through AnyIO.
 
-The runtime is written against AnyIO, so it runs under trio and asyncio alike. Two things
+The runtime is written against AnyIO, so it runs under trio and asyncio alike. Three things
 are not: telling which loop is running (to refuse anything else with a clear error instead
-of a hang), and `Lot`, the wake-up a streamed turn's consumer waits on once per catch-up.
+of a hang), whether a loop has ended (`loop_finished`: what it left open is then dropped),
+and `Lot`, the wake-up a streamed turn's consumer waits on once per catch-up.
 AnyIO's `Event` costs about a microsecond more to create than trio's own; on the event
 stream's hot path the loop's native primitive is used instead.
 """
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Literal, Protocol, TypeVar, cast
 
 import anyio
+import anyio.lowlevel
 import sniffio
 import trio
 
@@ -227,3 +229,21 @@ class _FutureLot:
             if not future.done():
                 future.set_result(None)
         waiting.clear()
+
+
+def loop_finished(token: anyio.lowlevel.EventLoopToken) -> bool:
+    """Whether the loop behind `token` has ended: it will never run a task again."""
+    native = token.native_token
+    if isinstance(native, asyncio.AbstractEventLoop):
+        return native.is_closed()
+    if not isinstance(native, trio.lowlevel.TrioToken):
+        return False
+    try:
+        native.run_sync_soon(_nothing_to_run)  # the one way to ask a trio run whether it is over
+    except trio.RunFinishedError:
+        return True
+    return False
+
+
+def _nothing_to_run() -> None:
+    pass

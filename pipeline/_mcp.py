@@ -451,6 +451,8 @@ class Connection:
         # The KeyboardInterrupt or SystemExit that ended the connection, raised by its awaiters.
         self.interrupt: BaseException | None = None
         self._group: anyio.abc.TaskGroup | None = None
+        # A stdio server's process while it runs: `abandon` stops it without its loop.
+        self._process: anyio.abc.Process | None = None
         # The context of the toolbox's opener (made with it), where the keeper task starts:
         # a turn that reconnects the server would otherwise lend it its own context vars for
         # good (`turnplug serve`'s request id, naming that request in the connection's later
@@ -460,6 +462,15 @@ class Connection:
     @property
     def label(self) -> str:
         return f"MCP server {self.spec.name!r} ({self.spec.where})"
+
+    def abandon(self) -> None:
+        """Stop a stdio server whose loop ended before its connection was closed: SIGTERM its
+        process group, the one step of `_stop_server` that needs no loop (nothing else is
+        closed, and nothing waits for it to exit; its pipes go with the objects)."""
+        process = self._process
+        # An exit already seen reaped the process: its pid may belong to another one now.
+        if process is not None and process.returncode is None:
+            _signal_group(process, kill=False)
 
     async def open(self, group: anyio.abc.TaskGroup) -> None:
         """Connect, initialize and list the tools; `ToolsetError` when that fails.
@@ -660,7 +671,7 @@ class Connection:
 
         spec = self.spec
         limit = _message_limit(spec)
-        process = await _start_server(spec, errlog)
+        process = self._process = await _start_server(spec, errlog)
         stdout, stdin = process.stdout, process.stdin
         assert stdout is not None
         assert stdin is not None
@@ -753,6 +764,7 @@ class Connection:
                     read.close()
                     write.close()
                     await _stop_server(process)
+                    self._process = None
                     for stream in (read, write, received, sent):
                         await stream.aclose()
                 tasks.cancel_scope.cancel()

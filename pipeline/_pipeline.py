@@ -272,9 +272,6 @@ class Pipeline:
         default=attrs.Factory(lambda self: remote_toolsets(self.toolsets), takes_self=True),
     )
     _lifetime: Lifetimes = attrs.field(init=False, repr=False, eq=False, factory=Lifetimes)
-    _holds: list[AbstractAsyncContextManager[object]] = attrs.field(
-        init=False, repr=False, eq=False, factory=list
-    )
 
     @property
     def _tool_map(self) -> Mapping[str, Tool]:
@@ -357,11 +354,10 @@ class Pipeline:
         hold = hold_model(self.model)
         await hold.__aenter__()
         try:
-            await self._lifetime.enter(self)
+            await self._lifetime.enter(self, hold)
         except BaseException:
             await hold.__aexit__(None, None, None)
             raise
-        self._holds.append(hold)
         return self
 
     async def __aexit__(
@@ -373,25 +369,12 @@ class Pipeline:
         """Close what ``async with pipe`` opened (also when the block is cancelled).
 
         Raises:
-            RuntimeError: No block is open (the pipeline was never entered, or exited more
-                often than entered), or the task exiting it entered no block while another
-                task's block holds MCP connections, which only that task can close; nothing
-                is closed.
+            RuntimeError: No block is open on this event loop (the pipeline was never
+                entered, exited more often than entered, or entered on another loop), or
+                the task exiting it entered no block while another task's block holds MCP
+                connections, which only that task can close; nothing is closed.
         """
-        if not self._holds:
-            # Checked first: the toolsets' lifetime counts its own blocks, and an exit it
-            # took as one of them would close the connections under a block still open.
-            raise RuntimeError(
-                "exiting a pipeline that has no open `async with pipe:` block (never entered,"
-                " or exited more often than entered) — let `async with pipe:` enter and exit"
-                " it, once each"
-            )
-        self._lifetime.check_exit()
-        try:
-            await self._lifetime.exit(exc)
-        finally:
-            # Every hold of one model is alike: ending any one of them is ending this block's.
-            await self._holds.pop().__aexit__(None, None, None)
+        await self._lifetime.exit(exc)
 
     async def run(self, turn: Turn) -> TurnResult:
         """Run one turn through the pipeline (no log: nothing is committed).

@@ -21,7 +21,12 @@ import logging
 import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    contextmanager,
+)
 from typing import Any, Protocol, final
 
 import anyio
@@ -31,6 +36,7 @@ import attrs
 
 from ._errors import ConfigError, ToolsetError
 from ._excgroups import first_failure, own_error, reraise, stopping_interrupt
+from ._loop import loop_finished
 from ._tools import Tool, tool
 
 logger = logging.getLogger("turnplug.mcp")
@@ -146,6 +152,7 @@ class Connection(Protocol):
     async def reconnect(self, group: anyio.abc.TaskGroup) -> None: ...
     def fail(self, reason: str) -> None: ...
     async def close(self) -> None: ...
+    def abandon(self) -> None: ...
 
 
 class ToolOwner(Protocol):
@@ -460,32 +467,40 @@ class Lifetimes:
     """Each event loop's `Lifetime`: what ``async with pipe`` opened on that loop.
 
     A connection is kept by tasks of the loop that opened it, and only that loop can use or
-    close it. So each loop's blocks connect servers of their own, as each loop's holds of a
-    provider keep connections of their own: one pipeline serves successive ``asyncio.run``
-    calls, and several threads each running a loop at once. A loop's entry is dropped once
-    it holds nothing, so finished loops leave nothing behind.
+    close it. So each loop's blocks connect servers of their own, and hold the model there,
+    as each loop's holds of a provider keep connections of their own: one pipeline serves
+    successive ``asyncio.run`` calls, and several threads each running a loop at once. A
+    loop's entry is dropped once it holds nothing. A loop that ended with a block never
+    exited (closed by hand, or left by a fixture without its teardown) cannot close what the
+    block opened: the next loop to enter a block drops its entry and stops its stdio
+    servers' processes (SIGTERM to each one's process group), which is all that can be done
+    without that loop; the rest goes with the entry.
     """
 
     def __init__(self) -> None:
         # Each loop's entry is used by its own thread alone; the guard keeps the table whole
         # when threads' loops add or drop theirs at once.
-        self._loops: dict[object, Lifetime] = {}
+        self._loops: dict[anyio.lowlevel.EventLoopToken, Lifetime] = {}
         self._guard = threading.Lock()
 
-    def _found(self) -> "tuple[object, Lifetime | None]":
-        loop = anyio.lowlevel.current_token().native_token
+    def _found(self) -> "tuple[anyio.lowlevel.EventLoopToken, Lifetime | None]":
+        loop = anyio.lowlevel.current_token()
         with self._guard:
             return loop, self._loops.get(loop)
 
-    def _made(self) -> "tuple[object, Lifetime]":
-        loop = anyio.lowlevel.current_token().native_token
+    def _made(self) -> "tuple[anyio.lowlevel.EventLoopToken, Lifetime]":
+        loop = anyio.lowlevel.current_token()
         with self._guard:
+            ended = [other for other in self._loops if other != loop and loop_finished(other)]
+            dropped = [self._loops.pop(other) for other in ended]
             life = self._loops.get(loop)
             if life is None:
                 life = self._loops[loop] = Lifetime()
-            return loop, life
+        for each in dropped:
+            each.abandon()
+        return loop, life
 
-    def _drop_idle(self, loop: object, life: "Lifetime") -> None:
+    def _drop_idle(self, loop: anyio.lowlevel.EventLoopToken, life: "Lifetime") -> None:
         with self._guard:
             if life.idle and self._loops.get(loop) is life:
                 del self._loops[loop]
@@ -496,29 +511,42 @@ class Lifetimes:
         life = self._found()[1]
         return None if life is None else life.toolbox
 
-    async def enter(self, pipe: ToolOwner) -> None:
-        if not remote_toolsets(pipe.toolsets):
-            return
+    async def enter(self, pipe: ToolOwner, hold: AbstractAsyncContextManager[object]) -> None:
+        """Enter a block on this loop: connect its MCP servers (see `Lifetime.enter`) and keep
+        `hold`, the model's hold the block entered, for its exit to end."""
         loop, life = self._made()
         try:
             await life.enter(pipe)
+            life.holds.append(hold)
         finally:
             self._drop_idle(loop, life)
 
-    def check_exit(self) -> None:
-        """Refuse an exit that this loop's `Lifetime` refuses (see `Lifetime.check_exit`)."""
-        life = self._found()[1]
-        if life is not None:
-            life.check_exit()
-
     async def exit(self, exc: BaseException | None) -> None:
+        """Exit a block of this loop: close what its owner opened, then end a model hold.
+
+        Raises:
+            RuntimeError: No block of this loop is open, or the task exiting entered no block
+                while another's holds MCP connections (see `Lifetime.check_exit`); nothing is
+                closed.
+        """
         loop, life = self._found()
-        if life is None:
-            return  # no block of this loop opened anything (a pipeline without MCP toolsets)
+        # Checked first: the lifetime counts its own blocks, and an exit it took as one of
+        # them would close the connections under a block still open.
+        if life is None or not life.holds:
+            raise RuntimeError(
+                "exiting a pipeline that has no open `async with pipe:` block (never entered,"
+                " exited more often than entered, or entered on another event loop than this"
+                " one) — let `async with pipe:` enter and exit it, once each, on one loop"
+            )
+        life.check_exit()
         try:
             await life.exit(exc)
         finally:
+            # Every hold of one model on one loop is alike: ending any one is ending this
+            # block's.
+            hold = life.holds.pop()
             self._drop_idle(loop, life)
+            await hold.__aexit__(None, None, None)
 
     @contextmanager
     def borrowed(self) -> Iterator[Toolbox | None]:
@@ -559,6 +587,8 @@ class Lifetime:
         self._closing = False
         self._closed = anyio.Event()
         self._waiting = 0  # tasks waiting in `enter` for the owner to connect or close
+        # The model's hold of each open block of this loop, whatever its task.
+        self.holds: list[AbstractAsyncContextManager[object]] = []
         # Blocks of other tasks than the owner, by task: they exit without closing anything.
         self._guests: dict[object, int] = {}
 
@@ -566,7 +596,11 @@ class Lifetime:
     def idle(self) -> bool:
         """Nothing is open, being opened or waited for: the lifetime holds nothing."""
         return (
-            self._owner is None and self._stack is None and not self._waiting and not self._guests
+            self._owner is None
+            and self._stack is None
+            and not self._waiting
+            and not self._guests
+            and not self.holds
         )
 
     async def _wait(self, event: anyio.Event) -> None:
@@ -652,6 +686,13 @@ class Lifetime:
             yield box
         finally:
             box.give_back(task)
+
+    def abandon(self) -> None:
+        """Stop the stdio servers of a loop that ended with this lifetime open (see
+        `Connection.abandon`): closing them needs that loop, which is gone."""
+        if self.toolbox is not None:
+            for connection in self.toolbox.connections:
+                connection.abandon()
 
     async def _close(self, exc: BaseException | None) -> None:
         stack, self._stack, self.toolbox, self._owner = self._stack, None, None, None

@@ -17,7 +17,6 @@ a session or the CLI) every call goes through one `httpx.AsyncClient`, so connec
 kept alive and reused; unheld, each call opens a client of its own and closes it.
 """
 
-import asyncio
 import contextlib
 import datetime
 import email.utils
@@ -53,6 +52,7 @@ from .._errors import (
     RateLimited,
     RequestError,
 )
+from .._loop import loop_finished
 from .._model import ModelEvent
 from .._urls import hide_userinfo, shown_url
 from ._convert import decode_json, quoted
@@ -700,24 +700,6 @@ def _loop_name(token: anyio.lowlevel.EventLoopToken) -> str:
     return type(token.native_token).__module__.partition(".")[0]
 
 
-def _finished(token: anyio.lowlevel.EventLoopToken) -> bool:
-    """Whether the loop behind `token` has ended: it will never run a task again."""
-    native = token.native_token
-    if isinstance(native, asyncio.AbstractEventLoop):
-        return native.is_closed()
-    if not isinstance(native, trio.lowlevel.TrioToken):
-        return False
-    try:
-        native.run_sync_soon(_nothing)  # the one way to ask a trio run whether it is over
-    except trio.RunFinishedError:
-        return True
-    return False
-
-
-def _nothing() -> None:
-    pass
-
-
 def _shut_sockets(client: httpx.AsyncClient) -> None:
     """Shut down the sockets of `client`'s connections, whose loop has ended.
 
@@ -917,7 +899,7 @@ class Pool:
         for the pool's life. Its sockets cannot be awaited any more, so they are shut down
         here, without awaiting, and the objects go with the entry.
         """
-        for token in [t for t in self._loops if t != here and _finished(t)]:
+        for token in [t for t in self._loops if t != here and loop_finished(t)]:
             # An owner's open stays: the provider was opened on that loop and never closed,
             # so other loops are still refused (`_check`).
             pool = self._loops.pop(token)

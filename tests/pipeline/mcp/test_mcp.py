@@ -1745,3 +1745,65 @@ def test_exiting_the_block_in_another_task_than_the_one_that_entered_it_is_an_er
         loop.run_until_complete(holder)  # the block that entered it closes it
         loop.close()
     assert server_processes() == []
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_exiting_the_block_on_a_loop_that_entered_none_is_an_error_and_the_owner_still_closes(
+    backend: str,
+):
+    """Bug caught: `pipe.__aexit__` on a loop that entered no block, while another loop's
+    block was open, passed, ending that other loop's model hold; the owner's own exit then
+    failed ("no open block") and left its MCP server running."""
+    pipe = Pipeline(model=ScriptedModel([]), toolsets=[faulty_toolset("tools")])
+    loop = asyncio.new_event_loop()
+    opened, done = loop.create_future(), asyncio.Event()
+
+    async def hold_open() -> None:
+        async with pipe:
+            opened.set_result(None)
+            await done.wait()
+
+    holder = loop.create_task(hold_open())
+    try:
+        loop.run_until_complete(opened)
+        with pytest.raises(RuntimeError, match="entered on another event loop than this one"):
+            anyio.run(pipe.__aexit__, None, None, None, backend=backend)
+        assert len(server_processes()) == 1  # refused: nothing was closed
+    finally:
+        done.set()
+        loop.run_until_complete(holder)  # the owner's exit closes what it opened
+        loop.close()
+    assert server_processes() == []
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_loop_closed_with_its_block_open_is_forgotten_and_its_server_stopped_by_the_next(
+    backend: str,
+):
+    """Bug caught: a loop closed while its `async with pipe` was open (a fixture's loop closed
+    without its teardown) kept its entry for good, the loop and its MCP server with it: the
+    server ran until the process ended."""
+    pipe = Pipeline(model=FunctionModel(echo_once), toolsets=[faulty_toolset("tools")])
+    loop = asyncio.new_event_loop()
+    opened = loop.create_future()
+
+    async def hold_open() -> None:
+        async with pipe:
+            opened.set_result(None)
+            await asyncio.Event().wait()
+
+    holder = loop.create_task(hold_open())
+    loop.run_until_complete(opened)
+    (server,) = server_processes()
+    assert not holder.done()  # the block is still open as its loop closes
+    loop.close()
+
+    async def turn_in_block() -> tuple[object, bool]:
+        async with pipe:
+            result = await pipe.run(Turn.start("go"))
+        answer = result.reply.messages[1].parts[0]
+        return answer.content, answer.is_error
+
+    assert anyio.run(turn_in_block, backend=backend) == ("echo: hi", False)
+    server.wait(timeout=30)  # stopped when the next loop entered, not when the process ends
+    assert server_processes() == []
