@@ -696,6 +696,9 @@ class Lifetime:
 
     async def _close(self, exc: BaseException | None) -> None:
         stack, self._stack, self.toolbox, self._owner = self._stack, None, None, None
+        # A task entering meanwhile owns the lifetime anew, with events of its own: those
+        # waiting for this close wait on this one's.
+        closed = self._closed
         try:
             if stack is None:
                 return
@@ -704,5 +707,6 @@ class Lifetime:
             else:
                 await stack.__aexit__(type(exc), exc, exc.__traceback__)
         finally:
-            self._closing = False
-            self._closed.set()
+            if self._closed is closed:
+                self._closing = False
+            closed.set()

@@ -1807,3 +1807,53 @@ def test_a_loop_closed_with_its_block_open_is_forgotten_and_its_server_stopped_b
     assert anyio.run(turn_in_block, backend=backend) == ("echo: hi", False)
     server.wait(timeout=30)  # stopped when the next loop entered, not when the process ends
     assert server_processes() == []
+
+
+async def test_a_block_waiting_for_a_close_enters_when_another_task_reopened_meanwhile(
+    tmp_path,
+):
+    """Bug caught: a block entered while the owner waited for a turn in flight (C) waited on
+    the close's event, and a block entered during the close itself (B) replaced that event:
+    the close set B's, and C's `async with pipe` never entered."""
+    pids = tmp_path / "pids"
+    in_turn, release = anyio.Event(), anyio.Event()
+
+    async def held_turn(request: ModelRequest) -> object:
+        in_turn.set()
+        await release.wait()
+        return "ok"
+
+    # `stubborn` outlives its stdin's closing: the close lasts until it is killed.
+    pipe = Pipeline(
+        model=FunctionModel(held_turn), toolsets=[faulty_toolset("stubborn", str(pids))]
+    )
+    entered: list[str] = []
+    a_in, a_may_exit, a_exited = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def a() -> None:
+        async with pipe:
+            a_in.set()
+            await a_may_exit.wait()
+        a_exited.set()
+
+    async def block(name: str) -> None:
+        async with pipe:
+            entered.append(name)
+
+    with anyio.fail_after(30):  # against a hang: C's entry is what the test waits for
+        async with anyio.create_task_group() as group:
+            group.start_soon(a)
+            await a_in.wait()
+            group.start_soon(pipe.run, Turn.start("go"))
+            await in_turn.wait()
+            a_may_exit.set()
+            await anyio.wait_all_tasks_blocked()  # A's exit waits for the turn
+            group.start_soon(block, "C")
+            await anyio.wait_all_tasks_blocked()  # C waits for A's close
+            release.set()
+            await anyio.wait_all_tasks_blocked()  # A is closing: its server is stubborn
+            assert not a_exited.is_set()
+            group.start_soon(block, "B")
+            await a_exited.wait()
+    assert sorted(entered) == ["B", "C"]
+    assert server_processes() == []
