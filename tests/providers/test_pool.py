@@ -19,9 +19,9 @@ import attrs
 import pytest
 import trio
 
-from pipeline import ModelFinish, ModelText, Pipeline, ProviderError
+from pipeline import ModelFinish, ModelText, Pipeline, ProviderError, _loop
 from pipeline.logs import MemoryLog
-from pipeline.providers import AnthropicMessages, OpenAIChat, _http
+from pipeline.providers import AnthropicMessages, OpenAIChat
 from turns import Turn
 
 from . import server as wire
@@ -557,7 +557,7 @@ def test_holds_nested_in_a_held_loop_wake_no_other_threads_trio_run(
         nonlocal asked
         asked += 1
 
-    monkeypatch.setattr(_http, "_nothing", counted)
+    monkeypatch.setattr(_loop, "_nothing_to_run", counted)
     model = openai("http://127.0.0.1:9")  # no call is made: holds open no connection
     holding, stop = threading.Event(), threading.Event()
     tokens: list[trio.lowlevel.TrioToken] = []
