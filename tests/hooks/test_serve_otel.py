@@ -335,6 +335,34 @@ def sdk_call(url: str, text: str, header: str) -> Any:
         )
 
 
+def answered_then_stopped_with_a_stuck_thread(
+    process: subprocess.Popen[str], url: str, header: str, mark: Path
+) -> str:
+    """One turn answered in the client's trace, then a request whose sync background hook
+    holds its worker thread (it creates `mark`, then sleeps), then SIGTERM: the command must
+    exit 0 without waiting for that thread. What it printed on standard output."""
+    sdk_call(url, "hi", header)
+    stuck = threading.Thread(
+        target=lambda: httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": "m", "messages": user("stuck")},
+            headers={"authorization": f"Bearer {KEY}"},
+            timeout=30,
+        )
+    )
+    stuck.start()
+    deadline = time.monotonic() + 10
+    while not mark.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    stuck.join(30)
+    assert process.returncode == 0, err
+    assert "not waiting for 1 worker threads" in err, err
+    return out
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 def test_under_opentelemetry_instrument_the_turn_joins_the_clients_trace(
     tmp_path: Path, loop: str
@@ -380,25 +408,7 @@ def test_spans_are_sent_when_the_command_leaves_an_abandoned_worker_thread(
     trace_id, span_id, header = client_span()
     # asyncio: its worker threads are the ones the interpreter would wait for.
     with instrumented(config, "--drain-timeout", "1", "--loop", "asyncio") as (process, url):
-        sdk_call(url, "hi", header)
-        stuck = threading.Thread(
-            target=lambda: httpx.post(
-                url + "/v1/chat/completions",
-                json={"model": "m", "messages": user("stuck")},
-                headers={"authorization": f"Bearer {KEY}"},
-                timeout=30,
-            )
-        )
-        stuck.start()
-        deadline = time.monotonic() + 10
-        while not mark.exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=60)
-        stuck.join(30)
-    assert process.returncode == 0, err
-    assert "not waiting for 1 worker threads" in err, err
+        out = answered_then_stopped_with_a_stuck_thread(process, url, header, mark)
     assert f'"parent_id": "0x{span_id:016x}"' in exported_turn(out, trace_id)
 
 
@@ -439,25 +449,7 @@ def test_spans_of_a_hook_modules_own_provider_are_sent_at_an_exit_skipping_atexi
         url,
         _,
     ):
-        sdk_call(url, "hi", header)
-        stuck = threading.Thread(
-            target=lambda: httpx.post(
-                url + "/v1/chat/completions",
-                json={"model": "m", "messages": user("stuck")},
-                headers={"authorization": f"Bearer {KEY}"},
-                timeout=30,
-            )
-        )
-        stuck.start()
-        deadline = time.monotonic() + 10
-        while not mark.exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=60)
-        stuck.join(30)
-    assert process.returncode == 0, err
-    assert "not waiting for 1 worker threads" in err, err
+        out = answered_then_stopped_with_a_stuck_thread(process, url, header, mark)
     assert f'"parent_id": "0x{span_id:016x}"' in exported_turn(out, trace_id)
 
 
