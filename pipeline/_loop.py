@@ -236,10 +236,13 @@ def loop_finished(token: anyio.lowlevel.EventLoopToken) -> bool:
     native = token.native_token
     if isinstance(native, asyncio.AbstractEventLoop):
         return native.is_closed()
-    if not isinstance(native, trio.lowlevel.TrioToken):
-        return False
+    return isinstance(native, trio.lowlevel.TrioToken) and trio_run_finished(native)
+
+
+def trio_run_finished(token: trio.lowlevel.TrioToken) -> bool:
+    """Whether the trio run behind `token` has ended (it wakes a live run's thread briefly)."""
     try:
-        native.run_sync_soon(_nothing_to_run)  # the one way to ask a trio run whether it is over
+        token.run_sync_soon(_nothing_to_run)  # the one way to ask a trio run whether it is over
     except trio.RunFinishedError:
         return True
     return False

@@ -39,7 +39,7 @@ from turns import Context, Message
 
 from .._audit import AuditRecord
 from .._errors import LogError
-from .._loop import Loop, current_loop
+from .._loop import Loop, current_loop, trio_run_finished
 from . import _codec
 from ._protocol import ConversationInfo, LogEntry, check_id, check_values, heavy
 
@@ -167,10 +167,6 @@ async def _in_pool_thread(executor: ThreadPoolExecutor, fn: Callable[..., T], *a
     return future.result()
 
 
-def _nothing() -> None:
-    pass
-
-
 @final
 class Connections(Generic[C]):
     """At most `size` connections, opened on demand and reused.
@@ -255,13 +251,9 @@ class Connections(Generic[C]):
                 self._asyncio_loop = weakref.ref(here)
         elif loop == "trio" and self._trio_run is not (run := trio.lowlevel.current_trio_token()):
             with self._handover:
-                if (using_run := self._trio_run) is not None and using_run is not run:
-                    try:  # the one way to ask a trio run whether it is over
-                        using_run.run_sync_soon(_nothing)
-                    except trio.RunFinishedError:
-                        pass
-                    else:
-                        raise self._in_use()
+                used = self._trio_run
+                if used is not None and used is not run and not trio_run_finished(used):
+                    raise self._in_use()
                 self._trio_run = run
 
     def _in_use(self) -> RuntimeError:
